@@ -1,0 +1,47 @@
+# stallscope: two commands set up and run everything on a fresh Debian machine.
+#   make demo   analyze a shipped sample and write the report
+#   make test   install what is needed and run every test
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc
+DEMO_PCAP := tests/fixtures/pcaps/public/tcp_dupack.pcapng
+
+.PHONY: all venv debs test demo bench lab clean
+
+all: test
+
+$(STAMP): pyproject.toml setup.py $(wildcard forensics/native/*.c forensics/native/*.h)
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Debian packages the tests drive (tshark is the TCP oracle). Installed only when
+# missing and only as root; without root the tests that need them skip and say why.
+debs:
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "not root: Debian packages$$missing not installed; tests needing them will skip"; fi; \
+	fi
+
+test: debs venv
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: venv
+	$(VENV)/bin/stallscope tcp $(DEMO_PCAP) --flows
+
+bench: debs venv
+	$(PY) bench/pcap_throughput.py
+
+lab:
+	$(MAKE) -C tests/lab run SCENARIO=$(SCENARIO) RANK=$(RANK) RANKS=$(RANKS) OUT=$(OUT)
+
+clean:
+	rm -rf $(VENV) build *.egg-info forensics/native/*.so

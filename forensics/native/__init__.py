@@ -1,0 +1,211 @@
+"""ctypes bindings to the compiled kernels (``walk.c`` and ``tcpkernel.c``).
+
+The shared library is built by ``pip install`` (setup.py) as the extension
+``forensics.native._tcpkernel``; it has no Python API, so it is loaded with
+ctypes and fed numpy arrays. Only the two sequential parts of the engine live
+there: walking capture records and the per-flow TCP state machine.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StallscopeError
+
+_HERE = Path(__file__).resolve().parent
+
+
+def _find_library() -> Path:
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = _HERE / f"_tcpkernel{suffix}"
+        if candidate.exists():
+            return candidate
+    raise StallscopeError(
+        "the native TCP kernel is not built; run 'make venv' (or 'pip install -e .') first"
+    )
+
+
+_lib = ctypes.CDLL(str(_find_library()))
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+
+
+class WalkCols(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("data_off", "caplen", "origlen", "ts_ns", "linktype")]
+
+
+class TcpIn(ctypes.Structure):
+    _fields_ = [
+        (name, _P)
+        for name in ("frame", "ts", "key", "dir", "seq", "ack", "seglen", "win", "flags", "wscale", "status")
+    ]
+
+
+class TcpOut(ctypes.Structure):
+    _fields_ = [
+        (name, _P)
+        for name in ("stream", "verdicts", "dupack_num", "dupack_frame", "acks_frame", "seq_rel", "ack_rel", "ack_rtt", "rto")
+    ]
+
+
+HISTORY_LEN = 48
+
+
+class TcpConv(ctypes.Structure):
+    _fields_ = [
+        ("key", ctypes.c_uint32),
+        ("first_frame", ctypes.c_uint32),
+        ("orig_flow", ctypes.c_uint8),
+        ("first_ts", _I64),
+        ("last_ts", _I64),
+        ("irtt", _I64),
+        ("packets", ctypes.c_uint64 * 2),
+        ("bytes", ctypes.c_uint64 * 2),
+        *[(name, ctypes.c_uint32 * 2) for name in (
+            "retrans", "fast", "spurious", "ooo", "lost", "dupack",
+            "zero_window", "rst", "keep_alive", "syn", "fin")],
+        ("rtt_sum", _I64 * 2),
+        ("rtt_min", _I64 * 2),
+        ("rtt_n", ctypes.c_uint32 * 2),
+        ("history", ctypes.c_char * HISTORY_LEN),
+    ]
+
+
+def _numpy_dtype(struct: type[ctypes.Structure]) -> np.dtype:
+    """The numpy twin of a ctypes struct (same offsets, so C can fill it directly)."""
+    names, formats, offsets = [], [], []
+    for name, ctype in struct._fields_:
+        names.append(name)
+        offsets.append(getattr(struct, name).offset)
+        if issubclass(ctype, ctypes.Array):
+            if ctype._type_ is ctypes.c_char:
+                formats.append(f"S{ctype._length_}")
+            else:
+                formats.append((np.dtype(ctype._type_), (ctype._length_,)))
+        else:
+            formats.append(np.dtype(ctype))
+    return np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                     "itemsize": ctypes.sizeof(struct)})
+
+
+CONV_DTYPE = _numpy_dtype(TcpConv)
+
+_lib.walk_new.restype = _P
+_lib.walk_new.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int32, ctypes.c_uint32]
+_lib.walk_free.argtypes = [_P]
+_lib.walk_error.restype = ctypes.c_char_p
+_lib.walk_error.argtypes = [_P]
+_lib.walk_counters.argtypes = [_P, _P]
+_lib.walk_records.restype = _I64
+_lib.walk_records.argtypes = [_P, _P, _I64, _I64, ctypes.POINTER(WalkCols), _I64, ctypes.POINTER(_I64)]
+
+_lib.tcpk_new.restype = _P
+_lib.tcpk_free.argtypes = [_P]
+_lib.tcpk_run.restype = _I64
+_lib.tcpk_run.argtypes = [_P, ctypes.POINTER(TcpIn), ctypes.POINTER(TcpOut), _I64]
+_lib.tcpk_nconv.restype = _I64
+_lib.tcpk_nconv.argtypes = [_P]
+_lib.tcpk_convs.restype = _I64
+_lib.tcpk_convs.argtypes = [_P, _P, _I64]
+_lib.tcpk_error.restype = ctypes.c_char_p
+_lib.tcpk_error.argtypes = [_P]
+
+FORMAT_PCAP = 1
+FORMAT_PCAPNG = 2
+
+
+def _ptr(arr: np.ndarray) -> int:
+    assert arr.flags.c_contiguous
+    return arr.ctypes.data
+
+
+class RecordWalker:
+    """Sequential walk over pcap/pcapng records, a buffer at a time."""
+
+    def __init__(self, fmt: int, swapped: bool = False, nsec: bool = False,
+                 linktype: int = 0, snaplen: int = 0):
+        self._st = _lib.walk_new(fmt, int(swapped), int(nsec), linktype, snaplen)
+        if not self._st:
+            raise MemoryError("cannot allocate record walker")
+
+    def __del__(self):
+        st, self._st = getattr(self, "_st", None), None
+        if st:
+            _lib.walk_free(st)
+
+    def walk(self, buf: np.ndarray, length: int, base: int, max_out: int):
+        """Walk complete records in ``buf[:length]`` (file offset ``base``).
+
+        Returns ``(columns, consumed)``; columns hold absolute data offsets.
+        Raises CaptureFormatError on corrupt structure.
+        """
+        cols = {
+            "data_off": np.empty(max_out, np.int64),
+            "caplen": np.empty(max_out, np.uint32),
+            "origlen": np.empty(max_out, np.uint32),
+            "ts_ns": np.empty(max_out, np.int64),
+            "linktype": np.empty(max_out, np.int32),
+        }
+        c = WalkCols(**{k: _ptr(v) for k, v in cols.items()})
+        consumed = _I64(0)
+        n = _lib.walk_records(self._st, _ptr(buf), length, base, ctypes.byref(c), max_out,
+                              ctypes.byref(consumed))
+        if n < 0:
+            from ..errors import CaptureFormatError
+            raise CaptureFormatError(_lib.walk_error(self._st).decode())
+        return {k: v[:n] for k, v in cols.items()}, consumed.value
+
+    def counters(self) -> dict[str, int]:
+        out = np.zeros(5, np.int64)
+        _lib.walk_counters(self._st, _ptr(out))
+        return dict(zip(("records", "blocks_skipped", "blocks_unknown", "sections", "interfaces"),
+                        map(int, out)))
+
+
+class TcpKernel:
+    """The per-flow TCP state machine; state persists across ``run`` calls."""
+
+    IN_DTYPES = {
+        "frame": np.uint32, "ts": np.int64, "key": np.uint32, "dir": np.uint8,
+        "seq": np.uint32, "ack": np.uint32, "seglen": np.uint32, "win": np.uint16,
+        "flags": np.uint16, "wscale": np.int8, "status": np.uint8,
+    }
+    OUT_DTYPES = {
+        "stream": np.uint32, "verdicts": np.uint32, "dupack_num": np.uint32,
+        "dupack_frame": np.uint32, "acks_frame": np.uint32, "seq_rel": np.uint32,
+        "ack_rel": np.uint32, "ack_rtt": np.int64, "rto": np.int64,
+    }
+
+    def __init__(self):
+        self._st = _lib.tcpk_new()
+        if not self._st:
+            raise MemoryError("cannot allocate TCP kernel")
+
+    def __del__(self):
+        st, self._st = getattr(self, "_st", None), None
+        if st:
+            _lib.tcpk_free(st)
+
+    def run(self, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        n = len(cols["frame"])
+        ins = {k: np.ascontiguousarray(cols[k], dtype=dt) for k, dt in self.IN_DTYPES.items()}
+        outs = {k: np.empty(n, dt) for k, dt in self.OUT_DTYPES.items()}
+        c_in = TcpIn(**{k: _ptr(v) for k, v in ins.items()})
+        c_out = TcpOut(**{k: _ptr(v) for k, v in outs.items()})
+        if _lib.tcpk_run(self._st, ctypes.byref(c_in), ctypes.byref(c_out), n) < 0:
+            raise MemoryError(_lib.tcpk_error(self._st).decode())
+        return outs
+
+    def nconv(self) -> int:
+        return int(_lib.tcpk_nconv(self._st))
+
+    def conversations(self) -> np.ndarray:
+        """Per-conversation summaries as a numpy structured array (index = stream)."""
+        n = _lib.tcpk_nconv(self._st)
+        out = np.zeros(n, CONV_DTYPE)
+        got = _lib.tcpk_convs(self._st, _ptr(out) if n else None, n)
+        return out[:got]

@@ -1,0 +1,5 @@
+"""Reading capture files into packet columns (containers, link layers, IP/TCP headers)."""
+from .decode import TcpPackets, decode_tcp
+from .reader import CaptureReader, RecordBatch
+
+__all__ = ["CaptureReader", "RecordBatch", "TcpPackets", "decode_tcp"]

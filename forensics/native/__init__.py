@@ -40,15 +40,17 @@ class WalkCols(ctypes.Structure):
 
 class TcpIn(ctypes.Structure):
     _fields_ = [
-        (name, _P)
-        for name in ("frame", "ts", "key", "dir", "seq", "ack", "seglen", "win", "flags", "wscale", "status")
+        *[(name, _P) for name in ("frame", "ts", "ipver", "src", "dst")],
+        ("addr_words", _I64),
+        *[(name, _P) for name in ("sport", "dport", "seq", "ack", "seglen", "win", "flags", "wscale", "status")],
     ]
 
 
 class TcpOut(ctypes.Structure):
     _fields_ = [
         (name, _P)
-        for name in ("stream", "verdicts", "dupack_num", "dupack_frame", "acks_frame", "seq_rel", "ack_rel", "ack_rtt", "rto")
+        for name in ("key", "dir", "stream", "verdicts", "dupack_num", "dupack_frame", "acks_frame",
+                     "seq_rel", "ack_rel", "ack_rtt", "rto")
     ]
 
 
@@ -111,6 +113,10 @@ _lib.tcpk_nconv.restype = _I64
 _lib.tcpk_nconv.argtypes = [_P]
 _lib.tcpk_convs.restype = _I64
 _lib.tcpk_convs.argtypes = [_P, _P, _I64]
+_lib.tcpk_nkeys.restype = _I64
+_lib.tcpk_nkeys.argtypes = [_P]
+_lib.tcpk_keys.restype = _I64
+_lib.tcpk_keys.argtypes = [_P, _I64, _P, _I64]
 _lib.tcpk_error.restype = ctypes.c_char_p
 _lib.tcpk_error.argtypes = [_P]
 
@@ -169,13 +175,14 @@ class RecordWalker:
 class TcpKernel:
     """The per-flow TCP state machine; state persists across ``run`` calls."""
 
+    KEY_WORDS = 11   # ipver, flow1 address (4 words), flow1 port, flow2 address, flow2 port
     IN_DTYPES = {
-        "frame": np.uint32, "ts": np.int64, "key": np.uint32, "dir": np.uint8,
-        "seq": np.uint32, "ack": np.uint32, "seglen": np.uint32, "win": np.uint16,
+        "frame": np.uint32, "ts": np.int64, "ipver": np.uint8, "src": np.uint32, "dst": np.uint32,
+        "sport": np.uint16, "dport": np.uint16, "seq": np.uint32, "ack": np.uint32, "seglen": np.uint32, "win": np.uint16,
         "flags": np.uint16, "wscale": np.int8, "status": np.uint8,
     }
     OUT_DTYPES = {
-        "stream": np.uint32, "verdicts": np.uint32, "dupack_num": np.uint32,
+        "key": np.uint32, "dir": np.uint8, "stream": np.uint32, "verdicts": np.uint32, "dupack_num": np.uint32,
         "dupack_frame": np.uint32, "acks_frame": np.uint32, "seq_rel": np.uint32,
         "ack_rel": np.uint32, "ack_rtt": np.int64, "rto": np.int64,
     }
@@ -194,11 +201,24 @@ class TcpKernel:
         n = len(cols["frame"])
         ins = {k: np.ascontiguousarray(cols[k], dtype=dt) for k, dt in self.IN_DTYPES.items()}
         outs = {k: np.empty(n, dt) for k, dt in self.OUT_DTYPES.items()}
-        c_in = TcpIn(**{k: _ptr(v) for k, v in ins.items()})
+        if ins["src"].ndim == 2:
+            assert ins["src"].shape[1] == 4 and ins["dst"].shape == ins["src"].shape
+            words = 4
+        else:
+            words = 1      # an all-IPv4 batch passes one word per address
+        c_in = TcpIn(addr_words=words, **{k: _ptr(v) for k, v in ins.items()})
         c_out = TcpOut(**{k: _ptr(v) for k, v in outs.items()})
         if _lib.tcpk_run(self._st, ctypes.byref(c_in), ctypes.byref(c_out), n) < 0:
             raise MemoryError(_lib.tcpk_error(self._st).decode())
         return outs
+
+    def keys(self, start: int = 0) -> np.ndarray:
+        """Endpoint pairs ``start..`` as rows of KEY_WORDS uint32 (index = key id - start)."""
+        n = max(int(_lib.tcpk_nkeys(self._st)) - start, 0)
+        out = np.zeros((n, self.KEY_WORDS), np.uint32)
+        if n:
+            _lib.tcpk_keys(self._st, start, _ptr(out), n)
+        return out
 
     def nconv(self) -> int:
         return int(_lib.tcpk_nconv(self._st))

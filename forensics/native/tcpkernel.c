@@ -69,12 +69,21 @@ typedef struct {
 struct tcpk_state {
     conv_state *conv;
     int64_t nconv, capconv;
-    int64_t *key_conv; /* key id -> current conversation index, -1 if none */
-    int64_t nkeys;
+    /* endpoint pairs: key id -> words and current conversation */
+    uint32_t *keys;    /* nkeys x KEY_WORDS */
+    int64_t *key_conv; /* key id -> current conversation index */
+    int64_t nkeys, capkeys, last_key;
+    /* open-addressing hash table of key ids (-1 = empty) */
+    int64_t *slots;
+    uint64_t nslots; /* power of two */
     char error[128];
 };
 
-tcpk_state *tcpk_new(void) { return calloc(1, sizeof(tcpk_state)); }
+tcpk_state *tcpk_new(void) {
+    tcpk_state *st = calloc(1, sizeof(tcpk_state));
+    if (st) st->last_key = -1;
+    return st;
+}
 
 void tcpk_free(tcpk_state *st) {
     if (!st) return;
@@ -83,7 +92,9 @@ void tcpk_free(tcpk_state *st) {
         free(st->conv[i].f[1].segs);
     }
     free(st->conv);
+    free(st->keys);
     free(st->key_conv);
+    free(st->slots);
     free(st);
 }
 
@@ -116,16 +127,81 @@ static int64_t new_conv(tcpk_state *st, uint32_t key, uint32_t frame, int64_t ts
     return st->nconv++;
 }
 
-static int ensure_key(tcpk_state *st, uint32_t key) {
-    if ((int64_t)key < st->nkeys) return 0;
-    int64_t n = st->nkeys ? st->nkeys : 1024;
-    while (n <= (int64_t)key) n *= 2;
-    int64_t *k = realloc(st->key_conv, (size_t)n * sizeof *k);
-    if (!k) return -1;
-    for (int64_t i = st->nkeys; i < n; i++) k[i] = -1;
-    st->key_conv = k;
-    st->nkeys = n;
+static inline uint64_t mix64(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    return h ^ (h >> 33);
+}
+
+/* Equal keys hash equal; lookups compare the words exactly, so a weak fold is fine. */
+static uint64_t key_hash(const uint32_t *w) {
+    uint64_t a = ((uint64_t)w[1] << 32 | w[6]) ^ ((uint64_t)w[5] << 48 | (uint64_t)w[10] << 32 | w[0]);
+    uint64_t b = ((uint64_t)(w[2] ^ w[7]) << 32 | (w[3] ^ w[8])) ^ ((uint64_t)w[4] << 32 | w[9]);
+    return mix64(a ^ mix64(b));
+}
+
+static int rehash(tcpk_state *st, uint64_t nslots) {
+    int64_t *slots = malloc(nslots * sizeof *slots);
+    if (!slots) return -1;
+    for (uint64_t i = 0; i < nslots; i++) slots[i] = -1;
+    for (int64_t id = 0; id < st->nkeys; id++) {
+        uint64_t j = key_hash(&st->keys[id * KEY_WORDS]) & (nslots - 1);
+        while (slots[j] >= 0) j = (j + 1) & (nslots - 1);
+        slots[j] = id;
+    }
+    free(st->slots);
+    st->slots = slots;
+    st->nslots = nslots;
     return 0;
+}
+
+/* Find or create the id of an endpoint pair (exact compare, never merged by hash). */
+static int64_t key_lookup(tcpk_state *st, const uint32_t *w) {
+    /* packets come in bursts of one flow: try the previous key first */
+    if (st->last_key >= 0 && !memcmp(&st->keys[st->last_key * KEY_WORDS], w, KEY_WORDS * sizeof *w))
+        return st->last_key;
+    if ((uint64_t)(st->nkeys + 1) * 2 > st->nslots && rehash(st, st->nslots ? st->nslots * 2 : 4096) < 0)
+        return -1;
+    uint64_t j = key_hash(w) & (st->nslots - 1);
+    for (;;) {
+        int64_t id = st->slots[j];
+        if (id < 0) break;
+        if (!memcmp(&st->keys[id * KEY_WORDS], w, KEY_WORDS * sizeof *w)) return st->last_key = id;
+        j = (j + 1) & (st->nslots - 1);
+    }
+    if (st->nkeys == st->capkeys) {
+        int64_t cap = st->capkeys ? st->capkeys * 2 : 1024;
+        uint32_t *k = realloc(st->keys, (size_t)cap * KEY_WORDS * sizeof *k);
+        if (!k) return -1;
+        st->keys = k;
+        int64_t *kc = realloc(st->key_conv, (size_t)cap * sizeof *kc);
+        if (!kc) return -1;
+        st->key_conv = kc;
+        st->capkeys = cap;
+    }
+    int64_t id = st->nkeys++;
+    memcpy(&st->keys[id * KEY_WORDS], w, KEY_WORDS * sizeof *w);
+    st->key_conv[id] = -1;
+    st->slots[j] = id;
+    return st->last_key = id;
+}
+
+/* Wireshark's flow choice: compare addresses (bytes), then ports; >0 means flow1. */
+static int endpoint_cmp(const uint32_t *sa, const uint32_t *da, uint16_t sp, uint16_t dp) {
+    for (int k = 0; k < 4; k++)
+        if (sa[k] != da[k]) return sa[k] > da[k] ? 1 : -1;
+    return sp > dp ? 1 : -1;
+}
+
+int64_t tcpk_nkeys(const tcpk_state *st) { return st->nkeys; }
+
+int64_t tcpk_keys(const tcpk_state *st, int64_t from, uint32_t *out, int64_t max) {
+    int64_t n = 0;
+    for (int64_t id = from; id < st->nkeys && n < max; id++, n++)
+        memcpy(&out[n * KEY_WORDS], &st->keys[id * KEY_WORDS], KEY_WORDS * sizeof *out);
+    return n;
 }
 
 static int push_unacked(flow_state *f, uint32_t frame, uint32_t seq, uint32_t nextseq, int64_t ts) {
@@ -206,7 +282,6 @@ int64_t tcpk_run(tcpk_state *st, const tcpk_in *in, tcpk_out *out, int64_t n) {
         const uint32_t fl = in->flags[i];
         const int syn = (fl & TH_SYN) != 0, fin = (fl & TH_FIN) != 0, rst = (fl & TH_RST) != 0;
         const int synfinrst = (fl & (TH_SYN | TH_FIN | TH_RST)) != 0;
-        const int fi = in->dir[i] ? 0 : 1;
         uint32_t v = 0;
 
         out->dupack_num[i] = 0;
@@ -216,21 +291,42 @@ int64_t tcpk_run(tcpk_state *st, const tcpk_in *in, tcpk_out *out, int64_t n) {
         out->rto[i] = 0;
 
         /* --- conversation lookup and SYN port reuse (dissect_tcp) --- */
-        if (ensure_key(st, in->key[i]) < 0) goto oom;
-        int64_t ci = st->key_conv[in->key[i]];
+        uint32_t sbuf[4] = {0, 0, 0, 0}, dbuf[4] = {0, 0, 0, 0};
+        const uint32_t *sa = sbuf, *da = dbuf;
+        if (in->addr_words == 4) {
+            sa = &in->src[i * 4];
+            da = &in->dst[i * 4];
+        } else {
+            sbuf[0] = in->src[i];
+            dbuf[0] = in->dst[i];
+        }
+        const uint16_t sp = in->sport[i], dp = in->dport[i];
+        const int flow1 = endpoint_cmp(sa, da, sp, dp) > 0;
+        const int fi = flow1 ? 0 : 1;
+        uint32_t kw[KEY_WORDS];
+        kw[0] = in->ipver[i];
+        memcpy(&kw[1], flow1 ? sa : da, 16);
+        kw[5] = flow1 ? sp : dp;
+        memcpy(&kw[6], flow1 ? da : sa, 16);
+        kw[10] = flow1 ? dp : sp;
+        const int64_t key = key_lookup(st, kw);
+        if (key < 0) goto oom;
+        out->key[i] = (uint32_t)key;
+        out->dir[i] = (uint8_t)flow1;
+        int64_t ci = st->key_conv[key];
         if (ci < 0) {
-            ci = new_conv(st, in->key[i], frame, now);
+            ci = new_conv(st, (uint32_t)key, frame, now);
             if (ci < 0) goto oom;
-            st->key_conv[in->key[i]] = ci;
+            st->key_conv[key] = ci;
             st->conv[ci].sum.orig_flow = (uint8_t)(((fl & (TH_SYN | TH_ACK)) == (TH_SYN | TH_ACK)) ? 1 - fi : fi);
         }
         conv_state *c = &st->conv[ci];
         flow_state *fwd = &c->f[fi], *rev = &c->f[1 - fi];
         if ((fl & (TH_SYN | TH_ACK)) == TH_SYN && fwd->base_set) {
             if (seq != fwd->base_seq) {
-                ci = new_conv(st, in->key[i], frame, now);
+                ci = new_conv(st, (uint32_t)key, frame, now);
                 if (ci < 0) goto oom;
-                st->key_conv[in->key[i]] = ci;
+                st->key_conv[key] = ci;
                 c = &st->conv[ci];
                 c->sum.orig_flow = (uint8_t)fi;
                 fwd = &c->f[fi];

@@ -32,8 +32,12 @@
 typedef struct {
     const uint32_t *frame;   /* 1-based frame number */
     const int64_t *ts;       /* ns */
-    const uint32_t *key;     /* dense conversation-key id (address/port pair) */
-    const uint8_t *dir;      /* 1: sender is flow1 (direction >= 0), 0: flow2 */
+    const uint8_t *ipver;    /* 4 or 6 */
+    const uint32_t *src;     /* n x addr_words address words, big-endian word order */
+    const uint32_t *dst;
+    int64_t addr_words;      /* 4, or 1 when every packet of the batch is IPv4 */
+    const uint16_t *sport;
+    const uint16_t *dport;
     const uint32_t *seq;
     const uint32_t *ack;
     const uint32_t *seglen;
@@ -44,6 +48,8 @@ typedef struct {
 } tcpk_in;
 
 typedef struct {
+    uint32_t *key;      /* endpoint-pair id, dense, in order of first appearance */
+    uint8_t *dir;       /* 1: sender is flow1 (its endpoint compares greater) */
     uint32_t *stream;
     uint32_t *verdicts;
     uint32_t *dupack_num;
@@ -78,6 +84,9 @@ tcpk_state *tcpk_new(void);
 void tcpk_free(tcpk_state *st);
 int64_t tcpk_run(tcpk_state *st, const tcpk_in *in, tcpk_out *out, int64_t n);
 int64_t tcpk_nconv(const tcpk_state *st);
+#define KEY_WORDS 11 /* ipver, flow1 address[4], flow1 port, flow2 address[4], flow2 port */
+int64_t tcpk_nkeys(const tcpk_state *st);
+int64_t tcpk_keys(const tcpk_state *st, int64_t from, uint32_t *out, int64_t max);
 int64_t tcpk_convs(const tcpk_state *st, tcpk_conv *out, int64_t max);
 const char *tcpk_error(const tcpk_state *st);
 #endif

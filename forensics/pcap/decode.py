@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fields import be16, be32
+from .fields import FieldViews
 from .linktypes import ETH_IPV4, ETH_IPV6, locate_l3
 from .reader import RecordBatch
 
@@ -52,7 +52,7 @@ class TcpPackets:
     frame: np.ndarray      # uint32, 1-based
     ts: np.ndarray         # int64 ns UTC
     ipver: np.ndarray      # uint8: 4 or 6
-    src: np.ndarray        # (n, 4) uint32 address words, big-endian order (IPv4 in word 0)
+    src: np.ndarray        # uint32 address words, big-endian order: (n, 4), or (n,) if all IPv4
     dst: np.ndarray
     sport: np.ndarray      # uint16
     dport: np.ndarray
@@ -68,33 +68,28 @@ class TcpPackets:
         return len(self.frame)
 
 
-def _ipv4(buf, l3, end, remaining):
+def _ipv4(fv: FieldViews, l3, end, remaining):
     """IPv4 header fields for records whose ethertype is IPv4."""
-    ver_ihl = buf[l3]
-    ihl = (ver_ihl & 0x0F).astype(np.int64) * 4
-    total = be16(buf, l3 + 2).astype(np.int64)
-    frag = be16(buf, l3 + 6)
-    proto = buf[l3 + 9]
-    valid = ((ver_ihl >> 4) == 4) & (ihl >= 20) & ((total == 0) | (total >= ihl))
-    fragment = ((frag & 0x3FFF) != 0)
-    ip_len = np.where(total == 0, remaining, np.minimum(total, remaining))
-    src = np.zeros((len(l3), 4), np.uint32)
-    dst = np.zeros((len(l3), 4), np.uint32)
-    src[:, 0] = be32(buf, l3 + 12)
-    dst[:, 0] = be32(buf, l3 + 16)
-    header_captured = l3 + ihl <= end
-    return dict(valid=valid, fragment=fragment, proto=proto, l4=l3 + ihl, l4_len=ip_len - ihl,
-                src=src, dst=dst, header_captured=header_captured)
+    word0 = fv.u32(l3)                       # version/IHL, TOS, total length
+    word2 = fv.u32(l3 + 6)                   # flags/fragment offset, TTL, protocol
+    ihl = ((word0 >> 24) & 0x0F).astype(np.int64) * 4
+    total = (word0 & 0xFFFF).astype(np.int64)
+    valid = ((word0 >> 28) == 4) & (ihl >= 20) & ((total == 0) | (total >= ihl))
+    fragment = (word2 & 0x3FFF0000) != 0
+    ip_len = np.minimum(total, remaining)
+    ip_len[total == 0] = remaining[total == 0]          # IPv4 total length 0: TSO, use the frame
+    return dict(valid=valid, fragment=fragment, proto=word2 & 0xFF, l4=l3 + ihl, l4_len=ip_len - ihl,
+                src=fv.u32(l3 + 12), dst=fv.u32(l3 + 16), header_captured=l3 + ihl <= end)
 
 
-def _ipv6(buf, l3, end, remaining):
+def _ipv6(fv: FieldViews, l3, end, remaining):
     """IPv6 header fields, walking extension headers (vectorised, bounded)."""
     n = len(l3)
-    valid = (buf[l3] >> 4) == 6
-    plen = be16(buf, l3 + 4).astype(np.int64)
-    nh = buf[l3 + 6].astype(np.int64)
-    src = np.stack([be32(buf, l3 + 8 + 4 * k) for k in range(4)], axis=1)
-    dst = np.stack([be32(buf, l3 + 24 + 4 * k) for k in range(4)], axis=1)
+    valid = (fv.u8(l3) >> 4) == 6
+    plen = fv.u16(l3 + 4).astype(np.int64)
+    nh = fv.u8(l3 + 6).astype(np.int64)
+    src = np.stack([fv.u32(l3 + 8 + 4 * k) for k in range(4)], axis=1)
+    dst = np.stack([fv.u32(l3 + 24 + 4 * k) for k in range(4)], axis=1)
     pos = l3 + 40
     fragment = np.zeros(n, bool)
     header_captured = np.ones(n, bool)
@@ -109,15 +104,13 @@ def _ipv6(buf, l3, end, remaining):
         if not len(idx):
             break
         p, kind = pos[idx], nh[idx]
-        hlen = np.where(kind == 44, 8, np.where(kind == 51, (buf[p + 1].astype(np.int64) + 2) * 4,
-                                                (buf[p + 1].astype(np.int64) + 1) * 8))
-        fo = be16(buf, p + 2)
-        is_frag = (kind == 44) & ((fo & 0xFFF9) != 0)
+        hdr_len_field = fv.u8(p + 1).astype(np.int64)
+        hlen = np.where(kind == 44, 8, np.where(kind == 51, (hdr_len_field + 2) * 4, (hdr_len_field + 1) * 8))
+        is_frag = (kind == 44) & ((fv.u16(p + 2) & 0xFFF9) != 0)
         fragment[idx[is_frag]] = True
-        hbh_jumbo = np.flatnonzero((kind == 0) & (plen[idx] == 0))
-        for j in hbh_jumbo.tolist():          # rare: RFC 2675 jumbograms
-            jumbo[idx[j]] = _jumbo_length(buf, int(p[j]), int(hlen[j]))
-        nh[idx] = buf[p]
+        for j in np.flatnonzero((kind == 0) & (plen[idx] == 0)).tolist():   # rare: RFC 2675 jumbograms
+            jumbo[idx[j]] = _jumbo_length(fv, int(p[j]), int(hlen[j]))
+        nh[idx] = fv.u8(p)
         pos[idx] = p + hlen
     header_captured &= pos <= end
     has_len = (plen > 0) | (jumbo > 0)
@@ -127,37 +120,54 @@ def _ipv6(buf, l3, end, remaining):
                 src=src, dst=dst, header_captured=header_captured, has_len=has_len)
 
 
-def _jumbo_length(buf, p, hlen) -> int:
+def _jumbo_length(fv: FieldViews, p: int, hlen: int) -> int:
     q, stop = p + 2, p + hlen
     while q + 2 <= stop:
-        opt = int(buf[q])
+        opt = int(fv.buf[q])
         if opt == 0:
             q += 1
             continue
-        olen = int(buf[q + 1])
+        olen = int(fv.buf[q + 1])
         if opt == 0xC2 and olen == 4:
-            return int(be32(buf, np.array([q + 2]))[0])
+            return int(fv.be32[q + 2])
         q += 2 + olen
     return -1
 
 
-def _window_scale(buf, tcp, doff, active):
-    """The window-scale shift of every packet that carries the option, else -1."""
+NOP_NOP_TIMESTAMP = 0x0101080A   # Linux's option prefix on every non-SYN segment
+NOP_NOP_SACK = 0x01010500
+
+
+def _window_scale(fv: FieldViews, tcp, doff, candidates):
+    """The window-scale shift of every packet that carries the option, else -1.
+
+    Wireshark takes the option from any segment; the usual Linux layouts
+    (NOP NOP TS, optionally SACK blocks) cannot hold one and are skipped before
+    the general option walk.
+    """
     ws = np.full(len(tcp), -1, np.int8)
-    idx = np.flatnonzero(active)
+    idx = np.flatnonzero(candidates)
+    if not len(idx):
+        return ws
     p = tcp[idx] + 20
+    head = fv.u32(p)
+    keep = np.flatnonzero((head != NOP_NOP_TIMESTAMP) | (doff[idx] != 32))
+    idx, p, head = idx[keep], p[keep], head[keep]
+    sack_len = (head & 0xFF).astype(np.int64)       # NOP NOP SACK(len) filling the header exactly
+    keep = np.flatnonzero(((head & 0xFFFFFF00) != NOP_NOP_SACK) | (doff[idx] != 22 + sack_len)
+                          | (sack_len % 8 != 2))
+    idx, p = idx[keep], p[keep]
     stop = tcp[idx] + doff[idx]
     for _ in range(MAX_TCP_OPTIONS):
         if not len(idx):
             break
-        kind = buf[p]
-        olen = buf[p + 1].astype(np.int64)
+        kind = fv.u8(p)
+        olen = fv.u8(p + 1).astype(np.int64)
         single = kind == 1
-        step = np.where(single, 1, olen)
         ok = (kind != 0) & (single | ((olen >= 2) & (p + olen <= stop)))
         hit = ok & (kind == 3) & (olen == 3)
-        ws[idx[hit]] = buf[p[hit] + 2].astype(np.int8)
-        p = p + step
+        ws[idx[hit]] = fv.u8(p[hit] + 2).astype(np.int8)
+        p = p + np.where(single, 1, olen)
         keep = ok & (p < stop)
         idx, p, stop = idx[keep], p[keep], stop[keep]
     return ws
@@ -165,82 +175,106 @@ def _window_scale(buf, tcp, doff, active):
 
 def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
     """Decode the TCP packets of a record batch; everything else is counted."""
-    buf = batch.buf
+    fv = FieldViews(batch.buf)
     off = batch.data_off
-    end = off + batch.caplen.astype(np.int64)
+    end = off + batch.caplen
     n = len(off)
     skips = SkipCounts()
-    l3, etype, unknown = locate_l3(buf, off, end, batch.linktype)
+    l3, etype, unknown = locate_l3(fv, off, end, batch.linktype)
     skips.unknown_linktype = unknown
-    remaining = (off + batch.origlen.astype(np.int64)) - l3
+    remaining = (off + batch.origlen) - l3          # bytes of the original frame from the IP header on
 
     parts = []
-    is_ip = np.zeros(n, bool)
+    n_ip = 0
     for ethertype, family, minlen, ver in ((ETH_IPV4, _ipv4, 20, 4), (ETH_IPV6, _ipv6, 40, 6)):
-        sel = np.flatnonzero((etype == ethertype) & (l3 + minlen <= end))
-        short = np.count_nonzero((etype == ethertype) & (l3 + minlen > end))
-        skips.truncated += short
-        is_ip[np.flatnonzero(etype == ethertype)] = True
+        is_family = etype == ethertype
+        n_family = int(np.count_nonzero(is_family))
+        if not n_family:
+            continue
+        n_ip += n_family
+        captured = is_family & (l3 + minlen <= end)
+        sel = np.flatnonzero(captured) if n_family < n or not captured.all() else np.arange(n)
+        skips.truncated += n_family - len(sel)
         if not len(sel):
             continue
-        h = family(buf, l3[sel], end[sel], remaining[sel])
-        valid = h["valid"]
+        h = family(fv, l3[sel], end[sel], remaining[sel])
+        valid, frag, hdr = h["valid"], h["fragment"], h["header_captured"]
         skips.malformed += int(np.count_nonzero(~valid))
-        frag = valid & h["fragment"]
+        frag = valid & frag
         skips.ip_fragment += int(np.count_nonzero(frag))
-        cand = valid & ~frag & h["header_captured"]
-        skips.truncated += int(np.count_nonzero(valid & ~frag & ~h["header_captured"]))
-        tcp_sel = cand & (h["proto"] == IPPROTO_TCP)
-        skips.ip_not_tcp += int(np.count_nonzero(cand & (h["proto"] != IPPROTO_TCP)))
-        keep = np.flatnonzero(tcp_sel)
-        part = {k: v[keep] for k, v in h.items() if k not in ("valid", "fragment", "proto", "header_captured")}
-        part["rec"] = sel[keep]
-        part["ver"] = np.full(len(keep), ver, np.uint8)
-        if "has_len" not in part:
-            part["has_len"] = np.ones(len(keep), bool)
+        cand = valid & ~frag
+        skips.truncated += int(np.count_nonzero(cand & ~hdr))
+        cand &= hdr
+        is_tcp = cand & (h["proto"] == IPPROTO_TCP)
+        skips.ip_not_tcp += int(np.count_nonzero(cand & ~is_tcp))
+        keep = None if is_tcp.all() else np.flatnonzero(is_tcp)
+        part = {k: h[k] if keep is None else h[k][keep] for k in ("l4", "l4_len", "src", "dst")}
+        part["rec"] = sel if keep is None else sel[keep]
+        if "has_len" in h:
+            part["has_len"] = h["has_len"] if keep is None else h["has_len"][keep]
+        else:
+            part["has_len"] = np.ones(len(part["rec"]), bool)
+        part["ver"] = np.full(len(part["rec"]), ver, np.uint8)
         parts.append(part)
-    skips.non_ip = int(np.count_nonzero(~is_ip)) - sum(unknown.values())
+    skips.non_ip = n - n_ip - sum(unknown.values())
 
-    if parts:
-        cat = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        if len(parts) > 1:          # restore file order across the two families
-            order = np.argsort(cat["rec"], kind="stable")
-            cat = {k: v[order] for k, v in cat.items()}
-    else:
-        cat = {"rec": np.zeros(0, np.int64), "l4": np.zeros(0, np.int64), "l4_len": np.zeros(0, np.int64),
-               "src": np.zeros((0, 4), np.uint32), "dst": np.zeros((0, 4), np.uint32),
-               "ver": np.zeros(0, np.uint8), "has_len": np.zeros(0, bool)}
+    if not parts:
+        return _empty_packets(), skips
+    if len(parts) > 1:                  # IPv4 next to IPv6: addresses as 4 words each
+        for part in parts:
+            if part["src"].ndim == 1:
+                for k in ("src", "dst"):
+                    wide = np.zeros((len(part[k]), 4), np.uint32)
+                    wide[:, 0] = part[k]
+                    part[k] = wide
+    cat = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if len(parts) > 1:                  # restore file order across the two families
+        order = np.argsort(cat["rec"], kind="stable")
+        cat = {k: v[order] for k, v in cat.items()}
 
     rec, tcp = cat["rec"], cat["l4"]
-    base_ok = tcp + 20 <= end[rec]
+    rec_end = end[rec]
+    base_ok = tcp + 20 <= rec_end
+    off_flags_win = fv.u32(tcp + 12)             # data offset, flags, window
+    doff = (off_flags_win >> 28).astype(np.int64) * 4
+    good = base_ok & (doff >= 20)
     skips.truncated += int(np.count_nonzero(~base_ok))
-    doff = (buf[tcp + 12] >> 4).astype(np.int64) * 4
-    bogus = base_ok & (doff < 20)
-    skips.malformed += int(np.count_nonzero(bogus))
-    keep = np.flatnonzero(base_ok & ~bogus)
-    rec, tcp, doff = rec[keep], tcp[keep], doff[keep]
-    l4_len = cat["l4_len"][keep]
-    has_len = cat["has_len"][keep]
+    skips.malformed += int(np.count_nonzero(base_ok & (doff < 20)))
+    if not good.all():
+        keep = np.flatnonzero(good)
+        rec, tcp, doff, rec_end = rec[keep], tcp[keep], doff[keep], rec_end[keep]
+        off_flags_win = off_flags_win[keep]
+        cat = {k: v[keep] for k, v in cat.items()}
+    l4_len = cat["l4_len"]
 
-    status = np.full(len(keep), STATUS_OK, np.uint8)
-    status[tcp + doff > end[rec]] = STATUS_HIDDEN
-    status[(l4_len < doff) | ~has_len] = STATUS_NO_ANALYSIS
-    seglen = np.where(status == STATUS_NO_ANALYSIS, 0, l4_len - doff)
-    flags = ((buf[tcp + 12].astype(np.uint16) & 1) << 8) | buf[tcp + 13]
+    status = np.zeros(len(rec), np.uint8)
+    status[tcp + doff > rec_end] = STATUS_HIDDEN
+    status[(l4_len < doff) | ~cat["has_len"]] = STATUS_NO_ANALYSIS
+    seglen = l4_len - doff
+    seglen[status == STATUS_NO_ANALYSIS] = 0
+    ports = fv.u32(tcp)
     packets = TcpPackets(
         frame=(batch.first_frame + rec).astype(np.uint32),
         ts=batch.ts_ns[rec],
-        ipver=cat["ver"][keep],
-        src=cat["src"][keep],
-        dst=cat["dst"][keep],
-        sport=be16(buf, tcp),
-        dport=be16(buf, tcp + 2),
-        seq=be32(buf, tcp + 4),
-        ack=be32(buf, tcp + 8),
+        ipver=cat["ver"],
+        src=cat["src"],
+        dst=cat["dst"],
+        sport=(ports >> 16).astype(np.uint16),
+        dport=(ports & 0xFFFF).astype(np.uint16),
+        seq=fv.u32(tcp + 4),
+        ack=fv.u32(tcp + 8),
         seglen=seglen.astype(np.uint32),
-        win=be16(buf, tcp + 14),
-        flags=flags,
-        wscale=_window_scale(buf, tcp, doff, (doff > 20) & (status == STATUS_OK)),
+        win=(off_flags_win & 0xFFFF).astype(np.uint16),
+        flags=((off_flags_win >> 16) & 0x01FF).astype(np.uint16),
+        wscale=_window_scale(fv, tcp, doff, (doff > 20) & (status == STATUS_OK)),
         status=status,
     )
     return packets, skips
+
+
+def _empty_packets() -> TcpPackets:
+    z32, z16 = np.zeros(0, np.uint32), np.zeros(0, np.uint16)
+    return TcpPackets(frame=z32, ts=np.zeros(0, np.int64), ipver=np.zeros(0, np.uint8),
+                      src=np.zeros((0, 4), np.uint32), dst=np.zeros((0, 4), np.uint32),
+                      sport=z16, dport=z16, seq=z32, ack=z32, seglen=z32, win=z16, flags=z16,
+                      wscale=np.zeros(0, np.int8), status=np.zeros(0, np.uint8))

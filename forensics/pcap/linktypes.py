@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .fields import be16, be32, le32
+from .fields import FieldViews
 
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
@@ -49,45 +49,55 @@ LINK_RULES: dict[int, LinkRule] = {
 }
 
 
-def _skip_vlan(buf: np.ndarray, l3: np.ndarray, etype: np.ndarray, end: np.ndarray) -> None:
+def _is_vlan(etype: np.ndarray) -> np.ndarray:
+    tagged = etype == VLAN_TPIDS[0]
+    for tpid in VLAN_TPIDS[1:]:
+        tagged |= etype == tpid
+    return tagged
+
+
+def _skip_vlan(fv: FieldViews, l3: np.ndarray, etype: np.ndarray, end: np.ndarray) -> None:
     """Step over stacked 802.1Q / 802.1ad tags in place."""
     for _ in range(MAX_VLAN_TAGS):
-        tagged = np.isin(etype, VLAN_TPIDS) & (l3 + 4 <= end)
+        tagged = _is_vlan(etype)
         if not tagged.any():
             return
-        idx = np.flatnonzero(tagged)
-        etype[idx] = be16(buf, l3[idx] + 2)
+        idx = np.flatnonzero(tagged & (l3 + 4 <= end))
+        if not len(idx):
+            return
+        etype[idx] = fv.u16(l3[idx] + 2)
         l3[idx] += 4
 
 
 def _ethertype_rule(rule: LinkRule) -> Callable:
-    def locate(buf, off, end):
+    def locate(fv, off, end):
         l3 = off + rule.header_len
-        etype = np.where(l3 <= end, be16(buf, off + rule.proto_at), 0).astype(np.int64)
-        _skip_vlan(buf, l3, etype, end)
+        etype = fv.u16(off + rule.proto_at).astype(np.int32)
+        etype[l3 > end] = 0
+        _skip_vlan(fv, l3, etype, end)
         return l3, etype
     return locate
 
 
 def _af_rule(rule: LinkRule) -> Callable:
-    def locate(buf, off, end):
+    def locate(fv, off, end):
         if rule.af_byteorder == "big":
-            af = be32(buf, off)
+            af = fv.u32(off)
         else:
             # DLT_NULL stores the family in the capturing host's byte order: small
             # values read little-endian mean a little-endian writer.
-            le = le32(buf, off)
-            af = np.where(le < 256, le, be32(buf, off))
+            le = fv.u32le(off)
+            af = np.where(le < 256, le, fv.u32(off))
         etype = np.where(af == AF_INET, ETH_IPV4,
-                         np.where(np.isin(af, AF_INET6), ETH_IPV6, 0)).astype(np.int64)
+                         np.where(np.isin(af, AF_INET6), ETH_IPV6, 0)).astype(np.int32)
         return off + rule.header_len, etype
     return locate
 
 
 def _version_rule(rule: LinkRule) -> Callable:
-    def locate(buf, off, end):
-        ver = buf[off] >> 4
-        etype = np.where(ver == 4, ETH_IPV4, np.where(ver == 6, ETH_IPV6, 0)).astype(np.int64)
+    def locate(fv, off, end):
+        ver = fv.u8(off) >> 4
+        etype = np.where(ver == 4, ETH_IPV4, np.where(ver == 6, ETH_IPV6, 0)).astype(np.int32)
         return off + rule.header_len, etype
     return locate
 
@@ -96,22 +106,29 @@ _RULE_KINDS = {"ethertype": _ethertype_rule, "af": _af_rule, "version": _version
 LOCATORS: dict[int, Callable] = {lt: _RULE_KINDS[r.proto](r) for lt, r in LINK_RULES.items()}
 
 
-def locate_l3(buf: np.ndarray, off: np.ndarray, end: np.ndarray, linktype: np.ndarray):
+def locate_l3(fv: FieldViews, off: np.ndarray, end: np.ndarray, linktype: np.ndarray):
     """Network-layer offset and ethertype for every record; ethertype 0 = unknown.
 
     Returns ``(l3, etype, unknown_linktypes)`` where the last item maps each
     link type without a rule to its record count.
     """
-    l3 = np.zeros(len(off), np.int64)
-    etype = np.zeros(len(off), np.int64)
     unknown: dict[int, int] = {}
-    kinds = np.unique(linktype)
-    for lt in kinds.tolist():
-        sel = slice(None) if len(kinds) == 1 else np.flatnonzero(linktype == lt)
-        locate = LOCATORS.get(lt)
-        if locate is None:
-            unknown[lt] = int(np.count_nonzero(linktype == lt))
-            continue
-        l3[sel], etype[sel] = locate(buf, off[sel], end[sel])
+    first = int(linktype[0]) if len(linktype) else 0
+    if not len(linktype) or (linktype == first).all():     # the usual case: one link type
+        kinds = [first]
+    else:
+        kinds = np.unique(linktype).tolist()
+    if len(kinds) == 1 and kinds[0] in LOCATORS:
+        l3, etype = LOCATORS[kinds[0]](fv, off, end)
+    else:
+        l3 = np.zeros(len(off), np.int64)
+        etype = np.zeros(len(off), np.int32)
+        for lt in kinds:
+            sel = np.flatnonzero(linktype == lt)
+            locate = LOCATORS.get(lt)
+            if locate is None:
+                unknown[lt] = len(sel)
+                continue
+            l3[sel], etype[sel] = locate(fv, off[sel], end[sel])
     etype[l3 > end] = 0
     return l3, etype, unknown

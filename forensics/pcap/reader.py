@@ -65,6 +65,7 @@ class ReadReport:
     file_bytes: int = 0
     records: int = 0
     warnings: list[str] = field(default_factory=list)
+    defects: list[str] = field(default_factory=list)   # the input is damaged: data was lost
     counters: dict[str, int] = field(default_factory=dict)
 
 
@@ -133,7 +134,15 @@ class CaptureReader:
             progressed = False
             while True:
                 buf[have:have + PAD] = 0
-                cols, consumed = self._walker.walk(buf[start:], have - start, pos, self.batch)
+                try:
+                    cols, consumed = self._walker.walk(buf[start:], have - start, pos, self.batch)
+                except CaptureFormatError as exc:
+                    if frame == 1:
+                        raise CaptureFormatError(f"{self.path}: {exc}") from None
+                    self.report.defects.append(
+                        f"{self.path}: {exc}; the {frame - 1} frames before it were analysed")
+                    eof, have, start = True, 0, 0
+                    break
                 n = len(cols["data_off"])
                 if n:
                     progressed = True
@@ -152,7 +161,7 @@ class CaptureReader:
             have = tail
             if eof and not progressed:
                 if have:
-                    self.report.warnings.append(
+                    self.report.defects.append(
                         f"{self.path}: file ends inside a record ({have} bytes at offset {pos} "
                         "ignored); the capture was probably cut short")
                 break
@@ -165,6 +174,6 @@ class CaptureReader:
         self.report.records = frame - 1
         self.report.counters = self._walker.counters()
         if self.report.counters.get("blocks_unknown"):
-            self.report.warnings.append(
+            self.report.defects.append(
                 f"{self.path}: {self.report.counters['blocks_unknown']} pcapng blocks of unknown "
                 "type skipped")

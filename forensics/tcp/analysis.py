@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterator, Literal
+from typing import TYPE_CHECKING, Iterator, Literal
 
 import numpy as np
-import pandas as pd
 
 from ..native import TcpKernel
-from ..pcap.decode import SkipCounts, decode_tcp
+from ..pcap.decode import SkipCounts, TcpPackets, decode_tcp
 from ..pcap.reader import CaptureReader, ReadReport
 from .conversations import ConversationTable
-from .flows import flow_table
 from .verdicts import CSV_VERDICTS, HIDDEN_BIT, VERDICT_BITS, printed
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Keep = Literal["all", "flagged", "none"]
 
@@ -49,22 +50,49 @@ class CaptureStats:
     skipped: SkipCounts = field(default_factory=SkipCounts)
     verdict_counts: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    defects: list[str] = field(default_factory=list)    # damaged input: the result is partial
 
 
 @dataclass
 class PacketBatch:
-    """Raw per-packet result columns of one batch (numpy, no strings)."""
+    """One batch's decoded packets and kernel results (numpy, no strings).
 
-    cols: dict[str, np.ndarray]
+    Public columns are derived on demand by :meth:`columns`, so runs that only
+    count verdicts never pay for them.
+    """
+
+    pk: TcpPackets
+    out: dict[str, np.ndarray]
 
     def __len__(self) -> int:
-        return len(self.cols["frame"])
+        return len(self.pk)
+
+    def columns(self, conversations: ConversationTable) -> dict[str, np.ndarray]:
+        pk, out = self.pk, self.out
+        hidden = ((out["verdicts"] >> HIDDEN_BIT) & 1).astype(bool)
+        src, dst = conversations.address_codes(out["key"], out["dir"])
+        return {
+            "frame": pk.frame, "stream": out["stream"], "time_epoch_ns": pk.ts,
+            "src": src, "sport": pk.sport, "dst": dst, "dport": pk.dport,
+            "seq_rel": out["seq_rel"], "ack_rel": out["ack_rel"], "len": pk.seglen,
+            "verdicts": printed(out["verdicts"]),
+            "duplicate_ack_num": np.where(hidden, 0, out["dupack_num"]),
+            "duplicate_ack_frame": np.where(hidden, 0, out["dupack_frame"]),
+            "acks_frame": np.where(hidden, 0, out["acks_frame"]),
+            "ack_rtt_ns": out["ack_rtt"], "rto_ns": out["rto"],
+            "seq_raw": pk.seq, "ack_raw": pk.ack, "tcp_flags": pk.flags, "window": pk.win,
+            "analysis_hidden": hidden.astype(np.uint8),
+        }
+
+    def flagged(self) -> np.ndarray:
+        """Indices of packets with any printed verdict or a RST."""
+        return np.flatnonzero((printed(self.out["verdicts"]) != 0) | (self.pk.flags & 0x04))
 
 
 @dataclass
 class TcpAnalysis:
-    packets: pd.DataFrame | None
-    flows: pd.DataFrame
+    packets: "pd.DataFrame | None"
+    flows: "pd.DataFrame"
     stats: CaptureStats
 
 
@@ -74,7 +102,7 @@ class TcpAnalyzer:
     def __init__(self, path: str | os.PathLike, **reader_opts):
         self.reader = CaptureReader(path, **reader_opts)
         self.kernel = TcpKernel()
-        self.conversations = ConversationTable()
+        self.conversations = ConversationTable(self.kernel)
         self.stats = CaptureStats(path=os.fspath(path))
         self._bit_counts = np.zeros(32, np.int64)
         self._rst = 0
@@ -91,31 +119,19 @@ class TcpAnalyzer:
                     s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
                 if not len(pk):
                     continue
-                key, is_flow1 = self.conversations.assign(pk)
                 out = self.kernel.run({
-                    "frame": pk.frame, "ts": pk.ts, "key": key, "dir": is_flow1, "seq": pk.seq,
-                    "ack": pk.ack, "seglen": pk.seglen, "win": pk.win, "flags": pk.flags,
+                    "frame": pk.frame, "ts": pk.ts, "ipver": pk.ipver, "src": pk.src, "dst": pk.dst,
+                    "sport": pk.sport, "dport": pk.dport, "seq": pk.seq, "ack": pk.ack,
+                    "seglen": pk.seglen, "win": pk.win, "flags": pk.flags,
                     "wscale": pk.wscale, "status": pk.status,
                 })
-                shown = printed(out["verdicts"])
-                self._count(out["verdicts"], shown, pk.flags)
-                src, dst = self.conversations.address_codes(key, is_flow1)
-                hidden = ((out["verdicts"] >> HIDDEN_BIT) & 1).astype(np.uint8)
-                dup = np.where(hidden.astype(bool), 0, out["dupack_num"])
-                yield PacketBatch({
-                    "frame": pk.frame, "stream": out["stream"], "time_epoch_ns": pk.ts,
-                    "src": src, "sport": pk.sport, "dst": dst, "dport": pk.dport,
-                    "seq_rel": out["seq_rel"], "ack_rel": out["ack_rel"], "len": pk.seglen,
-                    "verdicts": shown, "duplicate_ack_num": dup,
-                    "duplicate_ack_frame": np.where(hidden.astype(bool), 0, out["dupack_frame"]),
-                    "acks_frame": np.where(hidden.astype(bool), 0, out["acks_frame"]),
-                    "ack_rtt_ns": out["ack_rtt"], "rto_ns": out["rto"],
-                    "seq_raw": pk.seq, "ack_raw": pk.ack, "tcp_flags": pk.flags, "window": pk.win,
-                    "analysis_hidden": hidden,
-                })
+                self.conversations.sync()
+                self._count(out["verdicts"], pk.flags)
+                yield PacketBatch(pk, out)
         self._finish()
 
-    def _count(self, raw: np.ndarray, shown: np.ndarray, flags: np.ndarray) -> None:
+    def _count(self, raw: np.ndarray, flags: np.ndarray) -> None:
+        shown = printed(raw)
         for bit in VERDICT_BITS.values():
             self._bit_counts[bit] += np.count_nonzero(shown & np.uint32(1 << bit))
         self._rst += int(np.count_nonzero(flags & 0x04))
@@ -127,6 +143,7 @@ class TcpAnalyzer:
         s = self.stats
         s.format, s.file_bytes, s.frames = rep.format, rep.file_bytes, rep.records
         s.warnings.extend(rep.warnings)
+        s.defects.extend(rep.defects)
         s.streams = self.kernel.nconv()
         s.verdict_counts = {name: int(self._bit_counts[bit]) for name, bit in VERDICT_BITS.items()}
         s.verdict_counts["rst"] = self._rst
@@ -138,13 +155,15 @@ class TcpAnalyzer:
                 f"{s.path}: {s.hidden_frames} frames had their TCP options cut by the snaplen; "
                 "like tshark, no verdicts are shown for them (state is still tracked)")
 
-    def flows(self) -> pd.DataFrame:
+    def flows(self) -> "pd.DataFrame":
+        from .flows import flow_table
         return flow_table(self.kernel.conversations(), self.conversations)
 
 
-def batch_frame(batch: PacketBatch, addresses: list[str]) -> pd.DataFrame:
-    """A batch as a DataFrame with the public column names (verdicts as 0/1)."""
-    cols = dict(batch.cols)
+def columns_frame(cols: dict[str, np.ndarray], addresses: list[str]) -> "pd.DataFrame":
+    """Packet columns as a DataFrame with the public names (verdicts as 0/1)."""
+    import pandas as pd   # not needed for counts-only runs; importing it costs ~0.2 s
+    cols = dict(cols)
     verdicts = cols.pop("verdicts")
     for name, bit in VERDICT_BITS.items():
         cols[name] = ((verdicts >> bit) & 1).astype(np.uint8)
@@ -155,6 +174,10 @@ def batch_frame(batch: PacketBatch, addresses: list[str]) -> pd.DataFrame:
     return pd.DataFrame({c: cols[c] for c in PACKET_COLUMNS}, copy=False)
 
 
+def batch_frame(batch: PacketBatch, conversations: ConversationTable) -> "pd.DataFrame":
+    return columns_frame(batch.columns(conversations), conversations.addresses)
+
+
 def analyze_file(path: str | os.PathLike, keep: Keep = "all", **reader_opts) -> TcpAnalysis:
     """Analyse every TCP packet of a pcap/pcapng file like tshark 4.0 does.
 
@@ -162,21 +185,18 @@ def analyze_file(path: str | os.PathLike, keep: Keep = "all", **reader_opts) -> 
     ones (any verdict or RST), or ``"none"`` (counts and flows only).
     """
     analyzer = TcpAnalyzer(path, **reader_opts)
-    kept: list[PacketBatch] = []
+    kept: list[dict[str, np.ndarray]] = []
     for batch in analyzer.batches():
         if keep == "all":
-            kept.append(batch)
+            kept.append(batch.columns(analyzer.conversations))
         elif keep == "flagged":
-            sel = np.flatnonzero((batch.cols["verdicts"] != 0) | (batch.cols["tcp_flags"] & 0x04))
+            sel = batch.flagged()
             if len(sel):
-                kept.append(PacketBatch({k: v[sel] for k, v in batch.cols.items()}))
+                kept.append({k: v[sel] for k, v in batch.columns(analyzer.conversations).items()})
     packets = None
     if keep != "none":
-        if kept:
-            merged = PacketBatch({k: np.concatenate([b.cols[k] for b in kept]) for k in kept[0].cols})
-        else:
-            merged = PacketBatch(_empty_cols())
-        packets = batch_frame(merged, analyzer.conversations.addresses)
+        merged = {k: np.concatenate([c[k] for c in kept]) for k in kept[0]} if kept else _empty_cols()
+        packets = columns_frame(merged, analyzer.conversations.addresses)
     return TcpAnalysis(packets=packets, flows=analyzer.flows(), stats=analyzer.stats)
 
 

@@ -10,7 +10,7 @@ setup(
     ext_modules=[
         Extension(
             "forensics.native._tcpkernel",
-            sources=["forensics/native/tcpkernel.c", "forensics/native/walk.c"],
+            sources=["forensics/native/tcpkernel.c", "forensics/native/walk.c", "forensics/native/csvfmt.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ]

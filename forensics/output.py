@@ -17,7 +17,7 @@ def open_output(path: str, force: bool = False, mode: str = "w") -> Iterator[Tex
     ``-`` is standard output. An existing file is an error unless ``force``.
     """
     if path == "-":
-        yield sys.stdout
+        yield sys.stdout.buffer if "b" in mode else sys.stdout
         return
     if os.path.exists(path) and not force:
         raise InputError(f"{path}: already exists (use --force to overwrite)")

@@ -7,7 +7,7 @@ import datetime as dt
 from ..errors import ExitCode
 from ..output import open_output
 from ..tcp import TcpAnalyzer
-from ..tcp.analysis import batch_frame
+from ..tcp.csvout import write_packets_csv
 
 HELP = "per-packet TCP analysis flags of one capture (retransmissions, duplicate ACKs, ...)"
 
@@ -29,15 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, env) -> int:
     analyzer = TcpAnalyzer(args.file)
     if args.csv:
-        with open_output(args.csv, force=args.force) as fh:
-            header = True
-            for batch in analyzer.batches():
-                batch_frame(batch, analyzer.conversations).to_csv(
-                    fh, index=False, header=header)
-                header = False
-            if header:   # no TCP packet at all: still a valid CSV with its header
-                from ..tcp.analysis import PACKET_COLUMNS
-                fh.write(",".join(PACKET_COLUMNS) + "\n")
+        with open_output(args.csv, force=args.force, mode="wb") as fh:
+            write_packets_csv(fh, analyzer.batches(), analyzer.conversations)
     else:
         for _ in analyzer.batches():
             pass

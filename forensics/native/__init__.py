@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import ctypes
 import importlib.machinery
-from pathlib import Path
+import os
 
 import numpy as np
 
 from ..errors import StallscopeError
 
-_HERE = Path(__file__).resolve().parent
+_HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _find_library() -> Path:
+def _find_library() -> str:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        candidate = _HERE / f"_tcpkernel{suffix}"
-        if candidate.exists():
+        candidate = os.path.join(_HERE, f"_tcpkernel{suffix}")
+        if os.path.exists(candidate):
             return candidate
     raise StallscopeError(
         "the native TCP kernel is not built; run 'make venv' (or 'pip install -e .') first"
     )
 
 
-_lib = ctypes.CDLL(str(_find_library()))
+_lib = ctypes.CDLL(_find_library())
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -119,6 +119,60 @@ _lib.tcpk_keys.restype = _I64
 _lib.tcpk_keys.argtypes = [_P, _I64, _P, _I64]
 _lib.tcpk_error.restype = ctypes.c_char_p
 _lib.tcpk_error.argtypes = [_P]
+
+class CsvCol(ctypes.Structure):
+    _fields_ = [("data", _P), ("type", ctypes.c_int32), ("param", ctypes.c_int32)]
+
+
+_lib.csv_format.restype = _I64
+_lib.csv_format.argtypes = [ctypes.POINTER(CsvCol), ctypes.c_int32, _P, _P, ctypes.c_int32,
+                            _I64, _I64, _P, _I64, ctypes.POINTER(_I64)]
+
+CSV_U8, CSV_U16, CSV_U32, CSV_I64, CSV_BIT, CSV_CATEGORY = 1, 2, 3, 4, 5, 6
+_CSV_TYPES = {np.dtype(np.uint8): CSV_U8, np.dtype(np.uint16): CSV_U16,
+              np.dtype(np.uint32): CSV_U32, np.dtype(np.int64): CSV_I64}
+
+
+def csv_rows(columns: list[tuple[np.ndarray, str, int]], strings: list[str],
+             chunk: int = 4 << 20):
+    """Yield CSV text (bytes) for rows of integer columns.
+
+    ``columns`` holds ``(array, kind, param)``: kind ``"int"`` (uint8/16/32 or
+    int64), ``"bit"`` (bit ``param`` of a uint32 array) or ``"category"``
+    (int32 codes into ``strings``).
+    """
+    keep = []
+    spec = (CsvCol * len(columns))()
+    nrows = len(columns[0][0]) if columns else 0
+    for i, (arr, kind, param) in enumerate(columns):
+        if kind == "bit":
+            arr, ctype = np.ascontiguousarray(arr, np.uint32), CSV_BIT
+        elif kind == "category":
+            arr, ctype = np.ascontiguousarray(arr, np.int32), CSV_CATEGORY
+        else:
+            arr = np.ascontiguousarray(arr)
+            if arr.dtype not in _CSV_TYPES:
+                arr = arr.astype(np.int64)
+            ctype = _CSV_TYPES[arr.dtype]
+        if len(arr) != nrows:
+            raise ValueError("CSV columns differ in length")
+        keep.append(arr)
+        spec[i] = CsvCol(_ptr(arr), ctype, param)
+    encoded = [s.encode() for s in strings]
+    strs = (ctypes.c_char_p * max(len(encoded), 1))(*encoded)
+    lens = np.array([len(e) for e in encoded] or [0], np.int32)
+    out = np.empty(chunk, np.uint8)
+    row, done = 0, _I64(0)
+    while row < nrows:
+        n = _lib.csv_format(spec, len(columns), ctypes.cast(strs, _P), _ptr(lens), len(encoded),
+                            row, nrows, _ptr(out), chunk, ctypes.byref(done))
+        if done.value == row:       # one row larger than the chunk: grow it
+            chunk *= 2
+            out = np.empty(chunk, np.uint8)
+            continue
+        row = done.value
+        yield out[:n].tobytes()
+
 
 FORMAT_PCAP = 1
 FORMAT_PCAPNG = 2

@@ -156,6 +156,7 @@ static int64_t walk_pcap(walk_state *st, const uint8_t *buf, int64_t len, int64_
         uint32_t sec = rd32(h, st->swapped), frac = rd32(h + 4, st->swapped);
         uint32_t incl = rd32(h + 8, st->swapped), orig = rd32(h + 12, st->swapped);
         if (incl > MAX_BLOCK) {
+            if (n) break; /* hand back the good records first; the error comes next call */
             snprintf(st->error, sizeof st->error,
                      "corrupt pcap record at byte %lld: captured length %u is implausible",
                      (long long)(base + pos), incl);
@@ -211,6 +212,7 @@ static int64_t walk_pcapng(walk_state *st, const uint8_t *buf, int64_t len, int6
         if (pos + blen > len) break;
         if (rd32(b + blen - 4, st->swapped) != blen) goto bad_trailer;
         if (st->sections == 0) {
+            if (n) goto good_so_far;
             snprintf(st->error, sizeof st->error, "corrupt pcapng: block before the section header");
             *consumed = pos;
             return -1;
@@ -220,7 +222,11 @@ static int64_t walk_pcapng(walk_state *st, const uint8_t *buf, int64_t len, int6
         if (type == PCAPNG_IDB) {
             if (body_len < 8) goto bad_body;
             int idx = add_interface(st, rd16(body, st->swapped), rd32(body + 4, st->swapped));
-            if (idx < 0) { *consumed = pos; return -1; }
+            if (idx < 0) {
+                if (n) goto good_so_far;
+                *consumed = pos;
+                return -1;
+            }
             parse_idb_options(st, idx, body + 8, body_len - 8);
         } else if (type == PCAPNG_EPB || type == PCAPNG_PB) {
             if (body_len < 20) goto bad_body;
@@ -228,6 +234,7 @@ static int64_t walk_pcapng(walk_state *st, const uint8_t *buf, int64_t len, int6
             uint64_t ticks = ((uint64_t)rd32(body + 4, st->swapped) << 32) | rd32(body + 8, st->swapped);
             uint32_t incl = rd32(body + 12, st->swapped), orig = rd32(body + 16, st->swapped);
             if ((int64_t)ifid >= st->n_if) {
+                if (n) goto good_so_far;
                 snprintf(st->error, sizeof st->error,
                          "corrupt pcapng packet block at byte %lld: interface %u not declared",
                          (long long)(base + pos), ifid);
@@ -253,29 +260,42 @@ static int64_t walk_pcapng(walk_state *st, const uint8_t *buf, int64_t len, int6
             out->ts_ns[n] = 0; /* SPBs carry no timestamp */
             out->linktype[n] = st->if_linktype[0];
             n++;
-        } else if (type == 4 || type == 5 || type == 0xA || type == 0xBAD || type == 0x40000BAD) {
-            st->blocks_skipped++; /* NRB, ISB, DSB, custom: nothing we need */
+        } else if (type == 0xBAD || type == 0x40000BAD || type == 9) {
+            /* custom and systemd-journal blocks are frames to Wireshark (numbered,
+             * not packets): keep the frame numbering identical */
+            out->data_off[n] = base + pos + 8;
+            out->caplen[n] = 0;
+            out->origlen[n] = body_len;
+            out->ts_ns[n] = 0;
+            out->linktype[n] = WALK_NOT_A_PACKET;
+            n++;
+        } else if (type == 4 || type == 5 || type == 0xA) {
+            st->blocks_skipped++; /* NRB, ISB, DSB: nothing we need */
         } else {
             st->blocks_unknown++;
         }
         pos += blen;
     }
+good_so_far:
     st->records += n;
     *consumed = pos;
     return n;
 
 bad_len:
+    if (n) goto good_so_far;
     snprintf(st->error, sizeof st->error, "corrupt pcapng block at byte %lld: invalid block length",
              (long long)(base + pos));
     *consumed = pos;
     return -1;
 bad_trailer:
+    if (n) goto good_so_far;
     snprintf(st->error, sizeof st->error,
              "corrupt pcapng block at byte %lld: trailing length does not match",
              (long long)(base + pos));
     *consumed = pos;
     return -1;
 bad_body:
+    if (n) goto good_so_far;
     snprintf(st->error, sizeof st->error, "corrupt pcapng block at byte %lld: body too short",
              (long long)(base + pos));
     *consumed = pos;

@@ -4,6 +4,7 @@
 
 #define WALK_PCAP 1
 #define WALK_PCAPNG 2
+#define WALK_NOT_A_PACKET (-1) /* link type of records that are frames but not packets */
 
 typedef struct walk_state walk_state;
 

@@ -113,11 +113,11 @@ def _ipv6(fv: FieldViews, l3, end, remaining):
         nh[idx] = fv.u8(p)
         pos[idx] = p + hlen
     header_captured &= pos <= end
-    has_len = (plen > 0) | (jumbo > 0)
+    # payload length 0 without a jumbo option: Wireshark marks the packet malformed
+    valid &= (plen > 0) | (jumbo > 0)
     ip_len = np.minimum(np.where(plen > 0, 40 + plen, 40 + np.maximum(jumbo, 0)), remaining)
-    # payload length 0 without a jumbo option: Wireshark marks TCP malformed, no analysis
     return dict(valid=valid, fragment=fragment, proto=nh, l4=pos, l4_len=ip_len - (pos - l3),
-                src=src, dst=dst, header_captured=header_captured, has_len=has_len)
+                src=src, dst=dst, header_captured=header_captured)
 
 
 def _jumbo_length(fv: FieldViews, p: int, hlen: int) -> int:
@@ -129,7 +129,7 @@ def _jumbo_length(fv: FieldViews, p: int, hlen: int) -> int:
             continue
         olen = int(fv.buf[q + 1])
         if opt == 0xC2 and olen == 4:
-            return int(fv.be32[q + 2])
+            return int(fv.u32(np.array([q + 2]))[0])
         q += 2 + olen
     return -1
 
@@ -210,10 +210,6 @@ def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
         keep = None if is_tcp.all() else np.flatnonzero(is_tcp)
         part = {k: h[k] if keep is None else h[k][keep] for k in ("l4", "l4_len", "src", "dst")}
         part["rec"] = sel if keep is None else sel[keep]
-        if "has_len" in h:
-            part["has_len"] = h["has_len"] if keep is None else h["has_len"][keep]
-        else:
-            part["has_len"] = np.ones(len(part["rec"]), bool)
         part["ver"] = np.full(len(part["rec"]), ver, np.uint8)
         parts.append(part)
     skips.non_ip = n - n_ip - sum(unknown.values())
@@ -249,7 +245,7 @@ def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
 
     status = np.zeros(len(rec), np.uint8)
     status[tcp + doff > rec_end] = STATUS_HIDDEN
-    status[(l4_len < doff) | ~cat["has_len"]] = STATUS_NO_ANALYSIS
+    status[l4_len < doff] = STATUS_NO_ANALYSIS
     seglen = l4_len - doff
     seglen[status == STATUS_NO_ANALYSIS] = 0
     ports = fv.u32(tcp)

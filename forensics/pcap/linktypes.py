@@ -14,6 +14,7 @@ import numpy as np
 
 from .fields import FieldViews
 
+NOT_A_PACKET = -1      # walker's link type for pcapng records that are not packets
 ETH_IPV4 = 0x0800
 ETH_IPV6 = 0x86DD
 VLAN_TPIDS = (0x8100, 0x88A8, 0x9100)
@@ -118,12 +119,14 @@ def locate_l3(fv: FieldViews, off: np.ndarray, end: np.ndarray, linktype: np.nda
         kinds = [first]
     else:
         kinds = np.unique(linktype).tolist()
-    if len(kinds) == 1 and kinds[0] in LOCATORS:
+    if len(kinds) == 1 and kinds[0] in LOCATORS:   # (NOT_A_PACKET is never a key)
         l3, etype = LOCATORS[kinds[0]](fv, off, end)
     else:
         l3 = np.zeros(len(off), np.int64)
         etype = np.zeros(len(off), np.int32)
         for lt in kinds:
+            if lt == NOT_A_PACKET:
+                continue                      # pcapng custom blocks: frames, never IP
             sel = np.flatnonzero(linktype == lt)
             locate = LOCATORS.get(lt)
             if locate is None:

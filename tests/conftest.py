@@ -1,0 +1,25 @@
+"""Shared test helpers: where fixtures live, and skips that say exactly why."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces, nftables, bpftrace); CI runs as root")
+
+
+def require_tool(*names: str) -> None:
+    missing = [n for n in names if shutil.which(n) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} on PATH (make test installs the Debian packages as root)")

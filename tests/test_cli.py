@@ -1,0 +1,157 @@
+"""The command line: summaries, the CSV, and one clear line with exit 2 on bad input."""
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import FIXTURES
+from forensics.cli import Env, main
+from forensics.tcp import PACKET_COLUMNS, analyze_file
+
+PUBLIC = FIXTURES / "pcaps" / "public"
+BAD = FIXTURES / "pcaps" / "bad"
+DUPACK = PUBLIC / "tcp_dupack.pcapng"
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), Env(stdout=out, stderr=err))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_summary_counts_verdicts_like_tshark_io_stat():
+    code, out, err = run("tcp", str(DUPACK))
+    assert code == 0, err
+    lines = {l.split()[0]: int(l.split()[1]) for l in out.splitlines()[1:] if l.startswith("  ") and l.split()[1].isdigit()}
+    # tcp_dupack.pcapng: three dup ACKs then a fast retransmission (counted as a retransmission too)
+    assert lines == {"retransmission": 1, "fast_retransmission": 1, "duplicate_ack": 3}
+    assert "9 frames, 9 TCP packets in 1 stream" in out
+
+
+def test_csv_has_one_row_per_tcp_packet_and_matches_the_api(tmp_path):
+    dest = tmp_path / "out.csv"
+    code, _, err = run("tcp", str(DUPACK), "--csv", str(dest))
+    assert code == 0, err
+    csv = pd.read_csv(dest)
+    assert list(csv.columns) == PACKET_COLUMNS
+    api = analyze_file(DUPACK).packets
+    assert len(csv) == len(api) == 9
+    for col in PACKET_COLUMNS:
+        assert csv[col].astype(str).tolist() == api[col].astype(str).tolist(), col
+    assert csv.loc[csv.frame == 8, "fast_retransmission"].item() == 1
+    assert csv.loc[csv.frame == 7, "duplicate_ack_num"].item() == 3
+
+
+def test_csv_never_overwrites_without_force(tmp_path):
+    dest = tmp_path / "out.csv"
+    dest.write_text("precious\n")
+    code, _, err = run("tcp", str(DUPACK), "--csv", str(dest))
+    assert code == 2
+    assert "already exists" in err and len(err.strip().splitlines()) == 1
+    assert dest.read_text() == "precious\n"
+    code, _, _ = run("tcp", str(DUPACK), "--csv", str(dest), "--force")
+    assert code == 0 and dest.read_text().startswith("frame,stream,")
+
+
+def test_flows_table_has_history_and_endpoints():
+    code, out, _ = run("tcp", str(DUPACK), "--flows")
+    assert code == 0
+    assert "172.31.136.85:38760" in out and "195.81.202.68:80" in out
+    assert "history" in out
+
+
+def _one_error_line(err: str) -> str:
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    return lines[0]
+
+
+@pytest.mark.parametrize("content, expect", [
+    (b"", "empty"),
+    (b"\x00\x01", "empty or too short"),
+    (b"this is not a capture file at all", "not a pcap or pcapng file"),
+    (b"\xd4\xc3\xb2\xa1\x02\x00", "truncated pcap file header"),
+    (bytes.fromhex("0a0d0d0a") + b"\xff" * 40, "corrupt pcapng"),
+])
+def test_unreadable_input_gives_one_line_and_exit_2(tmp_path, content, expect):
+    path = tmp_path / "bad.pcap"
+    path.write_bytes(content)
+    code, out, err = run("tcp", str(path))
+    assert code == 2
+    assert expect in _one_error_line(err)
+    assert out == ""
+
+
+def test_missing_file_and_directory(tmp_path):
+    code, _, err = run("tcp", str(tmp_path / "nope.pcap"))
+    assert code == 2 and "cannot open" in _one_error_line(err)
+    code, _, err = run("tcp", str(tmp_path))
+    assert code == 2 and "cannot open" in _one_error_line(err)
+
+
+def test_truncated_capture_gives_partial_result_warning_and_exit_2(tmp_path):
+    data = DUPACK.read_bytes()
+    path = tmp_path / "cut.pcapng"
+    path.write_bytes(data[: len(data) - 50])       # cut inside the last packet block (frame 9)
+    code, out, err = run("tcp", str(path))
+    assert code == 2
+    assert "file ends inside a record" in err and "Traceback" not in err
+    assert "8 frames, 8 TCP packets" in out           # everything before the cut
+
+
+def test_corruption_after_good_records_keeps_what_came_before(tmp_path):
+    data = bytearray(DUPACK.read_bytes())
+    # find the 5th enhanced packet block and break its length field
+    pos, seen = 0, 0
+    import struct
+    while pos < len(data):
+        btype, blen = struct.unpack_from("<II", data, pos)
+        if btype == 6:
+            seen += 1
+            if seen == 5:
+                struct.pack_into("<I", data, pos + 4, 7)
+                break
+        pos += blen
+    path = tmp_path / "broken.pcapng"
+    path.write_bytes(bytes(data))
+    code, out, err = run("tcp", str(path))
+    assert code == 2
+    assert "invalid block length" in err and "4 frames before it were analysed" in err
+    assert "4 frames, 4 TCP packets" in out
+
+
+VALID_BUT_EMPTY = {"header_only.pcap"}
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in BAD.glob("*")
+                                        if p.suffix != ".md" and p.name not in VALID_BUT_EMPTY))
+def test_every_shipped_bad_capture_is_handled(name):
+    code, out, err = run("tcp", str(BAD / name))
+    assert code == 2, (name, out, err)
+    assert "Traceback" not in err and "internal error" not in err
+    assert err.strip(), name
+
+
+def test_a_valid_capture_without_packets_is_fine():
+    code, out, err = run("tcp", str(BAD / "header_only.pcap"))
+    assert code == 0, err
+    assert "0 frames, 0 TCP packets in 0 streams" in out
+
+
+def test_usage_errors_exit_2():
+    code, _, err = run("tcp")
+    assert code == 2 and "required" in err
+    code, _, err = run("frobnicate")
+    assert code == 2
+
+
+def test_python_dash_m_entry_point():
+    proc = subprocess.run([sys.executable, "-m", "forensics", "tcp", str(DUPACK)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "duplicate_ack" in proc.stdout

@@ -173,25 +173,75 @@ def _window_scale(fv: FieldViews, tcp, doff, candidates):
     return ws
 
 
-def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
-    """Decode the TCP packets of a record batch; everything else is counted."""
-    fv = FieldViews(batch.buf)
-    off = batch.data_off
-    end = off + batch.caplen
-    n = len(off)
-    skips = SkipCounts()
-    l3, etype, unknown = locate_l3(fv, off, end, batch.linktype)
-    skips.unknown_linktype = unknown
-    remaining = (off + batch.origlen) - l3          # bytes of the original frame from the IP header on
+IPPROTO_IPIP, IPPROTO_IPV6, IPPROTO_GRE, IPPROTO_UDP = 4, 41, 47, 17
+UDP_TUNNEL_PORTS = {4789: "vxlan", 6081: "geneve"}
+ETH_TEB = 0x6558            # GRE/Geneve payload "transparent Ethernet bridging"
+MAX_TUNNEL_DEPTH = 3
 
-    parts = []
-    n_ip = 0
+
+def _tunnels(fv: FieldViews, l4, l4_end, proto):
+    """Inner network header of tunnelled packets (Wireshark analyses the inner TCP).
+
+    Returns ``(is_tunnel, inner_l3, inner_ethertype)``; IP-in-IP, GRE (version
+    0, with IP or Ethernet payload), VXLAN (UDP 4789) and Geneve (UDP 6081).
+    Inner Ethernet goes through the same VLAN handling as the outer one.
+    """
+    n = len(l4)
+    inner = np.zeros(n, np.int64)
+    etype = np.zeros(n, np.int32)
+    ipip = (proto == IPPROTO_IPIP) | (proto == IPPROTO_IPV6)
+    inner[ipip] = l4[ipip]
+    etype[proto == IPPROTO_IPIP] = ETH_IPV4
+    etype[proto == IPPROTO_IPV6] = ETH_IPV6
+    eth = np.zeros(n, bool)                      # inner Ethernet frame starts at ``inner``
+    gre = np.flatnonzero((proto == IPPROTO_GRE) & (l4 + 4 <= l4_end))
+    if len(gre):
+        word = fv.u32(l4[gre])
+        flags, ptype = word >> 16, word & 0xFFFF
+        ok = (flags & 0x7) == 0                  # version 0 only (not PPTP's enhanced GRE)
+        hlen = 4 + 4 * (((flags >> 15) & 1) + ((flags >> 13) & 1) + ((flags >> 12) & 1)).astype(np.int64)
+        gre, hlen, ptype = gre[ok], hlen[ok], ptype[ok]
+        inner[gre] = l4[gre] + hlen
+        etype[gre] = np.where(ptype == ETH_TEB, 0, ptype)
+        eth[gre] = ptype == ETH_TEB
+    udp = np.flatnonzero((proto == IPPROTO_UDP) & (l4 + 16 <= l4_end))
+    if len(udp):
+        ports = fv.u32(l4[udp])
+        sport, dport = ports >> 16, ports & 0xFFFF
+        vx = (dport == 4789) | (sport == 4789)
+        gv = ~vx & ((dport == 6081) | (sport == 6081))
+        vxu, gvu = udp[vx], udp[gv]
+        inner[vxu] = l4[vxu] + 16
+        eth[vxu] = True
+        if len(gvu):
+            head = fv.u32(l4[gvu] + 8)
+            optlen = ((head >> 24) & 0x3F).astype(np.int64) * 4
+            gproto = head & 0xFFFF
+            inner[gvu] = l4[gvu] + 16 + optlen
+            eth[gvu] = gproto == ETH_TEB
+            etype[gvu] = np.where(gproto == ETH_TEB, 0, gproto)
+    eth_idx = np.flatnonzero(eth)
+    if len(eth_idx):
+        from .linktypes import LOCATORS
+        l3, et = LOCATORS[1](fv, inner[eth_idx], l4_end[eth_idx])     # link type 1: Ethernet
+        inner[eth_idx], etype[eth_idx] = l3, et
+    is_tunnel = (etype == ETH_IPV4) | (etype == ETH_IPV6)
+    return is_tunnel, inner, etype
+
+
+def _network_layer(fv: FieldViews, rec, l3, etype, end, remaining, skips: SkipCounts):
+    """IP decoding of one encapsulation level.
+
+    Returns the TCP parts found and, for tunnelled packets, the next level's
+    ``(rec, l3, etype, end, remaining)``.
+    """
+    parts, nxt = [], []
+    n = len(rec)
     for ethertype, family, minlen, ver in ((ETH_IPV4, _ipv4, 20, 4), (ETH_IPV6, _ipv6, 40, 6)):
         is_family = etype == ethertype
         n_family = int(np.count_nonzero(is_family))
         if not n_family:
             continue
-        n_ip += n_family
         captured = is_family & (l3 + minlen <= end)
         sel = np.flatnonzero(captured) if n_family < n or not captured.all() else np.arange(n)
         skips.truncated += n_family - len(sel)
@@ -206,17 +256,54 @@ def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
         skips.truncated += int(np.count_nonzero(cand & ~hdr))
         cand &= hdr
         is_tcp = cand & (h["proto"] == IPPROTO_TCP)
-        skips.ip_not_tcp += int(np.count_nonzero(cand & ~is_tcp))
+        other = np.flatnonzero(cand & ~is_tcp)
+        if len(other):
+            l4_end = h["l4"][other] + h["l4_len"][other]
+            tun, inner, inner_type = _tunnels(fv, h["l4"][other], np.minimum(l4_end, end[sel][other]),
+                                              h["proto"][other])
+            skips.ip_not_tcp += int(np.count_nonzero(~tun))
+            t = np.flatnonzero(tun)
+            if len(t):
+                nxt.append((sel[other[t]], inner[t], inner_type[t], end[sel][other[t]],
+                            l4_end[t] - inner[t]))
         keep = None if is_tcp.all() else np.flatnonzero(is_tcp)
         part = {k: h[k] if keep is None else h[k][keep] for k in ("l4", "l4_len", "src", "dst")}
-        part["rec"] = sel if keep is None else sel[keep]
+        part["rec"] = rec[sel] if keep is None else rec[sel[keep]]
         part["ver"] = np.full(len(part["rec"]), ver, np.uint8)
         parts.append(part)
+    if nxt:
+        nxt = tuple(np.concatenate([x[i] for x in nxt]) for i in range(5))
+        # index into this level's arrays -> record index
+        nxt = (rec[nxt[0]],) + nxt[1:]
+    return parts, nxt
+
+
+def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
+    """Decode the TCP packets of a record batch; everything else is counted."""
+    fv = FieldViews(batch.buf)
+    off = batch.data_off
+    end = off + batch.caplen
+    n = len(off)
+    skips = SkipCounts()
+    l3, etype, unknown = locate_l3(fv, off, end, batch.linktype)
+    skips.unknown_linktype = unknown
+    remaining = (off + batch.origlen) - l3          # bytes of the original frame from the IP header on
+    n_ip = int(np.count_nonzero((etype == ETH_IPV4) | (etype == ETH_IPV6)))
     skips.non_ip = n - n_ip - sum(unknown.values())
+
+    parts = []
+    level = (np.arange(n), l3, etype, end, remaining)
+    for _ in range(1 + MAX_TUNNEL_DEPTH):
+        found, level = _network_layer(fv, *level, skips)
+        parts.extend(found)
+        if not level:
+            break
+    else:
+        skips.malformed += len(level[0])             # nested deeper than we follow
 
     if not parts:
         return _empty_packets(), skips
-    if len(parts) > 1:                  # IPv4 next to IPv6: addresses as 4 words each
+    if len({p["ver"][0] for p in parts if len(p["ver"])}) > 1:   # IPv4 next to IPv6: 4 words each
         for part in parts:
             if part["src"].ndim == 1:
                 for k in ("src", "dst"):
@@ -224,7 +311,7 @@ def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
                     wide[:, 0] = part[k]
                     part[k] = wide
     cat = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    if len(parts) > 1:                  # restore file order across the two families
+    if len(parts) > 1:                  # restore file order across families and tunnels
         order = np.argsort(cat["rec"], kind="stable")
         cat = {k: v[order] for k, v in cat.items()}
 

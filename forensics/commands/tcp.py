@@ -72,6 +72,9 @@ def render_summary(stats) -> str:
     parts = [f"{n} {what}" for what, n in skipped.items() if n]
     if parts:
         lines.append("  frames not analysed: " + ", ".join(parts))
+    if sk.reassembled:
+        lines.append(f"  {sk.reassembled} TCP segments reassembled from IP fragments "
+                     "(analysed in the frame of their last fragment, as Wireshark does)")
     return "\n".join(lines)
 
 

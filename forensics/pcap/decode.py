@@ -15,7 +15,7 @@ import numpy as np
 
 from .fields import FieldViews
 from .linktypes import ETH_IPV4, ETH_IPV6, locate_l3
-from .reader import RecordBatch
+from .reader import PAD, RecordBatch
 
 IPPROTO_TCP = 6
 IPV6_EXT_HEADERS = (0, 43, 60, 51, 44)    # hop-by-hop, routing, destination, AH, fragment
@@ -36,10 +36,11 @@ class SkipCounts:
     ip_fragment: int = 0
     truncated: int = 0
     malformed: int = 0
+    reassembled: int = 0     # TCP segments rebuilt from IP fragments (counted in ip_fragment too)
     unknown_linktype: dict[int, int] = field(default_factory=dict)
 
     def add(self, other: "SkipCounts") -> None:
-        for name in ("non_ip", "ip_not_tcp", "ip_fragment", "truncated", "malformed"):
+        for name in ("non_ip", "ip_not_tcp", "ip_fragment", "truncated", "malformed", "reassembled"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for lt, n in other.unknown_linktype.items():
             self.unknown_linktype[lt] = self.unknown_linktype.get(lt, 0) + n
@@ -79,7 +80,10 @@ def _ipv4(fv: FieldViews, l3, end, remaining):
     ip_len = np.minimum(total, remaining)
     ip_len[total == 0] = remaining[total == 0]          # IPv4 total length 0: TSO, use the frame
     return dict(valid=valid, fragment=fragment, proto=word2 & 0xFF, l4=l3 + ihl, l4_len=ip_len - ihl,
-                src=fv.u32(l3 + 12), dst=fv.u32(l3 + 16), header_captured=l3 + ihl <= end)
+                src=fv.u32(l3 + 12), dst=fv.u32(l3 + 16), header_captured=l3 + ihl <= end,
+                frag_id=lambda sel: fv.u16(l3[sel] + 4).astype(np.uint32),
+                frag_off=lambda sel: ((word2[sel] >> 16) & 0x1FFF).astype(np.int64) * 8,
+                frag_more=lambda sel: (word2[sel] & 0x20000000) != 0)
 
 
 def _ipv6(fv: FieldViews, l3, end, remaining):
@@ -94,6 +98,8 @@ def _ipv6(fv: FieldViews, l3, end, remaining):
     fragment = np.zeros(n, bool)
     header_captured = np.ones(n, bool)
     jumbo = np.full(n, -1, np.int64)
+    frag_id = np.zeros(n, np.uint32)
+    frag_field = np.zeros(n, np.uint32)
     for _ in range(MAX_IPV6_EXT):
         ext = valid & ~fragment & np.isin(nh, IPV6_EXT_HEADERS)
         if not ext.any():
@@ -106,18 +112,24 @@ def _ipv6(fv: FieldViews, l3, end, remaining):
         p, kind = pos[idx], nh[idx]
         hdr_len_field = fv.u8(p + 1).astype(np.int64)
         hlen = np.where(kind == 44, 8, np.where(kind == 51, (hdr_len_field + 2) * 4, (hdr_len_field + 1) * 8))
-        is_frag = (kind == 44) & ((fv.u16(p + 2) & 0xFFF9) != 0)
+        fo = fv.u16(p + 2)
+        is_frag = (kind == 44) & ((fo & 0xFFF9) != 0)
         fragment[idx[is_frag]] = True
+        frag_field[idx[is_frag]] = fo[is_frag]
+        frag_id[idx[is_frag]] = fv.u32(p[is_frag] + 4)
         for j in np.flatnonzero((kind == 0) & (plen[idx] == 0)).tolist():   # rare: RFC 2675 jumbograms
             jumbo[idx[j]] = _jumbo_length(fv, int(p[j]), int(hlen[j]))
         nh[idx] = fv.u8(p)
-        pos[idx] = p + hlen
+        pos[idx] = p + hlen          # for a fragment: its payload starts after the header
     header_captured &= pos <= end
     # payload length 0 without a jumbo option: Wireshark marks the packet malformed
     valid &= (plen > 0) | (jumbo > 0)
     ip_len = np.minimum(np.where(plen > 0, 40 + plen, 40 + np.maximum(jumbo, 0)), remaining)
     return dict(valid=valid, fragment=fragment, proto=nh, l4=pos, l4_len=ip_len - (pos - l3),
-                src=src, dst=dst, header_captured=header_captured)
+                src=src, dst=dst, header_captured=header_captured,
+                frag_id=lambda sel: frag_id[sel],
+                frag_off=lambda sel: (frag_field[sel] >> 3).astype(np.int64) * 8,
+                frag_more=lambda sel: (frag_field[sel] & 1) != 0)
 
 
 def _jumbo_length(fv: FieldViews, p: int, hlen: int) -> int:
@@ -235,7 +247,7 @@ def _network_layer(fv: FieldViews, rec, l3, etype, end, remaining, skips: SkipCo
     Returns the TCP parts found and, for tunnelled packets, the next level's
     ``(rec, l3, etype, end, remaining)``.
     """
-    parts, nxt = [], []
+    parts, nxt, frags = [], [], []
     n = len(rec)
     for ethertype, family, minlen, ver in ((ETH_IPV4, _ipv4, 20, 4), (ETH_IPV6, _ipv6, 40, 6)):
         is_family = etype == ethertype
@@ -252,6 +264,15 @@ def _network_layer(fv: FieldViews, rec, l3, etype, end, remaining, skips: SkipCo
         skips.malformed += int(np.count_nonzero(~valid))
         frag = valid & frag
         skips.ip_fragment += int(np.count_nonzero(frag))
+        fi = np.flatnonzero(frag)
+        if len(fi):
+            src, dst = h["src"][fi], h["dst"][fi]
+            frags.append(FragmentColumns(
+                rec=rec[sel[fi]], ver=ver, src=src if src.ndim == 2 else _wide(src),
+                dst=dst if dst.ndim == 2 else _wide(dst), ident=h["frag_id"](fi),
+                proto=h["proto"][fi].astype(np.int64), offset=h["frag_off"](fi),
+                more=h["frag_more"](fi), l4=h["l4"][fi], l4_len=h["l4_len"][fi],
+                end=end[sel[fi]]))
         cand = valid & ~frag
         skips.truncated += int(np.count_nonzero(cand & ~hdr))
         cand &= hdr
@@ -275,48 +296,134 @@ def _network_layer(fv: FieldViews, rec, l3, etype, end, remaining, skips: SkipCo
         nxt = tuple(np.concatenate([x[i] for x in nxt]) for i in range(5))
         # index into this level's arrays -> record index
         nxt = (rec[nxt[0]],) + nxt[1:]
-    return parts, nxt
+    return parts, nxt, frags
+
+
+def _wide(words: np.ndarray) -> np.ndarray:
+    wide = np.zeros((len(words), 4), np.uint32)
+    wide[:, 0] = words
+    return wide
+
+
+@dataclass
+class FragmentColumns:
+    """IP fragments of one batch (their payload bytes stay in the batch buffer)."""
+
+    rec: np.ndarray
+    ver: int
+    src: np.ndarray      # (n, 4) words
+    dst: np.ndarray
+    ident: np.ndarray
+    proto: np.ndarray
+    offset: np.ndarray   # payload offset in bytes
+    more: np.ndarray     # more-fragments flag
+    l4: np.ndarray       # payload start in the buffer
+    l4_len: np.ndarray   # payload length (reported)
+    end: np.ndarray      # end of captured bytes
+
+
+TCP_HEAD_KEEP = 64       # bytes of a first fragment kept until its datagram completes
+MAX_PENDING_DATAGRAMS = 4096
+
+
+class FragmentReassembler:
+    """IP reassembly for TCP in fragments, as Wireshark does it by default.
+
+    Fragments are rare (NCCL sockets set DF), so this is a per-fragment Python
+    path: it keeps each pending datagram's byte ranges and the captured start
+    of its first fragment, and when the datagram is complete it yields the TCP
+    segment for the frame of the fragment that completed it.
+    """
+
+    def __init__(self):
+        self.pending: dict[tuple, dict] = {}
+        self.dropped = 0
+
+    def add(self, fc: FragmentColumns, buf: np.ndarray) -> list[tuple]:
+        done = []
+        for i in range(len(fc.rec)):
+            key = (fc.ver, fc.src[i].tobytes(), fc.dst[i].tobytes(), int(fc.ident[i]), int(fc.proto[i]))
+            st = self.pending.get(key)
+            if st is None:
+                if len(self.pending) >= MAX_PENDING_DATAGRAMS:    # bound memory on junk
+                    self.pending.pop(next(iter(self.pending)))
+                    self.dropped += 1
+                st = self.pending[key] = {"ranges": [], "total": None, "head": None}
+            off, length = int(fc.offset[i]), max(int(fc.l4_len[i]), 0)
+            st["ranges"].append((off, off + length))
+            if not fc.more[i]:
+                st["total"] = off + length
+            if off == 0:
+                a, b = int(fc.l4[i]), int(min(fc.end[i], fc.l4[i] + TCP_HEAD_KEEP))
+                st["head"] = bytes(buf[a:max(a, b)])
+            if st["total"] is not None and st["head"] is not None and _covers(st["ranges"], st["total"]):
+                del self.pending[key]
+                done.append((int(fc.rec[i]), fc.ver, fc.src[i], fc.dst[i], int(fc.proto[i]),
+                             st["head"], st["total"]))
+        return done
+
+
+def _covers(ranges: list[tuple[int, int]], total: int) -> bool:
+    reach = 0
+    for a, b in sorted(ranges):
+        if a > reach:
+            return False
+        reach = max(reach, b)
+    return reach >= total
+
+
+class TcpDecoder:
+    """Decodes record batches into TCP packet columns; keeps reassembly state."""
+
+    def __init__(self):
+        self.reassembler = FragmentReassembler()
+
+    def decode(self, batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
+        """Decode the TCP packets of a record batch; everything else is counted."""
+        fv = FieldViews(batch.buf)
+        off = batch.data_off
+        end = off + batch.caplen
+        n = len(off)
+        skips = SkipCounts()
+        l3, etype, unknown = locate_l3(fv, off, end, batch.linktype)
+        skips.unknown_linktype = unknown
+        remaining = (off + batch.origlen) - l3      # bytes of the original frame from the IP header on
+        n_ip = int(np.count_nonzero((etype == ETH_IPV4) | (etype == ETH_IPV6)))
+        skips.non_ip = n - n_ip - sum(unknown.values())
+
+        parts, frags = [], []
+        level = (np.arange(n), l3, etype, end, remaining)
+        for _ in range(1 + MAX_TUNNEL_DEPTH):
+            found, level, fragments = _network_layer(fv, *level, skips)
+            parts.extend(found)
+            frags.extend(fragments)
+            if not level:
+                break
+        else:
+            skips.malformed += len(level[0])         # nested deeper than we follow
+
+        columns = [_tcp_columns(fv, batch, part, end[part["rec"]], skips) for part in parts]
+        if frags:
+            whole = []
+            for fc in sorted(frags, key=lambda f: int(f.rec[0])):
+                whole.extend(self.reassembler.add(fc, batch.buf))
+            tcp_whole = [w for w in whole if w[4] == IPPROTO_TCP]
+            skips.ip_not_tcp += len(whole) - len(tcp_whole)
+            skips.reassembled += len(tcp_whole)
+            if tcp_whole:
+                columns.append(_reassembled_columns(batch, tcp_whole, skips))
+        return _merge(columns), skips
 
 
 def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
-    """Decode the TCP packets of a record batch; everything else is counted."""
-    fv = FieldViews(batch.buf)
-    off = batch.data_off
-    end = off + batch.caplen
-    n = len(off)
-    skips = SkipCounts()
-    l3, etype, unknown = locate_l3(fv, off, end, batch.linktype)
-    skips.unknown_linktype = unknown
-    remaining = (off + batch.origlen) - l3          # bytes of the original frame from the IP header on
-    n_ip = int(np.count_nonzero((etype == ETH_IPV4) | (etype == ETH_IPV6)))
-    skips.non_ip = n - n_ip - sum(unknown.values())
+    """Stateless convenience: one batch on its own (fragments pending across batches are lost)."""
+    return TcpDecoder().decode(batch)
 
-    parts = []
-    level = (np.arange(n), l3, etype, end, remaining)
-    for _ in range(1 + MAX_TUNNEL_DEPTH):
-        found, level = _network_layer(fv, *level, skips)
-        parts.extend(found)
-        if not level:
-            break
-    else:
-        skips.malformed += len(level[0])             # nested deeper than we follow
 
-    if not parts:
-        return _empty_packets(), skips
-    if len({p["ver"][0] for p in parts if len(p["ver"])}) > 1:   # IPv4 next to IPv6: 4 words each
-        for part in parts:
-            if part["src"].ndim == 1:
-                for k in ("src", "dst"):
-                    wide = np.zeros((len(part[k]), 4), np.uint32)
-                    wide[:, 0] = part[k]
-                    part[k] = wide
-    cat = parts[0] if len(parts) == 1 else {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    if len(parts) > 1:                  # restore file order across families and tunnels
-        order = np.argsort(cat["rec"], kind="stable")
-        cat = {k: v[order] for k, v in cat.items()}
-
-    rec, tcp = cat["rec"], cat["l4"]
-    rec_end = end[rec]
+def _tcp_columns(fv: FieldViews, batch: RecordBatch, part: dict, rec_end, skips: SkipCounts,
+                 ts=None) -> dict:
+    """TCP header fields for the packets of one part (rows of ``part`` in file order)."""
+    rec, tcp = part["rec"], part["l4"]
     base_ok = tcp + 20 <= rec_end
     off_flags_win = fv.u32(tcp + 12)             # data offset, flags, window
     doff = (off_flags_win >> 28).astype(np.int64) * 4
@@ -325,23 +432,25 @@ def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
     skips.malformed += int(np.count_nonzero(base_ok & (doff < 20)))
     if not good.all():
         keep = np.flatnonzero(good)
-        rec, tcp, doff, rec_end = rec[keep], tcp[keep], doff[keep], rec_end[keep]
-        off_flags_win = off_flags_win[keep]
-        cat = {k: v[keep] for k, v in cat.items()}
-    l4_len = cat["l4_len"]
-
+        tcp, doff, rec_end, off_flags_win = tcp[keep], doff[keep], rec_end[keep], off_flags_win[keep]
+        part = {k: v[keep] for k, v in part.items()}
+        rec = part["rec"]
+        if ts is not None:
+            ts = ts[keep]
+    l4_len = part["l4_len"]
     status = np.zeros(len(rec), np.uint8)
     status[tcp + doff > rec_end] = STATUS_HIDDEN
     status[l4_len < doff] = STATUS_NO_ANALYSIS
     seglen = l4_len - doff
     seglen[status == STATUS_NO_ANALYSIS] = 0
     ports = fv.u32(tcp)
-    packets = TcpPackets(
+    return dict(
+        rec=rec,
         frame=(batch.first_frame + rec).astype(np.uint32),
-        ts=batch.ts_ns[rec],
-        ipver=cat["ver"],
-        src=cat["src"],
-        dst=cat["dst"],
+        ts=batch.ts_ns[rec] if ts is None else ts,
+        ipver=part["ver"],
+        src=part["src"],
+        dst=part["dst"],
         sport=(ports >> 16).astype(np.uint16),
         dport=(ports & 0xFFFF).astype(np.uint16),
         seq=fv.u32(tcp + 4),
@@ -352,7 +461,44 @@ def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
         wscale=_window_scale(fv, tcp, doff, (doff > 20) & (status == STATUS_OK)),
         status=status,
     )
-    return packets, skips
+
+
+def _reassembled_columns(batch: RecordBatch, whole: list[tuple], skips: SkipCounts) -> dict:
+    """TCP columns of reassembled datagrams, decoded from their kept first bytes."""
+    stride = TCP_HEAD_KEEP + PAD
+    buf = np.zeros(stride * len(whole) + PAD, np.uint8)
+    rec, l4, ends, l4_len, src, dst, ver = [], [], [], [], [], [], []
+    for i, (r, v, s, d, _, head, total) in enumerate(whole):
+        buf[i * stride:i * stride + len(head)] = np.frombuffer(head, np.uint8)
+        rec.append(r)
+        l4.append(i * stride)
+        ends.append(i * stride + len(head))
+        l4_len.append(total)
+        src.append(s)
+        dst.append(d)
+        ver.append(v)
+    part = {"rec": np.array(rec, np.int64), "l4": np.array(l4, np.int64),
+            "l4_len": np.array(l4_len, np.int64), "src": np.array(src, np.uint32),
+            "dst": np.array(dst, np.uint32), "ver": np.array(ver, np.uint8)}
+    return _tcp_columns(FieldViews(buf), batch, part, np.array(ends, np.int64), skips)
+
+
+def _merge(columns: list[dict]) -> TcpPackets:
+    columns = [c for c in columns if len(c["rec"])]
+    if not columns:
+        return _empty_packets()
+    if len(columns) == 1:
+        c = columns[0]
+    else:
+        if len({int(c["ipver"][0]) for c in columns}) > 1 or any(c["src"].ndim == 2 for c in columns):
+            for c in columns:                     # IPv4 next to IPv6: addresses as 4 words each
+                if c["src"].ndim == 1:
+                    c["src"], c["dst"] = _wide(c["src"]), _wide(c["dst"])
+        c = {k: np.concatenate([x[k] for x in columns]) for k in columns[0]}
+        order = np.argsort(c["rec"], kind="stable")   # file order across families, tunnels, reassembly
+        c = {k: v[order] for k, v in c.items()}
+    c.pop("rec")
+    return TcpPackets(**c)
 
 
 def _empty_packets() -> TcpPackets:

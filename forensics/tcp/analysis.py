@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator, Literal
 import numpy as np
 
 from ..native import TcpKernel
-from ..pcap.decode import SkipCounts, TcpPackets, decode_tcp
+from ..pcap.decode import SkipCounts, TcpDecoder, TcpPackets
 from ..pcap.reader import CaptureReader, ReadReport
 from .conversations import ConversationTable
 from .verdicts import CSV_VERDICTS, HIDDEN_BIT, VERDICT_BITS, printed
@@ -101,6 +101,7 @@ class TcpAnalyzer:
 
     def __init__(self, path: str | os.PathLike, **reader_opts):
         self.reader = CaptureReader(path, **reader_opts)
+        self.decoder = TcpDecoder()
         self.kernel = TcpKernel()
         self.conversations = ConversationTable(self.kernel)
         self.stats = CaptureStats(path=os.fspath(path))
@@ -110,7 +111,7 @@ class TcpAnalyzer:
     def batches(self) -> Iterator[PacketBatch]:
         with self.reader:
             for records in self.reader.batches():
-                pk, skips = decode_tcp(records)
+                pk, skips = self.decoder.decode(records)
                 self.stats.skipped.add(skips)
                 if len(records):
                     first, last = int(records.ts_ns.min()), int(records.ts_ns.max())

@@ -6,8 +6,6 @@ import datetime as dt
 
 from ..errors import ExitCode
 from ..output import open_output
-from ..tcp import TcpAnalyzer
-from ..tcp.csvout import write_packets_csv
 
 HELP = "per-packet TCP analysis flags of one capture (retransmissions, duplicate ACKs, ...)"
 
@@ -27,6 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, env) -> int:
+    # imported here: the CLI must start without numpy (capture runs on bare GPU nodes)
+    from ..tcp import TcpAnalyzer
+    from ..tcp.csvout import write_packets_csv
+
     analyzer = TcpAnalyzer(args.file)
     if args.csv:
         with open_output(args.csv, force=args.force, mode="wb") as fh:

@@ -79,7 +79,7 @@ class PacketBatch:
             "duplicate_ack_num": np.where(hidden, 0, out["dupack_num"]),
             "duplicate_ack_frame": np.where(hidden, 0, out["dupack_frame"]),
             "acks_frame": np.where(hidden, 0, out["acks_frame"]),
-            "ack_rtt_ns": out["ack_rtt"], "rto_ns": out["rto"],
+            "ack_rtt_ns": np.where(hidden, 0, out["ack_rtt"]), "rto_ns": np.where(hidden, 0, out["rto"]),
             "seq_raw": pk.seq, "ack_raw": pk.ack, "tcp_flags": pk.flags, "window": pk.win,
             "analysis_hidden": hidden.astype(np.uint8),
         }

@@ -244,8 +244,8 @@ def _tunnels(fv: FieldViews, l4, l4_end, proto):
 def _network_layer(fv: FieldViews, rec, l3, etype, end, remaining, skips: SkipCounts):
     """IP decoding of one encapsulation level.
 
-    Returns the TCP parts found and, for tunnelled packets, the next level's
-    ``(rec, l3, etype, end, remaining)``.
+    Returns the TCP parts found, for tunnelled packets the next level's
+    ``(rec, l3, etype, end, remaining)``, and the IP fragments (for reassembly).
     """
     parts, nxt, frags = [], [], []
     n = len(rec)

@@ -1,9 +1,9 @@
 """Per-packet TCP analysis of a capture file, Wireshark 4.0 semantics.
 
 Pipeline per batch of records: the C walker finds the records, numpy decodes
-the headers (``forensics.pcap.decode``), :class:`ConversationTable` gives
-conversation keys, and the C kernel runs the per-flow state machine in file
-order. Batches stream through with bounded memory; the caller chooses what to
+the headers (``forensics.pcap.decode``), and the C kernel finds conversations
+and runs the per-flow state machine in file order; :class:`ConversationTable`
+turns the kernel's endpoint pairs into address text. Batches stream through with bounded memory; the caller chooses what to
 keep (every packet, flagged packets only, or only counts and flows).
 """
 from __future__ import annotations
@@ -16,6 +16,7 @@ import numpy as np
 
 from ..native import TcpKernel
 from ..pcap.decode import SkipCounts, TcpDecoder, TcpPackets
+from ..pcap.linktypes import NOT_A_PACKET
 from ..pcap.reader import CaptureReader, ReadReport
 from .conversations import ConversationTable
 from .verdicts import CSV_VERDICTS, HIDDEN_BIT, VERDICT_BITS, printed
@@ -113,8 +114,9 @@ class TcpAnalyzer:
             for records in self.reader.batches():
                 pk, skips = self.decoder.decode(records)
                 self.stats.skipped.add(skips)
-                if len(records):
-                    first, last = int(records.ts_ns.min()), int(records.ts_ns.max())
+                stamped = records.ts_ns[records.linktype != NOT_A_PACKET]
+                if len(stamped):
+                    first, last = int(stamped.min()), int(stamped.max())
                     s = self.stats
                     s.first_ns = first if s.first_ns is None else min(s.first_ns, first)
                     s.last_ns = last if s.last_ns is None else max(s.last_ns, last)
@@ -173,10 +175,6 @@ def columns_frame(cols: dict[str, np.ndarray], addresses: list[str]) -> "pd.Data
     cols["src"] = pd.Categorical.from_codes(cols["src"], categories=cats)
     cols["dst"] = pd.Categorical.from_codes(cols["dst"], categories=cats)
     return pd.DataFrame({c: cols[c] for c in PACKET_COLUMNS}, copy=False)
-
-
-def batch_frame(batch: PacketBatch, conversations: ConversationTable) -> "pd.DataFrame":
-    return columns_frame(batch.columns(conversations), conversations.addresses)
 
 
 def analyze_file(path: str | os.PathLike, keep: Keep = "all", **reader_opts) -> TcpAnalysis:

@@ -12,19 +12,40 @@ import pytest
 from conftest import FIXTURES
 from forensics.tcp import analyze_file
 
+CRAFTED = FIXTURES / "pcaps" / "crafted"
 CAPTURES = sorted((FIXTURES / "pcaps" / "public").glob("*.pcap*"))[:8] + sorted(
-    (FIXTURES / "pcaps" / "crafted").glob("fmt_pcapng_*.pcapng"))
+    CRAFTED.glob("fmt_pcapng_*.pcapng")) + [
+    # state that must survive batch boundaries: fragments pending reassembly, tunnels
+    CRAFTED / "ipv4_fragments.pcap", CRAFTED / "gre_inner_tcp.pcap", CRAFTED / "vxlan_inner_tcp.pcap"]
 
 
 @pytest.mark.parametrize("path", CAPTURES, ids=lambda p: p.name)
-def test_tiny_windows_and_batches_change_nothing(path):
+@pytest.mark.parametrize("batch", [1, 3])
+def test_tiny_windows_and_batches_change_nothing(path, batch):
     whole = analyze_file(path)
-    tiny = analyze_file(path, window=512, batch=3)
+    tiny = analyze_file(path, window=512, batch=batch)
     assert len(whole.packets) > 0
     pd.testing.assert_frame_equal(whole.packets, tiny.packets)
     pd.testing.assert_frame_equal(whole.flows, tiny.flows)
     assert whole.stats.verdict_counts == tiny.stats.verdict_counts
     assert whole.stats.frames == tiny.stats.frames
+
+
+def test_fragments_are_reassembled_into_one_segment():
+    res = analyze_file(CRAFTED / "ipv4_fragments.pcap")
+    assert res.stats.skipped.reassembled == 1
+    assert res.stats.skipped.ip_fragment == 2
+    big = res.packets[res.packets.len > 1000]
+    assert len(big) == 1          # the segment appears once, at its last fragment's frame
+
+
+def test_tunnelled_tcp_uses_the_inner_addresses():
+    res = analyze_file(CRAFTED / "vxlan_inner_tcp.pcap")
+    assert len(res.packets) > 0
+    # outer 192.168.1.1 <-> 192.168.1.2 carries inner 10.0.0.1 <-> 10.0.0.2
+    seen = set(res.packets.src.astype(str)) | set(res.packets.dst.astype(str))
+    assert seen == {"10.0.0.1", "10.0.0.2"}
+    assert res.stats.skipped.ip_not_tcp == 0
 
 
 def test_keep_modes_agree():

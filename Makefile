@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc
-DEMO_PCAP := tests/fixtures/pcaps/public/tcp_dupack.pcapng
+DEMO_PCAP := tests/fixtures/lab/loss/pcap/rank2.pcap
 
 .PHONY: all venv debs test demo bench lab clean
 

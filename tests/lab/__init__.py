@@ -1,0 +1,1 @@
+"""stallscope fault-injection lab (see README.md)."""

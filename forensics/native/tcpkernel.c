@@ -22,6 +22,11 @@
 #define WS_UNKNOWN (-1)
 #define WS_NONE (-2)
 
+/* tcpk_in.status, as decoded by forensics/pcap/decode.py (STATUS_*) */
+#define ST_HIDDEN 1
+#define ST_NO_ANALYSIS 2
+#define ST_BOGUS_HLEN 3
+
 /* 32-bit serial-number comparisons (packet-tcp.h GT_SEQ and friends). */
 #define GT_SEQ(a, b) ((int32_t)((b) - (a)) < 0)
 #define GE_SEQ(a, b) ((int32_t)((b) - (a)) <= 0)
@@ -352,8 +357,10 @@ int64_t tcpk_run(tcpk_state *st, const tcpk_in *in, tcpk_out *out, int64_t n) {
         out->seq_rel[i] = seq - fwd->base_seq;
         out->ack_rel[i] = (fl & TH_ACK) ? ack - rev->base_seq : ack; /* tshark shows the raw value without ACK */
 
-        if (in->status[i] == 2) { /* short segment: Wireshark skips the analysis */
+        if (in->status[i] == ST_NO_ANALYSIS) { /* short segment: no analysis, absolute numbers shown */
             v |= V_NOT_ANALYZED;
+            out->seq_rel[i] = seq;
+            out->ack_rel[i] = ack;
             goto after_analysis;
         }
 
@@ -493,8 +500,11 @@ int64_t tcpk_run(tcpk_state *st, const tcpk_in *in, tcpk_out *out, int64_t n) {
             }
             fwd->is_first_ack = 0;
         }
-        if (in->status[i] == 1) {
-            v |= V_HIDDEN; /* options truncated: state kept, nothing printed, WS lost */
+        if (in->status[i] == ST_HIDDEN || in->status[i] == ST_BOGUS_HLEN) {
+            /* options cut by the snaplen, or a data offset below 5: the state is
+             * updated but nothing is printed, and no window-scale option is read */
+            v |= V_HIDDEN;
+            if (in->status[i] == ST_BOGUS_HLEN) out->ack_rel[i] = 0; /* tshark prints no ack */
         } else {
             if (in->wscale[i] >= 0) fwd->win_scale = in->wscale[i] > 14 ? 14 : in->wscale[i];
             if (syn) {

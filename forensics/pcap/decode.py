@@ -25,6 +25,7 @@ MAX_TCP_OPTIONS = 40
 STATUS_OK = 0
 STATUS_HIDDEN = 1        # TCP options cut by snaplen
 STATUS_NO_ANALYSIS = 2   # segment shorter than its header: Wireshark skips the analysis
+STATUS_BOGUS_HLEN = 3    # data offset < 5: Wireshark analyses with that length but prints little
 
 
 @dataclass
@@ -424,23 +425,25 @@ def _tcp_columns(fv: FieldViews, batch: RecordBatch, part: dict, rec_end, skips:
                  ts=None) -> dict:
     """TCP header fields for the packets of one part (rows of ``part`` in file order)."""
     rec, tcp = part["rec"], part["l4"]
-    base_ok = tcp + 20 <= rec_end
-    off_flags_win = fv.u32(tcp + 12)             # data offset, flags, window
-    doff = (off_flags_win >> 28).astype(np.int64) * 4
-    good = base_ok & (doff >= 20)
-    skips.truncated += int(np.count_nonzero(~base_ok))
-    skips.malformed += int(np.count_nonzero(base_ok & (doff < 20)))
-    if not good.all():
-        keep = np.flatnonzero(good)
-        tcp, doff, rec_end, off_flags_win = tcp[keep], doff[keep], rec_end[keep], off_flags_win[keep]
+    # the 20-byte base header must be captured and inside the IP payload: otherwise
+    # Wireshark shows only the ports (no stream, no analysis) and so do we: not a row
+    base_ok = (tcp + 20 <= rec_end) & (part["l4_len"] >= 20)
+    skips.truncated += int(np.count_nonzero(tcp + 20 > rec_end))
+    skips.malformed += int(np.count_nonzero((tcp + 20 <= rec_end) & (part["l4_len"] < 20)))
+    if not base_ok.all():
+        keep = np.flatnonzero(base_ok)
+        tcp, rec_end = tcp[keep], rec_end[keep]
         part = {k: v[keep] for k, v in part.items()}
         rec = part["rec"]
         if ts is not None:
             ts = ts[keep]
+    off_flags_win = fv.u32(tcp + 12)             # data offset, flags, window
+    doff = (off_flags_win >> 28).astype(np.int64) * 4
     l4_len = part["l4_len"]
     status = np.zeros(len(rec), np.uint8)
     status[tcp + doff > rec_end] = STATUS_HIDDEN
     status[l4_len < doff] = STATUS_NO_ANALYSIS
+    status[doff < 20] = STATUS_BOGUS_HLEN
     seglen = l4_len - doff
     seglen[status == STATUS_NO_ANALYSIS] = 0
     ports = fv.u32(tcp)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Iterator, Literal
 import numpy as np
 
 from ..native import TcpKernel
-from ..pcap.decode import SkipCounts, TcpDecoder, TcpPackets
+from ..pcap.decode import STATUS_BOGUS_HLEN, SkipCounts, TcpDecoder, TcpPackets
 from ..pcap.linktypes import NOT_A_PACKET
 from ..pcap.reader import CaptureReader, ReadReport
 from .conversations import ConversationTable
@@ -71,6 +71,7 @@ class PacketBatch:
     def columns(self, conversations: ConversationTable) -> dict[str, np.ndarray]:
         pk, out = self.pk, self.out
         hidden = ((out["verdicts"] >> HIDDEN_BIT) & 1).astype(bool)
+        bogus = pk.status == STATUS_BOGUS_HLEN     # tshark prints no ack, flags or window
         src, dst = conversations.address_codes(out["key"], out["dir"])
         return {
             "frame": pk.frame, "stream": out["stream"], "time_epoch_ns": pk.ts,
@@ -81,7 +82,8 @@ class PacketBatch:
             "duplicate_ack_frame": np.where(hidden, 0, out["dupack_frame"]),
             "acks_frame": np.where(hidden, 0, out["acks_frame"]),
             "ack_rtt_ns": np.where(hidden, 0, out["ack_rtt"]), "rto_ns": np.where(hidden, 0, out["rto"]),
-            "seq_raw": pk.seq, "ack_raw": pk.ack, "tcp_flags": pk.flags, "window": pk.win,
+            "seq_raw": pk.seq, "ack_raw": np.where(bogus, 0, pk.ack),
+            "tcp_flags": np.where(bogus, 0, pk.flags), "window": np.where(bogus, 0, pk.win),
             "analysis_hidden": hidden.astype(np.uint8),
         }
 

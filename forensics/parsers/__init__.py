@@ -1,0 +1,18 @@
+"""Parsers of the artefacts in a capture bundle, one module per format.
+
+This file only imports the parser modules; each registers itself with
+:mod:`forensics.parsers.registry`. Use :func:`parse_file` (picks the parser by path
+and content) or :func:`get` (by name).
+"""
+from . import (  # noqa: F401  (imported for their registration)
+    flight_recorder,
+    ib_counters,
+    nccl_debug,
+    nccl_inspector,
+    nccl_profiler_trace,
+    nccl_tests,
+    pyspy,
+    ss,
+    torch_watchdog,
+)
+from .registry import ParseResult, get, parse_file, parse_tree, parsers, select  # noqa: F401

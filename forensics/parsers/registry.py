@@ -1,0 +1,361 @@
+"""The parser registry: one place that knows every artefact format stallscope reads.
+
+Each parser module declares a subclass of :class:`Parser` (``NAME``, ``DESCRIPTION``,
+``GLOBS`` naming where the artefact lives inside a bundle, a content ``sniff`` and
+``parse``) and ends with ``register(ThatParser)``. ``forensics/parsers/__init__.py``
+only imports the modules, so adding a format is adding one file.
+
+Every parser returns a :class:`ParseResult`: typed ``tables`` (pandas DataFrames whose
+column schema is fixed by the parser's ``SCHEMAS`` and documented in its module
+docstring), ``facts`` (small JSON-able values: versions, configuration) and
+``warnings`` (one line each, ``file:line: what was wrong``). Malformed content never
+raises: the bad line or record is skipped with a warning. Only input that cannot be
+read at all (missing file, permission denied) raises :class:`forensics.errors.InputError`.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable, Union
+
+import numpy as np
+import pandas as pd
+
+from ..errors import InputError
+
+Source = Union[str, os.PathLike, bytes, bytearray, memoryview]
+
+SNIFF_BYTES = 8192          # how much of a file the content sniffers see
+MAX_WARNINGS = 50           # per file; the rest are counted in one closing line
+
+
+@dataclass
+class ParseResult:
+    """What one parser made of one input."""
+
+    parser: str
+    source: str
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def table(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+
+class WarningLog:
+    """Collects one-line warnings for one input, capped so a garbage file stays readable."""
+
+    def __init__(self, source: str, limit: int = MAX_WARNINGS):
+        self.source = source
+        self.limit = limit
+        self.lines: list[tuple[int, str]] = []
+        self.suppressed = 0
+
+    def add(self, lineno: int | None, what: str) -> None:
+        if len(self.lines) >= self.limit:
+            self.suppressed += 1
+            return
+        where = f"{self.source}:{lineno}" if lineno else self.source
+        what = " ".join(str(what).split())          # one line, whatever the input held
+        self.lines.append((lineno or 0, f"{where}: {what}"))
+
+    def result(self) -> list[str]:
+        """The warnings in file order (whole-file ones first)."""
+        out = [w for _, w in sorted(self.lines, key=lambda x: x[0])]
+        if self.suppressed:
+            out.append(f"{self.source}: {self.suppressed} more warnings suppressed")
+        return out
+
+
+# ---------------------------------------------------------------------------------------
+# Typed tables
+
+_DTYPES = {
+    "str": "string",
+    "int": "Int64",
+    "uint": "UInt64",       # 64-bit hardware counters
+    "float": "float64",
+    "bool": "boolean",
+    "time": "datetime64[ns]",
+}
+
+
+_EMPTY: dict[tuple, pd.DataFrame] = {}
+
+
+def empty_frame(schema: dict[str, str]) -> pd.DataFrame:
+    key = tuple(schema.items())
+    if key not in _EMPTY:      # building a wide empty frame costs milliseconds; copying it does not
+        _EMPTY[key] = pd.DataFrame({c: pd.Series(dtype=_DTYPES[t]) for c, t in schema.items()})
+    return _EMPTY[key].copy()
+
+
+def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str]) -> pd.DataFrame:
+    """A DataFrame with exactly the schema's columns, in order, with its dtypes.
+
+    ``rows`` is a list of dicts (missing keys become NA) or a dict of columns.
+    Values are converted column by column from the Python objects, so 64-bit
+    integers (nanosecond times, counters) never pass through float. Values that do
+    not convert become NA rather than raising: parsers validate what matters and
+    warn; this is the last line of defence.
+    """
+    if isinstance(rows, dict):
+        cols = {k: list(v) for k, v in rows.items()}
+        n = max((len(v) for v in cols.values()), default=0)
+    else:
+        rows = list(rows)
+        n = len(rows)
+        cols = {c: [r.get(c) for r in rows] for c in schema}
+    if n == 0:
+        return empty_frame(schema)
+    return pd.DataFrame({c: _column(cols.get(c, [None] * n), kind) for c, kind in schema.items()},
+                        index=pd.RangeIndex(n))
+
+
+def _is_na(v) -> bool:
+    if v is None or v is pd.NA or v is pd.NaT:
+        return True
+    return isinstance(v, float) and v != v
+
+
+def _column(values: list, kind: str):
+    if kind == "str":
+        return pd.array([None if _is_na(v) else (v if isinstance(v, str) else str(v)) for v in values],
+                        dtype="string")
+    if kind == "int":
+        return _to_int(values)
+    if kind == "uint":
+        return _to_int(values, lo=0, hi=1 << 64, dtype="UInt64")
+    if kind == "float":
+        out = []
+        for v in values:
+            try:
+                out.append(float("nan") if _is_na(v) or isinstance(v, bool) else float(v))
+            except (TypeError, ValueError):
+                out.append(float("nan"))
+        return np.array(out, dtype="float64")
+    if kind == "bool":
+        return pd.array([v if isinstance(v, (bool, np.bool_)) else None for v in values], dtype="boolean")
+    if kind == "time":
+        return pd.to_datetime(pd.Series(values, dtype="object"), errors="coerce", format="mixed").to_numpy()
+    raise ValueError(f"unknown column kind {kind!r}")  # pragma: no cover - schema typo
+
+
+def _to_int(values, lo: int = -(1 << 63), hi: int = 1 << 63, dtype: str = "Int64"):
+    def conv(v):
+        if _is_na(v):
+            return None
+        if isinstance(v, (bool, np.bool_)):
+            v = int(v)
+        elif isinstance(v, (float, np.floating)):
+            if v in (float("inf"), float("-inf")) or v != int(v):
+                return None
+            v = int(v)
+        elif not isinstance(v, int):
+            try:
+                v = int(v)          # numpy integers
+            except (TypeError, ValueError):
+                return None
+        return v if lo <= v < hi else None
+    return pd.array([conv(v) for v in values], dtype=dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# Reading inputs
+
+def read_source(source: Source) -> tuple[bytes, str]:
+    """The bytes of ``source`` and a label for warnings; InputError if unreadable."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source), "<bytes>"
+    path = Path(source)
+    try:
+        return path.read_bytes(), str(path)
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a directory, not a file") from None
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def decode_text(data: bytes) -> str:
+    """Text of a log; undecodable bytes become U+FFFD (the lines they spoil get warned about)."""
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    return data.decode("utf-8", errors="replace")
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without terminators; ``\\r\\n`` and lone ``\\r`` line ends both count."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+_CONTROL_BYTES = bytes(b for b in range(32) if b not in (9, 10, 11, 12, 13))
+
+
+def looks_binary(data: bytes) -> bool:
+    """True for data that is clearly not a text log: over a tenth of its first bytes are
+    control bytes. A few NULs (a log cut short by a crash) do not make a log binary."""
+    head = data[:SNIFF_BYTES]
+    if not head:
+        return False
+    ctrl = len(head) - len(head.translate(None, _CONTROL_BYTES))
+    return ctrl > len(head) // 10
+
+
+# ---------------------------------------------------------------------------------------
+# The registry
+
+class Parser:
+    """Base of every parser. Subclasses set the class attributes and implement ``parse_bytes``."""
+
+    NAME: str = ""
+    DESCRIPTION: str = ""
+    GLOBS: tuple[str, ...] = ()          # paths inside a bundle, e.g. "logs/*.log"
+    SCHEMAS: dict[str, dict[str, str]] = {}
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        """Whether the first bytes of a file look like this format."""
+        return False
+
+    @classmethod
+    def parse(cls, source: Source) -> ParseResult:
+        data, label = read_source(source)
+        return cls.parse_bytes(data, label)
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, label: str) -> ParseResult:  # pragma: no cover
+        raise NotImplementedError
+
+    @classmethod
+    def result(cls, label: str, tables: dict[str, Any], facts: dict, log: WarningLog) -> ParseResult:
+        """Assemble a ParseResult, forcing every table onto its declared schema."""
+        typed = {}
+        for name, schema in cls.SCHEMAS.items():
+            rows = tables.get(name)
+            if isinstance(rows, pd.DataFrame):
+                rows = rows.to_dict("records")
+            typed[name] = frame(rows if rows is not None else [], schema)
+        return ParseResult(parser=cls.NAME, source=label, tables=typed, facts=facts,
+                           warnings=log.result())
+
+
+_REGISTRY: dict[str, type[Parser]] = {}
+
+
+def register(parser: type[Parser]) -> type[Parser]:
+    if not parser.NAME:
+        raise ValueError(f"{parser.__name__} has no NAME")
+    if parser.NAME in _REGISTRY and _REGISTRY[parser.NAME] is not parser:
+        raise ValueError(f"parser name {parser.NAME!r} registered twice")
+    _REGISTRY[parser.NAME] = parser
+    return parser
+
+
+def get(name: str) -> type[Parser]:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise InputError(f"no parser named {name!r} (known: {', '.join(sorted(_REGISTRY))})") from None
+
+
+def parsers() -> list[type[Parser]]:
+    return [_REGISTRY[n] for n in sorted(_REGISTRY)]
+
+
+def glob_matches(path: str | os.PathLike, pattern: str) -> bool:
+    """Whether the last components of ``path`` match ``pattern`` (``logs/*.log`` matches
+    ``/x/bundle/logs/rank0.log``); ``**`` in a pattern spans any number of folders."""
+    parts = PurePosixPath(Path(path).as_posix()).parts
+    pat = PurePosixPath(pattern).parts
+    if "**" in pat:
+        i = pat.index("**")
+        head, tail = pat[:i], pat[i + 1:]
+        for start in range(len(parts)):
+            if _match_parts(parts[start:start + len(head)], head):
+                rest = parts[start + len(head):]
+                if len(rest) >= len(tail) and _match_parts(rest[len(rest) - len(tail):], tail):
+                    return True
+        return False
+    return len(parts) >= len(pat) and _match_parts(parts[len(parts) - len(pat):], pat)
+
+
+def _match_parts(parts: Iterable[str], pat: Iterable[str]) -> bool:
+    parts, pat = list(parts), list(pat)
+    return len(parts) == len(pat) and all(fnmatch.fnmatchcase(a, b) for a, b in zip(parts, pat))
+
+
+def select(path: str | os.PathLike | None, head: bytes) -> list[type[Parser]]:
+    """Parsers that fit, best first: glob and sniff agree, then sniff alone, then glob alone."""
+    by_glob = [p for p in parsers() if path is not None and any(glob_matches(path, g) for g in p.GLOBS)]
+    by_sniff = [p for p in parsers() if _safe_sniff(p, head)]
+    ranked = [p for p in by_glob if p in by_sniff]
+    ranked += [p for p in by_sniff if p not in ranked]
+    ranked += [p for p in by_glob if p not in ranked]
+    return ranked
+
+
+def _safe_sniff(p: type[Parser], head: bytes) -> bool:
+    try:
+        return bool(p.sniff(head))
+    except Exception:  # a sniffer bug must not stop selection of the others
+        return False
+
+
+def parse_file(path: str | os.PathLike, name: str | None = None) -> ParseResult:
+    """Parse one file with the named parser, or the one its path and content select.
+
+    A file no parser recognises gives an empty result (``parser == ""``) with a warning.
+    """
+    if name is not None:
+        return get(name).parse(path)
+    p = Path(path)
+    if p.is_dir():
+        ib = _REGISTRY.get("ib_counters")
+        if ib is not None:
+            return ib.parse(p)
+        raise InputError(f"{p}: is a directory, not a file")
+    data, label = read_source(p)
+    chosen = select(p, data[:SNIFF_BYTES])
+    if not chosen:
+        log = WarningLog(label)
+        log.add(None, "no parser recognises this file; skipped")
+        return ParseResult(parser="", source=label, warnings=log.result())
+    return chosen[0].parse_bytes(data, label)
+
+
+def parse_tree(root: str | os.PathLike) -> list[ParseResult]:
+    """Parse every recognised artefact below an unpacked bundle folder.
+
+    The ``ib/`` folder is one artefact (counter files of all phases, devices and ports
+    together). A file is parsed when a parser's sniffer recognises it, or when its path
+    matches the globs of exactly one parser; other files (manifest, dmesg, …) are left
+    out silently.
+    """
+    root = Path(root)
+    results = []
+    ib_dir = root / "ib"
+    if ib_dir.is_dir() and "ib_counters" in _REGISTRY:
+        results.append(_REGISTRY["ib_counters"].parse(ib_dir))
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        if Path(dirpath) == ib_dir or ib_dir in Path(dirpath).parents:
+            continue
+        for fn in sorted(filenames):
+            path = Path(dirpath) / fn
+            rel = path.relative_to(root)
+            try:
+                data, label = read_source(path)
+            except InputError as e:
+                results.append(ParseResult(parser="", source=str(path), warnings=[str(e)]))
+                continue
+            head = data[:SNIFF_BYTES]
+            chosen = select(rel, head)
+            # the content must agree, unless the path names exactly one format
+            # (logs/ holds NCCL logs, watchdog logs and dmesg alike)
+            if chosen and (_safe_sniff(chosen[0], head)
+                           or sum(any(glob_matches(rel, g) for g in p.GLOBS) for p in parsers()) == 1):
+                results.append(chosen[0].parse_bytes(data, label))
+    return results

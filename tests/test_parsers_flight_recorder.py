@@ -1,0 +1,109 @@
+"""Flight Recorder dumps: pickles (protocols 2, 4, 5), JSON, and pickles that must be refused."""
+from __future__ import annotations
+
+import os
+import pickle
+
+import pandas as pd
+import pytest
+
+from conftest import FIXTURES
+from forensics.parsers.flight_recorder import FlightRecorderParser, RefusedGlobal, op_from_profiling_name, safe_loads
+
+D = FIXTURES / "parsers" / "flight_recorder"
+
+
+@pytest.mark.parametrize("name, rank, n", [("nccl_trace_rank_0", 0, 3), ("proto4_nccl_trace_rank_0", 0, 3),
+                                           ("nccl_trace_rank_1", 1, 2), ("proto5_nccl_trace_rank_1", 1, 2)])
+def test_pickled_dumps(name, rank, n):
+    r = FlightRecorderParser.parse(D / name)
+    assert r.warnings == []
+    assert r.facts["format"] == "pickle" and r.facts["version"] == "2.5" and r.facts["rank"] == rank
+    e = r.tables["fr_entries"]
+    assert len(e) == n and e["rank"].tolist() == [rank] * n
+    first = e.iloc[0]
+    assert (first["record_id"], first["pg_id"], first["pg_name"], first["pg_desc"]) == (0, 0, "0", "default_pg")
+    assert (first["collective_seq_id"], first["p2p_seq_id"], first["op_id"]) == (1, 0, 1)
+    assert (first["profiling_name"], first["op"], first["state"]) == ("nccl:all_reduce", "ALL_REDUCE", "completed")
+    assert first["input_sizes"] == "[[3, 4]]" and first["input_numel"] == 12 and first["input_dtypes"] == "Float"
+    assert bool(first["retired"]) and not bool(first["is_p2p"]) and first["timeout_ms"] == 600000
+    assert pd.isna(first["time_discovered_started_ns"])
+    assert first["top_frame"] == "test_short_pickle (pytorch/test/distributed/test_c10d_nccl.py:3647)"
+    assert first["frames"].count("\n") == 2
+
+
+def test_exact_nanosecond_times_and_the_hang_signature():
+    e0 = FlightRecorderParser.parse(D / "nccl_trace_rank_0").tables["fr_entries"]
+    e1 = FlightRecorderParser.parse(D / "nccl_trace_rank_1").tables["fr_entries"]
+    assert e0.iloc[0]["time_created_ns"] == 1724779239936775119
+    assert e0.iloc[0]["time_discovered_completed_ns"] == 1724779239975811724     # no float rounding
+    assert e0["state"].tolist() == ["completed", "completed", "scheduled"]
+    assert e0["collective_seq_id"].max() == 3 and e1["collective_seq_id"].max() == 2
+    st = FlightRecorderParser.parse(D / "nccl_trace_rank_0").tables["fr_pg_status"].iloc[0]
+    assert (st["pg_id"], st["last_enqueued_collective"], st["last_started_collective"],
+            st["last_completed_collective"]) == ("0", 3, -1, 2)
+    cfg = FlightRecorderParser.parse(D / "nccl_trace_rank_1").tables["fr_pg_config"].iloc[0]
+    assert (cfg["pg_name"], cfg["desc"], cfg["ranks"], cfg["size"]) == ("0", "default_pg", "[0, 1]", 2)
+
+
+def test_json_variant_zero_times_are_missing():
+    r = FlightRecorderParser.parse(D / "json_nccl_trace_rank_1.json")
+    assert r.warnings == [] and r.facts["format"] == "json" and r.facts["rank"] == 1
+    e = r.tables["fr_entries"]
+    assert len(e) == 2 and e["time_discovered_started_ns"].isna().all() and e["frames"].isna().all()
+    assert e.iloc[1]["time_discovered_completed_ns"] == 1724779239936775119 + 90_001_000
+
+
+def test_torchscript_typed_list_is_built_without_torch():
+    r = FlightRecorderParser.parse(D / "typed_list_nccl_trace_rank_2")
+    assert r.warnings == [] and r.facts["rank"] == 2
+    assert r.tables["fr_entries"].iloc[0]["input_sizes"] == "[[3, 4]]"
+
+
+def test_malicious_pickle_is_refused_without_side_effect(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    for proto in (2, 4, 5):
+        path = tmp_path / f"nccl_trace_rank_{proto}"
+        path.write_bytes(pickle.dumps({"version": "2.5", "entries": [Evil()]}, protocol=proto))
+        r = FlightRecorderParser.parse(path)
+        assert not marker.exists()
+        assert len(r.warnings) == 1 and "refused pickle" in r.warnings[0] and "system" in r.warnings[0]
+        assert all(len(t) == 0 for t in r.tables.values())
+    # the committed fixture would run `touch /tmp/stallscope-fr-pwned`
+    fixed = "/tmp/stallscope-fr-pwned"
+    if os.path.exists(fixed):
+        os.unlink(fixed)
+    r = FlightRecorderParser.parse(D / "malicious_os_system.pkl")
+    assert not os.path.exists(fixed) and "refused pickle" in r.warnings[0]
+    with pytest.raises(RefusedGlobal):
+        safe_loads(pickle.dumps(pd.Timestamp(0)))
+
+
+def test_torch_objects_refused_and_damaged_dumps_warn(tmp_path):
+    r = FlightRecorderParser.parse(D / "torch_tensor_global.pkl")
+    assert "torch._utils._rebuild_tensor_v2" in r.warnings[0]
+    r = FlightRecorderParser.parse(D / "truncated_nccl_trace_rank_0")
+    assert len(r.warnings) == 1 and "unreadable pickle" in r.warnings[0]
+    p = tmp_path / "nccl_trace_rank_4"
+    p.write_bytes(pickle.dumps({"version": "2.5", "pg_config": [1], "pg_status": {"0": 5},
+                                "entries": [7, {"record_id": "x", "collective_seq_id": 3, "state": "scheduled",
+                                                "process_group": "pg"},
+                                            {"profiling_name": "nccl:send 0->1"}]}, protocol=2))
+    r = FlightRecorderParser.parse(p)
+    e = r.tables["fr_entries"]
+    assert len(e) == 1 and e.iloc[0]["collective_seq_id"] == 3 and pd.isna(e.iloc[0]["record_id"])
+    assert len(r.warnings) == 6
+    assert FlightRecorderParser.parse(pickle.dumps([1, 2])).warnings == ["<bytes>: dump is a list, expected a dict"]
+
+
+@pytest.mark.parametrize("name, op", [("nccl:all_reduce", "ALL_REDUCE"), ("nccl:_reduce_scatter_base", "REDUCE_SCATTER"),
+                                      ("nccl:send 1->2", "SEND"), ("nccl:recv 3<-0", "RECV"),
+                                      ("nccl:coalesced", "COALESCED"), ("nccl:ALLGATHER_coalesced", "ALL_GATHER"),
+                                      ("xccl:broadcast", "BROADCAST"), (None, None)])
+def test_op_names(name, op):
+    assert op_from_profiling_name(name) == op

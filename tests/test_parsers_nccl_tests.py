@@ -1,0 +1,115 @@
+"""nccl-tests stdout of several versions and its JSON output."""
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+
+from conftest import FIXTURES
+from forensics.parsers.nccl_tests import NcclTestsParser
+
+D = FIXTURES / "parsers" / "nccl_tests"
+
+
+def test_mixed_versions_rows_and_sides():
+    r = NcclTestsParser.parse(D / "nccl_tests_output_mixed.txt")
+    assert r.warnings == []
+    t = r.tables["nccl_tests"]
+    # 14 full rows x 2 sides + 1 out-of-place-only row
+    assert len(t) == 29 and (t["placement"] == "out").sum() == 15
+    first = t.iloc[0]   # 8192 2048 float sum -1 35.15 0.23 0.23 0 30.33 0.27 0.27 0
+    assert (first["test"], first["size_bytes"], first["count"], first["dtype"], first["redop"], first["root"]) == \
+        ("all_reduce_perf", 8192, 2048, "float", "sum", -1)
+    assert (first["time_us"], first["algbw_gbps"], first["busbw_gbps"], first["wrong"]) == (35.15, 0.23, 0.23, 0)
+    inplace = t.iloc[1]
+    assert inplace["placement"] == "in" and inplace["time_us"] == 30.33 and inplace["busbw_gbps"] == 0.27
+    # integer microseconds of big sizes (rccl-tests) and the mid-row "[0]" tags of nccl#1453
+    big = t[(t["size_bytes"] == 4294967296) & (t["placement"] == "in")].iloc[0]
+    assert big["time_us"] == 22414 and big["busbw_gbps"] == 359.28
+    tagged = t[(t["size_bytes"] == 134217728) & (t["placement"] == "in")].iloc[0]
+    assert (tagged["time_us"], tagged["algbw_gbps"], tagged["busbw_gbps"]) == (48558, 2.76, 5.30)
+    # Open MPI --tag-output prefix
+    assert t[t["size_bytes"] == 16]["time_us"].tolist() == [12.88, 12.83]
+
+
+def test_header_facts_devices_footer_and_failures():
+    r = NcclTestsParser.parse(D / "nccl_tests_output_mixed.txt")
+    f = r.facts
+    assert (f["version"], f["git_hash"], f["nccl_headers"], f["nccl_library"]) == ("2.20.0", "b4d5bee", 23102, 23102)
+    assert f["tests"] == ["all_reduce_perf"]
+    assert f["config"]["nGpus"] == 8 and f["config"]["iters"] == 20 and f["config"]["unalign"] == 0
+    assert f["avg_busbw_gbps"] == 142.652 and f["avg_busbw_status"] is None
+    assert f["out_of_bounds"] == 0 and f["out_of_bounds_ok"] is True
+    assert len(f["failures"]) == 1 and "common.cu:1012" in f["failures"][0]
+    dev = r.tables["nccl_tests_devices"]
+    assert len(dev) == 12 and f["devices"] == 12
+    assert f["hosts"] == ["gpu59", "h100-2", "h100-4", "spark-d708", "spark-dbf4", "worker-0", "worker-1"]
+    h = dev[dev["host"] == "h100-4"].iloc[1]
+    assert (h["rank"], h["group"], h["pid"], h["device"], h["bus_id"], h["gpu"]) == \
+        (9, 0, 739787, 1, "0002:00:02", "NVIDIA H100 80GB HBM3")
+    assert dev[dev["host"] == "worker-1"]["bus_id"].tolist() == ["0x8d", "0x91"]
+
+
+def test_old_format_without_root_and_error_column():
+    text = ("#   Rank  0 Pid  12 on     node01 device  0 [0x1b] Tesla V100\n"
+            "#\n"
+            "#                                                     out-of-place                       in-place\n"
+            "#       size         count    type   redop     time   algbw   busbw  error     time   algbw   busbw  error\n"
+            "#        (B)    (elements)                     (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+            "     1048576        262144   float     sum    55.12   19.02   33.29  2e-07    54.90   19.10   33.43  0e+00\n"
+            "# Avg bus bandwidth    : 33.36 FAILED\n")
+    r = NcclTestsParser.parse(text.encode())
+    assert r.warnings == []
+    t = r.tables["nccl_tests"]
+    assert len(t) == 2 and pd.isna(t["root"]).all()
+    assert t["wrong"].tolist() == [2e-07, 0.0] and t["busbw_gbps"].tolist() == [33.29, 33.43]
+    d = r.tables["nccl_tests_devices"].iloc[0]
+    assert pd.isna(d["group"]) and d["host"] == "node01" and d["gpu"] == "Tesla V100"
+    assert r.facts["avg_busbw_status"] == "FAILED"
+
+
+def test_unchecked_results_and_timestamp_column():
+    row = "        8192          2048     float     sum      -1    35.15    0.23    0.23     N/A    30.33    0.27    0.27     N/A  2025-10-01 12:00:01\n"
+    r = NcclTestsParser.parse(("# Collective test starting: broadcast_perf\n" + row).encode())
+    t = r.tables["nccl_tests"]
+    assert r.warnings == [] and len(t) == 2
+    assert t["wrong"].isna().all() and t["timestamp"].tolist() == ["2025-10-01 12:00:01"] * 2
+    assert t["test"].tolist() == ["broadcast_perf"] * 2
+
+
+def test_json_output():
+    r = NcclTestsParser.parse(D / "all_reduce_perf.json")
+    assert r.warnings == []
+    t = r.tables["nccl_tests"]
+    assert t[["placement", "time_us", "algbw_gbps", "busbw_gbps", "wrong"]].values.tolist() == \
+        [["out", 12.9, 0.00062, 0.001085, 0.0], ["in", 12.87, 0.000622, 0.001088, 0.0]]
+    assert t["root"].tolist() == [-1, -1] and t["test"].tolist() == ["all_reduce_perf"] * 2
+    f = r.facts
+    assert f["avg_busbw_gbps"] == 92.3405 and f["nccl_version"] == 23007 and f["json_version"] == 3
+    assert f["hosts"] == ["node01"] and f["config"]["iterations"] == 20
+
+
+def test_json_quirks_cpu_time_nan_and_bad_records():
+    doc = json.loads((D / "all_reduce_perf.json").read_text())
+    res = doc["results"][0]
+    res["out_of_place"] = {"cpu_time": "nan", "alg_bw": 1, "bus_bw": 2, "nwrong": None}
+    doc["results"] += [{"size": "big", "count": 1, "type": "float", "root": "    -1"}, "junk",
+                       {**res, "in_place": {"time": [1], "alg_bw": 1, "bus_bw": 1, "nwrong": 0}}]
+    r = NcclTestsParser.parse(json.dumps(doc).encode())
+    t = r.tables["nccl_tests"]
+    assert len(r.warnings) == 3
+    assert t.iloc[0]["time_kind"] == "cpu" and math.isnan(t.iloc[0]["time_us"]) and pd.isna(t.iloc[0]["wrong"])
+    assert len(t) == 3          # good record (2 sides) + the bad-in_place record's out side
+
+
+def test_malformed_rows_warn():
+    good = (D / "nccl_tests_output_mixed.txt").read_text().splitlines()
+    bad = ["        8192          2048     float     sum      -1    35.15    0.23",          # truncated
+           "        8192          2048     float     sum      -1    xx.15    0.23    0.23       0    30.33    0.27    0.27       0",
+           '{"not": "json"']
+    r = NcclTestsParser.parse("\n".join(good[:12] + bad + good[12:]).encode())
+    assert len(r.tables["nccl_tests"]) == 29
+    assert len(r.warnings) == 2 and ":13:" in r.warnings[0] and ":14:" in r.warnings[1]
+    assert any(w.startswith("<bytes>:1: invalid JSON") for w in NcclTestsParser.parse(b"{truncated json").warnings)
+    assert NcclTestsParser.parse(b"").warnings == ["<bytes>: empty file"]

@@ -1,0 +1,77 @@
+"""ss -tinp snapshots: real loopback output of this machine's ss, and crafted IPv6/retransmit lines."""
+from __future__ import annotations
+
+import pandas as pd
+
+from conftest import FIXTURES
+from forensics.parsers.ss import SsParser, parse_info, split_addr
+
+D = FIXTURES / "parsers" / "ss"
+
+
+def test_real_loopback_snapshot():
+    r = SsParser.parse(D / "ss_tinp_loopback.txt")
+    assert r.warnings == []
+    s = r.tables["sockets"]
+    assert len(s) == 4 and r.facts["pids"] == [13313]
+    a = s.iloc[0]
+    assert (a["state"], a["recv_q"], a["local_addr"], a["local_port"], a["peer_addr"], a["peer_port"]) == \
+        ("ESTAB", 50000, "127.0.0.1", 33245, "127.0.0.1", 38762)
+    assert (a["process"], a["pid"], a["fd"], a["cong"]) == ("python", 13313, 5, "bbr")
+    assert (a["rto_ms"], a["rtt_ms"], a["rttvar_ms"], a["mss"], a["cwnd"], a["bytes_received"]) == \
+        (200.0, 0.027, 0.013, 32768, 10, 100000)
+    assert bool(a["app_limited"]) and a["send_bps"] > 1e9
+    v6 = s[s["local_addr"] == "::1"]
+    assert len(v6) == 2 and set(v6["peer_addr"]) == {"::1"}
+    sender = s[s["bytes_sent"] == 100000].iloc[0]
+    assert sender["bytes_acked"] == 100001 and pd.isna(sender["retrans_total"])
+
+
+def test_headerless_and_all_states_variants():
+    h = SsParser.parse(D / "ss_tinpH_loopback.txt")
+    assert h.warnings == [] and len(h.tables["sockets"]) == 4
+    a = SsParser.parse(D / "ss_tainp_listen.txt").tables["sockets"]
+    listen = a[a["state"] == "LISTEN"].iloc[0]
+    assert listen["peer_addr"] == "0.0.0.0" and pd.isna(listen["peer_port"]) and listen["cwnd"] == 10
+
+
+def test_crafted_retransmits_ipv6_scopes_and_shared_sockets():
+    r = SsParser.parse(D / "ss_tainp_crafted_ipv6_retrans.txt")
+    assert r.warnings == []
+    s = r.tables["sockets"]
+    lossy = s.iloc[0]
+    assert lossy["netid"] == "tcp" and lossy["send_q"] == 4194304
+    assert (lossy["retrans_cur"], lossy["retrans_total"], lossy["lost"], lossy["unacked"]) == (1, 13792, 14, 14)
+    assert (lossy["bytes_retrans"], lossy["backoff"], lossy["sacked"], lossy["dsack_dups"]) == (123456789, 3, 3, 2)
+    assert lossy["users"] == "python3/4242/57,pt_main_thread/4243/57" and lossy["pid"] == 4242
+    assert lossy["send_bps"] == 175700.0 and lossy["delivery_rate_bps"] == 1.2e9
+    assert (lossy["busy_ms"], lossy["rwnd_limited_ms"], lossy["sndbuf_limited_ms"]) == (600120, 12, 1500)
+    ll = s.iloc[1]
+    assert (ll["local_addr"], ll["local_port"], ll["peer_addr"]) == ("fe80::5054:ff:fe12:3456", 29500,
+                                                                     "fe80::5054:ff:fe65:4321")
+    assert s.iloc[2]["state"] == "SYN-SENT" and s.iloc[2]["retrans_total"] == 3
+    old = s.iloc[3]
+    assert (old["local_addr"], old["local_port"], old["peer_port"]) == ("::ffff:10.0.0.3", 22, 50000)
+    assert pd.isna(old["pid"])
+
+
+def test_address_and_info_helpers():
+    assert split_addr("[::ffff:10.1.2.3]:443") == ("::ffff:10.1.2.3", 443)
+    assert split_addr("10.0.0.1%eth0:22") == ("10.0.0.1", 22)
+    assert split_addr("*:*") == ("*", None)
+    assert split_addr("nonsense") is None
+    info = parse_info("reno rto:1000 rtt:250/125 retrans:0/7 send 10Mbps pacing_rate 1.5Gbps lost:2")
+    assert info == {"cong": "reno", "rto_ms": 1000.0, "rtt_ms": 250.0, "rttvar_ms": 125.0, "retrans_cur": 0,
+                    "retrans_total": 7, "send_bps": 1e7, "pacing_rate_bps": 1.5e9, "lost": 2}
+
+
+def test_malformed_lines_warn():
+    good = (D / "ss_tinp_loopback.txt").read_text().splitlines()
+    bad = ["ESTAB 0 0 127.0.0.1", "ESTAB x y 1.2.3.4:5 6.7.8.9:10", "\t cubic cwnd:10",
+           "ESTAB 0 0 1.2.3.4:5 6.7.8.9:10", "\t cubic rtt:abc/1 cwnd:10"]
+    r = SsParser.parse("\n".join(good[:3] + bad + good[3:]).encode())
+    s = r.tables["sockets"]
+    assert len(s) == 5 and s.iloc[1]["cwnd"] == 10 and pd.isna(s.iloc[1]["rtt_ms"])
+    assert len(r.warnings) == 4        # two bad socket lines, the orphan info line, rtt:abc
+    assert "unreadable ss field 'rtt:abc/1'" in r.warnings[3]
+    assert SsParser.parse(b"\t rtt:1/1\n").warnings[0] == "<bytes>: no sockets found"

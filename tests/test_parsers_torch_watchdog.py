@@ -1,0 +1,50 @@
+"""PyTorch ProcessGroupNCCL watchdog lines, several PyTorch versions."""
+from __future__ import annotations
+
+import pandas as pd
+
+from conftest import FIXTURES
+from forensics.parsers.torch_watchdog import TorchWatchdogParser
+
+D = FIXTURES / "parsers" / "torch_watchdog"
+
+
+def test_watchdog_sample():
+    r = TorchWatchdogParser.parse(D / "watchdog.log")
+    assert r.warnings == []
+    w = r.tables["watchdog"]
+    assert len(w) == 15
+    assert w["kind"].value_counts().to_dict() == {"timeout": 7, "exception": 4, "teardown": 2, "fr_dump_wait": 1,
+                                                  "terminated": 1}
+    t = w.iloc[0]
+    assert (t["rank"], t["severity"], t["log_time"], t["src_file"], t["src_line"]) == \
+        (0, "E", "321 02:07:08.408271257", "ProcessGroupNCCL.cpp", 607)
+    assert (t["seq_num"], t["op_type"], t["op"], t["numel_in"], t["numel_out"], t["timeout_ms"], t["ran_for_ms"]) == \
+        (1580, "ALLREDUCE", "ALL_REDUCE", 466119168, 466119168, 600000, 600060)
+    e = w[w["kind"] == "exception"].iloc[1]
+    assert (e["rank"], e["pg_id"], e["seq_num"], e["last_enqueued"], e["last_completed"]) == (3, 1, 1580, 1582, 1579)
+    guid = w[(w["kind"] == "exception") & w["pg_desc"].notna()].iloc[0]
+    assert (guid["pg_id"], guid["pg_guid"], guid["pg_desc"], guid["rank"]) == (0, "0", "default_pg", 1)
+    rs = w[w["op_type"] == "_REDUCE_SCATTER_BASE"].iloc[0]
+    assert (rs["op"], rs["numel_in"], rs["numel_out"]) == ("REDUCE_SCATTER", 544997376, 68124672)
+    old = w[w["seq_num"] == 96117].iloc[0]            # [E ProcessGroupNCCL.cpp:458] without NumelIn
+    assert old["rank"] == 0 and pd.isna(old["numel_in"]) and old["timeout_ms"] == 1800000 and pd.isna(old["log_time"])
+    term = w[w["kind"] == "terminated"].iloc[0]
+    assert (term["pg_id"], term["rank"], term["seq_num"], term["op"]) == (3, 5, 9141, "ALL_GATHER")
+    assert w[w["kind"] == "fr_dump_wait"].iloc[0]["wait_ms"] == 60000
+    assert r.facts["timeouts"] == {0: 1580, 4: 1580, 1: 808, 7: 64088}     # first timeout per rank
+
+
+def test_dump_signal_and_stuck_lines_and_malformed_work():
+    text = ("[rank2]:[E1010 10:00:00.000000001 ProcessGroupNCCL.cpp:1500] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+            "Received a dump signal due to a collective timeout from rank 5 and we will try our best to dump.\n"
+            "[rank2]:[F1010 10:08:00.000000001 ProcessGroupNCCL.cpp:1600] [PG ID 0 PG GUID 0(default_pg) Rank 2] "
+            "ProcessGroupNCCL's watchdog got stuck for 480 seconds without making progress\n"
+            "[rank2]:[E1010 10:00:00.000000001 ProcessGroupNCCL.cpp:607] [Rank 2] Watchdog caught collective "
+            "operation timeout: WorkNCCL(OpType=ALLREDUCE, Timeout(ms)=6\n"
+            "unrelated training output\n")
+    r = TorchWatchdogParser.parse(text.encode())
+    w = r.tables["watchdog"]
+    assert w["kind"].tolist() == ["dump_signal", "watchdog_stuck"]
+    assert w.iloc[0]["peer_rank"] == 5 and w.iloc[1]["severity"] == "F"
+    assert len(r.warnings) == 1 and ":3:" in r.warnings[0] and "WorkNCCL" in r.warnings[0]

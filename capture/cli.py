@@ -1,0 +1,85 @@
+"""The capture command line, defined once for ``stallscope capture`` and ``python3 -m capture``."""
+from __future__ import annotations
+
+import argparse
+
+from .bundle import parse_duration, parse_size
+from .runner import CaptureOptions
+
+HELP = "capture one host's evidence bundle during a hang (tracer, pcaps, counters, logs)"
+EPILOG = ("Ends after --duration or on Ctrl-C/SIGTERM and writes stallscope-<host>-<UTC>.tar.gz. "
+          "Exit codes: 0 ok, 2 bad usage, 3 some collector failed (see manifest.json).")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _duration(text: str) -> float:
+    try:
+        v = parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError("duration must be positive")
+    return v
+
+
+def _pid(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad pid {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"bad pid {text!r}")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", metavar="PATH",
+                   help="bundle file, or a folder for the standard name (default: current folder)")
+    p.add_argument("--duration", type=_duration, default=120.0, metavar="DUR",
+                   help="how long to capture, e.g. 2m, 90s (default 2m); Ctrl-C ends earlier")
+    p.add_argument("--pid", type=_pid, nargs="+", action="extend", default=[], metavar="PID",
+                   help="trace only these processes (default: every process that maps a libnccl)")
+    p.add_argument("--iface", nargs="+", action="extend", default=[], metavar="IF",
+                   help="capture packets on these interfaces (default: NCCL_SOCKET_IFNAME of the processes, "
+                        "or the interfaces of their sockets)")
+    p.add_argument("--max-bytes", type=_size, default=2 << 30, metavar="SIZE",
+                   help="hard limit of the bundle size, e.g. 2G, 500M (default 2G)")
+    p.add_argument("--nccl-lib", action="append", default=[], metavar="PATH",
+                   help="libnccl (or a library exporting NCCL's API) to trace, instead of discovering it")
+    p.add_argument("--nccl-tests", metavar="CMD", help="run this nccl-tests command and keep its output")
+    p.add_argument("--attach", nargs="+", action="extend", default=[], metavar="FILE_OR_GLOB",
+                   help="add files: NCCL_DEBUG_FILE logs, nccl-tests logs, Flight Recorder dumps")
+    p.add_argument("--no-bpf", dest="bpf", action="store_false", help="do not run the bpftrace tracer")
+    p.add_argument("--no-pcap", dest="pcap", action="store_false", help="do not run tcpdump")
+    p.add_argument("--snaplen", type=int, default=128, help=argparse.SUPPRESS)
+    p.add_argument("--progress", choices=("auto", "tty", "lines", "off"), default="auto",
+                   help="progress line on stderr (default: in place on a terminal, every 5 s otherwise)")
+
+
+def options_from_args(a: argparse.Namespace) -> CaptureOptions:
+    return CaptureOptions(output=a.output, duration_s=a.duration, pids=list(a.pid), ifaces=list(a.iface),
+                          max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
+                          attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python3 -m capture``: the same options as ``stallscope capture``."""
+    import sys
+
+    from .runner import CaptureUsageError, run_capture
+    parser = argparse.ArgumentParser(prog="python3 -m capture", description=HELP, epilog=EPILOG)
+    add_arguments(parser)
+    args = parser.parse_args(argv)  # argparse exits 2 on bad usage
+    try:
+        result = run_capture(options_from_args(args))
+    except CaptureUsageError as e:
+        print(f"capture: error: {e}", file=sys.stderr)
+        return 2
+    print(result.path)
+    return result.exit_code

@@ -1,0 +1,138 @@
+"""What a capture collects, as a table: one row per collector.
+
+A row names the collector, what runs (an argv template or a function of this
+module), where its output goes in the bundle, when it runs (``start``/``end``
+snapshots or ``continuous``), its scope (once for the host, once per network
+namespace of the job, once per interface NCCL uses, once per job process), and
+what it needs (root, a tool on PATH). Running them is one loop in
+``capture.runner``; adding a collector is one row here.
+
+Templates may use {pid} (a process of the scope, or "self"), {iface}, {phase}
+and {ns} (the namespace's label: "host" or "netns-<inode>"). A command of a
+namespace other than capture's own runs under ``nsenter --net=/proc/{pid}/ns/net``.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Collector:
+    name: str
+    argv: tuple[str, ...] | None = None     # command template (None: ``func``)
+    func: str | None = None                 # name of a function below: (ctx) -> bytes | dict[str, bytes]
+    out: str = ""                           # bundle path template
+    when: tuple[str, ...] = ("start", "end")
+    scope: str = "host"                     # host | netns | iface | process
+    needs_root: bool = False
+    tool: str | None = None
+    ok_rc: tuple[int, ...] = (0,)
+    per_file_max: int = 8 << 20             # snapshot outputs are cut to this (their tail)
+    python_only: bool = False               # process scope: only Python processes
+    optional: str = ""                      # why it may legitimately not apply (turns failure into skip)
+    doc: str = ""
+
+
+COLLECTORS: tuple[Collector, ...] = (
+    # ---- continuous
+    Collector("tracer", func="tracer", out="bpf/events.jsonl", when=("continuous",), needs_root=True,
+              tool="bpftrace", doc="bpftrace: NCCL API, CUDA host waits, TCP tracepoints, off-CPU time"),
+    Collector("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
+                               "-n", "-U", "-Z", "root"),
+              out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,
+              tool="tcpdump", doc="headers of the packets on the interfaces NCCL uses (ring files)"),
+    Collector("nccl-tests", func="nccl_tests", out="nccl-tests/output.txt", when=("continuous",),
+              doc="--nccl-tests CMD, its output kept"),
+    # ---- snapshots per network namespace
+    Collector("ss", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-tinp-{phase}.txt", scope="netns", tool="ss",
+              doc="TCP sockets with owners and counters (retransmits)"),
+    Collector("ip-link", argv=("ip", "-s", "-j", "link"), out="sys/{ns}/ip-link-{phase}.json", scope="netns",
+              tool="ip"),
+    Collector("ip-addr", argv=("ip", "-j", "addr"), out="sys/{ns}/ip-addr-{phase}.json", scope="netns", tool="ip"),
+    Collector("snmp", func="proc_net_snmp", out="sys/{ns}/snmp-{phase}.txt", scope="netns",
+              doc="/proc/net/snmp of the namespace"),
+    Collector("netstat", func="proc_net_netstat", out="sys/{ns}/netstat-{phase}.txt", scope="netns",
+              doc="/proc/net/netstat (TcpExt) of the namespace"),
+    Collector("sysctl-net", argv=("sysctl", "net"), out="sys/{ns}/sysctl-net-{phase}.txt", scope="netns",
+              tool="sysctl", when=("start",), ok_rc=(0, 255), per_file_max=2 << 20),
+    Collector("ethtool", argv=("ethtool", "-S", "{iface}"), out="sys/{ns}/ethtool-S-{iface}-{phase}.txt",
+              scope="iface", tool="ethtool", optional="driver without statistics (veth, lo, virtual NICs)"),
+    # ---- host snapshots
+    Collector("lsmod", argv=("lsmod",), out="sys/lsmod.txt", when=("start",), tool="lsmod",
+              doc="kernel modules (nvidia_peermem, ib_*)"),
+    Collector("nvidia-smi", argv=("nvidia-smi", "-q"), out="sys/nvidia-smi-{phase}.txt", tool="nvidia-smi"),
+    Collector("dmesg", func="dmesg", out="logs/dmesg-{phase}.txt", when=("end",), needs_root=True, tool="dmesg",
+              doc="kernel log tail and NVIDIA XID lines"),
+    Collector("ib-counters", func="ib_counters", out="ib/{phase}", doc="perfquery or sysfs InfiniBand counters",
+              optional="no InfiniBand/RoCE devices"),
+    # ---- per process
+    Collector("py-spy", argv=("py-spy", "dump", "--pid", "{pid}"), out="stacks/py-spy-{pid}-{phase}.txt",
+              scope="process", when=("start", "end"), needs_root=True, tool="py-spy", python_only=True),
+    Collector("attachments", func="attachments", out="logs", when=("end",),
+              doc="--attach files and logs named by the processes' environment"),
+)
+
+
+def by_name() -> dict[str, Collector]:
+    return {c.name: c for c in COLLECTORS}
+
+
+# ---------------------------------------------------------------- function collectors
+def proc_net_snmp(ctx) -> bytes:
+    return Path(f"/proc/{ctx['pid']}/net/snmp").read_bytes()
+
+
+def proc_net_netstat(ctx) -> bytes:
+    return Path(f"/proc/{ctx['pid']}/net/netstat").read_bytes()
+
+
+XID_RE = re.compile(rb"NVRM: Xid|NVRM: GPU at|nvidia-peermem|mlx5_core.*(error|fail)", re.I)
+
+
+def dmesg(ctx) -> dict[str, bytes]:
+    from .children import run
+    rc, out, err = run(["dmesg", "--time-format", "iso"], timeout=20)
+    if rc != 0:
+        rc, out, err = run(["dmesg"], timeout=20)
+    if rc != 0:
+        raise RuntimeError(f"dmesg exited {rc}: {err.decode(errors='replace').strip()[-300:]}")
+    lines = out.splitlines()
+    xid = [l for l in lines if XID_RE.search(l)]
+    return {"": b"\n".join(lines[-500:]) + b"\n", "-xid": b"\n".join(xid) + (b"\n" if xid else b"")}
+
+
+def ib_counters(ctx) -> dict[str, bytes]:
+    """perfquery (plain and extended) when present, else sysfs counters and hw_counters."""
+    from .children import run
+    devices = sorted(glob.glob("/sys/class/infiniband/*/ports/*"))
+    if not devices:
+        raise LookupError("no InfiniBand/RoCE devices (/sys/class/infiniband is empty)")
+    out: dict[str, bytes] = {}
+    if shutil.which("perfquery"):
+        for port_dir in devices:
+            dev, port = port_dir.split("/")[4], port_dir.split("/")[-1]
+            for flag, tag in (([], "perfquery"), (["-x"], "perfquery-x")):
+                rc, so, se = run(["perfquery", *flag, "-C", dev, "-P", port], timeout=15)
+                out[f"/{tag}-{dev}-{port}.txt"] = so + (b"" if rc == 0 else b"\n# rc=%d %s\n" % (rc or -1, se[-300:]))
+    for port_dir in devices:
+        dev, port = port_dir.split("/")[4], port_dir.split("/")[-1]
+        lines = []
+        for sub in ("counters", "hw_counters"):
+            for f in sorted(glob.glob(f"{port_dir}/{sub}/*")):
+                try:
+                    val = Path(f).read_text().strip()
+                except OSError as e:
+                    val = f"ERROR {e.strerror}"
+                lines.append(f"{sub}/{os.path.basename(f)} {val}")
+        for f in ("state", "phys_state", "rate", "link_layer"):
+            try:
+                lines.append(f"{f} {Path(port_dir, f).read_text().strip()}")
+            except OSError:
+                pass
+        out[f"/sysfs-{dev}-{port}.txt"] = ("\n".join(lines) + "\n").encode()
+    return out

@@ -1,0 +1,431 @@
+"""The processes of the job, from /proc: libraries, ranks, environment, namespaces, sockets.
+
+A process belongs to the job when it maps a libnccl (``libnccl*.so*``, e.g.
+pip's ``nvidia/nccl/lib/libnccl.so.2`` inside a virtual environment) or a
+library that exports NCCL's API (``libtorch_cuda.so`` with NCCL linked in
+statically and exported), found with the ELF reader. Paths are resolved through
+``/proc/PID/root`` when the process lives in another mount namespace, so the
+tracer attaches to the file the process really maps (same device and inode).
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import socket
+import struct
+from dataclasses import dataclass, field
+
+from .elf import ElfError, exported_functions_cached
+
+NCCL_LIB_GLOBS = ("libnccl*.so*",)
+# libraries that may carry a statically linked, exported NCCL; checked with the ELF reader
+NCCL_HOST_GLOBS = ("libtorch_cuda*.so*", "libtorch*.so*", "libcaffe2_nvrtc*.so*", "*nccl*.so*")
+CUDART_GLOBS = ("libcudart.so*", "libcudart-*.so*")
+CUDA_GLOBS = ("libcuda.so*",)
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "NODE_RANK",
+             "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD_RANK",
+             "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
+             "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "HOSTNAME")
+ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "PYTORCH_", "CUDA_", "UCX_", "GLOO_")
+
+
+@dataclass
+class MappedLib:
+    path: str            # as the process sees it
+    host_path: str       # a path this process (capture) can open for the same file
+    inode: int
+    symbols: set[str] = field(default_factory=set)
+
+
+@dataclass
+class ProcInfo:
+    pid: int
+    comm: str = ""
+    exe: str = ""
+    cmdline: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)   # NCCL_*/TORCH_*/rank variables only
+    nccl_libs: list[MappedLib] = field(default_factory=list)
+    cudart_libs: list[MappedLib] = field(default_factory=list)
+    cuda_libs: list[MappedLib] = field(default_factory=list)
+    netns_inode: int | None = None
+    start_ticks: int | None = None
+    python: bool = False
+
+    def rank_facts(self) -> dict:
+        e = self.env
+
+        def num(*names):
+            for n in names:
+                try:
+                    return int(e[n])
+                except (KeyError, ValueError):
+                    continue
+            return None
+        return {
+            "rank": num("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"),
+            "local_rank": num("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"),
+            "world_size": num("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"),
+            "master_addr": e.get("MASTER_ADDR"),
+            "master_port": num("MASTER_PORT"),
+        }
+
+    def to_manifest(self) -> dict:
+        d = {"pid": self.pid, **self.rank_facts(), "comm": self.comm, "exe": self.exe,
+             "cmdline": self.cmdline, "env": self.env,
+             "libnccl": [l.path for l in self.nccl_libs], "libcudart": [l.path for l in self.cudart_libs],
+             "libcuda": [l.path for l in self.cuda_libs], "netns_inode": self.netns_inode,
+             "start_ticks": self.start_ticks, "python": self.python}
+        return d
+
+
+def _read(path: str, mode: str = "r") -> str | bytes | None:
+    try:
+        with open(path, mode) as fh:
+            return fh.read()
+    except (OSError, ValueError):
+        return None
+
+
+def mapped_files(pid: int) -> list[tuple[str, int]]:
+    """(path, inode) of every file-backed mapping of pid, each once."""
+    text = _read(f"/proc/{pid}/maps")
+    if not text:
+        return []
+    seen, out = set(), []
+    for line in text.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue
+        path = parts[5]
+        if path.endswith(" (deleted)"):
+            path = path[: -len(" (deleted)")]
+        try:
+            inode = int(parts[4])
+        except ValueError:
+            continue
+        if (path, inode) not in seen:
+            seen.add((path, inode))
+            out.append((path, inode))
+    return out
+
+
+def host_path(pid: int, path: str, inode: int) -> str:
+    """A path capture can open for the file pid maps: the same path if it is the
+    same inode here, else through the process's root (another mount namespace)."""
+    try:
+        if os.stat(path).st_ino == inode:
+            return path
+    except OSError:
+        pass
+    alt = f"/proc/{pid}/root{path}"
+    try:
+        if os.stat(alt).st_ino == inode:
+            return alt
+    except OSError:
+        pass
+    return path
+
+
+def _matches(name: str, globs) -> bool:
+    return any(fnmatch.fnmatch(name, g) for g in globs)
+
+
+def classify_lib(pid: int, path: str, inode: int, nccl_symbols) -> tuple[str | None, MappedLib | None]:
+    base = os.path.basename(path)
+    kind = None
+    if _matches(base, NCCL_LIB_GLOBS) or _matches(base, NCCL_HOST_GLOBS):
+        kind = "nccl"
+    elif _matches(base, CUDART_GLOBS):
+        kind = "cudart"
+    elif _matches(base, CUDA_GLOBS):
+        kind = "cuda"
+    if kind is None:
+        return None, None
+    hp = host_path(pid, path, inode)
+    try:
+        syms = set(exported_functions_cached(hp))
+    except (OSError, ElfError):
+        syms = set()
+    lib = MappedLib(path=path, host_path=hp, inode=inode, symbols=syms)
+    if kind == "nccl":
+        if "ncclAllReduce" not in syms:  # a libtorch without exported NCCL, or a stub
+            return None, None
+        lib.symbols = syms & set(nccl_symbols)
+    return kind, lib
+
+
+def read_env(pid: int) -> dict[str, str]:
+    raw = _read(f"/proc/{pid}/environ", "rb")
+    env = {}
+    if not raw:
+        return env
+    for item in raw.split(b"\0"):
+        if b"=" not in item:
+            continue
+        k, _, v = item.partition(b"=")
+        key = k.decode("utf-8", "replace")
+        if key in RANK_VARS or key.startswith(ENV_PREFIXES):
+            env[key] = v.decode("utf-8", "replace")
+    return env
+
+
+def netns_inode(pid: int | str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
+
+
+def inspect(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None) -> ProcInfo | None:
+    """Facts about pid, or None if it maps no NCCL (and no --nccl-lib file)."""
+    maps = mapped_files(pid)
+    if not maps:
+        return None
+    info = ProcInfo(pid=pid)
+    override_inodes = set()
+    for p in nccl_lib_override or []:
+        try:
+            override_inodes.add(os.stat(p).st_ino)
+        except OSError:
+            pass
+    for path, inode in maps:
+        kind, lib = classify_lib(pid, path, inode, nccl_symbols)
+        if kind is None and inode in override_inodes:
+            kind = "nccl"
+            lib = MappedLib(path=path, host_path=host_path(pid, path, inode), inode=inode)
+        if kind == "nccl":
+            info.nccl_libs.append(lib)
+        elif kind == "cudart":
+            info.cudart_libs.append(lib)
+        elif kind == "cuda":
+            info.cuda_libs.append(lib)
+        if re.match(r"libpython\d", os.path.basename(path)):
+            info.python = True
+    if not info.nccl_libs:
+        return None
+    info.comm = (_read(f"/proc/{pid}/comm") or "").strip()
+    try:
+        info.exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        info.exe = ""
+    if os.path.basename(info.exe).startswith("python"):
+        info.python = True
+    raw = _read(f"/proc/{pid}/cmdline", "rb") or b""
+    info.cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+    info.env = read_env(pid)
+    info.netns_inode = netns_inode(pid)
+    stat = _read(f"/proc/{pid}/stat") or ""
+    try:
+        info.start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        info.start_ticks = None
+    return info
+
+
+def all_pids() -> list[int]:
+    return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+
+
+def parent_map() -> dict[int, int]:
+    out = {}
+    for pid in all_pids():
+        stat = _read(f"/proc/{pid}/stat")
+        if stat:
+            try:
+                out[pid] = int(stat.rsplit(")", 1)[1].split()[1])
+            except (IndexError, ValueError):
+                pass
+    return out
+
+
+def descendants(roots) -> set[int]:
+    """Every live process below roots (children, grandchildren, ...)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent_map().items():
+        children.setdefault(ppid, []).append(pid)
+    out, todo = set(), list(roots)
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: list[str] | None = None,
+             skip: set[int] | None = None) -> list[ProcInfo]:
+    """The NCCL processes, except ``skip``. With ``pids``: those processes (NCCL or not)
+    and the NCCL processes among their descendants (``--pid`` of torchrun or a launcher)."""
+    own = os.getpid()
+    out = []
+    roots = set(pids or [])
+    candidates = sorted(roots | descendants(roots)) if pids else all_pids()
+    for pid in candidates:
+        if pid == own or (skip and pid in skip):
+            continue
+        info = inspect(pid, nccl_symbols, nccl_lib_override)
+        if info is not None:
+            out.append(info)
+        elif pid in roots:  # an explicit --pid that maps no NCCL is still a target
+            info = ProcInfo(pid=pid)
+            if os.path.isdir(f"/proc/{pid}"):
+                info.comm = (_read(f"/proc/{pid}/comm") or "").strip()
+                raw = _read(f"/proc/{pid}/cmdline", "rb") or b""
+                info.cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
+                info.env = read_env(pid)
+                info.netns_inode = netns_inode(pid)
+                out.append(info)
+    return out
+
+
+# ---------------------------------------------------------------- sockets
+TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2",
+                   6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
+
+
+def socket_inodes(pid: int) -> dict[int, int]:
+    """socket inode -> fd number of pid's open sockets."""
+    out = {}
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out[int(target[8:-1])] = int(fd)
+    return out
+
+
+def _addr(hexaddr: str) -> tuple[str, int]:
+    host, port = hexaddr.split(":")
+    raw = bytes.fromhex(host)
+    if len(raw) == 4:
+        ip = socket.inet_ntop(socket.AF_INET, raw[::-1])
+    else:  # four native-endian (little) 32-bit words
+        words = struct.unpack("<4I", raw)
+        ip = socket.inet_ntop(socket.AF_INET6, struct.pack(">4I", *words))
+        if ip.startswith("::ffff:") and "." in ip:
+            ip = ip[7:]
+    return ip, int(port, 16)
+
+
+def tcp_sockets(pid: int) -> list[dict]:
+    """pid's TCP sockets as /proc/PID/net/tcp{,6} (its own network namespace) lists them."""
+    inodes = socket_inodes(pid)
+    out = []
+    for fam in ("tcp", "tcp6"):
+        text = _read(f"/proc/{pid}/net/{fam}")
+        if not text:
+            continue
+        for line in text.splitlines()[1:]:
+            f = line.split()
+            if len(f) < 10:
+                continue
+            try:
+                inode = int(f[9])
+            except ValueError:
+                continue
+            if inode not in inodes:
+                continue
+            (lip, lport), (rip, rport) = _addr(f[1]), _addr(f[2])
+            st = int(f[3], 16)
+            out.append({"fd": inodes[inode], "inode": inode, "family": 6 if fam == "tcp6" else 4,
+                        "saddr": lip, "sport": lport, "daddr": rip, "dport": rport,
+                        "state": TCP_STATE_NAMES.get(st, str(st)),
+                        "retransmits": int(f[6], 16) if len(f) > 6 and re.fullmatch(r"[0-9A-Fa-f]+", f[6]) else None})
+    return out
+
+
+_SS_HEAD = re.compile(r"^(?P<state>\S+)\s+\d+\s+\d+\s+(?P<local>\S+)\s+(?P<peer>\S+)(?P<rest>.*)$")
+
+
+def parse_ss_tinp(text: str) -> list[dict]:
+    """``ss -tinpH`` (or without -H) -> one dict per socket: tuple, pids, retrans counters."""
+    out: list[dict] = []
+    cur = None
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("State"):
+            continue
+        m = _SS_HEAD.match(line) if not line[:1].isspace() else None
+        if m:
+            local, peer = m.group("local"), m.group("peer")
+            cur = {"state": m.group("state"), "local": local, "peer": peer,
+                   "pids": [int(p) for p in re.findall(r"pid=(\d+)", m.group("rest"))]}
+            out.append(cur)
+            continue
+        if cur is None:
+            continue
+        info = line.strip()
+        mm = re.search(r"\bretrans:(\d+)/(\d+)", info)
+        if mm:
+            cur["retrans_now"], cur["retrans_total"] = int(mm.group(1)), int(mm.group(2))
+        for key in ("bytes_sent", "bytes_retrans", "bytes_acked", "bytes_received", "segs_out", "segs_in",
+                    "data_segs_out", "lost", "reord_seen", "unacked", "sacked"):
+            mm = re.search(rf"\b{key}:(\d+)", info)
+            if mm:
+                cur[key] = int(mm.group(1))
+        mm = re.search(r"\brtt:([\d.]+)/([\d.]+)", info)
+        if mm:
+            cur["rtt_ms"], cur["rttvar_ms"] = float(mm.group(1)), float(mm.group(2))
+        mm = re.search(r"\bcwnd:(\d+)", info)
+        if mm:
+            cur["cwnd"] = int(mm.group(1))
+        if "pids" in cur and not cur["pids"]:
+            cur["pids"] = [int(p) for p in re.findall(r"pid=(\d+)", info)]
+    return out
+
+
+# ---------------------------------------------------------------- interfaces
+def netns_interfaces(pid: int | str) -> list[str]:
+    """Interface names in pid's network namespace (from its /proc/PID/net/dev)."""
+    text = _read(f"/proc/{pid}/net/dev")
+    if not text:
+        return []
+    return [line.split(":", 1)[0].strip() for line in text.splitlines()[2:] if ":" in line]
+
+
+def select_ifaces(ifname_spec: str | None, available: list[str]) -> list[str]:
+    """NCCL_SOCKET_IFNAME semantics: comma-separated prefixes, ``=`` exact, ``^`` exclude."""
+    if not ifname_spec:
+        return []
+    spec = ifname_spec.strip()
+    exclude = spec.startswith("^")
+    if exclude:
+        spec = spec[1:]
+    exact = spec.startswith("=")
+    if exact:
+        spec = spec[1:]
+    pats = [p.strip() for p in spec.split(",") if p.strip()]
+
+    def hit(name):
+        return any(name == p if exact else name.startswith(p) for p in pats)
+    if exclude:
+        return [n for n in available if not hit(n) and n != "lo"]
+    return [n for n in available if hit(n)]
+
+
+def ifaces_of_addresses(pid: int | str, addrs: set[str]) -> list[str]:
+    """Interfaces owning any of addrs in pid's namespace (via ``ip -j addr`` there)."""
+    import json
+    import subprocess
+    if not addrs:
+        return []
+    cmd = ["ip", "-j", "addr"]
+    if str(pid) != "self":
+        cmd = ["nsenter", f"--net=/proc/{pid}/ns/net"] + cmd
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+        data = json.loads(p.stdout or "[]")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+    out = []
+    for link in data:
+        for a in link.get("addr_info", []):
+            if a.get("local") in addrs and link.get("ifname") not in out:
+                out.append(link["ifname"])
+    return out

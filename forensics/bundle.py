@@ -1,0 +1,597 @@
+"""One host's capture bundle, opened safely: typed manifest, files, clock conversion.
+
+A bundle is a ``stallscope-<host>-<UTC>.tar.gz`` (or that archive unpacked into a
+folder) holding ``manifest.json`` and the collectors' files (see DESIGN.md). It is
+untrusted input: it may come from a broken node, a truncated copy, or someone else.
+An archive is therefore unpacked by hand, never with ``tarfile.extract*``:
+
+- only regular files and folders are accepted; a symlink, hardlink, device node, FIFO
+  or sparse member makes the whole archive refused (``InputError``), before any of its
+  bytes are written;
+- member names must be relative, without ``..``, NUL or backslash tricks, and land
+  inside the destination folder (checked after normalisation);
+- files are created with ``O_EXCL | O_NOFOLLOW``, and the bytes actually read are
+  counted against a per-member and a total cap (decompression bombs: a header's size
+  field is not trusted), plus a cap on the number of members;
+- a corrupt or truncated gzip/tar stream gives one clear line, and the partly
+  unpacked folder is removed.
+
+A bundle that unpacks but is partly broken (missing pcap, truncated events file, failed
+collector, missing clock samples, manifest fields of the wrong type) still loads; each
+defect becomes one line in :attr:`Bundle.problems`.
+
+Clock: bpftrace times are CLOCK_MONOTONIC ns; the manifest's ``clock_samples`` pair
+them with CLOCK_REALTIME. :class:`ClockMap` converts piecewise linearly between samples
+and holds the nearest sample's offset beyond the first and last.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterator
+
+import numpy as np
+
+from .errors import InputError
+
+SUPPORTED_SCHEMA = 1
+MAX_MEMBER_BYTES = 8 << 30       # one file inside a bundle (pcaps are capped by --max-bytes anyway)
+MAX_TOTAL_BYTES = 32 << 30       # everything unpacked from one archive
+MAX_MEMBERS = 200_000
+_CHUNK = 1 << 20
+
+
+# --------------------------------------------------------------------------- records
+
+@dataclass(frozen=True)
+class ClockSample:
+    """One reading of both clocks, taken back to back by the capture."""
+
+    monotonic_ns: int
+    realtime_ns: int
+    uncertainty_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class SocketInfo:
+    """A TCP socket of a traced process at the end of the capture (/proc/PID/net/tcp)."""
+
+    saddr: str
+    sport: int
+    daddr: str
+    dport: int
+    state: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """A traced process as the manifest lists it (rank fields from its torchrun env)."""
+
+    pid: int
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    comm: str | None = None
+    cmdline: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    libnccl: tuple[str, ...] = ()
+    netns_inode: int | None = None
+    netns: str | None = None
+    sockets: tuple[SocketInfo, ...] = ()
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    name: str
+    status: str                  # ok | skipped | failed (| running, in a bundle cut short)
+    reason: str | None = None
+    command: str | None = None
+    rc: int | None = None
+    files: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NetnsInfo:
+    """A network namespace the capture saw: ``label`` names its sys/ and pcap/ files."""
+
+    inode: int
+    label: str
+    name: str | None = None
+    pids: tuple[int, ...] = ()
+    ifaces: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    bytes: int | None = None
+    sha256: str | None = None
+
+
+@dataclass
+class Manifest:
+    schema_version: int | None
+    tool_version: str | None
+    host: str
+    boot_id: str | None
+    kernel: str | None
+    started_ns: int | None
+    ended_ns: int | None
+    clock_samples: list[ClockSample]
+    collectors: dict[str, CollectorStatus]
+    processes: list[ProcessInfo]
+    netns: list[NetnsInfo]
+    files: list[FileEntry]
+    options: dict[str, Any]
+    raw: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- clock
+
+class ClockMap:
+    """CLOCK_MONOTONIC ns -> UTC ns from a host's clock samples.
+
+    Between samples the offset (realtime - monotonic) is interpolated linearly, so a
+    clock slewed by NTP during the capture is followed; before the first and after the
+    last sample the nearest sample's offset holds. Offsets are interpolated relative to
+    the first one, so float64 never carries the 1.8e18-sized epoch values.
+    """
+
+    def __init__(self, samples: list[ClockSample]):
+        if not samples:
+            raise ValueError("no clock samples")
+        s = sorted(samples, key=lambda c: c.monotonic_ns)
+        self.mono = np.array([c.monotonic_ns for c in s], dtype=np.int64)
+        off = np.array([c.realtime_ns - c.monotonic_ns for c in s], dtype=np.int64)
+        self.base = int(off[0])
+        self.rel = (off - self.base).astype(np.float64)
+
+    def to_utc(self, monotonic_ns) -> np.ndarray:
+        """Vectorised; NaN/None inputs are not allowed (mask them first)."""
+        m = np.asarray(monotonic_ns, dtype=np.int64)
+        if len(self.mono) == 1:
+            return m + self.base + int(self.rel[0])
+        rel = np.interp(m.astype(np.float64), self.mono.astype(np.float64), self.rel)
+        return m + self.base + np.rint(rel).astype(np.int64)
+
+    def offset_at(self, monotonic_ns: int) -> int:
+        return int(self.to_utc(np.array([monotonic_ns]))[0]) - int(monotonic_ns)
+
+
+# --------------------------------------------------------------------------- safe unpacking
+
+_BAD_NAME = re.compile(r"[\x00]")
+
+
+def _safe_relpath(name: str) -> PurePosixPath:
+    """The member name as a relative path that stays inside the destination, or raise."""
+    if not name or _BAD_NAME.search(name):
+        raise InputError(f"refusing archive member with an empty or NUL name: {name!r}")
+    if name.startswith("/") or name.startswith("\\") or re.match(r"^[A-Za-z]:", name):
+        raise InputError(f"refusing archive member with an absolute path: {name!r}")
+    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
+    if any(p == ".." for p in parts):
+        raise InputError(f"refusing archive member that climbs out of the bundle: {name!r}")
+    if not parts:
+        raise InputError(f"refusing archive member with an empty name: {name!r}")
+    return PurePosixPath(*parts)
+
+
+def _member_kind(m: tarfile.TarInfo) -> str:
+    if m.issym():
+        return "symbolic link"
+    if m.islnk():
+        return "hard link"
+    if m.ischr() or m.isblk():
+        return "device node"
+    if m.isfifo():
+        return "FIFO"
+    if m.issparse():
+        return "sparse file"
+    if m.isdir():
+        return "dir"
+    if m.isreg():
+        return "file"
+    return f"member of type {m.type!r}"
+
+
+def unpack_archive(path: Path, dest: Path, *, max_member_bytes: int = MAX_MEMBER_BYTES,
+                   max_total_bytes: int = MAX_TOTAL_BYTES, max_members: int = MAX_MEMBERS) -> None:
+    """Unpack a .tar.gz/.tar into the empty folder ``dest`` with the rules of the module
+    docstring. Raises ``InputError`` (one line); ``dest`` may then hold a partial tree,
+    which the caller removes."""
+    dest = dest.resolve()
+    total = 0
+    count = 0
+    label = path.name
+    try:
+        with open(path, "rb") as raw:
+            head = raw.read(2)
+            raw.seek(0)
+            # GzipFile (not tarfile's own r|gz) checks the trailer's CRC and length
+            stream = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for m in tar:
+                    count += 1
+                    if count > max_members:
+                        raise InputError(f"{label}: more than {max_members} archive members; refusing (not a bundle?)")
+                    kind = _member_kind(m)
+                    try:
+                        rel = _safe_relpath(m.name)
+                    except InputError as e:
+                        raise InputError(f"{label}: {e}") from None
+                    if kind not in ("file", "dir"):
+                        raise InputError(f"{label}: refusing {kind} {m.name!r} in the archive "
+                                         "(a bundle holds only regular files and folders)")
+                    target = dest.joinpath(*rel.parts)
+                    # normalised above; this is the belt to those braces
+                    if os.path.commonpath([str(dest), str(target)]) != str(dest):
+                        raise InputError(f"{label}: refusing archive member outside the bundle: {m.name!r}")
+                    _mkdirs(dest, rel.parts if kind == "dir" else rel.parts[:-1])
+                    if kind == "dir":
+                        continue
+                    if m.size > max_member_bytes:
+                        raise InputError(f"{label}: member {m.name!r} is {m.size} bytes, over the "
+                                         f"{max_member_bytes}-byte limit per file")
+                    src = tar.extractfile(m)
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                    written = 0
+                    with os.fdopen(fd, "wb") as out:
+                        while True:
+                            chunk = src.read(_CHUNK)
+                            if not chunk:
+                                break
+                            written += len(chunk)
+                            total += len(chunk)
+                            if written > max_member_bytes:
+                                raise InputError(f"{label}: member {m.name!r} exceeds the {max_member_bytes}-byte "
+                                                 "limit per file")
+                            if total > max_total_bytes:
+                                raise InputError(f"{label}: unpacks to more than {max_total_bytes} bytes; "
+                                                 "refusing (decompression bomb?)")
+                            out.write(chunk)
+                    if written != m.size:
+                        raise InputError(f"{label}: member {m.name!r} is cut short (archive truncated)")
+            # past the end-of-archive blocks: the rest must still decompress (a cut
+            # trailer means a truncated copy, even when every member came out whole)
+            while stream.read(_CHUNK):
+                pass
+    except InputError:
+        raise
+    except FileExistsError as e:
+        raise InputError(f"{label}: archive member {e.filename!r} appears twice or collides with a folder") from None
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:
+        what = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if isinstance(e, (EOFError, zlib.error, gzip.BadGzipFile)) or "end of file" in what.lower() or "unexpected end" in what.lower():
+            raise InputError(f"{label}: corrupt or truncated archive ({what})") from None
+        if isinstance(e, OSError) and not isinstance(e, (tarfile.TarError,)) and e.filename:
+            raise InputError(f"{label}: cannot unpack: {e.strerror or what}") from None
+        raise InputError(f"{label}: not a readable tar.gz bundle ({what})") from None
+    if count == 0:
+        raise InputError(f"{label}: empty archive")
+
+
+def _mkdirs(dest: Path, parts: tuple[str, ...]) -> None:
+    cur = dest
+    for p in parts:
+        cur = cur / p
+        try:
+            st = os.lstat(cur)
+        except FileNotFoundError:
+            os.mkdir(cur, 0o755)
+            continue
+        if not stat.S_ISDIR(st.st_mode):   # a file or link where a folder is needed
+            raise InputError(f"archive member path {cur.relative_to(dest)!s} is both a file and a folder")
+
+
+# --------------------------------------------------------------------------- manifest parsing
+
+def _int(v) -> int | None:
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str) and re.fullmatch(r"-?\d+", v.strip()):
+        return int(v)
+    return None
+
+
+def _str(v) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifest:
+    """Typed view of manifest.json; what does not validate is dropped with a problem line."""
+    if not isinstance(raw, dict):
+        problems.append("manifest.json: not a JSON object; using defaults")
+        raw = {}
+    schema = _int(raw.get("schema_version"))
+    if schema is None:
+        problems.append("manifest.json: schema_version missing or not an integer")
+    elif schema > SUPPORTED_SCHEMA:
+        problems.append(f"manifest.json: schema_version {schema} is newer than this stallscope reads "
+                        f"({SUPPORTED_SCHEMA}); reading what it can")
+    host = _str(raw.get("host")) or _str(raw.get("hostname"))
+    if not host:
+        problems.append(f"manifest.json: no host name; using {fallback_host!r}")
+        host = fallback_host
+
+    samples = []
+    cs = raw.get("clock_samples")
+    if not isinstance(cs, list):
+        cs = []
+    for i, s in enumerate(cs):
+        mono, real = (_int(s.get("monotonic_ns")), _int(s.get("realtime_ns"))) if isinstance(s, dict) else (None, None)
+        if mono is None or real is None:
+            problems.append(f"manifest.json: clock_samples[{i}] is not a {{monotonic_ns, realtime_ns}} pair; ignored")
+            continue
+        samples.append(ClockSample(mono, real, _int(s.get("uncertainty_ns"))))
+    if not samples:
+        problems.append("manifest.json: no clock samples; tracer times cannot be put on the UTC timeline exactly")
+
+    collectors = {}
+    cols = raw.get("collectors")
+    if isinstance(cols, dict):
+        for name, c in cols.items():
+            if not isinstance(c, dict):
+                problems.append(f"manifest.json: collector {name!r} is not an object; ignored")
+                continue
+            files = tuple(f for f in c.get("files") or () if isinstance(f, str))
+            collectors[name] = CollectorStatus(name, _str(c.get("status")) or "unknown", _str(c.get("reason")),
+                                               _str(c.get("command")), _int(c.get("rc")), files)
+    elif cols is not None:
+        problems.append("manifest.json: collectors is not an object; ignored")
+
+    processes = []
+    for i, p in enumerate(raw.get("processes") if isinstance(raw.get("processes"), list) else []):
+        pid = _int(p.get("pid")) if isinstance(p, dict) else None
+        if pid is None:
+            problems.append(f"manifest.json: processes[{i}] has no pid; ignored")
+            continue
+        env = p.get("env") if isinstance(p.get("env"), dict) else {}
+        socks = []
+        for s in p.get("sockets") or ():
+            if isinstance(s, dict) and _str(s.get("saddr")) and _int(s.get("sport")) is not None:
+                socks.append(SocketInfo(s["saddr"], _int(s["sport"]), _str(s.get("daddr")) or "",
+                                        _int(s.get("dport")) or 0, _str(s.get("state"))))
+        processes.append(ProcessInfo(
+            pid=pid, rank=_int(p.get("rank")), local_rank=_int(p.get("local_rank")),
+            world_size=_int(p.get("world_size")), master_addr=_str(p.get("master_addr")),
+            master_port=_int(p.get("master_port")), comm=_str(p.get("comm")),
+            cmdline=tuple(str(a) for a in p.get("cmdline") or () if isinstance(a, (str, int))),
+            env={str(k): str(v) for k, v in env.items()},
+            libnccl=tuple(x for x in p.get("libnccl") or () if isinstance(x, str)),
+            netns_inode=_int(p.get("netns_inode")), netns=_str(p.get("netns")), sockets=tuple(socks)))
+
+    netns = []
+    for n in raw.get("netns") if isinstance(raw.get("netns"), list) else []:
+        if isinstance(n, dict) and _int(n.get("inode")) is not None:
+            netns.append(NetnsInfo(_int(n["inode"]), _str(n.get("label")) or str(n["inode"]), _str(n.get("name")),
+                                   tuple(x for x in (n.get("pids") or ()) if isinstance(x, int)),
+                                   tuple(x for x in (n.get("ifaces") or ()) if isinstance(x, str))))
+
+    files = []
+    for f in raw.get("files") if isinstance(raw.get("files"), list) else []:
+        if isinstance(f, dict) and _str(f.get("path")):
+            files.append(FileEntry(f["path"], _int(f.get("bytes")), _str(f.get("sha256"))))
+
+    return Manifest(schema_version=schema, tool_version=_str(raw.get("tool_version")), host=host,
+                    boot_id=_str(raw.get("boot_id")), kernel=_str(raw.get("kernel")),
+                    started_ns=_int(raw.get("started_ns")), ended_ns=_int(raw.get("ended_ns")),
+                    clock_samples=samples, collectors=collectors, processes=processes, netns=netns, files=files,
+                    options=raw.get("options") if isinstance(raw.get("options"), dict) else {}, raw=raw)
+
+
+# --------------------------------------------------------------------------- the bundle
+
+_NAME_RE = re.compile(r"^stallscope-(?P<host>.+?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?(?:\.tar\.gz|\.tgz|\.tar)?$")
+
+
+class Bundle:
+    """An opened bundle. Use as a context manager (or call :meth:`close`) so the
+    temporary folder an archive was unpacked into is removed."""
+
+    def __init__(self, source: Path, root: Path, manifest: Manifest, problems: list[str],
+                 tmpdir: Path | None = None):
+        self.source = source
+        self.root = root
+        self.manifest = manifest
+        self.problems = problems
+        self._tmpdir = tmpdir
+        self.clock: ClockMap | None = None
+        if manifest.clock_samples:
+            self.clock = ClockMap(manifest.clock_samples)
+        else:
+            self.clock = self._fallback_clock()
+
+    # ---- opening
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, workdir: str | os.PathLike | None = None,
+             max_member_bytes: int = MAX_MEMBER_BYTES, max_total_bytes: int = MAX_TOTAL_BYTES,
+             max_members: int = MAX_MEMBERS) -> "Bundle":
+        src = Path(path)
+        if not src.exists():
+            raise InputError(f"{src}: no such bundle")
+        tmp = None
+        if src.is_dir():
+            folder = src
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="stallscope-bundle-", dir=workdir))
+            try:
+                unpack_archive(src, tmp, max_member_bytes=max_member_bytes, max_total_bytes=max_total_bytes,
+                               max_members=max_members)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            folder = tmp
+        try:
+            return cls._load(src, folder, tmp)
+        except BaseException:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+    @classmethod
+    def _load(cls, src: Path, folder: Path, tmp: Path | None) -> "Bundle":
+        root = _find_root(folder)
+        if root is None:
+            raise InputError(f"{src}: not a stallscope bundle (no manifest.json, bpf/ or pcap/ inside)")
+        problems: list[str] = []
+        m = _NAME_RE.match(src.name) or _NAME_RE.match(root.name)
+        fallback_host = m.group("host") if m else (src.name.split(".")[0] or "host")
+        mpath = root / "manifest.json"
+        raw: Any = {}
+        if _regular(mpath):
+            try:
+                raw = json.loads(mpath.read_text(errors="replace"))
+            except ValueError as e:
+                problems.append(f"manifest.json: not valid JSON ({str(e).splitlines()[0]}); using defaults")
+        else:
+            problems.append("manifest.json: missing; host, clock and processes unknown")
+        manifest = parse_manifest(raw, problems, fallback_host)
+        b = cls(src, root, manifest, problems, tmp)
+        b._check_files()
+        return b
+
+    def close(self) -> None:
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def __enter__(self) -> "Bundle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- contents
+    @property
+    def host(self) -> str:
+        return self.manifest.host
+
+    def path(self, rel: str) -> Path | None:
+        """A regular file inside the bundle (never through a symlink), or None."""
+        try:
+            parts = _safe_relpath(rel).parts
+        except InputError:
+            return None
+        p = self.root.joinpath(*parts)
+        cur = self.root
+        for part in parts:      # no component may be a link (an unpacked folder is not ours)
+            cur = cur / part
+            if cur.is_symlink():
+                return None
+        return p if _regular(p) else None
+
+    def files(self, pattern: str = "**/*") -> Iterator[tuple[str, Path]]:
+        """(relative path, path) of the regular files matching a glob, sorted; links skipped."""
+        for p in sorted(self.root.glob(pattern)):
+            rel = p.relative_to(self.root).as_posix()
+            if self.path(rel) is not None:
+                yield rel, p
+
+    def pcaps(self) -> list[tuple[str, Path]]:
+        return [(r, p) for r, p in self.files("pcap/*") if r.endswith((".pcap", ".pcapng", ".cap"))]
+
+    def read_bpf_events(self) -> list[dict]:
+        """bpf/events.jsonl as dicts; a cut last line or garbage lines are skipped with a problem."""
+        p = self.path("bpf/events.jsonl")
+        if p is None:
+            if self.manifest.collectors.get("tracer", CollectorStatus("tracer", "skipped")).status != "skipped":
+                self.problems.append("bpf/events.jsonl: missing; no NCCL calls or kernel TCP events")
+            return []
+        out, bad, first_bad = [], 0, None
+        with open(p, "rb") as fh:
+            for ln, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    obj = None
+                if not isinstance(obj, dict) or not isinstance(obj.get("ev"), str):
+                    bad += 1
+                    first_bad = first_bad or ln
+                    continue
+                out.append(obj)
+        if bad:
+            self.problems.append(f"bpf/events.jsonl: {bad} unreadable line(s) skipped (first at line {first_bad}; "
+                                 "a cut last line means the tracer was killed)")
+        return out
+
+    def process(self, pid: int) -> ProcessInfo | None:
+        return next((p for p in self.manifest.processes if p.pid == pid), None)
+
+    # ---- checks
+    def _check_files(self) -> None:
+        for name, c in sorted(self.manifest.collectors.items()):
+            if c.status == "failed":
+                self.problems.append(f"collector {name} failed: {c.reason or 'no reason given'}")
+            elif c.status == "running":
+                self.problems.append(f"collector {name} was still running when the bundle was written")
+        for f in self.manifest.files:
+            p = self.path(f.path)
+            if p is None:
+                self.problems.append(f"{f.path}: listed in the manifest but missing from the bundle")
+            elif f.bytes is not None and p.stat().st_size != f.bytes:
+                self.problems.append(f"{f.path}: {p.stat().st_size} bytes, the manifest says {f.bytes} (truncated?)")
+        if self.manifest.options.get("pcap", True) and not self.pcaps():
+            self.problems.append("pcap/: no packet capture in the bundle")
+
+    def _fallback_clock(self) -> ClockMap | None:
+        """Without samples: pair the tracer's BEGIN (monotonic) with the collector's start (UTC).
+        Off by the tracer's attach time (up to seconds); the problem line says so."""
+        c = self.manifest.raw.get("collectors", {}) if isinstance(self.manifest.raw.get("collectors"), dict) else {}
+        started = _int((c.get("tracer") or {}).get("started_ns")) if isinstance(c.get("tracer"), dict) else None
+        p = self.path("bpf/events.jsonl")
+        if started is None or p is None:
+            return None
+        with open(p, "rb") as fh:
+            for line in fh:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(e, dict) and e.get("ev") == "tracer_start" and _int(e.get("t")) is not None:
+                    self.problems.append("clock: approximated from the tracer's start (error up to its attach time)")
+                    return ClockMap([ClockSample(_int(e["t"]), started)])
+        return None
+
+
+def _regular(p: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def _find_root(folder: Path) -> Path | None:
+    """The bundle's top folder: ``folder`` itself or its single sub-folder."""
+    def looks(d: Path) -> bool:
+        return _regular(d / "manifest.json") or (d / "bpf").is_dir() or (d / "pcap").is_dir()
+    if looks(folder):
+        return folder
+    subs = [d for d in folder.iterdir() if d.is_dir() and not d.is_symlink()]
+    if len(subs) == 1 and looks(subs[0]):
+        return subs[0]
+    return None
+
+
+def open_bundle(path: str | os.PathLike, **kw) -> Bundle:
+    return Bundle.open(path, **kw)
+
+
+__all__ = ["Bundle", "Manifest", "ClockSample", "ClockMap", "ProcessInfo", "SocketInfo", "CollectorStatus",
+           "NetnsInfo", "FileEntry", "open_bundle", "unpack_archive", "parse_manifest"]

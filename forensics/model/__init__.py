@@ -1,0 +1,167 @@
+"""The event model: one or more hosts' bundles -> DuckDB tables (DESIGN.md "Event tables").
+
+``build_model(paths)`` opens each bundle (:mod:`forensics.bundle`), converts tracer times
+to UTC with each manifest's clock samples, attributes TCP events to processes, ranks and
+the collective in flight, and returns a :class:`Model`: the tables as DataFrames plus
+``connect()`` for SQL (an in-memory DuckDB, or a file with ``path=``). Column schemas
+live in :mod:`forensics.model.schema`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import pandas as pd
+
+from ..bundle import Bundle
+from ..errors import InputError
+from . import nccl as nccl_mod
+from . import tcp as tcp_mod
+from .schema import SCHEMAS, TABLES
+from .skew import SkewEstimate, estimate_skew, segment_fingerprints
+
+
+@dataclass
+class Model:
+    tables: dict[str, pd.DataFrame]
+    hosts: list[str]
+    problems: list[str] = field(default_factory=list)
+    skew: list[SkewEstimate] = field(default_factory=list)
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables[name]
+
+    def skew_report(self) -> str:
+        if len(self.hosts) < 2:
+            return "clock skew between hosts: n/a (one bundle)"
+        lines = []
+        for s in self.skew:
+            if s.skew_ns is None:
+                lines.append(f"clock skew {s.host_b} - {s.host_a}: unknown ({s.status})")
+            else:
+                lines.append(f"clock skew {s.host_b} - {s.host_a}: {s.skew_ns / 1e6:+.3f} ms "
+                             f"from {s.matched_segments} common segments ({s.status})")
+        return "\n".join(lines)
+
+    def connect(self, path: str | os.PathLike | None = None):
+        """A DuckDB connection holding every table (written to ``path`` when given)."""
+        import duckdb
+        con = duckdb.connect(str(path) if path else ":memory:")
+        for name in TABLES:
+            cols = ", ".join(f'"{c}" {t}' for c, t in SCHEMAS[name].items())
+            con.execute(f'CREATE OR REPLACE TABLE "{name}" ({cols})')
+            if name == "collectives":
+                continue
+            df = self.tables[name]
+            if len(df):
+                con.register("_df", df)
+                names = ", ".join(f'"{c}"' for c in SCHEMAS[name])
+                con.execute(f'INSERT INTO "{name}" SELECT {names} FROM _df')
+                con.unregister("_df")
+        con.execute(f"INSERT INTO collectives {nccl_mod.COLLECTIVES_SQL}")
+        self.tables["collectives"] = con.execute("SELECT * FROM collectives ORDER BY comm_id_hash, op_count").df()
+        return con
+
+
+def build_model(paths: list[str | os.PathLike], *, skew: bool = True) -> Model:
+    if not paths:
+        raise InputError("no bundle given")
+    bundles: list[Bundle] = []
+    try:
+        for p in paths:
+            bundles.append(Bundle.open(p))
+        hosts = [b.host for b in bundles]
+        dup = {h for h in hosts if hosts.count(h) > 1}
+        if dup:   # two bundles of one host (e.g. two captures): keep them apart
+            seen: dict[str, int] = {}
+            for b in bundles:
+                if b.host in dup:
+                    seen[b.host] = seen.get(b.host, 0) + 1
+                    b.manifest.host = f"{b.host}#{seen[b.host]}"
+        return _build(bundles, skew=skew)
+    finally:
+        for b in bundles:
+            b.close()
+
+
+def _build(bundles: list[Bundle], skew: bool) -> Model:
+    events = {b.host: b.read_bpf_events() for b in bundles}
+    endpoints = pd.concat([tcp_mod.endpoint_table(b, events[b.host]) for b in bundles], ignore_index=True)
+    ranks = pd.concat([tcp_mod.rank_table(b, events[b.host]) for b in bundles], ignore_index=True)
+    netns = pd.concat([tcp_mod.netns_pid_table(b) for b in bundles], ignore_index=True)
+    attr = tcp_mod.Attribution(endpoints, ranks, netns)
+
+    nccl_parts, tcp_parts, pk_parts, fl_parts, ib_parts = [], [], [], [], []
+    for b in bundles:
+        ev = events[b.host]
+        nccl_parts.append(nccl_mod.nccl_events(b, ev))
+        tcp_parts.append(tcp_mod.bpf_tcp_events(b, ev, attr))
+        pe, pk, fl = tcp_mod.analyse_pcaps(b, attr)
+        tcp_parts.append(pe)
+        pk_parts.append(pk)
+        fl_parts.append(fl)
+        ib_parts.append(_ib_counters(b))
+    nccl = _concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
+                                                          na_position="last").reset_index(drop=True)
+    tcp = _concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
+                                                        na_position="last").reset_index(drop=True)
+    tcp = tcp_mod.collective_in_flight(tcp, nccl)
+
+    estimates: list[SkewEstimate] = []
+    if skew and len(bundles) > 1:
+        estimates = _skew(bundles, endpoints)
+    skew_df = pd.DataFrame([s.__dict__ for s in estimates], columns=list(SCHEMAS["clock_skew"]))
+    problems = [(b.host, str(b.source), p) for b in bundles for p in b.problems]
+    tables = {
+        "nccl_events": nccl, "tcp_events": tcp, "packets": _concat(pk_parts, "packets"),
+        "flows": _concat(fl_parts, "flows"), "collectives": nccl_mod.empty("collectives"),
+        "ib_counters": _concat(ib_parts, "ib_counters"),
+        "clock_skew": nccl_mod.conform(skew_df, "clock_skew"),
+        "problems": nccl_mod.conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
+    }
+    return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
+                 skew=estimates)
+
+
+def _concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return nccl_mod.empty(table)
+    return nccl_mod.conform(pd.concat(parts, ignore_index=True), table)
+
+
+def _ib_counters(b: Bundle) -> pd.DataFrame:
+    if not (b.root / "ib").is_dir() or not any(True for _ in b.files("ib/**/*")):
+        return nccl_mod.empty("ib_counters")
+    from ..parsers.ib_counters import IbCountersParser, ib_deltas
+    res = IbCountersParser.parse(b.root / "ib")
+    b.problems.extend(res.warnings[:5])
+    df = res.tables.get("ib_counters")
+    if df is None or df.empty:
+        return nccl_mod.empty("ib_counters")
+    d = ib_deltas(df)
+    d["host"] = b.host
+    return nccl_mod.conform(d, "ib_counters")
+
+
+def _skew(bundles: list[Bundle], endpoints: pd.DataFrame) -> list[SkewEstimate]:
+    """Pairwise skew between hosts, from every segment of their pcaps (bundles still open)."""
+    prints = {}
+    for b in bundles:
+        parts = [segment_fingerprints(p) for _, p in b.pcaps()]
+        prints[b.host] = pd.concat(parts, ignore_index=True) if parts else None
+    out = []
+    for a, c in combinations(bundles, 2):
+        pa, pc = prints[a.host], prints[c.host]
+        if pa is None or pc is None:
+            out.append(SkewEstimate(a.host, c.host, None, None, 0, "no pcap on one side"))
+            continue
+        own = set(endpoints.loc[endpoints["host"] == a.host, "addr"].astype(str))
+        other = set(endpoints.loc[endpoints["host"] == c.host, "addr"].astype(str))
+        addrs = (own - other) or own
+        out.append(estimate_skew(pa, pc, addrs, a.host, c.host))
+    return out
+
+
+__all__ = ["Model", "build_model"]

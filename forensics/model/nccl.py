@@ -1,0 +1,252 @@
+"""``nccl_events`` from the tracer's ``coll`` records, with the best duration per rank.
+
+NCCL calls are asynchronous: uprobe entry->return is the launch, not the collective.
+Durations, best first:
+
+- ``gpu``: Flight Recorder / NCCL Inspector completion times: NOT WIRED YET (the lab
+  produces neither; mapping FR collective_seq_id / Inspector seq onto op_count is open);
+- ``host_sync``: the first host wait (cudaStreamSynchronize & co.) on the same stream of
+  the same process that *started after the call returned* must have waited for the
+  collective (streams run in order), so its return bounds the collective's end from
+  above. Device-wide waits (cudaDeviceSynchronize, cuCtxSynchronize) count for every
+  stream. A wait that started but never returned means the collective never completed:
+  end and duration are NULL and ``completed`` is false;
+- ``call``: entry->return of the call itself, when the process shows no host waits.
+
+All of it is merge_asof over sorted columns, no per-event Python loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .schema import SCHEMAS
+
+# ncclDataType_t -> (name, bytes per element)
+DATATYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
+             6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("fp8e4m3", 1),
+             11: ("fp8e5m2", 1)}
+REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
+DEVICE_WIDE_WAITS = {"cudaDeviceSynchronize", "cuCtxSynchronize"}
+
+
+def empty(table: str) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=_pd_dtype(t)) for c, t in SCHEMAS[table].items()})
+
+
+def _pd_dtype(t: str) -> str:
+    return {"BIGINT": "Int64", "INTEGER": "Int64", "UBIGINT": "UInt64", "DOUBLE": "float64", "BOOLEAN": "boolean",
+            "VARCHAR": "string"}.get(t, "object")
+
+
+def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Exactly the table's columns, in order, with nullable dtypes (missing ones NULL)."""
+    out = {}
+    n = len(df)
+    for c, t in SCHEMAS[table].items():
+        dt = _pd_dtype(t)
+        s = df[c] if c in df.columns else pd.Series([None] * n, index=df.index, dtype="object")
+        if dt == "object":
+            out[c] = s
+            continue
+        if dt in ("Int64", "UInt64"):
+            s = pd.to_numeric(s, errors="coerce") if s.dtype == object else s
+        out[c] = s.astype(dt)
+    return pd.DataFrame(out, index=df.index).reset_index(drop=True)
+
+
+def events_frame(events: list[dict], kind: str) -> pd.DataFrame:
+    rows = [e for e in events if e.get("ev") == kind]
+    return pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
+
+
+def _utc(clock, mono: pd.Series) -> pd.Series:
+    """Monotonic ns (nullable) -> UTC ns (nullable Int64)."""
+    m = pd.to_numeric(mono, errors="coerce").astype("Int64")
+    out = pd.Series(pd.NA, index=m.index, dtype="Int64")
+    if clock is None:
+        return out
+    ok = m.notna().to_numpy()
+    if ok.any():
+        out[ok] = clock.to_utc(m[ok].to_numpy(dtype=np.int64))
+    return out
+
+
+def process_ranks(bundle, events: list[dict]) -> dict[int, int]:
+    """pid -> global rank: the world communicator's rank from comm_init (the largest
+    nranks), else the manifest's RANK."""
+    ranks = {p.pid: p.rank for p in bundle.manifest.processes if p.rank is not None}
+    inits = events_frame(events, "comm_init")
+    if len(inits) and {"pid", "rank", "nranks"} <= set(inits.columns):
+        inits = inits.dropna(subset=["rank", "nranks"]).sort_values(["pid", "nranks"], kind="stable")
+        for pid, rank in inits.groupby("pid")["rank"].last().items():
+            ranks[int(pid)] = int(rank)
+    return ranks
+
+
+def nccl_events(bundle, events: list[dict]) -> pd.DataFrame:
+    coll = events_frame(events, "coll")
+    if coll.empty:
+        return empty("nccl_events")
+    for c in ("t1", "rank", "nranks", "comm_id_hash", "op_count", "count", "datatype", "red_op", "root", "stream",
+              "rc", "comm", "tid", "fn"):
+        if c not in coll.columns:
+            coll[c] = None
+    coll = coll.dropna(subset=["t0", "pid"]).copy()
+    clock = bundle.clock
+    coll["timestamp_ns"] = _utc(clock, coll["t0"])
+    coll["call_return_ns"] = _utc(clock, coll["t1"])
+    # rank of communicators created before the tracer attached: the process's rank
+    pid_rank = process_ranks(bundle, events)
+    rank = pd.to_numeric(coll["rank"], errors="coerce")
+    coll["rank"] = rank.fillna(coll["pid"].map(pid_rank))
+    dt = pd.to_numeric(coll["datatype"], errors="coerce")
+    coll["datatype_name"] = dt.map(lambda d: DATATYPES.get(d, (None, None))[0] if pd.notna(d) else None)
+    size = dt.map(lambda d: DATATYPES.get(d, (None, None))[1] if pd.notna(d) else None)
+    coll["bytes"] = pd.to_numeric(coll["count"], errors="coerce") * pd.to_numeric(size, errors="coerce")
+    red = pd.to_numeric(coll["red_op"], errors="coerce")
+    coll["reduce_op"] = red.map(lambda r: REDOPS.get(int(r), f"op{int(r)}") if pd.notna(r) and r >= 0 else None)
+    root = pd.to_numeric(coll["root"], errors="coerce")
+    coll["root_or_peer"] = root.where(root >= 0)
+
+    end, source, completed = _host_sync_end(coll, events_frame(events, "host_wait"))
+    # a wait that returns because the communicator was aborted did not see the collective finish
+    aborted = _aborted_before(coll, end, events_frame(events, "comm_destroy"))
+    end = end.where(~aborted)
+    completed = completed & ~aborted
+    coll["t_end"] = end
+    coll["duration_source"] = source
+    coll["completed"] = completed
+    coll["end_ns"] = _utc(clock, coll["t_end"])
+    coll["duration_ns"] = coll["end_ns"] - coll["timestamp_ns"]
+    out = pd.DataFrame({
+        "timestamp_ns": coll["timestamp_ns"], "duration_ns": coll["duration_ns"],
+        "duration_source": coll["duration_source"], "end_ns": coll["end_ns"], "op": coll["op"], "rank": coll["rank"],
+        "nranks": coll["nranks"], "comm_id_hash": coll["comm_id_hash"], "comm_ptr": coll["comm"],
+        "op_count": coll["op_count"], "count": coll["count"], "bytes": coll["bytes"],
+        "datatype": coll["datatype_name"], "reduce_op": coll["reduce_op"], "root_or_peer": coll["root_or_peer"],
+        "stream": coll["stream"], "host": bundle.host, "pid": coll["pid"], "tid": coll["tid"],
+        "call_return_ns": coll["call_return_ns"], "completed": coll["completed"], "rc": coll["rc"], "fn": coll["fn"],
+    })
+    out = conform(out, "nccl_events")
+    return out.sort_values(["timestamp_ns", "rank"], kind="stable", na_position="last").reset_index(drop=True)
+
+
+def _host_sync_end(coll: pd.DataFrame, waits: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:
+    """(end monotonic ns, duration source, completed) per call; see the module docstring."""
+    idx = coll.index
+    t1 = pd.to_numeric(coll["t1"], errors="coerce")
+    call_end = t1
+    end = pd.Series(np.nan, index=idx)
+    found = pd.Series(False, index=idx)
+    pending = pd.Series(False, index=idx)
+    if len(waits) and "t0" in waits.columns:
+        waits = waits.copy()
+        for c in ("t1", "stream", "fn"):
+            if c not in waits.columns:
+                waits[c] = None
+        waits["w0"] = pd.to_numeric(waits["t0"], errors="coerce")
+        waits["w1"] = pd.to_numeric(waits["t1"], errors="coerce")
+        waits = waits.dropna(subset=["w0", "pid"])
+        if "rc" in waits.columns:   # a failed wait (cudaErrorLaunchFailure...) proves nothing finished
+            bad = pd.to_numeric(waits["rc"], errors="coerce").fillna(0) != 0
+            waits.loc[bad, "w1"] = np.nan
+        left = pd.DataFrame({"row": np.arange(len(coll)), "pid": coll["pid"].astype("int64").to_numpy(),
+                             "stream": coll["stream"].astype(str).to_numpy(),
+                             # a call that never returned was never enqueued past that point
+                             "key": t1.fillna(np.inf).to_numpy(dtype=np.float64)})
+        cands = []
+        per_stream = waits[~waits["fn"].isin(DEVICE_WIDE_WAITS) & waits["stream"].notna()]
+        if len(per_stream):
+            r = pd.DataFrame({"pid": per_stream["pid"].astype("int64").to_numpy(),
+                              "stream": per_stream["stream"].astype(str).to_numpy(),
+                              "key": per_stream["w0"].to_numpy(dtype=np.float64),
+                              "w1": per_stream["w1"].to_numpy(dtype=np.float64)})
+            cands.append(_asof_forward(left, r, ["pid", "stream"]))
+        dev = waits[waits["fn"].isin(DEVICE_WIDE_WAITS)]
+        if len(dev):
+            r = pd.DataFrame({"pid": dev["pid"].astype("int64").to_numpy(),
+                              "key": dev["w0"].to_numpy(dtype=np.float64),
+                              "w1": dev["w1"].to_numpy(dtype=np.float64)})
+            cands.append(_asof_forward(left.drop(columns="stream"), r, ["pid"]))
+        for c in cands:   # per call: the earliest wait that started after it (by start time)
+            has = c["matched"].to_numpy()
+            w1 = c["w1"].to_numpy()
+            better = has & (~found.to_numpy() | (np.nan_to_num(w1, nan=np.inf) < end.fillna(np.inf).to_numpy()))
+            end = end.where(~better, pd.Series(w1, index=idx))
+            pending = pending.where(~better, pd.Series(has & np.isnan(w1), index=idx))
+            found = found | pd.Series(has, index=idx)
+    source = pd.Series("call", index=idx, dtype="object")
+    source[found] = "host_sync"
+    end_final = end.where(found, call_end)
+    # completion observed: a returned wait bounds it; a process that never waits is
+    # trusted once the call returned; in one that does wait, a call no wait followed
+    # (the capture or the process ended first) keeps its launch time but is not "completed"
+    waiting_pids = set(waits["pid"].astype("int64")) if len(waits) and "pid" in waits.columns else set()
+    never_waits = ~coll["pid"].astype("int64").isin(waiting_pids)
+    completed = (found & ~pending) | (~found & t1.notna() & never_waits)
+    end_final = end_final.where(~(found & pending))
+    return end_final, source, completed
+
+
+def _aborted_before(coll: pd.DataFrame, end: pd.Series, destroys: pd.DataFrame) -> pd.Series:
+    """True where the process aborted the call's communicator (ncclCommAbort) after the
+    call was entered and before its bounding wait returned (or with no end at all)."""
+    out = pd.Series(False, index=coll.index)
+    if destroys.empty or not {"fn", "t0", "pid", "comm"} <= set(destroys.columns):
+        return out
+    ab = destroys[destroys["fn"] == "ncclCommAbort"].dropna(subset=["t0", "pid", "comm"])
+    if ab.empty:
+        return out
+    left = pd.DataFrame({"row": np.arange(len(coll)), "pid": coll["pid"].astype("int64").to_numpy(),
+                         "comm": coll["comm"].astype(str).to_numpy(),
+                         "key": pd.to_numeric(coll["t0"], errors="coerce").to_numpy(dtype=np.float64)})
+    right = pd.DataFrame({"pid": ab["pid"].astype("int64").to_numpy(), "comm": ab["comm"].astype(str).to_numpy(),
+                          "key": pd.to_numeric(ab["t0"]).to_numpy(dtype=np.float64)})
+    right["abort_t0"] = right["key"]
+    m = _asof_forward(left, right, ["pid", "comm"])
+    abort_t0 = m["abort_t0"].to_numpy(dtype=np.float64)
+    e = end.to_numpy(dtype=np.float64)
+    hit = m["matched"].to_numpy() & (np.isnan(e) | (e >= abort_t0))
+    return pd.Series(hit, index=coll.index)
+
+
+def _asof_forward(left: pd.DataFrame, right: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """For each left row, the first right row (same ``by``) with right.key >= left.key."""
+    lft = left.sort_values("key", kind="stable")
+    rgt = right.sort_values("key", kind="stable").rename(columns={"key": "rkey"})
+    rgt["matched"] = True
+    m = pd.merge_asof(lft, rgt, left_on="key", right_on="rkey", by=by, direction="forward", allow_exact_matches=True)
+    m = m.sort_values("row", kind="stable").reset_index(drop=True)
+    m["matched"] = m["matched"].fillna(False).astype(bool)
+    return m
+
+
+COLLECTIVES_SQL = """
+WITH e AS (
+  SELECT coalesce(comm_id_hash, host || ':' || CAST(pid AS VARCHAR) || ':' || comm_ptr) AS comm_id_hash,
+         op_count, op, nranks, rank, timestamp_ns, end_ns, completed, bytes
+  FROM nccl_events WHERE op_count IS NOT NULL
+), g AS (
+  SELECT comm_id_hash, op_count,
+         mode(op) AS op, count(DISTINCT op) > 1 AS ops_differ,
+         max(nranks) AS nranks,
+         count(DISTINCT rank) AS ranks_entered,
+         count(DISTINCT rank) FILTER (WHERE completed) AS ranks_completed,
+         list(rank ORDER BY rank) AS ranks,
+         list(timestamp_ns ORDER BY rank) AS entry_ns,
+         list(end_ns ORDER BY rank) AS end_ns,
+         list(timestamp_ns - min_entry ORDER BY rank) AS lateness_ns,
+         min(timestamp_ns) AS first_entry_ns, max(timestamp_ns) AS last_entry_ns,
+         max(timestamp_ns) - min(timestamp_ns) AS max_lateness_ns,
+         arg_max(rank, timestamp_ns) AS latest_rank,
+         max(end_ns) AS last_end_ns, max(bytes) AS bytes
+  FROM (SELECT *, min(timestamp_ns) OVER (PARTITION BY comm_id_hash, op_count) AS min_entry FROM e)
+  GROUP BY comm_id_hash, op_count
+)
+SELECT comm_id_hash, op_count, op, nranks, ranks_entered, ranks_completed, ranks, entry_ns, end_ns, lateness_ns,
+       CASE WHEN nranks IS NULL THEN NULL
+            ELSE list_filter(range(nranks), lambda x: NOT list_contains(ranks, x)) END AS missing_ranks,
+       first_entry_ns, last_entry_ns, max_lateness_ns, latest_rank, last_end_ns, bytes, ops_differ
+FROM g
+"""

@@ -1,0 +1,324 @@
+"""``tcp_events``, ``packets`` and ``flows``, attributed to processes and ranks.
+
+Attribution (DESIGN: ``tcp_retransmit_skb`` fires in softirq context, so the current pid
+is not the owner):
+
+1. An *endpoint table* ``(addr, port) -> owning pid`` is gathered from every source the
+   bundle has: ``ss -tinp`` snapshots, the manifest's per-process sockets (alive at the
+   end), and the tracer's ``sock_state`` transitions made in process context
+   (CLOSE->SYN_SENT from connect(), CLOSE->LISTEN from listen()) whose socket (``sk``
+   within its network namespace) later shows its bound address. Accepted connections
+   share the listener's local (addr, port), so they are covered by the LISTEN row; a
+   wildcard listener (0.0.0.0) is expanded to the addresses seen in its namespace.
+   Keys claimed by two different processes are dropped as ambiguous.
+2. An event's owner is the endpoint ``(saddr, sport)`` (for pcap verdicts: the packet's
+   sender); failing that, for tracer events, the only traced rank in the event's network
+   namespace. Its peer rank is the owner of ``(daddr, dport)``, failing that the only
+   rank with an endpoint on ``daddr``.
+3. The collective in flight: an as-of join of the event time on the owning rank's
+   ``nccl_events`` (the last collective entered at or before it, and whether it had
+   completed by then).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .nccl import conform, empty, events_frame, process_ranks, _utc
+
+BPF_TCP_EVENTS = ("tcp_retransmit_skb", "tcp_send_reset", "tcp_receive_reset")
+# pcap verdicts that become tcp_events rows (window_update, keep_alive... are noise here)
+PCAP_EVENTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order", "lost_segment",
+               "ack_lost_segment", "duplicate_ack", "zero_window", "zero_window_probe", "window_full", "rst")
+PACKET_VERDICTS = ("retransmission", "fast_retransmission", "spurious_retransmission", "out_of_order",
+                   "lost_segment", "ack_lost_segment", "duplicate_ack", "zero_window", "zero_window_probe",
+                   "zero_window_probe_ack", "window_full", "window_update", "keep_alive", "keep_alive_ack",
+                   "reused_ports", "rst")
+WILDCARD = ("0.0.0.0", "::", "*", "")
+
+
+# --------------------------------------------------------------------------- endpoints
+
+def endpoint_table(bundle, events: list[dict]) -> pd.DataFrame:
+    """Columns host, netns, addr, port, pid, source; one row per (addr, port) owner claim."""
+    parts = [_endpoints_from_sock_state(events), _endpoints_from_manifest(bundle), _endpoints_from_ss(bundle)]
+    ep = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else \
+        pd.DataFrame(columns=["netns", "addr", "port", "pid", "source"])
+    ep["host"] = bundle.host
+    if ep.empty:
+        return ep
+    ep["port"] = pd.to_numeric(ep["port"], errors="coerce")
+    ep["pid"] = pd.to_numeric(ep["pid"], errors="coerce")
+    ep = ep.dropna(subset=["port", "pid"])
+    ep = ep[ep["port"] > 0]
+    # wildcard listeners: one row per address seen in their namespace
+    wild = ep["addr"].isin(WILDCARD)
+    if wild.any():
+        seen = _netns_addresses(events, ep[~wild])
+        w = ep[wild].drop(columns="addr").merge(seen, on="netns", how="inner")
+        ep = pd.concat([ep[~wild], w], ignore_index=True)
+    ep["port"] = ep["port"].astype("int64")
+    ep["pid"] = ep["pid"].astype("int64")
+    return ep.drop_duplicates(["addr", "port", "pid"]).reset_index(drop=True)
+
+
+def _endpoints_from_sock_state(events: list[dict]) -> pd.DataFrame:
+    ss = events_frame(events, "sock_state")
+    need = {"sk", "netns", "saddr", "sport", "oldstate", "newstate", "pid", "t"}
+    if ss.empty or not need <= set(ss.columns):
+        return pd.DataFrame()
+    ss = ss.sort_values(["netns", "sk", "t"], kind="stable")
+    # one socket life per CLOSE->x transition (kernel socket addresses are reused)
+    ss["life"] = (ss["oldstate"] == "CLOSE").astype(int).groupby([ss["netns"], ss["sk"]]).cumsum()
+    key = ["netns", "sk", "life"]
+    owner = ss[(ss["oldstate"] == "CLOSE") & ss["newstate"].isin(["SYN_SENT", "LISTEN"]) & (ss["pid"] > 0)]
+    owner = owner.drop_duplicates(key)[key + ["pid"]]
+    bound = ss[ss["sport"] > 0].drop_duplicates(key)[key + ["saddr", "sport"]]
+    m = owner.merge(bound, on=key, how="inner")
+    return pd.DataFrame({"netns": m["netns"], "addr": m["saddr"], "port": m["sport"], "pid": m["pid"],
+                         "source": "bpf"})
+
+
+def _endpoints_from_manifest(bundle) -> pd.DataFrame:
+    rows = [{"netns": p.netns_inode, "addr": s.saddr, "port": s.sport, "pid": p.pid, "source": "manifest"}
+            for p in bundle.manifest.processes for s in p.sockets]
+    return pd.DataFrame(rows)
+
+
+def _endpoints_from_ss(bundle) -> pd.DataFrame:
+    from ..parsers.ss import SsParser
+    labels = {n.label: n.inode for n in bundle.manifest.netns}
+    frames = []
+    for rel, path in bundle.files("sys/**/ss*"):
+        if path.stat().st_size == 0:
+            continue
+        res = SsParser.parse(path)
+        bundle.problems.extend(w for w in res.warnings[:3])
+        df = res.tables.get("sockets")
+        if df is None or df.empty:
+            continue
+        df = df.dropna(subset=["pid", "local_port"])
+        label = rel.split("/")[1] if rel.count("/") >= 2 else None
+        frames.append(pd.DataFrame({"netns": labels.get(label), "addr": df["local_addr"].astype(str),
+                                    "port": df["local_port"].astype("int64"), "pid": df["pid"].astype("int64"),
+                                    "source": "ss"}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _netns_addresses(events: list[dict], ep: pd.DataFrame) -> pd.DataFrame:
+    """netns -> local addresses seen in it (tracer socket events, concrete endpoints)."""
+    parts = [ep[["netns", "addr"]]]
+    for kind in ("sock_state",) + BPF_TCP_EVENTS:
+        f = events_frame(events, kind)
+        if len(f) and {"netns", "saddr"} <= set(f.columns):
+            parts.append(f[["netns", "saddr"]].rename(columns={"saddr": "addr"}))
+    a = pd.concat(parts, ignore_index=True).dropna()
+    a = a[~a["addr"].isin(WILDCARD)]
+    return a.drop_duplicates().reset_index(drop=True)
+
+
+class Attribution:
+    """Lookups built once from all bundles' endpoint tables and pid -> rank maps."""
+
+    def __init__(self, endpoints: pd.DataFrame, ranks: pd.DataFrame, netns_pids: pd.DataFrame):
+        # endpoints: host, addr, port, pid; ranks: host, pid, rank; netns_pids: host, netns, pid
+        ep = endpoints.merge(ranks, on=["host", "pid"], how="left") if len(endpoints) else \
+            pd.DataFrame(columns=["host", "addr", "port", "pid", "rank"])
+        claims = ep.groupby(["addr", "port"])["pid"].transform("nunique") if len(ep) else pd.Series(dtype=int)
+        self.endpoints = ep[claims == 1].drop_duplicates(["addr", "port"])[["addr", "port", "host", "pid", "rank"]] \
+            if len(ep) else ep
+        r = ep.dropna(subset=["rank"]).drop_duplicates(["addr", "rank"])
+        nr = r.groupby("addr")["rank"].transform("nunique") if len(r) else pd.Series(dtype=int)
+        self.addr_rank = r[nr == 1].drop_duplicates("addr")[["addr", "rank"]] if len(r) else \
+            pd.DataFrame(columns=["addr", "rank"])
+        npids = netns_pids.merge(ranks, on=["host", "pid"], how="inner") if len(netns_pids) else netns_pids
+        if len(npids):
+            n = npids.groupby(["host", "netns"])["pid"].transform("nunique")
+            self.netns_owner = npids[n == 1].drop_duplicates(["host", "netns"])[["host", "netns", "pid", "rank"]]
+        else:
+            self.netns_owner = pd.DataFrame(columns=["host", "netns", "pid", "rank"])
+
+    def owner(self, addr: pd.Series, port: pd.Series) -> pd.DataFrame:
+        """(pid, rank) owning each (addr, port); NA where unknown."""
+        q = pd.DataFrame({"addr": addr.astype(str).to_numpy(), "port": pd.to_numeric(port).to_numpy()})
+        e = self.endpoints.astype({"addr": str})
+        e = e.assign(port=pd.to_numeric(e["port"]))
+        m = q.merge(e, on=["addr", "port"], how="left")
+        return m[["pid", "rank"]]
+
+    def rank_of_addr(self, addr: pd.Series) -> pd.Series:
+        q = pd.DataFrame({"addr": addr.astype(str).to_numpy()})
+        return q.merge(self.addr_rank.astype({"addr": str}), on="addr", how="left")["rank"]
+
+    def peer_rank(self, addr: pd.Series, port: pd.Series) -> pd.Series:
+        exact = self.owner(addr, port)["rank"]
+        return exact.fillna(self.rank_of_addr(addr)) if len(exact) else exact
+
+    def netns_fallback(self, host: str, netns: pd.Series) -> pd.DataFrame:
+        q = pd.DataFrame({"host": host, "netns": pd.to_numeric(netns, errors="coerce").to_numpy()})
+        o = self.netns_owner.assign(netns=pd.to_numeric(self.netns_owner["netns"], errors="coerce"))
+        return q.merge(o, on=["host", "netns"], how="left")[["pid", "rank"]]
+
+
+def rank_table(bundle, events: list[dict]) -> pd.DataFrame:
+    r = process_ranks(bundle, events)
+    return pd.DataFrame({"host": bundle.host, "pid": list(r.keys()), "rank": list(r.values())},
+                        columns=["host", "pid", "rank"])
+
+
+def netns_pid_table(bundle) -> pd.DataFrame:
+    rows = [{"host": bundle.host, "netns": p.netns_inode, "pid": p.pid} for p in bundle.manifest.processes
+            if p.netns_inode is not None]
+    return pd.DataFrame(rows, columns=["host", "netns", "pid"])
+
+
+# --------------------------------------------------------------------------- tracer events
+
+def bpf_tcp_events(bundle, events: list[dict], attr: Attribution) -> pd.DataFrame:
+    frames = [events_frame(events, k) for k in BPF_TCP_EVENTS]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return empty("tcp_events")
+    ev = pd.concat(frames, ignore_index=True)
+    for c in ("saddr", "daddr", "sport", "dport", "state", "netns", "pid"):
+        if c not in ev.columns:
+            ev[c] = None
+    ev = ev.dropna(subset=["t"])
+    # tracepoints fire for every namespace of the machine: leave out those of namespaces
+    # the capture did not attribute to the job (other containers, other labs)
+    known = {n.inode for n in bundle.manifest.netns}
+    if known:
+        ns = pd.to_numeric(ev["netns"], errors="coerce").fillna(0)
+        foreign = (ns != 0) & ~ns.isin(known)
+        if foreign.any():
+            bundle.problems.append(f"bpf: {int(foreign.sum())} kernel TCP event(s) from network namespaces "
+                                   "outside the job left out")
+            ev = ev[~foreign.to_numpy()]
+    if ev.empty:
+        return empty("tcp_events")
+    own = attr.owner(ev["saddr"], ev["sport"])
+    fb = attr.netns_fallback(bundle.host, ev["netns"])
+    pid = own["pid"].fillna(fb["pid"])
+    rank = own["rank"].where(own["pid"].notna(), fb["rank"])
+    labels = {n.inode: n.label for n in bundle.manifest.netns}
+    state = ev["state"].where(ev.get("sk", pd.Series(None, index=ev.index)).astype(str) != "0x0")
+    out = pd.DataFrame({
+        "timestamp_ns": _utc(bundle.clock, ev["t"]).to_numpy(), "event": ev["ev"].to_numpy(), "source": "bpf",
+        "saddr": ev["saddr"].to_numpy(), "daddr": ev["daddr"].to_numpy(), "sport": ev["sport"].to_numpy(),
+        "dport": ev["dport"].to_numpy(), "state": state.to_numpy(), "host": bundle.host,
+        "pid": pid.to_numpy(), "rank": rank.to_numpy(),
+        "peer_rank": attr.peer_rank(ev["daddr"], ev["dport"]).to_numpy(),
+        "capture": ev["netns"].map(labels).to_numpy(), "event_pid": ev["pid"].to_numpy(),
+    })
+    return conform(out, "tcp_events")
+
+
+# --------------------------------------------------------------------------- pcaps
+
+def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(tcp_events rows from pcap verdicts, packets, flows) of every pcap in the bundle."""
+    from ..errors import InputError
+    from ..tcp import analyze_file
+    ev_parts, pk_parts, fl_parts = [], [], []
+    for rel, path in bundle.pcaps():
+        try:
+            res = analyze_file(path, keep="flagged")
+        except InputError as e:
+            bundle.problems.append(f"{rel}: unreadable capture ({e})")
+            continue
+        bundle.problems.extend(f"{rel}: {d}" for d in res.stats.defects)
+        p = res.packets
+        if p is not None and len(p):
+            pk = pd.DataFrame({"timestamp_ns": p["time_epoch_ns"].to_numpy(), "capture": rel,
+                               "frame": p["frame"].to_numpy(), "stream": p["stream"].to_numpy(),
+                               "src": p["src"].astype(str).to_numpy(), "sport": p["sport"].to_numpy(),
+                               "dst": p["dst"].astype(str).to_numpy(), "dport": p["dport"].to_numpy(),
+                               "seq_rel": p["seq_rel"].to_numpy(), "ack_rel": p["ack_rel"].to_numpy(),
+                               "len": p["len"].to_numpy(), "seq_raw": p["seq_raw"].to_numpy(),
+                               "tcp_flags": p["tcp_flags"].to_numpy(), "window": p["window"].to_numpy(),
+                               "duplicate_ack_num": p["duplicate_ack_num"].to_numpy(),
+                               "rto_ns": p["rto_ns"].to_numpy()})
+            flags = np.stack([p[v].to_numpy(dtype=np.uint8) for v in PACKET_VERDICTS], axis=1).astype(bool)
+            names = np.array(PACKET_VERDICTS, dtype=object)
+            pk["verdicts"] = [",".join(names[row]) for row in flags]   # flagged rows only: small
+            pk_parts.append(pk)
+            # one tcp_events row per (packet, verdict)
+            sel = [PACKET_VERDICTS.index(v) for v in PCAP_EVENTS]
+            rows, cols = np.nonzero(flags[:, sel])
+            if len(rows):
+                e = pk.iloc[rows].reset_index(drop=True)
+                e["event"] = np.array(PCAP_EVENTS, dtype=object)[cols]
+                ev_parts.append(e)
+        f = res.flows
+        if len(f):
+            fl = f.copy()
+            fl["capture"] = rel
+            fl["orig_addr"] = fl["orig_addr"].astype(str)
+            fl["resp_addr"] = fl["resp_addr"].astype(str)
+            fl_parts.append(fl)
+    host = bundle.host
+    # packets
+    if pk_parts:
+        pk = pd.concat(pk_parts, ignore_index=True)
+        pk["host"] = host
+        pk["src_rank"] = attr.owner(pk["src"], pk["sport"])["rank"].to_numpy()
+        pk["dst_rank"] = attr.peer_rank(pk["dst"], pk["dport"]).to_numpy()
+        pk["src_rank"] = pk["src_rank"].fillna(pd.Series(attr.rank_of_addr(pk["src"]).to_numpy()))
+        packets = conform(pk, "packets")
+    else:
+        packets = empty("packets")
+    # tcp events from verdicts: the packet's sender owns the event
+    if ev_parts:
+        e = pd.concat(ev_parts, ignore_index=True)
+        own = attr.owner(e["src"], e["sport"])
+        ev = pd.DataFrame({"timestamp_ns": e["timestamp_ns"], "event": e["event"], "source": "pcap",
+                           "saddr": e["src"], "daddr": e["dst"], "sport": e["sport"], "dport": e["dport"],
+                           "state": None, "host": host, "pid": own["pid"].to_numpy(),
+                           "rank": own["rank"].fillna(pd.Series(attr.rank_of_addr(e["src"]).to_numpy())).to_numpy(),
+                           "peer_rank": attr.peer_rank(e["dst"], e["dport"]).to_numpy(),
+                           "capture": e["capture"], "stream": e["stream"], "frame": e["frame"]})
+        pcap_events = conform(ev, "tcp_events")
+    else:
+        pcap_events = empty("tcp_events")
+    # flows
+    if fl_parts:
+        fl = pd.concat(fl_parts, ignore_index=True)
+        fl["host"] = host
+        o = attr.owner(fl["orig_addr"], fl["orig_port"])
+        r = attr.owner(fl["resp_addr"], fl["resp_port"])
+        fl["pid"], fl["peer_pid"] = o["pid"].to_numpy(), r["pid"].to_numpy()
+        fl["rank"] = o["rank"].fillna(pd.Series(attr.rank_of_addr(fl["orig_addr"]).to_numpy())).to_numpy()
+        fl["peer_rank"] = r["rank"].fillna(pd.Series(attr.rank_of_addr(fl["resp_addr"]).to_numpy())).to_numpy()
+        flows = conform(fl, "flows")
+    else:
+        flows = empty("flows")
+    return pcap_events, packets, flows
+
+
+# --------------------------------------------------------------------------- collective in flight
+
+def collective_in_flight(tcp: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
+    """Fill coll_* columns: as-of join of each event on its owning rank's collectives."""
+    if tcp.empty or nccl.empty:
+        return tcp
+    tcp = tcp.copy()
+    ok = tcp["rank"].notna() & tcp["timestamp_ns"].notna()
+    left = pd.DataFrame({"row": np.flatnonzero(ok.to_numpy()),
+                         "rank": tcp.loc[ok, "rank"].astype("int64").to_numpy(),
+                         "t": tcp.loc[ok, "timestamp_ns"].astype("int64").to_numpy()}).sort_values("t", kind="stable")
+    n = nccl.dropna(subset=["rank", "timestamp_ns"])
+    right = pd.DataFrame({"rank": n["rank"].astype("int64").to_numpy(),
+                          "t": n["timestamp_ns"].astype("int64").to_numpy(),
+                          "coll_comm_id_hash": n["comm_id_hash"].to_numpy(),
+                          "coll_op_count": n["op_count"].to_numpy(), "coll_op": n["op"].to_numpy(),
+                          "end": n["end_ns"].astype("float64").to_numpy()}).sort_values("t", kind="stable")
+    m = pd.merge_asof(left, right, on="t", by="rank", direction="backward").sort_values("row")
+    rows = m["row"].to_numpy()
+    idx = tcp.index[rows]
+    tcp.loc[idx, "coll_comm_id_hash"] = m["coll_comm_id_hash"].to_numpy()
+    tcp.loc[idx, "coll_op_count"] = pd.array(m["coll_op_count"].to_numpy(), dtype="Int64")
+    tcp.loc[idx, "coll_op"] = m["coll_op"].to_numpy()
+    has = m["coll_op"].notna().to_numpy()
+    in_flight = has & (np.isnan(m["end"].to_numpy()) | (m["end"].to_numpy() >= m["t"].to_numpy()))
+    tcp.loc[idx, "coll_in_flight"] = pd.array(np.where(has, in_flight, None), dtype="boolean")
+    return tcp

@@ -7,6 +7,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc
 DEMO_PCAP := tests/fixtures/lab/loss/pcap/rank2.pcap
+DEMO_BUNDLE := $(wildcard tests/fixtures/bundles/loss/*.tar.gz)
+DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS retransmits_in_window \
+  FROM (SELECT n.timestamp_ns, n.rank, count(t.event) AS retransmits FROM nccl_events n \
+        LEFT JOIN tcp_events t ON t.timestamp_ns BETWEEN n.timestamp_ns AND n.timestamp_ns + n.duration_ns \
+        AND t.event = 'tcp_retransmit_skb' AND (t.rank = n.rank OR t.peer_rank = n.rank) \
+        WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
+  JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
 .PHONY: all venv debs test demo bench lab clean
 
@@ -36,6 +43,7 @@ test: debs venv
 
 demo: venv
 	$(VENV)/bin/stallscope tcp $(DEMO_PCAP) --flows
+	$(VENV)/bin/stallscope query $(DEMO_BUNDLE) "$(DEMO_SQL)"
 
 bench: debs venv
 	$(PY) bench/pcap_throughput.py

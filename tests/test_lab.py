@@ -408,10 +408,17 @@ def test_link_down_hang_leaves_everyone_stuck(root_lab, tmp_path):
     assert all(done[r] < issued[r] for r in range(4)), (issued, done)   # inside a collective, no progress
     assert max(issued) - min(issued) <= 4                              # nobody skipped: stuck, not diverged
     assert all(r["state"] == "killed" for r in d["ranks"])
-    # rank 1 keeps retransmitting into the dead link (backoff), visible in its own pcap
-    rows = tshark_fields(d["_out"] / "pcap" / "rank1.pcap", "tcp.analysis.retransmission && ip.dst == 10.203.0.12",
+    # the link is dead: rank 2's ring successor sees its traffic before the fault and none after
+    fault_ns = f["start_time_ns"]
+    from2 = [float(t[0]) * 1e9 for t in tshark_fields(d["_out"] / "pcap" / "rank3.pcap", "ip.src == 10.203.0.12",
+                                                       "frame.time_epoch")]
+    assert any(t < fault_ns for t in from2)
+    assert not [t for t in from2 if t > f["applied_ns"] + 1e6]
+    # whatever rank 1 still sends into the dead link is retransmitted (when it had data in flight
+    # towards rank 2 at that moment; where the ring stalled first it has nothing left to send)
+    retx = tshark_fields(d["_out"] / "pcap" / "rank1.pcap", "tcp.analysis.retransmission && ip.dst == 10.203.0.12",
                          "frame.time_epoch")
-    assert rows and all(float(t[0]) * 1e9 > f["start_time_ns"] - 1e6 for t in rows)
+    assert all(float(t[0]) * 1e9 > fault_ns - 1e6 for t in retx)
 
 
 @pytest.mark.root

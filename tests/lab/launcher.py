@@ -305,6 +305,7 @@ class Run:
             self.fault["start_time_ns"] = now_ns()
             self.fault["link"] = self.link_info(r)
             self.fault.update(mid_collective=mid, **self.lab.link_down(r, a.link_side))
+            self.fault["applied_ns"] = now_ns()   # `ip link set down` has returned
         elif sc == "reset":
             self.sleep_until_ns(t0 + int(a.start_s * 1e9))
             prev = (r - 1) % a.ranks

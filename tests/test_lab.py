@@ -276,8 +276,11 @@ def sc_clean(root_lab, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sc_loss(root_lab, tmp_path_factory):
+    # data packets only (> 200 bytes): every drop forces a retransmission, so the
+    # assertions below follow from the drop counters instead of from luck
     return run_scenario(root_lab, tmp_path_factory.mktemp("loss"), "--scenario", "loss", "--rank", "2",
-                        "--loss-permille", "30", "--steps", "8", "--start-s", "0.3", *SMALL)
+                        "--loss-permille", "100", "--loss-min-bytes", "200", "--steps", "8", "--start-s", "0.3",
+                        *SMALL)
 
 
 @pytest.mark.root
@@ -289,7 +292,10 @@ def test_clean_run_correct_and_no_retransmissions(sc_clean):
     for r in range(4):
         pcap = d["_out"] / "pcap" / f"rank{r}.pcap"
         assert tshark_count(pcap, "tcp.len > 0") > 100
-        assert tshark_count(pcap, "tcp.analysis.retransmission") == 0
+        # no retransmission on NCCL's connections; the torch-style store (29500) is left out:
+        # its startup handshakes race four ranks and tcpdumps for two cores, and one of them
+        # can sit past the 200 ms minimum RTO with nothing lost
+        assert tshark_count(pcap, "tcp.analysis.retransmission && tcp.port != 29500") == 0
         # the only resets are store connects refused before rank 0 listens (clients retry, like TCPStore's)
         assert tshark_count(pcap, "tcp.flags.reset == 1 && !(tcp.srcport == 29500 && tcp.seq == 1)") == 0
     # ring: rank r's data goes to r+1 (the busiest TCP stream leaving each rank)
@@ -313,22 +319,25 @@ def test_loss_shows_retransmissions_on_the_lossy_link_only(sc_loss):
     d = sc_loss
     f = d["fault"]
     assert f["kind"] == "loss" and f["ranks"] == [2] and f["link"]["addr"] == "10.203.0.12"
-    assert f["direction"] == "both" and f["permille"] == 30
-    dropped = [int(x) for x in re.findall(r"counter packets (\d+)", f["nft_counters"])]
-    assert len(dropped) == 2 and sum(dropped) > 0
+    assert f["direction"] == "both" and f["permille"] == 100
+    egress, ingress = [int(x) for x in re.findall(r"counter packets (\d+)", f["nft_counters"])]
+    assert egress + ingress > 0
     # TCP recovers: every step still computes the right answer
     assert all(r["exit_code"] == 0 and r["steps_done"] == 8 and r["check_failures"] == 0 for r in d["ranks"])
     pc = lambda r: d["_out"] / "pcap" / f"rank{r}.pcap"  # noqa: E731
     retrans = {r: tshark_count(pc(r), "tcp.analysis.retransmission") for r in range(4)}
-    assert retrans[2] > 0, retrans
-    # rank 2's own retransmissions of what it sends to rank 3 are in its pcap
+    # every data packet dropped on its way out of rank 2 is sent again by rank 2: in its own pcap
     own = tshark_count(pc(2), "tcp.analysis.retransmission && ip.src == 10.203.0.12")
-    assert own > 0, retrans
+    assert (own > 0) == (egress > 0), (retrans, own, egress)
+    # every one dropped on its way in was sent again by its sender, rank 1 (ring) or 3
+    theirs = sum(tshark_count(pc(r), "tcp.analysis.retransmission && ip.dst == 10.203.0.12") for r in (1, 3))
+    assert (theirs > 0) == (ingress > 0), (retrans, theirs, ingress)
     # rank 0 exchanges ring data only with ranks 1 and 3: its pcap stays clean
     assert retrans[0] == 0, retrans
     # and no retransmission happened before the fault started
-    first = tshark_fields(pc(2), "tcp.analysis.retransmission", "frame.time_epoch")
-    assert min(float(x[0]) for x in first) * 1e9 >= f["start_time_ns"] - 1e6
+    first = [float(x[0]) for r in (1, 2, 3) for x in tshark_fields(pc(r), "tcp.analysis.retransmission",
+                                                                      "frame.time_epoch")]
+    assert first and min(first) * 1e9 >= f["start_time_ns"] - 1e6
 
 
 @pytest.mark.root

@@ -275,7 +275,7 @@ class Run:
             self.fault["start_time_ns"] = now_ns()
             self.fault["link"] = self.link_info(r)
             self.fault.update(permille=a.loss_permille, probability=a.loss_permille / 1000.0,
-                              **self.lab.loss(r, a.loss_permille, a.direction))
+                              **self.lab.loss(r, a.loss_permille, a.direction, a.loss_min_bytes))
         elif sc == "slow-link":
             self.sleep_until_ns(t0 + int(a.start_s * 1e9))
             self.fault["start_time_ns"] = now_ns()
@@ -504,6 +504,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--start-s", type=float, help="fault start, seconds after all ranks began training")
     ap.add_argument("--hold-s", type=float, help="hang scenarios: seconds to keep the hang before ending")
     ap.add_argument("--loss-permille", type=int)
+    ap.add_argument("--loss-min-bytes", type=int, default=0,
+                    help="loss: drop only packets longer than this (0: any frame, like a bad cable)")
     ap.add_argument("--direction", choices=("both", "egress", "ingress"),
                     help="loss/slow-link: which direction of the rank's link (egress = what it sends)")
     ap.add_argument("--rate", help="slow-link: tc rate, e.g. 200mbit")

@@ -219,6 +219,10 @@ class Lab:
                 # tail-loss probe fire, i.e. retransmissions without any fault.
                 run(["ip", "-n", h.ns, "route", "replace", f"{self.subnet}.0/24", "dev", h.iface, "proto", "kernel",
                      "scope", "link", "src", h.addr, "quickack", "1"])
+                # No tail-loss probes either: a sender descheduled past its ~10 ms probe
+                # timeout would retransmit with nothing lost. Real loss is still repaired
+                # by fast retransmit/RACK and the RTO, so faults show as they should.
+                self._sysctl(h.ns, "net.ipv4.tcp_early_retrans=0")
         self.wait_reachable()
 
     def wait_reachable(self, timeout: float = 10.0) -> None:
@@ -287,22 +291,26 @@ class Lab:
     def _nft(self, ns: str, script: str) -> None:
         run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=script)
 
-    def loss(self, rank: int, permille: int, direction: str = "both") -> dict:
-        """Drop a random ``permille``/1000 of rank's frames in the switch."""
+    def loss(self, rank: int, permille: int, direction: str = "both", min_bytes: int = 0) -> dict:
+        """Drop a random ``permille``/1000 of rank's frames in the switch.
+
+        ``min_bytes`` > 0 drops only IPv4 packets longer than that (data, not bare
+        ACKs): every drop then forces a retransmission, which tests can count on."""
         if not 0 < permille < 1000:
             raise ValueError("permille must be in 1..999")
         port = self.hosts[rank].port
+        size = f"ip length > {min_bytes} " if min_bytes > 0 else ""
         rules = []
         if direction in ("both", "egress"):    # frames the rank transmits
-            rules.append(f'iifname "{port}" meta l4proto tcp numgen random mod 1000 < {permille} counter drop')
+            rules.append(f'iifname "{port}" meta l4proto tcp {size}numgen random mod 1000 < {permille} counter drop')
         if direction in ("both", "ingress"):   # frames towards the rank
-            rules.append(f'oifname "{port}" meta l4proto tcp numgen random mod 1000 < {permille} counter drop')
+            rules.append(f'oifname "{port}" meta l4proto tcp {size}numgen random mod 1000 < {permille} counter drop')
         if not rules:
             raise ValueError(f"bad direction {direction!r}")
         body = "\n".join(f"    {r}" for r in rules)
         self._nft(self.switch, f"table bridge sslab_fault {{\n  chain lossy_link {{\n    type filter hook forward priority 0; policy accept;\n{body}\n  }}\n}}\n")
         return {"switch_namespace": self.switch, "switch_port": port, "direction": direction,
-                "nft": rules}
+                "min_bytes": min_bytes, "nft": rules}
 
     def nft_counters(self) -> str:
         return run(["ip", "netns", "exec", self.switch, "nft", "list", "table", "bridge", "sslab_fault"],

@@ -43,11 +43,20 @@ for e in inits:
     print("comm_init:", {k: e.get(k) for k in ("fn", "rank", "nranks", "comm_id_hash", "rc")}, "refold:", folded)
     ok &= folded is None or folded == e.get("comm_id_hash")
 ok &= any(e.get("rank") == 0 and e.get("nranks") == 1 for e in inits)
+# every init read the id that ncclGetUniqueId produced (not other bytes off the stack),
+# and only the API's own entry points fired (no internal functions sharing a name prefix)
+made = {tuple(e["unique_id"]) for e in events if e.get("ev") == "unique_id" and e.get("unique_id")}
+read = [tuple(e["unique_id"]) for e in inits if e.get("unique_id")]
+print("ids made by ncclGetUniqueId:", len(made), "ids read at init:", len(read),
+      "all match:", bool(read) and all(r in made for r in read))
+ok &= bool(read) and all(r in made for r in read)
+ok &= len(inits) == 1
 colls = [e for e in events if e.get("ev") == "coll" and e.get("op") == "ALL_REDUCE"]
 big = [e for e in colls if e.get("count") == result["count"]]
 print("ALL_REDUCE events:", len(colls), "with the workload's count:", len(big),
       "datatypes:", sorted({e.get("datatype") for e in big}), "ranks:", sorted({str(e.get("rank")) for e in big}))
 ok &= len(big) == result["allreduces"] and {e.get("datatype") for e in big} == {7}
+ok &= {e.get("rank") for e in big} == {0}
 counts = sorted(e.get("op_count") for e in colls)
 ok &= counts == list(range(counts[0], counts[0] + len(counts))) if counts else False
 waits = [e for e in events if e.get("ev") == "host_wait"]

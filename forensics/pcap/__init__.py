@@ -1,5 +1,5 @@
 """Reading capture files into packet columns (containers, link layers, IP/TCP headers)."""
-from .decode import TcpDecoder, TcpPackets, decode_tcp
+from .decode import TcpDecoder, TcpPackets
 from .reader import CaptureReader, RecordBatch
 
-__all__ = ["CaptureReader", "RecordBatch", "TcpDecoder", "TcpPackets", "decode_tcp"]
+__all__ = ["CaptureReader", "RecordBatch", "TcpDecoder", "TcpPackets"]

@@ -416,13 +416,7 @@ class TcpDecoder:
         return _merge(columns), skips
 
 
-def decode_tcp(batch: RecordBatch) -> tuple[TcpPackets, SkipCounts]:
-    """Stateless convenience: one batch on its own (fragments pending across batches are lost)."""
-    return TcpDecoder().decode(batch)
-
-
-def _tcp_columns(fv: FieldViews, batch: RecordBatch, part: dict, rec_end, skips: SkipCounts,
-                 ts=None) -> dict:
+def _tcp_columns(fv: FieldViews, batch: RecordBatch, part: dict, rec_end, skips: SkipCounts) -> dict:
     """TCP header fields for the packets of one part (rows of ``part`` in file order)."""
     rec, tcp = part["rec"], part["l4"]
     # the 20-byte base header must be captured and inside the IP payload: otherwise
@@ -435,8 +429,6 @@ def _tcp_columns(fv: FieldViews, batch: RecordBatch, part: dict, rec_end, skips:
         tcp, rec_end = tcp[keep], rec_end[keep]
         part = {k: v[keep] for k, v in part.items()}
         rec = part["rec"]
-        if ts is not None:
-            ts = ts[keep]
     off_flags_win = fv.u32(tcp + 12)             # data offset, flags, window
     doff = (off_flags_win >> 28).astype(np.int64) * 4
     l4_len = part["l4_len"]
@@ -450,7 +442,7 @@ def _tcp_columns(fv: FieldViews, batch: RecordBatch, part: dict, rec_end, skips:
     return dict(
         rec=rec,
         frame=(batch.first_frame + rec).astype(np.uint32),
-        ts=batch.ts_ns[rec] if ts is None else ts,
+        ts=batch.ts_ns[rec],
         ipver=part["ver"],
         src=part["src"],
         dst=part["dst"],

@@ -157,7 +157,9 @@ def sha256_file(path: Path) -> str:
 
 
 def list_files(staging: Path) -> list[Path]:
-    return sorted(p for p in staging.rglob("*") if p.is_file() and not p.is_symlink())
+    """The files of the bundle: hidden names (the staging folder's lock, the staged manifest) stay out."""
+    return sorted(p for p in staging.rglob("*") if p.is_file() and not p.is_symlink()
+                  and not any(part.startswith(".") for part in p.relative_to(staging).parts))
 
 
 def file_entries(staging: Path, exclude: tuple[str, ...] = ("manifest.json",)) -> list[dict]:
@@ -189,10 +191,14 @@ def write_archive(staging: Path, dest: Path, arcroot: str) -> int:
     """tar.gz of staging under folder arcroot; written to dest.partial, linked to dest
     without ever replacing an existing file. Returns the archive size."""
     tmp = Path(str(dest) + ".partial")
+
+    def visible(info: tarfile.TarInfo):
+        rel = info.name.split("/")[1:]
+        return None if any(part.startswith(".") for part in rel) else info
     with open(tmp, "wb") as raw:
         with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-                tar.add(staging, arcname=arcroot, recursive=True)
+                tar.add(staging, arcname=arcroot, recursive=True, filter=visible)
     size = tmp.stat().st_size
     return size
 
@@ -216,11 +222,16 @@ def boot_id() -> str | None:
 
 
 def stream_copy(src, dst_path: Path, limit: int) -> tuple[int, bool]:
-    """Copy a binary stream into dst_path, at most limit bytes; (bytes, truncated)."""
+    """Copy a binary stream into dst_path as it comes (each read written and flushed at once,
+    so a killed capture keeps what arrived), at most limit bytes; (bytes, truncated)."""
     n, truncated = 0, False
+    fd = src.fileno()
     with open(dst_path, "wb") as out:
         while True:
-            chunk = src.read(1 << 16)
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except InterruptedError:
+                continue
             if not chunk:
                 break
             room = limit - n
@@ -228,6 +239,7 @@ def stream_copy(src, dst_path: Path, limit: int) -> tuple[int, bool]:
                 truncated = True
                 continue
             out.write(chunk[:room])
+            out.flush()
             n += min(len(chunk), room)
             if len(chunk) > room:
                 truncated = True

@@ -8,7 +8,10 @@ from .runner import CaptureOptions
 
 HELP = "capture one host's evidence bundle during a hang (tracer, pcaps, counters, logs)"
 EPILOG = ("Ends after --duration or on Ctrl-C/SIGTERM and writes stallscope-<host>-<UTC>.tar.gz. "
-          "Exit codes: 0 ok, 2 bad usage, 3 some collector failed (see manifest.json).")
+          "Exit codes: 0 ok (collectors skipped by design, e.g. those that need root when run without it, "
+          "are listed in manifest.json and on stderr), 2 bad usage, 3 some collector failed (see manifest.json). "
+          "A capture that was killed leaves its data in a hidden staging folder next to the bundle; "
+          "the next capture into that folder, or --recover, turns it into a bundle marked partial.")
 
 
 def _size(text: str) -> int:
@@ -57,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="add files: NCCL_DEBUG_FILE logs, nccl-tests logs, Flight Recorder dumps")
     p.add_argument("--no-bpf", dest="bpf", action="store_false", help="do not run the bpftrace tracer")
     p.add_argument("--no-pcap", dest="pcap", action="store_false", help="do not run tcpdump")
+    p.add_argument("--no-call-returns", dest="call_returns", action="store_false",
+                   help="do not trace the return of the collective calls (their t1 and rc; collectives are "
+                        "asynchronous, the return is the launch time): the leanest tracer")
+    p.add_argument("--recover", action="store_true",
+                   help="do not capture: turn the staging folders that killed captures left in the output folder "
+                        "(-o, default: current folder) into bundles marked partial, print their paths")
     p.add_argument("--snaplen", type=int, default=128, help=argparse.SUPPRESS)
     p.add_argument("--progress", choices=("auto", "tty", "lines", "off"), default="auto",
                    help="progress line on stderr (default: in place on a terminal, every 5 s otherwise)")
@@ -65,7 +74,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(a: argparse.Namespace) -> CaptureOptions:
     return CaptureOptions(output=a.output, duration_s=a.duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
-                          attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress)
+                          attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress,
+                          call_returns=a.call_returns)
+
+
+def recover(a: argparse.Namespace, stderr) -> list:
+    """--recover: the partial bundles made from the output folder's orphaned staging folders."""
+    import os
+    from pathlib import Path
+
+    from .runner import CaptureUsageError, recover_orphans
+    folder = Path(a.output or ".")
+    if not folder.is_dir():
+        if a.output and (a.output.endswith(".tar.gz") or a.output.endswith(".tgz")):
+            folder = Path(os.path.dirname(a.output) or ".")
+        if not folder.is_dir():
+            raise CaptureUsageError(f"--recover: {folder} is not a folder")
+    paths = recover_orphans(folder, log=lambda m: print(f"stallscope capture: {m}", file=stderr, flush=True))
+    if not paths:
+        print(f"stallscope capture: nothing to recover in {folder}", file=stderr)
+    return paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)  # argparse exits 2 on bad usage
     try:
+        if args.recover:
+            for path in recover(args, sys.stderr):
+                print(path)
+            return 0
         result = run_capture(options_from_args(args))
     except CaptureUsageError as e:
         print(f"capture: error: {e}", file=sys.stderr)

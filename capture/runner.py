@@ -1,14 +1,24 @@
 """``run_capture``: one host's bundle, from discovery to the tar.gz.
 
 Phases: discover the job's processes → start snapshots (concurrently) and the
-continuous collectors (tracer, tcpdump per interface, nccl-tests) → capture
-until ``--duration`` or SIGINT/SIGTERM, rescanning for new processes and
-sampling the clocks → stop every child (SIGINT first, so they flush) → end
-snapshots, attachments, process facts → manifest → tar.gz within the budget.
+continuous collectors (tracer, tcpdump per interface, nccl-tests, off-CPU
+samples) → capture until ``--duration`` or SIGINT/SIGTERM, rescanning for new
+processes, sampling the clocks and refreshing the staged manifest → stop every
+child (SIGINT first, so they flush) → tracer events → end snapshots,
+attachments, process facts → manifest → tar.gz within the budget.
+
+Everything is staged in a hidden folder next to the bundle
+(``.stallscope-<host>-<UTC>.staging-<pid>``), locked (flock) while its capture
+lives. A capture that is killed (SIGKILL, OOM) leaves that folder behind with
+a manifest refreshed every few seconds; its guardian (``children.Guardian``)
+stops its children and says so. ``recover_orphans`` turns such a folder into a
+bundle whose manifest says ``"partial": true``: the next capture into the same
+folder does it at its end, ``stallscope capture --recover DIR`` on demand.
 """
 from __future__ import annotations
 
 import concurrent.futures as cf
+import fcntl
 import glob
 import json
 import os
@@ -26,10 +36,12 @@ from pathlib import Path
 from . import __version__
 from . import bundle as bd
 from . import children, procs, tracer
+from .offcpu import OffCpuSampler
 from .collectors import COLLECTORS, Collector
 from . import collectors as colmod
 
 STDERR_TAIL = 2000
+TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
 LOG_CAP = 256 * 1024
 
 
@@ -55,6 +67,10 @@ class CaptureOptions:
     progress: str = "auto"          # auto | tty | lines | off
     ready_timeout_s: float = 90.0
     pcap_slots: int = 4             # interfaces the pcap share is split into (at least)
+    call_returns: bool = True       # uretprobes on the collectives too (t1/rc of each call; --no-call-returns)
+    offcpu_every_s: float = 2.0     # off-CPU samples of the job's threads (/proc schedstat)
+    recover: bool = True            # turn orphaned staging folders in the output folder into bundles
+    batch_sched: bool = True        # run capture and its children as SCHED_BATCH (see Capture.yield_cpu)
 
 
 @dataclass
@@ -125,8 +141,13 @@ class Capture:
         self.futures: list[cf.Future] = []
         self.lock = threading.Lock()
         self.tracer_proc: subprocess.Popen | None = None
-        self.tracer_writer: tracer.EventWriter | None = None
-        self.tracer_thread: threading.Thread | None = None
+        self.spool: tracer.Spool | None = None
+        self.offcpu: OffCpuSampler | None = None
+        self.guardian: children.Guardian | None = None
+        self.lock_fh = None
+        self.orphans: list[Path] = []
+        self.recovered: list[Path] = []
+        self.tracer_summary: dict | None = None
         self.tracer_libs: set[str] = set()
         self.tcpdumps: dict[tuple[int, str], dict] = {}
         self.nccl_tests: dict | None = None
@@ -366,8 +387,15 @@ class Capture:
                 if cs and not any(os.path.samefile(real, k) for k in targets.cudart):
                     targets.cudart[real] = cs
         self.tracer_libs = set(targets.nccl)
+        libc = tracer.own_libc()
+        try:
+            if libc and tracer.STOP_SYMBOL in exported_functions_cached(libc):
+                targets.stop_lib, targets.capture_pid = libc, os.getpid()
+        except (OSError, ElfError):
+            pass
+        targets.fill_addresses()
         feats = tracer.KernelFeatures.probe()
-        script, blocks = tracer.render_script(targets, feats)
+        script, blocks = tracer.render_script(targets, feats, call_returns=self.o.call_returns)
         bpf_dir = self.staging / "bpf"
         bpf_dir.mkdir(parents=True, exist_ok=True)
         script_path = bpf_dir / "nccl.generated.bt"
@@ -375,56 +403,132 @@ class Capture:
         self.budget.take(len(script) + 1024)
         argv = ["bpftrace", "-B", "line", str(script_path)]
         self.tracer_stderr = open(bpf_dir / "tracer.stderr.txt", "wb")
-        self.tracer_writer = tracer.EventWriter(bpf_dir / "events.jsonl", self.budget.tracer)
-        env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"))
+        env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
+                   BPFTRACE_MAP_KEYS_MAX=os.environ.get("BPFTRACE_MAP_KEYS_MAX", str(tracer.MAP_KEYS_MAX)))
         self.tracer_proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.tracer_stderr, env=env)
-        proc, writer = self.tracer_proc, self.tracer_writer
-
-        def pump():
-            for raw in proc.stdout:
-                writer.feed(raw.decode("utf-8", "replace"))
-        self.tracer_thread = threading.Thread(target=pump, name="tracer-output", daemon=True)
-        self.tracer_thread.start()
+        # raw lines are spooled as they come (no parsing while the job runs) and become
+        # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
+        self.spool = tracer.Spool(self.tracer_proc.stdout, self.raw_dir, self.budget.tracer).start()
         self.record(key, status="running", command=shlex.join(["bpftrace", "-B", "line", "bpf/nccl.generated.bt"]),
                     started_ns=t0, files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
                     libraries=sorted(targets.nccl), cuda_libraries=sorted(set(targets.cudart) | set(targets.cuda)),
-                    blocks=blocks, kernel_tracepoints=sorted(feats.tracepoints), btf=feats.btf)
+                    blocks=blocks, kernel_tracepoints=sorted(feats.tracepoints), btf=feats.btf,
+                    call_returns=self.o.call_returns)
+
+    @property
+    def raw_dir(self) -> Path:
+        return self.staging / "bpf" / "raw"
 
     def wait_tracer_ready(self) -> bool:
         if self.tracer_proc is None:
             return False
         deadline = time.monotonic() + self.o.ready_timeout_s
         while time.monotonic() < deadline and not self.stop_evt.is_set():
-            if self.tracer_writer.ready.wait(0.1):
+            if self.spool.ready.wait(0.1):
                 return True
             if self.tracer_proc.poll() is not None:
+                self.spool.join(2)
                 break
-        return self.tracer_writer.ready.is_set()
+        return self.spool.ready.is_set()
 
     def stop_tracer(self) -> None:
         if self.tracer_proc is None:
             return
         proc = self.tracer_proc
         alive = proc.poll() is None
+        late = False
+        if alive and "stop" in self.collectors["tracer"].get("blocks", []):
+            # the stop probe: recording ends now, the last records and open calls come out
+            tracer.trigger_stop()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and proc.poll() is None and not self.spool.stopped.is_set():
+                time.sleep(0.02)
+        if alive:
+            # bpftrace detaches every probe before its END probe prints the last records, and
+            # the kernel takes ~0.1 s per uprobe: wait for END's line rather than a fixed time
+            children.kill_group(proc, signal.SIGINT)
+            wait_s = TRACER_STOP_S + 0.5 * (self.spool.attached_probes or 50)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and proc.poll() is None and not self.spool.ended.is_set():
+                time.sleep(0.05)
+            late = proc.poll() is None and not self.spool.ended.is_set()
         rc = children.stop(proc, signal.SIGINT, grace_s=10)
-        self.tracer_thread.join(timeout=15)
-        self.tracer_writer.close()
+        self.spool.join(timeout=15)
         self.tracer_stderr.close()
         err = (self.staging / "bpf/tracer.stderr.txt").read_bytes()
         bd.truncate_file(self.staging / "bpf/tracer.stderr.txt", LOG_CAP)
-        summ = self.tracer_writer.summary()
-        ok = self.tracer_writer.ready.is_set() and alive
+        flushed = self.spool.stopped.is_set()   # the stop probe printed every record before SIGINT
+        final = flushed or self.spool.ended.is_set()
+        ok = self.spool.ready.is_set() and alive and final
         reason = None
-        if not self.tracer_writer.ready.is_set():
+        if not self.spool.ready.is_set():
             reason = "bpftrace did not start: " + _tail(err, 600)
         elif not alive:
             reason = f"bpftrace exited early (code {proc.returncode})"
-        elif summ["dropped_for_budget"]:
-            reason = f"{summ['dropped_for_budget']} events dropped: tracer byte share used"
-        if summ["lost_events"]:
-            reason = ((reason + "; ") if reason else "") + f"bpftrace lost {summ['lost_events']} events"
+        elif late and not flushed:
+            reason = (f"bpftrace did not finish within {wait_s:.0f}s of SIGINT and was killed: "
+                      "the records of its last flush interval are missing")
+        elif not final:
+            reason = (f"bpftrace ended (code {rc}) without its last flush: the records of its last flush "
+                      "interval are missing; see stderr_tail")
+        elif late:
+            reason = f"bpftrace did not finish within {wait_s:.0f}s of SIGINT and was killed (after its last flush)"
         self.record("tracer", status="ok" if ok else "failed", reason=reason, rc=rc, stderr_tail=_tail(err),
-                    ended_ns=time.time_ns(), summary=summ, tracer_messages=self.tracer_writer.other_lines[:20])
+                    ended_ns=time.time_ns())
+
+    # ------------------------------------------------------------------ off-CPU samples and events.jsonl
+    def start_offcpu(self) -> None:
+        key = "offcpu"
+        t0 = time.time_ns()
+        if not self.o.bpf:
+            self.record(key, status="skipped", reason="--no-bpf", started_ns=t0, ended_ns=t0)
+            return
+        self.offcpu = OffCpuSampler(self.raw_dir / "offcpu.jsonl", self.budget.tracer // 8)
+        self.record(key, status="running", command="stallscope:offcpu(/proc/PID/task/TID/schedstat every "
+                    f"{self.o.offcpu_every_s:g}s)", started_ns=t0, files=["bpf/events.jsonl"])
+
+    def sample_offcpu(self, final: bool = False) -> None:
+        if self.offcpu is None:
+            return
+        pids = [p for p in self.procs if os.path.isdir(f"/proc/{p}")]
+        try:
+            self.offcpu.sample(pids, final=final)
+        except OSError as e:
+            self.notes.append(f"off-CPU sample failed: {e}")
+
+    def build_events(self) -> None:
+        """bpf/events.jsonl from the spooled tracer lines and the off-CPU samples."""
+        if self.offcpu is None and self.spool is None:
+            return
+        self.sample_offcpu(final=True)
+        out = self.staging / "bpf" / "events.jsonl"
+        extra = [self.raw_dir / "offcpu.jsonl"] if self.offcpu is not None else []
+        try:
+            summ = tracer.postprocess(self.raw_dir if self.spool is not None else None, out, self.budget.tracer,
+                                      extra=extra, call_returns=self.o.call_returns, spool=self.spool)
+        except Exception as e:  # noqa: BLE001 - keep the raw lines in the bundle instead
+            self.record("tracer", status="failed", reason=f"building bpf/events.jsonl failed: "
+                        f"{type(e).__name__}: {e}; the raw tracer output is kept in bpf/raw/")
+            return
+        shutil.rmtree(self.raw_dir, ignore_errors=True)
+        self.tracer_summary = summ
+        if self.offcpu is not None:
+            rec = self.collectors["offcpu"]
+            reason = None
+            if self.offcpu.skipped:
+                reason = f"{self.offcpu.skipped} periodic samples left out: byte share used"
+            self.record("offcpu", status="ok" if rec["status"] == "running" else rec["status"], reason=reason,
+                        rc=0, ended_ns=time.time_ns(), samples=self.offcpu.samples,
+                        events=summ["by_type"].get("offcpu", 0))
+        if self.spool is not None:
+            rec = self.collectors["tracer"]
+            reasons = [rec["reason"]] if rec.get("reason") else []
+            if summ["dropped_for_budget"]:
+                reasons.append(f"{summ['dropped_for_budget']} oldest hot-path events dropped: tracer byte share used")
+            if summ["lost_events"]:
+                reasons.append(f"bpftrace lost {summ['lost_events']} events")
+            self.record("tracer", reason="; ".join(reasons) or None, summary=summ,
+                        tracer_messages=summ.pop("messages", []))
 
     # ------------------------------------------------------------------ tcpdump
     def ring_plan(self) -> list[str]:
@@ -696,7 +800,7 @@ class Capture:
         if not force and now - self.last_progress < (1.0 if tty else 5.0):
             return
         self.last_progress = now
-        events = self.tracer_writer.events if self.tracer_writer else 0
+        events = self.spool.lines if self.spool else 0
         line = (f"{now - t_capture0:6.1f}s/{self.o.duration_s:g}s  events {events}  packets {self.tcpdump_packets()}"
                 f"  bytes {self.staged_bytes() / 1048576:.1f}/{self.o.max_bytes / 1048576:.0f} MiB"
                 f"  processes {len(self.procs)}")
@@ -731,16 +835,104 @@ class Capture:
             else self.out_path.stem
         self.staging = self.out_path.parent / f".{self.arcroot}.staging-{os.getpid()}"
         self.staging.mkdir(parents=True)
+        self.lock_fh = lock_staging(self.staging)
         self.budget = bd.Budget.plan(o.max_bytes, pcap=o.pcap, tracer=o.bpf)
+        self.yield_cpu()
+        if o.recover:
+            self.orphans = find_orphans(self.out_path.parent)
+            if self.orphans:
+                self.log(f"{len(self.orphans)} staging folder(s) of killed captures found here "
+                         f"({', '.join(p.name for p in self.orphans)}): turned into partial bundles at the end")
         old = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        committed = False
         try:
+            try:
+                self.guardian = children.Guardian(self.staging)
+                children.set_guardian(self.guardian)
+            except OSError as e:
+                self.notes.append(f"no guardian process ({e}): children other than the direct ones may "
+                                  "outlive a killed capture")
+            self.write_staged_manifest()
             self.capture()
-            return self.finalize()
+            result = self.finalize()
+            committed = True
+            return result
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
             self.pool.shutdown(wait=False, cancel_futures=True)
-            shutil.rmtree(self.staging, ignore_errors=True)
+            children.set_guardian(None)
+            if self.guardian is not None:
+                self.guardian.close()
+            if committed:
+                shutil.rmtree(self.staging, ignore_errors=True)
+            else:
+                self.log(f"the bundle was not written; what was captured is kept in {self.staging} "
+                         f"('stallscope capture --recover {self.out_path.parent}' makes a partial bundle of it)")
+            if self.lock_fh is not None:
+                self.lock_fh.close()
+            if committed and self.orphans:
+                for orphan in self.orphans:
+                    try:
+                        path = recover_staging(orphan, log=self.log)
+                    except Exception as e:  # noqa: BLE001 - our own bundle is written; say it and go on
+                        self.log(f"could not recover {orphan}: {type(e).__name__}: {e} (kept)")
+                        continue
+                    if path is not None:
+                        self.recovered.append(path)
+
+    def yield_cpu(self) -> None:
+        """SCHED_BATCH for capture and (inherited) its children: bpftrace wakes up for every
+        event it prints; as a batch task its wake-ups never preempt the job's threads, it runs
+        in their gaps (the job sleeps in syncs and I/O) and still gets its fair share of a
+        busy machine. Nothing capture does is latency-critical; lost tracer events, should
+        bpftrace fall behind, are counted in the manifest."""
+        if not self.o.batch_sched:
+            return
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            self.notes.append("capture and its children ran as SCHED_BATCH (no wake-up preemption of the job)")
+        except (OSError, AttributeError) as e:
+            self.notes.append(f"SCHED_BATCH not set: {e}")
+
+    def manifest_dict(self, ended_ns: int | None, processes: list[dict], partial: bool) -> dict:
+        return {
+            "schema_version": bd.SCHEMA_VERSION,
+            "tool": "stallscope", "tool_version": __version__,
+            "host": self.host, "hostname": os.uname().nodename, "boot_id": bd.boot_id(),
+            "kernel": os.uname().release, "machine": os.uname().machine,
+            "started_ns": self.started_ns, "ended_ns": ended_ns,
+            "partial": partial,
+            "clock": "bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",
+            "clock_samples": list(self.clock),
+            "options": {"duration_s": self.o.duration_s, "pids": self.o.pids, "ifaces": self.o.ifaces,
+                        "max_bytes": self.o.max_bytes, "nccl_libs": self.o.nccl_libs,
+                        "nccl_tests": self.o.nccl_tests, "attach": self.o.attach, "bpf": self.o.bpf,
+                        "pcap": self.o.pcap, "snaplen": self.o.snaplen, "call_returns": self.o.call_returns},
+            "root": self.is_root,
+            "budget": self.budget.to_manifest(),
+            "collectors": {k: dict(v) for k, v in sorted(self.collectors.items())},
+            "netns": [{"inode": ns.inode, "label": ns.label, "name": ns.name, "own": ns.own, "pids": list(ns.pids),
+                       "ifaces": list(ns.ifaces)} for ns in list(self.netns.values())],
+            "processes": processes,
+            "notes": list(self.notes),
+            "files": [],
+        }
+
+    def write_staged_manifest(self) -> None:
+        """The manifest so far, kept in the staging folder while capturing: what a recovery
+        of this folder starts from if capture is killed."""
+        try:
+            with self.lock:
+                m = self.manifest_dict(None, [info.to_manifest() for _, info in sorted(self.procs.items())],
+                                       partial=True)
+            m["capture"] = {"pid": os.getpid(), "bundle": str(self.out_path), "arcroot": self.arcroot,
+                            "staged_ns": time.time_ns()}
+            tmp = self.staging / ".manifest.staged.tmp"
+            tmp.write_bytes(bd.dumps_manifest(m))
+            os.replace(tmp, self.staging / STAGED_MANIFEST)
+        except (OSError, RuntimeError) as e:
+            self.notes.append(f"staged manifest not written: {e}")
 
     def capture(self) -> None:
         o = self.o
@@ -764,6 +956,7 @@ class Capture:
                     "; new ones are picked up while capturing"))
         self.submit_snapshots(self.snapshot_jobs("start"))
         self.start_tracer()
+        self.start_offcpu()
         for ns in list(self.netns.values()):
             for iface in ns.ifaces:
                 self.start_tcpdump(ns, iface)
@@ -778,15 +971,17 @@ class Capture:
             else:
                 self.log("tracer did not start; see the manifest")
         summary = []
-        if self.tracer_writer is not None and self.tracer_writer.ready.is_set():
-            summary.append(f"tracer attached ({self.tracer_writer.attached_probes} probes)")
+        if self.spool is not None and self.spool.ready.is_set():
+            summary.append(f"tracer attached ({self.spool.attached_probes} probes)")
         else:
             summary.append("no tracer")
         summary.append(f"tcpdump on {sum(1 for t in self.tcpdumps.values() if t.get('proc'))} interface(s)")
         self.log("capturing: " + "; ".join(summary) + f"; {o.duration_s:g}s or Ctrl-C")
         rescan_s = o.rescan_s or (0.5 if o.pids else 2.0)
         t0 = time.monotonic()
-        last_clock = last_scan = t0
+        last_clock = last_scan = last_offcpu = t0
+        self.sample_offcpu()
+        self.write_staged_manifest()
         while not self.stop_evt.is_set():
             now = time.monotonic()
             if now - t0 >= o.duration_s:
@@ -794,6 +989,10 @@ class Capture:
             if now - last_clock >= o.clock_every_s:
                 self.clock.append(clock_sample())
                 last_clock = now
+                self.write_staged_manifest()
+            if now - last_offcpu >= o.offcpu_every_s:
+                last_offcpu = now
+                self.sample_offcpu()
             if now - last_scan >= rescan_s:
                 last_scan = now
                 self.rescan()
@@ -813,6 +1012,11 @@ class Capture:
         if not fresh:
             return
         self.log(f"new NCCL process(es): {', '.join(str(i.pid) for i in fresh)}")
+        if self.offcpu is not None:   # a first off-CPU sample right away (short jobs)
+            try:
+                self.offcpu.sample([i.pid for i in fresh])
+            except OSError:
+                pass
         new_ns = []
         for info in fresh:
             ns = self.ensure_netns(info.netns_inode, info.pid)
@@ -835,6 +1039,7 @@ class Capture:
         tracer_stopper.start()   # bpftrace exits on SIGINT; its threads join here (not a spawner)
         self.stop_tcpdumps()
         tracer_stopper.join()
+        self.build_events()
         self.wait_snapshots(timeout=60)
         self.submit_snapshots(self.snapshot_jobs("end"))
         self.collect_attachments()
@@ -845,90 +1050,238 @@ class Capture:
             if rec["status"] == "running":
                 rec["status"] = "ok"
         processes = self.process_facts()
-        manifest = {
-            "schema_version": bd.SCHEMA_VERSION,
-            "tool": "stallscope", "tool_version": __version__,
-            "host": self.host, "hostname": os.uname().nodename, "boot_id": bd.boot_id(),
-            "kernel": os.uname().release, "machine": os.uname().machine,
-            "started_ns": self.started_ns, "ended_ns": ended_ns,
-            "clock": "bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",
-            "clock_samples": self.clock,
-            "options": {"duration_s": self.o.duration_s, "pids": self.o.pids, "ifaces": self.o.ifaces,
-                        "max_bytes": self.o.max_bytes, "nccl_libs": self.o.nccl_libs,
-                        "nccl_tests": self.o.nccl_tests, "attach": self.o.attach, "bpf": self.o.bpf,
-                        "pcap": self.o.pcap, "snaplen": self.o.snaplen},
-            "root": self.is_root,
-            "budget": self.budget.to_manifest(),
-            "collectors": dict(sorted(self.collectors.items())),
-            "netns": [{"inode": ns.inode, "label": ns.label, "name": ns.name, "own": ns.own, "pids": ns.pids,
-                       "ifaces": ns.ifaces} for ns in self.netns.values()],
-            "processes": processes,
-            "notes": self.notes,
-            "files": [],
-        }
-        manifest = self.fit_budget(manifest)
+        manifest = self.manifest_dict(ended_ns, processes, partial=False)
+        manifest = fit_budget(self.staging, self.out_path, self.arcroot, manifest, self.o.max_bytes)
         failed = sorted(k for k, r in self.collectors.items() if r["status"] == "failed")
         code = 3 if failed else 0
         if failed:
             self.log(f"finished with failed collectors: {', '.join(failed)}")
+        skipped = sorted(k.split(":")[0].split("@")[0] for k, r in self.collectors.items()
+                         if r["status"] == "skipped" and r.get("reason") == "needs root")
+        if skipped:
+            self.log(f"not run without root: {', '.join(sorted(set(skipped)))} (the bundle has the rest)")
         self.log(f"bundle {self.out_path} ({self.out_path.stat().st_size} bytes)")
         return CaptureResult(path=self.out_path, exit_code=code, manifest=manifest)
 
-    def fit_budget(self, manifest: dict) -> dict:
-        """Write manifest and archive, trimming the biggest capped files until within --max-bytes."""
-        limit = self.o.max_bytes
-        mpath = self.staging / "manifest.json"
-        for attempt in range(8):
-            manifest["files"] = bd.file_entries(self.staging)
-            blob = bd.dumps_manifest(manifest)
-            mpath.write_bytes(blob)
-            sizes = [f["bytes"] for f in manifest["files"]] + [len(blob)]
-            dirs = len({str(Path(f["path"]).parent) for f in manifest["files"]}) + 2
-            bound = bd.archive_bound(sizes, dirs)
-            if bound > limit:
-                self.trim(bound - limit, manifest)
-                continue
-            size = bd.write_archive(self.staging, self.out_path, self.arcroot)
-            if size <= limit:
-                bd.commit_archive(self.out_path)
-                return manifest
-            os.unlink(str(self.out_path) + ".partial")
-            self.trim(size - limit + 4096, manifest)
-        raise RuntimeError("could not fit the bundle into --max-bytes")
 
-    def trim(self, excess: int, manifest: dict) -> None:
-        """Drop the oldest pcap ring files, then cut the largest files, until excess bytes are freed."""
-        excess += 64 * 1024
-        notes = manifest.setdefault("notes", [])
-        ring = sorted(self.staging.glob("pcap/*-[0-9][0-9][0-9].pcap"), key=lambda p: p.name)
-        for p in ring:
-            if excess <= 0:
+STAGED_MANIFEST = ".manifest.staged.json"
+LOCK_FILE = ".lock"
+DIED_MARKER = ".capture-died.json"
+_STAGING_RE = re.compile(r"^\.(.+)\.staging-(\d+)$")
+
+
+def fit_budget(staging: Path, out_path: Path, arcroot: str, manifest: dict, limit: int) -> dict:
+    """Write manifest and archive, trimming the biggest capped files until within limit."""
+    mpath = staging / "manifest.json"
+    for attempt in range(8):
+        manifest["files"] = bd.file_entries(staging)
+        blob = bd.dumps_manifest(manifest)
+        mpath.write_bytes(blob)
+        sizes = [f["bytes"] for f in manifest["files"]] + [len(blob)]
+        dirs = len({str(Path(f["path"]).parent) for f in manifest["files"]}) + 2
+        bound = bd.archive_bound(sizes, dirs)
+        if bound > limit:
+            trim(staging, bound - limit, manifest)
+            continue
+        size = bd.write_archive(staging, out_path, arcroot)
+        if size <= limit:
+            bd.commit_archive(out_path)
+            return manifest
+        os.unlink(str(out_path) + ".partial")
+        trim(staging, size - limit + 4096, manifest)
+    raise RuntimeError("could not fit the bundle into --max-bytes")
+
+
+def trim(staging: Path, excess: int, manifest: dict) -> None:
+    """Drop the oldest pcap ring files, then cut the largest files, until excess bytes are freed."""
+    def rel(p: Path) -> str:
+        return p.relative_to(staging).as_posix()
+    excess += 64 * 1024
+    notes = manifest.setdefault("notes", [])
+    ring = sorted(staging.glob("pcap/*-[0-9][0-9][0-9].pcap"), key=lambda p: p.name)
+    for p in ring:
+        if excess <= 0:
+            break
+        excess -= p.stat().st_size + bd.TAR_BLOCK
+        notes.append(f"dropped {rel(p)} to stay within --max-bytes")
+        p.unlink()
+    while excess > 0:
+        files = sorted((p for p in bd.list_files(staging) if p.name != "manifest.json"),
+                       key=lambda p: p.stat().st_size, reverse=True)
+        if not files or files[0].stat().st_size == 0:
+            break
+        big = files[0]
+        size = big.stat().st_size
+        keep = max(0, size - excess)
+        if big.suffix == ".pcap" or keep == 0:
+            notes.append(f"dropped {rel(big)} ({size} bytes) to stay within --max-bytes")
+            big.unlink()
+            excess -= size + bd.TAR_BLOCK
+            continue
+        if big.suffix == ".jsonl":  # keep whole lines from the start
+            with open(big, "rb") as fh:
+                head = fh.read(keep)
+            keep = head.rfind(b"\n") + 1
+            bd.truncate_file(big, keep, from_end=False)
+        else:
+            bd.truncate_file(big, keep, from_end=True)
+        notes.append(f"cut {rel(big)} from {size} to {keep} bytes to stay within --max-bytes")
+        excess -= size - keep
+
+
+# ------------------------------------------------------------------ killed captures
+def lock_staging(staging: Path, block: bool = True):
+    """Hold the staging folder's lock (released by the kernel when its holder dies)."""
+    fh = open(staging / LOCK_FILE, "a+b")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+    except OSError:
+        fh.close()
+        raise
+    return fh
+
+
+def find_orphans(folder: Path) -> list[Path]:
+    """Staging folders in folder whose capture is gone (nobody holds their lock)."""
+    out = []
+    try:
+        entries = sorted(Path(folder).iterdir())
+    except OSError:
+        return out
+    for d in entries:
+        m = _STAGING_RE.match(d.name)
+        if not m or not d.is_dir():
+            continue
+        if not any((d / f).exists() for f in (LOCK_FILE, STAGED_MANIFEST, "manifest.json")):
+            continue              # not one of ours
+        if (d / LOCK_FILE).exists():
+            try:
+                fh = lock_staging(d, block=False)
+            except OSError:
+                continue          # a live capture holds it
+            fh.close()
+        elif os.path.isdir(f"/proc/{m.group(2)}"):
+            continue              # no lock yet (just created), its capture alive
+        out.append(d)
+    return out
+
+
+def _finish_rings(staging: Path) -> None:
+    """tcpdump ring files x.pcap0, x.pcap1... -> x-000.pcap, oldest first (as stop_tcpdumps does)."""
+    groups: dict[Path, list[Path]] = {}
+    for p in staging.glob("pcap/*.pcap*"):
+        m = re.fullmatch(r"(.+\.pcap)(\d+)", p.name)
+        if m:
+            groups.setdefault(p.with_name(m.group(1)), []).append(p)
+    for out, ring in groups.items():
+        ring.sort(key=lambda p: p.stat().st_mtime_ns)
+        stem = out.name[:-5]
+        for i, p in enumerate(ring):
+            p.rename(out.parent / f"{stem}-{i:03d}.pcap")
+
+
+def recover_staging(staging: Path, log=None, output_folder: Path | None = None) -> Path | None:
+    """Turn the staging folder of a killed capture into a bundle marked ``"partial": true``.
+
+    The folder holds what the capture had staged: snapshots, pcaps, the tracer's
+    raw lines and off-CPU samples, and a manifest refreshed every few seconds.
+    Returns the bundle's path (None when another process holds the folder)."""
+    log = log or (lambda msg: None)
+    staging = Path(staging)
+    try:
+        lock = lock_staging(staging, block=False)
+    except OSError:
+        return None
+    try:
+        m = _STAGING_RE.match(staging.name)
+        capture_pid = int(m.group(2)) if m else None
+        staged = {}
+        for name in (STAGED_MANIFEST, "manifest.json"):   # killed while archiving: the final one
+            try:
+                staged = json.loads((staging / name).read_text())
                 break
-            excess -= p.stat().st_size + bd.TAR_BLOCK
-            notes.append(f"dropped {self.rel(p)} to stay within --max-bytes")
-            p.unlink()
-        while excess > 0:
-            files = sorted((p for p in bd.list_files(self.staging) if p.name != "manifest.json"),
-                           key=lambda p: p.stat().st_size, reverse=True)
-            if not files or files[0].stat().st_size == 0:
-                break
-            big = files[0]
-            size = big.stat().st_size
-            keep = max(0, size - excess)
-            if big.suffix == ".pcap" or keep == 0:
-                notes.append(f"dropped {self.rel(big)} ({size} bytes) to stay within --max-bytes")
-                big.unlink()
-                excess -= size + bd.TAR_BLOCK
+            except (OSError, ValueError):
                 continue
-            if big.suffix == ".jsonl":  # keep whole lines from the start
-                with open(big, "rb") as fh:
-                    head = fh.read(keep)
-                keep = head.rfind(b"\n") + 1
-                bd.truncate_file(big, keep, from_end=False)
-            else:
-                bd.truncate_file(big, keep, from_end=True)
-            notes.append(f"cut {self.rel(big)} from {size} to {keep} bytes to stay within --max-bytes")
-            excess -= size - keep
+        died = {}
+        try:
+            died = json.loads((staging / DIED_MARKER).read_text())
+        except (OSError, ValueError):
+            pass
+        info = staged.pop("capture", {})
+        host = staged.get("host") or bd.short_host()
+        started = staged.get("started_ns") or staging.stat().st_mtime_ns
+        opts = staged.get("options", {})
+        limit = int(opts.get("max_bytes") or (2 << 30))
+        budget = bd.Budget.plan(limit, pcap=opts.get("pcap", True), tracer=opts.get("bpf", True))
+        # the killed capture's unfinished archive, if it got that far: ours to replace
+        if m:
+            (staging.parent / f"{m.group(1)}.tar.gz.partial").unlink(missing_ok=True)
+        if info.get("bundle"):
+            Path(str(info["bundle"]) + ".partial").unlink(missing_ok=True)
+        _finish_rings(staging)
+        notes = list(staged.get("notes", []))
+        raw = staging / "bpf" / "raw"
+        summary = None
+        if raw.is_dir():
+            try:
+                summary = tracer.postprocess(raw, staging / "bpf" / "events.jsonl", budget.tracer,
+                                             extra=[raw / "offcpu.jsonl"],
+                                             call_returns=bool(opts.get("call_returns", True)))
+                shutil.rmtree(raw, ignore_errors=True)
+            except Exception as e:  # noqa: BLE001 - the raw lines stay in the bundle
+                notes.append(f"building bpf/events.jsonl failed ({type(e).__name__}: {e}); raw lines in bpf/raw/")
+        ended = died.get("detected_realtime_ns") or info.get("staged_ns") or time.time_ns()
+        collectors = staged.get("collectors", {})
+        for key, rec in collectors.items():
+            if rec.get("status") in ("running", None):
+                rec["status"] = "failed"
+                rec["reason"] = "the capture process was killed while this ran; its output up to then is kept"
+            if key == "tracer" and summary is not None:
+                rec["summary"] = {k: v for k, v in summary.items() if k != "messages"}
+        for f in (STAGED_MANIFEST, DIED_MARKER, ".manifest.staged.tmp"):
+            (staging / f).unlink(missing_ok=True)
+        manifest = dict(staged) if staged else {"schema_version": bd.SCHEMA_VERSION, "tool": "stallscope",
+                                                  "tool_version": __version__, "host": host,
+                                                  "kernel": os.uname().release, "clock_samples": [],
+                                                  "collectors": {}, "processes": []}
+        samples = list(manifest.get("clock_samples", []))
+        if manifest.get("boot_id") in (None, bd.boot_id()):   # same boot: the clocks' relation still holds
+            if died.get("detected_monotonic_ns") and died.get("detected_realtime_ns"):
+                samples.append({"monotonic_ns": died["detected_monotonic_ns"],
+                                "realtime_ns": died["detected_realtime_ns"], "uncertainty_ns": None,
+                                "source": "guardian, when the capture died"})
+            samples.append(dict(clock_sample(), source="recovery"))
+        manifest.update({"started_ns": started, "ended_ns": ended, "partial": True, "collectors": collectors,
+                         "clock_samples": samples,
+                         "partial_reason": f"capture process {capture_pid} was killed before it wrote its bundle; "
+                                           "recovered from its staging folder", "notes": notes,
+                         "recovered": {"by_pid": os.getpid(), "at_ns": time.time_ns(),
+                                       "staging": staging.name, "died": died or None}})
+        (staging / LOCK_FILE).unlink(missing_ok=True)
+        folder = Path(output_folder) if output_folder else staging.parent
+        out = bd.choose_output(str(folder), host, started)
+        arcroot = out.name[: -len(".tar.gz")]
+        fit_budget(staging, out, arcroot, manifest, limit)
+        shutil.rmtree(staging, ignore_errors=True)
+        log(f"recovered a partial bundle {out} from {staging.name} (capture {capture_pid} was killed)")
+        return out
+    finally:
+        lock.close()
+
+
+def recover_orphans(folder: Path, log=None) -> list[Path]:
+    """Every orphaned staging folder in folder -> a partial bundle; their paths."""
+    out = []
+    for d in find_orphans(folder):
+        try:
+            p = recover_staging(d, log=log)
+        except Exception as e:  # noqa: BLE001 - one unreadable folder must not stop the others
+            if log:
+                log(f"could not recover {d}: {type(e).__name__}: {e} (kept)")
+            continue
+        if p is not None:
+            out.append(p)
+    return out
 
 
 def run_capture(opts: CaptureOptions, stderr=None) -> CaptureResult:

@@ -1,23 +1,34 @@
-"""The bpftrace tracer: render ``bpf/nccl.bt`` for this host, turn its output into JSONL.
+"""The bpftrace tracer: render ``bpf/nccl.bt`` for this host, spool its output, build events.jsonl.
 
 Rendering is data-driven: the ABI position of every argument the tracer reads
 is a row of the tables below, the template (``bpf/nccl.bt``) holds the probe
 code once, and a block is kept only when what it needs exists here (an exported
-symbol in a traced library, a tracepoint field of this kernel, kernel BTF).
+symbol in a traced library, a tracepoint field of this kernel, kernel BTF, the
+--no-call-returns option).
 
-The output side (:class:`EventWriter`) reads bpftrace's stdout line by line and
-writes one JSON object a line: entry and return events of one call are merged
-(per thread and kind) into one object with ``t0``, ``t1`` and ``rc``; map dumps
-become ``offcpu`` events; raw numbers get their names (TCP states); the byte
-share of the budget is never exceeded.
+The output side is split in two so that nothing competes with the job for the
+CPU while it runs. During the capture, :class:`Spool` copies bpftrace's stdout
+(short positional lines for the hot path, JSON for rare events) into raw
+segment files, reading the pipe in big chunks a few times a second and parsing
+nothing; when the raw data outgrow the tracer's byte share the oldest segment
+goes, its rare lines kept. At the end, :func:`postprocess` turns the raw lines
+into ``bpf/events.jsonl``: entry and return merged per thread and kind, the
+communicator's rank, nranks and id joined from its init by the comm pointer,
+TCP states named, the off-CPU samples merged in, the oldest hot-path events
+dropped if the result would exceed the byte share.
 """
 from __future__ import annotations
 
+import array
+import errno
+import fcntl
+import heapq
 import ipaddress
 import json
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +78,15 @@ HOST_WAITS = [
     dict(LIB="CUDA", FN="cuEventSynchronize", OBJ="event", OBJARG="arg0"),
     dict(LIB="CUDA", FN="cuCtxSynchronize", OBJ="device", OBJARG="0"),
 ]
+# record kinds (bpf/nccl.bt): collective 0-7, group call 16+i, host wait 32+i
+for _base, _table in ((0, COLLECTIVES), (16, GROUP), (32, HOST_WAITS)):
+    for _i, _row in enumerate(_table):
+        _row["IDX"] = _i
+        _row["KIND"] = _base + _i
+# NCCL's ncclBcast calls ncclBroadcast: it keeps a nesting guard (and its uretprobe) even
+# when collective returns are not traced, so that one call is one event.
+for _row in COLLECTIVES:
+    _row["NEST"] = _row["FN"] == "ncclBcast"
 TABLES = {"COLLECTIVES": COLLECTIVES, "INIT_RANK": INIT_RANK, "DESTROY": DESTROY, "GROUP": GROUP,
           "HOST_WAITS": HOST_WAITS}
 
@@ -74,6 +94,10 @@ NCCL_SYMBOLS = sorted({r["FN"] for t in (COLLECTIVES, INIT_RANK, DESTROY, GROUP)
                       | {"ncclCommInitAll", "ncclCommSplit", "ncclGetUniqueId"})
 CUDART_SYMBOLS = [r["FN"] for r in HOST_WAITS if r["LIB"] == "CUDART"]
 CUDA_SYMBOLS = [r["FN"] for r in HOST_WAITS if r["LIB"] == "CUDA"]
+HOT_SYMBOLS = {r["FN"] for t in (COLLECTIVES, GROUP, HOST_WAITS) for r in t}
+FLUSH_MS = 500          # the hot-path record maps are printed this often
+MAP_KEYS_MAX = 16384    # BPFTRACE_MAP_KEYS_MAX: records per flush interval (x2 buffers), open calls, ...
+_REC0 = "((int32)0, (int32)0, (uint64)0, (uint64)0, (uint64)0, (int32)0, (int32)0, (int32)0, (uint64)0, (uint64)0, (int32)0)"
 
 # Every map the template may read, with a typed first assignment: bpftrace
 # needs a map's type before its first read, and a block that would assign it
@@ -90,10 +114,15 @@ MAP_DECLS = {
     "dd": "@dd[tid] = 0;",
     "hw": "@hw[tid] = 0;",
     "traced": "@traced[(uint64)0] = 0;",
+    "e0": f"@e0[(int32)0, (uint64)0] = {_REC0};",
+    "e1": f"@e1[(int32)0, (uint64)0] = {_REC0};",
+    "op": "@op[(int32)0, (int32)0] = ((uint64)0, 0);",
+    "ep": "@ep[0] = 0;",
     "want": "@want[(uint64)0] = 0;",
-    "offs": "@offs[tid] = (nsecs, (uint64)0);",
 }
-MAP_DECL_KEYS = {"comm": "(uint64)0", "opc": "(uint64)0", "traced": "(uint64)0", "want": "(uint64)0"}
+MAP_DECL_KEYS = {"comm": "(uint64)0", "opc": "(uint64)0", "traced": "(uint64)0", "want": "(uint64)0",
+                 "e0": "(int32)0, (uint64)0", "e1": "(int32)0, (uint64)0", "op": "(int32)0, (int32)0", "ep": "0"}
+MAP_KEEP = {"ep"}   # declared and kept (the current buffer's index), not deleted after the declaration
 
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
@@ -154,7 +183,35 @@ class TraceTargets:
     cudart: dict[str, set[str]] = field(default_factory=dict)
     cuda: dict[str, set[str]] = field(default_factory=dict)
     want_pids: list[int] = field(default_factory=list)     # --pid: only these processes
-    traced_pids: list[int] = field(default_factory=list)   # known NCCL processes (host waits, off-CPU)
+    traced_pids: list[int] = field(default_factory=list)   # known NCCL processes (host waits)
+    stop_lib: str | None = None     # the libc capture maps: its sched_get_priority_max is the stop trigger
+    capture_pid: int | None = None
+    # library path -> symbol -> its address (ELF virtual address): attach points by address.
+    # bpftrace 0.17 attaches a uprobe given by name also to C++ functions whose demangled name
+    # starts with it (NCCL 2.28: ncclCommInitRank also hits ncclCommInitRankDev(...) and
+    # ncclCommInitRankFunc(ncclAsyncJob*), ncclGroupEnd hits ncclGroupEndInternal(...)).
+    addrs: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def fill_addresses(self) -> None:
+        """The address of every symbol to attach to, from the libraries' .dynsym."""
+        from .elf import ElfError, exported_functions_cached
+        wanted: dict[str, set[str]] = {}
+        for kind in ("NCCL", "CUDART", "CUDA"):
+            for path, syms in self.libs(kind).items():
+                wanted.setdefault(path, set()).update(syms)
+        if self.stop_lib:
+            wanted.setdefault(self.stop_lib, set()).add("sched_get_priority_max")
+        for path in wanted:
+            try:
+                syms = exported_functions_cached(path)
+            except (OSError, ElfError):
+                continue
+            got = {n: syms[n].value for n in wanted.get(path, ()) if n in syms and syms[n].value}
+            self.addrs.setdefault(path, {}).update(got)
+
+    def point(self, ptype: str, path: str, sym: str) -> str:
+        addr = self.addrs.get(path, {}).get(sym)
+        return f"{ptype}:{_quote_path(path)}:" + (f"0x{addr:x}" if addr else sym)
 
     def libs(self, kind: str) -> dict[str, set[str]]:
         return {"NCCL": self.nccl, "CUDART": self.cudart, "CUDA": self.cuda}[kind]
@@ -171,7 +228,15 @@ def _quote_path(path: str) -> str:
     return '"' + path.replace('"', '\\"') + '"'
 
 
-def _requirement_ok(req: str, targets: TraceTargets, feats: KernelFeatures) -> bool:
+def _requirement_ok(req: str, targets: TraceTargets, feats: KernelFeatures, call_returns: bool = False) -> bool:
+    if req.startswith("!"):
+        return not _requirement_ok(req[1:], targets, feats, call_returns)
+    if req == "returns":
+        return call_returns
+    if req == "stop":
+        return bool(targets.stop_lib and targets.capture_pid)
+    if req == "hot":
+        return any(HOT_SYMBOLS & syms for kind in ("NCCL", "CUDART", "CUDA") for syms in targets.libs(kind).values())
     kind, _, rest = req.partition(":")
     if kind == "tp":
         return rest in feats.tracepoints
@@ -198,7 +263,7 @@ def _expand_attach_points(body: str, targets: TraceTargets) -> str | None:
             ptype, lib, sym = m.groups()
             for path, syms in sorted(targets.libs(lib).items()):
                 if sym in syms:
-                    points.append(f"{ptype}:{_quote_path(path)}:{sym}")
+                    points.append(targets.point(ptype, path, sym))
             continue
         if in_header and line.strip() and not line.lstrip().startswith("//") and points is not None:
             if any(_ATTACH_RE.match(l.strip()) for l in lines):
@@ -227,9 +292,12 @@ def _apply_pid_filter(block: str, active: bool) -> str:
     return "\n".join(lines[:first + 1] + ["  if (@want[(uint64)pid]) {"] + body + ["  }"] + lines[last:])
 
 
-def render_script(targets: TraceTargets, feats: KernelFeatures, offcpu_every_s: int = 2,
+def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bool = True,
                   template: str | None = None) -> tuple[str, list[str]]:
-    """The bpftrace program for this host, and the names of the blocks kept."""
+    """The bpftrace program for this host, and the names of the blocks kept.
+
+    ``call_returns``: uretprobes on the collectives too (t1 and rc of every collective
+    call, completed in place in the call's record: cheap; --no-call-returns leaves them out)."""
     text = template if template is not None else TEMPLATE.read_text()
     matches = list(_BLOCK_RE.finditer(text))
     kept_names: list[str] = []
@@ -240,10 +308,16 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, offcpu_every_s: 
         opts = [s.split("=", 1) for s in spec]
         reqs = [v for k, v in opts if k == "requires"]
         table = next((v for k, v in opts if k == "foreach"), None)
-        if not all(_requirement_ok(r, targets, feats) for r in reqs):
+        if not all(_requirement_ok(r, targets, feats, call_returns) for r in reqs):
             continue
-        rows = TABLES[table] if table else [{}]
+        tables = dict(TABLES, GROUP_RET=[r for r in GROUP if call_returns or r["FN"] == "ncclGroupEnd"],
+                      GROUP_NORET=[r for r in GROUP if not (call_returns or r["FN"] == "ncclGroupEnd")])
+        rows = tables[table] if table else [{}]
         for row in rows:
+            row = dict(row)
+            if "NEST" in row:   # a collective: counted once however nested
+                row["NEST_ENTER"] = "@cd[tid]++;" if row["NEST"] else ""
+                row["NEST_TEST"] = "== 1" if row["NEST"] else "== 0"
             inst = _PLACEHOLDER_RE.sub(lambda mm: str(row[mm.group(1)]) if mm.group(1) in row else mm.group(0), body)
             inst = _expand_attach_points(inst, targets)
             if inst is None:
@@ -252,34 +326,236 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, offcpu_every_s: 
             blocks.append(inst)
             kept_names.append(name + (f":{row['FN']}" if "FN" in row else ""))
     script = "\n".join(blocks)
-    has_offcpu = "@offcpu[" in script
     used = sorted(set(re.findall(r"@(\w+)\[", script)))
     decls = []
     for name in used:
         if name in MAP_DECLS:
             key = MAP_DECL_KEYS.get(name, "tid")
-            decls.append(f"{MAP_DECLS[name]} delete(@{name}[{key}]);")
+            decls.append(MAP_DECLS[name] + ("" if name in MAP_KEEP else f" delete(@{name}[{key}]);"))
+    hot = "@e0[" in script
+    clear = [f"clear(@{n});" for n in used] + (["clear(@ne);"] if "@ne = count()" in script else [])
     fill = {
         "MAP_DECLS": "\n  ".join(decls),
         "WANT_PIDS": " ".join(f"@want[(uint64){p}] = 1;" for p in targets.want_pids),
         "TRACED_PIDS": " ".join(f"@traced[(uint64){p}] = 1;" for p in targets.traced_pids),
         "NETNS": NETNS_BTF if feats.btf else "0",
-        "OFFCPU_EVERY": str(max(1, int(offcpu_every_s))),
-        "OFFCPU_FINAL": ('printf("{\\"ev\\":\\"offcpu_dump\\",\\"t\\":%lu}\\n", nsecs); print(@offcpu); '
-                         'printf("{\\"ev\\":\\"offcpu_dump_end\\",\\"t\\":%lu}\\n", nsecs);') if has_offcpu else "",
-        "CLEAR_MAPS": " ".join(f"clear(@{n});" for n in used),
+        "CLEAR_MAPS": " ".join(clear),
+        "FLUSH_MS": str(FLUSH_MS),
+        "FLUSH_FINAL": ('if (@ep[0] != 2) { print(@e0); print(@e1);'
+                        + (' print(@ne);' if "@ne = count()" in script else "") + " }") if hot else "",
+        "STOP_POINT": targets.point("uprobe", targets.stop_lib or "", STOP_SYMBOL),
+        "CAPTURE_PID": str(targets.capture_pid or 0),
     }
     script = _PLACEHOLDER_RE.sub(lambda mm: fill.get(mm.group(1), mm.group(0)), script)
-    header = ("// generated by stallscope capture from bpf/nccl.bt; blocks: " + ", ".join(kept_names) + "\n")
+    header = ("// generated by stallscope capture from bpf/nccl.bt"
+              + ("" if call_returns else " (--no-call-returns)") + "; blocks: " + ", ".join(kept_names) + "\n")
+    for path, syms in sorted(targets.addrs.items()):   # what the addresses of the attach points are
+        header += "".join(f"// {path}: {name} = 0x{addr:x}\n" for name, addr in sorted(syms.items()))
     return header + script, kept_names
+
+
+STOP_SYMBOL = "sched_get_priority_max"
+
+
+def own_libc() -> str | None:
+    """The C library this process maps (the stop trigger's attach point)."""
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                path = parts[5].strip() if len(parts) == 6 else ""
+                if re.search(r"/libc[.-][\w.]*so", path) and os.path.isfile(path):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def trigger_stop() -> None:
+    """Fire the stop probe (see bpf/nccl.bt, block stop): a libc call from this process."""
+    os.sched_get_priority_max(os.SCHED_OTHER)
 
 
 def probes_expected(targets: TraceTargets) -> int:
     return sum(len(s) for s in targets.nccl.values())
 
 
-# --------------------------------------------------------------------------- output
-_MAP_LINE_RE = re.compile(r"^@offcpu\[(\d+),\s*(\d+)\]:\s*(\d+)\s*$")
+# --------------------------------------------------------------------------- output, during the capture
+HOT_TAGS = (b"@e0[", b"@e1[")   # map-dump lines of the hot path (records): the ones that may be dropped
+KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
+PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
+
+
+def _is_hot(line: bytes) -> bool:
+    return line[:4] in HOT_TAGS
+
+
+class Spool:
+    """bpftrace's stdout -> raw segment files, at a low rate and without parsing.
+
+    The reader thread drains the pipe (non-blocking, 1 MiB reads) every
+    ``poll_s`` seconds and goes back to sleep, so bpftrace's writes wake nobody
+    and capture takes no CPU per event. Lines are written whole to
+    ``raw_dir/seg-NNNNNN.txt``; when the segments outgrow ``max_bytes`` the
+    oldest goes, its rare (non hot-path) lines appended to ``keep.txt`` first.
+    ``ready`` is set when the program's BEGIN line arrives; ``lines`` counts
+    lines for the progress display.
+    """
+
+    def __init__(self, stream, raw_dir: Path, max_bytes: int, poll_s: float = 0.1,
+                 segment_bytes: int | None = None):
+        self.stream = stream
+        self.fd = stream.fileno()
+        self.raw_dir = Path(raw_dir)
+        self.raw_dir.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max(0, int(max_bytes))
+        self.poll_s = poll_s
+        self.segment_bytes = segment_bytes or min(64 << 20, max(256 << 10, self.max_bytes // 8))
+        self.ready = threading.Event()
+        self.ended = threading.Event()    # the END probe's last line arrived: all records are out
+        self.stopped = threading.Event()  # the stop trigger's flush arrived: recording is off
+        self.done = threading.Event()
+        self.lines = 0
+        self.bytes = 0            # raw bytes kept now (segments + keep file)
+        self.dropped_lines = 0    # hot-path records of dropped segments
+        self.dropped_segments = 0
+        self.attached_probes: int | None = None
+        self._segments: list[Path] = []
+        self._seg_fh = None
+        self._seg_size = 0
+        self._carry = b""
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+        try:
+            os.set_blocking(self.fd, False)
+            fcntl.fcntl(self.fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+        except OSError:
+            pass
+
+    # -- the reader
+    def start(self) -> "Spool":
+        self._thread = threading.Thread(target=self._run, name="tracer-spool", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while True:
+                got, eof = self._drain()
+                if eof:
+                    break
+                if got < PIPE_BYTES // 4:
+                    time.sleep(self.poll_s)
+        finally:
+            if self._carry:
+                self._append(self._carry + b"\n")
+                self._carry = b""
+            if self._seg_fh:
+                self._seg_fh.close()
+                self._seg_fh = None
+            self.done.set()
+
+    def _drain(self) -> tuple[int, bool]:
+        got = 0
+        while True:
+            try:
+                data = os.read(self.fd, PIPE_BYTES)
+            except BlockingIOError:
+                return got, False
+            except OSError as e:
+                if e.errno == errno.EINTR:
+                    continue
+                return got, True
+            if not data:
+                return got, True
+            got += len(data)
+            self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        data = self._carry + data
+        cut = data.rfind(b"\n") + 1
+        self._carry = data[cut:]
+        if not cut:
+            return
+        whole = data[:cut]
+        self.lines += whole.count(b"\n")
+        if not self.ready.is_set():
+            m = _ATTACHING_RE.search(whole)
+            if m:
+                self.attached_probes = int(m.group(1))
+            if b'"tracer_start"' in whole:
+                self.ready.set()
+        if b'"tracer_end"' in whole:
+            self.ended.set()
+        if b'"tracer_stopped"' in whole:
+            self.stopped.set()
+        self._append(whole)
+
+    def _append(self, whole: bytes) -> None:
+        """Whole lines into segments of about segment_bytes (a big chunk is split at lines)."""
+        while whole:
+            if self._seg_fh is None or self._seg_size >= self.segment_bytes:
+                if self._seg_fh:
+                    self._seg_fh.close()
+                path = self.raw_dir / f"seg-{self._seq:06d}.txt"
+                self._seq += 1
+                self._segments.append(path)
+                self._seg_fh = open(path, "ab")
+                self._seg_size = 0
+            room = self.segment_bytes - self._seg_size
+            cut = len(whole) if len(whole) <= room else (whole.rfind(b"\n", 0, room) + 1 or
+                                                         whole.find(b"\n", room) + 1 or len(whole))
+            part, whole = whole[:cut], whole[cut:]
+            self._seg_fh.write(part)
+            self._seg_fh.flush()   # the data survive a killed capture
+            self._seg_size += len(part)
+            self.bytes += len(part)
+            if whole:
+                self._seg_size = self.segment_bytes   # full: the rest goes to a new segment
+            while self.bytes > self.max_bytes and len(self._segments) > 1:
+                self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        old = self._segments.pop(0)
+        size = old.stat().st_size
+        keep, hot = [], 0
+        with open(old, "rb") as fh:
+            for line in fh:
+                if _is_hot(line):
+                    hot += 1
+                else:
+                    keep.append(line)
+        kept = b"".join(keep)
+        with open(self.raw_dir / KEEP_FILE, "ab") as fh:
+            fh.write(kept)
+        old.unlink()
+        self.bytes += len(kept) - size
+        self.dropped_lines += hot
+        self.dropped_segments += 1
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self.done.wait(timeout)
+
+
+def raw_files(raw_dir: Path) -> list[Path]:
+    """The spooled files in stream order: the kept rare lines of dropped segments first."""
+    raw_dir = Path(raw_dir)
+    keep = raw_dir / KEEP_FILE
+    return ([keep] if keep.exists() else []) + sorted(raw_dir.glob("seg-*.txt"))
+
+
+# --------------------------------------------------------------------------- output, at the end
+_ATTACHING_RE = re.compile(rb"Attaching (\d+) probe")
+_LOST_RE = re.compile(rb"Lost (\d+) events")
+_REC_RE = re.compile(rb"^@(e0|e1)\[(\d+), (\d+)\]: \(([-\d, ]+)\)\s*$")
+RET_KIND = 255   # the return record of a call (bpf/nccl.bt)
+_NE_RE = re.compile(rb"^@ne: (\d+)")
+COLL_BY_KIND = {r["KIND"]: (r["OP"], r["FN"]) for r in COLLECTIVES}
+GROUP_BY_KIND = {r["KIND"]: r["FN"] for r in GROUP}
+WAIT_BY_KIND = {r["KIND"]: (r["FN"], r["OBJ"]) for r in HOST_WAITS}
+OPEN_KINDS = {"comm_init": "init", "comm_destroy": "destroy"}   # JSON entry events merged with a JSON "ret"
+DROPPABLE = tuple(f'{{"ev":"{k}"'.encode() for k in ("coll", "host_wait", "group", "offcpu"))
+REORDER_WINDOW = 40000   # > the records of one flush (the maps print unsorted)
 
 
 def _ipv6_from_hex(h: str) -> str:
@@ -289,175 +565,329 @@ def _ipv6_from_hex(h: str) -> str:
         return h
 
 
-class EventWriter:
-    """bpftrace stdout -> ``bpf/events.jsonl``: merge entry/return, name states, cap bytes.
+def _normalize(ev: dict) -> dict:
+    """Rare (JSON) events: names for numbers, nulls for what the tracer could not know."""
+    known = ev.pop("known", None)
+    if known is not None:
+        if known == 0:  # communicator created before the tracer attached
+            ev["rank"] = ev["nranks"] = None
+            ev["comm_id_hash"] = None
+        elif known == 2:  # ncclCommSplit child: rank known only across ranks
+            ev["rank"] = ev["nranks"] = None
+            ev["comm_id_source"] = "split"
+    for key in ("state", "oldstate", "newstate"):
+        if isinstance(ev.get(key), int):
+            ev[key] = TCP_STATES.get(ev[key], str(ev[key]))
+    for key in ("saddr6", "daddr6"):
+        if key in ev:
+            ev[key[:5]] = _ipv6_from_hex(ev.pop(key))
+    for key in ("saddr", "daddr"):  # IPv4-mapped IPv6 -> the IPv4 address
+        v = ev.get(key)
+        if isinstance(v, str) and v.startswith("::ffff:") and "." in v:
+            ev[key] = v[7:]
+    if ev.get("ev") == "comm_init" and ev.get("fn") == "ncclCommSplit":
+        ev["comm_id_source"] = "split"
+        if not ev.get("parent_known"):
+            ev["parent_rank"] = ev["parent_nranks"] = ev["parent_comm_id_hash"] = None
+            ev["comm_id_hash"] = None
+        ev.pop("parent_known", None)
+        ev["rank"] = ev["nranks"] = None
+    return ev
 
-    Thread-safe counters for the progress line. ``feed(line)`` per stdout line,
-    ``close()`` at the end writes calls still open (``t1`` null: never returned).
-    """
 
-    OPEN_KINDS = {"coll": "coll", "comm_init": "init", "comm_destroy": "destroy", "group": "group",
-                  "host_wait": "host_wait"}
+def _time_of(ev: dict) -> int:
+    t = ev.get("t0")
+    if t is None:
+        t = ev.get("t")
+    return t if isinstance(t, int) else 0
 
-    def __init__(self, path: Path, max_bytes: int, tail_reserve: float = 0.1):
-        self.path = Path(path)
-        self.fh = open(self.path, "w", encoding="utf-8")
-        self.max_bytes = max(0, int(max_bytes))
-        self.stream_cap = int(self.max_bytes * (1 - tail_reserve))
-        self.bytes = 0
-        self.events = 0
-        self.dropped = 0
+
+class _Builder:
+    """Raw lines -> complete events, in stream order (see postprocess)."""
+
+    def __init__(self, call_returns: bool = True):
+        self.call_returns = call_returns
+        self.pending: dict[tuple, list[dict]] = {}   # (tid, kind) -> JSON entries awaiting their "ret"
+        self.orphans: dict[tuple, list[dict]] = {}   # returns that overtook their entry (per-CPU buffers)
+        self.open: dict[tuple, dict] = {}            # (tid, t0) -> hot-path entry awaiting its return record
+        self.early: dict[tuple, tuple] = {}          # (tid, t0) -> (t1, rc): a return record before its entry
+        self.orphan_returns = 0
+        self.records = 0
+        self.records_made: int | None = None         # @ne: records the probes made
         self.bad_lines = 0
-        self.other_lines: list[str] = []   # bpftrace's own messages (Attaching N probes, Lost events)
-        self.ready = threading.Event()
-        self.ended = False
         self.lost_events = 0
         self.attached_probes: int | None = None
-        self.counts: dict[str, int] = {}
-        self._pending: dict[tuple, list[dict]] = {}   # (tid, kind) -> entry events awaiting "ret"
-        self._orphans: dict[tuple, list[dict]] = {}   # "ret" seen before its entry (per-CPU buffers)
-        self._offcpu_t: int | None = None
-        self._lock = threading.Lock()
+        self.other_lines: list[str] = []
 
-    # -- writing
-    def _write(self, ev: dict, final: bool = False) -> None:
-        line = json.dumps(ev, separators=(",", ":")) + "\n"
-        cap = self.max_bytes if final else self.stream_cap
-        n = len(line.encode())
-        with self._lock:
-            if self.bytes + n > cap:
-                self.dropped += 1
-                return
-            self.fh.write(line)
-            self.bytes += n
-            self.events += 1
-            self.counts[ev.get("ev", "?")] = self.counts.get(ev.get("ev", "?"), 0) + 1
+    def returned(self, kind: int) -> bool | None:
+        """What a record's t1/rc mean: True (the return was traced) or None (not traced)."""
+        if kind >= 32 or GROUP_BY_KIND.get(kind) == "ncclGroupEnd":
+            return True
+        return True if self.call_returns else None
 
-    # -- normalisation
+    def record(self, tid: int, t0: int, f: list[int], returned: bool | None) -> dict:
+        kind, pid, a, b, c, d, e, g_root, stream, t1, rc = f
+        done = returned is True
+        if kind < 16:   # returned False: awaiting its return record (t1/rc filled in then)
+            op, fn = COLL_BY_KIND[kind]
+            return {"ev": "coll", "op": op, "fn": fn, "t0": t0, "t1": t1 if done else None, "pid": pid, "tid": tid,
+                    "comm": f"0x{a:x}", "rank": None, "nranks": None, "comm_id_hash": None, "op_count": b,
+                    "count": c, "datatype": d, "red_op": e, "root": g_root, "stream": f"0x{stream:x}",
+                    "rc": rc if done else None, "returned": returned}
+        if kind < 32:
+            return {"ev": "group", "fn": GROUP_BY_KIND[kind], "t0": t0, "t1": t1 if done else None, "pid": pid,
+                    "tid": tid, "rc": rc if done else None, "returned": returned}
+        fn, obj = WAIT_BY_KIND[kind]
+        return {"ev": "host_wait", "fn": fn, "t0": t0, "t1": t1 if done else None, "pid": pid, "tid": tid,
+                obj: f"0x{a:x}", "rc": rc if done else None, "returned": returned}
+
+    def parse(self, line: bytes):
+        """One raw line -> (what, kind, event) or None; what: None (complete), 'entry' or 'ret'."""
+        if line[:1] == b"@":
+            m = _REC_RE.match(line)
+            if m is None:
+                m = _NE_RE.match(line)
+                if m:
+                    self.records_made = max(self.records_made or 0, int(m.group(1)))
+                elif line.strip():
+                    self.bad_lines += 1
+                return None
+            try:
+                tid, key2 = int(m.group(2)), int(m.group(3))
+                f = [int(x) for x in m.group(4).split(b",")]
+                if len(f) != 11:
+                    raise ValueError
+                self.records += 1
+                if f[0] == RET_KIND:       # a return: key (tid, t1), t0 in slot a
+                    t0, t1, rc = f[2], key2, f[10]
+                    entry = self.open.pop((tid, t0), None)
+                    if entry is None:
+                        self.early[(tid, t0)] = (t1, rc)
+                        return None
+                    entry.update(t1=t1, rc=rc, returned=True)
+                    return None, "hot", entry
+                returned = self.returned(f[0])
+                if returned is None:       # no return traced: complete now
+                    return None, "hot", self.record(tid, key2, f, None)
+                ev = self.record(tid, key2, f, False)
+                if f[9]:                   # completed in place: t1, rc in the record
+                    self.open.pop((tid, key2), None)
+                    ev.update(t1=f[9], rc=f[10], returned=True)
+                    return None, "hot", ev
+                early = self.early.pop((tid, key2), None)
+                if early is not None:
+                    ev.update(t1=early[0], rc=early[1], returned=True)
+                    return None, "hot", ev
+                self.open[(tid, key2)] = ev
+                return None
+            except (ValueError, KeyError):
+                self.bad_lines += 1
+                return None
+        if line[:1] == b"{":
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                self.bad_lines += 1
+                return None
+            kind = ev.get("ev")
+            if kind == "ret":
+                return "ret", ev.get("k"), ev
+            open_kind = OPEN_KINDS.get(kind)
+            if open_kind and "t1" not in ev:
+                return "entry", open_kind, ev
+            return None, kind, ev
+        text = line.decode("utf-8", "replace").strip()
+        if not text:
+            return None
+        m = _ATTACHING_RE.search(line)
+        if m:
+            self.attached_probes = int(m.group(1))
+        m = _LOST_RE.search(line)
+        if m:
+            self.lost_events += int(m.group(1))
+        if len(self.other_lines) < 200:
+            self.other_lines.append(text)
+        return None
+
     @staticmethod
-    def _normalize(ev: dict) -> dict:
-        known = ev.pop("known", None)
-        if known is not None:
-            if known == 0:  # communicator created before the tracer attached
-                ev["rank"] = ev["nranks"] = None
-                ev["comm_id_hash"] = None
-            elif known == 2:  # ncclCommSplit child: rank known only across ranks
-                ev["rank"] = ev["nranks"] = None
-                ev["comm_id_source"] = "split"
-        for key in ("state", "oldstate", "newstate"):
-            if isinstance(ev.get(key), int) and ev["ev"] != "coll":
-                ev[key] = TCP_STATES.get(ev[key], str(ev[key]))
-        for key in ("saddr6", "daddr6"):
-            if key in ev:
-                ev[key[:5]] = _ipv6_from_hex(ev.pop(key))
-        for key in ("saddr", "daddr"):  # IPv4-mapped IPv6 -> the IPv4 address
-            v = ev.get(key)
-            if isinstance(v, str) and v.startswith("::ffff:") and "." in v:
-                ev[key] = v[7:]
-        if ev.get("ev") == "comm_init" and ev.get("fn") == "ncclCommSplit":
-            ev["comm_id_source"] = "split"
-            if not ev.get("parent_known"):
-                ev["parent_rank"] = ev["parent_nranks"] = ev["parent_comm_id_hash"] = None
-                ev["comm_id_hash"] = None
-            ev.pop("parent_known", None)
-            ev["rank"] = ev["nranks"] = None
-        return ev
-
-    # -- merging
-    def _merge(self, entry: dict, ret: dict) -> dict:
+    def merge(entry: dict, ret: dict) -> dict:
         entry["t1"] = ret["t1"]
         entry["rc"] = ret.get("rc")
+        entry["returned"] = True
         if ret.get("comm") and ret["comm"] != "0x0":
             entry["comm"] = ret["comm"]
         return entry
 
-    def feed(self, line: str) -> None:
-        line = line.strip()
-        if not line:
-            return
-        if line.startswith("{"):
-            try:
-                ev = json.loads(line)
-            except json.JSONDecodeError:
-                self.bad_lines += 1
-                return
-            self._handle(ev)
-            return
-        m = _MAP_LINE_RE.match(line)
-        if m:
-            pid, tid, ns = map(int, m.groups())
-            self._write({"ev": "offcpu", "t": self._offcpu_t, "pid": pid, "tid": tid, "ns": ns},
-                        final=self.ended)
-            return
-        if line.startswith("Attaching "):
-            mm = re.match(r"Attaching (\d+) probe", line)
-            if mm:
-                self.attached_probes = int(mm.group(1))
-        mm = re.search(r"Lost (\d+) events", line)
-        if mm:
-            self.lost_events += int(mm.group(1))
-        if len(self.other_lines) < 200:
-            self.other_lines.append(line)
-
-    def _handle(self, ev: dict) -> None:
-        kind = ev.get("ev")
-        if kind == "tracer_start":
-            self.ready.set()
-            self._write(ev)
-            return
-        if kind == "tracer_end":
-            self.ended = True
-            self._write(ev, final=True)
-            return
-        if kind == "offcpu_dump":
-            self._offcpu_t = ev.get("t")
-            if self.ended or ev.get("t") is None:
-                pass
-            return
-        if kind == "offcpu_dump_end":
-            return
-        if kind == "ret":
-            key = (ev.get("tid"), ev.get("k"))
-            stack = self._pending.get(key)
+    def feed(self, line: bytes):
+        """Complete events made by this line (0, 1 or more)."""
+        parsed = self.parse(line)
+        if parsed is None:
+            return ()
+        what, kind, ev = parsed
+        if what is None:
+            return (ev,)
+        key = (ev.get("tid"), kind)
+        if what == "ret":
+            stack = self.pending.get(key)
             if stack:
-                entry = stack.pop()
-                if not stack:
-                    del self._pending[key]
-                self._write(self._normalize(self._merge(entry, ev)))
-            else:
-                self._orphans.setdefault(key, []).append(ev)
-            return
-        open_kind = self.OPEN_KINDS.get(kind)
-        if open_kind and "t1" not in ev:
-            key = (ev.get("tid"), open_kind)
-            orphans = self._orphans.get(key)
-            if orphans:
-                # a return that overtook its entry (another CPU's buffer): the earliest one after t0
-                cands = [r for r in orphans if r.get("t1", 0) >= ev.get("t0", 0)]
+                # calls of one thread and kind do not overlap: the latest entry before the return
+                cands = [e for e in stack if e.get("t0", 0) <= ev["t1"]]
                 if cands:
-                    ret = min(cands, key=lambda r: r["t1"])
-                    orphans.remove(ret)
-                    if not orphans:
-                        del self._orphans[key]
-                    self._write(self._normalize(self._merge(ev, ret)))
-                    return
-            self._pending.setdefault(key, []).append(ev)
-            return
-        self._write(self._normalize(ev))
+                    entry = max(cands, key=lambda e: e.get("t0", 0))
+                    stack.remove(entry)
+                    if not stack:
+                        del self.pending[key]
+                    return (self.merge(entry, ev),)
+            self.orphans.setdefault(key, []).append(ev)
+            return ()
+        orphans = self.orphans.get(key)
+        if orphans:
+            cands = [r for r in orphans if r.get("t1", 0) >= ev.get("t0", 0)]
+            if cands:
+                ret = min(cands, key=lambda r: r["t1"])
+                orphans.remove(ret)
+                if not orphans:
+                    del self.orphans[key]
+                return (self.merge(ev, ret),)
+        self.pending.setdefault(key, []).append(ev)
+        return ()
 
-    def close(self) -> None:
-        """Write calls that never returned (t1 null) and close the file."""
-        for stack in self._pending.values():
+    def unfinished(self):
+        """Calls still inside at the end (t1 null, returned false): entries without a return."""
+        for stack in self.pending.values():
             for entry in stack:
                 entry["t1"] = None
                 entry["rc"] = None
                 entry["returned"] = False
-                self._write(self._normalize(entry), final=True)
-        self._pending.clear()
-        with self._lock:
-            self.fh.close()
+                yield entry
+        self.pending.clear()
+        yield from self.open.values()
+        self.open = {}
+        self.orphan_returns += len(self.early)
+        self.early = {}
 
-    def summary(self) -> dict:
-        return {"events": self.events, "bytes": self.bytes, "dropped_for_budget": self.dropped,
-                "unparsable_lines": self.bad_lines, "lost_events": self.lost_events,
-                "attached_probes": self.attached_probes, "by_type": dict(sorted(self.counts.items()))}
+
+class _Comms:
+    """Communicator facts by (pid, comm pointer), applied in time order."""
+
+    def __init__(self):
+        self.by_ptr: dict[tuple[int, str], tuple] = {}
+
+    def apply(self, ev: dict) -> dict:
+        kind = ev.get("ev")
+        if kind == "coll":
+            info = self.by_ptr.get((ev["pid"], ev["comm"]))
+            if info is not None:
+                ev["rank"], ev["nranks"], ev["comm_id_hash"], source = info
+                if source:
+                    ev["comm_id_source"] = source
+        elif kind == "comm_init":
+            comm = ev.get("comm")
+            if comm and comm != "0x0" and ev.get("rc") in (0, 7):
+                self.by_ptr[(ev.get("pid"), comm)] = (ev.get("rank"), ev.get("nranks"), ev.get("comm_id_hash"),
+                                                      ev.get("comm_id_source"))
+        elif kind == "comm_destroy":
+            self.by_ptr.pop((ev.get("pid"), ev.get("comm")), None)
+        return ev
+
+
+def _ordered(builder: _Builder, paths, window: int = REORDER_WINDOW):
+    """Complete events in time order (a window of ``window`` events evens out the per-CPU
+    buffers' disorder; a call merged late, e.g. a long host wait, comes out when complete)."""
+    heap: list = []
+    seq = 0
+    for path in paths:
+        with open(path, "rb") as fh:
+            for line in fh:
+                for ev in builder.feed(line):
+                    if ev.get("ev") not in ("coll", "host_wait", "group", "offcpu"):
+                        ev = _normalize(ev)
+                    heapq.heappush(heap, (_time_of(ev), seq, ev))
+                    seq += 1
+                    if len(heap) > window:
+                        yield heapq.heappop(heap)[2]
+    for ev in builder.unfinished():
+        heapq.heappush(heap, (_time_of(ev), seq, ev))
+        seq += 1
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
+def _jsonl_events(path: Path):
+    try:
+        fh = open(path, "rb")
+    except OSError:
+        return
+    with fh:
+        for line in fh:
+            try:
+                yield json.loads(line)
+            except ValueError:
+                continue
+
+
+def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Path] = (),
+                call_returns: bool = True, spool: Spool | None = None) -> dict:
+    """Raw tracer lines (and extra JSONL events, e.g. off-CPU samples) -> ``out`` (JSONL).
+
+    Events come out in time order (``t0``, else ``t``). Should the file exceed
+    ``max_bytes``, the oldest hot-path events (coll, host_wait, group, offcpu)
+    are left out until it fits; rare events (inits, ids, destroys, TCP, tracer
+    start/end) are always kept. Returns the summary recorded in the manifest."""
+    out = Path(out)
+    builder = _Builder(call_returns)
+    comms = _Comms()
+    paths = raw_files(raw_dir) if raw_dir is not None and Path(raw_dir).is_dir() else []
+    streams = [_ordered(builder, paths)] + [_jsonl_events(Path(p)) for p in extra]
+    counts: dict[str, int] = {}
+    hot_sizes = array.array("Q")
+    total = 0
+    with open(out, "wb") as fh:
+        for ev in heapq.merge(*streams, key=_time_of):
+            ev = comms.apply(ev)
+            line = (json.dumps(ev, separators=(",", ":")) + "\n").encode()
+            fh.write(line)
+            total += len(line)
+            kind = ev.get("ev", "?")
+            counts[kind] = counts.get(kind, 0) + 1
+            if line.startswith(DROPPABLE):
+                hot_sizes.append(len(line))
+    dropped = 0
+    if total > max_bytes:
+        excess, n = total - max_bytes, 0
+        for size in hot_sizes:
+            if excess <= 0:
+                break
+            excess -= size
+            n += 1
+        tmp = out.with_name(out.name + ".tmp")
+        skip = n
+        with open(out, "rb") as src, open(tmp, "wb") as dst:
+            for line in src:
+                if skip and line.startswith(DROPPABLE):
+                    skip -= 1
+                    kind = json.loads(line).get("ev", "?")
+                    counts[kind] -= 1
+                    continue
+                dst.write(line)
+        os.replace(tmp, out)
+        dropped = n
+        if out.stat().st_size > max_bytes:   # rare events alone exceed the share: keep whole lines from the start
+            with open(out, "rb") as fh:
+                head = fh.read(max_bytes)
+            os.truncate(out, head.rfind(b"\n") + 1)
+    spool_dropped = spool.dropped_lines if spool else 0
+    lost_records = 0
+    if builder.records_made is not None:   # records the probes made that never reached the output: map full
+        lost_records = max(0, builder.records_made - builder.records - spool_dropped)
+    summary = {"events": sum(counts.values()), "bytes": out.stat().st_size,
+               "dropped_for_budget": dropped + spool_dropped,
+               "unparsable_lines": builder.bad_lines, "lost_events": builder.lost_events + lost_records,
+               "hot_records": builder.records, "hot_records_made": builder.records_made,
+               "orphan_returns": builder.orphan_returns,
+               "attached_probes": builder.attached_probes, "call_returns": call_returns,
+               "by_type": dict(sorted((k, v) for k, v in counts.items() if v))}
+    if spool is not None and spool.dropped_segments:
+        summary["raw_segments_dropped"] = spool.dropped_segments
+    summary["messages"] = builder.other_lines[:20]
+    return summary

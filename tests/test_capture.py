@@ -174,66 +174,177 @@ def _features():
 
 def test_render_keeps_only_what_exists():
     t = tracer.TraceTargets(nccl={"/opt/a/libnccl.so.2": {"ncclAllReduce", "ncclCommInitRank", "ncclSend"}})
-    script, blocks = tracer.render_script(t, _features())
+    script, blocks = tracer.render_script(t, _features(), call_returns=False)
     assert "uprobe:/opt/a/libnccl.so.2:ncclAllReduce" in script
     assert "ncclAllGather" not in script and "cudaStreamSynchronize" not in script
     assert "send_reset_sockaddr" in blocks and "send_reset_ports" not in blocks
     assert "follow_forks" not in blocks and "@want" not in script
     assert "skc_net.net->ns.inum" in script
+    # the hot path records into the double-buffered maps; no sched_switch probe, no printf per call
+    assert "flush" in blocks and "sched_switch" not in script and "uretprobe:/opt/a/libnccl.so.2:ncclAllReduce" not in script
+    body = script.split("uprobe:/opt/a/libnccl.so.2:ncclAllReduce", 1)[1].split("\n}\n", 1)[0]
+    assert "printf" not in body and "@e0[(int32)tid, $t] = $r" in body and "@e1[" in body
+    assert "stop" not in blocks   # no trigger without capture's libc
     # every map that is read is declared in BEGIN
     begin = script.split("BEGIN", 1)[1].split("}", 1)[0]
-    for name in set(__import__("re").findall(r"@(\w+)\[", script)) - {"offcpu"}:
+    for name in set(__import__("re").findall(r"@(\w+)\[", script)):
         assert f"@{name}[" in begin, name
 
 
 def test_render_pid_filter_and_two_libraries():
     t = tracer.TraceTargets(nccl={"/a/libnccl.so.2": set(tracer.NCCL_SYMBOLS),
                                   "/b/libtorch_cuda.so": {"ncclAllReduce"}},
-                            cudart={"/a/libcudart.so.12": {"cudaStreamSynchronize"}}, want_pids=[11, 12])
-    script, blocks = tracer.render_script(t, _features())
+                            cudart={"/a/libcudart.so.12": {"cudaStreamSynchronize"}}, want_pids=[11, 12],
+                            stop_lib="/lib/libc.so.6", capture_pid=77)
+    script, blocks = tracer.render_script(t, _features(), call_returns=False)
     assert "uprobe:/a/libnccl.so.2:ncclAllReduce,\nuprobe:/b/libtorch_cuda.so:ncclAllReduce" in script
     assert "@want[(uint64)11] = 1;" in script and "follow_forks" in blocks
     assert script.count("if (@want[(uint64)pid]) {") >= 10
-    assert "PIDFILTER" not in script and "{FN}" not in script
+    assert "PIDFILTER" not in script and "{FN}" not in script and "{KIND}" not in script
+    assert "uprobe:/lib/libc.so.6:sched_get_priority_max\n/pid == 77 && @ep[0] != 2/" in script
+    # returns traced for ncclGroupEnd and the host waits only; ncclBcast keeps its nesting guard
+    assert "uretprobe:/a/libnccl.so.2:ncclGroupEnd" in script and "uretprobe:/a/libnccl.so.2:ncclGroupStart" not in script
+    assert "uretprobe:/a/libcudart.so.12:cudaStreamSynchronize" in script
+    assert "uretprobe:/a/libnccl.so.2:ncclBcast" in script and "uretprobe:/a/libnccl.so.2:ncclAllReduce" not in script
+    assert "group_entry:ncclGroupStart" in blocks and "group_call:ncclGroupEnd" in blocks
 
 
-def test_event_writer_merges_names_and_caps(tmp_path):
-    w = tracer.EventWriter(tmp_path / "e.jsonl", max_bytes=100_000)
-    w.feed('{"ev":"tracer_start","t":1,"tracer_pid":9}')
-    w.feed('{"ev":"coll","op":"ALL_REDUCE","t0":10,"pid":5,"tid":6,"comm":"0x1","rank":0,"nranks":2,'
-           '"comm_id_hash":"0x00000000000000aa","known":1,"op_count":0}')
-    w.feed('{"ev":"ret","k":"coll","t1":20,"pid":5,"tid":6,"rc":0}')
-    # a return that overtakes its entry (per-CPU buffers)
-    w.feed('{"ev":"ret","k":"host_wait","t1":40,"pid":5,"tid":6,"rc":0}')
-    w.feed('{"ev":"host_wait","fn":"cudaStreamSynchronize","t0":30,"pid":5,"tid":6,"stream":"0x2"}')
-    w.feed('{"ev":"coll","op":"SEND","t0":50,"pid":5,"tid":6,"comm":"0x3","rank":0,"nranks":0,'
-           '"comm_id_hash":"0x0000000000000000","known":0,"op_count":7}')
-    w.feed('{"ev":"tcp_retransmit_skb","t":60,"pid":0,"family":4,"saddr":"::ffff:10.0.0.1","daddr":"10.0.0.2",'
-           '"sport":1,"dport":2,"state":1,"netns":5}')
-    w.feed('{"ev":"tcp_send_reset","t":61,"family":6,"saddr6":"fe800000000000000000000000000001",'
-           '"daddr6":"00000000000000000000000000000001","sport":1,"dport":2,"state":7}')
-    w.feed('{"ev":"offcpu_dump","t":70}')
-    w.feed("@offcpu[5, 6]: 12345")
-    w.feed("Attaching 49 probes...")
-    w.feed('{"ev": broken')
-    w.close()
-    ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
-    by = {e["ev"]: e for e in ev}
-    by["coll"] = [e for e in ev if e.get("op") == "ALL_REDUCE"][0]
-    assert by["coll"]["t1"] == 20 and by["coll"]["rc"] == 0 and "known" not in by["coll"]
-    assert by["host_wait"]["t0"] == 30 and by["host_wait"]["t1"] == 40
-    never = [e for e in ev if e.get("op") == "SEND"][0]
-    assert never["t1"] is None and never["returned"] is False and never["rank"] is None
-    assert by["tcp_retransmit_skb"]["saddr"] == "10.0.0.1" and by["tcp_retransmit_skb"]["state"] == "ESTABLISHED"
-    assert by["tcp_send_reset"]["saddr"] == "fe80::1" and by["tcp_send_reset"]["daddr"] == "::1"
-    assert by["offcpu"] == {"ev": "offcpu", "t": 70, "pid": 5, "tid": 6, "ns": 12345}
-    s = w.summary()
-    assert s["attached_probes"] == 49 and s["unparsable_lines"] == 1
-    small = tracer.EventWriter(tmp_path / "s.jsonl", max_bytes=300)
-    for i in range(50):
-        small.feed(f'{{"ev":"sock_state","t":{i},"pid":1}}')
-    small.close()
-    assert (tmp_path / "s.jsonl").stat().st_size <= 300 and small.dropped > 0
+def test_render_call_returns_by_default():
+    t = tracer.TraceTargets(nccl={"/a/libnccl.so.2": set(tracer.NCCL_SYMBOLS)})
+    script, blocks = tracer.render_script(t, _features())
+    assert "coll_call:ncclAllReduce" in blocks and "coll_return" in blocks and "coll_entry:ncclAllReduce" not in blocks
+    assert "uretprobe:/a/libnccl.so.2:ncclAllReduce" in script and "group_call:ncclGroupStart" in blocks
+    # the return completes the call's record in place while it is in the current buffer
+    ret = script.split("uretprobe:/a/libnccl.so.2:ncclRecv", 1)[1].split("\n}\n", 1)[0]
+    assert "@e0[(int32)tid, $o.0] = ($x.0," in ret and "(int32)255" in ret and "delete(@op[" in ret
+    assert "printf" not in ret
+    lean, _ = tracer.render_script(t, _features(), call_returns=False)
+    assert "(--no-call-returns)" in lean.splitlines()[0] and "uretprobe:/a/libnccl.so.2:ncclAllReduce" not in lean
+
+
+def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):
+    return f"({kind}, {pid}, {a}, {b}, {c}, {d}, {e}, {f}, {g}, {t1}, {rc})"
+
+
+def test_postprocess_records_joins_names_and_open_calls(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    comm, stream = 0x55AA00, 0x77BB00
+    lines = [
+        "Attaching 41 probes...",
+        '{"ev":"tracer_start","t":1,"tracer_pid":9}',
+        '{"ev":"comm_init","fn":"ncclCommInitRank","t0":5,"pid":5,"tid":6,"nranks":2,"rank":1,'
+        '"comm_id_hash":"0x00000000000000aa","unique_id":["0x1"]}',
+        f'{{"ev":"ret","k":"init","t1":8,"pid":5,"tid":6,"rc":0,"comm":"0x{comm:x}"}}',
+        # a collective (no return traced), a host wait (entry, return record keyed by t1 with t0 in slot a),
+        # ncclGroupStart (no return traced) and ncclGroupEnd (its return printed before its entry),
+        # a communicator nobody saw created, a host wait still inside at the end
+        f"@e0[6, 20]: {_rec(0, 5, comm, 0, 1024, 7, 0, -1, stream)}",
+        f"@e0[6, 30]: {_rec(32, 5, stream)}",
+        f"@e0[6, 40]: {_rec(255, 5, 30, t1=40, rc=0)}",
+        f"@e0[6, 12]: {_rec(16, 5)}",
+        f"@e0[6, 15]: {_rec(255, 5, 14, t1=15, rc=3)}",
+        f"@e0[6, 14]: {_rec(17, 5)}",
+        f"@e1[7, 50]: {_rec(6, 5, 0x999, 7, 10, 2, -1, 1, stream)}",
+        f"@e1[6, 45]: {_rec(32, 5, stream)}",
+        '{"ev":"tcp_retransmit_skb","t":60,"pid":0,"family":4,"saddr":"::ffff:10.0.0.1","daddr":"10.0.0.2",'
+        '"sport":1,"dport":2,"state":1,"netns":5}',
+        '{"ev":"tcp_send_reset","t":61,"family":6,"saddr6":"fe800000000000000000000000000001",'
+        '"daddr6":"00000000000000000000000000000001","sport":1,"dport":2,"state":7}',
+        "@ne: 9",
+        '{"ev":"tracer_end","t":70}',
+        '{"ev": broken',
+        "@e0[6, bad]: (1)",
+    ]
+    (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
+    off = tmp_path / "offcpu.jsonl"
+    off.write_text('{"ev":"offcpu","t":35,"pid":5,"tid":6,"name":"x","state":"S","ns":3,"oncpu_ns":1,"runq_ns":0}\n')
+    out = tmp_path / "events.jsonl"
+    s = tracer.postprocess(raw, out, 1 << 20, extra=[off], call_returns=False)
+    ev = [json.loads(l) for l in out.read_text().splitlines()]
+    times = [e.get("t0", e.get("t")) for e in ev]
+    assert times == sorted(times)
+    init = next(e for e in ev if e["ev"] == "comm_init")
+    assert init["t1"] == 8 and init["rc"] == 0 and init["returned"] is True and init["comm"] == f"0x{comm:x}"
+    coll = next(e for e in ev if e["ev"] == "coll" and e["op"] == "ALL_REDUCE")
+    assert coll == {"ev": "coll", "op": "ALL_REDUCE", "fn": "ncclAllReduce", "t0": 20, "t1": None, "pid": 5, "tid": 6,
+                    "comm": f"0x{comm:x}", "rank": 1, "nranks": 2, "comm_id_hash": "0x00000000000000aa",
+                    "op_count": 0, "count": 1024, "datatype": 7, "red_op": 0, "root": -1,
+                    "stream": f"0x{stream:x}", "rc": None, "returned": None}
+    send = next(e for e in ev if e["ev"] == "coll" and e["op"] == "SEND")
+    assert send["rank"] is None and send["comm_id_hash"] is None and send["root"] == 1 and send["op_count"] == 7
+    waits = [e for e in ev if e["ev"] == "host_wait"]
+    assert [(w["t0"], w["t1"], w["returned"]) for w in waits] == [(30, 40, True), (45, None, False)]
+    assert waits[0]["stream"] == f"0x{stream:x}" and waits[0]["fn"] == "cudaStreamSynchronize"
+    groups = {e["fn"]: e for e in ev if e["ev"] == "group"}
+    assert groups["ncclGroupStart"]["returned"] is None and groups["ncclGroupEnd"]["t1"] == 15
+    assert groups["ncclGroupEnd"]["rc"] == 3 and groups["ncclGroupEnd"]["returned"] is True
+    retx = next(e for e in ev if e["ev"] == "tcp_retransmit_skb")
+    assert retx["saddr"] == "10.0.0.1" and retx["state"] == "ESTABLISHED"
+    rst = next(e for e in ev if e["ev"] == "tcp_send_reset")
+    assert rst["saddr"] == "fe80::1" and rst["daddr"] == "::1"
+    assert next(e for e in ev if e["ev"] == "offcpu")["ns"] == 3
+    assert s["attached_probes"] == 41 and s["unparsable_lines"] == 2 and s["hot_records"] == 8
+    assert s["hot_records_made"] == 9 and s["lost_events"] == 1     # one record never reached the output
+    assert s["orphan_returns"] == 0
+    assert s["by_type"]["coll"] == 2 and s["by_type"]["host_wait"] == 2
+
+
+def test_postprocess_keeps_rare_events_and_the_newest_within_the_cap(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = ['{"ev":"tracer_start","t":1,"tracer_pid":9}',
+             '{"ev":"unique_id","t":2,"pid":5,"tid":5,"comm_id_hash":"0x1","unique_id":[]}']
+    lines += [f"@e0[6, {100 + i}]: {_rec(0, 5, 0xA, i, 8, 7, 0, -1, 0xB)}" for i in range(400)]
+    lines += ['{"ev":"tracer_end","t":9999}']
+    (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "e.jsonl"
+    s = tracer.postprocess(raw, out, 20_000, call_returns=False)
+    assert out.stat().st_size <= 20_000 and s["dropped_for_budget"] > 0
+    ev = [json.loads(l) for l in out.read_text().splitlines()]
+    assert {"tracer_start", "unique_id", "tracer_end"} <= {e["ev"] for e in ev}
+    counts = [e["op_count"] for e in ev if e["ev"] == "coll"]
+    assert counts == list(range(400 - len(counts), 400))       # the oldest went, the newest stayed
+
+
+def test_spool_segments_drop_oldest_keep_rare(tmp_path):
+    r, w = os.pipe()
+    rf = os.fdopen(r, "rb")
+    sp = tracer.Spool(rf, tmp_path / "raw", max_bytes=6000, poll_s=0.01, segment_bytes=1500).start()
+    os.write(w, b'Attaching 7 probes...\n{"ev":"tracer_start","t":1}\n')
+    assert sp.ready.wait(5) and sp.attached_probes == 7
+    for i in range(200):
+        os.write(w, f"@e0[6, {i}]: {_rec(0, 5)}\n".encode())
+        if i == 5:
+            os.write(w, b'{"ev":"comm_init","t0":3}\n@e0[6, 99')   # a line cut across writes
+            os.write(w, b'99]: (0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0)\n')
+    os.write(w, b'{"ev":"tracer_stopped","t":8}\n{"ev":"tracer_end","t":9}\n')
+    os.close(w)
+    assert sp.join(5) and sp.ended.is_set() and sp.stopped.is_set()
+    files = tracer.raw_files(tmp_path / "raw")
+    assert files[0].name == "keep.txt" and sp.dropped_segments > 0 and sp.dropped_lines > 0
+    data = b"".join(f.read_bytes() for f in files)
+    assert sum(f.stat().st_size for f in files) <= 6000 + 1500
+    assert b'"tracer_start"' in data and b'"comm_init"' in data and b"@e0[6, 199]" in data
+    assert all(l.endswith(b")") or l.startswith((b"{", b"Attaching")) for l in data.splitlines())
+    assert sp.lines == 200 + 6
+
+
+def test_offcpu_sampler_reads_schedstat(tmp_path):
+    from capture.offcpu import OffCpuSampler, thread_times
+    rows = thread_times(os.getpid())
+    assert any(tid == os.getpid() and run > 0 for tid, _, _, run, _ in rows)
+    s = OffCpuSampler(tmp_path / "o.jsonl", 1 << 20)
+    s.sample([os.getpid()])
+    __import__("time").sleep(0.05)
+    s.sample([os.getpid()], final=True)
+    ev = [json.loads(l) for l in (tmp_path / "o.jsonl").read_text().splitlines()]
+    mine = [e for e in ev if e["tid"] == os.getpid()]
+    assert len(mine) == 2 and mine[1]["ns"] >= 40_000_000 and mine[1]["name"] and mine[1]["oncpu_ns"] > 0
+    tiny = OffCpuSampler(tmp_path / "t.jsonl", 10)
+    tiny.sample([os.getpid()])
+    tiny.sample([os.getpid()], final=True)   # the last sample is always kept
+    assert tiny.skipped == 1 and tiny.samples == 1
 
 
 # ---------------------------------------------------------------- stdlib only, CLI
@@ -303,3 +414,198 @@ def test_capture_without_tracer_and_pcap_still_writes_a_bundle(tmp_path):
     assert [(p["pid"], p["rank"], p["world_size"]) for p in m["processes"]] == [(target.pid, 3, 8)]
     assert res.exit_code in (0, 3)
     assert not list(tmp_path.glob(".*staging*")) and not list(tmp_path.glob("*.partial"))
+
+
+# ---------------------------------------------------------------- killed captures, no root
+PY = sys.executable
+
+
+def _tree(pid: int) -> set[int]:
+    """pid's live descendants."""
+    return procs.descendants([pid])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class _Capture:
+    """``python3 -m capture`` in a subprocess; stderr collected by a thread."""
+
+    def __init__(self, args: list[str], user: list[str] | None = None, env=None):
+        import threading
+        self.p = subprocess.Popen((user or []) + [PY, "-m", "capture", "--progress", "lines"] + args, cwd=ROOT,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.err: list[str] = []
+        self.capturing = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.err.append(line)
+            if "capturing:" in line:
+                self.capturing.set()
+
+    def wait_capturing(self, timeout=60):
+        assert self.capturing.wait(timeout), "".join(self.err)
+
+    def finish(self, timeout=120) -> tuple[int, str]:
+        out = self.p.stdout.read()
+        self.p.wait(timeout=timeout)
+        self.reader.join(timeout=30)
+        return self.p.returncode, out
+
+
+def _manifest(bundle: Path) -> dict:
+    with tarfile.open(bundle) as t:
+        m = next(x for x in t.getmembers() if x.name.endswith("/manifest.json"))
+        return json.load(t.extractfile(m))
+
+
+def _kill_and_check(cap: "_Capture", extra_pids=()) -> None:
+    """SIGKILL capture: within a few seconds nothing it started is left."""
+    import signal
+    import time
+    tree = _tree(cap.p.pid) | set(extra_pids)
+    assert tree, "capture has no children?"
+    os.kill(cap.p.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        time.sleep(0.1)
+    left = [p for p in tree if _alive(p)]
+    assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
+
+
+def test_sigkill_stops_nccl_tests_children_and_keeps_the_data(tmp_path):
+    """--nccl-tests starts a shell whose children the death signal does not reach: the
+    guardian stops their process group. The staging folder stays; the next capture into the
+    same folder, or --recover, turns it into a bundle marked partial."""
+    import time
+    out = tmp_path / "bundles"
+    out.mkdir()
+    pidfile = tmp_path / "grandchild.pid"
+    cmd = f"echo nccl-tests started; sleep 300 & echo $! > {pidfile}; sleep 300 & wait"
+    base = ["--no-bpf", "--no-pcap", "-o", str(out), "--duration", "5m"]
+    for round_ in (1, 2):
+        cap = _Capture(base + ["--nccl-tests", cmd])
+        cap.wait_capturing()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text().strip()):
+            time.sleep(0.05)
+        grandchild = int(pidfile.read_text())
+        time.sleep(0.5)   # the output is copied
+        _kill_and_check(cap, [grandchild])
+        rc, _ = cap.finish()
+        assert rc == -9
+        err = "".join(cap.err)
+        assert "died before writing its bundle" in err and "--recover" in err, err
+        staged = [d for d in out.iterdir() if d.name.startswith(".") and ".staging-" in d.name]
+        assert len(staged) == 1 and (staged[0] / ".capture-died.json").exists()
+        assert not list(out.glob("*.tar.gz"))
+        pidfile.unlink()
+        if round_ == 1:
+            # the next capture into the folder recovers it, at its end
+            nxt = _Capture(["--no-bpf", "--no-pcap", "-o", str(out), "--duration", "1s"])
+            rc, stdout = nxt.finish()
+            assert rc == 0, "".join(nxt.err)
+            own = Path(stdout.strip())
+            recovered = [b for b in out.glob("*.tar.gz") if b != own]
+            assert "recovered a partial bundle" in "".join(nxt.err) and len(recovered) == 1
+            assert _manifest(own)["partial"] is False
+        else:
+            p = subprocess.run([PY, "-m", "capture", "--recover", "-o", str(out)], cwd=ROOT, capture_output=True,
+                               text=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            recovered = [Path(p.stdout.strip())]
+        assert not [d for d in out.iterdir() if d.name.startswith(".")]
+        m = _check_bundle(recovered[0])
+        assert m["partial"] is True and "killed" in m["partial_reason"]
+        assert m["recovered"]["died"]["capture_pid"] == cap.p.pid
+        rec = m["collectors"]["nccl-tests"]
+        assert rec["status"] == "failed" and "killed" in rec["reason"]
+        with tarfile.open(recovered[0]) as t:
+            data = t.extractfile(next(x for x in t.getmembers() if x.name.endswith("nccl-tests/output.txt"))).read()
+        assert b"nccl-tests started" in data
+        for f in out.glob("*.tar.gz"):
+            f.unlink()
+    p = subprocess.run([PY, "-m", "capture", "--recover", "-o", str(out)], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "" and "nothing to recover" in p.stderr
+
+
+def test_without_root_the_privileged_collectors_are_skipped(lab_lib, tmp_path):
+    """Run as nobody with the tracer and tcpdump asked for (the defaults): the bundle is
+    written, both say skipped "needs root", and the exit code is 0 (skipped by design is not
+    a failure; stderr says what did not run)."""
+    from conftest import require_root
+    require_root()
+    import shutil
+    import tempfile
+    if shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv (util-linux)")
+    nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    out = Path(tempfile.mkdtemp(prefix="ss-nobody-"))
+    try:
+        os.chown(out, 65534, 65534)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NCCL_SOCKET_IFNAME": "lo", "RANK": "0",
+               "WORLD_SIZE": "1"}
+        target = subprocess.Popen(nobody + [PY, "-c", f"import ctypes, time; ctypes.CDLL({str(lab_lib)!r}); "
+                                            "print('ready', flush=True); time.sleep(60)"],
+                                  env=env, stdout=subprocess.PIPE, text=True)
+        try:
+            assert target.stdout.readline().strip() == "ready"
+            cap = _Capture(["--pid", str(target.pid), "-o", str(out), "--duration", "2s"], user=nobody,
+                           env=dict(env, HOME=str(out)))
+            rc, stdout = cap.finish()
+        finally:
+            target.kill()
+            target.wait()
+        err = "".join(cap.err)
+        assert rc == 0, err
+        m = _check_bundle(Path(stdout.strip()))
+        assert m["root"] is False and m["partial"] is False
+        col = m["collectors"]
+        assert col["tracer"]["status"] == "skipped" and col["tracer"]["reason"] == "needs root"
+        dumps = {k: v for k, v in col.items() if k.startswith("tcpdump")}
+        assert dumps and all(v["status"] == "skipped" and v["reason"] == "needs root" for v in dumps.values()), dumps
+        assert not [k for k, v in col.items() if v["status"] == "failed"]
+        assert "not run without root" in err and "tracer" in err and "tcpdump" in err
+        assert [p["pid"] for p in m["processes"]] == [target.pid]
+        assert any(p["path"] == "bpf/events.jsonl" for p in m["files"])   # off-CPU samples need no root
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def test_postprocess_call_returns_in_place_and_across_buffers(tmp_path):
+    """With returns traced (the default) a collective's record carries t1/rc when it returned
+    within the same flush interval; otherwise a return record (kind 255) completes it; an entry
+    that never got either was still inside at the end."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = [f"@e0[6, 20]: {_rec(0, 5, 0xA, 0, 8, 7, 0, -1, 0xB, t1=25, rc=0)}",      # returned in place
+             f"@e0[6, 30]: {_rec(0, 5, 0xA, 1, 8, 7, 0, -1, 0xB)}",                  # entry; buffers switched
+             f"@e1[6, 31]: {_rec(255, 5, 30, t1=31, rc=5)}",                         # ... its return record
+             f"@e1[6, 40]: {_rec(0, 5, 0xA, 2, 8, 7, 0, -1, 0xB)}"]                  # never returned
+    (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
+    tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [(e["op_count"], e["t1"], e["rc"], e["returned"]) for e in ev] == \
+        [(0, 25, 0, True), (1, 31, 5, True), (2, None, None, False)]
+
+
+def test_attach_points_by_address(lab_lib):
+    """bpftrace 0.17 attaches a uprobe given by name also to C++ functions whose demangled
+    name starts with it (NCCL 2.28: ncclCommInitRank -> ncclCommInitRankDev(...) too): the
+    rendered program attaches by the symbol's address and says which is which."""
+    syms = exported_functions(lab_lib)
+    t = tracer.TraceTargets(nccl={str(lab_lib): set(tracer.NCCL_SYMBOLS)}, stop_lib=str(lab_lib), capture_pid=5)
+    t.fill_addresses()
+    script, _ = tracer.render_script(t, _features())
+    addr = syms["ncclCommInitRank"].value
+    assert f"uprobe:{lab_lib}:0x{addr:x}\n" in script and f"uretprobe:{lab_lib}:0x{addr:x}" in script
+    assert f"// {lab_lib}: ncclCommInitRank = 0x{addr:x}" in script
+    assert f":ncclAllReduce\n" not in script and "ncclCommInitRank,\n" not in script

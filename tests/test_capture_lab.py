@@ -154,11 +154,19 @@ def test_loss_scenario_bundle_matches_the_lab(lab_ready, tmp_path):
         assert len(colls) == r["ops_issued"] == truth["ops_issued"][r["rank"]]
         assert [e["op_count"] for e in colls] == list(range(r["ops_issued"]))
         assert {e["rank"] for e in colls} == {r["rank"]} and {e["comm"] for e in colls} == {r["comm"]}
-        assert all(e["comm_id_hash"] == truth["comm_id_hash"] and e["rc"] == 0 and e["t1"] >= e["t0"] for e in colls)
+        assert {e["nranks"] for e in colls} == {truth["world_size"]}
+        # every call returned (its launch: collectives are asynchronous), rc ncclSuccess
+        assert all(e["comm_id_hash"] == truth["comm_id_hash"] and e["rc"] == 0 and e["t1"] >= e["t0"]
+                   and e["returned"] is True for e in colls)
         assert colls[0]["op"] == "BROADCAST" and colls[0]["root"] == 0
         waits = [e for e in mine if e["ev"] == "host_wait" and e["pid"] == pid]
         assert waits and all(w["fn"] == "cudaStreamSynchronize" and w["stream"] == colls[0]["stream"] for w in waits)
-        assert any(e["ev"] == "offcpu" and e["pid"] == pid for e in mine)
+        assert all(w["returned"] is True and w["rc"] == 0 and w["t1"] >= w["t0"] for w in waits)
+        # off-CPU samples of the rank's threads (/proc schedstat), cumulative and growing
+        off = [e for e in mine if e["ev"] == "offcpu" and e["pid"] == pid and e["tid"] == pid]
+        assert off and off[-1]["ns"] >= off[0]["ns"] and off[-1]["oncpu_ns"] > 0 and off[-1]["name"]
+    assert [e["t0"] if "t0" in e else e["t"] for e in events] == sorted(e["t0"] if "t0" in e else e["t"]
+                                                                        for e in events)
     # the loss shows as tracepoint retransmissions inside the lab's namespaces ...
     lab_ns = {n["inode"] for n in manifest["netns"] if set(n["pids"]) & set(ranks)}
     retx = [e for e in events if e["ev"] == "tcp_retransmit_skb" and e.get("netns") in lab_ns]
@@ -202,3 +210,68 @@ def test_small_budget_and_ctrl_c_mid_capture(lab_ready, tmp_path):
     assert any(k.startswith("tcpdump@") and v["status"] == "ok" for k, v in manifest["collectors"].items())
     assert sum(f["bytes"] for f in manifest["files"] if f["path"].startswith("pcap/")) > 0
     assert leftovers(str(tmp_path)) == []
+
+
+def _descendants(pid: int) -> set[int]:
+    from capture.procs import descendants
+    return descendants([pid])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigkill_mid_capture_leaves_no_child_no_probe_and_a_recoverable_bundle(lab_ready, tmp_path):
+    """SIGKILL the capture while the tracer and tcpdump run: within seconds none of the
+    processes it started is left (matched by its process tree, not by name: other tests may
+    run tracers), its uprobes are gone with bpftrace, and --recover turns the staging folder
+    into a bundle marked partial with the events and packets captured until the kill."""
+    run = Run(tmp_path, ["--scenario", "clean", "--ranks", "2", "--steps", "1500", "--compute-ms", "5",
+                         "--run-timeout-s", "60"], ["--duration", "5m", "--max-bytes", "64M"])
+    try:
+        run.start_lab()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:   # records flushed, packets written
+            if any(re.search(r"events [1-9]\d* .*packets [1-9]", l) for l in run.err_lines):
+                break
+            time.sleep(0.2)
+        time.sleep(1.5)
+        assert run.lab.poll() is None, "the job ended before the kill"
+        tree = _descendants(run.cap.pid)
+        names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in tree if _alive(p)}
+        assert "bpftrace" in names.values() and "tcpdump" in names.values(), names
+        run.cap.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+            time.sleep(0.1)
+        assert [names.get(p, p) for p in tree if _alive(p)] == []
+        assert leftovers(str(run.bundles)) == []    # (the lab's own tcpdumps write under tmp_path/lab)
+        for f in ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events"):
+            if os.path.exists(f):
+                assert str(LIB) not in Path(f).read_text() and "libcudart" not in Path(f).read_text()
+        run.cap.wait(timeout=30)
+        time.sleep(1.0)
+        assert "died before writing its bundle" in "".join(run.err_lines)
+        truth = run.wait_lab()     # the job itself never noticed
+    finally:
+        run.cleanup()
+    assert not list(run.bundles.glob("*.tar.gz"))
+    p = subprocess.run([PY, "-m", "forensics", "capture", "--recover", "-o", str(run.bundles)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    bundle = Path(p.stdout.strip())
+    manifest = _check_bundle(bundle)
+    assert manifest["partial"] is True
+    assert manifest["collectors"]["tracer"]["status"] == "failed" and "killed" in manifest["collectors"]["tracer"]["reason"]
+    manifest, events, root = read_events(bundle)
+    ranks = {r["pid"]: r for r in truth["ranks"]}
+    for pid, r in ranks.items():
+        assert [e["rank"] for e in events if e["ev"] == "comm_init" and e["pid"] == pid] == [r["rank"]]
+        counts = sorted(e["op_count"] for e in events if e["ev"] == "coll" and e["pid"] == pid)
+        # every collective up to the last flush before the kill, numbered from init
+        assert len(counts) > 100 and counts == list(range(len(counts))) and len(counts) < r["ops_issued"]
+    pcaps = sorted((root / "pcap").glob("*.pcap"))
+    assert pcaps and sum(p.stat().st_size for p in pcaps) > 10_000

@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, env) -> int:
     from capture import CaptureUsageError, run_capture
     try:
+        if args.recover:
+            for path in capture_cli.recover(args, env.stderr):
+                print(path, file=env.stdout)
+            return 0
         result = run_capture(capture_cli.options_from_args(args), stderr=env.stderr)
     except CaptureUsageError as e:
         raise StallscopeError(str(e)) from None

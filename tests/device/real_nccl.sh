@@ -17,9 +17,13 @@ wl=$!
 sleep 8   # torch imported, libnccl mapped
 lib=$(grep -o '/[^ ]*libnccl[^ ]*' /proc/$wl/maps | sort -u | head -1)
 echo "libnccl: $lib"
-PYTHONPATH=$src python3 -m capture --pid $wl --no-pcap --duration 90s --progress lines -o "$out" &
+PYTHONPATH=$src python3 -m capture --pid $wl --no-pcap --duration 120s --progress lines -o "$out" \
+    > >(tee "$work/capture.log") 2>&1 &
 cap=$!
-sleep 12  # tracer attached
+# bpftrace takes 15-20 s to attach to the real libnccl's probes: start the workload's
+# collectives only once capture says it is capturing (it says so after the attach)
+for _ in $(seq 120); do grep -q 'capture: capturing:' "$work/capture.log" 2>/dev/null && break; sleep 0.5; done
+grep -q 'capture: capturing:' "$work/capture.log" || { echo "capture never started"; kill -INT $cap; }
 touch "$work/gate"
 wait $wl; echo "workload rc=$?"
 sleep 3

@@ -28,6 +28,7 @@ class Model:
     hosts: list[str]
     problems: list[str] = field(default_factory=list)
     skew: list[SkewEstimate] = field(default_factory=list)
+    captures: list[dict] = field(default_factory=list)   # per bundle: what was captured (capture_summary)
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.tables[name]
@@ -121,7 +122,26 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         "problems": nccl_mod.conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
     }
     return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
-                 skew=estimates)
+                 skew=estimates, captures=[capture_summary(b) for b in bundles])
+
+
+def capture_summary(b: Bundle) -> dict:
+    """What one bundle holds and lacks: collectors with status and reason, time covered,
+    processes, partial-capture flags; the report's capture section and --json "capture"."""
+    m = b.manifest
+    return {
+        "host": b.host, "bundle": str(b.source), "schema_version": m.schema_version,
+        "tool_version": m.tool_version, "kernel": m.kernel, "started_ns": m.started_ns, "ended_ns": m.ended_ns,
+        "partial": bool(m.raw.get("partial")) if isinstance(m.raw, dict) else False,
+        "partial_reason": m.raw.get("partial_reason") if isinstance(m.raw, dict) else None,
+        "clock_samples": len(m.clock_samples),
+        "collectors": [{"name": c.name, "status": c.status, "reason": c.reason, "command": c.command, "rc": c.rc,
+                        "files": list(c.files)} for c in m.collectors.values()],
+        "processes": [{"pid": p.pid, "rank": p.rank, "world_size": p.world_size, "comm": p.comm,
+                       "libnccl": list(p.libnccl)} for p in m.processes],
+        "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),
+        "problems": list(b.problems),
+    }
 
 
 def _concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:

@@ -1,0 +1,88 @@
+"""``analyze(paths)``: bundles -> model -> findings, the library behind ``stallscope analyze``.
+
+The command line and the report renderers are thin layers over :class:`Analysis`:
+the event model (:mod:`forensics.model`), the DuckDB connection the findings' SQL
+runs on (``findings`` included as a table), the ranked findings
+(:mod:`forensics.findings`) and every problem met on the way (unreadable files,
+missing collectors, a detector that failed), so a partly broken bundle still yields
+an answer that says what it lacks.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .findings import SCHEMA_VERSION, Context, Finding, Options, run_detectors
+from .model import Model, build_model
+
+FINDINGS_SCHEMA = {
+    "position": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR", "confidence": "DOUBLE", "summary": "VARCHAR",
+    "ranks": "INTEGER[]", "hosts": "VARCHAR[]", "peer_ranks": "INTEGER[]", "links": "JSON", "evidence": "JSON",
+    "sql": "VARCHAR", "action": "VARCHAR",
+}
+
+
+@dataclass
+class Analysis:
+    model: Model
+    con: Any                                   # duckdb connection: the event tables + findings
+    findings: list[Finding]
+    problems: list[str] = field(default_factory=list)
+    options: Options = field(default_factory=Options)
+
+    @property
+    def top(self) -> Finding | None:
+        return self.findings[0] if self.findings else None
+
+    def verdict(self) -> str:
+        """One sentence: the most important finding, or what was (not) seen."""
+        serious = [f for f in self.findings if f.severity in ("error", "warning")]
+        if serious:
+            return serious[0].summary
+        n = len(self.model["nccl_events"])
+        if n == 0:
+            return "No NCCL collectives were captured: no verdict on the job (see the capture section)."
+        return f"No problem found in {n} NCCL calls and their TCP traffic."
+
+    def worst_severity(self) -> str | None:
+        return self.findings[0].severity if self.findings else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "verdict": self.verdict(),
+            "findings": [f.to_json() for f in self.findings],
+            "capture": {"hosts": self.model.captures, "clock_skew": [s.__dict__ for s in self.model.skew],
+                        "problems": self.problems},
+        }
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
+            progress: Callable[[str], None] | None = None) -> Analysis:
+    """Model the bundles, run every detector, and store the findings next to the events."""
+    options = options or Options()
+    say = progress or (lambda _msg: None)
+    say(f"reading {len(paths)} bundle(s)")
+    model = build_model(list(paths))
+    say("building the event tables")
+    con = model.connect(db)
+    say("looking for findings")
+    findings, det_problems = run_detectors(Context(model=model, con=con, options=options))
+    _store_findings(con, findings)
+    return Analysis(model=model, con=con, findings=findings, problems=list(model.problems) + det_problems,
+                    options=options)
+
+
+def _store_findings(con, findings: list[Finding]) -> None:
+    cols = ", ".join(f'"{c}" {t}' for c, t in FINDINGS_SCHEMA.items())
+    con.execute(f"CREATE OR REPLACE TABLE findings ({cols})")
+    for i, f in enumerate(findings):
+        j = f.to_json()
+        con.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [i + 1, f.kind, f.severity, f.confidence, f.summary, j["ranks"], j["hosts"], j["peer_ranks"],
+                     json.dumps(j["links"]), json.dumps(j["evidence"]), f.sql, f.action])

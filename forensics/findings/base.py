@@ -1,0 +1,115 @@
+"""Findings: typed records and the detector registry (DESIGN.md "Findings").
+
+A detector is a function ``detect(ctx: Context) -> list[Finding]`` declared with
+``@detector("name")`` in one module per concern (``network.py``, ``hang.py``, ...);
+``forensics/findings/__init__.py`` only imports those modules, so adding a kind of
+finding is adding one file. :func:`run_detectors` runs every registered detector on a
+model, isolates a detector that fails (its failure becomes a problem line, the others
+still run), and orders the findings most important first.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+SCHEMA_VERSION = 1
+SEVERITIES = ("error", "warning", "info")
+SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass
+class Finding:
+    """One ranked verdict with its evidence (the ``--json`` contract of DESIGN.md)."""
+
+    kind: str                      # network_loss, slow_link, straggler, hang_mismatch, hang_stuck, ...
+    severity: str                  # error | warning | info
+    confidence: float              # 0..1: how sure the evidence makes us
+    summary: str                   # one sentence, numbers included, readable on its own
+    ranks: list[int] = field(default_factory=list)        # global ranks the finding blames
+    hosts: list[str] = field(default_factory=list)
+    peer_ranks: list[int] = field(default_factory=list)   # the other ends of blamed links
+    links: list[dict[str, Any]] = field(default_factory=list)   # {"rank", "peer_rank", "saddr", "daddr", ...}
+    evidence: list[dict[str, Any]] = field(default_factory=list)  # rows (JSON-able) that back the verdict
+    sql: str = ""                  # runs with `stallscope query BUNDLE "..."` and returns the evidence
+    action: str = ""               # what to do next
+    score: float = 0.0             # ordering within a severity (impact), detector-defined
+    details: dict[str, Any] = field(default_factory=dict)   # key numbers for the report (p50/p99, counts...)
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITY_RANK:
+            raise ValueError(f"unknown severity {self.severity!r}")
+        self.confidence = float(min(1.0, max(0.0, self.confidence)))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        return json.loads(json.dumps(d, default=_jsonable))
+
+
+def _jsonable(v: Any) -> Any:
+    """numpy / pandas scalars and other odd values in evidence rows -> JSON."""
+    if hasattr(v, "item"):
+        try:
+            return v.item()
+        except (ValueError, TypeError):
+            pass
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    if v is None or v != v:   # NaN / NA
+        return None
+    return str(v)
+
+
+@dataclass
+class Options:
+    slow_ms: float = 50.0          # a collective slower than this is "slow" (the article's 50 ms)
+
+
+@dataclass
+class Context:
+    """What a detector sees: the model's tables (DataFrames), a DuckDB connection over
+    them (``con``; tables ``nccl_events``, ``tcp_events``, ``collectives``, ...), options."""
+
+    model: Any
+    con: Any
+    options: Options = field(default_factory=Options)
+
+    def table(self, name: str):
+        return self.model.tables[name]
+
+    def sql(self, query: str, *params):
+        return self.con.execute(query, list(params) if params else None).df()
+
+
+Detector = Callable[[Context], list[Finding]]
+_DETECTORS: dict[str, Detector] = {}
+
+
+def detector(name: str) -> Callable[[Detector], Detector]:
+    def register(fn: Detector) -> Detector:
+        if name in _DETECTORS:
+            raise ValueError(f"detector {name!r} registered twice")
+        _DETECTORS[name] = fn
+        return fn
+    return register
+
+
+def detectors() -> dict[str, Detector]:
+    return dict(_DETECTORS)
+
+
+def order(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], -f.confidence * max(f.score, 1e-9),
+                                           -f.confidence, f.kind))
+
+
+def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
+    """Every registered detector on ``ctx``: (findings most important first, problems)."""
+    found: list[Finding] = []
+    problems: list[str] = []
+    for name, fn in _DETECTORS.items():
+        try:
+            found.extend(fn(ctx))
+        except Exception as exc:   # one broken detector must not cost the others' findings
+            problems.append(f"detector {name} failed: {type(exc).__name__}: {exc}")
+    return order(found), problems

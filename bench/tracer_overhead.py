@@ -153,6 +153,9 @@ def main() -> int:
         return 2
     if subprocess.run(["make", "-s", "-C", str(ROOT / "tests" / "lab")]).returncode:
         return 2
+    # a SIGTERM (kill, a job scheduler) unwinds like Ctrl-C: the finally blocks below stop the
+    # round's capture and lab instead of leaving them running
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rng = random.Random(a.seed)
     extra = (["--no-call-returns"] if a.no_call_returns else []) + a.capture_arg
     base, traced, ratios, usage = [], [], [], []

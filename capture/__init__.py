@@ -9,6 +9,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .runner import CaptureOptions, CaptureResult, CaptureUsageError, run_capture  # noqa: E402
+from .runner import CaptureFailed, CaptureOptions, CaptureResult, CaptureUsageError, run_capture  # noqa: E402
 
-__all__ = ["CaptureOptions", "CaptureResult", "CaptureUsageError", "run_capture", "__version__"]
+__all__ = ["CaptureFailed", "CaptureOptions", "CaptureResult", "CaptureUsageError", "run_capture", "__version__"]

@@ -47,15 +47,24 @@ def archive_bound(sizes: list[int], dirs: int = 0) -> int:
 
 @dataclass
 class Budget:
-    """Shares of --max-bytes, in uncompressed bytes. ``take`` is thread-safe."""
+    """Shares of --max-bytes, in uncompressed bytes. ``take`` is thread-safe.
+
+    ``other`` (snapshots, logs, attachments) keeps ``attach`` bytes of it for the files
+    attached at the end (NCCL_DEBUG logs, Flight Recorder dumps, nccl-tests output): the
+    snapshots of many namespaces taken at the start must not leave the most telling
+    evidence of a hang no room at all. Attachments may use the rest of the pool as well."""
 
     max_bytes: int
     pcap: int = 0
     tracer: int = 0
     other: int = 0
     reserve: int = 0
+    attach: int = 0
     _other_used: int = field(default=0, init=False)
+    _attach_used: int = field(default=0, init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
+
+    ATTACH_SHARE = 0.35     # of the 'other' pool, kept for attachments
 
     @classmethod
     def plan(cls, max_bytes: int, pcap: bool = True, tracer: bool = True) -> "Budget":
@@ -65,22 +74,42 @@ class Budget:
         weights = {"pcap": 55 if pcap else 0, "tracer": 25 if tracer else 0, "other": 20}
         total = sum(weights.values())
         shares = {k: usable * w // total for k, w in weights.items()}
-        return cls(max_bytes=max_bytes, reserve=reserve, **shares)
+        return cls(max_bytes=max_bytes, reserve=reserve, attach=int(shares["other"] * cls.ATTACH_SHARE), **shares)
 
-    def take(self, wanted: int) -> int:
-        """Grant up to ``wanted`` bytes of the shared 'other' pool (snapshots, logs, attachments)."""
+    def take(self, wanted: int, pool: str = "other") -> int:
+        """Grant up to ``wanted`` bytes: ``pool="other"`` (snapshots) from the shared pool minus
+        the attachments' part; ``pool="attach"`` from the attachments' part first, then the rest."""
         with self._lock:
-            grant = max(0, min(wanted, self.other - self._other_used))
+            shared_room = max(0, self.other - self.attach - self._other_used)
+            if pool == "attach":
+                own = max(0, min(wanted, self.attach - self._attach_used))
+                self._attach_used += own
+                more = max(0, min(wanted - own, shared_room))
+                self._other_used += more
+                return own + more
+            grant = max(0, min(wanted, shared_room))
             self._other_used += grant
             return grant
 
-    def give_back(self, n: int) -> None:
+    def room(self, pool: str = "other") -> int:
+        """Bytes ``take(.., pool)`` could grant now."""
         with self._lock:
-            self._other_used = max(0, self._other_used - n)
+            shared_room = max(0, self.other - self.attach - self._other_used)
+            return shared_room + (max(0, self.attach - self._attach_used) if pool == "attach" else 0)
+
+    def give_back(self, n: int, pool: str = "other") -> None:
+        with self._lock:
+            if pool == "attach":   # the shared part goes back first (it was taken last)
+                back = min(n, self._other_used)
+                self._other_used -= back
+                self._attach_used = max(0, self._attach_used - (n - back))
+            else:
+                self._other_used = max(0, self._other_used - n)
 
     def to_manifest(self) -> dict:
         return {"max_bytes": self.max_bytes, "pcap": self.pcap, "tracer": self.tracer, "other": self.other,
-                "reserve": self.reserve, "other_used": self._other_used}
+                "attach": self.attach, "reserve": self.reserve, "other_used": self._other_used,
+                "attach_used": self._attach_used}
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
@@ -221,12 +250,15 @@ def boot_id() -> str | None:
         return None
 
 
-def stream_copy(src, dst_path: Path, limit: int) -> tuple[int, bool]:
-    """Copy a binary stream into dst_path as it comes (each read written and flushed at once,
-    so a killed capture keeps what arrived), at most limit bytes; (bytes, truncated)."""
+def stream_copy(src, dst_path: Path, limit: int, errors: list[str] | None = None) -> tuple[int, bool]:
+    """Copy a binary stream into dst_path as it comes (each read written at once, unbuffered,
+    so a killed capture keeps what arrived), at most limit bytes; (bytes, truncated).
+
+    A write error (a full disk) ends the copying but not the reading: the pipe is drained
+    so the writer never blocks; the error goes to ``errors``."""
     n, truncated = 0, False
     fd = src.fileno()
-    with open(dst_path, "wb") as out:
+    with open(dst_path, "wb", buffering=0) as out:
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
@@ -238,29 +270,48 @@ def stream_copy(src, dst_path: Path, limit: int) -> tuple[int, bool]:
             if room <= 0:
                 truncated = True
                 continue
-            out.write(chunk[:room])
-            out.flush()
-            n += min(len(chunk), room)
+            view = memoryview(chunk)[:room]
+            try:
+                while view:
+                    w = out.write(view)
+                    n += w
+                    view = view[w:]
+            except OSError as e:
+                truncated, limit = True, n
+                if errors is not None:
+                    errors.append(f"writing {dst_path.name} failed after {n} bytes: {e.strerror or e}")
+                continue
             if len(chunk) > room:
                 truncated = True
     return n, truncated
 
 
-def write_capped(path: Path, data: bytes, budget: Budget, per_file_max: int) -> tuple[int, bool]:
-    """Write data (its tail when too big) within the 'other' pool; (bytes, truncated)."""
+def write_capped(path: Path, data: bytes, budget: Budget, per_file_max: int, *, pool: str = "other",
+                 keep_head: bool = False) -> tuple[int, bool]:
+    """Write data within the budget's ``pool``; (bytes, truncated). Too big: its tail is kept
+    (the newest lines), or with ``keep_head`` its first quarter and its tail (a log's start
+    says how the job was configured, its end how it failed), with a marker where it was cut."""
     want = min(len(data), per_file_max)
-    grant = budget.take(want + TAR_BLOCK * 2)  # count the tar header and padding too
+    grant = budget.take(want + TAR_BLOCK * 2, pool)  # count the tar header and padding too
     room = max(0, grant - TAR_BLOCK * 2)
     if room < len(data):
-        note = b"[truncated by stallscope: byte budget]\n"
-        body = data[len(data) - max(0, room - len(note)):] if room > len(note) else b""
-        data = (note + body) if room > len(note) else b""
+        note = b"\n[truncated by stallscope: byte budget]\n"
+        avail = room - len(note)
+        if avail <= 0:
+            data = b""
+        elif keep_head:
+            head = data[:avail // 4]
+            head = head[:head.rfind(b"\n") + 1] if b"\n" in head else head
+            tail = data[len(data) - (avail - len(head)):]
+            data = head + note.lstrip(b"\n") + tail
+        else:
+            data = note.lstrip(b"\n") + data[len(data) - avail:]
         truncated = True
     else:
         truncated = False
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
-    budget.give_back(max(0, room - len(data)))
+    budget.give_back(max(0, room - len(data)), pool)
     return len(data), truncated
 
 

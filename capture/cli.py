@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     """``python3 -m capture``: the same options as ``stallscope capture``."""
     import sys
 
-    from .runner import CaptureUsageError, run_capture
+    from .runner import CaptureFailed, CaptureUsageError, run_capture
     parser = argparse.ArgumentParser(prog="python3 -m capture", description=HELP, epilog=EPILOG)
     add_arguments(parser)
     args = parser.parse_args(argv)  # argparse exits 2 on bad usage
@@ -113,5 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     except CaptureUsageError as e:
         print(f"capture: error: {e}", file=sys.stderr)
         return 2
+    except CaptureFailed as e:
+        print(f"capture: error: {e}", file=sys.stderr)
+        return 3
     print(result.path)
     return result.exit_code

@@ -35,6 +35,7 @@ class Collector:
     per_file_max: int = 8 << 20             # snapshot outputs are cut to this (their tail)
     python_only: bool = False               # process scope: only Python processes
     optional: str = ""                      # why it may legitimately not apply (turns failure into skip)
+    timeout_s: float = 60.0                 # a snapshot command still running then is killed
     doc: str = ""
 
 
@@ -71,8 +72,12 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("ib-counters", func="ib_counters", out="ib/{phase}", doc="perfquery or sysfs InfiniBand counters",
               optional="no InfiniBand/RoCE devices"),
     # ---- per process
-    Collector("py-spy", argv=("py-spy", "dump", "--pid", "{pid}"), out="stacks/py-spy-{pid}-{phase}.txt",
-              scope="process", when=("start", "end"), needs_root=True, tool="py-spy", python_only=True),
+    # --nonblocking: py-spy reads the stacks without stopping the job (no ptrace stop);
+    # bounded: a py-spy stuck on a wedged process must not hold the capture up
+    Collector("py-spy", argv=("py-spy", "dump", "--nonblocking", "--pid", "{pid}"),
+              out="stacks/py-spy-{pid}-{phase}.txt", scope="process", when=("start", "end"), needs_root=True,
+              tool="py-spy", python_only=True, timeout_s=10.0,
+              doc="Python stacks of the job's processes, read without pausing them"),
     Collector("attachments", func="attachments", out="logs", when=("end",),
               doc="--attach files and logs named by the processes' environment"),
 )

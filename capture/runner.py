@@ -18,6 +18,7 @@ folder does it at its end, ``stallscope capture --recover DIR`` on demand.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import errno
 import fcntl
 import glob
 import json
@@ -47,6 +48,11 @@ LOG_CAP = 256 * 1024
 
 class CaptureUsageError(ValueError):
     """Bad options (exit code 2)."""
+
+
+class CaptureFailed(RuntimeError):
+    """The bundle could not be written (e.g. a full disk); the data stay in the staging
+    folder for ``--recover``. Exit code 3, one line on stderr."""
 
 
 @dataclass
@@ -149,6 +155,8 @@ class Capture:
         self.recovered: list[Path] = []
         self.tracer_summary: dict | None = None
         self.tracer_libs: set[str] = set()
+        self.tracer_problems: list[str] = []
+        self.snapshots_started: set[str] = set()    # asked-for libraries the tracer cannot attach to
         self.tcpdumps: dict[tuple[int, str], dict] = {}
         self.nccl_tests: dict | None = None
         self.pcap_slot_bytes = 0
@@ -240,22 +248,29 @@ class Capture:
 
     # ------------------------------------------------------------------ snapshots
     def snapshot_jobs(self, phase: str, nss=None, ifaces=None, pids=None):
-        """(collector, context) pairs of a phase; limited to given scopes when set."""
+        """(collector, context) pairs of a phase. With no scope given: every scope; with some
+        given (a namespace, interface or process found later): only those, so the snapshots
+        already taken are not taken again (a second run would overwrite the first one's file
+        with whatever budget is left)."""
+        limited = nss is not None or ifaces is not None or pids is not None
+        if not limited:
+            nss = list(self.netns.values())
+            ifaces = [(ns, i) for ns in self.netns.values() for i in ns.ifaces]
+            pids = list(self.procs)
         jobs = []
         for c in COLLECTORS:
             if phase not in c.when:
                 continue
-            if c.scope == "host" and nss is None and ifaces is None and pids is None:
+            if c.scope == "host" and not limited:
                 jobs.append((c, {"pid": "self", "ns": self.ensure_netns(self.own_ns, "self"), "phase": phase}))
             elif c.scope == "netns":
-                for ns in (nss if nss is not None else self.netns.values()):
+                for ns in nss or ():
                     jobs.append((c, {"pid": ns.pid, "ns": ns, "phase": phase}))
             elif c.scope == "iface":
-                for ns, iface in (ifaces if ifaces is not None else
-                                  [(ns, i) for ns in self.netns.values() for i in ns.ifaces]):
+                for ns, iface in ifaces or ():
                     jobs.append((c, {"pid": ns.pid, "ns": ns, "iface": iface, "phase": phase}))
             elif c.scope == "process":
-                for pid in (pids if pids is not None else list(self.procs)):
+                for pid in pids or ():
                     info = self.procs[pid]
                     if c.python_only and not info.python:
                         continue
@@ -288,6 +303,10 @@ class Capture:
 
     def run_snapshot(self, c: Collector, ctx: dict) -> None:
         key = self.instance_key(c, ctx)
+        with self.lock:   # each snapshot once: a file already written is never overwritten
+            if key in self.snapshots_started:
+                return
+            self.snapshots_started.add(key)
         t0 = time.time_ns()
         reason = self.skip_reason(c)
         ns = ctx.get("ns")
@@ -309,11 +328,13 @@ class Capture:
             if c.argv:
                 argv = self.ns_prefix(ns) + [self.fill(a, ctx) for a in c.argv]
                 self.record(key, command=shlex.join(argv), started_ns=t0)
-                rc, so, se = children.run(argv, timeout=60)
+                rc, so, se = children.run(argv, timeout=c.timeout_s)
                 n, trunc = bd.write_capped(out, so, self.budget, c.per_file_max)
                 status = "ok" if rc in c.ok_rc else ("skipped" if c.optional else "failed")
                 reason = None
-                if status != "ok":
+                if rc is None:
+                    status, reason = "failed", f"still running after {c.timeout_s:g}s: killed (its output so far is kept)"
+                elif status != "ok":
                     reason = (f"{c.optional}: " if c.optional else "") + f"exit code {rc}"
                     if ns is not None and not ns.own and self.live_pid(ns) is None:
                         status, reason = "skipped", "network namespace gone (its processes exited)"
@@ -376,6 +397,11 @@ class Capture:
             except (OSError, ElfError) as e:
                 self.record(key, status="failed", reason=f"--nccl-lib {path}: {e}", started_ns=t0, ended_ns=t0)
                 return
+            if not syms:   # a wrong library: say so (manifest, stderr, exit code 3); trace the rest
+                self.tracer_problems.append(f"--nccl-lib {path}: exports none of the NCCL API "
+                                            f"({', '.join(tracer.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
+                self.log(self.tracer_problems[-1])
+                continue
             targets.nccl.setdefault(str(Path(path).resolve()), set()).update(syms)
             # processes not started yet: look for the CUDA runtime next to the given libnccl
             for sib in sorted(glob.glob(str(Path(path).resolve().parent / "libcudart.so*"))):
@@ -473,6 +499,8 @@ class Capture:
                       "interval are missing; see stderr_tail")
         elif late:
             reason = f"bpftrace did not finish within {wait_s:.0f}s of SIGINT and was killed (after its last flush)"
+        if self.tracer_problems:
+            ok, reason = False, "; ".join(([reason] if reason else []) + self.tracer_problems)
         self.record("tracer", status="ok" if ok else "failed", reason=reason, rc=rc, stderr_tail=_tail(err),
                     ended_ns=time.time_ns())
 
@@ -643,13 +671,14 @@ class Capture:
         key = "nccl-tests"
         out = self.staging / "nccl-tests" / "output.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
-        limit = self.budget.take(16 << 20)
+        # nccl-tests output is an attachment: at most half of the attachments' part, 16 MiB
+        limit = self.budget.take(min(16 << 20, max(64 << 10, self.budget.attach // 2)), "attach")
         argv = ["sh", "-c", self.o.nccl_tests]
         proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        result = {"proc": proc, "out": out, "bytes": 0, "truncated": False}
+        result = {"proc": proc, "out": out, "bytes": 0, "truncated": False, "errors": []}
 
         def pump():
-            result["bytes"], result["truncated"] = bd.stream_copy(proc.stdout, out, limit)
+            result["bytes"], result["truncated"] = bd.stream_copy(proc.stdout, out, limit, result["errors"])
         th = threading.Thread(target=pump, daemon=True)
         th.start()
         result["thread"] = th
@@ -665,7 +694,9 @@ class Capture:
         rc = children.stop(t["proc"], signal.SIGINT, grace_s=3)
         t["thread"].join(timeout=5)
         reason = None if finished else "still running at the end of the capture: stopped"
-        if t["truncated"]:
+        if t["errors"]:
+            reason = ((reason + "; ") if reason else "") + "; ".join(t["errors"])
+        elif t["truncated"]:
             reason = ((reason + "; ") if reason else "") + "output truncated to the byte budget"
         status = "ok" if (rc == 0 or not finished) else "failed"
         if finished and rc != 0:
@@ -713,7 +744,16 @@ class Capture:
                         "Flight Recorder dumps in the processes' environment)", started_ns=t0, ended_ns=t0)
             return
         files, notes = [], []
-        for path, why in sources:
+
+        def size(src: tuple[str, str]) -> int:
+            try:
+                return os.path.getsize(src[0])
+            except OSError:
+                return 0
+        # smallest first, each at most an equal share of what is left: one huge log
+        # cannot leave the other ranks' logs nothing
+        sources = sorted(sources, key=size)
+        for n_left, (path, why) in zip(range(len(sources), 0, -1), sources):
             try:
                 with open(path, "rb") as fh:
                     head = fh.read(4096)
@@ -731,17 +771,19 @@ class Capture:
                     i += 1
                 data = Path(path).read_bytes()
                 if folder == "flight-recorder":
-                    grant = self.budget.take(len(data) + 1024)
+                    grant = self.budget.take(len(data) + 1024, "attach")
                     if grant < len(data) + 1024:
-                        self.budget.give_back(grant)
+                        self.budget.give_back(grant, "attach")
                         notes.append(f"{path}: not attached ({len(data)} bytes exceed the byte budget)")
                         continue
                     dst.parent.mkdir(parents=True, exist_ok=True)
                     dst.write_bytes(data)
                 else:
-                    _, trunc = bd.write_capped(dst, data, self.budget, 64 << 20)
+                    share = max(0, self.budget.room("attach") // n_left - 2 * bd.TAR_BLOCK)
+                    _, trunc = bd.write_capped(dst, data, self.budget, min(64 << 20, share), pool="attach",
+                                               keep_head=True)
                     if trunc:
-                        notes.append(f"{path}: truncated to its tail (byte budget)")
+                        notes.append(f"{path}: cut in the middle to fit the byte budget (its start and end kept)")
                 files.append({"source": path, "path": self.rel(dst), "why": why})
             except OSError as e:
                 notes.append(f"{path}: {e.strerror}")
@@ -854,7 +896,15 @@ class Capture:
                                   "outlive a killed capture")
             self.write_staged_manifest()
             self.capture()
-            result = self.finalize()
+            try:
+                result = self.finalize()
+            except OSError as e:
+                if e.errno not in DISK_FULL:
+                    raise
+                Path(str(self.out_path) + ".partial").unlink(missing_ok=True)
+                raise CaptureFailed(f"cannot write the bundle into {self.out_path.parent}: {e.strerror}; what was "
+                                    f"captured is kept in {self.staging} (free some space, then 'stallscope capture "
+                                    f"--recover {self.out_path.parent}')") from None
             committed = True
             return result
         finally:
@@ -1007,6 +1057,33 @@ class Capture:
             print(file=self.err)
         self.log("stopping collectors")
 
+    def fit_disk(self, manifest: dict, err: OSError) -> dict:
+        """The output's file system filled up: cut the staged files (they share it with the
+        archive) to what leaves room for their archive, then write a bundle that says so.
+        Raises the OSError when even that does not fit (run() then keeps the staging folder)."""
+        partial = Path(str(self.out_path) + ".partial")
+        for attempt in range(4):
+            partial.unlink(missing_ok=True)
+            (self.staging / "manifest.json").unlink(missing_ok=True)
+            free = shutil.disk_usage(self.staging).free
+            staged = sum(p.stat().st_size for p in bd.list_files(self.staging))
+            # what is cut is freed on the same file system: staged + archive <= free + staged
+            keep = max(0, (free + staged) // 2 - (256 << 10) * (attempt + 1))
+            if keep < staged:
+                trim(self.staging, staged - keep, manifest)
+            manifest.setdefault("notes", []).append(
+                f"the output file system was full ({err.strerror}): the staged files were cut to about {keep} bytes "
+                "(cut and dropped files are listed above) to write this bundle")
+            manifest["partial"] = True
+            manifest["partial_reason"] = f"the output file system was full ({err.strerror}); see notes"
+            try:
+                return fit_budget(self.staging, self.out_path, self.arcroot, manifest, self.o.max_bytes)
+            except OSError as e:
+                if e.errno not in DISK_FULL:
+                    raise
+                err = e
+        raise err
+
     def rescan(self) -> None:
         fresh = self.discover(initial=False)
         if not fresh:
@@ -1051,9 +1128,18 @@ class Capture:
                 rec["status"] = "ok"
         processes = self.process_facts()
         manifest = self.manifest_dict(ended_ns, processes, partial=False)
-        manifest = fit_budget(self.staging, self.out_path, self.arcroot, manifest, self.o.max_bytes)
+        disk_full = False
+        try:
+            manifest = fit_budget(self.staging, self.out_path, self.arcroot, manifest, self.o.max_bytes)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            manifest, disk_full = self.fit_disk(manifest, e), True
         failed = sorted(k for k, r in self.collectors.items() if r["status"] == "failed")
-        code = 3 if failed else 0
+        code = 3 if failed or disk_full else 0
+        if disk_full:
+            self.log("the output file system was full: the bundle holds what fitted (its manifest's notes say "
+                     "what was cut)")
         if failed:
             self.log(f"finished with failed collectors: {', '.join(failed)}")
         skipped = sorted(k.split(":")[0].split("@")[0] for k, r in self.collectors.items()
@@ -1064,6 +1150,7 @@ class Capture:
         return CaptureResult(path=self.out_path, exit_code=code, manifest=manifest)
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 STAGED_MANIFEST = ".manifest.staged.json"
 LOCK_FILE = ".lock"
 DIED_MARKER = ".capture-died.json"

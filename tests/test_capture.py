@@ -114,7 +114,12 @@ def test_sizes_and_durations():
 def test_budget_plan_and_archive_bound(tmp_path):
     b = bd.Budget.plan(2 << 20)
     assert b.pcap + b.tracer + b.other + b.reserve <= 2 << 20
-    assert b.take(10 << 20) == b.other and b.take(1) == 0
+    # snapshots cannot eat the part kept for attachments; attachments can use everything left
+    assert 0 < b.attach < b.other
+    assert b.take(10 << 20) == b.other - b.attach and b.take(1) == 0
+    assert b.take(10 << 20, "attach") == b.attach and b.take(1, "attach") == 0
+    b.give_back(100, "attach")
+    assert b.take(1000, "attach") == 100
     # the bound holds for incompressible data, whatever the file sizes
     rng = random.Random(7)
     stage = tmp_path / "s"
@@ -131,6 +136,24 @@ def test_budget_plan_and_archive_bound(tmp_path):
     bd.commit_archive(dest)
     with tarfile.open(dest) as t:
         assert len([m for m in t.getmembers() if m.isfile()]) == 12
+
+
+def test_write_capped_keeps_a_logs_start_and_end(tmp_path):
+    b = bd.Budget.plan(4 << 20)
+    b.take(b.other)                    # the snapshots used every shared byte...
+    log = b"".join(b"host:1:1 [0] NCCL INFO line %06d\n" % i for i in range(200_000))
+    n, trunc = bd.write_capped(tmp_path / "log", log, b, 64 << 20, pool="attach", keep_head=True)
+    out = (tmp_path / "log").read_bytes()
+    assert trunc and 0 < n == len(out) <= b.attach     # ...the attachment still got its part
+    assert out.startswith(b"host:1:1 [0] NCCL INFO line 000000\n")
+    assert out.endswith(b"line 199999\n") and b"[truncated by stallscope: byte budget]\n" in out
+    head, tail = out.split(b"[truncated by stallscope: byte budget]\n")
+    assert head.endswith(b"\n") and len(head) < len(tail)
+    # a snapshot keeps its tail only
+    b2 = bd.Budget.plan(1 << 20)
+    n, trunc = bd.write_capped(tmp_path / "snap", log, b2, 64 << 20)
+    snap = (tmp_path / "snap").read_bytes()
+    assert trunc and snap.startswith(b"[truncated by stallscope") and snap.endswith(b"line 199999\n")
 
 
 def test_bundle_names_never_overwrite(tmp_path):

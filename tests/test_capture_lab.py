@@ -210,6 +210,18 @@ def test_small_budget_and_ctrl_c_mid_capture(lab_ready, tmp_path):
     assert any(k.startswith("tcpdump@") and v["status"] == "ok" for k, v in manifest["collectors"].items())
     assert sum(f["bytes"] for f in manifest["files"] if f["path"].startswith("pcap/")) > 0
     assert leftovers(str(tmp_path)) == []
+    # a small budget still keeps each rank namespace's start snapshots (taken once, never
+    # overwritten by later rescans) and the NCCL logs' start (their configuration lines)
+    # next to their end: the attachments have their own part of the budget
+    sizes = {f["path"]: f["bytes"] for f in manifest["files"]}
+    ns_addr = [p for p in sizes if p.startswith("sys/netns-") and p.endswith("/ip-addr-start.json")]
+    assert ns_addr and all(sizes[p] > 0 for p in ns_addr), sizes
+    _, _, root = read_events(bundle)
+    logs = sorted((root / "logs").glob("nccl-rank*.log"))
+    assert len(logs) == 2
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert text and " NCCL INFO " in text.splitlines()[0], (manifest["collectors"].get("attachments:end"), manifest["budget"])
 
 
 def _descendants(pid: int) -> set[int]:

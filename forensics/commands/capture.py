@@ -9,7 +9,7 @@ import argparse
 
 from capture import cli as capture_cli
 
-from ..errors import StallscopeError
+from ..errors import ExitCode, StallscopeError
 
 HELP = capture_cli.HELP
 
@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, env) -> int:
-    from capture import CaptureUsageError, run_capture
+    from capture import CaptureFailed, CaptureUsageError, run_capture
     try:
         if args.recover:
             for path in capture_cli.recover(args, env.stderr):
@@ -29,5 +29,9 @@ def run(args: argparse.Namespace, env) -> int:
         result = run_capture(capture_cli.options_from_args(args), stderr=env.stderr)
     except CaptureUsageError as e:
         raise StallscopeError(str(e)) from None
+    except CaptureFailed as e:   # no bundle (a full disk): one line, exit code 3, the data kept
+        err = StallscopeError(str(e))
+        err.exit_code = ExitCode.CAPTURE_PARTIAL
+        raise err from None
     print(result.path, file=env.stdout)
     return result.exit_code

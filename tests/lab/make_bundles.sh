@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 PY=$REPO/.venv/bin/python; [ -x "$PY" ] || PY=python3
-DEST=$REPO/tests/fixtures/bundles
+DEST=${DEST:-$REPO/tests/fixtures/bundles}   # DEST=/tmp/x: try without touching the shipped ones
 BUILD=$REPO/tests/lab/build
 LIB=$BUILD/libnccl.so.2
 # CAPTURE overrides the capture command, e.g. a known-good copy of capture/ while

@@ -2,7 +2,9 @@
 
 ``build_model(paths)`` opens each bundle (:mod:`forensics.bundle`), converts tracer times
 to UTC with each manifest's clock samples, attributes TCP events to processes, ranks and
-the collective in flight, and returns a :class:`Model`: the tables as DataFrames plus
+the collective in flight, reads the other artefacts (NCCL logs, nccl-tests, py-spy, ss,
+Flight Recorder, Inspector: :mod:`forensics.model.artifacts`, which also puts GPU times on
+``nccl_events``), and returns a :class:`Model`: the tables as DataFrames plus
 ``connect()`` for SQL (an in-memory DuckDB, or a file with ``path=``). Column schemas
 live in :mod:`forensics.model.schema`.
 """
@@ -16,7 +18,10 @@ import pandas as pd
 
 from ..bundle import Bundle
 from ..errors import InputError
+from . import artifacts as artifacts_mod
 from . import nccl as nccl_mod
+from . import offcpu as offcpu_mod
+from . import timing as timing_mod
 from . import tcp as tcp_mod
 from .schema import SCHEMAS, TABLES
 from .skew import SkewEstimate, estimate_skew, segment_fingerprints
@@ -94,6 +99,8 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
     attr = tcp_mod.Attribution(endpoints, ranks, netns)
 
     nccl_parts, tcp_parts, pk_parts, fl_parts, ib_parts = [], [], [], [], []
+    off_parts: list[pd.DataFrame] = []
+    timing_parts: list[pd.DataFrame] = []
     for b in bundles:
         ev = events[b.host]
         nccl_parts.append(nccl_mod.nccl_events(b, ev))
@@ -103,10 +110,13 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         pk_parts.append(pk)
         fl_parts.append(fl)
         ib_parts.append(_ib_counters(b))
+        off_parts.append(offcpu_mod.offcpu_samples(b, ev))
+        timing_parts.append(timing_mod.flow_timing(b, attr))
     nccl = _concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                           na_position="last").reset_index(drop=True)
     tcp = _concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
                                                         na_position="last").reset_index(drop=True)
+    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, nccl, attr)   # GPU times join nccl_events here
     tcp = tcp_mod.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []
@@ -120,6 +130,9 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         "ib_counters": _concat(ib_parts, "ib_counters"),
         "clock_skew": nccl_mod.conform(skew_df, "clock_skew"),
         "problems": nccl_mod.conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
+        **artifact_tabs,
+        "offcpu": _concat(off_parts, "offcpu"),
+        "flow_timing": _concat(timing_parts, "flow_timing"),
     }
     return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
                  skew=estimates, captures=[capture_summary(b) for b in bundles])
@@ -138,7 +151,7 @@ def capture_summary(b: Bundle) -> dict:
         "collectors": [{"name": c.name, "status": c.status, "reason": c.reason, "command": c.command, "rc": c.rc,
                         "files": list(c.files)} for c in m.collectors.values()],
         "processes": [{"pid": p.pid, "rank": p.rank, "world_size": p.world_size, "comm": p.comm,
-                       "libnccl": list(p.libnccl)} for p in m.processes],
+                       "cmdline": " ".join(p.cmdline), "libnccl": list(p.libnccl)} for p in m.processes],
         "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),
         "problems": list(b.problems),
     }
@@ -169,7 +182,12 @@ def _skew(bundles: list[Bundle], endpoints: pd.DataFrame) -> list[SkewEstimate]:
     """Pairwise skew between hosts, from every segment of their pcaps (bundles still open)."""
     prints = {}
     for b in bundles:
-        parts = [segment_fingerprints(p) for _, p in b.pcaps()]
+        parts = []
+        for _, p in b.pcaps():
+            try:
+                parts.append(segment_fingerprints(p))
+            except InputError:   # an unreadable capture: already a problem line (analyse_pcaps)
+                continue
         prints[b.host] = pd.concat(parts, ignore_index=True) if parts else None
     out = []
     for a, c in combinations(bundles, 2):

@@ -3,8 +3,9 @@
 NCCL calls are asynchronous: uprobe entry->return is the launch, not the collective.
 Durations, best first:
 
-- ``gpu``: Flight Recorder / NCCL Inspector completion times: NOT WIRED YET (the lab
-  produces neither; mapping FR collective_seq_id / Inspector seq onto op_count is open);
+- ``gpu``: Flight Recorder / NCCL Inspector / profiler-plugin execution times, applied
+  after this module by :mod:`forensics.model.gpu_times` (mapping of collective_seq_id /
+  coll_sn / SeqNum onto op_count and its limits documented there);
 - ``host_sync``: the first host wait (cudaStreamSynchronize & co.) on the same stream of
   the same process that *started after the call returned* must have waited for the
   collective (streams run in order), so its return bounds the collective's end from

@@ -19,7 +19,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
     # one row per NCCL collective/p2p call seen by the tracer
     "nccl_events": {
         "timestamp_ns": "BIGINT",        # call entry, UTC
-        "duration_ns": "BIGINT",         # end_ns - timestamp_ns; NULL while never completed
+        "duration_ns": "BIGINT",         # end_ns - timestamp_ns (source 'gpu': the GPU execution time); NULL
+                                         # while never completed
         "duration_source": "VARCHAR",    # gpu | host_sync | call
         "end_ns": "BIGINT",              # completion (upper bound for host_sync), UTC
         "op": "VARCHAR", "rank": "INTEGER", "nranks": "INTEGER", "comm_id_hash": "VARCHAR", "comm_ptr": "VARCHAR",
@@ -32,6 +33,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
                                          # flight at the end, aborted, or not followed by any wait
         "rc": "INTEGER",                 # ncclResult_t of the call
         "fn": "VARCHAR",                 # the probed function (ncclAllReduce, ...)
+        "gpu_source": "VARCHAR",         # duration_source 'gpu': flight_recorder | inspector | profiler (gpu_times.py);
+                                         # for those rows duration_ns is the GPU execution time itself
     },
     # one row per TCP event: kernel tracepoints (bpf) and pcap verdicts (one row per verdict)
     "tcp_events": {
@@ -91,8 +94,120 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "host_a": "VARCHAR", "host_b": "VARCHAR", "skew_ns": "BIGINT", "one_way_delay_ns": "BIGINT",
         "matched_segments": "BIGINT", "status": "VARCHAR",
     },
+    # ---- parsed artefacts (model/artifacts.py, nccl_config.py, gpu_times.py); `artifact`: the file in the bundle
+    # one row per NCCL process: its NCCL_DEBUG log's init lines merged with the manifest's process
+    "nccl_config": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "local_rank": "INTEGER", "world_size": "INTEGER",
+        "source": "VARCHAR",             # log+manifest | log | manifest
+        "nccl_version": "VARCHAR", "libnccl": "VARCHAR",
+        "transport": "VARCHAR",          # IB (also RoCE) | Socket | a net plugin's name; NULL: no log says
+        "ib_devices": "VARCHAR",         # NET/IB devices, "mlx5_0:1/IB,mlx5_1:1/RoCE"
+        "link_layers": "VARCHAR",        # IB | RoCE | both
+        "socket_ifaces": "VARCHAR", "socket_addrs": "VARCHAR",   # NET/Socket interfaces (comma-separated)
+        "oob_iface": "VARCHAR", "interfaces": "VARCHAR",
+        "gdr": "BOOLEAN",                # GPU Direct RDMA: enabled on some HCA/channel; FALSE: only "Disabled" lines
+        "nchannels": "INTEGER",          # "N coll channels" (or Channel xx/NN)
+        "net_channels": "INTEGER", "gdr_channels": "INTEGER",
+        "channel_transports": "VARCHAR", # distinct "via" kinds: NET/Socket, NET/IB, P2P, SHM ...
+        "ring_channels": "INTEGER", "tree_channels": "INTEGER", "ring_prev": "INTEGER", "ring_next": "INTEGER",
+        "comms": "INTEGER", "comm_ids": "VARCHAR",   # NCCL commId (commHash) of its communicators
+        "warnings": "INTEGER",           # NCCL WARN lines
+        "env": "VARCHAR",                # JSON {NCCL_*/TORCH_*: value}: the process env, else the log's "set by environment"
+        "log_host": "VARCHAR", "log_pid": "INTEGER", "log_rank": "INTEGER", "netns": "VARCHAR", "artifact": "VARCHAR",
+    },
+    # NCCL WARN lines of the NCCL_DEBUG logs
+    "nccl_warnings": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "log_pid": "INTEGER", "tid": "INTEGER",
+        "dev": "INTEGER", "ts": "VARCHAR", "src_file": "VARCHAR", "src_line": "INTEGER", "func": "VARCHAR",
+        "message": "VARCHAR", "peer": "VARCHAR", "ib_status": "INTEGER", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # one row per bundle: what the host has (IB, interfaces, GPUDirect module, XIDs)
+    "host_facts": {
+        "host": "VARCHAR", "kernel": "VARCHAR",
+        "ib_present": "BOOLEAN",         # NULL: unknown (no ib/ and no collector verdict)
+        "ib_devices": "VARCHAR", "ib_ports": "INTEGER", "ib_ports_active": "INTEGER", "ib_link_layers": "VARCHAR",
+        "ib_rate_gbps": "DOUBLE",        # fastest port's rate (sysfs "rate")
+        "interfaces": "VARCHAR", "link_types": "VARCHAR",   # ip -j link (all namespaces), lo left out
+        "nvidia_peermem": "BOOLEAN",     # in lsmod; NULL without sys/lsmod.txt
+        "gpus": "INTEGER", "xid_count": "INTEGER", "xid_first": "VARCHAR",
+        "kernel_alerts": "INTEGER",      # lines of logs/dmesg-*-xid.txt (XID, GPU, peermem, mlx5 errors)
+    },
+    # nccl-tests result rows (one per size and placement)
+    "nccl_tests": {
+        "host": "VARCHAR", "artifact": "VARCHAR", "line": "BIGINT", "test": "VARCHAR", "size_bytes": "BIGINT",
+        "count": "BIGINT", "dtype": "VARCHAR", "redop": "VARCHAR", "root": "INTEGER",
+        "placement": "VARCHAR",          # out | in (out-of-place, in-place)
+        "time_us": "DOUBLE", "time_kind": "VARCHAR", "algbw_gbps": "DOUBLE", "busbw_gbps": "DOUBLE",
+        "wrong": "DOUBLE", "timestamp": "VARCHAR",
+    },
+    # one row per nccl-tests run (file and test)
+    "nccl_tests_runs": {
+        "host": "VARCHAR", "artifact": "VARCHAR", "test": "VARCHAR", "version": "VARCHAR", "ranks": "INTEGER",
+        "nodes": "INTEGER", "test_hosts": "VARCHAR", "gpus": "VARCHAR", "rows": "INTEGER",
+        "min_size_bytes": "BIGINT", "max_size_bytes": "BIGINT", "max_busbw_gbps": "DOUBLE",
+        "max_busbw_size_bytes": "BIGINT", "busbw_at_max_size_gbps": "DOUBLE",
+        "avg_busbw_gbps": "DOUBLE",      # the footer's "# Avg bus bandwidth"
+        "avg_status": "VARCHAR", "wrong_total": "DOUBLE", "out_of_bounds": "INTEGER", "failures": "INTEGER",
+        "failure_text": "VARCHAR",
+    },
+    # py-spy frames (depth 0 = innermost) of the traced processes
+    "stacks": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "phase": "VARCHAR", "thread_id": "VARCHAR",
+        "os_tid": "INTEGER", "thread_name": "VARCHAR", "status": "VARCHAR", "active": "BOOLEAN",
+        "owns_gil": "BOOLEAN", "depth": "INTEGER", "function": "VARCHAR", "code_file": "VARCHAR", "lineno": "INTEGER",
+        "artifact": "VARCHAR", "line": "BIGINT",
+    },
+    # ss -tinp snapshots: one row per socket per snapshot
+    "sockets": {
+        "host": "VARCHAR", "netns": "VARCHAR", "phase": "VARCHAR", "pid": "INTEGER",
+        "rank": "INTEGER",               # owner's rank (pid, else the endpoint's owner)
+        "peer_rank": "INTEGER",          # rank owning the peer endpoint (or the only rank on its address)
+        "state": "VARCHAR", "local_addr": "VARCHAR", "local_port": "INTEGER", "peer_addr": "VARCHAR",
+        "peer_port": "INTEGER", "process": "VARCHAR", "recv_q": "BIGINT", "send_q": "BIGINT",
+        "retrans_cur": "BIGINT", "retrans_total": "BIGINT", "lost": "BIGINT", "unacked": "BIGINT",
+        "bytes_sent": "BIGINT", "bytes_retrans": "BIGINT", "bytes_acked": "BIGINT", "bytes_received": "BIGINT",
+        "segs_out": "BIGINT", "segs_in": "BIGINT", "rtt_ms": "DOUBLE", "rttvar_ms": "DOUBLE", "rto_ms": "DOUBLE",
+        "cwnd": "BIGINT", "delivery_rate_bps": "DOUBLE", "busy_ms": "DOUBLE", "lastsnd_ms": "DOUBLE",
+        "lastrcv_ms": "DOUBLE", "artifact": "VARCHAR", "line": "BIGINT",
+    },
+    # Flight Recorder entries (times are wall-clock UTC ns as dumped; rank: global rank of the dump)
+    "fr_entries": {
+        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "record_id": "BIGINT", "pg_id": "BIGINT",
+        "pg_name": "VARCHAR", "pg_desc": "VARCHAR", "collective_seq_id": "BIGINT", "p2p_seq_id": "BIGINT",
+        "op_id": "BIGINT", "profiling_name": "VARCHAR", "op": "VARCHAR", "is_p2p": "BOOLEAN",
+        "state": "VARCHAR",              # scheduled | started | completed
+        "time_created_ns": "BIGINT", "time_discovered_started_ns": "BIGINT",
+        "time_discovered_completed_ns": "BIGINT", "duration_ms": "DOUBLE", "retired": "BOOLEAN",
+        "timeout_ms": "BIGINT", "input_numel": "BIGINT", "output_numel": "BIGINT", "input_dtypes": "VARCHAR",
+        "thread_name": "VARCHAR", "top_frame": "VARCHAR", "artifact": "VARCHAR",
+    },
+    # Flight Recorder pg_status per dump: the last collective_seq_id enqueued/started/completed (-1: none)
+    "fr_pg_status": {
+        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "pg_id": "VARCHAR",
+        "last_enqueued_collective": "BIGINT", "last_started_collective": "BIGINT",
+        "last_completed_collective": "BIGINT", "artifact": "VARCHAR",
+    },
     # what could not be read, per bundle
     "problems": {"host": "VARCHAR", "bundle": "VARCHAR", "problem": "VARCHAR"},
+    # per directed TCP connection and capture: ACK round-trip times and data rate (forensics/model/timing.py)
+    "flow_timing": {
+        "host": "VARCHAR", "capture": "VARCHAR", "saddr": "VARCHAR", "sport": "INTEGER", "daddr": "VARCHAR",
+        "dport": "INTEGER",              # the data's direction: saddr sends, daddr ACKs
+        "data_packets": "BIGINT", "data_bytes": "BIGINT",
+        "busy_bytes": "BIGINT", "busy_ns": "BIGINT",   # data segments <= 10 ms after the previous one
+        "busy_rate_bps": "DOUBLE",       # busy_bytes * 8 / busy_ns: the sending rate while it was sending
+        "rtt_samples": "BIGINT",         # ACKs with an RTT (tcp.analysis.ack_rtt) for this data
+        "rtt_p50_ns": "DOUBLE", "rtt_p90_ns": "DOUBLE", "rtt_p99_ns": "DOUBLE", "rtt_max_ns": "DOUBLE",
+        "rank": "INTEGER", "peer_rank": "INTEGER", "pid": "INTEGER",   # sender's rank, receiver's rank
+    },
+    # per-thread scheduler samples of the job (capture's schedstat sampler, bpf/README.md "offcpu")
+    "offcpu": {
+        "timestamp_ns": "BIGINT", "host": "VARCHAR", "pid": "INTEGER", "tid": "INTEGER", "rank": "INTEGER",
+        "name": "VARCHAR", "state": "VARCHAR",   # thread name; R, S, D, ... at the sample
+        "offcpu_ns": "BIGINT",           # off-CPU (blocked or runnable) since capture first saw the thread
+        "oncpu_ns": "BIGINT", "runq_ns": "BIGINT",   # kernel totals since the thread started
+        "offcpu_delta_ns": "BIGINT", "oncpu_delta_ns": "BIGINT", "runq_delta_ns": "BIGINT",  # since its last sample
+    },
 }
 
 TABLES = list(SCHEMAS)

@@ -227,6 +227,12 @@ def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame
             bundle.problems.append(f"{rel}: unreadable capture ({e})")
             continue
         bundle.problems.extend(f"{rel}: {d}" for d in res.stats.defects)
+        if res.stats.frames == 0:
+            bundle.problems.append(f"{rel}: no packets (tcpdump captured nothing on this interface): "
+                                   "no packet evidence for the ranks behind it")
+        elif res.stats.tcp_packets == 0:
+            bundle.problems.append(f"{rel}: {res.stats.frames} frames but no TCP: no packet evidence "
+                                   "(traffic over RDMA or another protocol?)")
         p = res.packets
         if p is not None and len(p):
             pk = pd.DataFrame({"timestamp_ns": p["time_epoch_ns"].to_numpy(), "capture": rel,

@@ -1,0 +1,280 @@
+"""Evidence shared by the detectors: collective windows, TCP trouble per link, who is who.
+
+Everything here is a DataFrame operation over the model's tables (no per-event Python
+loops): the detectors in ``network.py``, ``straggler.py`` and ``hang.py`` combine these
+pieces and phrase the verdict.
+
+Counting rule for TCP trouble: one lost segment shows up several times in
+``tcp_events`` (the kernel tracepoint on the sender, the sender's pcap, the receiver's
+pcap when the retransmission got through). Per directed connection and class of
+event, the count is the largest count any *one* source saw (one pcap, or the tracer),
+not the sum, so a link is not blamed twice for being captured on both ends.
+
+Scores (``Finding.score``, the order within a severity): these detectors use the
+estimated seconds of collective time the problem cost (slow collectives' excess over
+the clean baseline, a straggler's total lateness); a hang scores 1e6 plus the seconds
+it lasted, and a reset that broke collectives 2e6 (it is the cause of the hang that
+follows it, so it goes first).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+# tcp_events.event -> class of trouble
+EVENT_CLASS = {
+    "tcp_retransmit_skb": "retransmission", "retransmission": "retransmission",
+    "fast_retransmission": "retransmission", "lost_segment": "lost_segment",
+    "duplicate_ack": "duplicate_ack",
+    "rst": "reset", "tcp_send_reset": "reset", "tcp_receive_reset": "reset",
+}
+LOSS_CLASSES = ("retransmission", "duplicate_ack", "lost_segment")
+COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
+                 "lost_segment": "lost_segments", "reset": "resets"}
+
+
+def sql_list(values) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+LOSS_EVENTS_SQL = sql_list(k for k, v in EVENT_CLASS.items() if v in LOSS_CLASSES)
+RESET_EVENTS_SQL = sql_list(k for k, v in EVENT_CLASS.items() if v == "reset")
+
+
+# --------------------------------------------------------------------------- who is who
+
+@dataclass
+class RankInfo:
+    host: str | None
+    addr: str | None
+
+    def label(self, rank: int) -> str:
+        parts = [p for p in (self.host, self.addr) if p]
+        return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
+
+
+def rank_directory(ctx) -> dict[int, RankInfo]:
+    """Global rank -> host and the address its TCP connections use (the most frequent one)."""
+    n = ctx.table("nccl_events")
+    hosts: dict[int, str] = {}
+    if len(n):
+        h = n.dropna(subset=["rank"]).groupby("rank")["host"].agg(lambda s: s.mode().iat[0] if len(s.mode()) else None)
+        hosts = {int(r): v for r, v in h.items()}
+    addr_parts = []
+    f = ctx.table("flows")
+    if len(f):
+        addr_parts.append(pd.DataFrame({"rank": f["rank"], "addr": f["orig_addr"]}))
+        addr_parts.append(pd.DataFrame({"rank": f["peer_rank"], "addr": f["resp_addr"]}))
+    t = ctx.table("tcp_events")
+    if len(t):
+        addr_parts.append(pd.DataFrame({"rank": t["rank"], "addr": t["saddr"]}))
+    addrs: dict[int, str] = {}
+    if addr_parts:
+        a = pd.concat(addr_parts, ignore_index=True).dropna()
+        if len(a):
+            a = a.astype({"rank": "int64", "addr": str})
+            top = a.groupby(["rank", "addr"]).size().reset_index(name="n").sort_values(["rank", "n"],
+                                                                                      ascending=[True, False])
+            addrs = dict(zip(top.drop_duplicates("rank")["rank"], top.drop_duplicates("rank")["addr"]))
+    return {r: RankInfo(hosts.get(r), addrs.get(r)) for r in sorted(set(hosts) | set(addrs))}
+
+
+def label(directory: dict[int, RankInfo], rank) -> str:
+    r = int(rank)
+    return directory.get(r, RankInfo(None, None)).label(r)
+
+
+def ranks_text(ranks) -> str:
+    rs = sorted(int(r) for r in ranks)
+    if not rs:
+        return "no rank"
+    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"ranks {rs[0]}-{rs[-1]}"
+    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+
+
+def ms(ns) -> str:
+    """A duration in ns as a short human number of milliseconds."""
+    if ns is None or (isinstance(ns, float) and np.isnan(ns)):
+        return "n/a"
+    v = float(ns) / 1e6
+    if v >= 1000:
+        return f"{v / 1e3:.2f} s" if v < 10_000 else f"{v / 1e3:.1f} s"
+    return f"{v:.0f} ms" if v >= 10 else f"{v:.1f} ms" if v >= 1 else f"{v:.2f} ms"
+
+
+# --------------------------------------------------------------------------- collectives
+
+def collective_windows(ctx) -> pd.DataFrame:
+    """One row per (communicator, op_count): t0 = first rank's entry, t1 = last rank's
+    end (NA unless every rank that should take part completed), duration, complete."""
+    c = ctx.table("collectives")
+    if c.empty:
+        return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "nranks", "t0", "t1", "duration_ns",
+                                     "complete", "ranks_entered", "ranks_completed"])
+    nranks = c["nranks"].fillna(c["ranks_entered"])
+    # a communicator created before the tracer attached has no id: its rows are one process's
+    # calls (key host:pid:comm), complete when that process completed them
+    complete = (c["ranks_completed"] == c["ranks_entered"]) & ((c["ranks_entered"] >= nranks)
+                                                              | is_per_process(c["comm_id_hash"]))
+    w = pd.DataFrame({"comm_id_hash": c["comm_id_hash"], "op_count": c["op_count"], "op": c["op"],
+                      "nranks": nranks, "t0": c["first_entry_ns"].astype("Int64"),
+                      "t1": c["last_end_ns"].astype("Int64").where(complete.fillna(False).astype(bool)),
+                      "ranks_entered": c["ranks_entered"], "ranks_completed": c["ranks_completed"]})
+    w["complete"] = w["t1"].notna()
+    w["duration_ns"] = (w["t1"] - w["t0"]).astype("Float64")
+    return w.reset_index(drop=True)
+
+
+def is_per_process(comm_id_hash: pd.Series) -> pd.Series:
+    """Collectives keyed by one process (``host:pid:comm_ptr``, COLLECTIVES_SQL's fallback when
+    the communicator's id is unknown): they cannot be matched across ranks."""
+    return comm_id_hash.astype("string").str.contains(":", regex=False).fillna(False).astype(bool)
+
+
+def in_windows(t: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+    """For each time in ``t``: inside the union of the closed intervals [t0, t1]?"""
+    t = np.asarray(t, dtype=np.int64)
+    if len(t0) == 0 or len(t) == 0:
+        return np.zeros(len(t), dtype=bool)
+    order = np.argsort(t0, kind="stable")
+    s, e = np.asarray(t0, dtype=np.int64)[order], np.asarray(t1, dtype=np.int64)[order]
+    e = np.maximum.accumulate(e)   # running end: an interval nested in an earlier one adds nothing
+    i = np.searchsorted(s, t, side="right") - 1
+    ok = i >= 0
+    out = np.zeros(len(t), dtype=bool)
+    out[ok] = t[ok] <= e[i[ok]]
+    return out
+
+
+def capture_end_ns(ctx) -> int | None:
+    """When the capture stopped looking (latest manifest end), else the last event seen."""
+    ends = [c.get("ended_ns") for c in getattr(ctx.model, "captures", []) or [] if c.get("ended_ns")]
+    last = []
+    for name, col in (("nccl_events", "timestamp_ns"), ("nccl_events", "end_ns"), ("tcp_events", "timestamp_ns")):
+        s = ctx.table(name)[col].dropna() if len(ctx.table(name)) else []
+        if len(s):
+            last.append(int(s.max()))
+    if ends:
+        return max(int(e) for e in ends + last)
+    return max(last) if last else None
+
+
+def world_rank_map(ctx) -> pd.DataFrame:
+    """(comm_id_hash, comm rank) -> global rank: a process's rank on the largest
+    communicator it belongs to (the world), so sub-communicators' ranks map back."""
+    n = ctx.table("nccl_events").dropna(subset=["rank", "pid"])
+    if n.empty:
+        return pd.DataFrame(columns=["comm_id_hash", "rank", "global_rank"])
+    k = n[["comm_id_hash", "rank", "nranks", "host", "pid"]].drop_duplicates()
+    world = k.sort_values("nranks", kind="stable", na_position="first").drop_duplicates(["host", "pid"], keep="last")
+    world = world[["host", "pid", "rank"]].rename(columns={"rank": "global_rank"})
+    m = k.merge(world, on=["host", "pid"], how="left")
+    return m[["comm_id_hash", "rank", "global_rank"]].drop_duplicates(["comm_id_hash", "rank"])
+
+
+# --------------------------------------------------------------------------- TCP trouble per link
+
+def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
+    """tcp_events of the given classes between two known ranks, with columns
+    cls, sender, receiver (ranks: who sent the retransmission / the RST), a, b (the
+    unordered link), key (directed connection), src (which source saw it)."""
+    t = ctx.table("tcp_events")
+    if t.empty:
+        return _empty_trouble()
+    cls = t["event"].map(EVENT_CLASS)
+    t = t.assign(cls=cls)[cls.isin(classes).to_numpy()]
+    t = t.dropna(subset=["rank", "peer_rank", "timestamp_ns"])
+    t = t[t["rank"] != t["peer_rank"]]
+    if t.empty:
+        return _empty_trouble()
+    # tcp_receive_reset is reported by the socket that got the RST: the sender is its peer
+    recv = (t["event"] == "tcp_receive_reset").to_numpy()
+    r, p = t["rank"].astype("int64").to_numpy(), t["peer_rank"].astype("int64").to_numpy()
+    sender, receiver = np.where(recv, p, r), np.where(recv, r, p)
+    sa, da = t["saddr"].astype(str).to_numpy(), t["daddr"].astype(str).to_numpy()
+    sp, dp = t["sport"].astype("Int64").astype(str).to_numpy(), t["dport"].astype("Int64").astype(str).to_numpy()
+    src_ep = np.where(recv, np.char.add(np.char.add(da.astype(str), ":"), dp.astype(str)),
+                      np.char.add(np.char.add(sa.astype(str), ":"), sp.astype(str)))
+    dst_ep = np.where(recv, np.char.add(np.char.add(sa.astype(str), ":"), sp.astype(str)),
+                      np.char.add(np.char.add(da.astype(str), ":"), dp.astype(str)))
+    out = pd.DataFrame({
+        "timestamp_ns": t["timestamp_ns"].astype("int64").to_numpy(), "cls": t["cls"].to_numpy(),
+        "event": t["event"].to_numpy(), "sender": sender, "receiver": receiver,
+        "a": np.minimum(sender, receiver), "b": np.maximum(sender, receiver),
+        "key": np.char.add(np.char.add(src_ep.astype(str), ">"), dst_ep.astype(str)),
+        "src": (t["source"].astype(str) + ":" + t["host"].astype(str) + ":" + t["capture"].astype(str)).to_numpy(),
+        "saddr": np.where(recv, da, sa), "daddr": np.where(recv, sa, da),
+        "sport": np.where(recv, dp, sp), "dport": np.where(recv, sp, dp),
+    })
+    return out.sort_values("timestamp_ns", kind="stable").reset_index(drop=True)
+
+
+def _empty_trouble() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series(dtype=d) for c, d in (
+        ("timestamp_ns", "int64"), ("cls", object), ("event", object), ("sender", "int64"), ("receiver", "int64"),
+        ("a", "int64"), ("b", "int64"), ("key", object), ("src", object), ("saddr", object), ("daddr", object),
+        ("sport", object), ("dport", object))})
+
+
+def dedup_counts(ev: pd.DataFrame) -> pd.DataFrame:
+    """Per directed connection and class: the count the best-placed single source saw,
+    with first/last time. Columns: key, cls, sender, receiver, a, b, saddr, daddr, n,
+    first_ns, last_ns."""
+    if ev.empty:
+        return pd.DataFrame(columns=["key", "cls", "sender", "receiver", "a", "b", "saddr", "daddr", "sport",
+                                     "dport", "n", "first_ns", "last_ns"])
+    per_src = ev.groupby(["key", "cls", "src"], sort=False).size().rename("n").reset_index()
+    n = per_src.groupby(["key", "cls"], sort=False)["n"].max()
+    meta = ev.groupby(["key", "cls"], sort=False).agg(
+        sender=("sender", "first"), receiver=("receiver", "first"), a=("a", "first"), b=("b", "first"),
+        saddr=("saddr", "first"), daddr=("daddr", "first"), sport=("sport", "first"), dport=("dport", "first"),
+        first_ns=("timestamp_ns", "min"), last_ns=("timestamp_ns", "max"))
+    return meta.join(n).reset_index()
+
+
+@dataclass
+class Blame:
+    ranks: list[int]            # the endpoint(s) the trouble shares (two when it cannot tell them apart)
+    coverage: dict[int, float]  # rank -> share of the trouble on links touching it
+    separated: bool             # one endpoint stands out
+    links: list[tuple[int, int]]
+
+
+def shared_endpoint(counts: pd.DataFrame, weight: str = "n", tie_ratio: float = 0.8) -> Blame:
+    """The endpoint the troubled links share. A rank's coverage is the share of the
+    trouble (events) on links touching it; the blamed ranks are those within
+    ``tie_ratio`` of the best coverage. A single troubled link gives both its ends: the
+    evidence cannot tell which NIC (or cable end) is at fault."""
+    if counts.empty:
+        return Blame([], {}, False, [])
+    per_link = counts.groupby(["a", "b"])[weight].sum()
+    total = float(per_link.sum())
+    ends = pd.concat([per_link.rename_axis(["r", "o"]).reset_index(), per_link.rename_axis(["o", "r"]).reset_index()])
+    cov = (ends.groupby("r")[weight].sum() / total).sort_values(ascending=False)
+    best = float(cov.iloc[0])
+    blamed = sorted(int(r) for r, v in cov.items() if v >= tie_ratio * best)
+    links = [(int(a), int(b)) for (a, b), _ in per_link.sort_values(ascending=False).items()]
+    return Blame(blamed, {int(r): float(v) for r, v in cov.items()}, len(blamed) == 1, links)
+
+
+def kernel_logged_reset(ctx, r) -> bool:
+    """Did the RST sender's kernel log tcp_send_reset on that connection? A reset seen on the
+    wire (or received) that its sender's kernel never sent was forged by a firewall or a
+    middlebox. Without tracer TCP events there is nothing to compare with: assume it did."""
+    t = ctx.table("tcp_events")
+    bpf = t[t["source"] == "bpf"] if len(t) else t
+    if bpf.empty:
+        return True
+    s = bpf[(bpf["event"] == "tcp_send_reset") & (bpf["saddr"].astype(str) == str(r["saddr"]))
+            & (bpf["daddr"].astype(str) == str(r["daddr"]))]
+    return bool((s["sport"].astype("Int64").astype(str) == str(r["sport"])).any())
+
+
+def as_int(v) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None

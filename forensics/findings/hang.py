@@ -1,0 +1,463 @@
+"""Hangs, per communicator: ``hang_mismatch`` and ``hang_stuck``.
+
+A communicator is hung when some rank sits inside a collective it never completed and
+nothing completed on the communicator for a while before the capture ended
+(``HANG_MIN_NS``, or several times its normal collective duration); see
+:func:`hang_frontiers` for how each rank is classed (stuck inside an op, or idle):
+
+- ``hang_mismatch``: some ranks never entered #n and are idle (they completed all they
+  entered: another code path, or they died) while others wait inside #n. The blame goes
+  to the ranks behind; the last op each rank reached is listed, with its Python stack
+  when the bundle has py-spy dumps.
+- ``hang_stuck``: every rank waits inside a collective (the same #n, or a rank stuck in
+  #n that its peers completed before moving on to #n+1). NCCL RAS counts launches, so it
+  reports the first case as healthy; the explanation is on the ring's links. The first
+  TCP trouble between the communicator's ranks after the last progress decides: a reset
+  names the connection and the side that sent it; retransmissions into silence name the
+  endpoint the retransmitting connections share (a downed port or cable).
+
+Host-side completion is bounded by host waits (DESIGN: asynchronous calls): a wait that
+never returned leaves every collective before it open, so "stuck inside #n" means "#n or
+a later op of the same burst".
+
+Communicators created before the tracer attached have no id (their calls are keyed per
+process, and op counts start at the attach): they cannot be compared across ranks and
+are left out; the capture should start before the job (or at least before its
+communicators are created) for hang verdicts.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .base import Context, Finding, detector
+from .evidence import (LOSS_CLASSES, LOSS_EVENTS_SQL, RESET_EVENTS_SQL, as_int, capture_end_ns, dedup_counts,
+                       is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
+                       trouble_events, world_rank_map)
+
+HANG_MIN_NS = 500_000_000      # a collective open this long at the end of the capture is a hang ...
+HANG_DURATION_FACTOR = 5.0     # ... when it is also this many times the comm's p99 duration
+SILENCE_GAP_NS = 50_000_000    # the blamed links' last packet this much before the others' is worth saying
+MAX_EVIDENCE = 20
+
+
+FRONTIER_COLUMNS = ["comm_id_hash", "kind", "op_count", "op", "nranks", "members", "ranks", "missing_ranks",
+                    "stuck_at", "first_entry_ns", "waited_ns", "last_progress_ns", "p99_ns"]
+
+
+def hang_frontiers(ctx) -> pd.DataFrame:
+    """Per hung communicator: what kind of hang, and at which collective.
+
+    Per rank: the last op it entered, the last it completed, and the first op after that
+    it entered and never completed (it is *stuck* inside it; a rank with none is *idle*).
+    A communicator is hung when some rank is stuck and nothing completed on it for
+    ``HANG_MIN_NS`` (or HANG_DURATION_FACTOR x its p99) before the capture ended. Then:
+
+    - idle ranks *behind* a stuck one (they never entered an op a stuck rank waits in)
+      make a mismatch at #n = their last op + 1 (ranks never traced count as behind);
+    - otherwise every rank is stuck, or the stuck ones wait in an op their idle peers
+      completed: a stuck hang at the earliest op any rank is stuck in.
+
+    Columns: FRONTIER_COLUMNS; ``ranks`` are the ranks inside #n, ``missing_ranks`` the
+    ranks behind, ``stuck_at`` {rank: first op it is stuck in}, ``members`` every rank of
+    the communicator (comm ranks)."""
+    n = ctx.table("nccl_events")
+    end = capture_end_ns(ctx)
+    if n.empty or end is None:
+        return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    n = n[n["op_count"].notna() & n["rank"].notna() & n["comm_id_hash"].notna()]
+    n = n[~is_per_process(n["comm_id_hash"])]
+    if n.empty:
+        return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    n = n.assign(done=n["completed"].fillna(False).astype(bool), op_count=n["op_count"].astype("int64"),
+                 rank=n["rank"].astype("int64"))
+    key = ["comm_id_hash", "rank"]
+    per = n.groupby(key).agg(last_entered=("op_count", "max"))
+    per["last_done"] = n[n["done"]].groupby(key)["op_count"].max()
+    per["last_done"] = per["last_done"].fillna(-1).astype("int64")
+    m = n.merge(per["last_done"].reset_index(), on=key)
+    open_ops = m[~m["done"] & (m["op_count"] > m["last_done"])]
+    per["stuck_at"] = open_ops.groupby(key)["op_count"].min()
+    done = n[n["done"] & n["duration_ns"].notna()]
+    stats = done.assign(d=done["duration_ns"].astype("float64")).groupby("comm_id_hash").agg(
+        p99_ns=("d", lambda x: float(x.quantile(0.99))), last_progress_ns=("end_ns", "max"))
+    nranks = n.groupby("comm_id_hash")["nranks"].max()
+    rows = []
+    for comm, p in per.groupby(level=0):
+        p = p.droplevel(0)
+        stuck = p[p["stuck_at"].notna()]
+        if stuck.empty:
+            continue
+        p99 = float(stats["p99_ns"].get(comm, np.nan)) if comm in stats.index else np.nan
+        progress = stats["last_progress_ns"].get(comm) if comm in stats.index else None
+        need = max(HANG_MIN_NS, HANG_DURATION_FACTOR * (0.0 if np.isnan(p99) else p99))
+        if progress is not None and pd.notna(progress) and end - int(progress) < need:
+            continue   # the communicator was still completing collectives shortly before the end
+        size = nranks.get(comm)
+        members = list(range(int(size))) if pd.notna(size) and int(size) > 0 else sorted(int(r) for r in p.index)
+        last_entered = {r: int(p["last_entered"].get(r, -1)) if r in p.index else -1 for r in members}
+        idle = [r for r in members if r not in stuck.index]
+        top = int(stuck["last_entered"].max())
+        behind = sorted(r for r in idle if last_entered[r] < top)
+        if behind:
+            kind, op_n = "mismatch", min(last_entered[r] for r in behind) + 1
+            inside = sorted(int(r) for r in stuck.index if last_entered[int(r)] >= op_n)
+        else:
+            kind, op_n = "stuck", int(stuck["stuck_at"].min())
+            inside = sorted(int(r) for r in stuck.index)
+        at = n[(n["comm_id_hash"] == comm) & (n["op_count"] == op_n)]
+        if at.empty:
+            continue
+        first_entry = int(at["timestamp_ns"].min())
+        waited = end - first_entry
+        if waited < need:
+            continue
+        rows.append({"comm_id_hash": comm, "kind": kind, "op_count": op_n, "op": at["op"].mode().iat[0],
+                     "nranks": len(members), "members": members, "ranks": inside, "missing_ranks": behind,
+                     "stuck_at": {int(r): int(v) for r, v in stuck["stuck_at"].items()},
+                     "first_entry_ns": first_entry, "waited_ns": waited,
+                     "last_progress_ns": None if progress is None or pd.isna(progress) else int(progress),
+                     "p99_ns": p99})
+    return pd.DataFrame(rows, columns=FRONTIER_COLUMNS)
+
+
+def _last_ops(ctx, comm: str) -> pd.DataFrame:
+    """Per rank of the communicator: the last op it entered (op_count, op, time, completed)
+    and the last op it completed."""
+    n = ctx.table("nccl_events")
+    n = n[(n["comm_id_hash"] == comm) & n["op_count"].notna() & n["rank"].notna()]
+    if n.empty:
+        return pd.DataFrame(columns=["rank", "last_op_count", "last_op", "last_entry_ns", "last_completed_op_count"])
+    n = n.sort_values(["rank", "op_count"], kind="stable")
+    last = n.drop_duplicates("rank", keep="last")
+    comp = n[n["completed"].fillna(False).astype(bool)].groupby("rank")["op_count"].max()
+    out = pd.DataFrame({"rank": last["rank"].astype("int64").to_numpy(),
+                        "last_op_count": last["op_count"].astype("int64").to_numpy(),
+                        "last_op": last["op"].to_numpy(), "last_entry_ns": last["timestamp_ns"].to_numpy(),
+                        "host": last["host"].to_numpy(), "pid": last["pid"].to_numpy()})
+    out["last_completed_op_count"] = out["rank"].map(comp).astype("Int64")
+    return out
+
+
+def _global(gmap: pd.DataFrame, comm: str, ranks) -> list[int]:
+    m = dict(zip(gmap.loc[gmap["comm_id_hash"] == comm, "rank"].astype("int64"),
+                 gmap.loc[gmap["comm_id_hash"] == comm, "global_rank"]))
+    return sorted(int(m[r]) if r in m and pd.notna(m[r]) else int(r) for r in ranks)
+
+
+def _last_ops_sql(comm: str) -> str:
+    return f"""SELECT rank, max(op_count) AS last_op_count, arg_max(op, op_count) AS last_op,
+       max(timestamp_ns) AS last_entry_ns, max(op_count) FILTER (WHERE completed) AS last_completed_op_count
+FROM nccl_events WHERE comm_id_hash = '{comm}' GROUP BY rank ORDER BY rank"""
+
+
+# --------------------------------------------------------------------------- mismatch
+
+@detector("hang_mismatch")
+def hang_mismatch(ctx: Context) -> list[Finding]:
+    fr = hang_frontiers(ctx)
+    fr = fr[fr["kind"] == "mismatch"]
+    if fr.empty:
+        return []
+    gmap, directory = world_rank_map(ctx), rank_directory(ctx)
+    out = []
+    for h in fr.itertuples(index=False):
+        comm, n = h.comm_id_hash, int(h.op_count)
+        last = _last_ops(ctx, comm)
+        missing = sorted(int(x) for x in h.missing_ranks)
+        waiting = sorted(int(x) for x in h.ranks)
+        traced = set(last["rank"])
+        untraced = [r for r in missing if r not in traced]
+        g_missing, g_waiting = _global(gmap, comm, missing), _global(gmap, comm, waiting)
+        lr = last.set_index("rank")
+
+        def reached(r: int) -> str:
+            if r not in lr.index:
+                return f"rank {r}: no call traced"
+            x = lr.loc[r]
+            return f"rank {r}: #{int(x.last_op_count)} {x.last_op}"
+        missing_txt = "; ".join(reached(r) for r in missing)
+        who = ", ".join(label(directory, r) for r in g_missing)
+        others = int(last.loc[last["rank"].isin(waiting), "last_op_count"].max()) if len(last) else n
+        summary = (f"Hang (rank mismatch) on communicator {comm}: {who} never entered collective #{n} "
+                   f"({h.op}); {ranks_text(g_waiting)} entered it and were still inside when the capture ended, "
+                   f"{ms(h.waited_ns)} later (last op reached: {missing_txt}; the others launched up to #{others}).")
+        if untraced:
+            summary = summary[:-1] + f"; {ranks_text(untraced)} had no traced call at all (were they captured?)."
+        stacks = {r: rank_stack(ctx, r) for r in g_missing}
+        for r, frames in stacks.items():
+            if frames:
+                summary = summary[:-1] + f"; rank {r}'s stack: {' <- '.join(frames[:3])}."
+        evidence = [{"rank": int(x.rank), "last_op_count": int(x.last_op_count), "last_op": x.last_op,
+                     "last_entry_ns": int(x.last_entry_ns) if pd.notna(x.last_entry_ns) else None,
+                     "last_completed_op_count": int(x.last_completed_op_count)
+                     if pd.notna(x.last_completed_op_count) else None,
+                     "in_collective_n": int(x.rank) in waiting, "host": x.host, "pid": int(x.pid)}
+                    for x in last.head(MAX_EVIDENCE).itertuples(index=False)]
+        out.append(Finding(
+            kind="hang_mismatch", severity="error", confidence=0.6 if untraced else 0.9, summary=summary,
+            ranks=g_missing, hosts=sorted({directory[r].host for r in g_missing if r in directory and
+                                          directory[r].host}),
+            peer_ranks=g_waiting, evidence=evidence, sql=_last_ops_sql(comm), score=1e6 + h.waited_ns / 1e9,
+            action=(f"Find why {ranks_text(g_missing)} skipped collective #{n}: a data-dependent branch, an "
+                    "exception swallowed on that rank, uneven batches or early stopping on one rank; dump its "
+                    "Python stack (py-spy dump --pid) and compare the code paths. The waiting ranks are healthy."),
+            details={"comm_id_hash": comm, "op_count": n, "op": h.op, "missing_ranks": g_missing,
+                     "waiting_ranks": g_waiting, "waited_ns": int(h.waited_ns),
+                     "first_entry_ns": int(h.first_entry_ns), "untraced_ranks": untraced,
+                     "stacks": {str(r): f for r, f in stacks.items() if f}}))
+    return out
+
+
+P2P_OPS = ("SEND", "RECV")   # point-to-point calls differ between ranks by design
+SIGNATURE = ["op", "count", "datatype", "reduce_op", "root_or_peer"]
+
+
+def signature_mismatches(ctx) -> pd.DataFrame:
+    """Per communicator, the first collective whose call differs between ranks (op, count,
+    datatype, reduction, root): ranks that skipped or reordered a collective and went on.
+    NCCL then fails with "message truncated" or hangs. Columns: comm_id_hash, op_count,
+    odd (ranks whose call differs from the majority's), majority (a row of SIGNATURE),
+    calls ({rank: "ALL_REDUCE 16384 float32 sum"}), shift (1 when the odd ranks' #n is
+    the majority's #n+1: they skipped one), first_entry_ns."""
+    cols = ["comm_id_hash", "op_count", "odd", "calls", "majority", "shift", "first_entry_ns"]
+    n = ctx.table("nccl_events")
+    if n.empty:
+        return pd.DataFrame(columns=cols)
+    n = n[n["op_count"].notna() & n["rank"].notna() & n["comm_id_hash"].notna()]
+    n = n[~is_per_process(n["comm_id_hash"]) & ~n["op"].isin(P2P_OPS)]
+    if n.empty:
+        return pd.DataFrame(columns=cols)
+    parts = [n[c].astype("string").fillna("-") for c in SIGNATURE]
+    sig = parts[0].str.cat(parts[1:], sep=" ")
+    n = n.assign(sig=sig.to_numpy(), op_count=n["op_count"].astype("int64"), rank=n["rank"].astype("int64"))
+    kinds = n.groupby(["comm_id_hash", "op_count"])["sig"].nunique()
+    bad = kinds[kinds > 1]
+    rows = []
+    for comm in bad.index.get_level_values(0).unique():
+        k = int(bad.loc[comm].index.min())
+        at = n[(n["comm_id_hash"] == comm) & (n["op_count"] == k)]
+        counts = at["sig"].value_counts()
+        if len(counts) > 1 and counts.iat[0] == counts.iat[1]:
+            odd_sigs = set(counts.index)       # a tie: every side is suspect
+        else:
+            odd_sigs = set(counts.index[1:])
+        odd = sorted(int(r) for r in at.loc[at["sig"].isin(odd_sigs), "rank"])
+        majority = counts.index[0]
+        nxt = n[(n["comm_id_hash"] == comm) & (n["op_count"] == k + 1)]
+        nxt_major = nxt.loc[~nxt["rank"].isin(odd), "sig"].mode()
+        odd_calls = at.loc[at["rank"].isin(odd), "sig"]
+        shift = int(len(nxt_major) > 0 and len(odd_calls) > 0 and (odd_calls == nxt_major.iat[0]).all())
+        rows.append({"comm_id_hash": comm, "op_count": k, "odd": odd,
+                     "calls": {int(r): _call_text(x) for r, x in zip(at["rank"], at["sig"])},
+                     "majority": _call_text(majority), "shift": shift,
+                     "first_entry_ns": int(at["timestamp_ns"].min())})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _call_text(sig: str) -> str:
+    op, count, dtype, red, root = sig.split(" ")
+    out = f"{op} of {count} {dtype}" if dtype != "-" else f"{op} of {count}"
+    if red != "-" and op in ("ALL_REDUCE", "REDUCE", "REDUCE_SCATTER"):
+        out += f" ({red})"
+    if root != "-" and op in ("BROADCAST", "REDUCE"):
+        out += f" root {root}"
+    return out
+
+
+@detector("collective_mismatch")
+def collective_mismatch(ctx: Context) -> list[Finding]:
+    """Ranks that called a different collective than their peers at the same position
+    (kind ``hang_mismatch``: the same class of bug as a skipped collective, caught earlier)."""
+    mm = signature_mismatches(ctx)
+    if mm.empty:
+        return []
+    gmap, directory = world_rank_map(ctx), rank_directory(ctx)
+    w = ctx.table("nccl_events")
+    out = []
+    for h in mm.itertuples(index=False):
+        comm, k = h.comm_id_hash, int(h.op_count)
+        odd = _global(gmap, comm, h.odd)
+        others = sorted(set(_global(gmap, comm, h.calls.keys())) - set(odd))
+        mine = "; ".join(f"rank {g} called {h.calls[r]}" for r, g in zip(sorted(h.odd), odd))
+        after = w[(w["comm_id_hash"] == comm) & (w["op_count"] >= k)]
+        never = bool(len(after)) and not after["completed"].fillna(False).astype(bool).all()
+        summary = (f"Collective mismatch on communicator {comm} at #{k}: {mine} while {ranks_text(others)} called "
+                   f"{h.majority}"
+                   + (f" (its #{k} is their #{k + 1}: it skipped a collective)" if h.shift and len(odd) == 1 else "")
+                   + ("; the collectives from there on never completed (NCCL fails with 'message truncated' or "
+                      "hangs)" if never else "") + ".")
+        evidence = [{"rank": int(g), "op_count": k, "call": h.calls[r]}
+                    for r, g in zip(sorted(h.calls), _global(gmap, comm, sorted(h.calls)))][:MAX_EVIDENCE]
+        sql = (f"SELECT op_count, rank, op, count, datatype, reduce_op, root_or_peer, completed FROM nccl_events "
+               f"WHERE comm_id_hash = '{comm}' AND op_count BETWEEN {max(k - 1, 0)} AND {k + 2} "
+               f"ORDER BY op_count, rank")
+        out.append(Finding(
+            kind="hang_mismatch", severity="error", confidence=0.9 if len(odd) < len(others) else 0.6,
+            summary=summary, ranks=odd, hosts=sorted({directory[r].host for r in odd if r in directory
+                                                      and directory[r].host}),
+            peer_ranks=others, evidence=evidence, sql=sql, score=3e6 if never else 5.0,
+            action=(f"Find why {ranks_text(odd)} issued a different collective at this point: a skipped or "
+                    "reordered collective (data-dependent branch, uneven number of buckets or batches); every "
+                    "rank must issue the same collectives in the same order on a communicator."),
+            details={"comm_id_hash": comm, "op_count": k, "calls": {str(r): c for r, c in h.calls.items()},
+                     "majority": h.majority, "skipped_one": bool(h.shift), "never_completed": never}))
+    return out
+
+
+def rank_stack(ctx, rank: int) -> list[str]:
+    """Innermost-first frames of a rank's busiest thread from the py-spy dumps (``stacks``
+    table, when the bundle has them): the latest dump, the thread holding the GIL or
+    active, else the main thread."""
+    st = ctx.model.tables.get("stacks")
+    if st is None or st.empty:
+        return []
+    st = st[st["rank"] == rank]
+    if st.empty:
+        return []
+    phases = st["phase"].dropna().unique().tolist()
+    if "end" in phases:
+        st = st[st["phase"] == "end"]
+    score = (st["owns_gil"].fillna(False).astype(int) * 4 + st["active"].fillna(False).astype(int) * 2
+             + (st["thread_name"].astype("string") == "MainThread").fillna(False).astype(int))
+    best = st.assign(_s=score.to_numpy()).sort_values(["_s"], ascending=False, kind="stable")["thread_id"].iloc[0]
+    frames = st[st["thread_id"] == best].sort_values("depth", kind="stable").head(6)
+    out = []
+    for f in frames.itertuples(index=False):
+        where = f"{f.code_file}:{f.lineno}" if pd.notna(f.code_file) and pd.notna(f.lineno) else None
+        out.append(f"{f.function} ({where})" if where else str(f.function))
+    return out
+
+
+# --------------------------------------------------------------------------- stuck
+
+@detector("hang_stuck")
+def hang_stuck(ctx: Context) -> list[Finding]:
+    fr = hang_frontiers(ctx)
+    fr = fr[fr["kind"] == "stuck"]
+    if fr.empty:
+        return []
+    gmap, directory = world_rank_map(ctx), rank_directory(ctx)
+    ev = trouble_events(ctx)
+    end = capture_end_ns(ctx)
+    out = []
+    for h in fr.itertuples(index=False):
+        comm, n = h.comm_id_hash, int(h.op_count)
+        members = _global(gmap, comm, h.members)
+        since = int(h.last_progress_ns) if pd.notna(h.last_progress_ns) else int(h.first_entry_ns)
+        since = min(since, int(h.first_entry_ns))
+        e = ev[(ev["timestamp_ns"] >= since) & ev["a"].isin(members) & ev["b"].isin(members)]
+        out.append(_stuck_finding(ctx, h, comm, n, members, since, e, directory, end))
+    return out
+
+
+def _stuck_finding(ctx, h, comm, n, members, since, e, directory, end) -> Finding:
+    last = _last_ops(ctx, comm)
+    upto = int(last["last_op_count"].max()) if len(last) else n
+    gmap = world_rank_map(ctx)
+    groups: dict[int, list[int]] = {}
+    for r, op in h.stuck_at.items():
+        groups.setdefault(int(op), []).extend(_global(gmap, comm, [r]))
+    idle = sorted(set(members) - {r for rs in groups.values() for r in rs})
+    if len(groups) == 1 and not idle:
+        span = f"collective #{n}" if upto <= n else f"collectives #{n}-#{upto}"
+        head = (f"Hang inside {span} ({h.op}, communicator {comm}): all {len(members)} ranks entered "
+                f"{'it' if upto <= n else 'them'} and none completed anything in the {ms(h.waited_ns)} until the "
+                f"capture ended (NCCL RAS counts launches and reports it healthy)")
+    else:
+        where = "; ".join(f"{ranks_text(sorted(rs))} inside #{op}" for op, rs in sorted(groups.items()))
+        head = (f"Hang on communicator {comm}, every rank waiting: {where}"
+                + (f"; {ranks_text(idle)} completed #{n} and wait for the others" if idle else "")
+                + f"; nothing completed in the {ms(h.waited_ns)} until the capture ended")
+    resets = e[e["cls"] == "reset"]
+    loss = e[e["cls"].isin(LOSS_CLASSES)]
+    first_reset = int(resets["timestamp_ns"].min()) if len(resets) else None
+    first_loss = int(loss["timestamp_ns"].min()) if len(loss) else None
+    links, peers, ranks, confidence = [], [], [], 0.55
+    if first_reset is not None and (first_loss is None or first_reset <= first_loss):
+        r0 = resets.iloc[0]
+        snd, rcv = int(r0["sender"]), int(r0["receiver"])
+        ranks, peers = [snd], [rcv]
+        counts = dedup_counts(resets)
+        cause = (f"; the first trouble on its links is a TCP reset {ms(first_reset - since)} after the last "
+                 f"progress: {label(directory, snd)} -> {label(directory, rcv)} "
+                 f"({r0['saddr']}:{r0['sport']} -> {r0['daddr']}:{r0['dport']}, {r0['event']}); "
+                 f"{int(counts['n'].sum())} resets in all, on {counts[['a', 'b']].drop_duplicates().shape[0]} link(s)")
+        if not kernel_logged_reset(ctx, r0):
+            cause += ("; the sender's kernel did not log sending it (no tcp_send_reset): a firewall or "
+                      "middlebox forged it")
+        links = [{"rank": snd, "peer_rank": rcv, "saddr": r0["saddr"], "daddr": r0["daddr"],
+                  "sport": as_int(r0["sport"]), "dport": as_int(r0["dport"]), "event": "reset",
+                  "first_ns": first_reset}]
+        action = ("Find who reset the connection: firewall/conntrack rules (nft/iptables REJECT, conntrack "
+                  "table full), a NIC or host reboot, a process on that host closing its socket; NCCL cannot "
+                  "recover a reset socket: restart the job from the last checkpoint.")
+        confidence = 0.85
+    elif first_loss is not None:
+        counts = dedup_counts(loss)
+        blame = shared_endpoint(counts)
+        ranks = blame.ranks
+        peers = sorted({x for lk in blame.links for x in lk} - set(ranks))
+        nret = int(counts.loc[counts["cls"] == "retransmission", "n"].sum())
+        who = " or ".join(label(directory, r) for r in ranks)
+        silent = _last_packets(ctx, members, ranks)
+        cause = (f"; from {ms(first_loss - since)} after the last progress, {nret} TCP retransmissions went "
+                 f"unanswered on {len(blame.links)} link(s), all touching {who}"
+                 + (f" (to {ranks_text(peers)})" if peers else "")
+                 + (f"; its links fell silent {silent}" if silent else "")
+                 + ": its link is down or its NIC stopped")
+        links = [{"rank": a, "peer_rank": b,
+                  "saddr": directory[a].addr if a in directory else None,
+                  "daddr": directory[b].addr if b in directory else None,
+                  "retransmissions": int(counts.loc[(counts["a"] == a) & (counts["b"] == b) &
+                                                    (counts["cls"] == "retransmission"), "n"].sum())}
+                 for a, b in blame.links[:MAX_EVIDENCE]]
+        action = (f"Check {who}'s link: ip link / ethtool (link detected?), dmesg for NIC resets or link down, "
+                  "the switch port; then restart the job without that host.")
+        confidence = 0.8 if blame.separated else 0.65
+    else:
+        cause = ("; no TCP retransmission or reset between its ranks after the last progress: the network "
+                 "looks idle, not broken; suspect a GPU or kernel hang (nvidia-smi, dmesg Xid), or RDMA "
+                 "traffic invisible to TCP (see the IB counters)")
+        action = ("Dump the stacks of every rank (py-spy dump, gdb), check nvidia-smi and dmesg for Xid errors; "
+                  "if NCCL uses IB/RoCE, read the port counters.")
+        ranks = []
+    summary = head + cause + "."
+    m = ", ".join(map(str, members))
+    tcp_sql = f"""SELECT timestamp_ns, event, source, rank, peer_rank, saddr, sport, daddr, dport
+FROM tcp_events
+WHERE timestamp_ns >= {since} AND rank IN ({m}) AND peer_rank IN ({m})
+  AND event IN ({LOSS_EVENTS_SQL}, {RESET_EVENTS_SQL})
+ORDER BY timestamp_ns"""
+    sql = _last_ops_sql(comm) if e.empty else tcp_sql
+    evidence = [{"timestamp_ns": int(x.timestamp_ns), "event": x.event, "sender_rank": int(x.sender),
+                 "receiver_rank": int(x.receiver), "from": f"{x.saddr}:{x.sport}", "to": f"{x.daddr}:{x.dport}"}
+                for x in e.head(MAX_EVIDENCE).itertuples(index=False)]
+    last_rows = last.to_dict("records")
+    for r in last_rows:
+        for k, v in list(r.items()):
+            r[k] = None if v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
+    return Finding(
+        kind="hang_stuck", severity="error", confidence=confidence, summary=summary, ranks=ranks,
+        hosts=sorted({directory[r].host for r in ranks if r in directory and directory[r].host}),
+        peer_ranks=peers, links=links, evidence=evidence, sql=sql, action=action,
+        score=1e6 + h.waited_ns / 1e9,
+        details={"comm_id_hash": comm, "op_count": n, "op": h.op, "ranks": members, "waited_ns": int(h.waited_ns),
+                 "first_entry_ns": int(h.first_entry_ns), "last_progress_ns": since, "capture_end_ns": end,
+                 "tcp_events_after_progress": int(len(e)), "last_ops": last_rows})
+
+
+def _last_packets(ctx, members, blamed) -> str:
+    """When the blamed endpoint's connections last carried a packet vs the other links (flows)."""
+    f = ctx.table("flows").dropna(subset=["rank", "peer_rank", "last_ns"])
+    if f.empty or not blamed:
+        return ""
+    f = f[f["rank"].isin(members) & f["peer_rank"].isin(members)]
+    touch = f["rank"].isin(blamed) | f["peer_rank"].isin(blamed)
+    if not touch.any() or touch.all():
+        return ""
+    mine, other = int(f.loc[touch, "last_ns"].min()), int(f.loc[~touch, "last_ns"].max())
+    if other - mine < SILENCE_GAP_NS:   # links of a stuck ring all fall silent together
+        return ""
+    return f"{ms(other - mine)} before the other links' last packets"
+

@@ -1,0 +1,467 @@
+"""Network findings over TCP: ``network_loss`` and ``slow_link``.
+
+network_loss: collectives are slow compared with the job's own clean collectives (those
+with no TCP trouble in their window), and retransmissions / duplicate ACKs sit inside
+the slow collectives' windows. The blame goes to the endpoint (rank, host, NIC address)
+that the lossy connections share: a retransmission is counted on the *link*, not on the
+sender, because the sender is often the healthy side (its segments, or the ACKs coming
+back, died at the faulty NIC). When only one link is lossy, both its ends are named.
+
+slow_link: one link's (or one endpoint's links') round-trip time is far above the other
+links' without retransmissions: a slow or congested path (a down-negotiated port, a
+rate-limited or oversubscribed link) that queues instead of dropping. The RTT compared is
+the tail (p99) of the ACK round-trip of the link's data connections (``flow_timing``):
+in a ring every link moves data at the slowest one's pace, so throughput is alike
+everywhere, but only the bottleneck holds a queue.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .base import Context, Finding, detector
+from .evidence import (COUNT_COLUMNS, LOSS_CLASSES, LOSS_EVENTS_SQL, RESET_EVENTS_SQL, as_int, collective_windows,
+                       dedup_counts, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text,
+                       shared_endpoint, trouble_events)
+
+MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
+MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
+MIN_BASELINE = 5           # clean collectives needed to call it a baseline
+SLOW_FACTOR = 3.0          # slow = this many times the clean baseline's p50
+MAX_EVIDENCE = 20
+
+RTT_GAP = 5.0              # slow links' RTT at least this many times the others'
+RTT_MIN_EXCESS_NS = 100_000  # ... and at least 100 µs above them (µs-scale jitter is not a slow link)
+MIN_LINKS = 3              # a link needs peers to be compared with
+MIN_RTT_SAMPLES = 20       # ACK RTTs needed before a connection's p99 means anything
+CLEAR_RTT_RATIO = 10.0     # a queue this much above the other links' needs less slowdown to be a warning
+
+
+# --------------------------------------------------------------------------- network_loss
+
+@detector("network_loss")
+def network_loss(ctx: Context) -> list[Finding]:
+    w = collective_windows(ctx)
+    done = w[w["complete"]].reset_index(drop=True)
+    ev = trouble_events(ctx)
+    loss = ev[ev["cls"].isin(LOSS_CLASSES)]
+    if done.empty or loss.empty:
+        return []
+    # loss events inside each completed collective's window (sorted times: two searchsorted)
+    times = np.sort(loss["timestamp_ns"].to_numpy(dtype=np.int64))
+    t0 = done["t0"].to_numpy(dtype=np.int64)
+    t1 = done["t1"].to_numpy(dtype=np.int64)
+    n_in = np.searchsorted(times, t1, side="right") - np.searchsorted(times, t0, side="left")
+    dur = done["duration_ns"].to_numpy(dtype=np.float64)
+    clean = dur[n_in == 0]
+    baseline = float(np.median(clean)) if len(clean) >= MIN_BASELINE else None
+    thr = max(SLOW_FACTOR * baseline, 1e6) if baseline else ctx.options.slow_ms * 1e6
+    slow = (dur > thr) & (n_in > 0)
+    if slow.sum() < MIN_SLOW_COLLECTIVES:
+        return _loss_without_slowdown(ctx, ev, loss, done, baseline)
+    sw = done[slow]
+    inside = in_windows(ev["timestamp_ns"].to_numpy(), sw["t0"].to_numpy(dtype=np.int64),
+                        sw["t1"].to_numpy(dtype=np.int64))
+    counts = dedup_counts(ev[inside])
+    lossc = counts[counts["cls"].isin(LOSS_CLASSES)]
+    if lossc["n"].sum() < MIN_LOSS_EVENTS:
+        return []
+    blame = shared_endpoint(lossc)
+    directory = rank_directory(ctx)
+    per_cls = counts.groupby("cls")["n"].sum()
+    nret = int(per_cls.get("retransmission", 0))
+    ndup = int(per_cls.get("duplicate_ack", 0))
+    nrst = int(per_cls.get("reset", 0))
+    sdur = sw["duration_ns"].to_numpy(dtype=np.float64)
+    p50, p99 = float(np.median(sdur)), float(np.quantile(sdur, 0.99))
+    ops = sw["op"].dropna()
+    op = ops.mode().iat[0] if len(ops) else "collective"
+    blamed = blame.ranks
+    peers = sorted({int(x) for a, b in blame.links for x in (a, b)} - set(blamed))
+    who = " or ".join(label(directory, r) for r in blamed)
+    if len(blamed) == 2 and tuple(blamed) in {tuple(sorted(lk)) for lk in blame.links}:
+        who += ", the link between them"
+    base_txt = f"vs {ms(baseline)} for clean collectives" if baseline else f"(slow: > {ms(thr)})"
+    trouble = [f"{nret} TCP retransmissions"] + ([f"{ndup} duplicate ACKs"] if ndup else []) + \
+              ([f"{nrst} resets"] if nrst else [])
+    summary = (f"{who}: {int(slow.sum())} of {len(done)} collectives slow ({op} p50 {ms(p50)}, p99 {ms(p99)} "
+               f"{base_txt}) with {', '.join(trouble)} on "
+               f"{'its' if len(blamed) == 1 else 'their'} links"
+               + (f" (to {ranks_text(peers)})" if peers else "") + " inside them.")
+    slowdown = p50 / baseline if baseline else p50 / thr
+    frac = float(slow.sum()) / len(done)
+    severity = "error" if slowdown >= 10 or frac >= 0.25 else "warning"
+    second = sorted(blame.coverage.values(), reverse=True)
+    sep = 1.0 - (second[len(blamed)] / second[0]) if len(second) > len(blamed) and second[0] else 0.0
+    confidence = (0.55 + 0.35 * sep if blame.separated else 0.6) + min(0.1, lossc["n"].sum() / 500)
+    evidence = _link_rows(counts, directory)
+    rank_filter = ", ".join(map(str, blamed))
+    sql = f"""WITH slow AS (
+  SELECT first_entry_ns AS t0, last_end_ns AS t1 FROM collectives
+  WHERE ranks_completed = ranks_entered AND ranks_entered >= coalesce(nranks, ranks_entered)
+    AND last_end_ns - first_entry_ns > {int(thr)}
+)
+SELECT t.rank, t.peer_rank, t.saddr, t.daddr, t.event, t.source, count(*) AS events,
+       min(t.timestamp_ns) AS first_ns, max(t.timestamp_ns) AS last_ns
+FROM tcp_events t
+WHERE t.event IN ({LOSS_EVENTS_SQL}) AND (t.rank IN ({rank_filter}) OR t.peer_rank IN ({rank_filter}))
+  AND EXISTS (SELECT 1 FROM slow WHERE t.timestamp_ns BETWEEN slow.t0 AND slow.t1)
+GROUP BY ALL ORDER BY events DESC"""
+    links = [_link_dict(a, b, counts, directory) for a, b in blame.links[:MAX_EVIDENCE]]
+    action = (f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link error and drop counters "
+              "on both ends, switch port counters); move the job off that host or link and compare. "
+              "Retransmissions are counted per link: the sender is often the healthy side.")
+    details = {
+        "slow_threshold_ns": int(thr), "baseline_p50_ns": baseline, "collectives": len(done),
+        "slow_collectives": int(slow.sum()), "slow_p50_ns": p50, "slow_p99_ns": p99,
+        "retransmissions": nret, "duplicate_acks": ndup, "resets": nrst,
+        "coverage": {str(k): round(v, 3) for k, v in blame.coverage.items()},
+        "per_rank": _per_rank_durations(ctx, sw),
+        "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
+    }
+    return [Finding(kind="network_loss", severity=severity, confidence=confidence, summary=summary,
+                    ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
+                    evidence=evidence, sql=sql, action=action, score=float(np.sum(sdur - (baseline or 0))) / 1e9,
+                    details=details)]
+
+
+def _loss_without_slowdown(ctx, ev, loss, done, baseline) -> list[Finding]:
+    """Retransmissions inside collectives that stayed fast: worth a line, not an alarm."""
+    inside = in_windows(loss["timestamp_ns"].to_numpy(), done["t0"].to_numpy(dtype=np.int64),
+                        done["t1"].to_numpy(dtype=np.int64))
+    counts = dedup_counts(loss[inside])
+    if counts["n"].sum() < MIN_LOSS_EVENTS:
+        return []
+    blame = shared_endpoint(counts)
+    directory = rank_directory(ctx)
+    n = int(counts["n"].sum())
+    who = " or ".join(label(directory, r) for r in blame.ranks)
+    summary = (f"{n} TCP retransmissions/duplicate ACKs inside collectives on links of {who}, "
+               f"but the collectives stayed fast (p50 {ms(baseline)}): no measurable impact.")
+    rank_filter = ", ".join(map(str, blame.ranks))
+    sql = (f"SELECT rank, peer_rank, saddr, daddr, event, count(*) AS events FROM tcp_events "
+           f"WHERE event IN ({LOSS_EVENTS_SQL}) AND (rank IN ({rank_filter}) OR peer_rank IN ({rank_filter})) "
+           f"GROUP BY ALL ORDER BY events DESC")
+    return [Finding(kind="network_loss", severity="info", confidence=0.4, summary=summary, ranks=blame.ranks,
+                    hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
+                                                                  for a, b in blame.links[:MAX_EVIDENCE]],
+                    evidence=_link_rows(counts, directory), sql=sql,
+                    action="Watch the link's error counters; no action needed while collectives stay fast.",
+                    details={"events": n, "baseline_p50_ns": baseline})]
+
+
+def _per_rank_durations(ctx, windows: pd.DataFrame) -> dict:
+    n = ctx.table("nccl_events")
+    n = n[n["completed"].fillna(False).astype(bool) & n["duration_ns"].notna() & n["rank"].notna()]
+    if n.empty:
+        return {}
+    key = windows[["comm_id_hash", "op_count"]].assign(slow=True)
+    m = n.merge(key, on=["comm_id_hash", "op_count"], how="left")
+    m["slow"] = m["slow"].fillna(False).astype(bool)
+    out = {}
+    for (rank, slow), d in m.groupby(["rank", "slow"])["duration_ns"]:
+        v = d.astype("float64")
+        out.setdefault(str(int(rank)), {})["slow" if slow else "other"] = {
+            "n": int(len(v)), "p50_ns": float(v.median()), "p99_ns": float(v.quantile(0.99))}
+    return out
+
+
+def _link_rows(counts: pd.DataFrame, directory) -> list[dict]:
+    if counts.empty:
+        return []
+    piv = counts.pivot_table(index=["sender", "receiver", "saddr", "sport", "daddr", "dport"], columns="cls",
+                             values="n", aggfunc="sum", fill_value=0).reset_index()
+    for c in COUNT_COLUMNS:
+        if c not in piv.columns:
+            piv[c] = 0
+    first = counts.groupby(["sender", "receiver", "saddr", "sport", "daddr", "dport"])["first_ns"].min()
+    piv = piv.merge(first.reset_index(), on=["sender", "receiver", "saddr", "sport", "daddr", "dport"])
+    piv["total"] = piv[list(COUNT_COLUMNS)].sum(axis=1)
+    piv = piv.sort_values("total", ascending=False).head(MAX_EVIDENCE)
+    return [{"sender_rank": int(r.sender), "receiver_rank": int(r.receiver),
+             "from": f"{r.saddr}:{r.sport}", "to": f"{r.daddr}:{r.dport}",
+             **{COUNT_COLUMNS[c]: int(getattr(r, c)) for c in COUNT_COLUMNS}, "first_ns": int(r.first_ns)}
+            for r in piv.itertuples(index=False)]
+
+
+def _link_dict(a: int, b: int, counts: pd.DataFrame, directory) -> dict:
+    c = counts[(counts["a"] == a) & (counts["b"] == b)]
+    d = {"rank": int(a), "peer_rank": int(b),
+         "saddr": directory.get(int(a)).addr if directory.get(int(a)) else None,
+         "daddr": directory.get(int(b)).addr if directory.get(int(b)) else None}
+    for cls, col in COUNT_COLUMNS.items():
+        d[col] = int(c.loc[c["cls"] == cls, "n"].sum())
+    return d
+
+
+def _hosts(directory, ranks) -> list[str]:
+    return sorted({directory[r].host for r in ranks if r in directory and directory[r].host})
+
+
+# --------------------------------------------------------------------------- slow_link
+
+def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
+    """Per link (unordered rank pair): the RTT statistic slow_link compares, and its name.
+
+    Best: the largest ACK RTT p99 among the link's connections (``flow_timing``, each
+    seen from one capture, with at least MIN_RTT_SAMPLES ACKs): the queue at a bottleneck
+    lengthens the tail, not the median, and only on the connections (and capture points)
+    whose segments or ACKs wait in it, so the link's worst connection is the signal.
+    Fallback (models without flow_timing): the median of the flows' mean RTT."""
+    t = ctx.model.tables.get("flow_timing")
+    if t is not None and len(t):
+        t = t.dropna(subset=["rank", "peer_rank", "rtt_p99_ns"])
+        t = t[(t["rank"] != t["peer_rank"]) & (t["rtt_samples"] >= MIN_RTT_SAMPLES)]
+        if len(t):
+            t = t.assign(a=np.minimum(t["rank"], t["peer_rank"]).astype("int64"),
+                         b=np.maximum(t["rank"], t["peer_rank"]).astype("int64"),
+                         rtt=t["rtt_p99_ns"].astype("float64"), p50=t["rtt_p50_ns"].astype("float64"))
+            g = t.groupby(["a", "b"])
+            return g.agg(rtt=("rtt", "max"), p50=("p50", "median"), flows=("rtt", "size")).reset_index(), \
+                "ACK round-trip p99"
+    f = ctx.table("flows").dropna(subset=["rank", "peer_rank", "rtt_mean_ns"])
+    f = f[f["rank"] != f["peer_rank"]]
+    if f.empty:
+        return pd.DataFrame(columns=["a", "b", "rtt", "p50", "flows"]), ""
+    f = f.assign(a=np.minimum(f["rank"], f["peer_rank"]).astype("int64"),
+                 b=np.maximum(f["rank"], f["peer_rank"]).astype("int64"), rtt=f["rtt_mean_ns"].astype("float64"))
+    links = f.groupby(["a", "b"]).agg(rtt=("rtt", "median"), flows=("rtt", "size")).reset_index()
+    links["p50"] = np.nan
+    return links, "mean TCP round-trip"
+
+
+@detector("slow_link")
+def slow_link(ctx: Context) -> list[Finding]:
+    links, metric = link_rtts(ctx)
+    if links.empty:
+        return []
+    # links with TCP loss belong to network_loss, whatever their RTT
+    ev = trouble_events(ctx)
+    lossy: set = set()
+    if len(ev):
+        c = dedup_counts(ev[ev["cls"].isin(LOSS_CLASSES)])
+        per = c.groupby(["a", "b"])["n"].sum()
+        lossy = {k for k, v in per.items() if v >= MIN_LOSS_EVENTS}
+    fl = ctx.table("flows").dropna(subset=["rank", "peer_rank"])
+    if len(fl):
+        retx = fl.assign(a=np.minimum(fl["rank"], fl["peer_rank"]).astype("int64"),
+                         b=np.maximum(fl["rank"], fl["peer_rank"]).astype("int64")) \
+            .groupby(["a", "b"])["retransmissions"].max()
+        lossy |= {k for k, v in retx.items() if pd.notna(v) and v >= MIN_LOSS_EVENTS}
+    links["lossy"] = [(int(x), int(y)) in lossy for x, y in zip(links["a"], links["b"])]
+    cand = links[~links["lossy"] & links["rtt"].notna()].sort_values("rtt").reset_index(drop=True)
+    if len(cand) < MIN_LINKS:
+        return []
+    rtt = cand["rtt"].to_numpy(dtype=np.float64)
+    ratios = rtt[1:] / np.maximum(rtt[:-1], 1.0)
+    # only splits that leave the slow group a minority
+    k_min = int(np.ceil(len(rtt) / 2))   # index of the first slow link is at least half-way
+    ratios = np.where(np.arange(1, len(rtt)) >= k_min, ratios, 0.0)
+    k = int(np.argmax(ratios)) + 1
+    if ratios[k - 1] < RTT_GAP or rtt[k] - rtt[k - 1] < RTT_MIN_EXCESS_NS:
+        return []
+    fast, slow = cand.iloc[:k], cand.iloc[k:]
+    base = float(np.median(fast["rtt"]))
+    slow_links = [(int(x), int(y)) for x, y in zip(slow["a"], slow["b"])]
+    common = set(slow_links[0])
+    for lk in slow_links[1:]:
+        common &= set(lk)
+    leaning = None
+    if len(slow_links) == 1:
+        blamed = sorted(slow_links[0])
+        leaning = _leaning_end(slow_links[0], fast)
+    elif common:
+        blamed = sorted(common)
+    else:
+        blamed = sorted({r for lk in slow_links for r in lk})
+    directory = rank_directory(ctx)
+    peers = sorted({r for lk in slow_links for r in lk} - set(blamed))
+    who = " or ".join(label(directory, r) for r in blamed) if len(blamed) <= 2 else ranks_text(blamed)
+    if len(slow_links) == 1:
+        who += ", the link between them"
+    if leaning is not None:
+        end, other, mine, theirs = leaning
+        # one link stands out, and one of its ends has its other connections queueing too:
+        # a NIC, cable or switch port carries all of a host's connections, so that end it is
+        blamed, peers = [end], [other]
+        who = (f"{label(directory, end)} (more likely than rank {other}: its other links' RTT p99 is "
+               f"{_us(mine)} vs {_us(theirs)} on rank {other}'s)")
+    lo, hi = float(slow["rtt"].min()), float(slow["rtt"].max())
+    rtt_txt = _us_range(lo, hi)
+    medians = ""
+    if slow["p50"].notna().any() and fast["p50"].notna().any():
+        medians = (f" (medians alike: {_us(float(slow['p50'].median()))} vs "
+                   f"{_us(float(fast['p50'].median()))})")
+    ratio = float(slow["rtt"].min()) / max(base, 1.0)
+    w = collective_windows(ctx)
+    dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
+    impact, severity, lost_s = "", "info", 0.0
+    p10 = p50 = p90 = None
+    if len(dur) >= MIN_BASELINE:
+        p10, p50, p90 = (float(x) for x in np.quantile(dur, [0.1, 0.5, 0.9]))
+        lost_s = float(np.clip(dur - p10, 0, None).sum()) / 1e9
+        impact = f"; collectives p50 {ms(p50)}, p90 {ms(p90)} vs {ms(p10)} at the fastest decile"
+        spread = p90 / max(p10, 1.0)
+        # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
+        if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
+                or p50 >= ctx.options.slow_ms * 1e6:
+            severity = "warning"
+    if leaning is not None:
+        link_word, verb = f"its link to rank {peers[0]}", "shows"
+    elif len(blamed) == 1:
+        link_word, verb = f"its links (to {ranks_text(peers)})", "show"
+    else:
+        link_word, verb = "the link", "shows"
+    article = "an" if metric[0] in "AEIOU" else "a"
+    summary = (f"{who}: {link_word} {verb} {article} {metric} of {rtt_txt} vs {_us(base)} on the other "
+               f"links{medians}, without retransmissions: a slow or congested path that queues instead of "
+               f"dropping{impact}.")
+    if metric.startswith("ACK"):
+        sql = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, capture, saddr, sport, "
+               "daddr, dport, rtt_samples, round(rtt_p50_ns / 1e3, 1) AS rtt_p50_us, "
+               "round(rtt_p99_ns / 1e3, 1) AS rtt_p99_us, round(busy_rate_bps / 1e6, 1) AS busy_mbps, data_bytes "
+               f"FROM flow_timing WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rank <> peer_rank "
+               f"AND rtt_samples >= {MIN_RTT_SAMPLES} ORDER BY rtt_p99_ns DESC")
+    else:
+        sql = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, capture, orig_addr, "
+               "orig_port, resp_addr, resp_port, round(rtt_mean_ns / 1e3, 1) AS rtt_us, retransmissions, "
+               "bytes_orig + bytes_resp AS bytes FROM flows "
+               "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rank <> peer_rank "
+               "ORDER BY rtt_mean_ns DESC NULLS LAST")
+    evidence = [{"rank_a": int(r.a), "rank_b": int(r.b), "rtt_us": round(float(r.rtt) / 1e3, 1),
+                 "rtt_p50_us": None if pd.isna(r.p50) else round(float(r.p50) / 1e3, 1),
+                 "connections": int(r.flows), "lossy": bool(r.lossy), "slow": (int(r.a), int(r.b)) in slow_links}
+                for r in links.sort_values("rtt", ascending=False).head(MAX_EVIDENCE).itertuples(index=False)
+                if pd.notna(r.rtt)]
+    confidence = min(0.9, 0.5 + 0.1 * np.log10(max(ratio, 1.0))
+                     + (0.15 if len(blamed) == 1 and leaning is None else 0.05 if leaning else 0.0))
+    return [Finding(kind="slow_link", severity=severity, confidence=confidence, summary=summary, ranks=blamed,
+                    hosts=_hosts(directory, blamed), peer_ranks=peers,
+                    links=[{"rank": x, "peer_rank": y, "rtt_us": round(float(r) / 1e3, 1),
+                            "saddr": directory[x].addr if x in directory else None,
+                            "daddr": directory[y].addr if y in directory else None}
+                           for (x, y), r in zip(slow_links, slow["rtt"])],
+                    evidence=evidence, sql=sql,
+                    action=(f"Check the negotiated speed and queueing of {who}'s NIC and switch port "
+                            "(ethtool speed/duplex, tc qdisc, switch port utilisation and pause frames); "
+                            "run nccl-tests across that link alone."),
+                    score=lost_s, details={"metric": metric, "rtt_baseline_ns": base, "slow_links": slow_links,
+                                           "rtt_slow_ns": [float(x) for x in slow["rtt"]],
+                                           "collective_p10_ns": p10, "collective_p50_ns": p50,
+                                           "collective_p90_ns": p90})]
+
+
+LEAN_RATIO = 2.0    # one end's other links queue this much more than the other end's
+
+
+def _leaning_end(link: tuple[int, int], fast: pd.DataFrame):
+    """For a single slow link: the end whose *other* links (the fast group's) also show a
+    longer queue than the other end's, as (end, other end, its other links' RTT, the other
+    end's), or None when the evidence cannot separate them."""
+    def others(r: int):
+        v = fast.loc[(fast["a"] == r) | (fast["b"] == r), "rtt"]
+        return float(v.max()) if len(v) else None
+    a, b = link
+    ra, rb = others(a), others(b)
+    if ra is None or rb is None:
+        return None
+    if ra >= LEAN_RATIO * rb:
+        return a, b, ra, rb
+    if rb >= LEAN_RATIO * ra:
+        return b, a, rb, ra
+    return None
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms" if ns >= 1e6 else f"{ns / 1e3:.0f} µs"
+
+
+def _us_range(lo: float, hi: float) -> str:
+    if hi <= lo * 1.05:
+        return _us(hi)
+    if (lo >= 1e6) == (hi >= 1e6):   # one unit for both ends
+        a, b = _us(lo).split(" "), _us(hi).split(" ")
+        return f"{a[0]}-{b[0]} {b[1]}"
+    return f"{_us(lo)}-{_us(hi)}"
+
+
+# --------------------------------------------------------------------------- connection_reset
+
+STALL_MIN_NS = 500_000_000     # a reset this long after the last progress comes from a teardown or a kill
+STALL_FACTOR = 5.0             # ... or this many times the p99 collective duration, if larger
+
+
+@detector("connection_reset")
+def connection_reset(ctx: Context) -> list[Finding]:
+    """A TCP reset between two ranks while collectives were in flight, before the job had
+    stalled: the connection NCCL used was torn down under it. Resets at start-up (no
+    collective in flight: the rendezvous store's probes), after the last collective, or
+    long after the job stopped progressing (the processes being killed) are left out."""
+    ev = trouble_events(ctx)
+    rst = ev[ev["cls"] == "reset"]
+    w = collective_windows(ctx)
+    if rst.empty or w.empty:
+        return []
+    t = rst["timestamp_ns"].to_numpy(dtype=np.int64)
+    t0 = w["t0"].to_numpy(dtype=np.int64)
+    t1 = w["t1"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
+    in_flight = in_windows(t, t0, t1)
+    done_end = np.sort(w.loc[w["complete"], "t1"].to_numpy(dtype=np.int64))
+    i = np.searchsorted(done_end, t, side="right") - 1
+    last_progress = np.where(i >= 0, done_end[np.maximum(i, 0)], t0.min() if len(t0) else 0)
+    dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
+    stall = max(STALL_MIN_NS, STALL_FACTOR * float(np.quantile(dur, 0.99))) if len(dur) else STALL_MIN_NS
+    # trouble before the reset since the last progress: the reset is then a consequence
+    loss_t = np.sort(ev.loc[ev["cls"].isin(LOSS_CLASSES), "timestamp_ns"].to_numpy(dtype=np.int64))
+    loss_before = np.searchsorted(loss_t, t, side="left") - np.searchsorted(loss_t, last_progress, side="left")
+    causal = in_flight & (t - last_progress < stall) & (loss_before == 0)
+    if not causal.any():
+        return []
+    first = rst[causal].iloc[0]
+    tr = int(first["timestamp_ns"])
+    snd, rcv = int(first["sender"]), int(first["receiver"])
+    directory = rank_directory(ctx)
+    after = rst[rst["timestamp_ns"] >= tr]
+    follow = dedup_counts(after)
+    n_links = follow[["a", "b"]].drop_duplicates().shape[0]
+    # what was in flight, and did it ever complete?
+    open_w = w[(w["t0"].to_numpy(dtype=np.int64) <= tr) & (t1 >= tr)]
+    failed = w[(~w["complete"]) & (w["t0"].to_numpy(dtype=np.int64) >= open_w["t0"].min() if len(open_w) else False)]
+    op_txt = ""
+    if len(open_w):
+        o = open_w.sort_values("op_count").iloc[0]
+        op_txt = f", while {o['op']} #{int(o['op_count'])} was in flight"
+    n_failed = int(len(failed))
+    forged = not kernel_logged_reset(ctx, first)
+    gap = tr - int(last_progress[causal][0])
+    summary = (f"TCP reset from {_endpoint(directory, snd, first['saddr'], first['sport'])} to "
+               f"{_endpoint(directory, rcv, first['daddr'], first['dport'])}"
+               + (f", not logged by rank {snd}'s kernel (a firewall or middlebox forged it)" if forged else "")
+               + f", {ms(gap)} after the last completed collective{op_txt}; "
+               + (f"{n_failed} collective(s) then never completed on every rank" if n_failed else
+                  "the collectives went on")
+               + (f"; {int(follow['n'].sum()) - 1} more reset(s) followed on {n_links} link(s)."
+                  if int(follow['n'].sum()) > 1 else "."))
+    severity = "error" if n_failed else "warning"
+    evidence = [{"timestamp_ns": int(x.timestamp_ns), "event": x.event, "sender_rank": int(x.sender),
+                 "receiver_rank": int(x.receiver), "from": f"{x.saddr}:{x.sport}", "to": f"{x.daddr}:{x.dport}"}
+                for x in after.head(MAX_EVIDENCE).itertuples(index=False)]
+    sql = (f"SELECT timestamp_ns, event, source, rank, peer_rank, saddr, sport, daddr, dport, coll_op, coll_op_count, "
+           f"coll_in_flight FROM tcp_events WHERE event IN ({RESET_EVENTS_SQL}) AND timestamp_ns >= {tr} "
+           f"AND rank IS NOT NULL AND peer_rank IS NOT NULL ORDER BY timestamp_ns")
+    return [Finding(
+        kind="connection_reset", severity=severity, confidence=0.9 if n_failed else 0.7, summary=summary,
+        ranks=[snd], hosts=_hosts(directory, [snd]), peer_ranks=[rcv],
+        links=[{"rank": snd, "peer_rank": rcv, "saddr": first["saddr"], "sport": as_int(first["sport"]),
+                "daddr": first["daddr"], "dport": as_int(first["dport"]), "first_reset_ns": tr, "forged": forged}],
+        evidence=evidence, sql=sql, score=2e6 if n_failed else 10.0,
+        action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
+                "conntrack table full), a NIC or bond failover, a process closing the socket; NCCL cannot "
+                "recover a reset socket: fix it and restart the job from the last checkpoint."),
+        details={"first_reset_ns": tr, "since_last_progress_ns": gap, "resets_after": int(follow["n"].sum()),
+                 "links_reset": n_links, "collectives_failed": n_failed, "forged": forged})]
+
+
+def _endpoint(directory, rank: int, addr, port) -> str:
+    host = directory[rank].host if rank in directory else None
+    return f"rank {rank} ({host + ', ' if host else ''}{addr}:{port})"

@@ -1,0 +1,208 @@
+"""``straggler``: one rank enters collectives late, again and again, while the network is clean.
+
+Per collective that every rank entered, each rank's *margin* is its entry time minus the
+latest entry among the other ranks: positive only for the rank that came last, and then
+by how much it held everyone else up. The jitter of a healthy job is the spread of the
+other ranks' entries (second-latest minus earliest); a rank is late in a collective when
+its margin is well above that jitter. A straggler is late in many collectives (at least
+``MIN_LATE`` and ``MIN_LATE_FRACTION`` of them: one slow collective is an anecdote), far
+more often than any other rank (ranks late in turn are noise), and its lateness is a real
+share of what its peers spent in those collectives (they waited for it, not for the
+network).
+
+Impact: the peers' collectives absorb the wait (their durations grow while the
+straggler's stay short). Off-CPU evidence, when the capture sampled the threads'
+schedstat (``offcpu`` table): the straggler's run-queue delay (CPU contention) and
+off-CPU time against its peers'.
+
+Limit: two ranks late by the same amount hide each other (each one's margin is measured
+against the other); the peers' long waits then show in the collectives' durations only.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .base import Context, Finding, detector
+from .evidence import (LOSS_CLASSES, dedup_counts, in_windows, label, ms, rank_directory, trouble_events,
+                       world_rank_map)
+
+MIN_LATE = 3
+MIN_LATE_FRACTION = 0.10
+JITTER_FACTOR = 5.0
+MIN_MARGIN_NS = 2_000_000        # 2 ms: scheduler noise on a busy host is below this
+DOMINANCE = 2.0                  # late at least twice as often as any other rank
+IMPACT_SHARE = 0.25              # its lateness is at least this share of its peers' time in those collectives
+OFFCPU_SLACK_NS = 10_000_000_000  # capture samples schedstat every ~2 s: take the interval that covers the end
+MAX_EVIDENCE = 20
+
+
+def _second_max(v: np.ndarray) -> np.ndarray:
+    """For each element: the largest of the *other* elements (0 when alone)."""
+    if len(v) < 2:
+        return np.zeros(len(v))
+    order = np.sort(v)
+    top, second = order[-1], order[-2]
+    return np.where(v == top, second, top)
+
+
+def entry_margins(ctx) -> pd.DataFrame:
+    """One row per (communicator, op_count, rank) of collectives every rank entered:
+    entry_ns, margin_ns (entry minus the latest other entry), spread_ns (the others'
+    spread: second-latest minus earliest entry of the collective)."""
+    c = ctx.table("collectives")
+    if c.empty:
+        return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "rank", "entry_ns", "margin_ns", "spread_ns"])
+    full = c[(c["ranks_entered"] >= c["nranks"].fillna(c["ranks_entered"])) & (c["ranks_entered"] >= 2)]
+    if full.empty:
+        return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "rank", "entry_ns", "margin_ns", "spread_ns"])
+    e = full[["comm_id_hash", "op_count", "op", "ranks", "entry_ns"]].explode(["ranks", "entry_ns"])
+    e = e.rename(columns={"ranks": "rank"}).dropna(subset=["rank", "entry_ns"])
+    e["rank"] = e["rank"].astype("int64")
+    e["entry_ns"] = e["entry_ns"].astype("int64")
+    g = e.groupby(["comm_id_hash", "op_count"])["entry_ns"]
+    first = g.transform("max")
+    # second-latest: the max after removing one occurrence of the max
+    rank_desc = g.rank(method="first", ascending=False)
+    second = e["entry_ns"].where(rank_desc == 2).groupby([e["comm_id_hash"], e["op_count"]]).transform("max")
+    others_latest = np.where(rank_desc == 1, second, first)
+    e["margin_ns"] = e["entry_ns"] - others_latest
+    e["spread_ns"] = second - g.transform("min")
+    return e.reset_index(drop=True)
+
+
+@detector("straggler")
+def straggler(ctx: Context) -> list[Finding]:
+    e = entry_margins(ctx)
+    if e.empty:
+        return []
+    spreads = e.drop_duplicates(["comm_id_hash", "op_count"])["spread_ns"].to_numpy(dtype=np.float64)
+    jitter = float(np.median(spreads)) if len(spreads) else 0.0
+    thr = max(MIN_MARGIN_NS, JITTER_FACTOR * jitter)
+    n_coll = e.drop_duplicates(["comm_id_hash", "op_count"]).shape[0]
+    late = e[e["margin_ns"] > thr]
+    if late.empty:
+        return []
+    need = max(MIN_LATE, int(np.ceil(MIN_LATE_FRACTION * n_coll)))
+    per_rank = late.groupby(["comm_id_hash", "rank"]).agg(n=("margin_ns", "size"), p50=("margin_ns", "median"),
+                                                           p90=("margin_ns", lambda s: s.quantile(0.9)),
+                                                           total=("margin_ns", "sum")).reset_index()
+    # dominance: a straggler is late far more often than any other rank (ranks late in turn are noise)
+    others_max = per_rank.groupby("comm_id_hash")["n"].transform(lambda s: _second_max(s.to_numpy()))
+    per_rank = per_rank[(per_rank["n"] >= need) & (per_rank["n"] >= DOMINANCE * others_max)]
+    if per_rank.empty:
+        return []
+    gmap = world_rank_map(ctx)
+    directory = rank_directory(ctx)
+    ev = trouble_events(ctx)
+    loss = ev[ev["cls"].isin(LOSS_CLASSES)]
+    found = []
+    for r in per_rank.sort_values("total", ascending=False).itertuples(index=False):
+        if not _peers_waited(ctx, late, r):
+            continue
+        found.append(_finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss))
+    return found
+
+
+def _peers_waited(ctx, late: pd.DataFrame, r) -> bool:
+    """Impact rule: in the collectives the rank was late for, its lateness is a real part of
+    what its peers spent in them (a 5 ms late entry into a 600 ms collective slowed by
+    retransmissions is noise, not a straggler). Without completed durations, no veto."""
+    mine = late[(late["comm_id_hash"] == r.comm_id_hash) & (late["rank"] == r.rank)]
+    n = ctx.table("nccl_events")
+    n = n[(n["comm_id_hash"] == r.comm_id_hash) & n["op_count"].isin(mine["op_count"]) & (n["rank"] != r.rank)
+          & n["completed"].fillna(False).astype(bool) & n["duration_ns"].notna()]
+    if n.empty:
+        return True
+    return float(r.p50) >= IMPACT_SHARE * float(n["duration_ns"].astype("float64").median())
+
+
+def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss) -> Finding:
+    comm, crank = r.comm_id_hash, int(r.rank)
+    g = gmap[(gmap["comm_id_hash"] == comm) & (gmap["rank"] == crank)]["global_rank"]
+    rank = int(g.iat[0]) if len(g) and pd.notna(g.iat[0]) else crank
+    mine = late[(late["comm_id_hash"] == comm) & (late["rank"] == crank)].sort_values("op_count")
+    n_comm = int(e[e["comm_id_hash"] == comm].drop_duplicates("op_count").shape[0])
+    # impact: completed durations on the straggler vs its peers, in the collectives it was late for
+    n = ctx.table("nccl_events")
+    n = n[(n["comm_id_hash"] == comm) & n["completed"].fillna(False).astype(bool) & n["duration_ns"].notna()]
+    hit = n[n["op_count"].isin(mine["op_count"])]
+    d_me = hit.loc[hit["rank"] == crank, "duration_ns"].astype("float64")
+    d_peers = hit.loc[hit["rank"] != crank, "duration_ns"].astype("float64")
+    op = mine["op"].mode().iat[0] if len(mine["op"].dropna()) else "collective"
+    # the network during those collectives: TCP trouble on the straggler's links
+    t0 = mine["entry_ns"].to_numpy(dtype=np.int64) - mine["margin_ns"].to_numpy(dtype=np.int64)
+    t1 = mine["entry_ns"].to_numpy(dtype=np.int64)
+    mloss = loss[(loss["a"] == rank) | (loss["b"] == rank)]
+    n_loss = int(dedup_counts(mloss[in_windows(mloss["timestamp_ns"].to_numpy(), t0, t1)])["n"].sum()) \
+        if len(mloss) else 0
+    off = _offcpu(ctx, rank, int(mine["entry_ns"].min()), int(mine["entry_ns"].max()))
+    peers_txt = ""
+    if len(d_me) and len(d_peers):
+        peers_txt = (f"; in those collectives its peers waited ({op} p99 {ms(d_peers.quantile(0.99))} vs "
+                     f"{ms(d_me.quantile(0.99))} on {label(directory, rank).split(' (')[0]})")
+    net_txt = "; the network was clean on its links meanwhile" if n_loss < 3 else \
+        f"; {n_loss} TCP retransmissions on its links meanwhile (see the network findings)"
+    off_txt = f"; {off['text']}" if off.get("text") else ""
+    summary = (f"{label(directory, rank)} entered {int(r.n)} of {n_comm} collectives last, "
+               f"{ms(r.p50)} (p50; p90 {ms(r.p90)}) after the latest of its peers, whose entries are "
+               f"{ms(jitter)} apart{peers_txt}{net_txt}{off_txt}.")
+    evidence = [{"comm_id_hash": comm, "op_count": int(x.op_count), "op": x.op, "rank": rank,
+                 "late_ms": round(float(x.margin_ns) / 1e6, 3), "entry_ns": int(x.entry_ns)}
+                for x in mine.sort_values("margin_ns", ascending=False).head(MAX_EVIDENCE).itertuples(index=False)]
+    sql = f"""WITH e AS (
+  SELECT comm_id_hash, op_count, op, unnest(ranks) AS rank, unnest(entry_ns) AS entry_ns
+  FROM collectives WHERE ranks_entered >= coalesce(nranks, ranks_entered) AND comm_id_hash = '{comm}'
+), o AS (SELECT comm_id_hash, op_count, max(entry_ns) AS others_latest FROM e WHERE rank <> {crank} GROUP BY ALL)
+SELECT e.comm_id_hash, e.op_count, e.op, e.rank, (e.entry_ns - o.others_latest) / 1e6 AS late_ms
+FROM e JOIN o USING (comm_id_hash, op_count)
+WHERE e.rank = {crank} AND e.entry_ns - o.others_latest > {int(thr)} ORDER BY e.op_count"""
+    frac = int(r.n) / max(n_comm, 1)
+    confidence = min(0.95, 0.55 + 0.4 * frac + (0.05 if off.get("supports") else 0.0)) * (0.7 if n_loss >= 3 else 1)
+    per_rank = {}
+    for rk, d in n[n["op_count"].isin(mine["op_count"])].groupby("rank")["duration_ns"]:
+        v = d.astype("float64")
+        per_rank[str(int(rk))] = {"n": int(len(v)), "p50_ns": float(v.median()), "p99_ns": float(v.quantile(0.99))}
+    return Finding(
+        kind="straggler", severity="warning", confidence=confidence, summary=summary, ranks=[rank],
+        hosts=[directory[rank].host] if rank in directory and directory[rank].host else [],
+        evidence=evidence, sql=sql, score=float(r.total) / 1e9,
+        action=(f"Look at what rank {rank} does between collectives: data loading, CPU contention (run-queue "
+                "delay), GC or checkpointing, a throttled GPU (nvidia-smi -q clocks/throttle reasons); "
+                "py-spy dump its main thread while it is late."),
+        details={"late_collectives": int(r.n), "collectives": n_comm, "late_threshold_ns": thr,
+                 "jitter_ns": jitter, "late_p50_ns": float(r.p50), "late_p90_ns": float(r.p90),
+                 "late_total_ns": float(r.total), "tcp_trouble_on_its_links": n_loss,
+                 "durations_in_late_collectives": per_rank, "offcpu": off.get("per_rank", {})})
+
+
+def _offcpu(ctx, rank: int, t_from: int, t_to: int) -> dict:
+    """Per rank: off-CPU and run-queue growth of its threads in the sampling intervals that
+    end while it straggled (t_from .. t_to + OFFCPU_SLACK_NS), and whether the straggler's
+    stand out (run-queue delay: CPU contention; D state: I/O). Off-CPU time alone is
+    ambiguous: waiting inside a collective is off-CPU too."""
+    o = ctx.table("offcpu") if "offcpu" in ctx.model.tables else pd.DataFrame()
+    if o.empty or o["rank"].isna().all():
+        return {}
+    o = o.dropna(subset=["rank", "timestamp_ns"])
+    o = o[(o["timestamp_ns"] >= t_from) & (o["timestamp_ns"] <= t_to + OFFCPU_SLACK_NS)]
+    if o.empty:
+        return {"per_rank": {}, "text": ""}
+    agg = o.groupby("rank").agg(offcpu_ns=("offcpu_delta_ns", "sum"), runq_ns=("runq_delta_ns", "sum"),
+                                oncpu_ns=("oncpu_delta_ns", "sum"), samples=("timestamp_ns", "size"),
+                                d_state=("state", lambda s: int((s == "D").sum())))
+    per_rank = {str(int(k)): {c: (int(v) if pd.notna(v) else None) for c, v in row.items()}
+                for k, row in agg.iterrows()}
+    if rank not in agg.index or len(agg) < 2:
+        return {"per_rank": per_rank}
+    me, peers = agg.loc[rank], agg.drop(index=rank)
+    text, supports = "", False
+    runq_peer = float(peers["runq_ns"].median())
+    if me["runq_ns"] >= max(2 * runq_peer, 50e6):
+        text = (f"its threads waited {ms(me['runq_ns'])} for a CPU (run queue) vs {ms(runq_peer)} on peers: "
+                "CPU contention on its host")
+        supports = True
+    elif me["d_state"] > peers["d_state"].max():
+        text = f"its threads were sampled in uninterruptible sleep (D) {int(me['d_state'])} times: blocked on I/O"
+        supports = True
+    return {"per_rank": per_rank, "text": text, "supports": supports}

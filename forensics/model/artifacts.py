@@ -1,0 +1,294 @@
+"""The bundle's parsed artefacts (NCCL logs, nccl-tests, py-spy, ss, Flight Recorder,
+Inspector) as model tables, attributed to host, pid and rank.
+
+:func:`read_artifacts` parses every artefact of one bundle once, with the parser the
+registry (:mod:`forensics.parsers`) assigns by folder and content; :func:`artifact_tables`
+turns all bundles' artefacts into the tables ``nccl_config``, ``nccl_warnings``,
+``host_facts`` (:mod:`.nccl_config`), ``fr_entries``, ``fr_pg_status`` and the GPU
+durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``nccl_tests_runs``,
+``stacks`` and ``sockets``.
+
+Where a parser looks:
+
+- ``logs/**``: by content (NCCL_DEBUG logs, Inspector JSONL, profiler traces, nccl-tests
+  output, Flight Recorder dumps, py-spy dumps attached there); other files (dmesg,
+  tcpdump's stderr) are left to their own readers;
+- ``nccl-tests/**`` nccl-tests output (and the NCCL_DEBUG lines a benchmark run prints
+  into it), ``flight-recorder/**``, ``stacks/**``, ``sys/**/ss*``: by folder.
+
+NCCL_DEBUG logs are parsed without their COLL lines (one per call: a 200k-call log costs
+seconds to parse, and calls come from the tracer); their line numbers are kept.
+
+A bundle without these folders costs one directory listing. Everything a parser
+warns about becomes a line of the bundle's problems (host-prefixed by the model), at
+most :data:`WARNINGS_PER_FILE` per file; nothing here raises on bad content.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from ..errors import InputError
+from ..parsers import registry
+from ..parsers.registry import SNIFF_BYTES, ParseResult
+from .nccl import conform, empty
+
+WARNINGS_PER_FILE = 5
+# parsers tried, in order, on files under logs/ (content decides)
+LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug")
+# folder -> the parser its files are for (content does not decide: a bad file there is a warning)
+FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
+ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
+                   "fr_entries", "fr_pg_status")
+PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
+# NCCL_DEBUG=INFO with COLL logs a line per call: the model takes calls from the tracer and
+# needs only the init/WARN lines, so COLL lines are blanked (line numbers kept) before parsing
+COLL_LINE_RE = re.compile(rb"(?m)^[^\n]*NCCL INFO \w+: opCount [^\n]*$")
+
+
+@dataclass
+class BundleArtifacts:
+    """What one bundle's artefacts parsed into: parser name -> [(bundle-relative path, result)]."""
+
+    host: str
+    results: dict[str, list[tuple[str, ParseResult]]] = field(default_factory=dict)
+    empty_logs: list[str] = field(default_factory=list)
+
+    def of(self, parser: str) -> list[tuple[str, ParseResult]]:
+        return self.results.get(parser, [])
+
+    def table(self, parser: str, table: str) -> pd.DataFrame:
+        """One parser table over every file, with an ``artifact`` column (the file)."""
+        parts = []
+        for rel, res in self.of(parser):
+            df = res.tables.get(table)
+            if df is not None and len(df):
+                parts.append(df.assign(artifact=rel))
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+@dataclass(frozen=True)
+class _Job:
+    rel: str
+    path: Path
+    parsers: tuple[str, ...]         # run each (the folder says what the file is)
+    sniffed: tuple[str, ...] = ()    # then the first of these whose sniffer accepts the file
+
+
+def _jobs(bundle) -> list[_Job]:
+    jobs = []
+    for folder, name in FOLDER_PARSERS.items():
+        if (bundle.root / folder).is_dir():
+            # a benchmark's output carries its NCCL_DEBUG lines too
+            extra = ("nccl_debug",) if name == "nccl_tests" else ()
+            jobs += [_Job(rel, path, (name,), extra) for rel, path in bundle.files(f"{folder}/**/*")]
+    if (bundle.root / "logs").is_dir():
+        jobs += [_Job(rel, path, (), LOG_PARSERS) for rel, path in bundle.files("logs/**/*")]
+    if (bundle.root / "sys").is_dir():
+        jobs += [_Job(rel, path, ("ss",)) for rel, path in bundle.files("sys/**/ss*")]
+    return jobs
+
+
+def read_artifacts(bundle) -> BundleArtifacts:
+    arts = BundleArtifacts(bundle.host)
+    for job in _jobs(bundle):
+        rel, path = job.rel, job.path
+        try:
+            size = path.stat().st_size
+        except OSError:
+            continue
+        if size == 0:
+            if rel.startswith("logs/") and "nccl" in Path(rel).name.lower():
+                arts.empty_logs.append(rel)
+            elif not rel.startswith(("logs/", "sys/")):
+                bundle.problems.append(f"{rel}: empty file")
+            continue
+        try:
+            data, _ = registry.read_source(path)
+        except InputError as e:
+            bundle.problems.append(str(e))
+            continue
+        head = data[:SNIFF_BYTES]
+        chosen = list(job.parsers)
+        for name in job.sniffed:
+            if _sniff(registry.get(name), head):
+                chosen.append(name)
+                if name != "nccl_tests":    # one format per file, but nccl-tests output may carry NCCL lines
+                    break
+        for name in chosen:
+            res = _parse(registry.get(name), COLL_LINE_RE.sub(b"", data) if name == "nccl_debug" else data, rel,
+                         bundle)
+            arts.results.setdefault(name, []).append((rel, res))
+    if arts.empty_logs:
+        bundle.problems.append(f"logs/: {len(arts.empty_logs)} NCCL log file(s) are empty "
+                               f"({', '.join(arts.empty_logs[:4])}{', ...' if len(arts.empty_logs) > 4 else ''}); "
+                               "the capture's byte budget or the job left nothing in them")
+    return arts
+
+
+def _sniff(parser, head: bytes) -> bool:
+    try:
+        return bool(parser.sniff(head))
+    except Exception:   # a sniffer bug must not stop the others
+        return False
+
+
+def _parse(parser, data: bytes, rel: str, bundle) -> ParseResult:
+    try:
+        res = parser.parse_bytes(data, rel)
+    except Exception as exc:   # parsers promise not to raise; if one does, it is a warning, not a crash
+        msg = f"{rel}: {parser.NAME} parser failed: {type(exc).__name__}: {exc}"
+        bundle.problems.append(msg)
+        return ParseResult(parser=parser.NAME, source=rel, warnings=[msg])
+    warn = res.warnings
+    bundle.problems.extend(warn[:WARNINGS_PER_FILE])
+    if len(warn) > WARNINGS_PER_FILE:
+        bundle.problems.append(f"{rel}: {len(warn) - WARNINGS_PER_FILE} more warning(s)")
+    return res
+
+
+def phase_of(rel: str) -> str | None:
+    m = PHASE_RE.search(Path(rel).stem)
+    return m[1] if m else None
+
+
+# --------------------------------------------------------------------------- pid <-> rank
+
+def pid_ranks(bundle, arts: BundleArtifacts, nccl: pd.DataFrame) -> dict[int, int]:
+    """pid -> global rank on this host: the manifest's RANK, then the NCCL log's rank in
+    its largest communicator, then the tracer's (``nccl_events``) rank."""
+    ranks: dict[int, int] = {}
+    if len(nccl):
+        n = nccl[(nccl["host"] == bundle.host) & nccl["rank"].notna() & nccl["pid"].notna()]
+        if len(n):
+            n = n.sort_values("nranks", kind="stable", na_position="first")
+            ranks.update({int(p): int(r) for p, r in n.groupby("pid")["rank"].last().items()})
+    comms = arts.table("nccl_debug", "nccl_comms")
+    if len(comms):
+        c = comms.dropna(subset=["pid", "rank"]).sort_values("nranks", kind="stable", na_position="first")
+        ranks.update({int(p): int(r) for p, r in c.groupby("pid")["rank"].last().items()})
+    ranks.update({p.pid: p.rank for p in bundle.manifest.processes if p.rank is not None})
+    return ranks
+
+
+def _map_rank(df: pd.DataFrame, ranks: dict[int, int]) -> pd.Series:
+    return pd.to_numeric(df["pid"], errors="coerce").map(ranks).astype("Int64")
+
+
+# --------------------------------------------------------------------------- simple tables
+
+def stacks_table(bundle, arts: BundleArtifacts, ranks: dict[int, int]) -> pd.DataFrame:
+    df = arts.table("pyspy", "stacks")
+    if df.empty:
+        return empty("stacks")
+    df = df.rename(columns={"file": "code_file"})
+    df["host"] = bundle.host
+    df["rank"] = _map_rank(df, ranks)
+    df["phase"] = df["artifact"].map(phase_of)
+    return conform(df, "stacks")
+
+
+def sockets_table(bundle, arts: BundleArtifacts, ranks: dict[int, int], attr) -> pd.DataFrame:
+    parts = []
+    for rel, res in arts.of("ss"):
+        df = res.tables.get("sockets")
+        if df is None or df.empty:
+            continue
+        parts.append(df.assign(artifact=rel, netns=rel.split("/")[1] if rel.count("/") >= 2 else None,
+                               phase=res.facts.get("phase") or phase_of(rel)))
+    if not parts:
+        return empty("sockets")
+    df = pd.concat(parts, ignore_index=True)
+    df["host"] = bundle.host
+    df["rank"] = _map_rank(df, ranks)
+    if attr is not None:
+        own = attr.owner(df["local_addr"].astype(str), pd.to_numeric(df["local_port"], errors="coerce"))
+        df["rank"] = df["rank"].fillna(pd.to_numeric(own["rank"], errors="coerce").astype("Int64").set_axis(df.index))
+        df["peer_rank"] = pd.to_numeric(attr.peer_rank(df["peer_addr"].astype(str),
+                                                       pd.to_numeric(df["peer_port"], errors="coerce")),
+                                        errors="coerce").astype("Int64").set_axis(df.index)
+    return conform(df, "sockets")
+
+
+def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows, runs = [], []
+    for rel, res in arts.of("nccl_tests"):
+        t = res.tables.get("nccl_tests")
+        devs = res.tables.get("nccl_tests_devices")
+        f = res.facts
+        if t is not None and len(t):
+            rows.append(t.assign(host=bundle.host, artifact=rel))
+        tests = list(dict.fromkeys([x for x in (t["test"].dropna().unique() if t is not None and len(t) else [])]))
+        if not tests and f.get("avg_busbw_gbps") is None:
+            continue
+        for test in tests or [None]:
+            sub = t[t["test"] == test] if test is not None else t.iloc[0:0]
+            bus = pd.to_numeric(sub["busbw_gbps"], errors="coerce")
+            peak_size = sub["size_bytes"].max() if len(sub) else None
+            at_peak = bus[sub["size_bytes"] == peak_size] if len(sub) else bus
+            avg = (f.get("avg_busbw_by_test") or {}).get(test) if test else None
+            if avg is None and (len(tests) <= 1):
+                avg = f.get("avg_busbw_gbps")
+            hosts = sorted(set(devs["host"].dropna())) if devs is not None and len(devs) else []
+            runs.append({
+                "host": bundle.host, "artifact": rel, "test": test, "version": f.get("version"),
+                "ranks": int(devs["rank"].nunique()) if devs is not None and len(devs) else None,
+                "nodes": len(hosts) or None, "test_hosts": ",".join(hosts) or None,
+                "gpus": ",".join(sorted(set(devs["gpu"].dropna()))) if devs is not None and len(devs) else None,
+                "rows": len(sub), "min_size_bytes": sub["size_bytes"].min() if len(sub) else None,
+                "max_size_bytes": peak_size,
+                "max_busbw_gbps": float(bus.max()) if bus.notna().any() else None,
+                "max_busbw_size_bytes": sub.loc[bus.idxmax(), "size_bytes"] if bus.notna().any() else None,
+                "busbw_at_max_size_gbps": float(at_peak.max()) if at_peak.notna().any() else None,
+                "avg_busbw_gbps": avg, "avg_status": f.get("avg_busbw_status"),
+                "wrong_total": float(pd.to_numeric(sub["wrong"], errors="coerce").sum()) if len(sub) else None,
+                "out_of_bounds": f.get("out_of_bounds"), "failures": len(f.get("failures") or []),
+                "failure_text": (f.get("failures") or [None])[0],
+            })
+    tests = conform(pd.concat(rows, ignore_index=True), "nccl_tests") if rows else empty("nccl_tests")
+    return tests, conform(pd.DataFrame(runs), "nccl_tests_runs") if runs else empty("nccl_tests_runs")
+
+
+# --------------------------------------------------------------------------- all of it
+
+def artifact_tables(bundles: list, nccl: pd.DataFrame, attr) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """(nccl_events with GPU durations where the artefacts give them, the artefact tables)."""
+    from . import gpu_times, nccl_config
+    per: dict[str, list[pd.DataFrame]] = {}
+    fr_parts, fr_status, insp_parts = [], [], []
+    for b in bundles:
+        arts = read_artifacts(b)
+        ranks = pid_ranks(b, arts, nccl)
+        tests, runs = nccl_tests_tables(b, arts)
+        cfg, warns = nccl_config.config_tables(b, arts, ranks)
+        out = {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": nccl_config.host_facts(b, arts),
+               "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
+               "sockets": sockets_table(b, arts, ranks, attr)}
+        for k, v in out.items():
+            per.setdefault(k, []).append(v)
+        fr_parts.append(gpu_times.fr_entries(b, arts, ranks))
+        fr_status.append(gpu_times.fr_entries(b, arts, ranks, "fr_pg_status"))
+        insp_parts.append(gpu_times.inspector_records(b, arts, ranks))
+        insp_parts.append(gpu_times.profiler_records(b, arts))
+    tables = {k: _concat(v, k) for k, v in per.items()}
+    tables["fr_entries"] = _concat(fr_parts, "fr_entries")
+    tables["fr_pg_status"] = _concat(fr_status, "fr_pg_status")
+    problems: list[tuple[str, str]] = []
+    nccl = gpu_times.apply_gpu_durations(nccl, tables["fr_entries"], pd.concat(
+        [p for p in insp_parts if len(p)], ignore_index=True) if any(len(p) for p in insp_parts) else pd.DataFrame(),
+        problems)
+    by_host = {b.host: b for b in bundles}
+    for host, msg in problems:
+        if host in by_host:
+            by_host[host].problems.append(msg)
+    return nccl, {name: tables.get(name, empty(name)) for name in ARTIFACT_TABLES}
+
+
+def _concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty(table)
+    return conform(pd.concat(parts, ignore_index=True), table)

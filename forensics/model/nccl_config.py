@@ -1,0 +1,292 @@
+"""``nccl_config`` (one row per NCCL process), ``nccl_warnings`` and ``host_facts``.
+
+``nccl_config`` merges two views of each process:
+
+- the manifest (what the capture saw in /proc): pid, RANK/LOCAL_RANK/WORLD_SIZE, the
+  libnccl it mapped, its NCCL_*/TORCH_* environment;
+- its NCCL_DEBUG log (``logs/``): version, transport (``Using network IB|Socket`` or the
+  ``NET/IB``/``NET/Socket`` lines), IB devices and socket interfaces, GPU Direct RDMA,
+  channels, rings and trees, the ``NCCL_* set by environment`` lines, WARN count.
+
+A log process is matched to a manifest process by pid, else by the pid that the
+attachment record names for the file (``NCCL_DEBUG_FILE of pid N``), else by rank. A
+process that only one side knows still gets its row (``source`` says which). Manifest
+processes with no rank, no libnccl and no NCCL_* variable (a launcher shell) are not
+NCCL processes and get none.
+
+``host_facts``: one row per bundle: IB/RoCE devices (``ib/`` counter files and their
+port attributes, the ``ib-counters`` collector's "no devices" verdict, NCCL's NET/IB
+lines), network interfaces (``ip -j link`` snapshots), ``nvidia_peermem`` in
+``lsmod``, GPUs in ``nvidia-smi -q``, NVIDIA XID lines in the dmesg tail.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+
+from .nccl import conform, empty
+
+ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES")
+WHY_PID_RE = re.compile(r"\bof pid (\d+)")
+XID_RE = re.compile(r"NVRM: Xid")
+RATE_RE = re.compile(r"([\d.]+)\s*Gb/sec")
+LOOPBACK = {"lo"}
+
+
+def _env_of(p) -> dict[str, str]:
+    return {k: v for k, v in p.env.items() if k.startswith(ENV_PREFIXES)}
+
+
+def _is_nccl_process(p) -> bool:
+    return p.rank is not None or bool(p.libnccl) or any(k.startswith("NCCL_") for k in p.env)
+
+
+def _attachment_pids(bundle) -> dict[str, int]:
+    """bundle path of an attached log -> the pid whose NCCL_DEBUG_FILE it was."""
+    out = {}
+    for c in (bundle.manifest.raw.get("collectors") or {}).values() if isinstance(bundle.manifest.raw, dict) else ():
+        if not isinstance(c, dict):
+            continue
+        for s in c.get("sources") or ():
+            if isinstance(s, dict) and isinstance(s.get("path"), str) and (m := WHY_PID_RE.search(str(s.get("why")))):
+                out[s["path"]] = int(m[1])
+    return out
+
+
+def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    by_pid = {p.pid: p for p in bundle.manifest.processes}
+    by_rank = {p.rank: p for p in bundle.manifest.processes if p.rank is not None}
+    attach = _attachment_pids(bundle)
+    rings = arts.table("nccl_debug", "nccl_rings")
+    chans = arts.table("nccl_debug", "nccl_channels")
+    warns = arts.table("nccl_debug", "nccl_warnings")
+    rows: dict[int | str, dict] = {}
+    log_pid_to_pid: dict[tuple[str, int], int] = {}    # (artifact, log pid) -> manifest pid
+    for rel, res in arts.of("nccl_debug"):
+        for key, lp in (res.facts.get("processes") or {}).items():
+            lpid = lp.get("pid")
+            log_rank = _world_rank(lp)
+            m = by_pid.get(lpid)
+            if m is None and rel in attach:
+                m = by_pid.get(attach[rel])
+            if m is None and log_rank is not None:
+                m = by_rank.get(log_rank)
+            pid = m.pid if m is not None else lpid
+            log_pid_to_pid[(rel, lpid)] = pid
+            row = rows.setdefault(pid, {"pid": pid})
+            row.setdefault("artifacts", []).append(rel)
+            row["log_host"] = row.get("log_host") or (lp.get("host") or None)
+            row["log_pid"] = lpid
+            row["nccl_version"] = row.get("nccl_version") or lp.get("version") or res.facts.get("nccl_version")
+            row["transport"] = row.get("transport") or lp.get("transport")
+            ib = lp.get("ib_devices") or []
+            if ib:
+                row["ib_devices"] = ",".join(f"{d['name']}:{d['port']}/{d['link_layer']}" for d in ib)
+                row["link_layers"] = ",".join(sorted({d["link_layer"] for d in ib}))
+            socks = lp.get("socket_interfaces") or []
+            if socks:
+                row["socket_ifaces"] = ",".join(d["name"] for d in socks)
+                row["socket_addrs"] = ",".join(d["address"] for d in socks)
+            row["oob_iface"] = row.get("oob_iface") or lp.get("oob_interface")
+            row["interfaces"] = ",".join(lp.get("interfaces") or []) or row.get("interfaces")
+            if lp.get("gdr") is not None:
+                row["gdr"] = bool(lp["gdr"]) or bool(row.get("gdr"))
+            if lp.get("nchannels") is not None:
+                row["nchannels"] = max(lp["nchannels"], row.get("nchannels") or 0)
+            row.setdefault("log_env", {}).update(lp.get("env") or {})
+            ids = (row.get("comm_ids") or "").split(",") + list(lp.get("comm_ids") or [])
+            row["comm_ids"] = ",".join(i for i in dict.fromkeys(ids) if i) or None
+            row["comms"] = len(lp.get("ranks") or {}) + (row.get("comms") or 0)
+            if log_rank is not None:
+                row["log_rank"] = log_rank
+    for p in bundle.manifest.processes:
+        if p.pid in rows or _is_nccl_process(p):
+            row = rows.setdefault(p.pid, {"pid": p.pid})
+            row["in_manifest"] = True
+            row["local_rank"], row["world_size"] = p.local_rank, p.world_size
+            row["libnccl"] = ",".join(p.libnccl) or None
+            row["netns"] = p.netns
+            row["manifest_env"] = _env_of(p)
+    if not rows:
+        return empty("nccl_config"), _warnings(bundle, warns, log_pid_to_pid, ranks)
+
+    ch = _channel_summary(chans, log_pid_to_pid)
+    rg = _ring_summary(rings, log_pid_to_pid)
+    wn = _warn_counts(warns, log_pid_to_pid)
+    out = []
+    for pid, r in rows.items():
+        env = dict(r.get("log_env") or {})
+        env.update(r.get("manifest_env") or {})        # the process's own environment wins
+        logged = bool(r.get("artifacts"))
+        r["host"] = bundle.host
+        r["rank"] = ranks.get(pid, r.get("log_rank"))
+        r["env"] = json.dumps(env, sort_keys=True)
+        r["artifact"] = ",".join(r.pop("artifacts", [])) or None
+        r["source"] = "log+manifest" if logged and r.get("in_manifest") else ("log" if logged else "manifest")
+        r.update(ch.get(pid, {}))
+        r.update(rg.get(pid, {}))
+        r["warnings"] = wn.get(pid, 0)
+        if r.get("transport") is None and r.get("channel_transports"):
+            nets = [t for t in r["channel_transports"].split(",") if t.startswith("NET/")]
+            if nets:
+                r["transport"] = "IB" if any(t.startswith("NET/IB") for t in nets) else nets[0][4:]
+        out.append(r)
+    cfg = conform(pd.DataFrame(out), "nccl_config").sort_values(["host", "rank", "pid"], na_position="last")
+    return cfg.reset_index(drop=True), _warnings(bundle, warns, log_pid_to_pid, ranks)
+
+
+def _world_rank(lp: dict):
+    """A log process's rank: the one all its communicators agree on, else the smallest (a
+    fallback key only; :func:`.artifacts.pid_ranks` picks the largest communicator's)."""
+    rk = [r for r in (lp.get("ranks") or {}).values() if r is not None]
+    return rk[0] if len(set(rk)) == 1 else (min(rk) if rk else None)
+
+
+def _pid_col(df: pd.DataFrame, log_pid_to_pid: dict) -> pd.Series:
+    keys = list(zip(df["artifact"], pd.to_numeric(df["pid"], errors="coerce")))
+    return pd.Series([log_pid_to_pid.get((a, int(p)) if p == p else None, p) for a, p in keys], index=df.index)
+
+
+def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
+    if chans.empty:
+        return {}
+    c = chans.assign(mpid=_pid_col(chans, pmap))
+    c["kind"] = c["transport"].fillna("?") + c["net"].map(lambda n: f"/{n}" if isinstance(n, str) else "")
+    out = {}
+    for pid, g in c.groupby("mpid"):
+        out[int(pid)] = {"channel_transports": ",".join(sorted(set(g["kind"]))),
+                         "net_channels": int(g.loc[g["transport"] == "NET", "channel"].nunique()),
+                         "gdr_channels": int(g["gdrdma"].fillna(False).astype(bool).sum())}
+        if g["gdrdma"].fillna(False).astype(bool).any():
+            out[int(pid)]["gdr"] = True
+    return out
+
+
+def _ring_summary(rings: pd.DataFrame, pmap: dict) -> dict:
+    if rings.empty:
+        return {}
+    r = rings.assign(mpid=_pid_col(rings, pmap))
+    out = {}
+    for pid, g in r.groupby("mpid"):
+        ring = g[g["kind"] == "ring"].sort_values("channel")
+        out[int(pid)] = {"ring_channels": int(ring["channel"].nunique()),
+                         "tree_channels": int(g.loc[g["kind"].isin(["tree", "trees"]), "channel"].nunique()),
+                         "ring_prev": ring["prev"].iloc[0] if len(ring) else None,
+                         "ring_next": ring["next"].iloc[0] if len(ring) else None}
+    return out
+
+
+def _warn_counts(warns: pd.DataFrame, pmap: dict) -> dict:
+    if warns.empty:
+        return {}
+    return {int(k): int(v) for k, v in warns.assign(mpid=_pid_col(warns, pmap)).groupby("mpid").size().items()}
+
+
+def _warnings(bundle, warns: pd.DataFrame, pmap: dict, ranks: dict) -> pd.DataFrame:
+    if warns.empty:
+        return empty("nccl_warnings")
+    w = warns.rename(columns={"line": "log_line"}).copy()
+    w["log_pid"] = w["pid"]
+    w["pid"] = _pid_col(warns, pmap)
+    w["host"] = bundle.host
+    w["rank"] = pd.to_numeric(w["pid"], errors="coerce").map(ranks)
+    return conform(w, "nccl_warnings")
+
+
+# --------------------------------------------------------------------------- host facts
+
+def host_facts(bundle, arts) -> pd.DataFrame:
+    row: dict = {"host": bundle.host, "kernel": bundle.manifest.kernel}
+    ports = _ib_ports(bundle)
+    ib_names = sorted({p.split("/")[0] for p in ports})
+    # NCCL saw IB devices even where the capture had no ib/ (e.g. the collector was not run)
+    for _, res in arts.of("nccl_debug"):
+        for lp in (res.facts.get("processes") or {}).values():
+            ib_names += [d["name"] for d in lp.get("ib_devices") or [] if d["name"] not in ib_names]
+    coll = bundle.manifest.collectors
+    said_none = any(n.startswith("ib-counters") and c.status in ("skipped", "failed") and c.reason
+                    and "no infiniband" in c.reason.lower() for n, c in coll.items())
+    row["ib_present"] = True if ib_names else (False if said_none else None)
+    row["ib_devices"] = ",".join(sorted(set(ib_names))) or None
+    row["ib_ports"] = len(ports) or None
+    active = [p for p, a in ports.items() if "ACTIVE" in str(a.get("state", "")).upper()]
+    row["ib_ports_active"] = len(active) if ports else None
+    row["ib_link_layers"] = ",".join(sorted({str(a["link_layer"]) for a in ports.values() if a.get("link_layer")})) \
+        or None
+    rates = [float(m[1]) for a in ports.values() if (m := RATE_RE.search(str(a.get("rate", ""))))]
+    row["ib_rate_gbps"] = max(rates) if rates else None
+    ifaces, types = _interfaces(bundle)
+    row["interfaces"] = ",".join(ifaces) or None
+    row["link_types"] = ",".join(types) or None
+    row["nvidia_peermem"] = _peermem(bundle)
+    row["gpus"] = _gpus(bundle)
+    xid, alerts = _dmesg(bundle)
+    row["xid_count"] = len(xid) if xid is not None else None
+    row["xid_first"] = xid[0] if xid else None
+    row["kernel_alerts"] = alerts
+    return conform(pd.DataFrame([row]), "host_facts")
+
+
+def _ib_ports(bundle) -> dict[str, dict]:
+    if not (bundle.root / "ib").is_dir():
+        return {}
+    from ..parsers.ib_counters import IbCountersParser
+    try:
+        res = IbCountersParser.parse(bundle.root / "ib")
+    except Exception:     # the ib_counters table reports what it could not read
+        return {}
+    ports = dict(res.facts.get("ports") or {})
+    df = res.tables.get("ib_counters")
+    if df is not None and len(df):      # ports known only from counter files (perfquery gives no attributes)
+        for dev, port in df[["device", "port"]].drop_duplicates().itertuples(index=False):
+            ports.setdefault(f"{dev}/{port}", {})
+    return ports
+
+
+def _interfaces(bundle) -> tuple[list[str], list[str]]:
+    names, types = [], set()
+    for rel, path in bundle.files("sys/**/ip-link*.json"):
+        try:
+            doc = json.loads(path.read_text(errors="replace") or "[]")
+        except ValueError:
+            bundle.problems.append(f"{rel}: not valid JSON (ip -j link)")
+            continue
+        for link in doc if isinstance(doc, list) else []:
+            if isinstance(link, dict) and isinstance(link.get("ifname"), str) and link["ifname"] not in LOOPBACK:
+                name = link["ifname"]
+                if name not in names:
+                    names.append(name)
+                if isinstance(link.get("link_type"), str):
+                    types.add(link["link_type"])
+    return names, sorted(types)
+
+
+def _peermem(bundle):
+    p = bundle.path("sys/lsmod.txt")
+    if p is None or p.stat().st_size == 0:
+        return None
+    mods = {ln.split()[0] for ln in p.read_text(errors="replace").splitlines() if ln.strip()}
+    return bool({"nvidia_peermem", "nv_peer_mem"} & mods)
+
+
+def _gpus(bundle):
+    for _, path in bundle.files("sys/nvidia-smi*.txt"):
+        m = re.search(r"(?m)^Attached GPUs\s*:\s*(\d+)", path.read_text(errors="replace"))
+        if m:
+            return int(m[1])
+    return None
+
+
+def _dmesg(bundle):
+    files = list(bundle.files("logs/dmesg*.txt"))
+    if not files:
+        return None, None
+    xid, alerts = [], 0
+    for rel, path in files:
+        lines = path.read_text(errors="replace").splitlines()
+        xid += [ln.strip() for ln in lines if XID_RE.search(ln) and ln.strip() not in xid]
+        if rel.endswith("-xid.txt"):
+            alerts += sum(1 for ln in lines if ln.strip())
+    return xid, alerts

@@ -5,9 +5,10 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc
+DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc chromium
 DEMO_PCAP := tests/fixtures/lab/loss/pcap/rank2.pcap
 DEMO_BUNDLE := $(wildcard tests/fixtures/bundles/loss/*.tar.gz)
+DEMO_OUT := out/demo
 DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS retransmits_in_window \
   FROM (SELECT n.timestamp_ns, n.rank, count(t.event) AS retransmits FROM nccl_events n \
         LEFT JOIN tcp_events t ON t.timestamp_ns BETWEEN n.timestamp_ns AND n.timestamp_ns + n.duration_ns \
@@ -15,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo bench lab clean
+.PHONY: all venv debs test demo bench fuzz lab clean
 
 all: test
 
@@ -44,9 +45,21 @@ test: debs venv
 demo: venv
 	$(VENV)/bin/stallscope tcp $(DEMO_PCAP) --flows
 	$(VENV)/bin/stallscope query $(DEMO_BUNDLE) "$(DEMO_SQL)"
+	@# the report of the shipped loss bundle; exit code 1 means "found an error", expected here
+	mkdir -p $(DEMO_OUT)
+	$(VENV)/bin/stallscope analyze $(DEMO_BUNDLE) -o $(DEMO_OUT)/report.html --json $(DEMO_OUT)/findings.json \
+	  --markdown $(DEMO_OUT)/summary.md --perfetto $(DEMO_OUT)/trace.json --force || [ $$? -eq 1 ]
+	@echo "open $(DEMO_OUT)/report.html in a browser (offline; ui.perfetto.dev opens $(DEMO_OUT)/trace.json)"
 
 bench: debs venv
 	$(PY) bench/pcap_throughput.py
+
+# the long fuzz run (issue 7): FUZZ_EXAMPLES inputs per target, over FUZZ_JOBS processes;
+# inputs that break a contract are shrunk into fuzz-crashes/ (make test runs the CI-sized one)
+FUZZ_EXAMPLES ?= 100000
+FUZZ_JOBS ?= 2
+fuzz: venv
+	$(PY) bench/fuzz.py --examples $(FUZZ_EXAMPLES) --jobs $(FUZZ_JOBS) --crash-dir fuzz-crashes $(FUZZ_ARGS)
 
 lab:
 	$(MAKE) -C tests/lab run SCENARIO=$(SCENARIO) RANK=$(RANK) RANKS=$(RANKS) OUT=$(OUT)

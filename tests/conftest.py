@@ -23,3 +23,6 @@ def require_tool(*names: str) -> None:
     missing = [n for n in names if shutil.which(n) is None]
     if missing:
         pytest.skip(f"needs {', '.join(missing)} on PATH (make test installs the Debian packages as root)")
+
+
+from fuzz.report import pytest_terminal_summary  # noqa: E402,F401  (fuzz counts at the end of a run)

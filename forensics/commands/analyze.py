@@ -1,0 +1,92 @@
+"""``stallscope analyze BUNDLE ...``: findings and the incident report; thin over
+:func:`forensics.analysis.analyze` and the renderers of :mod:`forensics.report`.
+
+Every output is checked before the (possibly long) analysis starts, so an existing
+file is refused at once; files are written through :func:`forensics.output.open_output`
+(never overwritten without ``--force``, never left half written). Progress goes to
+stderr; stdout gets the verdict and the paths written. Exit code 1 when a finding of
+severity error exists, 0 otherwise, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from ..errors import ExitCode, InputError
+
+HELP = "analyze one or more hosts' bundles: ranked findings and a self-contained HTML report"
+DEFAULT_REPORT = "stallscope-report.html"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("bundles", nargs="+", metavar="BUNDLE", help="bundles (tar.gz or unpacked folder), one per host")
+    p.add_argument("-o", "--output", metavar="REPORT.html", default=DEFAULT_REPORT,
+                   help=f"HTML report (default: ./{DEFAULT_REPORT})")
+    p.add_argument("--json", metavar="FILE", help="findings as JSON (DESIGN.md contract; '-' for stdout)")
+    p.add_argument("--markdown", metavar="FILE", help="ticket-ready Markdown summary ('-' for stdout)")
+    p.add_argument("--perfetto", metavar="FILE", help="Chrome trace event JSON for ui.perfetto.dev")
+    p.add_argument("--db", metavar="FILE", help="keep the event tables and findings as a DuckDB file")
+    p.add_argument("--slow-ms", type=float, default=50.0, metavar="MS",
+                   help="a collective slower than this is slow (default: 50)")
+    p.add_argument("--force", action="store_true", help="overwrite existing output files")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _outputs(args) -> dict[str, str]:
+    outs = {"html": args.output, "json": args.json, "markdown": args.markdown, "perfetto": args.perfetto}
+    outs = {k: v for k, v in outs.items() if v}
+    real = [os.path.abspath(v) for v in outs.values() if v != "-"] + ([os.path.abspath(args.db)] if args.db else [])
+    if len(set(real)) < len(real):
+        raise InputError("two outputs name the same file")
+    if sum(v == "-" for v in outs.values()) > 1:
+        raise InputError("only one output can be '-' (stdout)")
+    for path in real:
+        if os.path.exists(path) and not args.force:
+            raise InputError(f"{path}: already exists (use --force to overwrite)")
+        d = os.path.dirname(path)
+        if not os.path.isdir(d):
+            raise InputError(f"{path}: directory {d} does not exist")
+    if args.slow_ms <= 0:
+        raise InputError("--slow-ms must be positive")
+    return outs
+
+
+def run(args: argparse.Namespace, env) -> int:
+    outs = _outputs(args)
+    from ..analysis import analyze
+    from ..findings import Options
+    from ..output import open_output
+    from ..report import WRITERS
+
+    start = time.monotonic()
+
+    def say(msg: str) -> None:
+        if not args.quiet:
+            print(f"stallscope: [{time.monotonic() - start:5.1f}s] {msg}", file=env.stderr, flush=True)
+
+    if args.db and os.path.exists(args.db):   # --force (checked above): a fresh database
+        os.unlink(args.db)
+    analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=args.db, progress=say)
+    try:
+        for p in analysis.problems[:20]:
+            env.warn(p)
+        if len(analysis.problems) > 20:
+            env.warn(f"... and {len(analysis.problems) - 20} more problems (in the report's capture section)")
+        for kind, path in outs.items():
+            say(f"rendering {kind}: {path}")
+            with open_output(path, force=args.force) as fh:
+                WRITERS[kind](analysis, fh)
+        verdict = analysis.verdict()
+        error = any(f.severity == "error" for f in analysis.findings)
+    finally:
+        analysis.close()
+    say("done")
+    out = env.stderr if "-" in outs.values() else env.stdout
+    print(f"verdict: {verdict}", file=out)
+    for kind, path in outs.items():
+        if path != "-":
+            print(f"{kind}: {path}", file=out)
+    if args.db:
+        print(f"db: {args.db}", file=out)
+    return ExitCode.FOUND_ERROR if error else ExitCode.OK

@@ -1,0 +1,368 @@
+"""What every renderer shows, computed once from an :class:`~forensics.analysis.Analysis`.
+
+The HTML report, the Markdown summary and the Perfetto trace present the same numbers;
+they are computed here as DataFrames (vectorised over the event tables) and small
+dataclasses, so each renderer only lays them out. Tables that other parts of
+stallscope add over time (``offcpu``, ``nccl_config``, ``nccl_tests``, ``stacks``,
+``fr_entries``) are read through :func:`optional_table`: a section whose table is
+absent or empty is simply not shown.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+# TCP events grouped by what they mean for the timeline and the per-rank table
+RETRANSMIT_EVENTS = ("tcp_retransmit_skb", "retransmission", "fast_retransmission", "spurious_retransmission")
+DUPACK_EVENTS = ("duplicate_ack",)
+RESET_EVENTS = ("tcp_send_reset", "tcp_receive_reset", "rst")
+MARKER_CLASSES = {**{e: "retransmission" for e in RETRANSMIT_EVENTS}, **{e: "duplicate ACK" for e in DUPACK_EVENTS},
+                  **{e: "reset" for e in RESET_EVENTS}}
+
+DURATION_SOURCES = {
+    "gpu": "GPU time (Flight Recorder / profiler)",
+    "host_sync": "host wait on the stream (upper bound)",
+    "call": "call time only (launch, not the collective)",
+}
+
+
+def optional_table(model, name: str) -> pd.DataFrame | None:
+    """``model.tables[name]`` when it exists and has rows, else None."""
+    df = model.tables.get(name) if hasattr(model.tables, "get") else None
+    if df is None or not isinstance(df, pd.DataFrame) or df.empty:
+        return None
+    return df
+
+
+def utc(ns: Any) -> str:
+    """UTC ns -> '2026-11-22 19:22:07.123456Z' ('-' when unknown)."""
+    if ns is None or (isinstance(ns, float) and np.isnan(ns)) or pd.isna(ns):
+        return "-"
+    t = dt.datetime.fromtimestamp(int(ns) / 1e9, tz=dt.timezone.utc)
+    return t.strftime("%Y-%m-%d %H:%M:%S.") + f"{(int(ns) // 1000) % 1_000_000:06d}Z"
+
+
+@dataclass
+class TimeSpan:
+    start_ns: int | None
+    end_ns: int | None
+
+    @property
+    def seconds(self) -> float | None:
+        if self.start_ns is None or self.end_ns is None:
+            return None
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def time_span(analysis) -> TimeSpan:
+    """The capture window (manifests), widened to every event seen."""
+    model = analysis.model
+    starts = [c.get("started_ns") for c in model.captures if c.get("started_ns")]
+    ends = [c.get("ended_ns") for c in model.captures if c.get("ended_ns")]
+    n = model.tables["nccl_events"]
+    for col in (n["timestamp_ns"], n["end_ns"], model.tables["tcp_events"]["timestamp_ns"]):
+        col = pd.to_numeric(col, errors="coerce").dropna()
+        if len(col):
+            starts.append(int(col.min()))
+            ends.append(int(col.max()))
+    return TimeSpan(min(starts) if starts else None, max(ends) if ends else None)
+
+
+def _pct(s: pd.Series, q: float) -> float:
+    s = s.dropna()
+    return float(np.percentile(s, q)) if len(s) else float("nan")
+
+
+def rank_table(analysis) -> pd.DataFrame:
+    """One row per rank: calls, durations (p50/p99/max ms), lateness, TCP trouble, off-CPU time."""
+    model = analysis.model
+    n = model.tables["nccl_events"]
+    t = model.tables["tcp_events"]
+    ranks = set(pd.to_numeric(n["rank"], errors="coerce").dropna().astype(int)) if len(n) else set()
+    ranks |= set(pd.to_numeric(t["rank"], errors="coerce").dropna().astype(int)) if len(t) else set()
+    if not ranks:
+        return pd.DataFrame()
+    out = pd.DataFrame({"rank": sorted(ranks)}).set_index("rank")
+    if len(n):
+        g = n.assign(dur_ms=pd.to_numeric(n["duration_ns"], errors="coerce") / 1e6,
+                     done=n["completed"].fillna(False).astype(bool)).groupby("rank")
+        out["host"] = g["host"].agg(lambda s: ", ".join(sorted(set(map(str, s.dropna())))))
+        out["pid"] = g["pid"].agg(lambda s: ", ".join(str(int(v)) for v in sorted(set(s.dropna()))))
+        out["calls"] = g.size()
+        out["not_completed"] = g["done"].agg(lambda s: int((~s).sum()))
+        out["p50_ms"] = g["dur_ms"].agg(lambda s: _pct(s, 50))
+        out["p99_ms"] = g["dur_ms"].agg(lambda s: _pct(s, 99))
+        out["max_ms"] = g["dur_ms"].max()
+        out["duration_source"] = g["duration_source"].agg(
+            lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().items()))
+    late = _lateness_long(model)
+    if late is not None and len(late):
+        lg = late.groupby("rank")["lateness_ms"]
+        out["lateness_p50_ms"] = lg.agg(lambda s: _pct(s, 50))
+        out["lateness_p99_ms"] = lg.agg(lambda s: _pct(s, 99))
+    if len(t):
+        tr = t.dropna(subset=["rank"]).astype({"rank": "int64"})
+        kern = tr["source"].eq("bpf")
+        out["retx_kernel"] = tr[kern & tr["event"].eq("tcp_retransmit_skb")].groupby("rank").size()
+        out["retx_pcap"] = tr[~kern & tr["event"].isin(RETRANSMIT_EVENTS)].groupby("rank").size()
+        out["dup_acks"] = tr[tr["event"].isin(DUPACK_EVENTS)].groupby("rank").size()
+        out["resets"] = tr[tr["event"].isin(RESET_EVENTS)].groupby("rank").size()
+    for c in ("retx_kernel", "retx_pcap", "dup_acks", "resets"):
+        if c in out:
+            out[c] = out[c].fillna(0).astype(int)
+    off = offcpu_by_rank(model)
+    if off is not None:
+        out["offcpu_ms"] = off
+    return out.reset_index()
+
+
+def _lateness_long(model) -> pd.DataFrame | None:
+    """collectives' per-rank lateness lists, one row per (comm, op_count, rank)."""
+    c = model.tables.get("collectives")
+    if c is None or c.empty:
+        return None
+    e = c[["comm_id_hash", "op_count", "op", "ranks", "lateness_ns"]].explode(["ranks", "lateness_ns"])
+    e = e.dropna(subset=["ranks"])
+    return pd.DataFrame({"comm_id_hash": e["comm_id_hash"], "op_count": e["op_count"], "op": e["op"],
+                         "rank": e["ranks"].astype("int64"),
+                         "lateness_ms": pd.to_numeric(e["lateness_ns"], errors="coerce") / 1e6})
+
+
+def offcpu_threads(model) -> pd.DataFrame | None:
+    """Off-CPU time per thread over the capture, from the ``offcpu`` samples (cumulative
+    counters: last - first sample); ``nccl_thread`` marks the threads that called NCCL."""
+    off = optional_table(model, "offcpu")
+    if off is None or not {"pid", "tid", "offcpu_ns"} <= set(off.columns):
+        return None
+    off = off.dropna(subset=["pid", "tid"]).sort_values("timestamp_ns", kind="stable")
+    g = off.groupby(["host", "pid", "tid"], dropna=False, sort=True)
+    span = lambda c: g[c].agg(lambda s: s.max() - s.min()) / 1e6  # noqa: E731 (counter growth, ms)
+    out = pd.DataFrame({"rank": g["rank"].first(), "name": g["name"].last(), "samples": g.size(),
+                        "offcpu_ms": span("offcpu_ns")})
+    for c, name in (("oncpu_ns", "oncpu_ms"), ("runq_ns", "runq_ms")):
+        if c in off.columns:
+            out[name] = span(c)
+    n = model.tables["nccl_events"]
+    callers = set(zip(n["pid"].dropna().astype("int64"), n["tid"].dropna().astype("int64"))) if len(n) else set()
+    out = out.reset_index()
+    out["nccl_thread"] = [(int(p), int(t)) in callers for p, t in zip(out["pid"], out["tid"])]
+    return out.sort_values(["rank", "pid", "tid"], kind="stable", na_position="last")
+
+
+def offcpu_by_rank(model) -> pd.Series | None:
+    """Off-CPU ms per rank of the threads that called NCCL (else the main thread)."""
+    th = offcpu_threads(model)
+    if th is None:
+        return None
+    th = th.dropna(subset=["rank"])
+    main = th["nccl_thread"] if th["nccl_thread"].any() else th["pid"] == th["tid"]
+    s = th[main].groupby(th.loc[main, "rank"].astype("int64"))["offcpu_ms"].sum(min_count=1)
+    return s
+
+
+def stacks_text(model) -> pd.DataFrame | None:
+    """py-spy frames folded into one stack text per (host, rank, pid, phase, thread)."""
+    st = optional_table(model, "stacks")
+    if st is None or not {"function", "depth"} <= set(st.columns):
+        return None
+    keys = [c for c in ("host", "rank", "pid", "phase", "thread_name", "os_tid", "status") if c in st.columns]
+    st = st.sort_values(keys + ["depth"], kind="stable")
+    loc = st["function"].astype(str)
+    if "code_file" in st.columns:
+        loc = loc + " (" + st["code_file"].astype(str) + ":" + st.get("lineno", pd.Series("", index=st.index)) \
+            .astype("Int64").astype(str) + ")"
+    st = st.assign(frame=loc)
+    out = st.groupby(keys, dropna=False, sort=True)["frame"].agg("\n".join).reset_index()
+    return out.rename(columns={"frame": "stack (innermost first)"})
+
+
+def fr_tail(model, per_rank: int = 10) -> pd.DataFrame | None:
+    """The last Flight Recorder entries of each rank (where a hang shows)."""
+    fr = optional_table(model, "fr_entries")
+    if fr is None:
+        return None
+    order = [c for c in ("host", "rank", "pid", "record_id") if c in fr.columns]
+    fr = fr.sort_values(order, kind="stable")
+    keys = [c for c in ("host", "rank", "pid") if c in fr.columns]
+    tail = fr.groupby(keys, dropna=False, sort=False).tail(per_rank) if keys else fr.tail(per_rank)
+    cols = [c for c in ("host", "rank", "pg_name", "collective_seq_id", "p2p_seq_id", "profiling_name", "state",
+                        "duration_ms", "timeout_ms", "input_numel", "thread_name", "top_frame") if c in tail.columns]
+    return tail[cols] if cols else tail
+
+
+def flow_table(model, limit: int = 200) -> tuple[pd.DataFrame, int]:
+    """Flows, the troubled ones first; (rows shown, total flows)."""
+    f = model.tables["flows"]
+    if f.empty:
+        return f, 0
+    trouble = f[["retransmissions", "duplicate_acks", "rsts", "lost_segments", "zero_windows"]].fillna(0).sum(axis=1)
+    f = f.assign(_trouble=trouble, bytes=f["bytes_orig"].fillna(0) + f["bytes_resp"].fillna(0),
+                 packets=f["packets_orig"].fillna(0) + f["packets_resp"].fillna(0),
+                 rtt_ms=pd.to_numeric(f["rtt_mean_ns"], errors="coerce") / 1e6)
+    f = f.sort_values(["_trouble", "bytes"], ascending=False, kind="stable")
+    cols = ["host", "rank", "peer_rank", "orig_addr", "orig_port", "resp_addr", "resp_port", "packets", "bytes",
+            "retransmissions", "duplicate_acks", "lost_segments", "rsts", "zero_windows", "rtt_ms", "history"]
+    return f[cols].head(limit), len(f)
+
+
+@dataclass
+class Progress:
+    """Per communicator: how far each rank got, and where the job stopped progressing."""
+
+    comm_id_hash: str
+    per_rank: pd.DataFrame            # rank, host, last_entered, last_op, last_completed, in_flight
+    stuck_op_count: int | None        # first collective not completed by every rank
+    stuck_op: str | None
+    stuck_at_ns: int | None           # last entry into it (the moment progress stopped)
+    missing_ranks: list[int] = field(default_factory=list)   # never entered it
+    waiting_ranks: list[int] = field(default_factory=list)   # entered it, never completed
+
+
+def progress(model) -> list[Progress]:
+    """Op counts per rank and the hang point of each communicator (the first collective that
+    not every rank completed)."""
+    n = model.tables["nccl_events"]
+    if n.empty:
+        return []
+    c = model.tables.get("collectives")
+    out = []
+    ev = n.dropna(subset=["comm_id_hash", "rank", "op_count"]).assign(done=n["completed"].fillna(False).astype(bool))
+    for comm, g in ev.groupby("comm_id_hash", sort=True):
+        g = g.sort_values("op_count", kind="stable")
+        last = g.groupby("rank").tail(1).set_index("rank")
+        done = g[g["done"]].groupby("rank")["op_count"].max()
+        per = pd.DataFrame({"host": last["host"], "last_entered": last["op_count"].astype("int64"),
+                            "last_op": last["op"], "last_entry": last["timestamp_ns"].map(utc)})
+        per["last_completed"] = done.reindex(per.index).astype("Int64")
+        per["in_flight"] = (g[~g["done"]].groupby("rank").size().reindex(per.index).fillna(0).astype(int))
+        per = per.reset_index().sort_values("rank")
+        p = Progress(str(comm), per, None, None, None)
+        if c is not None and len(c):
+            cc = c[c["comm_id_hash"] == comm]
+            # the hang point: the first collective some rank never entered, or that every rank
+            # entered and none completed; else the first not completed by every rank (a rank's
+            # last call may simply have had no host wait after it, so that alone is weaker)
+            missing = cc["missing_ranks"].map(len) > 0
+            none_done = (cc["ranks_completed"] == 0) & (cc["ranks_entered"] >= cc["nranks"])
+            bad = cc[missing | none_done]
+            if bad.empty:
+                bad = cc[cc["ranks_completed"] < cc["nranks"]]
+            if len(bad):
+                row = bad.sort_values("op_count").iloc[0]
+                p.stuck_op_count = int(row["op_count"])
+                p.stuck_op = str(row["op"])
+                p.stuck_at_ns = int(row["last_entry_ns"]) if pd.notna(row["last_entry_ns"]) else None
+                p.missing_ranks = [int(r) for r in row["missing_ranks"]]
+                entered = g[g["op_count"] == p.stuck_op_count]
+                p.waiting_ranks = sorted(int(r) for r in entered.loc[~entered["done"], "rank"].unique())
+        out.append(p)
+    return out
+
+
+def ib_table(model) -> pd.DataFrame | None:
+    ib = optional_table(model, "ib_counters")
+    if ib is None:
+        return None
+    ib = ib.sort_values(["problem", "delta"], ascending=[False, False], kind="stable")
+    return ib[["host", "device", "port", "counter", "start", "end", "delta", "problem", "meaning", "action"]]
+
+
+def highlight_rows(df: pd.DataFrame, findings, kinds=("misconfiguration",)) -> list[bool]:
+    """Rows to highlight in a table another module supplies: a truthy problem-like column,
+    or a rank/host that a finding of ``kinds`` blames."""
+    flag = np.zeros(len(df), dtype=bool)
+    for col in ("problem", "problems", "misconfigured", "misconfiguration", "issue", "warning", "warnings",
+                "severity"):
+        if col in df.columns:
+            v = df[col]
+            if pd.api.types.is_bool_dtype(v):
+                flag |= v.fillna(False).to_numpy(dtype=bool)
+            else:
+                flag |= v.notna().to_numpy() & ~v.astype(str).isin(["", "False", "false", "0", "ok", "none", "None",
+                                                                    "info", "[]"]).to_numpy()
+    blamed = [f for f in findings if f.kind in kinds]
+    if blamed:
+        if "rank" in df.columns:
+            ranks = {r for f in blamed for r in f.ranks}
+            flag |= pd.to_numeric(df["rank"], errors="coerce").isin(ranks).to_numpy()
+        elif "host" in df.columns:
+            hosts = {h for f in blamed for h in f.hosts}
+            flag |= df["host"].astype(str).isin(hosts).to_numpy()
+    return flag.tolist()
+
+
+def capture_view(analysis) -> list[dict]:
+    """Per bundle: time covered, collectors grouped by status, processes, problems."""
+    out = []
+    for c in analysis.model.captures:
+        collectors = sorted(c.get("collectors", []), key=lambda k: ({"failed": 0, "skipped": 1}.get(k["status"], 2),
+                                                                    k["name"]))
+        counts = pd.Series([k["status"] for k in collectors], dtype="object").value_counts().to_dict()
+        span = TimeSpan(c.get("started_ns"), c.get("ended_ns"))
+        out.append({**c, "collectors": collectors, "status_counts": counts, "start_utc": utc(span.start_ns),
+                    "end_utc": utc(span.end_ns), "seconds": span.seconds})
+    return out
+
+
+def skew_rows(analysis) -> list[dict]:
+    return [{"host_a": s.host_a, "host_b": s.host_b,
+             "skew_ms": None if s.skew_ns is None else s.skew_ns / 1e6,
+             "one_way_delay_ms": None if s.one_way_delay_ns is None else s.one_way_delay_ns / 1e6,
+             "matched_segments": s.matched_segments, "status": s.status} for s in analysis.model.skew]
+
+
+def lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Greedy interval-to-lane assignment (intervals sorted by start): lane k holds the k-th
+    collective still outstanding. Queued NCCL calls overlap (the host waits once for
+    several); separate lanes keep each one visible and properly nested in a trace."""
+    lane_end: list[int] = []
+    out = np.zeros(len(starts), dtype=np.int64)
+    # a per-rank loop over calls (not packets): thousands at most per rank
+    for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist())):
+        for k, le in enumerate(lane_end):
+            if s >= le:
+                lane_end[k] = e
+                out[i] = k
+                break
+        else:
+            lane_end.append(e)
+            out[i] = len(lane_end) - 1
+    return out
+
+
+def intervals(analysis) -> pd.DataFrame:
+    """Collective intervals per (host, rank) with the lane each occupies; a call never
+    completed runs to the end of the capture (``open`` True)."""
+    n = analysis.model.tables["nccl_events"]
+    if n.empty:
+        return n.assign(start=pd.Series(dtype="int64"), end=pd.Series(dtype="int64"), open=pd.Series(dtype=bool),
+                        lane=pd.Series(dtype="int64"))
+    span = time_span(analysis)
+    n = n.dropna(subset=["timestamp_ns", "rank"])
+    start = n["timestamp_ns"].astype("int64")
+    end = pd.to_numeric(n["end_ns"], errors="coerce")
+    open_ = end.isna() | ~n["completed"].fillna(False).astype(bool)
+    end = end.fillna(span.end_ns if span.end_ns is not None else start.max()).astype("int64")
+    end = np.maximum(end, start)
+    df = n.assign(start=start, end=end, open=open_, host=n["host"].fillna("?").astype(str))
+    df = df.sort_values(["host", "rank", "start", "end"], kind="stable")
+    lane = np.zeros(len(df), dtype=np.int64)
+    pos = 0
+    for _, g in df.groupby(["host", "rank"], sort=False):
+        k = len(g)
+        lane[pos:pos + k] = lanes(g["start"].to_numpy(), g["end"].to_numpy())
+        pos += k
+    return df.assign(lane=lane)
+
+
+def evidence_columns(rows: list[dict]) -> list[str]:
+    cols: list[str] = []
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    return cols

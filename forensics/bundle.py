@@ -298,17 +298,29 @@ def _mkdirs(dest: Path, parts: tuple[str, ...]) -> None:
 # --------------------------------------------------------------------------- manifest parsing
 
 def _int(v) -> int | None:
+    """An integer that fits int64 (every manifest number does: ns times, pids, counts), or None."""
     if isinstance(v, bool):
         return None
-    if isinstance(v, int):
+    if isinstance(v, str) and re.fullmatch(r"-?\d{1,19}", v.strip()):
+        v = int(v)
+    if isinstance(v, int) and -(1 << 63) <= v < (1 << 63):
         return v
-    if isinstance(v, str) and re.fullmatch(r"-?\d+", v.strip()):
-        return int(v)
     return None
 
 
 def _str(v) -> str | None:
     return v if isinstance(v, str) else None
+
+
+def _printable(text: str) -> str:
+    """Manifest text inside a problem line: one line, control characters escaped (a hostile
+    manifest must not forge lines in the output)."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def _seq(v) -> list | tuple:
+    """A JSON array as a sequence; anything else (a number, true, an object) as empty."""
+    return v if isinstance(v, (list, tuple)) else ()
 
 
 def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifest:
@@ -326,6 +338,9 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
     if not host:
         problems.append(f"manifest.json: no host name; using {fallback_host!r}")
         host = fallback_host
+    elif not host.isprintable():
+        problems.append(f"manifest.json: host name {host!r} has control characters; escaped")
+        host = _printable(host)
 
     samples = []
     cs = raw.get("clock_samples")
@@ -333,7 +348,7 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
         cs = []
     for i, s in enumerate(cs):
         mono, real = (_int(s.get("monotonic_ns")), _int(s.get("realtime_ns"))) if isinstance(s, dict) else (None, None)
-        if mono is None or real is None:
+        if mono is None or real is None or mono < 0 or real < 0:   # (both >= 0: their difference fits int64)
             problems.append(f"manifest.json: clock_samples[{i}] is not a {{monotonic_ns, realtime_ns}} pair; ignored")
             continue
         samples.append(ClockSample(mono, real, _int(s.get("uncertainty_ns"))))
@@ -347,7 +362,7 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
             if not isinstance(c, dict):
                 problems.append(f"manifest.json: collector {name!r} is not an object; ignored")
                 continue
-            files = tuple(f for f in c.get("files") or () if isinstance(f, str))
+            files = tuple(f for f in _seq(c.get("files")) if isinstance(f, str))
             collectors[name] = CollectorStatus(name, _str(c.get("status")) or "unknown", _str(c.get("reason")),
                                                _str(c.get("command")), _int(c.get("rc")), files)
     elif cols is not None:
@@ -361,7 +376,7 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
             continue
         env = p.get("env") if isinstance(p.get("env"), dict) else {}
         socks = []
-        for s in p.get("sockets") or ():
+        for s in _seq(p.get("sockets")):
             if isinstance(s, dict) and _str(s.get("saddr")) and _int(s.get("sport")) is not None:
                 socks.append(SocketInfo(s["saddr"], _int(s["sport"]), _str(s.get("daddr")) or "",
                                         _int(s.get("dport")) or 0, _str(s.get("state"))))
@@ -369,17 +384,17 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
             pid=pid, rank=_int(p.get("rank")), local_rank=_int(p.get("local_rank")),
             world_size=_int(p.get("world_size")), master_addr=_str(p.get("master_addr")),
             master_port=_int(p.get("master_port")), comm=_str(p.get("comm")),
-            cmdline=tuple(str(a) for a in p.get("cmdline") or () if isinstance(a, (str, int))),
+            cmdline=tuple(str(a) for a in _seq(p.get("cmdline")) if isinstance(a, (str, int))),
             env={str(k): str(v) for k, v in env.items()},
-            libnccl=tuple(x for x in p.get("libnccl") or () if isinstance(x, str)),
+            libnccl=tuple(x for x in _seq(p.get("libnccl")) if isinstance(x, str)),
             netns_inode=_int(p.get("netns_inode")), netns=_str(p.get("netns")), sockets=tuple(socks)))
 
     netns = []
     for n in raw.get("netns") if isinstance(raw.get("netns"), list) else []:
         if isinstance(n, dict) and _int(n.get("inode")) is not None:
             netns.append(NetnsInfo(_int(n["inode"]), _str(n.get("label")) or str(n["inode"]), _str(n.get("name")),
-                                   tuple(x for x in (n.get("pids") or ()) if isinstance(x, int)),
-                                   tuple(x for x in (n.get("ifaces") or ()) if isinstance(x, str))))
+                                   tuple(x for x in _seq(n.get("pids")) if isinstance(x, int)),
+                                   tuple(x for x in _seq(n.get("ifaces")) if isinstance(x, str))))
 
     files = []
     for f in raw.get("files") if isinstance(raw.get("files"), list) else []:
@@ -512,6 +527,7 @@ class Bundle:
                 self.problems.append("bpf/events.jsonl: missing; no NCCL calls or kernel TCP events")
             return []
         out, bad, first_bad = [], 0, None
+        typed, first_typed = 0, None
         with open(p, "rb") as fh:
             for ln, line in enumerate(fh, 1):
                 line = line.strip()
@@ -519,16 +535,24 @@ class Bundle:
                     continue
                 try:
                     obj = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     obj = None
                 if not isinstance(obj, dict) or not isinstance(obj.get("ev"), str):
                     bad += 1
                     first_bad = first_bad or ln
                     continue
+                wrong = _event_defect(obj)
+                if wrong is not None:
+                    typed += 1
+                    first_typed = first_typed or (ln, wrong)
+                    continue
                 out.append(obj)
         if bad:
             self.problems.append(f"bpf/events.jsonl: {bad} unreadable line(s) skipped (first at line {first_bad}; "
                                  "a cut last line means the tracer was killed)")
+        if typed:
+            self.problems.append(f"bpf/events.jsonl: {typed} event(s) with a field of the wrong type or size skipped "
+                                 f"(first at line {first_typed[0]}: {first_typed[1][:40]!r})")
         return out
 
     def process(self, pid: int) -> ProcessInfo | None:
@@ -538,36 +562,130 @@ class Bundle:
     def _check_files(self) -> None:
         for name, c in sorted(self.manifest.collectors.items()):
             if c.status == "failed":
-                self.problems.append(f"collector {name} failed: {c.reason or 'no reason given'}")
+                self.problems.append(f"collector {_printable(name)} failed: {_printable(c.reason or 'no reason given')}")
             elif c.status == "running":
-                self.problems.append(f"collector {name} was still running when the bundle was written")
+                self.problems.append(f"collector {_printable(name)} was still running when the bundle was written")
         for f in self.manifest.files:
             p = self.path(f.path)
             if p is None:
-                self.problems.append(f"{f.path}: listed in the manifest but missing from the bundle")
+                self.problems.append(f"{_printable(f.path)}: listed in the manifest but missing from the bundle")
             elif f.bytes is not None and p.stat().st_size != f.bytes:
-                self.problems.append(f"{f.path}: {p.stat().st_size} bytes, the manifest says {f.bytes} (truncated?)")
+                self.problems.append(f"{_printable(f.path)}: {p.stat().st_size} bytes, the manifest says {f.bytes} (truncated?)")
         if self.manifest.options.get("pcap", True) and not self.pcaps():
             self.problems.append("pcap/: no packet capture in the bundle")
 
     def _fallback_clock(self) -> ClockMap | None:
-        """Without samples: pair the tracer's BEGIN (monotonic) with the collector's start (UTC).
-        Off by the tracer's attach time (up to seconds); the problem line says so."""
-        c = self.manifest.raw.get("collectors", {}) if isinstance(self.manifest.raw.get("collectors"), dict) else {}
-        started = _int((c.get("tracer") or {}).get("started_ns")) if isinstance(c.get("tracer"), dict) else None
+        """Without clock samples: place the tracer's times by UTC times the manifest has.
+
+        The tracer's BEGIN record (``tracer_start``, monotonic) fired after the tracer was
+        spawned at ``collectors.tracer.started_ns`` (UTC), so pairing them gives the smallest
+        possible offset; every event happened before the capture ended (``ended_ns``), which
+        bounds the offset from above. Without a ``tracer_start``, the events' span must lie
+        inside ``started_ns..ended_ns``: the midpoint is used. The problem line gives the
+        bound, so each finding's timing can be judged against it."""
+        raw = self.manifest.raw if isinstance(self.manifest.raw, dict) else {}
+        c = raw.get("collectors") if isinstance(raw.get("collectors"), dict) else {}
+        tracer = c.get("tracer") if isinstance(c.get("tracer"), dict) else {}
+        spawned = _int(tracer.get("started_ns"))
+        start_ns, end_ns = self.manifest.started_ns, self.manifest.ended_ns
         p = self.path("bpf/events.jsonl")
-        if started is None or p is None:
+        if p is None:
             return None
+        begin, first, last = None, None, None
         with open(p, "rb") as fh:
             for line in fh:
                 try:
                     e = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):
                     continue
-                if isinstance(e, dict) and e.get("ev") == "tracer_start" and _int(e.get("t")) is not None:
-                    self.problems.append("clock: approximated from the tracer's start (error up to its attach time)")
-                    return ClockMap([ClockSample(_int(e["t"]), started)])
-        return None
+                if not isinstance(e, dict):
+                    continue
+                t = _int(e.get("t0", e.get("t")))
+                if t is None or not _I64[0] <= t <= _I64[1]:
+                    continue
+                first = t if first is None else min(first, t)
+                last = t if last is None else max(last, t)
+                if begin is None and e.get("ev") == "tracer_start":
+                    begin = t
+        if first is None:
+            return None
+        hi = end_ns - last if end_ns is not None else None          # largest offset the events allow
+        if begin is not None and spawned is not None:
+            off = spawned - begin
+            if hi is not None and hi >= off:
+                err = f"up to +{(hi - off) / 1e9:.3g} s (tracer attach time; bounded by the capture's end)"
+            else:
+                err = ("of the tracer's attach time (" + ("no capture end time" if hi is None else
+                       "the capture's end time contradicts the events") + " to bound it)")
+            how = "the tracer's start paired with the time it was launched"
+        elif start_ns is not None and hi is not None and hi >= start_ns - first:
+            lo = start_ns - first
+            off = (lo + hi) // 2
+            err = f"±{(hi - lo) / 2e9:.3g} s (the events' span placed inside the capture's start..end)"
+            how = "the capture's start and end times"
+        else:
+            return None
+        if not all(_I64[0] <= v <= _I64[1] for v in (off, first + off, last + off)):
+            return None
+        self.problems.append(f"clock: no clock samples; tracer times approximated, placed by {how}, error {err}")
+        return ClockMap([ClockSample(first, first + off)])
+
+
+# Field types of bpf/events.jsonl as capture/tracer.py writes them. A record whose known
+# field holds another type (or any int beyond int64, a non-finite float, a nested object)
+# is corrupt: it is skipped with a problem line rather than handed to the model, whose
+# vectorised columns would fail on it.
+_EVENT_INT = frozenset({"t", "t0", "t1", "pid", "tid", "count", "datatype", "dport", "sport", "family", "netns",
+                        "nranks", "ns", "oncpu_ns", "runq_ns", "op_count", "rank", "rc", "reason", "red_op", "root",
+                        "tracer_pid", "parent_rank", "parent_nranks"})
+_EVENT_STR = frozenset({"ev", "comm", "comm_id_hash", "daddr", "saddr", "fn", "name", "newstate", "oldstate", "op",
+                        "sk", "state", "stream", "event", "comm_id_source", "parent_comm_id_hash"})
+_I64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _scalar_ok(v) -> bool:
+    t = type(v)
+    if t is int:
+        return _I64[0] <= v <= _I64[1]
+    if t is float:
+        return v == v and v not in (float("inf"), float("-inf"))
+    return v is None or t is str or t is bool
+
+
+# keys every record of a kind carries (the tracer writes them, null where unknown); the
+# call events are timed by t0 (entry) and t1, every other event by t
+_EVENT_KEYS = {"coll": ("t0", "pid", "fn", "op", "comm", "stream"), "group": ("t0", "pid", "fn"),
+               "host_wait": ("t0", "pid", "fn"), "comm_init": ("t0", "pid"), "comm_destroy": ("t0", "pid"),
+               "sock_state": ("t", "pid"), "offcpu": ("t", "pid"), "tcp_retransmit_skb": ("t",),
+               "tcp_send_reset": ("t",), "tcp_receive_reset": ("t",)}
+
+
+def _event_defect(obj: dict) -> str | None:
+    """The first field of an event that is missing or whose type does not fit, or None."""
+    need = _EVENT_KEYS.get(obj["ev"])
+    if need is None:
+        if obj.get("t") is None and obj.get("t0") is None:
+            return "t"
+    else:
+        for k in need:
+            if k not in obj or (k in ("t", "t0", "pid") and obj[k] is None):
+                return k
+    for k, v in obj.items():
+        if v is None:
+            continue
+        t = type(v)
+        if k in _EVENT_INT:
+            if t is not int or not _I64[0] <= v <= _I64[1]:
+                return k
+        elif k in _EVENT_STR:
+            if t is not str:
+                return k
+        elif t is list:
+            if not all(_scalar_ok(x) for x in v):
+                return k
+        elif not _scalar_ok(v):
+            return k
+    return None
 
 
 def _regular(p: Path) -> bool:

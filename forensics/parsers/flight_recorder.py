@@ -41,6 +41,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import pickletools
 import re
 from pathlib import Path
 
@@ -85,8 +86,25 @@ class RestrictedUnpickler(pickle.Unpickler):
         raise RefusedGlobal(f"persistent id {pid!r}")
 
 
+_MEMO_PUTS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+
+def _check_memo_indices(data: bytes) -> None:
+    """Refuse memo indices no real pickle uses, before the C unpickler sees them.
+
+    The C unpickler sizes its memo table by the largest index a PUT names: one
+    ``LONG_BINPUT 0xFFFFFFFF`` makes it allocate and clear tens of GB (a hang, then the
+    OOM killer). A pickler numbers memo entries 0, 1, 2, ...: an index at or beyond the
+    number of opcodes read so far cannot come from one. The scan only decodes opcodes
+    (``pickletools.genops``), it runs nothing; a malformed stream raises ValueError."""
+    for n, (op, arg, _) in enumerate(pickletools.genops(data), 1):
+        if op.name in _MEMO_PUTS and isinstance(arg, int) and arg >= n:
+            raise pickle.UnpicklingError(f"memo index {arg} at opcode {n} (corrupt or hostile pickle)")
+
+
 def safe_loads(data: bytes):
     """Unpickle ``data`` without constructing anything but plain values (RefusedGlobal otherwise)."""
+    _check_memo_indices(data)
     return RestrictedUnpickler(io.BytesIO(data)).load()
 
 

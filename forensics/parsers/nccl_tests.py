@@ -271,7 +271,11 @@ def _parse_json(text: str, facts: dict, log: WarningLog, default_test: str | Non
     cfg = doc.get("config") if isinstance(doc.get("config"), dict) else {}
     facts["config"] = {k: v for k, v in cfg.items() if k != "devices"}
     devices = []
-    for i, d in enumerate(cfg.get("devices") or []):
+    raw_devices = cfg.get("devices")
+    if raw_devices is not None and not isinstance(raw_devices, list):
+        log.add(None, f"config.devices is a {type(raw_devices).__name__}, expected a list")
+        raw_devices = None
+    for i, d in enumerate(raw_devices or []):
         if not isinstance(d, dict):
             log.add(None, f"config.devices[{i}] is not an object")
             continue
@@ -279,7 +283,7 @@ def _parse_json(text: str, facts: dict, log: WarningLog, default_test: str | Non
             devices.append({"rank": int(d["rank"]), "group": d.get("group"), "pid": d.get("pid"),
                             "host": str(d.get("hostname", "")), "device": d.get("device"),
                             "bus_id": d.get("device_hex"), "gpu": d.get("device_info")})
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             log.add(None, f"config.devices[{i}] has no usable rank")
     rows = []
     results = doc.get("results")
@@ -295,7 +299,7 @@ def _parse_json(text: str, facts: dict, log: WarningLog, default_test: str | Non
             key = {"size_bytes": int(r["size"]), "count": int(r["count"]), "dtype": str(r["type"]),
                    "redop": str(r.get("redop")) if r.get("redop") is not None else None,
                    "root": int(_jstr_num(r["root"])) if r.get("root") is not None else None}
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError) as e:
             log.add(None, f"results[{i}]: unusable size/count/type/root ({e})")
             continue
         if test and test not in facts["tests"]:
@@ -312,7 +316,7 @@ def _parse_json(text: str, facts: dict, log: WarningLog, default_test: str | Non
                 vals = {"time_us": _jstr_num(side.get("cpu_time", side.get("time"))),
                         "algbw_gbps": _jstr_num(side.get("alg_bw")), "busbw_gbps": _jstr_num(side.get("bus_bw")),
                         "wrong": _jstr_num(side.get("nwrong"))}
-            except (TypeError, ValueError) as e:
+            except (TypeError, ValueError, OverflowError) as e:
                 log.add(None, f"results[{i}].{side_key}: non-numeric value ({e})")
                 continue
             rows.append({"test": test, **key, "placement": placement, "time_kind": kind, **vals})
@@ -320,7 +324,7 @@ def _parse_json(text: str, facts: dict, log: WarningLog, default_test: str | Non
     if isinstance(avg, dict):
         try:
             facts["avg_busbw_gbps"] = _jstr_num(avg.get("bandwidth"))
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             log.add(None, "average_bus_bandwidth.bandwidth is not a number")
         ok = avg.get("okay")
         facts["avg_busbw_status"] = {"true": "OK", "false": "FAILED"}.get(str(ok).lower())

@@ -179,7 +179,11 @@ def _parse_json(text, facts, log):
         thread["active"] = active if isinstance(active, bool) else None
         thread["owns_gil"] = gil if isinstance(gil, bool) else None
         threads.append(thread)
-        for f in t.get("frames") or []:
+        raw_frames = t.get("frames")
+        if raw_frames is not None and not isinstance(raw_frames, list):
+            log.add(None, f"trace [{i}] frames is a {type(raw_frames).__name__}, not a list")
+            raw_frames = None
+        for f in raw_frames or []:
             if not isinstance(f, dict) or not isinstance(f.get("name"), str):
                 log.add(None, f"trace [{i}] has a frame without a name")
                 continue

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Iterable, Union
@@ -172,7 +173,12 @@ def read_source(source: Source) -> tuple[bytes, str]:
         return bytes(source), "<bytes>"
     path = Path(source)
     try:
-        return path.read_bytes(), str(path)
+        # O_NONBLOCK: a FIFO or device in an unpacked bundle must not block the reader
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise InputError(f"{path}: not a regular file (FIFO, device or socket); not read")
+            return fh.read(), str(path)
     except IsADirectoryError:
         raise InputError(f"{path}: is a directory, not a file") from None
     except OSError as e:
@@ -346,6 +352,9 @@ def parse_tree(root: str | os.PathLike) -> list[ParseResult]:
         for fn in sorted(filenames):
             path = Path(dirpath) / fn
             rel = path.relative_to(root)
+            if path.is_symlink():      # an unpacked folder is untrusted: never read through links
+                results.append(ParseResult(parser="", source=str(path), warnings=[f"{path}: symbolic link, skipped"]))
+                continue
             try:
                 data, label = read_source(path)
             except InputError as e:

@@ -51,8 +51,11 @@ demo: venv
 	  --markdown $(DEMO_OUT)/summary.md --perfetto $(DEMO_OUT)/trace.json --force || [ $$? -eq 1 ]
 	@echo "open $(DEMO_OUT)/report.html in a browser (offline; ui.perfetto.dev opens $(DEMO_OUT)/trace.json)"
 
+# every benchmark (tracer_overhead needs root and bpftrace; it says so and is skipped otherwise)
 bench: debs venv
 	$(PY) bench/pcap_throughput.py
+	$(PY) bench/analyze.py
+	if [ "$$(id -u)" = 0 ]; then $(PY) bench/tracer_overhead.py; else echo "bench/tracer_overhead.py: needs root (skipped)"; fi
 
 # the long fuzz run (issue 7): FUZZ_EXAMPLES inputs per target, over FUZZ_JOBS processes;
 # inputs that break a contract are shrunk into fuzz-crashes/ (make test runs the CI-sized one)

@@ -173,25 +173,7 @@ def ring_pcap(path: Path, packets: int, ranks: list[int], start_ns: int, seed: i
     rows[:, 1] = np.where(from_a, a_new[ra], a_new[rb])
     rows[:, 2] = np.where(from_a, a_new[rb], a_new[ra])
     rows[:, 0] = t - t.min() + start_ns
-    n = len(rows)
-    rec = np.zeros(n, synth_capture.REC)
-    t = rows[:, 0]
-    rec["ts_sec"], rec["ts_nsec"] = t // 10**9, t % 10**9
-    paylen = rows[:, 9]
-    rec["incl"], rec["orig"] = synth_capture.HDR, synth_capture.HDR + paylen
-    rec["eth_dst"], rec["eth_src"], rec["ethertype"] = b"\x02\0\0\0\0\x02", b"\x02\0\0\0\0\x01", 0x0800
-    rec["ver_ihl"], rec["ip_len"], rec["frag"], rec["ttl"], rec["proto"] = 0x45, 20 + 32 + paylen, 0x4000, 64, 6
-    rec["ip_id"] = np.arange(n) & 0xFFFF
-    rec["src"], rec["dst"], rec["sport"], rec["dport"] = rows[:, 1], rows[:, 2], rows[:, 3], rows[:, 4]
-    rec["seq"], rec["ack"] = rows[:, 5] & 0xFFFFFFFF, rows[:, 6] & 0xFFFFFFFF
-    rec["off"], rec["flags"], rec["win"] = 8 << 4, rows[:, 7], rows[:, 8]
-    rec["opt_nop"], rec["opt_ts"] = 0x0101, 0x080A
-    rec["tsval"], rec["tsecr"] = (t // 10**6) & 0xFFFFFFFF, (t // 10**6 - 1) & 0xFFFFFFFF
-    import struct
-    with open(path, "wb") as fh:
-        fh.write(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, synth_capture.SNAPLEN, 1))
-        rec.tofile(fh)
-    return n
+    return synth_capture.write_rows(path, rows)
 
 
 def build(src_bundle: Path, out_dir: Path, ranks: int, packets: int, hosts: int, repeat: int = 1) -> list[Path]:

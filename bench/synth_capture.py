@@ -80,8 +80,12 @@ def generate(packets: int, flows: int, loss: float, seed: int):
 
 def write_pcap(path: str, packets: int = 1_000_000, flows: int = 64, loss: float = 0.002,
                seed: int = 7) -> int:
-    rows = generate(packets, flows, loss, seed)
-    arr = np.array(rows, dtype=np.int64)
+    return write_rows(path, np.array(generate(packets, flows, loss, seed), dtype=np.int64))
+
+
+def write_rows(path, arr: np.ndarray) -> int:
+    """Write packet rows (time_ns, src, dst, sport, dport, seq, ack, flags, win, paylen) as a
+    nanosecond pcap of Ethernet/IPv4/TCP headers (timestamps option), one array write."""
     n = len(arr)
     rec = np.zeros(n, REC)
     t = arr[:, 0]

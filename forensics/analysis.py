@@ -44,10 +44,11 @@ class Analysis:
         n = len(self.model["nccl_events"])
         if n == 0:
             return "No NCCL collectives were captured: no verdict on the job (see the capture section)."
+        if any(f.kind == "transport" and f.details.get("rule") == "rdma_invisible_to_tcp" for f in self.findings):
+            # no retransmission means nothing when NCCL's traffic never touched the TCP stack
+            return (f"No problem found in {n} NCCL calls; their traffic went over RDMA, invisible to TCP "
+                    "evidence: the IB counters are the network evidence, and they show no error.")
         return f"No problem found in {n} NCCL calls and their TCP traffic."
-
-    def worst_severity(self) -> str | None:
-        return self.findings[0].severity if self.findings else None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,9 +74,24 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     con = model.connect(db)
     say("looking for findings")
     findings, det_problems = run_detectors(Context(model=model, con=con, options=options))
+    findings = _storable(findings, det_problems)
     _store_findings(con, findings)
     return Analysis(model=model, con=con, findings=findings, problems=list(model.problems) + det_problems,
                     options=options)
+
+
+def _storable(findings: list[Finding], problems: list[str]) -> list[Finding]:
+    """The findings that serialize; one that does not (a detector's odd evidence value)
+    becomes a problem line instead of costing the whole analysis."""
+    ok = []
+    for f in findings:
+        try:
+            json.dumps(f.to_json())
+        except (TypeError, ValueError) as exc:
+            problems.append(f"finding {f.kind} left out: its evidence does not serialize ({exc})")
+            continue
+        ok.append(f)
+    return ok
 
 
 def _store_findings(con, findings: list[Finding]) -> None:

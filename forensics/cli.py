@@ -52,7 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, env: Env | None = None) -> int:
     env = env or Env()
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        # options may sit between positionals (`query BUNDLE --db X "SQL"`): argparse leaves the
+        # positionals after such an option over; they belong to the command's open-ended list
+        rest = getattr(getattr(args, "_command", None), "POSITIONAL_REST", None)
+        if extra and rest and not any(e.startswith("-") and e != "-" for e in extra):
+            setattr(args, rest, list(getattr(args, rest)) + extra)
+        elif extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=env.stderr)

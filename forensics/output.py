@@ -19,8 +19,7 @@ def open_output(path: str, force: bool = False, mode: str = "w") -> Iterator[Tex
     if path == "-":
         yield sys.stdout.buffer if "b" in mode else sys.stdout
         return
-    if os.path.exists(path) and not force:
-        raise InputError(f"{path}: already exists (use --force to overwrite)")
+    check_target(path, force)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise InputError(f"{path}: directory {directory} does not exist")
@@ -32,18 +31,59 @@ def open_output(path: str, force: bool = False, mode: str = "w") -> Iterator[Tex
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, mode, newline="" if "b" not in mode else None) as fh:
             yield fh
-        if force:
-            os.replace(tmp, path)
-        else:   # a file created meanwhile is not overwritten either: link() fails on it
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise InputError(f"{path}: already exists (use --force to overwrite)") from None
-            except OSError:   # a file system without hard links
-                os.replace(tmp, path)
-            else:
-                os.unlink(tmp)
+        commit(tmp, path, force)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def check_target(path: str, force: bool) -> None:
+    """Refuse an output path that exists (unless ``force``) or is not a regular file."""
+    if os.path.isdir(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        raise InputError(f"{path}: is not a regular file")
+    if os.path.exists(path) and not force:
+        raise InputError(f"{path}: already exists (use --force to overwrite)")
+
+
+def commit(tmp: str, path: str, force: bool) -> None:
+    """Move a finished temporary file into place: replacing with ``force``; otherwise only
+    if nothing appeared at ``path`` meanwhile (``link`` fails on an existing name)."""
+    if force:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise InputError(f"{path}: already exists (use --force to overwrite)") from None
+    except OSError:   # a file system without hard links
+        os.replace(tmp, path)
+    else:
+        os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def staged_path(path: str | None, force: bool = False, suffix: str = "") -> Iterator[str | None]:
+    """A temporary path next to ``path`` for a tool that writes the file itself (DuckDB):
+    moved into place when the block succeeds, removed (with its side files) when it fails.
+    The existing file stays untouched until the new one is complete."""
+    if path is None:
+        yield None
+        return
+    check_target(path, force)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{path}: directory {directory} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=".stallscope-", suffix=suffix, dir=directory)
+    os.close(fd)
+    os.unlink(tmp)   # the tool creates it (DuckDB refuses an empty file)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        commit(tmp, path, force)
+    finally:
+        for leftover in (tmp, tmp + ".wal"):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)

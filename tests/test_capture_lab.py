@@ -57,7 +57,8 @@ class Run:
                                     text=True)
         self.err_lines: list[str] = []
         self.capturing = threading.Event()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self.reader = threading.Thread(target=self._read_err, daemon=True)
+        self.reader.start()
 
     def _read_err(self):
         for line in self.cap.stderr:
@@ -77,7 +78,11 @@ class Run:
     def finish(self, sig=signal.SIGINT, timeout=90) -> tuple[int, Path]:
         if self.cap.poll() is None:
             self.cap.send_signal(sig)
-        out, _ = self.cap.communicate(timeout=timeout)
+        # stderr belongs to the reader thread (communicate() would read it too and close it
+        # under the thread); stdout is a few lines: the pipe cannot fill before the exit
+        self.cap.wait(timeout=timeout)
+        out = self.cap.stdout.read()
+        self.reader.join(timeout=10)
         paths = [Path(l) for l in out.splitlines() if l.endswith(".tar.gz")]
         assert paths and paths[0].exists(), "".join(self.err_lines)
         return self.cap.returncode, paths[0]

@@ -2,7 +2,8 @@
 
 Ground truth is each scenario's scenario.json (tests/lab/make_bundles.sh); nothing here
 knows a bundle's timestamps or counts. Every finding's SQL must run on the model and
-return rows, and once through ``stallscope query`` as a user would paste it.
+return exactly its evidence rows (same rows, order and columns), and once through
+``stallscope query`` as a user would paste it.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from forensics.analysis import analyze
@@ -96,9 +98,29 @@ def test_clean_has_no_serious_finding():
     assert not [p for p in a.problems if p.startswith("detector")]
 
 
+def same_value(a, b) -> bool:
+    if a is None or b is None or (isinstance(a, float) and pd.isna(a)) or (isinstance(b, float) and pd.isna(b)):
+        return (a is None or pd.isna(a)) and (b is None or pd.isna(b))
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(float(a) - float(b)) <= 0.051 + 1e-9 * abs(float(b))   # rounded to 0.1 both sides
+    return a == b
+
+
+def assert_sql_returns_the_evidence(con, f) -> None:
+    """The finding's SQL computes its evidence: as many rows, every evidence column, equal values."""
+    got = con.execute(f.sql).df()
+    assert len(got) == len(f.evidence) > 0, (f.kind, len(got), len(f.evidence), f.sql)
+    cols = list(dict.fromkeys(k for row in f.evidence for k in row))
+    assert set(cols) <= set(got.columns), (f.kind, set(cols) - set(got.columns))
+    rows = got[cols].astype(object).where(got[cols].notna(), None).to_dict("records")
+    for want, have in zip(f.evidence, rows):
+        diff = {c: (want.get(c), have[c]) for c in cols if not same_value(want.get(c), have[c])}
+        assert not diff, (f.kind, diff)
+
+
 @needs_bundles
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_findings_are_json_with_bounded_evidence_and_sql_that_returns_rows(scenario):
+def test_findings_are_json_with_bounded_evidence_and_sql_that_returns_it(scenario):
     a = analysed(scenario)
     assert not [p for p in a.problems if p.startswith("detector")], a.problems
     doc = json.loads(json.dumps(a.to_json()))
@@ -106,7 +128,7 @@ def test_findings_are_json_with_bounded_evidence_and_sql_that_returns_rows(scena
     for f in (f for f in a.findings if f.kind in MY_KINDS):
         assert 0 <= f.confidence <= 1 and f.summary and f.action and len(f.evidence) <= 20
         assert f.sql, f.kind
-        assert len(a.con.execute(f.sql).fetchall()) > 0, (f.kind, f.sql)
+        assert_sql_returns_the_evidence(a.con, f)
     # the findings table holds them in order
     kinds = [r[0] for r in a.con.execute("SELECT kind FROM findings ORDER BY position").fetchall()]
     assert kinds == [f.kind for f in a.findings]
@@ -121,6 +143,9 @@ def test_top_findings_sql_runs_through_stallscope_query():
     rc = main(["query", "--json", bundle, a.top.sql], Env(stdout=out, stderr=err))
     assert rc == 0, err.getvalue()
     rows = json.loads(out.getvalue())
-    assert rows and all(2 in (r["rank"], r["peer_rank"]) for r in rows)
-    # the evidence the finding carries is what the SQL counts (the SQL does not deduplicate sources)
-    assert sum(r["events"] for r in rows) >= sum(e["retransmissions"] for e in a.top.evidence)
+    faulted = truth("loss")["fault"]["ranks"][0]
+    assert rows and all(faulted in (r["sender_rank"], r["receiver_rank"]) for r in rows)
+    # the evidence the finding carries is what the SQL counts: per connection, deduplicated across sources
+    key = lambda r: (r["from"], r["to"])  # noqa: E731
+    assert sorted(((key(r), r["retransmissions"]) for r in rows)) == \
+        sorted(((key(e), e["retransmissions"]) for e in a.top.evidence))

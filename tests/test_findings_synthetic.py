@@ -361,3 +361,201 @@ def test_communicator_created_before_the_tracer_attached():
                                                      completed=lambda k, r: k < 25)]
     ctx = context(cut, ended_ns=T0 + 10_000 * MS)
     assert hang_mismatch(ctx) == [] and hang_stuck(ctx) == [] and straggler(ctx) == []
+
+
+# --------------------------------------------------------------------------- review fixes
+
+def sql_rows(ctx, f) -> list[dict]:
+    return ctx.con.execute(f.sql).df().to_dict("records")
+
+
+HOSTILE = "0x58cf' OR '1'='1"
+
+
+def test_sql_str_keeps_bundle_text_one_literal():
+    import duckdb
+    from forensics.findings.evidence import sql_list, sql_str
+    assert sql_str(HOSTILE) == "'0x58cf'' OR ''1''=''1'"
+    assert sql_str(np.int64(7)) == "7" and sql_str(3) == "3" and sql_list(["a'b", 2]) == "'a''b', 2"
+    for text in (HOSTILE, "a\x00b'; DROP TABLE x; --", "\\'"):
+        assert duckdb.connect().execute(f"SELECT {sql_str(text)}").fetchone()[0] == text
+
+
+def test_hostile_comm_id_stays_a_literal_in_the_findings_sql():
+    """A comm_id_hash with quotes (bundle text) must not turn the finding's SQL into
+    'WHERE comm_id_hash = ... OR true': the SQL returns that communicator's rows only."""
+    n = [{**r, "comm_id_hash": HOSTILE} for r in job(n_ops=30, entered=lambda k, r: not (r == 2 and k >= 25),
+                                                     completed=lambda k, r: k < 25)]
+    other = [{**r, "comm_id_hash": "0x58cf", "rank": r["rank"] + 4 * i, "nranks": 8, "pid": 200 + r["rank"] + 4 * i}
+             for i in range(2) for r in job(n_ops=3)]
+    ctx = context(n + other, ended_ns=T0 + 8000 * MS)
+    f = hang_mismatch(ctx)
+    assert len(f) == 1 and f[0].ranks == [2]
+    rows = sql_rows(ctx, f[0])
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3] == [e["rank"] for e in f[0].evidence]
+    assert "''1''=''1'" in f[0].sql
+    # collective_mismatch and straggler put the comm id in their SQL too
+    sizes = [4096, 2048, 1024]
+    mm = [{**r, "comm_id_hash": HOSTILE} for r in job(n_ops=14, completed=lambda k, r: k < 10)]
+    for row in mm:
+        row["count"] = sizes[(row["op_count"] + (row["rank"] == 2 and row["op_count"] >= 10)) % 3]
+    ctx = context(mm + other, ended_ns=T0 + 5000 * MS)
+    f = collective_mismatch(ctx)
+    assert len(f) == 1 and [r["rank"] for r in sql_rows(ctx, f[0])] == [e["rank"] for e in f[0].evidence]
+    late = [{**r, "comm_id_hash": HOSTILE} for r in job(late=lambda k, r: 30.0 if r == 1 and k % 2 else 0.0)]
+    ctx = context(late + other)
+    f = straggler(ctx)
+    assert len(f) == 1 and len(sql_rows(ctx, f[0])) == len(f[0].evidence) == 20
+
+
+def _fake_bundle():
+    from types import SimpleNamespace
+    return SimpleNamespace(clock=None, host="node0", problems=[], manifest=SimpleNamespace(processes=[]))
+
+
+def test_loader_nulls_malformed_comm_ids_and_absurd_nranks():
+    from forensics.model.nccl import nccl_events
+    base = {"ev": "coll", "t1": 2, "pid": 10, "tid": 10, "op": "ALL_REDUCE", "rank": 0, "op_count": 0, "count": 1,
+            "datatype": 7, "comm": "0x1"}
+    events = [{**base, "t0": 1, "comm_id_hash": HOSTILE, "nranks": 4},
+              {**base, "t0": 2, "comm_id_hash": "0xABC", "nranks": 4},            # not the tracer's lowercase
+              {**base, "t0": 3, "comm_id_hash": "0x" + "f" * 17, "nranks": 4},    # longer than 64 bits
+              {**base, "t0": 4, "comm_id_hash": "0x58cf8cf9173a8874", "nranks": 2**20 + 1},
+              {**base, "t0": 5, "comm_id_hash": "0x58cf8cf9173a8874", "nranks": 2**20}]
+    b = _fake_bundle()
+    out = nccl_events(b, events)
+    assert out["comm_id_hash"].isna().tolist() == [True, True, True, False, False]
+    assert out["comm_id_hash"].tolist()[3:] == ["0x58cf8cf9173a8874"] * 2
+    assert out["nranks"].isna().tolist() == [False, False, False, True, False]
+    assert len(b.problems) == 2 and "comm_id_hash" in b.problems[0] and "nranks" in b.problems[1]
+
+
+def test_a_hostile_nranks_is_not_trusted_as_the_communicator_size():
+    from forensics.findings.hang import communicator_members
+    assert communicator_members(10**12, [0, 1, 2, 3]) == ([0, 1, 2, 3], 10**12)
+    assert communicator_members(8, [0, 1, 2, 3]) == (list(range(8)), None)
+    assert communicator_members(4, [0, 1, 7]) == ([0, 1, 7], 4)        # a rank beyond the claimed size
+    assert communicator_members(None, [2, 0]) == ([0, 2], None)
+    n = [{**r, "nranks": 100_000} for r in job(n_ops=30, entered=lambda k, r: not (r == 2 and k >= 25),
+                                                 completed=lambda k, r: k < 25)]
+    f = hang_mismatch(context(n, ended_ns=T0 + 8000 * MS))
+    assert len(f) == 1 and f[0].ranks == [2] and f[0].details["nranks_claimed"] == 100_000
+    assert "claims 100000 ranks" in f[0].summary and f[0].peer_ranks == [0, 1, 3]
+
+
+def subcomm_job(n_ops=30, skip_at=25, members=(1, 3), nranks=None, world_ops=5):
+    """A world communicator (4 ranks, a few completed ops) and a sub-communicator of the
+    given global ranks (comm ranks 0..), on which the last member skips #skip_at."""
+    rows = job(n_ops=world_ops)
+    sub = "0xbeef"
+    for i, g in enumerate(members):
+        for k in range(n_ops):
+            if i == len(members) - 1 and k >= skip_at:
+                continue
+            t = T0 + (world_ops + k) * 100 * MS
+            done = k < skip_at
+            rows.append({"timestamp_ns": t, "duration_ns": 5 * MS if done else None, "duration_source": "host_sync",
+                         "end_ns": t + 5 * MS if done else None, "op": "ALL_GATHER", "rank": i,
+                         "nranks": nranks or len(members), "comm_id_hash": sub, "comm_ptr": "0x9", "op_count": k,
+                         "count": 16, "bytes": 64, "host": f"node{g}", "pid": 100 + g, "tid": 100 + g,
+                         "completed": done})
+    return rows
+
+
+def test_mismatch_on_a_sub_communicator_names_global_ranks_throughout():
+    """Sub-communicator of global ranks 1 and 3 (comm ranks 0 and 1): global rank 3 skips.
+    Every rank in the sentence is a global rank (the reviewer saw 'rank 3 never entered ...
+    last op reached: rank 1: #24' mixing the two)."""
+    ctx = context(subcomm_job(), ended_ns=T0 + 35 * 100 * MS + 5000 * MS)
+    f = hang_mismatch(ctx)
+    assert len(f) == 1 and f[0].ranks == [3] and f[0].peer_ranks == [1]
+    s = f[0].summary
+    assert "rank 3 (node3) never entered" in s and "rank 1 entered it" in s
+    assert "last op reached: rank 3: #24 ALL_GATHER" in s
+    assert "rank 0" not in s
+    assert [(e["rank"], e["global_rank"]) for e in f[0].evidence] == [(0, 1), (1, 3)]
+    assert [(r["rank"], r["global_rank"]) for r in sql_rows(ctx, f[0])] == [(0, 1), (1, 3)]
+    # a third member that was never traced has no known global rank: named as a comm rank
+    f = hang_mismatch(context(subcomm_job(nranks=3), ended_ns=T0 + 35 * 100 * MS + 5000 * MS))
+    assert len(f) == 1 and "comm rank 2" in f[0].summary and f[0].details["untraced_ranks"] == [2]
+    assert f[0].ranks == [3]
+
+
+def test_collective_mismatch_on_a_sub_communicator_maps_each_rank_to_its_own_global_rank():
+    """Global ranks 3, 1, 2 hold comm ranks 0, 1, 2 (not in order): comm rank 0 (global 3)
+    calls a different size; the sentence and evidence name rank 3, not rank 1."""
+    rows = subcomm_job(members=(3, 1, 2), skip_at=99, n_ops=6)
+    for r in rows:
+        if r["comm_id_hash"] == "0xbeef" and r["rank"] == 0 and r["op_count"] == 4:
+            r["count"] = 32
+    ctx = context(rows)
+    f = collective_mismatch(ctx)
+    assert len(f) == 1 and f[0].ranks == [3] and f[0].peer_ranks == [1, 2]
+    assert "rank 3 called ALL_GATHER of 32" in f[0].summary
+    assert "while ranks 1, 2 called ALL_GATHER of 16" in f[0].summary
+    want = [(3, "ALL_GATHER of 32"), (1, "ALL_GATHER of 16"), (2, "ALL_GATHER of 16")]
+    assert [(e["rank"], e["call"]) for e in f[0].evidence] == want
+    assert [(r["rank"], r["call"]) for r in sql_rows(ctx, f[0])] == want
+
+
+def test_a_rank_that_skipped_a_collective_shows_as_different_sizes_at_one_op_count():
+    """README: hang_mismatch catches ranks 'calling different sizes at one op count'. Same op,
+    same datatype, only the element count differs at #7: still a mismatch (bytes differ)."""
+    n = job(n_ops=12)
+    for row in n:
+        if row["rank"] == 1 and row["op_count"] == 7:
+            row["count"], row["bytes"] = 2048, 8192
+    f = collective_mismatch(context(n))
+    assert len(f) == 1 and f[0].kind == "hang_mismatch" and f[0].ranks == [1] and f[0].details["op_count"] == 7
+    # the datatype alone differing (same count, other byte size) too
+    n = job(n_ops=12)
+    for row in n:
+        if row["rank"] == 3 and row["op_count"] == 5:
+            row["datatype"] = "float16"
+    assert collective_mismatch(context(n))[0].ranks == [3]
+
+
+def test_network_loss_sql_counts_each_connection_once_like_its_evidence():
+    """Retransmissions seen by the tracer and both pcaps: the SQL gives one row per directed
+    connection (with ports), the largest count one source saw, as the evidence does."""
+    rows = loss_in_slow_windows([(1, 2), (2, 3)])
+    rows += [{**r, "source": "pcap", "event": "retransmission", "capture": "pcap/x"} for r in rows]
+    rows += [{**r, "source": "pcap", "event": "retransmission", "host": "node9", "capture": "pcap/y"}
+             for r in rows if r["source"] == "bpf"][:5]
+    ctx = context(job(dur_ms=slow_after(20)), rows)
+    f = network_loss(ctx)[0]
+    got = sql_rows(ctx, f)
+    assert len(got) == len(f.evidence) == 2
+    assert [(g["sender_rank"], g["receiver_rank"], g["from"], g["to"], g["retransmissions"]) for g in got] == \
+        [(e["sender_rank"], e["receiver_rank"], e["from"], e["to"], e["retransmissions"]) for e in f.evidence]
+    assert {g["retransmissions"] for g in got} == {60} and got[0]["from"] == f"{addr(1)}:40001"
+
+
+def test_slow_link_sql_returns_the_links_with_the_slow_flag_and_a_readable_action():
+    flows = [flow(a, b, 900.0 if (a, b) == (2, 3) else 6.0) for a, b in RING]
+    ctx = context(job(), flows=flows)
+    f = slow_link(ctx)[0]
+    got = sql_rows(ctx, f)
+    assert [(g["rank_a"], g["rank_b"], g["slow"], g["lossy"]) for g in got] == \
+        [(e["rank_a"], e["rank_b"], e["slow"], e["lossy"]) for e in f.evidence]
+    assert [g["slow"] for g in got] == [True, False, False, False]
+    assert "them's" not in f.action
+    assert f"the link between rank 2 (node2, {addr(2)}) and rank 3 (node3, {addr(3)})" in f.action
+    one = slow_link(context(job(), flows=[flow(a, b, 900.0 if 1 in (a, b) else 6.0) for a, b in RING]))[0]
+    assert f"the NIC and switch port of rank 1 (node1, {addr(1)})" in one.action and "them's" not in one.action
+
+
+def test_hang_stuck_sql_returns_its_evidence_rows():
+    n = job(n_ops=30, completed=lambda k, r: k < 25)
+    t = T0 + 25 * 100 * MS
+    rows = [tcp(t + i * 50 * MS, s, d) for i in range(1, 20) for s, d in ((0, 3), (3, 0), (2, 3))]
+    ctx = context(n, rows, ended_ns=t + 4000 * MS)
+    f = hang_stuck(ctx)[0]
+    got = sql_rows(ctx, f)
+    assert len(got) == len(f.evidence) == 20
+    assert [(g["timestamp_ns"], g["sender_rank"], g["from"]) for g in got] == \
+        [(e["timestamp_ns"], e["sender_rank"], e["from"]) for e in f.evidence]
+    # no network trouble: the evidence and the SQL are how far each rank got
+    ctx = context(n, ended_ns=t + 4000 * MS)
+    f = hang_stuck(ctx)[0]
+    assert [g["rank"] for g in sql_rows(ctx, f)] == [e["rank"] for e in f.evidence] == [0, 1, 2, 3]

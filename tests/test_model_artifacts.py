@@ -391,3 +391,36 @@ def test_nccl_tests_output_attached_in_logs_with_its_nccl_lines(tmp_path):
     cfg = m["nccl_config"]
     assert cfg[["pid", "transport", "socket_ifaces"]].values.tolist() == [[3048391, "Socket", "lo"]]
     assert cfg["artifact"].tolist() == ["logs/bench.log"]
+
+
+def test_no_gpu_times_on_a_communicator_the_tracer_joined_late(tmp_path):
+    """The tracer attached after init and after the first 5 calls: its op counts restart at
+    0, so Inspector record n is not the tracer's call n. No GPU time may be mapped (a
+    silent shift would time every call with its neighbour's kernel), and a problem says why."""
+    root = _unpacked_clean(tmp_path)
+    base = build_model([root], skew=False)["nccl_events"]
+    ops2 = list(base[base["rank"] == 2].sort_values("op_count")["op"])
+    pid2 = int(base.loc[base["rank"] == 2, "pid"].iloc[0])
+    ev_path = root / "bpf" / "events.jsonl"
+    kept = []
+    for line in ev_path.read_text().splitlines():
+        e = json.loads(line)
+        if e.get("pid") == pid2 and e.get("ev") in ("comm_init", "unique_id"):
+            continue                                   # init happened before the tracer
+        if e.get("pid") == pid2 and e.get("ev") == "coll":
+            if e["op_count"] < 5:
+                continue                               # so did the first five calls
+            e["op_count"] -= 5                         # the tracer counts from what it saw
+            e["comm_id_hash"] = None
+        kept.append(json.dumps(e))
+    ev_path.write_text("\n".join(kept) + "\n")
+    man = json.loads((root / "manifest.json").read_text())
+    man["files"] = [f for f in man["files"] if f["path"] != "bpf/events.jsonl"]
+    (root / "manifest.json").write_text(json.dumps(man))
+    (root / "logs" / "nccl-inspector").mkdir()
+    (root / "logs" / "nccl-inspector" / f"vm-pid{pid2}.log").write_text(_inspector(pid2, 2, ops2, 1234.0))
+    m = build_model([root], skew=False)
+    r2 = m["nccl_events"][m["nccl_events"]["rank"] == 2]
+    assert len(r2) == len(ops2) - 5
+    assert "gpu" not in set(r2["duration_source"])
+    assert any(f"pid {pid2}: communicator(s) created before the tracer attached" in p for p in m.problems), m.problems

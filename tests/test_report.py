@@ -427,3 +427,54 @@ def test_several_bundles_at_once(tmp_path):
         assert f"<h3>{host}</h3>" in html          # a capture section per host
     assert html.count("<script nonce=") == 2        # plotly.js once, then the figures' loader
     assert html.count("Plotly.newPlot") == 1
+
+
+def test_rank_table_and_timeline_use_global_ranks_with_sub_communicators():
+    """A sub-communicator of global ranks 3 and 1 (comm ranks 0 and 1): its calls belong to
+    processes 3 and 1, not to world ranks 0 and 1; TCP markers (global rank of the owning
+    process) land on the lane of the process that made the calls."""
+    from types import SimpleNamespace
+
+    from forensics.report import data, figures
+    from tests.test_findings_synthetic import MS, T0, context, subcomm_job, tcp
+    rows = subcomm_job(members=(3, 1), skip_at=99, n_ops=6, world_ops=5)
+    ctx = context(rows, [tcp(T0 + 700 * MS, 3, 1)], ended_ns=T0 + 2000 * MS)
+    analysis = SimpleNamespace(model=ctx.model, findings=[])
+    t = data.rank_table(analysis).set_index("rank")
+    assert sorted(t.index) == [0, 1, 2, 3]
+    # world ops (5 each) + the sub-communicator's 6 on ranks 3 and 1
+    assert t["calls"].to_dict() == {0: 5, 1: 11, 2: 5, 3: 11}
+    assert t.loc[3, "host"] == "node3" and t.loc[3, "pid"] == "103" and t.loc[0, "pid"] == "100"
+    assert t.loc[3, "retx_kernel"] == 1 and t.loc[0, "retx_kernel"] == 0
+    iv = data.intervals(analysis)
+    per_pid = iv.groupby("pid")["rank"].unique().map(list).to_dict()
+    assert per_pid == {100: [0], 101: [1], 102: [2], 103: [3]}
+    sub = iv[iv["comm_id_hash"] == "0xbeef"]
+    assert sorted(set(zip(sub["pid"], sub["comm_rank"]))) == [(101, 1), (103, 0)]
+    # the timeline draws the sub-communicator's calls on the rows of ranks 1 and 3, where rank 3's
+    # TCP marker is too
+    fig = figures.timeline(analysis, slow_ms=50.0)
+    rows_of = {int(c[3]) for tr in fig.spec["data"] if tr.get("hovertemplate", "").startswith("<b>ALL_GATHER")
+               for c in tr["customdata"]}
+    assert rows_of == {1, 3}
+    ticks = dict(zip(fig.spec["layout"]["yaxis"]["tickvals"], fig.spec["layout"]["yaxis"]["ticktext"]))
+    marker = next(tr for tr in fig.spec["data"] if tr.get("name") == "retransmission")
+    assert ticks[round(marker["y"][0] + 0.42)].startswith("rank 3")
+
+
+def test_progress_names_global_ranks_and_survives_an_unknown_nranks():
+    from types import SimpleNamespace
+
+    from forensics.report import data
+    from tests.test_findings_synthetic import MS, T0, context, subcomm_job
+    rows = subcomm_job(members=(3, 1), skip_at=3, n_ops=6, world_ops=5)
+    p = {x.comm_id_hash: x for x in data.progress(context(rows, ended_ns=T0 + 3000 * MS).model)}["0xbeef"]
+    # global rank 1 (comm rank 1) skipped #3; global rank 3 (comm rank 0) waits in it
+    assert p.stuck_op_count == 3 and p.missing_ranks == [1] and p.waiting_ranks == [3]
+    assert p.per_rank[["rank", "comm_rank"]].values.tolist() == [[1, 1], [3, 0]]
+    # nranks unknown (NULL after the loader rejected it): no missing ranks list, no crash
+    rows = [{**r, "nranks": None} for r in rows]
+    ctx = context(rows, ended_ns=T0 + 3000 * MS)
+    assert {x.comm_id_hash for x in data.progress(ctx.model)} == {"0xc0ffee", "0xbeef"}
+    t = data.rank_table(SimpleNamespace(model=ctx.model, findings=[])).set_index("rank")
+    assert t["calls"].to_dict() == {0: 5, 1: 8, 2: 5, 3: 11}   # sizes from the ranks seen; rank 1 skipped 3

@@ -14,7 +14,9 @@ import os
 import time
 
 from ..errors import ExitCode, InputError
+from ..output import check_target
 
+POSITIONAL_REST = "bundles"   # positionals after an option join this list (see cli.main)
 HELP = "analyze one or more hosts' bundles: ranked findings and a self-contained HTML report"
 DEFAULT_REPORT = "stallscope-report.html"
 
@@ -42,8 +44,7 @@ def _outputs(args) -> dict[str, str]:
     if sum(v == "-" for v in outs.values()) > 1:
         raise InputError("only one output can be '-' (stdout)")
     for path in real:
-        if os.path.exists(path) and not args.force:
-            raise InputError(f"{path}: already exists (use --force to overwrite)")
+        check_target(path, args.force)
         d = os.path.dirname(path)
         if not os.path.isdir(d):
             raise InputError(f"{path}: directory {d} does not exist")
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
     from ..analysis import analyze
     from ..findings import Options
-    from ..output import open_output
+    from ..output import open_output, staged_path
     from ..report import WRITERS
 
     start = time.monotonic()
@@ -65,22 +66,23 @@ def run(args: argparse.Namespace, env) -> int:
         if not args.quiet:
             print(f"stallscope: [{time.monotonic() - start:5.1f}s] {msg}", file=env.stderr, flush=True)
 
-    if args.db and os.path.exists(args.db):   # --force (checked above): a fresh database
-        os.unlink(args.db)
-    analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=args.db, progress=say)
-    try:
-        for p in analysis.problems[:20]:
-            env.warn(p)
-        if len(analysis.problems) > 20:
-            env.warn(f"... and {len(analysis.problems) - 20} more problems (in the report's capture section)")
-        for kind, path in outs.items():
-            say(f"rendering {kind}: {path}")
-            with open_output(path, force=args.force) as fh:
-                WRITERS[kind](analysis, fh)
-        verdict = analysis.verdict()
-        error = any(f.severity == "error" for f in analysis.findings)
-    finally:
-        analysis.close()
+    # the database is built next to its final name and moved there at the end: an existing
+    # one (--force) is replaced only by a complete new one
+    with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
+        analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say)
+        try:
+            for p in analysis.problems[:20]:
+                env.warn(p)
+            if len(analysis.problems) > 20:
+                env.warn(f"... and {len(analysis.problems) - 20} more problems (in the report's capture section)")
+            for kind, path in outs.items():
+                say(f"rendering {kind}: {path}")
+                with open_output(path, force=args.force) as fh:
+                    WRITERS[kind](analysis, fh)
+            verdict = analysis.verdict()
+            error = any(f.severity == "error" for f in analysis.findings)
+        finally:
+            analysis.close()
     say("done")
     out = env.stderr if "-" in outs.values() else env.stdout
     print(f"verdict: {verdict}", file=out)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..errors import ExitCode, InputError
 
+POSITIONAL_REST = "inputs"   # positionals after an option join this list (see cli.main)
 HELP = "run SQL over the event tables of bundles (or a saved events.duckdb)"
 DB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
@@ -31,18 +32,23 @@ def run(args: argparse.Namespace, env) -> int:
     if len(args.inputs) < 2:
         raise InputError("query needs a bundle (or .duckdb) and an SQL statement")
     *sources, sql = args.inputs
-    con = _connect(sources, args.db, env)
+    if args.db and Path(args.db).exists():
+        raise InputError(f"{args.db} exists; stallscope never overwrites a database")
     import duckdb
-    try:
-        cur = con.execute(sql)
-        cols = [d[0] for d in cur.description] if cur.description else []
-        rows = cur.fetchall() if cols else []
-    except duckdb.Error as e:
-        msg = " ".join(str(e).split())
-        print(f"stallscope: error: SQL: {msg}", file=env.stderr)
-        return ExitCode.BAD_INPUT
-    finally:
-        con.close()
+    from ..output import staged_path
+    # a saved model is built next to its name and appears there only complete
+    with staged_path(args.db, suffix=".duckdb") as db:
+        con = _connect(sources, db, env)
+        try:
+            cur = con.execute(sql)
+            cols = [d[0] for d in cur.description] if cur.description else []
+            rows = cur.fetchall() if cols else []
+        except duckdb.Error as e:
+            msg = " ".join(str(e).split())
+            print(f"stallscope: error: SQL: {msg}", file=env.stderr)
+            return ExitCode.BAD_INPUT
+        finally:
+            con.close()
     if args.csv:
         w = csv.writer(env.stdout, lineterminator="\n")
         w.writerow(cols)
@@ -65,8 +71,6 @@ def _connect(sources: list[str], db: str | None, env):
         except duckdb.Error as e:
             raise InputError(f"{sources[0]}: cannot open the database ({' '.join(str(e).split())})") from None
     from ..model import build_model
-    if db and Path(db).exists():
-        raise InputError(f"{db} exists; stallscope never overwrites a database")
     model = build_model(sources)
     for p in model.problems:
         env.warn(p)

@@ -55,8 +55,12 @@ def _jsonable(v: Any) -> Any:
             pass
     if hasattr(v, "tolist"):
         return v.tolist()
-    if v is None or v != v:   # NaN / NA
-        return None
+    try:
+        import pandas as pd
+        if v is None or v is pd.NA or v is pd.NaT or bool(pd.isna(v)):
+            return None
+    except (TypeError, ValueError):   # pd.isna of a container
+        pass
     return str(v)
 
 

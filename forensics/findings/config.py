@@ -34,6 +34,7 @@ from typing import Callable
 import pandas as pd
 
 from .base import Context, Finding, detector
+from .evidence import sql_str
 
 VIRTUAL_IFACES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "kube")
 KIB = 1024
@@ -272,7 +273,7 @@ def _interfaces(c: pd.DataFrame) -> list[Finding]:
             summary=(f"Ranks on host {host} use different NCCL socket interfaces: "
                      + "; ".join(f"rank {r.rank}: {r.socket_ifaces}" for r in g.itertuples()) + "."),
             ranks=_ranks(g), hosts=[host], evidence=_evidence(g, ["host", "rank", "socket_ifaces", "socket_addrs"]),
-            sql=CONFIG_SQL + f"WHERE host = '{host}' ORDER BY rank",
+            sql=CONFIG_SQL + f"WHERE host = {sql_str(host)} ORDER BY rank",
             action="set one NCCL_SOCKET_IFNAME for every rank of the job", score=1.5,
             details={"rule": "interfaces_differ"}))
     return out
@@ -356,8 +357,9 @@ def _env_rules(c: pd.DataFrame) -> list[Finding]:
             kind="misconfiguration", severity=rule.severity, confidence=rule.confidence,
             summary=f"{rule.var}={value} on {_rank_text(_ranks(df))}: {hits[0][2]}.",
             ranks=_ranks(df), hosts=_hosts(df), evidence=json.loads(df.head(20).to_json(orient="records")),
-            sql=(f"SELECT host, rank, pid, json_extract_string(env, '$.{rule.var}') AS value FROM nccl_config "
-                 f"WHERE json_extract_string(env, '$.{rule.var}') IS NOT NULL ORDER BY host, rank"),
+            sql=(f"SELECT host, rank, pid, json_extract_string(env, {sql_str('$.' + rule.var)}) AS value "
+                 f"FROM nccl_config WHERE json_extract_string(env, {sql_str('$.' + rule.var)}) IS NOT NULL "
+                 "ORDER BY host, rank"),
             action=rule.action, score=1.0, details={"rule": "env", "variable": rule.var, "value": value}))
     return out
 

@@ -15,6 +15,11 @@ estimated seconds of collective time the problem cost (slow collectives' excess 
 the clean baseline, a straggler's total lateness); a hang scores 1e6 plus the seconds
 it lasted, and a reset that broke collectives 2e6 (it is the cause of the hang that
 follows it, so it goes first).
+
+Runnable SQL (``Finding.sql``): it computes the finding's evidence rows (same rows, order
+and column names; :func:`trouble_sql`, :func:`dedup_sql` and ``WORLD_RANK_SQL`` mirror the
+DataFrame code here), and every value taken from a bundle (comm ids, hosts, devices, test
+names) enters it only through :func:`sql_str` / :func:`sql_int` / :func:`sql_list`.
 """
 from __future__ import annotations
 
@@ -35,8 +40,25 @@ COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicat
                  "lost_segment": "lost_segments", "reset": "resets"}
 
 
+def sql_str(v) -> str:
+    """A value as a SQL literal for the runnable SQL a finding carries: numbers (ints,
+    numpy integers) via ``int()``, anything else as a single-quoted string with every
+    ``'`` doubled (bundle text such as ``0x58cf' OR '1'='1`` stays one literal). A NUL
+    byte, which DuckDB cannot take inside a literal, is spliced in with ``chr(0)``."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        return str(int(v))
+    text = "'" + str(v).replace("'", "''") + "'"
+    return text.replace("\x00", "' || chr(0) || '")
+
+
+def sql_int(v) -> str:
+    """An integer for SQL (raises on anything that is not one)."""
+    return str(int(v))
+
+
 def sql_list(values) -> str:
-    return ", ".join(f"'{v}'" for v in values)
+    """Values as a comma-separated list of SQL literals (see :func:`sql_str`)."""
+    return ", ".join(sql_str(v) for v in values)
 
 
 LOSS_EVENTS_SQL = sql_list(k for k, v in EVENT_CLASS.items() if v in LOSS_CLASSES)
@@ -169,10 +191,23 @@ def world_rank_map(ctx) -> pd.DataFrame:
     if n.empty:
         return pd.DataFrame(columns=["comm_id_hash", "rank", "global_rank"])
     k = n[["comm_id_hash", "rank", "nranks", "host", "pid"]].drop_duplicates()
+    # a communicator's size: nranks, else the ranks seen on it (nranks NULL: unknown or rejected)
+    seen = k.groupby(k["comm_id_hash"].astype(str))["rank"].transform("nunique")
+    k = k.assign(nranks=pd.to_numeric(k["nranks"], errors="coerce").fillna(seen.astype("float64")))
     world = k.sort_values("nranks", kind="stable", na_position="first").drop_duplicates(["host", "pid"], keep="last")
     world = world[["host", "pid", "rank"]].rename(columns={"rank": "global_rank"})
     m = k.merge(world, on=["host", "pid"], how="left")
     return m[["comm_id_hash", "rank", "global_rank"]].drop_duplicates(["comm_id_hash", "rank"])
+
+
+# world_rank_map as SQL: CTE ``w`` (host, pid, global_rank) for the findings' runnable SQL
+WORLD_RANK_SQL = """seen AS (
+  SELECT comm_id_hash, count(DISTINCT rank) AS seen FROM nccl_events WHERE rank IS NOT NULL GROUP BY comm_id_hash
+), w AS (
+  SELECT host, pid, arg_max(rank, coalesce(nranks, seen)) AS global_rank
+  FROM nccl_events LEFT JOIN seen USING (comm_id_hash)
+  WHERE rank IS NOT NULL AND pid IS NOT NULL GROUP BY host, pid
+)"""
 
 
 # --------------------------------------------------------------------------- TCP trouble per link
@@ -210,6 +245,67 @@ def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
         "sport": np.where(recv, dp, sp), "dport": np.where(recv, sp, dp),
     })
     return out.sort_values("timestamp_ns", kind="stable").reset_index(drop=True)
+
+
+def trouble_sql(classes=LOSS_CLASSES + ("reset",)) -> str:
+    """:func:`trouble_events` as SQL over ``tcp_events`` (a subquery: the same rows, flip of
+    tcp_receive_reset included), for the runnable SQL of the findings. Columns:
+    timestamp_ns, event, cls, sender_rank, receiver_rank, saddr, sport, daddr, dport (text,
+    '<NA>' when unknown, as the evidence writes them), "from", "to", src."""
+    cases = " ".join(f"WHEN {sql_str(e)} THEN {sql_str(c)}" for e, c in EVENT_CLASS.items() if c in classes)
+    events = sql_list(e for e, c in EVENT_CLASS.items() if c in classes)
+    return f"""(
+  SELECT timestamp_ns, event, cls, sender_rank, receiver_rank, saddr, sport, daddr, dport,
+         saddr || ':' || sport AS "from", daddr || ':' || dport AS "to", src
+  FROM (
+    SELECT timestamp_ns, event, CASE event {cases} END AS cls,
+           CASE WHEN recv THEN peer_rank ELSE rank END AS sender_rank,
+           CASE WHEN recv THEN rank ELSE peer_rank END AS receiver_rank,
+           CASE WHEN recv THEN da ELSE sa END AS saddr, CASE WHEN recv THEN dp ELSE sp END AS sport,
+           CASE WHEN recv THEN sa ELSE da END AS daddr, CASE WHEN recv THEN sp ELSE dp END AS dport,
+           coalesce(source, '<NA>') || ':' || coalesce(host, '<NA>') || ':' || coalesce(capture, '<NA>') AS src
+    FROM (
+      SELECT *, event = 'tcp_receive_reset' AS recv, coalesce(saddr, '<NA>') AS sa, coalesce(daddr, '<NA>') AS da,
+             coalesce(CAST(sport AS VARCHAR), '<NA>') AS sp, coalesce(CAST(dport AS VARCHAR), '<NA>') AS dp
+      FROM tcp_events
+      WHERE event IN ({events}) AND rank IS NOT NULL AND peer_rank IS NOT NULL AND timestamp_ns IS NOT NULL
+        AND rank <> peer_rank
+    )
+  )
+)"""
+
+
+def dedup_sql(trouble: str) -> str:
+    """:func:`dedup_counts` as SQL over a :func:`trouble_sql` subquery (optionally filtered):
+    per directed connection and class, the largest count one source saw. Columns:
+    sender_rank, receiver_rank, saddr, sport, daddr, dport, "from", "to", cls, n, first_ns."""
+    return f"""(
+  SELECT arg_min(sender_rank, first_ns) AS sender_rank, arg_min(receiver_rank, first_ns) AS receiver_rank,
+         saddr, sport, daddr, dport, "from", "to", cls, max(n) AS n, min(first_ns) AS first_ns
+  FROM (SELECT arg_min(sender_rank, timestamp_ns) AS sender_rank, arg_min(receiver_rank, timestamp_ns) AS receiver_rank,
+               saddr, sport, daddr, dport, "from", "to", cls, src, count(*) AS n, min(timestamp_ns) AS first_ns
+        FROM {trouble} GROUP BY saddr, sport, daddr, dport, "from", "to", cls, src)
+  GROUP BY saddr, sport, daddr, dport, "from", "to", cls
+)"""
+
+
+def trouble_rows(e: pd.DataFrame, limit: int = 20) -> list[dict]:
+    """Evidence rows of :func:`trouble_events` rows, earliest first (ties by event and
+    endpoints), as :func:`trouble_rows_sql` returns them."""
+    e = e.assign(from_=e["saddr"].astype(str) + ":" + e["sport"].astype(str),
+                 to_=e["daddr"].astype(str) + ":" + e["dport"].astype(str))
+    e = e.sort_values(["timestamp_ns", "event", "from_", "to_"], kind="stable").head(limit)
+    return [{"timestamp_ns": int(x.timestamp_ns), "event": x.event, "sender_rank": int(x.sender),
+             "receiver_rank": int(x.receiver), "from": x.from_, "to": x.to_} for x in e.itertuples(index=False)]
+
+
+def trouble_rows_sql(where: str, classes=LOSS_CLASSES + ("reset",), limit: int = 20) -> str:
+    """The SQL of :func:`trouble_rows` over the events of ``classes`` that match ``where``
+    (SQL over :func:`trouble_sql`'s columns)."""
+    return f"""SELECT timestamp_ns, event, sender_rank, receiver_rank, "from", "to"
+FROM {trouble_sql(tuple(classes))}
+WHERE {where}
+ORDER BY timestamp_ns, event, "from", "to" LIMIT {sql_int(limit)}"""
 
 
 def _empty_trouble() -> pd.DataFrame:

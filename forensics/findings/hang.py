@@ -31,18 +31,20 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import (LOSS_CLASSES, LOSS_EVENTS_SQL, RESET_EVENTS_SQL, as_int, capture_end_ns, dedup_counts,
+from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
-                       trouble_events, world_rank_map)
+                       sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
+                       world_rank_map)
 
 HANG_MIN_NS = 500_000_000      # a collective open this long at the end of the capture is a hang ...
 HANG_DURATION_FACTOR = 5.0     # ... when it is also this many times the comm's p99 duration
 SILENCE_GAP_NS = 50_000_000    # the blamed links' last packet this much before the others' is worth saying
 MAX_EVIDENCE = 20
+MAX_TRUSTED_NRANKS = 65_536    # a claimed communicator size is trusted up to max(this, 4 x the ranks seen)
 
 
 FRONTIER_COLUMNS = ["comm_id_hash", "kind", "op_count", "op", "nranks", "members", "ranks", "missing_ranks",
-                    "stuck_at", "first_entry_ns", "waited_ns", "last_progress_ns", "p99_ns"]
+                    "stuck_at", "first_entry_ns", "waited_ns", "last_progress_ns", "p99_ns", "nranks_claimed"]
 
 
 def hang_frontiers(ctx) -> pd.DataFrame:
@@ -60,7 +62,8 @@ def hang_frontiers(ctx) -> pd.DataFrame:
 
     Columns: FRONTIER_COLUMNS; ``ranks`` are the ranks inside #n, ``missing_ranks`` the
     ranks behind, ``stuck_at`` {rank: first op it is stuck in}, ``members`` every rank of
-    the communicator (comm ranks)."""
+    the communicator (comm ranks: 0..nranks-1, or the ranks seen when the claimed size is
+    not believable, see :func:`communicator_members`; ``nranks_claimed`` is then the claim, else None)."""
     n = ctx.table("nccl_events")
     end = capture_end_ns(ctx)
     if n.empty or end is None:
@@ -93,8 +96,7 @@ def hang_frontiers(ctx) -> pd.DataFrame:
         need = max(HANG_MIN_NS, HANG_DURATION_FACTOR * (0.0 if np.isnan(p99) else p99))
         if progress is not None and pd.notna(progress) and end - int(progress) < need:
             continue   # the communicator was still completing collectives shortly before the end
-        size = nranks.get(comm)
-        members = list(range(int(size))) if pd.notna(size) and int(size) > 0 else sorted(int(r) for r in p.index)
+        members, claimed = communicator_members(nranks.get(comm), p.index)
         last_entered = {r: int(p["last_entered"].get(r, -1)) if r in p.index else -1 for r in members}
         idle = [r for r in members if r not in stuck.index]
         top = int(stuck["last_entered"].max())
@@ -117,8 +119,30 @@ def hang_frontiers(ctx) -> pd.DataFrame:
                      "stuck_at": {int(r): int(v) for r, v in stuck["stuck_at"].items()},
                      "first_entry_ns": first_entry, "waited_ns": waited,
                      "last_progress_ns": None if progress is None or pd.isna(progress) else int(progress),
-                     "p99_ns": p99})
+                     "p99_ns": p99, "nranks_claimed": claimed})
     return pd.DataFrame(rows, columns=FRONTIER_COLUMNS)
+
+
+def communicator_members(size, seen) -> tuple[list[int], int | None]:
+    """The comm ranks of a communicator: 0..size-1 when the claimed size (nranks, from the
+    bundle) is believable, i.e. at most max(MAX_TRUSTED_NRANKS, 4 x the ranks seen); else the
+    ranks seen, and the claim is returned so the finding can say so (a hostile or corrupt
+    nranks must not make a list of billions)."""
+    observed = sorted(int(r) for r in seen)
+    if size is None or pd.isna(size) or int(size) <= 0:
+        return observed, None
+    size = int(size)
+    if size > max(MAX_TRUSTED_NRANKS, 4 * len(observed)) or (observed and observed[-1] >= size):
+        return observed, size
+    return list(range(size)), None
+
+
+def _size_note(h) -> str:
+    claimed = getattr(h, "nranks_claimed", None)
+    if claimed is None or pd.isna(claimed):
+        return ""
+    return (f" (the bundle claims {int(claimed)} ranks on this communicator, not believable for the "
+            f"{len(h.members)} traced: only those are counted)")
 
 
 def _last_ops(ctx, comm: str) -> pd.DataFrame:
@@ -145,10 +169,74 @@ def _global(gmap: pd.DataFrame, comm: str, ranks) -> list[int]:
     return sorted(int(m[r]) if r in m and pd.notna(m[r]) else int(r) for r in ranks)
 
 
-def _last_ops_sql(comm: str) -> str:
-    return f"""SELECT rank, max(op_count) AS last_op_count, arg_max(op, op_count) AS last_op,
-       max(timestamp_ns) AS last_entry_ns, max(op_count) FILTER (WHERE completed) AS last_completed_op_count
-FROM nccl_events WHERE comm_id_hash = '{comm}' GROUP BY rank ORDER BY rank"""
+def _last_ops_sql(comm: str, waiting=None) -> str:
+    """The rows of :func:`_last_ops` (the evidence of both hang findings), with each rank's
+    global rank (its rank on the largest communicator its process belongs to) and, for a
+    mismatch, whether it waits inside the collective (``waiting``: comm ranks)."""
+    inside = (f",\n       rank IN ({sql_list(int(r) for r in waiting)}) AS in_collective_n" if waiting
+              else ",\n       false AS in_collective_n" if waiting is not None else "")
+    return f"""WITH {WORLD_RANK_SQL}, l AS (
+  SELECT rank, max(op_count) AS last_op_count, arg_max(op, op_count) AS last_op,
+         arg_max(timestamp_ns, op_count) AS last_entry_ns,
+         max(op_count) FILTER (WHERE completed) AS last_completed_op_count,
+         arg_max(host, op_count) AS host, arg_max(pid, op_count) AS pid
+  FROM nccl_events WHERE comm_id_hash = {sql_str(comm)} AND op_count IS NOT NULL AND rank IS NOT NULL
+  GROUP BY rank
+)
+SELECT l.rank, coalesce(w.global_rank, l.rank) AS global_rank, last_op_count, last_op, last_entry_ns,
+       last_completed_op_count, l.host, l.pid{inside}
+FROM l LEFT JOIN w USING (host, pid) ORDER BY l.rank LIMIT {MAX_EVIDENCE}"""
+
+
+def _last_ops_rows(last: pd.DataFrame, gmap: pd.DataFrame, comm: str, waiting=None) -> list[dict]:
+    """:func:`_last_ops` as evidence rows (the columns of :func:`_last_ops_sql`)."""
+    rows = []
+    for x in last.sort_values("rank", kind="stable").head(MAX_EVIDENCE).itertuples(index=False):
+        r = {"rank": int(x.rank), "global_rank": _global(gmap, comm, [int(x.rank)])[0],
+             "last_op_count": int(x.last_op_count), "last_op": x.last_op,
+             "last_entry_ns": int(x.last_entry_ns) if pd.notna(x.last_entry_ns) else None,
+             "last_completed_op_count": int(x.last_completed_op_count)
+             if pd.notna(x.last_completed_op_count) else None,
+             "host": x.host, "pid": int(x.pid) if pd.notna(x.pid) else None}
+        if waiting is not None:
+            r["in_collective_n"] = int(x.rank) in waiting
+        rows.append(r)
+    return rows
+
+
+class _Names:
+    """How a hang sentence names a comm rank: its global rank ("rank 5 (host, addr)") when the
+    process is known, else the comm rank itself on the world communicator, else explicitly
+    "comm rank 3" (a rank of a sub-communicator that was never traced has no known global rank)."""
+
+    def __init__(self, ctx, gmap: pd.DataFrame, comm: str, directory):
+        g = gmap[gmap["comm_id_hash"] == comm].dropna(subset=["global_rank"])
+        self.map = dict(zip(g["rank"].astype("int64"), g["global_rank"].astype("int64")))
+        n = ctx.table("nccl_events")
+        sizes = pd.to_numeric(n["nranks"], errors="coerce")
+        mine = sizes[(n["comm_id_hash"] == comm).to_numpy()]
+        self.world = bool(len(mine.dropna())) and float(mine.max()) >= float(sizes.max())
+        self.directory = directory
+
+    def known(self, r: int) -> bool:
+        return int(r) in self.map or self.world
+
+    def glob(self, r: int) -> int:
+        return int(self.map.get(int(r), int(r)))
+
+    def short(self, r: int) -> str:
+        return f"rank {self.glob(r)}" if self.known(r) else f"comm rank {int(r)}"
+
+    def long(self, r: int) -> str:
+        return label(self.directory, self.glob(r)) if self.known(r) else f"comm rank {int(r)}"
+
+    def many(self, ranks) -> str:
+        rs = sorted(int(r) for r in ranks)
+        known = [self.glob(r) for r in rs if self.known(r)]
+        other = [r for r in rs if not self.known(r)]
+        parts = ([ranks_text(known)] if known else []) + \
+            ([("comm rank " if len(other) == 1 else "comm ranks ") + ", ".join(map(str, other))] if other else [])
+        return " and ".join(parts) if parts else "no rank"
 
 
 # --------------------------------------------------------------------------- mismatch
@@ -164,47 +252,48 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
     for h in fr.itertuples(index=False):
         comm, n = h.comm_id_hash, int(h.op_count)
         last = _last_ops(ctx, comm)
+        names = _Names(ctx, gmap, comm, directory)
         missing = sorted(int(x) for x in h.missing_ranks)
         waiting = sorted(int(x) for x in h.ranks)
         traced = set(last["rank"])
         untraced = [r for r in missing if r not in traced]
-        g_missing, g_waiting = _global(gmap, comm, missing), _global(gmap, comm, waiting)
+        # global ranks where known (a never-traced rank of a sub-communicator has none)
+        g_missing = sorted(names.glob(r) for r in missing if names.known(r))
+        g_waiting = sorted(names.glob(r) for r in waiting if names.known(r))
         lr = last.set_index("rank")
 
         def reached(r: int) -> str:
             if r not in lr.index:
-                return f"rank {r}: no call traced"
+                return f"{names.short(r)}: no call traced"
             x = lr.loc[r]
-            return f"rank {r}: #{int(x.last_op_count)} {x.last_op}"
+            return f"{names.short(r)}: #{int(x.last_op_count)} {x.last_op}"
         missing_txt = "; ".join(reached(r) for r in missing)
-        who = ", ".join(label(directory, r) for r in g_missing)
+        who = ", ".join(names.long(r) for r in missing)
         others = int(last.loc[last["rank"].isin(waiting), "last_op_count"].max()) if len(last) else n
         summary = (f"Hang (rank mismatch) on communicator {comm}: {who} never entered collective #{n} "
-                   f"({h.op}); {ranks_text(g_waiting)} entered it and were still inside when the capture ended, "
-                   f"{ms(h.waited_ns)} later (last op reached: {missing_txt}; the others launched up to #{others}).")
+                   f"({h.op}); {names.many(waiting)} entered it and were still inside when the capture ended, "
+                   f"{ms(h.waited_ns)} later (last op reached: {missing_txt}; the others launched up to #{others})"
+                   f"{_size_note(h)}.")
         if untraced:
-            summary = summary[:-1] + f"; {ranks_text(untraced)} had no traced call at all (were they captured?)."
+            summary = summary[:-1] + f"; {names.many(untraced)} had no traced call at all (were they captured?)."
         stacks = {r: rank_stack(ctx, r) for r in g_missing}
         for r, frames in stacks.items():
             if frames:
                 summary = summary[:-1] + f"; rank {r}'s stack: {' <- '.join(frames[:3])}."
-        evidence = [{"rank": int(x.rank), "last_op_count": int(x.last_op_count), "last_op": x.last_op,
-                     "last_entry_ns": int(x.last_entry_ns) if pd.notna(x.last_entry_ns) else None,
-                     "last_completed_op_count": int(x.last_completed_op_count)
-                     if pd.notna(x.last_completed_op_count) else None,
-                     "in_collective_n": int(x.rank) in waiting, "host": x.host, "pid": int(x.pid)}
-                    for x in last.head(MAX_EVIDENCE).itertuples(index=False)]
+        evidence = _last_ops_rows(last, gmap, comm, waiting)
         out.append(Finding(
             kind="hang_mismatch", severity="error", confidence=0.6 if untraced else 0.9, summary=summary,
             ranks=g_missing, hosts=sorted({directory[r].host for r in g_missing if r in directory and
                                           directory[r].host}),
-            peer_ranks=g_waiting, evidence=evidence, sql=_last_ops_sql(comm), score=1e6 + h.waited_ns / 1e9,
-            action=(f"Find why {ranks_text(g_missing)} skipped collective #{n}: a data-dependent branch, an "
+            peer_ranks=g_waiting, evidence=evidence, sql=_last_ops_sql(comm, waiting), score=1e6 + h.waited_ns / 1e9,
+            action=(f"Find why {names.many(missing)} skipped collective #{n}: a data-dependent branch, an "
                     "exception swallowed on that rank, uneven batches or early stopping on one rank; dump its "
                     "Python stack (py-spy dump --pid) and compare the code paths. The waiting ranks are healthy."),
             details={"comm_id_hash": comm, "op_count": n, "op": h.op, "missing_ranks": g_missing,
-                     "waiting_ranks": g_waiting, "waited_ns": int(h.waited_ns),
-                     "first_entry_ns": int(h.first_entry_ns), "untraced_ranks": untraced,
+                     "waiting_ranks": g_waiting, "missing_comm_ranks": missing, "waiting_comm_ranks": waiting,
+                     "waited_ns": int(h.waited_ns), "first_entry_ns": int(h.first_entry_ns),
+                     "untraced_ranks": untraced,
+                     "nranks_claimed": None if pd.isna(h.nranks_claimed) else int(h.nranks_claimed),
                      "stacks": {str(r): f for r, f in stacks.items() if f}}))
     return out
 
@@ -255,6 +344,23 @@ def signature_mismatches(ctx) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def _calls_sql(comm: str, k: int) -> str:
+    """Every rank's call at #k of the communicator, as collective_mismatch's evidence has
+    them: the rank's global rank, the op count and the call in words (:func:`_call_text`)."""
+    reducing, rooted = sql_list(("ALL_REDUCE", "REDUCE", "REDUCE_SCATTER")), sql_list(("BROADCAST", "REDUCE"))
+    return f"""WITH {WORLD_RANK_SQL}
+SELECT coalesce(w.global_rank, n.rank) AS rank, n.op_count,
+       coalesce(n.op, '-') || ' of ' || coalesce(CAST(n.count AS VARCHAR), '-')
+       || CASE WHEN n.datatype IS NOT NULL THEN ' ' || n.datatype ELSE '' END
+       || CASE WHEN n.reduce_op IS NOT NULL AND n.op IN ({reducing}) THEN ' (' || n.reduce_op || ')' ELSE '' END
+       || CASE WHEN n.root_or_peer IS NOT NULL AND n.op IN ({rooted}) THEN ' root ' || CAST(n.root_or_peer AS VARCHAR)
+               ELSE '' END AS call,
+       n.completed
+FROM nccl_events n LEFT JOIN w USING (host, pid)
+WHERE n.comm_id_hash = {sql_str(comm)} AND n.op_count = {sql_int(k)}
+ORDER BY n.rank LIMIT {sql_int(MAX_EVIDENCE)}"""
+
+
 def _call_text(sig: str) -> str:
     op, count, dtype, red, root = sig.split(" ")
     out = f"{op} of {count} {dtype}" if dtype != "-" else f"{op} of {count}"
@@ -277,9 +383,10 @@ def collective_mismatch(ctx: Context) -> list[Finding]:
     out = []
     for h in mm.itertuples(index=False):
         comm, k = h.comm_id_hash, int(h.op_count)
-        odd = _global(gmap, comm, h.odd)
-        others = sorted(set(_global(gmap, comm, h.calls.keys())) - set(odd))
-        mine = "; ".join(f"rank {g} called {h.calls[r]}" for r, g in zip(sorted(h.odd), odd))
+        names = _Names(ctx, gmap, comm, directory)   # each comm rank by its own global rank
+        odd = sorted(names.glob(r) for r in h.odd)
+        others = sorted({names.glob(r) for r in h.calls} - set(odd))
+        mine = "; ".join(f"{names.short(r)} called {h.calls[r]}" for r in sorted(h.odd))
         after = w[(w["comm_id_hash"] == comm) & (w["op_count"] >= k)]
         never = bool(len(after)) and not after["completed"].fillna(False).astype(bool).all()
         summary = (f"Collective mismatch on communicator {comm} at #{k}: {mine} while {ranks_text(others)} called "
@@ -287,11 +394,8 @@ def collective_mismatch(ctx: Context) -> list[Finding]:
                    + (f" (its #{k} is their #{k + 1}: it skipped a collective)" if h.shift and len(odd) == 1 else "")
                    + ("; the collectives from there on never completed (NCCL fails with 'message truncated' or "
                       "hangs)" if never else "") + ".")
-        evidence = [{"rank": int(g), "op_count": k, "call": h.calls[r]}
-                    for r, g in zip(sorted(h.calls), _global(gmap, comm, sorted(h.calls)))][:MAX_EVIDENCE]
-        sql = (f"SELECT op_count, rank, op, count, datatype, reduce_op, root_or_peer, completed FROM nccl_events "
-               f"WHERE comm_id_hash = '{comm}' AND op_count BETWEEN {max(k - 1, 0)} AND {k + 2} "
-               f"ORDER BY op_count, rank")
+        evidence = [{"rank": names.glob(r), "op_count": k, "call": h.calls[r]} for r in sorted(h.calls)][:MAX_EVIDENCE]
+        sql = _calls_sql(comm, k)
         out.append(Finding(
             kind="hang_mismatch", severity="error", confidence=0.9 if len(odd) < len(others) else 0.6,
             summary=summary, ranks=odd, hosts=sorted({directory[r].host for r in odd if r in directory
@@ -422,17 +526,14 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, directory, end) -> Findin
         action = ("Dump the stacks of every rank (py-spy dump, gdb), check nvidia-smi and dmesg for Xid errors; "
                   "if NCCL uses IB/RoCE, read the port counters.")
         ranks = []
-    summary = head + cause + "."
-    m = ", ".join(map(str, members))
-    tcp_sql = f"""SELECT timestamp_ns, event, source, rank, peer_rank, saddr, sport, daddr, dport
-FROM tcp_events
-WHERE timestamp_ns >= {since} AND rank IN ({m}) AND peer_rank IN ({m})
-  AND event IN ({LOSS_EVENTS_SQL}, {RESET_EVENTS_SQL})
-ORDER BY timestamp_ns"""
-    sql = _last_ops_sql(comm) if e.empty else tcp_sql
-    evidence = [{"timestamp_ns": int(x.timestamp_ns), "event": x.event, "sender_rank": int(x.sender),
-                 "receiver_rank": int(x.receiver), "from": f"{x.saddr}:{x.sport}", "to": f"{x.daddr}:{x.dport}"}
-                for x in e.head(MAX_EVIDENCE).itertuples(index=False)]
+    summary = head + _size_note(h) + cause + "."
+    if e.empty:   # nothing on the network: the evidence is how far each rank got
+        sql, evidence = _last_ops_sql(comm), _last_ops_rows(last, gmap, comm)
+    else:
+        m = sql_list(int(r) for r in members)
+        sql = trouble_rows_sql(f"timestamp_ns >= {sql_int(since)} AND least(sender_rank, receiver_rank) IN ({m}) "
+                               f"AND greatest(sender_rank, receiver_rank) IN ({m})", limit=MAX_EVIDENCE)
+        evidence = trouble_rows(e, limit=MAX_EVIDENCE)
     last_rows = last.to_dict("records")
     for r in last_rows:
         for k, v in list(r.items()):

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector
+from .evidence import sql_int, sql_str
 
 # counters whose any increase is an error (the link failed or corrupts data)
 ERROR_COUNTERS = {"link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors",
@@ -50,9 +51,9 @@ def ib_errors(ctx: Context) -> list[Finding]:
                      "end": None if pd.isna(r.end) else int(r.end), "delta": int(r.delta), "kind": r.kind,
                      "meaning": r.meaning, "action": r.action}
                     for r in g.head(MAX_EVIDENCE).itertuples(index=False)]
-        port_sql = f"port = {int(port)}" if pd.notna(port) else "port IS NULL"
+        port_sql = f"port = {sql_int(port)}" if pd.notna(port) else "port IS NULL"
         sql = (f"SELECT host, device, port, counter, start, \"end\", delta, kind, meaning, action FROM ib_counters "
-               f"WHERE host = '{host}' AND device = '{dev}' AND {port_sql} AND problem AND delta > 0 "
+               f"WHERE host = {sql_str(host)} AND device = {sql_str(dev)} AND {port_sql} AND problem AND delta > 0 "
                f"ORDER BY delta DESC")
         total = float(g["delta"].astype("float64").sum())
         out.append(Finding(

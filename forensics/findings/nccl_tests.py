@@ -31,6 +31,7 @@ import json
 import pandas as pd
 
 from .base import Context, Finding, detector
+from .evidence import sql_int, sql_str
 
 PEER_RATIO = 0.7
 LARGE_BYTES = 64 << 20
@@ -93,7 +94,7 @@ def _below_peers(runs: pd.DataFrame, rows: pd.DataFrame) -> list[Finding]:
                          f"{_size(size)}, {ratio:.0%} of the other runs' median {med:.2f} GB/s."),
                 hosts=sorted({r["host"], *test_hosts}), evidence=_records(at),
                 sql=(f"SELECT host, artifact, test, placement, busbw_gbps, algbw_gbps, time_us FROM nccl_tests "
-                     f"WHERE test = '{test}' AND size_bytes = {size} ORDER BY busbw_gbps"),
+                     f"WHERE test = {sql_str(test)} AND size_bytes = {sql_int(size)} ORDER BY busbw_gbps"),
                 action="rerun nccl-tests on the slow host alone and against a good one; check its NICs (IB counters, "
                        "link rate), PCIe/NUMA placement and NCCL init lines (transport, GDR, channels)",
                 score=float(1 - ratio) * 3,
@@ -149,7 +150,8 @@ def _below_expectation(ctx: Context, runs: pd.DataFrame, rows: pd.DataFrame) -> 
             evidence=_records(big.sort_values("size_bytes", ascending=False)[
                 ["host", "artifact", "test", "size_bytes", "placement", "busbw_gbps", "algbw_gbps"]]),
             sql=(f"SELECT t.host, t.test, t.size_bytes, t.placement, t.busbw_gbps, h.ib_rate_gbps, h.ib_ports_active "
-                 f"FROM nccl_tests t JOIN host_facts h USING (host) WHERE t.test = '{r.test}' AND t.host = '{r.host}' "
+                 f"FROM nccl_tests t JOIN host_facts h USING (host) WHERE t.test = {sql_str(r.test)} "
+                 f"AND t.host = {sql_str(r.host)} "
                  f"AND t.size_bytes >= {LARGE_BYTES} ORDER BY t.size_bytes DESC"),
             action="check GDR and channel count in the NCCL init lines, the IB counters of every port, the link "
                    "rate/width of each HCA and the switch; compare hosts pairwise to find the slow node",

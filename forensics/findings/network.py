@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import (COUNT_COLUMNS, LOSS_CLASSES, LOSS_EVENTS_SQL, RESET_EVENTS_SQL, as_int, collective_windows,
-                       dedup_counts, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text,
-                       shared_endpoint, trouble_events)
+from .evidence import (COUNT_COLUMNS, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
+                       in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
+                       sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql)
 
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
 MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
@@ -95,18 +95,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     sep = 1.0 - (second[len(blamed)] / second[0]) if len(second) > len(blamed) and second[0] else 0.0
     confidence = (0.55 + 0.35 * sep if blame.separated else 0.6) + min(0.1, lossc["n"].sum() / 500)
     evidence = _link_rows(counts, directory)
-    rank_filter = ", ".join(map(str, blamed))
-    sql = f"""WITH slow AS (
-  SELECT first_entry_ns AS t0, last_end_ns AS t1 FROM collectives
-  WHERE ranks_completed = ranks_entered AND ranks_entered >= coalesce(nranks, ranks_entered)
-    AND last_end_ns - first_entry_ns > {int(thr)}
-)
-SELECT t.rank, t.peer_rank, t.saddr, t.daddr, t.event, t.source, count(*) AS events,
-       min(t.timestamp_ns) AS first_ns, max(t.timestamp_ns) AS last_ns
-FROM tcp_events t
-WHERE t.event IN ({LOSS_EVENTS_SQL}) AND (t.rank IN ({rank_filter}) OR t.peer_rank IN ({rank_filter}))
-  AND EXISTS (SELECT 1 FROM slow WHERE t.timestamp_ns BETWEEN slow.t0 AND slow.t1)
-GROUP BY ALL ORDER BY events DESC"""
+    sql = link_rows_sql(LOSS_CLASSES + ("reset",), slower_than_ns=int(thr))
     links = [_link_dict(a, b, counts, directory) for a, b in blame.links[:MAX_EVIDENCE]]
     action = (f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link error and drop counters "
               "on both ends, switch port counters); move the job off that host or link and compare. "
@@ -138,10 +127,7 @@ def _loss_without_slowdown(ctx, ev, loss, done, baseline) -> list[Finding]:
     who = " or ".join(label(directory, r) for r in blame.ranks)
     summary = (f"{n} TCP retransmissions/duplicate ACKs inside collectives on links of {who}, "
                f"but the collectives stayed fast (p50 {ms(baseline)}): no measurable impact.")
-    rank_filter = ", ".join(map(str, blame.ranks))
-    sql = (f"SELECT rank, peer_rank, saddr, daddr, event, count(*) AS events FROM tcp_events "
-           f"WHERE event IN ({LOSS_EVENTS_SQL}) AND (rank IN ({rank_filter}) OR peer_rank IN ({rank_filter})) "
-           f"GROUP BY ALL ORDER BY events DESC")
+    sql = link_rows_sql(LOSS_CLASSES)
     return [Finding(kind="network_loss", severity="info", confidence=0.4, summary=summary, ranks=blame.ranks,
                     hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
                                                                   for a, b in blame.links[:MAX_EVIDENCE]],
@@ -166,7 +152,40 @@ def _per_rank_durations(ctx, windows: pd.DataFrame) -> dict:
     return out
 
 
+# the collectives collective_windows() calls complete (per-process keys hold one process's calls)
+COMPLETE_SQL = ("ranks_completed = ranks_entered AND (ranks_entered >= coalesce(nranks, ranks_entered) "
+                "OR contains(comm_id_hash, ':'))")
+
+
+def link_rows_sql(classes, slower_than_ns: int | None = None) -> str:
+    """The SQL of :func:`_link_rows`: TCP trouble of ``classes`` inside completed collectives
+    (with ``slower_than_ns``: only those slower than that which hold a loss event, the slow
+    windows of network_loss), deduplicated per directed connection like the evidence."""
+    loss = sql_list(LOSS_CLASSES)
+    cond = COMPLETE_SQL
+    if slower_than_ns is not None:
+        cond += (f"\n    AND last_end_ns - first_entry_ns > {sql_int(slower_than_ns)}"
+                 f"\n    AND EXISTS (SELECT 1 FROM ev WHERE ev.cls IN ({loss}) "
+                 "AND ev.timestamp_ns BETWEEN c.first_entry_ns AND c.last_end_ns)")
+    counts = ", ".join(f"CAST(coalesce(sum(n) FILTER (WHERE cls = {sql_str(c)}), 0) AS BIGINT) AS {col}"
+                       for c, col in COUNT_COLUMNS.items())
+    total = " + ".join(COUNT_COLUMNS.values())
+    inside = dedup_sql("(SELECT * FROM ev WHERE EXISTS (SELECT 1 FROM win WHERE ev.timestamp_ns "
+                       "BETWEEN win.t0 AND win.t1))")
+    return f"""WITH ev AS {trouble_sql(tuple(classes))},
+win AS (
+  SELECT first_entry_ns AS t0, last_end_ns AS t1 FROM collectives c
+  WHERE {cond}
+),
+d AS {inside}
+SELECT sender_rank, receiver_rank, "from", "to", {counts}, min(first_ns) AS first_ns
+FROM d GROUP BY sender_rank, receiver_rank, saddr, sport, daddr, dport, "from", "to"
+ORDER BY {total} DESC, first_ns, "from", "to" LIMIT {MAX_EVIDENCE}"""
+
+
 def _link_rows(counts: pd.DataFrame, directory) -> list[dict]:
+    """Per directed connection: deduplicated counts per class and the first event, the
+    busiest first (ties: earliest, then by endpoints); what :func:`link_rows_sql` returns."""
     if counts.empty:
         return []
     piv = counts.pivot_table(index=["sender", "receiver", "saddr", "sport", "daddr", "dport"], columns="cls",
@@ -177,9 +196,11 @@ def _link_rows(counts: pd.DataFrame, directory) -> list[dict]:
     first = counts.groupby(["sender", "receiver", "saddr", "sport", "daddr", "dport"])["first_ns"].min()
     piv = piv.merge(first.reset_index(), on=["sender", "receiver", "saddr", "sport", "daddr", "dport"])
     piv["total"] = piv[list(COUNT_COLUMNS)].sum(axis=1)
-    piv = piv.sort_values("total", ascending=False).head(MAX_EVIDENCE)
-    return [{"sender_rank": int(r.sender), "receiver_rank": int(r.receiver),
-             "from": f"{r.saddr}:{r.sport}", "to": f"{r.daddr}:{r.dport}",
+    piv["from_"] = piv["saddr"].astype(str) + ":" + piv["sport"].astype(str)
+    piv["to_"] = piv["daddr"].astype(str) + ":" + piv["dport"].astype(str)
+    piv = piv.sort_values(["total", "first_ns", "from_", "to_"], ascending=[False, True, True, True],
+                          kind="stable").head(MAX_EVIDENCE)
+    return [{"sender_rank": int(r.sender), "receiver_rank": int(r.receiver), "from": r.from_, "to": r.to_,
              **{COUNT_COLUMNS[c]: int(getattr(r, c)) for c in COUNT_COLUMNS}, "first_ns": int(r.first_ns)}
             for r in piv.itertuples(index=False)]
 
@@ -316,22 +337,14 @@ def slow_link(ctx: Context) -> list[Finding]:
     summary = (f"{who}: {link_word} {verb} {article} {metric} of {rtt_txt} vs {_us(base)} on the other "
                f"links{medians}, without retransmissions: a slow or congested path that queues instead of "
                f"dropping{impact}.")
-    if metric.startswith("ACK"):
-        sql = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, capture, saddr, sport, "
-               "daddr, dport, rtt_samples, round(rtt_p50_ns / 1e3, 1) AS rtt_p50_us, "
-               "round(rtt_p99_ns / 1e3, 1) AS rtt_p99_us, round(busy_rate_bps / 1e6, 1) AS busy_mbps, data_bytes "
-               f"FROM flow_timing WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rank <> peer_rank "
-               f"AND rtt_samples >= {MIN_RTT_SAMPLES} ORDER BY rtt_p99_ns DESC")
-    else:
-        sql = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, capture, orig_addr, "
-               "orig_port, resp_addr, resp_port, round(rtt_mean_ns / 1e3, 1) AS rtt_us, retransmissions, "
-               "bytes_orig + bytes_resp AS bytes FROM flows "
-               "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rank <> peer_rank "
-               "ORDER BY rtt_mean_ns DESC NULLS LAST")
+    # the slow flag: not lossy and at or above the gap between the fast and the slow group
+    cut = (float(fast["rtt"].max()) + float(slow["rtt"].min())) / 2
+    sql = slow_link_sql(metric.startswith("ACK"), cut)
     evidence = [{"rank_a": int(r.a), "rank_b": int(r.b), "rtt_us": round(float(r.rtt) / 1e3, 1),
                  "rtt_p50_us": None if pd.isna(r.p50) else round(float(r.p50) / 1e3, 1),
                  "connections": int(r.flows), "lossy": bool(r.lossy), "slow": (int(r.a), int(r.b)) in slow_links}
-                for r in links.sort_values("rtt", ascending=False).head(MAX_EVIDENCE).itertuples(index=False)
+                for r in links.sort_values(["rtt", "a", "b"], ascending=[False, True, True], kind="stable")
+                .head(MAX_EVIDENCE).itertuples(index=False)
                 if pd.notna(r.rtt)]
     confidence = min(0.9, 0.5 + 0.1 * np.log10(max(ratio, 1.0))
                      + (0.15 if len(blamed) == 1 and leaning is None else 0.05 if leaning else 0.0))
@@ -342,13 +355,61 @@ def slow_link(ctx: Context) -> list[Finding]:
                             "daddr": directory[y].addr if y in directory else None}
                            for (x, y), r in zip(slow_links, slow["rtt"])],
                     evidence=evidence, sql=sql,
-                    action=(f"Check the negotiated speed and queueing of {who}'s NIC and switch port "
-                            "(ethtool speed/duplex, tc qdisc, switch port utilisation and pause frames); "
-                            "run nccl-tests across that link alone."),
+                    action=_slow_link_action(directory, blamed, slow_links, leaning),
                     score=lost_s, details={"metric": metric, "rtt_baseline_ns": base, "slow_links": slow_links,
                                            "rtt_slow_ns": [float(x) for x in slow["rtt"]],
                                            "collective_p10_ns": p10, "collective_p50_ns": p50,
                                            "collective_p90_ns": p90})]
+
+
+def slow_link_sql(ack_rtt: bool, cut_ns: float) -> str:
+    """The SQL of slow_link's evidence: one row per link with the RTT statistic
+    (:func:`link_rtts`), whether the link is lossy (then it belongs to network_loss) and
+    whether it is one of the slow links (not lossy, RTT above ``cut_ns``)."""
+    if ack_rtt:
+        links = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
+                 "max(rtt_p99_ns) AS rtt, median(rtt_p50_ns) AS p50, count(*) AS connections FROM flow_timing "
+                 "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_p99_ns IS NOT NULL AND rank <> peer_rank "
+                 f"AND rtt_samples >= {sql_int(MIN_RTT_SAMPLES)} GROUP BY ALL")
+    else:
+        links = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
+                 "median(rtt_mean_ns) AS rtt, CAST(NULL AS DOUBLE) AS p50, count(*) AS connections FROM flows "
+                 "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_mean_ns IS NOT NULL "
+                 "AND rank <> peer_rank GROUP BY ALL")
+    return f"""WITH links AS ({links}),
+loss AS (
+  SELECT least(sender_rank, receiver_rank) AS rank_a, greatest(sender_rank, receiver_rank) AS rank_b, sum(n) AS n
+  FROM {dedup_sql(trouble_sql(LOSS_CLASSES))} GROUP BY ALL
+),
+retx AS (
+  SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, max(retransmissions) AS n
+  FROM flows WHERE rank IS NOT NULL AND peer_rank IS NOT NULL GROUP BY ALL
+),
+l AS (
+  SELECT l.*, coalesce(loss.n >= {sql_int(MIN_LOSS_EVENTS)}, false)
+              OR coalesce(retx.n >= {sql_int(MIN_LOSS_EVENTS)}, false) AS lossy
+  FROM links l LEFT JOIN loss USING (rank_a, rank_b) LEFT JOIN retx USING (rank_a, rank_b)
+)
+SELECT rank_a, rank_b, round(rtt / 1e3, 1) AS rtt_us, round(p50 / 1e3, 1) AS rtt_p50_us, connections, lossy,
+       NOT lossy AND rtt >= {sql_int(round(cut_ns))} AS slow
+FROM l ORDER BY rtt DESC, rank_a, rank_b LIMIT {sql_int(MAX_EVIDENCE)}"""
+
+
+def _slow_link_action(directory, blamed: list[int], slow_links: list[tuple[int, int]], leaning) -> str:
+    """What to check, phrased from the labels (one end, both ends of one link, or several ranks)."""
+    if leaning is not None or len(blamed) == 1:
+        target = f"the NIC and switch port of {label(directory, blamed[0])}"
+        where = f"across its link to rank {leaning[1]} alone" if leaning is not None else "across its links alone"
+    elif len(slow_links) == 1:
+        a, b = slow_links[0]
+        target = (f"the NICs and switch ports at both ends of the link between {label(directory, a)} and "
+                  f"{label(directory, b)}")
+        where = "across that link alone"
+    else:
+        target = f"the NICs and switch ports of {ranks_text(blamed)}"
+        where = "across those links alone"
+    return (f"Check the negotiated speed and queueing of {target} (ethtool speed/duplex, tc qdisc, switch port "
+            f"utilisation and pause frames); run nccl-tests {where}.")
 
 
 LEAN_RATIO = 2.0    # one end's other links queue this much more than the other end's
@@ -443,12 +504,8 @@ def connection_reset(ctx: Context) -> list[Finding]:
                + (f"; {int(follow['n'].sum()) - 1} more reset(s) followed on {n_links} link(s)."
                   if int(follow['n'].sum()) > 1 else "."))
     severity = "error" if n_failed else "warning"
-    evidence = [{"timestamp_ns": int(x.timestamp_ns), "event": x.event, "sender_rank": int(x.sender),
-                 "receiver_rank": int(x.receiver), "from": f"{x.saddr}:{x.sport}", "to": f"{x.daddr}:{x.dport}"}
-                for x in after.head(MAX_EVIDENCE).itertuples(index=False)]
-    sql = (f"SELECT timestamp_ns, event, source, rank, peer_rank, saddr, sport, daddr, dport, coll_op, coll_op_count, "
-           f"coll_in_flight FROM tcp_events WHERE event IN ({RESET_EVENTS_SQL}) AND timestamp_ns >= {tr} "
-           f"AND rank IS NOT NULL AND peer_rank IS NOT NULL ORDER BY timestamp_ns")
+    evidence = trouble_rows(after, limit=MAX_EVIDENCE)
+    sql = trouble_rows_sql(f"timestamp_ns >= {sql_int(tr)}", classes=("reset",), limit=MAX_EVIDENCE)
     return [Finding(
         kind="connection_reset", severity=severity, confidence=0.9 if n_failed else 0.7, summary=summary,
         ranks=[snd], hosts=_hosts(directory, [snd]), peer_ranks=[rcv],

@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import (LOSS_CLASSES, dedup_counts, in_windows, label, ms, rank_directory, trouble_events,
-                       world_rank_map)
+from .evidence import (LOSS_CLASSES, dedup_counts, in_windows, label, ms, rank_directory, sql_int, sql_str,
+                       trouble_events, world_rank_map)
 
 MIN_LATE = 3
 MIN_LATE_FRACTION = 0.10
@@ -149,14 +149,21 @@ def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss) -> Fin
                f"{ms(jitter)} apart{peers_txt}{net_txt}{off_txt}.")
     evidence = [{"comm_id_hash": comm, "op_count": int(x.op_count), "op": x.op, "rank": rank,
                  "late_ms": round(float(x.margin_ns) / 1e6, 3), "entry_ns": int(x.entry_ns)}
-                for x in mine.sort_values("margin_ns", ascending=False).head(MAX_EVIDENCE).itertuples(index=False)]
+                for x in mine.sort_values(["margin_ns", "op_count"], ascending=[False, True], kind="stable")
+                .head(MAX_EVIDENCE).itertuples(index=False)]
+    # the rows above: its comm rank's late entries, named by its global rank
     sql = f"""WITH e AS (
   SELECT comm_id_hash, op_count, op, unnest(ranks) AS rank, unnest(entry_ns) AS entry_ns
-  FROM collectives WHERE ranks_entered >= coalesce(nranks, ranks_entered) AND comm_id_hash = '{comm}'
-), o AS (SELECT comm_id_hash, op_count, max(entry_ns) AS others_latest FROM e WHERE rank <> {crank} GROUP BY ALL)
-SELECT e.comm_id_hash, e.op_count, e.op, e.rank, (e.entry_ns - o.others_latest) / 1e6 AS late_ms
+  FROM collectives WHERE ranks_entered >= coalesce(nranks, ranks_entered) AND ranks_entered >= 2
+    AND comm_id_hash = {sql_str(comm)}
+), o AS (
+  SELECT comm_id_hash, op_count, max(entry_ns) AS others_latest FROM e WHERE rank <> {sql_int(crank)} GROUP BY ALL
+)
+SELECT e.comm_id_hash, e.op_count, e.op, {sql_int(rank)} AS rank,
+       round((e.entry_ns - o.others_latest) / 1e6, 3) AS late_ms, e.entry_ns
 FROM e JOIN o USING (comm_id_hash, op_count)
-WHERE e.rank = {crank} AND e.entry_ns - o.others_latest > {int(thr)} ORDER BY e.op_count"""
+WHERE e.rank = {sql_int(crank)} AND e.entry_ns - o.others_latest > {sql_int(thr)}
+ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDENCE)}"""
     frac = int(r.n) / max(n_comm, 1)
     confidence = min(0.95, 0.55 + 0.4 * frac + (0.05 if off.get("supports") else 0.0)) * (0.7 if n_loss >= 3 else 1)
     per_rank = {}

@@ -33,9 +33,9 @@ The mapping, and its limits:
   that op on the communicator, counted over ``nccl_events`` in op_count order. The
   Inspector's comm id (``commHash``) is not the tracer's ``comm_id_hash``, so the
   communicator is chosen per (host, pid, Inspector comm) by the most agreeing records,
-  as above. Limit: the count is exact only if the tracer saw the communicator from its
-  first call (true when op_count starts at 0); otherwise nothing maps and a problem says
-  so.
+  as above. Limit: the count is exact only if the tracer saw the communicator's init
+  (its calls carry a comm_id_hash); calls on communicators created before the tracer
+  attached get no GPU time at all, and a problem line says so (FR likewise).
 - Example profiler plugin (Chrome trace): its COLL ``e`` means *enqueued*, so the COLL
   span is not used; the collective's GPU time is ``max(StopGpuClk) - min(StartGpuClk)``
   over its ``KernelCh`` events (GPU globaltimer ns, one per channel). The plugin writes
@@ -212,6 +212,16 @@ def apply_gpu_durations(nccl: pd.DataFrame, fr: pd.DataFrame, insp: pd.DataFrame
     if nccl.empty or (fr.empty and insp.empty):
         return nccl
     work = nccl.assign(row=np.arange(len(nccl)), comm=_comm_key(nccl))
+    # op counts are absolute only on communicators whose init the tracer saw (they have a
+    # comm_id_hash); on the others the tracer counted from its own start, and any pairing
+    # with Flight Recorder / Inspector sequence numbers would time the wrong calls
+    seen = work["comm_id_hash"].notna()
+    if not seen.all():
+        late = work.loc[~seen].drop_duplicates(["host", "pid"])
+        for host, pid in zip(late["host"], late["pid"]):
+            problems.append((host, f"pid {pid}: communicator(s) created before the tracer attached: their op "
+                                   "counts are relative, so no GPU times are mapped onto their calls"))
+        work = work[seen]
     frd = _fr_durations(work, fr)
     ind = _inspector_durations(work, insp, problems)
     cand = pd.DataFrame({"row": np.arange(len(nccl))})

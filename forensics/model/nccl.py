@@ -94,6 +94,7 @@ def nccl_events(bundle, events: list[dict]) -> pd.DataFrame:
         if c not in coll.columns:
             coll[c] = None
     coll = coll.dropna(subset=["t0", "pid"]).copy()
+    _validate_ids(bundle, coll)
     clock = bundle.clock
     coll["timestamp_ns"] = _utc(clock, coll["t0"])
     coll["call_return_ns"] = _utc(clock, coll["t1"])
@@ -131,6 +132,29 @@ def nccl_events(bundle, events: list[dict]) -> pd.DataFrame:
     })
     out = conform(out, "nccl_events")
     return out.sort_values(["timestamp_ns", "rank"], kind="stable", na_position="last").reset_index(drop=True)
+
+
+COMM_ID_RE = r"^0x[0-9a-f]{1,16}$"   # the tracer writes the 64-bit commHash as 0x + lowercase hex
+MAX_NRANKS = 1 << 20                 # no NCCL job has more ranks; larger is a corrupt or hostile bundle
+
+
+def _validate_ids(bundle, coll: pd.DataFrame) -> None:
+    """In place: a comm_id_hash that is not ``0x`` + 1-16 lowercase hex digits, or an nranks
+    outside 1..MAX_NRANKS, becomes NULL, with one problem line per column (they end up in
+    SQL text and in ``range(nranks)``)."""
+    ids = coll["comm_id_hash"]
+    text = ids.astype("string")
+    bad = ids.notna() & ~text.str.fullmatch(COMM_ID_RE).fillna(False).astype(bool)
+    if bad.any():
+        bundle.problems.append(f"tracer: {int(bad.sum())} NCCL call(s) with a malformed comm_id_hash "
+                               f"(e.g. {str(ids[bad].iloc[0])[:40]!r}) read as unknown")
+        coll["comm_id_hash"] = ids.where(~bad, None)
+    nr = pd.to_numeric(coll["nranks"], errors="coerce")
+    bad = coll["nranks"].notna() & ~((nr >= 1) & (nr <= MAX_NRANKS)).fillna(False)
+    if bad.any():
+        bundle.problems.append(f"tracer: {int(bad.sum())} NCCL call(s) with nranks outside 1..{MAX_NRANKS} "
+                               "read as unknown")
+        coll["nranks"] = nr.where(~bad)
 
 
 def _host_sync_end(coll: pd.DataFrame, waits: pd.DataFrame) -> tuple[pd.Series, pd.Series, pd.Series]:

@@ -7,24 +7,13 @@ Each module has ``write(analysis, fh)``; :mod:`.data` computes what they share.
 from __future__ import annotations
 
 import json
-import math
 
-from . import html, markdown, perfetto
+from . import data, html, markdown, perfetto
 
 
 def findings_json(analysis) -> dict:
     """``Analysis.to_json()`` made strict JSON: NaN and infinities (not JSON) become null."""
-    return _finite(analysis.to_json())
-
-
-def _finite(o):
-    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
-        return None
-    if isinstance(o, dict):
-        return {k: _finite(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_finite(v) for v in o]
-    return o
+    return data.finite(analysis.to_json())
 
 
 def write_json(analysis, fh) -> None:

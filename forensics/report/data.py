@@ -10,6 +10,7 @@ absent or empty is simply not shown.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,11 +78,47 @@ def _pct(s: pd.Series, q: float) -> float:
     return float(np.percentile(s, q)) if len(s) else float("nan")
 
 
+def world_ranks(model) -> pd.DataFrame:
+    """(host, pid) -> global_rank: the process's rank on the largest communicator it belongs
+    to (as the findings name ranks, :func:`forensics.findings.evidence.world_rank_map`).
+    ``nccl_events.rank`` is the rank *within* a communicator: on sub-communicators several
+    processes share one; TCP events carry the global rank of the owning process."""
+    n = model.tables["nccl_events"]
+    if n.empty:
+        return pd.DataFrame(columns=["host", "pid", "global_rank"])
+    k = n.dropna(subset=["rank", "pid"])[["host", "pid", "rank", "nranks", "comm_id_hash"]]
+    # a communicator's size: nranks, else the ranks seen on it (nranks NULL: unknown or rejected)
+    seen = k.groupby(k["comm_id_hash"].astype(str))["rank"].transform("nunique")
+    k = k.assign(nranks=pd.to_numeric(k["nranks"], errors="coerce").fillna(seen.astype("float64")))
+    w = k.sort_values("nranks", kind="stable", na_position="first").drop_duplicates(["host", "pid"], keep="last")
+    return w.rename(columns={"rank": "global_rank"})[["host", "pid", "global_rank"]].reset_index(drop=True)
+
+
+def with_global_rank(model, df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (nccl_events rows) with ``comm_rank`` (the original ``rank``) and ``rank``
+    replaced by the process's global rank (the comm rank when the process is unknown)."""
+    w = world_ranks(model)
+    key = pd.MultiIndex.from_frame(w[["host", "pid"]].astype({"pid": "int64"}).astype(object)) if len(w) else None
+    g = pd.Series(np.nan, index=df.index, dtype="float64")
+    ok = df["pid"].notna().to_numpy()
+    if key is not None and ok.any():
+        look = pd.Series(pd.to_numeric(w["global_rank"]).to_numpy(dtype="float64"), index=key)
+        q = pd.MultiIndex.from_arrays([df.loc[ok, "host"].astype(object).to_numpy(),
+                                       df.loc[ok, "pid"].astype("int64").astype(object).to_numpy()])
+        g[ok] = look.reindex(q).to_numpy()
+    rank = pd.to_numeric(df["rank"], errors="coerce")
+    return df.assign(comm_rank=rank, rank=g.fillna(rank).astype("Int64"))
+
+
 def rank_table(analysis) -> pd.DataFrame:
-    """One row per rank: calls, durations (p50/p99/max ms), lateness, TCP trouble, off-CPU time."""
+    """One row per process, by its global rank (a rank on a sub-communicator is mapped to its
+    process's world rank, the rank TCP events carry): calls, durations (p50/p99/max ms),
+    lateness, TCP trouble, off-CPU time."""
     model = analysis.model
     n = model.tables["nccl_events"]
     t = model.tables["tcp_events"]
+    if len(n):
+        n = with_global_rank(model, n)
     ranks = set(pd.to_numeric(n["rank"], errors="coerce").dropna().astype(int)) if len(n) else set()
     ranks |= set(pd.to_numeric(t["rank"], errors="coerce").dropna().astype(int)) if len(t) else set()
     if not ranks:
@@ -101,6 +138,7 @@ def rank_table(analysis) -> pd.DataFrame:
             lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().items()))
     late = _lateness_long(model)
     if late is not None and len(late):
+        late = _late_global(model, late)
         lg = late.groupby("rank")["lateness_ms"]
         out["lateness_p50_ms"] = lg.agg(lambda s: _pct(s, 50))
         out["lateness_p99_ms"] = lg.agg(lambda s: _pct(s, 99))
@@ -130,6 +168,19 @@ def _lateness_long(model) -> pd.DataFrame | None:
     return pd.DataFrame({"comm_id_hash": e["comm_id_hash"], "op_count": e["op_count"], "op": e["op"],
                          "rank": e["ranks"].astype("int64"),
                          "lateness_ms": pd.to_numeric(e["lateness_ns"], errors="coerce") / 1e6})
+
+
+def _late_global(model, late: pd.DataFrame) -> pd.DataFrame:
+    """Lateness rows (comm ranks) with ``rank`` mapped to the global rank of the process
+    that held that comm rank (unchanged when unknown)."""
+    n = model.tables["nccl_events"].dropna(subset=["comm_id_hash", "rank", "pid"])
+    if n.empty:
+        return late
+    m = with_global_rank(model, n)[["comm_id_hash", "comm_rank", "rank"]].drop_duplicates(["comm_id_hash", "comm_rank"])
+    m = m.astype({"comm_id_hash": str, "comm_rank": "int64", "rank": "int64"})
+    out = late.astype({"comm_id_hash": str, "rank": "int64"}).merge(
+        m.rename(columns={"rank": "global_rank", "comm_rank": "rank"}), on=["comm_id_hash", "rank"], how="left")
+    return out.assign(rank=out["global_rank"].fillna(out["rank"]).astype("int64")).drop(columns="global_rank")
 
 
 def offcpu_threads(model) -> pd.DataFrame | None:
@@ -224,18 +275,24 @@ class Progress:
 
 def progress(model) -> list[Progress]:
     """Op counts per rank and the hang point of each communicator (the first collective that
-    not every rank completed)."""
+    not every rank completed). Ranks are global ranks (``per_rank.comm_rank`` keeps the rank
+    within the communicator); a rank of a sub-communicator that was never traced has no known
+    process and keeps its comm rank in ``missing_ranks``."""
     n = model.tables["nccl_events"]
     if n.empty:
         return []
     c = model.tables.get("collectives")
     out = []
     ev = n.dropna(subset=["comm_id_hash", "rank", "op_count"]).assign(done=n["completed"].fillna(False).astype(bool))
+    if len(ev):
+        ev = with_global_rank(model, ev)
     for comm, g in ev.groupby("comm_id_hash", sort=True):
         g = g.sort_values("op_count", kind="stable")
+        to_global = dict(zip(g["comm_rank"].astype("int64"), g["rank"].astype("int64")))
         last = g.groupby("rank").tail(1).set_index("rank")
         done = g[g["done"]].groupby("rank")["op_count"].max()
-        per = pd.DataFrame({"host": last["host"], "last_entered": last["op_count"].astype("int64"),
+        per = pd.DataFrame({"comm_rank": last["comm_rank"].astype("int64"), "host": last["host"],
+                            "last_entered": last["op_count"].astype("int64"),
                             "last_op": last["op"], "last_entry": last["timestamp_ns"].map(utc)})
         per["last_completed"] = done.reindex(per.index).astype("Int64")
         per["in_flight"] = (g[~g["done"]].groupby("rank").size().reindex(per.index).fillna(0).astype(int))
@@ -246,7 +303,7 @@ def progress(model) -> list[Progress]:
             # the hang point: the first collective some rank never entered, or that every rank
             # entered and none completed; else the first not completed by every rank (a rank's
             # last call may simply have had no host wait after it, so that alone is weaker)
-            missing = cc["missing_ranks"].map(len) > 0
+            missing = cc["missing_ranks"].map(lambda v: len(_as_list(v))) > 0
             none_done = (cc["ranks_completed"] == 0) & (cc["ranks_entered"] >= cc["nranks"])
             bad = cc[missing | none_done]
             if bad.empty:
@@ -256,11 +313,16 @@ def progress(model) -> list[Progress]:
                 p.stuck_op_count = int(row["op_count"])
                 p.stuck_op = str(row["op"])
                 p.stuck_at_ns = int(row["last_entry_ns"]) if pd.notna(row["last_entry_ns"]) else None
-                p.missing_ranks = [int(r) for r in row["missing_ranks"]]
+                p.missing_ranks = sorted(to_global.get(int(r), int(r)) for r in _as_list(row["missing_ranks"]))
                 entered = g[g["op_count"] == p.stuck_op_count]
                 p.waiting_ranks = sorted(int(r) for r in entered.loc[~entered["done"], "rank"].unique())
         out.append(p)
     return out
+
+
+def _as_list(v) -> list:
+    """A list cell of ``collectives`` (NULL when nranks is unknown) as a list."""
+    return list(v) if isinstance(v, (list, tuple, np.ndarray)) else []
 
 
 def ib_table(model) -> pd.DataFrame | None:
@@ -335,14 +397,15 @@ def lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 
 
 def intervals(analysis) -> pd.DataFrame:
-    """Collective intervals per (host, rank) with the lane each occupies; a call never
+    """Collective intervals per (host, global rank) with the lane each occupies; a call never
     completed runs to the end of the capture (``open`` True)."""
     n = analysis.model.tables["nccl_events"]
     if n.empty:
         return n.assign(start=pd.Series(dtype="int64"), end=pd.Series(dtype="int64"), open=pd.Series(dtype=bool),
                         lane=pd.Series(dtype="int64"))
     span = time_span(analysis)
-    n = n.dropna(subset=["timestamp_ns", "rank"])
+    # lanes per process: by global rank (comm_rank keeps the rank within the communicator)
+    n = with_global_rank(analysis.model, n.dropna(subset=["timestamp_ns", "rank"]))
     start = n["timestamp_ns"].astype("int64")
     end = pd.to_numeric(n["end_ns"], errors="coerce")
     open_ = end.isna() | ~n["completed"].fillna(False).astype(bool)
@@ -366,3 +429,14 @@ def evidence_columns(rows: list[dict]) -> list[str]:
             if k not in cols:
                 cols.append(k)
     return cols
+
+
+def finite(o):
+    """NaN and infinities (not JSON) -> None, through dicts and lists."""
+    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+        return None
+    if isinstance(o, dict):
+        return {k: finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [finite(v) for v in o]
+    return o

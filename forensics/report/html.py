@@ -135,16 +135,6 @@ def _json_script(obj: Any) -> str:
         .replace("\u2029", "\\u2029")
 
 
-def _clean_nan(o: Any) -> Any:
-    if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
-        return None
-    if isinstance(o, dict):
-        return {k: _clean_nan(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_clean_nan(v) for v in o]
-    return o
-
-
 def _tables(model, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[str, Table]:
     """Every table section, keyed by name; a table another module adds appears only when it
     has rows."""
@@ -220,7 +210,7 @@ def context(analysis) -> dict[str, Any]:
     notes = [f for f in findings if f.severity == "info"][:3] if not serious else []
     figs = [f for f in (figures.timeline(analysis, slow_ms), figures.heatmap(analysis),
                         figures.nccl_tests_chart(model, findings)) if f is not None]
-    plots = {f.key: _json_script(_clean_nan(f.spec)) for f in figs}
+    plots = {f.key: _json_script(data.finite(f.spec)) for f in figs}
 
     ranks = data.rank_table(analysis)
     tables = _tables(model, ranks, findings, blamed={r for f in serious for r in f.ranks})

@@ -299,3 +299,20 @@ def test_an_empty_pcap_is_a_problem_not_silence(tmp_path):
     (folder / "manifest.json").write_text(json.dumps(man))
     m = build_model([folder])
     assert any(f"pcap/{victim.name}: no packets" in p for p in m.problems), m.problems
+
+
+def test_collectives_do_not_expand_an_absurd_communicator_size():
+    """missing_ranks lists range(nranks) minus the ranks seen: a bundle claiming a million
+    ranks for two seen must not make every collective a million-element list."""
+    import duckdb
+    from forensics.model.nccl import COLLECTIVES_SQL, conform
+    rows = [{"timestamp_ns": 10 + r, "op": "ALL_REDUCE", "rank": r, "nranks": n, "comm_id_hash": h, "op_count": 0,
+             "completed": True, "end_ns": 20, "bytes": 4}
+            for h, n in (("0x1", 1_000_000), ("0x2", 4)) for r in (0, 1)]
+    con = duckdb.connect()
+    cols = ", ".join(f'"{c}" {t}' for c, t in SCHEMAS["nccl_events"].items())
+    con.execute(f"CREATE TABLE nccl_events ({cols})")
+    con.register("_df", conform(pd.DataFrame(rows), "nccl_events"))
+    con.execute("INSERT INTO nccl_events SELECT * FROM _df")
+    got = dict(con.execute(f"SELECT comm_id_hash, missing_ranks FROM ({COLLECTIVES_SQL})").fetchall())
+    assert got == {"0x1": None, "0x2": [2, 3]}

@@ -413,6 +413,27 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
 _NAME_RE = re.compile(r"^stallscope-(?P<host>.+?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?(?:\.tar\.gz|\.tgz|\.tar)?$")
 
 
+class EventLog(list):
+    """Tracer events in file order (a list of dicts) with a per-kind index built on first
+    use: the model asks for each kind (coll, comm_init, host_wait, offcpu, TCP
+    tracepoints, ...) several times, and a scan of the whole log per question is what
+    dominated reading a big bundle. The log is read once and not changed afterwards."""
+
+    _index: dict[str, list[dict]] | None = None
+
+    @classmethod
+    def of(cls, events) -> "EventLog":
+        return events if isinstance(events, EventLog) else cls(events)
+
+    def kind(self, ev: str) -> list[dict]:
+        if self._index is None:
+            index: dict[str, list[dict]] = {}
+            for e in self:
+                index.setdefault(e.get("ev"), []).append(e)
+            self._index = index
+        return self._index.get(ev, [])
+
+
 class Bundle:
     """An opened bundle. Use as a context manager (or call :meth:`close`) so the
     temporary folder an archive was unpacked into is removed."""
@@ -519,13 +540,13 @@ class Bundle:
     def pcaps(self) -> list[tuple[str, Path]]:
         return [(r, p) for r, p in self.files("pcap/*") if r.endswith((".pcap", ".pcapng", ".cap"))]
 
-    def read_bpf_events(self) -> list[dict]:
+    def read_bpf_events(self) -> EventLog:
         """bpf/events.jsonl as dicts; a cut last line or garbage lines are skipped with a problem."""
         p = self.path("bpf/events.jsonl")
         if p is None:
             if self.manifest.collectors.get("tracer", CollectorStatus("tracer", "skipped")).status != "skipped":
                 self.problems.append("bpf/events.jsonl: missing; no NCCL calls or kernel TCP events")
-            return []
+            return EventLog()
         out, bad, first_bad = [], 0, None
         typed, first_typed = 0, None
         with open(p, "rb") as fh:
@@ -553,7 +574,7 @@ class Bundle:
         if typed:
             self.problems.append(f"bpf/events.jsonl: {typed} event(s) with a field of the wrong type or size skipped "
                                  f"(first at line {first_typed[0]}: {first_typed[1][:40]!r})")
-        return out
+        return EventLog(out)
 
     def process(self, pid: int) -> ProcessInfo | None:
         return next((p for p in self.manifest.processes if p.pid == pid), None)

@@ -19,16 +19,9 @@ def open_output(path: str, force: bool = False, mode: str = "w") -> Iterator[Tex
     if path == "-":
         yield sys.stdout.buffer if "b" in mode else sys.stdout
         return
-    check_target(path, force)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise InputError(f"{path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".stallscope-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".stallscope-", dir=check_output(path, force))
     try:
-        # mkstemp makes the file 0600: give it the mode a plain open() would (0666 & ~umask)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.fchmod(fd, 0o666 & ~umask)
+        os.fchmod(fd, _plain_mode())   # mkstemp makes the file 0600
         with os.fdopen(fd, mode, newline="" if "b" not in mode else None) as fh:
             yield fh
         commit(tmp, path, force)
@@ -38,12 +31,24 @@ def open_output(path: str, force: bool = False, mode: str = "w") -> Iterator[Tex
         raise
 
 
-def check_target(path: str, force: bool) -> None:
-    """Refuse an output path that exists (unless ``force``) or is not a regular file."""
+def check_output(path: str, force: bool) -> str:
+    """Refuse an output path that exists (unless ``force``), is not a regular file, or
+    whose folder is missing; return that folder."""
     if os.path.isdir(path) or (os.path.exists(path) and not os.path.isfile(path)):
         raise InputError(f"{path}: is not a regular file")
     if os.path.exists(path) and not force:
         raise InputError(f"{path}: already exists (use --force to overwrite)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise InputError(f"{path}: directory {directory} does not exist")
+    return directory
+
+
+def _plain_mode() -> int:
+    """The mode a plain ``open()`` gives a new file: 0666 less the umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def commit(tmp: str, path: str, force: bool) -> None:
@@ -70,18 +75,12 @@ def staged_path(path: str | None, force: bool = False, suffix: str = "") -> Iter
     if path is None:
         yield None
         return
-    check_target(path, force)
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        raise InputError(f"{path}: directory {directory} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=".stallscope-", suffix=suffix, dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".stallscope-", suffix=suffix, dir=check_output(path, force))
     os.close(fd)
     os.unlink(tmp)   # the tool creates it (DuckDB refuses an empty file)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, _plain_mode())
         commit(tmp, path, force)
     finally:
         for leftover in (tmp, tmp + ".wal"):

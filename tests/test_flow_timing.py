@@ -11,7 +11,7 @@ import pytest
 from forensics.bundle import Bundle
 from forensics.model import build_model
 from forensics.model.schema import SCHEMAS
-from forensics.model.tcp import Attribution
+from forensics.model.tcp import Attribution, analyse_pcaps
 from forensics.model.timing import flow_timing
 from forensics.tcp import analyze_file
 
@@ -25,8 +25,11 @@ def test_rtt_percentiles_equal_the_engines_per_packet_ack_rtt():
     import pandas as pd
     with Bundle.open(SLOW) as b:
         empty = pd.DataFrame(columns=["host", "addr", "port", "pid"])
-        df = flow_timing(b, Attribution(empty, pd.DataFrame(columns=["host", "pid", "rank"]),
-                                        pd.DataFrame(columns=["host", "netns", "pid"])))
+        attr = Attribution(empty, pd.DataFrame(columns=["host", "pid", "rank"]),
+                           pd.DataFrame(columns=["host", "netns", "pid"]))
+        # the timing rides along the model's one engine pass over each capture
+        *_, parts = analyse_pcaps(b, attr)
+        df = flow_timing(b, attr, parts)
         rel, path = b.pcaps()[0]
         pk = analyze_file(path, keep="all").packets
     assert list(df.columns) == list(SCHEMAS["flow_timing"])

@@ -14,7 +14,7 @@ import os
 import time
 
 from ..errors import ExitCode, InputError
-from ..output import check_target
+from ..output import check_output
 
 POSITIONAL_REST = "bundles"   # positionals after an option join this list (see cli.main)
 HELP = "analyze one or more hosts' bundles: ranked findings and a self-contained HTML report"
@@ -44,10 +44,7 @@ def _outputs(args) -> dict[str, str]:
     if sum(v == "-" for v in outs.values()) > 1:
         raise InputError("only one output can be '-' (stdout)")
     for path in real:
-        check_target(path, args.force)
-        d = os.path.dirname(path)
-        if not os.path.isdir(d):
-            raise InputError(f"{path}: directory {d} does not exist")
+        check_output(path, args.force)
     if args.slow_ms <= 0:
         raise InputError("--slow-ms must be positive")
     return outs

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ..model.nccl import world_ranks
+
 # tcp_events.event -> class of trouble
 EVENT_CLASS = {
     "tcp_retransmit_skb": "retransmission", "retransmission": "retransmission",
@@ -186,17 +188,13 @@ def capture_end_ns(ctx) -> int | None:
 
 def world_rank_map(ctx) -> pd.DataFrame:
     """(comm_id_hash, comm rank) -> global rank: a process's rank on the largest
-    communicator it belongs to (the world), so sub-communicators' ranks map back."""
+    communicator it belongs to (the world, :func:`forensics.model.nccl.world_ranks`), so
+    sub-communicators' ranks map back."""
     n = ctx.table("nccl_events").dropna(subset=["rank", "pid"])
     if n.empty:
         return pd.DataFrame(columns=["comm_id_hash", "rank", "global_rank"])
-    k = n[["comm_id_hash", "rank", "nranks", "host", "pid"]].drop_duplicates()
-    # a communicator's size: nranks, else the ranks seen on it (nranks NULL: unknown or rejected)
-    seen = k.groupby(k["comm_id_hash"].astype(str))["rank"].transform("nunique")
-    k = k.assign(nranks=pd.to_numeric(k["nranks"], errors="coerce").fillna(seen.astype("float64")))
-    world = k.sort_values("nranks", kind="stable", na_position="first").drop_duplicates(["host", "pid"], keep="last")
-    world = world[["host", "pid", "rank"]].rename(columns={"rank": "global_rank"})
-    m = k.merge(world, on=["host", "pid"], how="left")
+    k = n[["comm_id_hash", "rank", "host", "pid"]].drop_duplicates()
+    m = k.merge(world_ranks(n), on=["host", "pid"], how="left")
     return m[["comm_id_hash", "rank", "global_rank"]].drop_duplicates(["comm_id_hash", "rank"])
 
 

@@ -105,13 +105,13 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         ev = events[b.host]
         nccl_parts.append(nccl_mod.nccl_events(b, ev))
         tcp_parts.append(tcp_mod.bpf_tcp_events(b, ev, attr))
-        pe, pk, fl = tcp_mod.analyse_pcaps(b, attr)
+        pe, pk, fl, timing = tcp_mod.analyse_pcaps(b, attr)
         tcp_parts.append(pe)
         pk_parts.append(pk)
         fl_parts.append(fl)
         ib_parts.append(_ib_counters(b))
         off_parts.append(offcpu_mod.offcpu_samples(b, ev))
-        timing_parts.append(timing_mod.flow_timing(b, attr))
+        timing_parts.append(timing_mod.flow_timing(b, attr, timing))
     nccl = _concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                           na_position="last").reset_index(drop=True)
     tcp = _concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",

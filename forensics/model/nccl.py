@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..bundle import EventLog
 from .schema import SCHEMAS
 
 # ncclDataType_t -> (name, bytes per element)
@@ -56,8 +57,24 @@ def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
     return pd.DataFrame(out, index=df.index).reset_index(drop=True)
 
 
+def world_ranks(nccl: pd.DataFrame) -> pd.DataFrame:
+    """(host, pid) -> global_rank: a process's rank on the largest communicator it belongs to
+    (the world). ``nccl_events.rank`` is the rank *within* a communicator: on
+    sub-communicators several processes share one; TCP events carry the global rank. A
+    communicator's size is its nranks, else the ranks seen on it (nranks NULL: unknown or
+    rejected). The findings and the report both name ranks through this one rule."""
+    n = nccl.dropna(subset=["rank", "pid"])
+    if n.empty:
+        return pd.DataFrame(columns=["host", "pid", "global_rank"])
+    k = n[["comm_id_hash", "rank", "nranks", "host", "pid"]].drop_duplicates()
+    seen = k.groupby(k["comm_id_hash"].astype(str))["rank"].transform("nunique")
+    k = k.assign(nranks=pd.to_numeric(k["nranks"], errors="coerce").fillna(seen.astype("float64")))
+    w = k.sort_values("nranks", kind="stable", na_position="first").drop_duplicates(["host", "pid"], keep="last")
+    return w.rename(columns={"rank": "global_rank"})[["host", "pid", "global_rank"]].reset_index(drop=True)
+
+
 def events_frame(events: list[dict], kind: str) -> pd.DataFrame:
-    rows = [e for e in events if e.get("ev") == kind]
+    rows = EventLog.of(events).kind(kind)
     return pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
 
 

@@ -215,17 +215,24 @@ def bpf_tcp_events(bundle, events: list[dict], attr: Attribution) -> pd.DataFram
 
 # --------------------------------------------------------------------------- pcaps
 
-def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """(tcp_events rows from pcap verdicts, packets, flows) of every pcap in the bundle."""
+def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list]:
+    """(tcp_events rows from pcap verdicts, packets, flows, per-capture flow timing
+    aggregates for :func:`forensics.model.timing.flow_timing`) of every pcap in the
+    bundle, from one pass of the TCP engine over each."""
     from ..errors import InputError
     from ..tcp import analyze_file
-    ev_parts, pk_parts, fl_parts = [], [], []
+    from .timing import TimingCollector
+    ev_parts, pk_parts, fl_parts, timing_parts = [], [], [], []
     for rel, path in bundle.pcaps():
+        timing = TimingCollector()
         try:
-            res = analyze_file(path, keep="flagged")
+            res = analyze_file(path, keep="flagged", on_batch=timing)
         except InputError as e:
             bundle.problems.append(f"{rel}: unreadable capture ({e})")
             continue
+        t = timing.aggregate(rel)
+        if t is not None:
+            timing_parts.append(t)
         bundle.problems.extend(f"{rel}: {d}" for d in res.stats.defects)
         if res.stats.frames == 0:
             bundle.problems.append(f"{rel}: no packets (tcpdump captured nothing on this interface): "
@@ -298,7 +305,7 @@ def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame
         flows = conform(fl, "flows")
     else:
         flows = empty("flows")
-    return pcap_events, packets, flows
+    return pcap_events, packets, flows, timing_parts
 
 
 # --------------------------------------------------------------------------- collective in flight

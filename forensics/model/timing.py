@@ -14,8 +14,8 @@ a short gap (at most ``IDLE_NS`` after the previous one of the same connection) 
 by the sum of those gaps: the sending rate while sending, idle time between collectives
 left out.
 
-Cost: one more pass of the TCP engine over each capture (about 0.3 s per million
-packets), every column numpy; only per-connection aggregates are kept.
+Cost: no pass of its own: :class:`TimingCollector` rides along the TCP engine's one
+pass over each capture; every column numpy; only per-connection aggregates are kept.
 """
 from __future__ import annotations
 
@@ -27,31 +27,38 @@ from .nccl import conform, empty
 IDLE_NS = 10_000_000      # a longer gap between two data segments of a connection is idle time
 
 
-def flow_timing(bundle, attr) -> pd.DataFrame:
-    from ..errors import InputError
-    from ..tcp.analysis import TcpAnalyzer
-    parts = []
-    for rel, path in bundle.pcaps():
-        data, acks = [], []
-        try:
-            an = TcpAnalyzer(path)
-            conv = an.conversations
-            for batch in an.batches():
-                pk, out = batch.pk, batch.out
-                # a directed connection: the engine's stream and which side sends
-                flow = out["stream"].astype(np.int64) * 2 + out["dir"].astype(np.int64)
-                src, dst = conv.address_codes(out["key"], out["dir"])
-                d = pk.seglen > 0
-                if d.any():
-                    data.append((flow[d], pk.ts[d], pk.seglen[d], src[d], dst[d], pk.sport[d], pk.dport[d]))
-                a = out["ack_rtt"] > 0
-                if a.any():   # an ACK's RTT belongs to the data flowing the other way
-                    acks.append((flow[a] ^ 1, out["ack_rtt"][a], dst[a], src[a], pk.dport[a], pk.sport[a]))
-            addresses = list(conv.addresses)
-        except InputError:
-            continue   # analyse_pcaps has already reported the unreadable capture
-        if data or acks:
-            parts.append(_aggregate(rel, data, acks, addresses))
+class TimingCollector:
+    """``analyze_file``'s per-batch hook for one capture: keeps the data segments and the
+    ACK round-trip times per directed connection, so the timing needs no pass of its own
+    over the capture (:func:`forensics.model.tcp.analyse_pcaps` runs the engine once)."""
+
+    def __init__(self) -> None:
+        self.data: list[tuple] = []
+        self.acks: list[tuple] = []
+        self.conv = None
+
+    def __call__(self, batch, conv) -> None:
+        self.conv = conv
+        pk, out = batch.pk, batch.out
+        # a directed connection: the engine's stream and which side sends
+        flow = out["stream"].astype(np.int64) * 2 + out["dir"].astype(np.int64)
+        src, dst = conv.address_codes(out["key"], out["dir"])
+        d = pk.seglen > 0
+        if d.any():
+            self.data.append((flow[d], pk.ts[d], pk.seglen[d], src[d], dst[d], pk.sport[d], pk.dport[d]))
+        a = out["ack_rtt"] > 0
+        if a.any():   # an ACK's RTT belongs to the data flowing the other way
+            self.acks.append((flow[a] ^ 1, out["ack_rtt"][a], dst[a], src[a], pk.dport[a], pk.sport[a]))
+
+    def aggregate(self, capture: str) -> pd.DataFrame | None:
+        if not (self.data or self.acks):
+            return None
+        return _aggregate(capture, self.data, self.acks, list(self.conv.addresses))
+
+
+def flow_timing(bundle, attr, parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The bundle's ``flow_timing`` rows from its captures' :class:`TimingCollector`
+    aggregates, attributed to processes and ranks."""
     if not parts:
         return empty("flow_timing")
     df = pd.concat(parts, ignore_index=True)

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..model.nccl import world_ranks
+
 # TCP events grouped by what they mean for the timeline and the per-rank table
 RETRANSMIT_EVENTS = ("tcp_retransmit_skb", "retransmission", "fast_retransmission", "spurious_retransmission")
 DUPACK_EVENTS = ("duplicate_ack",)
@@ -78,26 +80,11 @@ def _pct(s: pd.Series, q: float) -> float:
     return float(np.percentile(s, q)) if len(s) else float("nan")
 
 
-def world_ranks(model) -> pd.DataFrame:
-    """(host, pid) -> global_rank: the process's rank on the largest communicator it belongs
-    to (as the findings name ranks, :func:`forensics.findings.evidence.world_rank_map`).
-    ``nccl_events.rank`` is the rank *within* a communicator: on sub-communicators several
-    processes share one; TCP events carry the global rank of the owning process."""
-    n = model.tables["nccl_events"]
-    if n.empty:
-        return pd.DataFrame(columns=["host", "pid", "global_rank"])
-    k = n.dropna(subset=["rank", "pid"])[["host", "pid", "rank", "nranks", "comm_id_hash"]]
-    # a communicator's size: nranks, else the ranks seen on it (nranks NULL: unknown or rejected)
-    seen = k.groupby(k["comm_id_hash"].astype(str))["rank"].transform("nunique")
-    k = k.assign(nranks=pd.to_numeric(k["nranks"], errors="coerce").fillna(seen.astype("float64")))
-    w = k.sort_values("nranks", kind="stable", na_position="first").drop_duplicates(["host", "pid"], keep="last")
-    return w.rename(columns={"rank": "global_rank"})[["host", "pid", "global_rank"]].reset_index(drop=True)
-
-
 def with_global_rank(model, df: pd.DataFrame) -> pd.DataFrame:
     """``df`` (nccl_events rows) with ``comm_rank`` (the original ``rank``) and ``rank``
-    replaced by the process's global rank (the comm rank when the process is unknown)."""
-    w = world_ranks(model)
+    replaced by the process's global rank (the comm rank when the process is unknown), as
+    the findings name ranks (:func:`forensics.model.nccl.world_ranks`)."""
+    w = world_ranks(model.tables["nccl_events"])
     key = pd.MultiIndex.from_frame(w[["host", "pid"]].astype({"pid": "int64"}).astype(object)) if len(w) else None
     g = pd.Series(np.nan, index=df.index, dtype="float64")
     ok = df["pid"].notna().to_numpy()

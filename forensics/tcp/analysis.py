@@ -179,15 +179,19 @@ def columns_frame(cols: dict[str, np.ndarray], addresses: list[str]) -> "pd.Data
     return pd.DataFrame({c: cols[c] for c in PACKET_COLUMNS}, copy=False)
 
 
-def analyze_file(path: str | os.PathLike, keep: Keep = "all", **reader_opts) -> TcpAnalysis:
+def analyze_file(path: str | os.PathLike, keep: Keep = "all", on_batch=None, **reader_opts) -> TcpAnalysis:
     """Analyse every TCP packet of a pcap/pcapng file like tshark 4.0 does.
 
     ``keep`` selects the packet rows returned: ``"all"``, only ``"flagged"``
     ones (any verdict or RST), or ``"none"`` (counts and flows only).
+    ``on_batch(batch, conversations)``, when given, sees every analysed batch: a
+    caller that aggregates something else per packet does it in the same pass.
     """
     analyzer = TcpAnalyzer(path, **reader_opts)
     kept: list[dict[str, np.ndarray]] = []
     for batch in analyzer.batches():
+        if on_batch is not None:
+            on_batch(batch, analyzer.conversations)
         if keep == "all":
             kept.append(batch.columns(analyzer.conversations))
         elif keep == "flagged":

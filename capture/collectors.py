@@ -43,8 +43,13 @@ COLLECTORS: tuple[Collector, ...] = (
     # ---- continuous
     Collector("tracer", func="tracer", out="bpf/events.jsonl", when=("continuous",), needs_root=True,
               tool="bpftrace", doc="bpftrace: NCCL API, CUDA host waits, TCP tracepoints, off-CPU time"),
+    # --immediate-mode: each packet is handed over and written (-U) as it arrives. Without it
+    # libpcap's TPACKET_V3 ring holds packets in a block until the block fills or its 1 s
+    # timer fires, and a stop (SIGINT) or a kill loses that block: the last packets before
+    # the end, the ones a hang investigation needs most. -B: an 8 MiB kernel ring absorbs
+    # bursts while tcpdump waits for the CPU.
     Collector("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
-                               "-n", "-U", "-Z", "root"),
+                               "--immediate-mode", "-B", "8192", "-n", "-U", "-Z", "root"),
               out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,
               tool="tcpdump", doc="headers of the packets on the interfaces NCCL uses (ring files)"),
     Collector("nccl-tests", func="nccl_tests", out="nccl-tests/output.txt", when=("continuous",),

@@ -571,11 +571,23 @@ class Capture:
         count = max(1, (share - 24 - 2 * bd.TAR_BLOCK) // rec)
         return ["-c", str(count)]
 
-    def start_tcpdump(self, ns: NetNs, iface: str) -> None:
+    def start_tcpdumps(self, pairs: list[tuple[NetNs, str]]) -> None:
+        """Start tcpdump on each (namespace, interface) at once, then wait (5 s at most in
+        all) until every one is listening: one after the other, each interface would miss
+        the packets of the others' start-up time."""
+        started = [t for t in (self.spawn_tcpdump(ns, iface) for ns, iface in pairs) if t is not None]
+        deadline = time.monotonic() + 5
+        for t in started:
+            while time.monotonic() < deadline and t["proc"].poll() is None:
+                if b"listening on" in t["err"].read_bytes():
+                    break
+                time.sleep(0.05)
+
+    def spawn_tcpdump(self, ns: NetNs, iface: str) -> dict | None:
         c = colmod.by_name()["tcpdump"]
         key = f"tcpdump@{ns.label}/{iface}"
         if (ns.inode, iface) in self.tcpdumps:
-            return
+            return None
         t0 = time.time_ns()
         reason = "--no-pcap" if not self.o.pcap else self.skip_reason(c)
         if reason is None and len(self.tcpdumps) >= self.n_slots:
@@ -583,7 +595,7 @@ class Capture:
         if reason:
             self.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=t0)
             self.tcpdumps[(ns.inode, iface)] = {"proc": None, "key": key}
-            return
+            return None
         ctx = {"ns": ns, "iface": iface, "phase": "continuous", "pid": ns.pid}
         out = self.staging / self.fill(c.out, ctx)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -596,11 +608,7 @@ class Capture:
                                             "packets": 0, "ns": ns, "iface": iface}
         shown = [a if a != str(out) else self.rel(out) for a in argv]
         self.record(key, status="running", command=shlex.join(shown), started_ns=t0)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and proc.poll() is None:
-            if b"listening on" in errf.read_bytes():
-                break
-            time.sleep(0.05)
+        return self.tcpdumps[(ns.inode, iface)]
 
     def tcpdump_packets(self) -> int:
         """Packets written so far, counted from the pcap record headers (ring files included)."""
@@ -1007,9 +1015,7 @@ class Capture:
         self.submit_snapshots(self.snapshot_jobs("start"))
         self.start_tracer()
         self.start_offcpu()
-        for ns in list(self.netns.values()):
-            for iface in ns.ifaces:
-                self.start_tcpdump(ns, iface)
+        self.start_tcpdumps([(ns, iface) for ns in list(self.netns.values()) for iface in ns.ifaces])
         if not any(ns.ifaces for ns in self.netns.values()):
             self.record("tcpdump", status="skipped" if o.pcap else "skipped",
                         reason="--no-pcap" if not o.pcap else "no interface yet: no NCCL process and no --iface "
@@ -1094,7 +1100,7 @@ class Capture:
                 self.offcpu.sample([i.pid for i in fresh])
             except OSError:
                 pass
-        new_ns = []
+        new_ns, new_ifaces = [], []
         for info in fresh:
             ns = self.ensure_netns(info.netns_inode, info.pid)
             ifaces = self.ifaces_for(ns)
@@ -1102,9 +1108,10 @@ class Capture:
             if ns not in new_ns and not any(k[0] == ns.inode for k in self.tcpdumps) and not ns.own:
                 new_ns.append(ns)
             ns.ifaces += added
-            for iface in added:
-                self.start_tcpdump(ns, iface)
-                self.submit_snapshots(self.snapshot_jobs("start", ifaces=[(ns, iface)]))
+            new_ifaces += [(ns, iface) for iface in added]
+        self.start_tcpdumps(new_ifaces)
+        if new_ifaces:
+            self.submit_snapshots(self.snapshot_jobs("start", ifaces=new_ifaces))
         if new_ns:
             self.submit_snapshots(self.snapshot_jobs("start", nss=new_ns))
         self.submit_snapshots(self.snapshot_jobs("start", pids=[i.pid for i in fresh]))

@@ -10,6 +10,9 @@
   are kept (exit code 3) for --recover.
 - A tracer that cannot attach (--nccl-lib naming a library without the NCCL API): reported
   in the manifest (tracer failed, with the reason), exit code 3, tcpdump and the rest ran.
+- The packets of the last moments before a stop reach the bundle: tcpdump hands each
+  packet over as it comes instead of holding it up to a second in libpcap's block ring
+  (which a SIGINT or a kill by the job's teardown loses).
 - py-spy is bounded and never stops the job: a py-spy that hangs is killed after its
   timeout, the capture is not held up, and py-spy is asked not to pause the process.
 """
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -152,3 +157,44 @@ def test_a_hanging_py_spy_is_bounded_and_does_not_pause_the_job(tmp_path):
     pids = [int(ln.split()[0]) for ln in lines if ln]
     assert len(pids) == 2 and all("dump --nonblocking --pid" in ln for ln in lines if ln)
     assert not [q for q in pids if os.path.exists(f"/proc/{q}")], "a py-spy outlived the capture"
+
+
+def test_the_packets_just_before_the_stop_are_in_the_bundle(tmp_path):
+    require_root()
+    require_tool("tcpdump")
+    import dpkt
+    cap = subprocess.Popen([PY, "-m", "forensics", "capture", "--progress", "lines", "--no-bpf", "--iface", "lo",
+                            "--duration", "5m", "-o", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        err = []
+        for line in cap.stderr:
+            err.append(line)
+            if "capturing:" in line:
+                break
+        assert "capturing:" in err[-1], "".join(err)
+        # a port of our own: bound, so the datagrams are delivered (no ICMP) and nobody else sends there
+        sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sink.bind(("127.0.0.1", 0))
+        port = sink.getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for i in range(7):
+                s.sendto(b"stallscope-last-%d" % i, ("127.0.0.1", port))
+        sink.close()
+        cap.send_signal(signal.SIGINT)   # at once: well inside libpcap's 1 s block timeout
+        out, rest = cap.communicate(timeout=120)
+    finally:
+        if cap.poll() is None:
+            cap.kill()
+            cap.wait()
+    assert cap.returncode == 0, "".join(err) + rest
+    bundle = Path(out.strip())
+    seen = []
+    with tarfile.open(bundle) as t:
+        for m in t.getmembers():
+            if m.name.endswith(".pcap"):
+                for _, buf in dpkt.pcap.Reader(t.extractfile(m)):
+                    ip = dpkt.ethernet.Ethernet(buf).data
+                    if isinstance(ip, dpkt.ip.IP) and isinstance(ip.data, dpkt.udp.UDP) and ip.data.dport == port:
+                        seen.append(bytes(ip.data.data))
+    assert seen == [b"stallscope-last-%d" % i for i in range(7)], seen

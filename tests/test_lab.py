@@ -332,8 +332,14 @@ def test_loss_shows_retransmissions_on_the_lossy_link_only(sc_loss):
     # every one dropped on its way in was sent again by its sender, rank 1 (ring) or 3
     theirs = sum(tshark_count(pc(r), "tcp.analysis.retransmission && ip.dst == 10.203.0.12") for r in (1, 3))
     assert (theirs > 0) == (ingress > 0), (retrans, theirs, ingress)
-    # rank 0 exchanges ring data only with ranks 1 and 3: its pcap stays clean
-    assert retrans[0] == 0, retrans
+    # rank 0 exchanges ring data only with ranks 1 and 3: none of its data is sent twice. Left
+    # out, as in the clean scenario: the store's startup handshakes (port 29500), and segments
+    # without payload: a FIN that reaches a peer still busy in the close barrier (rank 2's
+    # lossy links can make it late) may be ACKed late and probed again by the tail-loss probe
+    ours = tshark_fields(pc(0), "tcp.analysis.retransmission", "frame.time_epoch", "ip.src", "tcp.srcport",
+                         "ip.dst", "tcp.dstport", "tcp.len", "tcp.flags.str")
+    data = [x for x in ours if int(x[5]) > 0 and "29500" not in (x[2], x[4])]
+    assert not data, (retrans, ours)
     # and no retransmission happened before the fault started
     first = [float(x[0]) for r in (1, 2, 3) for x in tshark_fields(pc(r), "tcp.analysis.retransmission",
                                                                       "frame.time_epoch")]

@@ -215,6 +215,25 @@ def test_straggler_with_run_queue_delay_says_cpu_contention():
     assert "CPU contention" not in straggler(context(job(late=late)))[0].summary
 
 
+def test_entry_margins_are_exact_nanoseconds_and_the_evidence_is_what_the_sql_returns():
+    from forensics.findings.straggler import entry_margins
+    from test_findings import assert_sql_returns_the_evidence
+    # rank 3 late by 150 ms and a few odd nanoseconds: epoch ns near 1.8e18 are 256 ns apart
+    # as float64, so a margin computed through a float comes out rounded (and the top-20
+    # evidence rows ordered unlike the finding's SQL, which keeps integers)
+    odd = {k: (k * 37) % 251 for k in range(40)}
+    late = lambda k, r: (150.0 + odd[k] / 1e6) if r == 3 else 0.0   # noqa: E731
+    ctx = context(job(late=late))
+    e = entry_margins(ctx)
+    mine = e[e["rank"] == 3].sort_values("op_count")
+    assert str(mine["margin_ns"].dtype) == "int64"
+    assert mine["margin_ns"].tolist() == [int((150.0 + odd[k] / 1e6) * MS) for k in range(40)]
+    assert set(e.loc[e["rank"] != 3, "margin_ns"]) == {-int((150.0 + o / 1e6) * MS) for o in odd.values()}
+    f = straggler(ctx)
+    assert len(f) == 1 and f[0].ranks == [3]
+    assert_sql_returns_the_evidence(ctx.con, f[0])
+
+
 def test_everyone_late_in_turn_is_not_a_straggler():
     late = lambda k, r: 30.0 if r == k % RANKS else 0.0   # noqa: E731   round-robin noise
     assert straggler(context(job(late=late, n_ops=12))) == []

@@ -316,3 +316,26 @@ def test_collectives_do_not_expand_an_absurd_communicator_size():
     con.execute("INSERT INTO nccl_events SELECT * FROM _df")
     got = dict(con.execute(f"SELECT comm_id_hash, missing_ranks FROM ({COLLECTIVES_SQL})").fetchall())
     assert got == {"0x1": None, "0x2": [2, 3]}
+
+
+def test_collective_in_flight_compares_integer_nanoseconds():
+    """A TCP event 1 ns after a collective's end is after it: epoch ns near 1.8e18 are 256 ns
+    apart as float64, so a float comparison would put it inside."""
+    from forensics.model.tcp import collective_in_flight
+    t0 = 1_800_000_000_000_000_000
+    end = t0 + 5_000_077          # not a multiple of 256: float64(end) rounds up past end + 1
+    assert float(end) > end + 1
+    nccl = pd.DataFrame({"rank": pd.array([0, 0], dtype="Int64"),
+                         "timestamp_ns": pd.array([t0, t0 + 10**9], dtype="Int64"),
+                         "end_ns": pd.array([end, None], dtype="Int64"), "comm_id_hash": ["0xa", "0xa"],
+                         "op_count": pd.array([0, 1], dtype="Int64"), "op": ["ALL_REDUCE", "ALL_REDUCE"]})
+    tcp = pd.DataFrame({"rank": pd.array([0, 0, 0, 0], dtype="Int64"),
+                        "timestamp_ns": pd.array([end, end + 1, t0 + 10**9 + 5, t0 - 1], dtype="Int64"),
+                        "coll_comm_id_hash": pd.array([None] * 4, dtype="string"),
+                        "coll_op_count": pd.array([None] * 4, dtype="Int64"),
+                        "coll_op": pd.array([None] * 4, dtype="string"),
+                        "coll_in_flight": pd.array([None] * 4, dtype="boolean")})
+    out = collective_in_flight(tcp, nccl)
+    assert out["coll_op_count"].tolist()[:3] == [0, 0, 1] and pd.isna(out["coll_op_count"].iat[3])
+    # at the end: still in flight; 1 ns later: not; a collective without an end: in flight; before any: unknown
+    assert out["coll_in_flight"].tolist()[:3] == [True, False, True] and pd.isna(out["coll_in_flight"].iat[3])

@@ -60,15 +60,20 @@ def entry_margins(ctx) -> pd.DataFrame:
     e = e.rename(columns={"ranks": "rank"}).dropna(subset=["rank", "entry_ns"])
     e["rank"] = e["rank"].astype("int64")
     e["entry_ns"] = e["entry_ns"].astype("int64")
-    g = e.groupby(["comm_id_hash", "op_count"])["entry_ns"]
-    first = g.transform("max")
-    # second-latest: the max after removing one occurrence of the max
-    rank_desc = g.rank(method="first", ascending=False)
-    second = e["entry_ns"].where(rank_desc == 2).groupby([e["comm_id_hash"], e["op_count"]]).transform("max")
-    others_latest = np.where(rank_desc == 1, second, first)
-    e["margin_ns"] = e["entry_ns"] - others_latest
-    e["spread_ns"] = second - g.transform("min")
-    return e.reset_index(drop=True)
+    keys = ["comm_id_hash", "op_count"]
+    e = e[e.groupby(keys)["entry_ns"].transform("size") >= 2]
+    # integers throughout: epoch nanoseconds do not survive a float64 (steps of 256 ns),
+    # and the evidence rows must equal what the finding's SQL computes
+    e = e.sort_values(keys + ["entry_ns"], kind="stable").reset_index(drop=True)
+    from_end = e.groupby(keys).cumcount(ascending=False)   # 0: the latest entry, 1: the second-latest
+    g = e.groupby(keys)["entry_ns"]
+    latest = g.transform("last").to_numpy(dtype=np.int64)
+    second = e["entry_ns"].where(from_end == 1, 0).groupby([e[k] for k in keys]).transform("max") \
+        .to_numpy(dtype=np.int64)
+    others_latest = np.where(from_end.to_numpy() == 0, second, latest)
+    e["margin_ns"] = e["entry_ns"].to_numpy(dtype=np.int64) - others_latest
+    e["spread_ns"] = second - g.transform("first").to_numpy(dtype=np.int64)
+    return e
 
 
 @detector("straggler")

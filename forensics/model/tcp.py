@@ -324,7 +324,7 @@ def collective_in_flight(tcp: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
                           "t": n["timestamp_ns"].astype("int64").to_numpy(),
                           "coll_comm_id_hash": n["comm_id_hash"].to_numpy(),
                           "coll_op_count": n["op_count"].to_numpy(), "coll_op": n["op"].to_numpy(),
-                          "end": n["end_ns"].astype("float64").to_numpy()}).sort_values("t", kind="stable")
+                          "end": pd.array(n["end_ns"], dtype="Int64")}).sort_values("t", kind="stable")
     m = pd.merge_asof(left, right, on="t", by="rank", direction="backward").sort_values("row")
     rows = m["row"].to_numpy()
     idx = tcp.index[rows]
@@ -332,6 +332,7 @@ def collective_in_flight(tcp: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
     tcp.loc[idx, "coll_op_count"] = pd.array(m["coll_op_count"].to_numpy(), dtype="Int64")
     tcp.loc[idx, "coll_op"] = m["coll_op"].to_numpy()
     has = m["coll_op"].notna().to_numpy()
-    in_flight = has & (np.isnan(m["end"].to_numpy()) | (m["end"].to_numpy() >= m["t"].to_numpy()))
+    # integer epoch ns (a float64 rounds them to 256 ns): no end yet, or the end not before t
+    in_flight = has & (m["end"].isna() | (m["end"] >= m["t"])).fillna(False).to_numpy(dtype=bool)
     tcp.loc[idx, "coll_in_flight"] = pd.array(np.where(has, in_flight, None), dtype="boolean")
     return tcp

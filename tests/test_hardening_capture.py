@@ -172,7 +172,7 @@ def test_the_packets_just_before_the_stop_are_in_the_bundle(tmp_path):
             err.append(line)
             if "capturing:" in line:
                 break
-        assert "capturing:" in err[-1], "".join(err)
+        assert err and "capturing:" in err[-1], "".join(err)
         # a port of our own: bound, so the datagrams are delivered (no ICMP) and nobody else sends there
         sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sink.bind(("127.0.0.1", 0))

@@ -100,6 +100,19 @@ def test_retransmissions_from_the_healthy_sender_still_blame_the_faulty_receiver
     assert network_loss(ctx)[0].ranks == [2]
 
 
+def test_a_lossy_link_that_a_rank_is_not_on_clears_it_however_lopsided_the_counts():
+    # rank 1's NIC drops: its link to rank 2 carries most of the retransmissions (85%), but
+    # its link to rank 0 has its own few, and rank 2 is not on that one: rank 1 alone
+    heavy = loss_in_slow_windows([(1, 2)], per_op=3)                      # 60 events
+    light = [tcp(T0 + k * 100 * MS + 70 * MS, 0, 1) for k in range(22, 40, 2)]   # 9 events
+    f = network_loss(context(job(dur_ms=slow_after(20)), heavy + light))[0]
+    assert f.ranks == [1] and f.peer_ranks == [0, 2] and f.details["coverage"]["2"] > 0.8
+    # its twin: two stray events on the other link are noise, not a lossy link: both ends named
+    stray = light[:2]
+    f = network_loss(context(job(dur_ms=slow_after(20)), heavy + stray))[0]
+    assert f.ranks == [1, 2] and "link between them" in f.summary
+
+
 def test_no_tcp_evidence_no_network_loss():
     ctx = context(job(dur_ms=slow_after(20)))
     assert network_loss(ctx) == []

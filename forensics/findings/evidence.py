@@ -337,21 +337,36 @@ class Blame:
     links: list[tuple[int, int]]
 
 
+MIN_LINK_EVENTS = 3      # a link with this much trouble (and MIN_LINK_SHARE of the worst link's) ...
+MIN_LINK_SHARE = 0.1     # ... is troubled in its own right, not noise
+
+
 def shared_endpoint(counts: pd.DataFrame, weight: str = "n", tie_ratio: float = 0.8) -> Blame:
-    """The endpoint the troubled links share. A rank's coverage is the share of the
-    trouble (events) on links touching it; the blamed ranks are those within
-    ``tie_ratio`` of the best coverage. A single troubled link gives both its ends: the
-    evidence cannot tell which NIC (or cable end) is at fault."""
+    """The endpoint the troubled links share.
+
+    First rule: when two or more links are troubled in their own right (MIN_LINK_EVENTS
+    and MIN_LINK_SHARE of the worst link) and have exactly one rank in common, that rank
+    is blamed alone: one fault explains every one of them, and a rank absent from one of
+    them cannot. Otherwise, by coverage: a rank's coverage is the share of the trouble on
+    links touching it, and the blamed ranks are those within ``tie_ratio`` of the best.
+    A single troubled link gives both its ends: the evidence cannot tell which NIC (or
+    cable end) is at fault."""
     if counts.empty:
         return Blame([], {}, False, [])
     per_link = counts.groupby(["a", "b"])[weight].sum()
     total = float(per_link.sum())
     ends = pd.concat([per_link.rename_axis(["r", "o"]).reset_index(), per_link.rename_axis(["o", "r"]).reset_index()])
     cov = (ends.groupby("r")[weight].sum() / total).sort_values(ascending=False)
+    coverage = {int(r): float(v) for r, v in cov.items()}
+    links = [(int(a), int(b)) for (a, b), _ in per_link.sort_values(ascending=False).items()]
+    own = per_link[(per_link >= MIN_LINK_EVENTS) & (per_link >= MIN_LINK_SHARE * float(per_link.max()))]
+    if len(own) >= 2:
+        common = set.intersection(*({int(a), int(b)} for a, b in own.index))
+        if len(common) == 1:
+            return Blame(sorted(common), coverage, True, links)
     best = float(cov.iloc[0])
     blamed = sorted(int(r) for r, v in cov.items() if v >= tie_ratio * best)
-    links = [(int(a), int(b)) for (a, b), _ in per_link.sort_values(ascending=False).items()]
-    return Blame(blamed, {int(r): float(v) for r, v in cov.items()}, len(blamed) == 1, links)
+    return Blame(blamed, coverage, len(blamed) == 1, links)
 
 
 def kernel_logged_reset(ctx, r) -> bool:

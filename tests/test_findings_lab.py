@@ -20,9 +20,11 @@ from test_capture_lab import lab_ready  # noqa: F401  (the module's root/tools f
 
 SMALL = ["--buckets", "32768,16384,8192", "--no-pcap"]
 VARIATIONS = {
-    # 3 ranks: every pair is a ring link; rank 1's two links are the lossy ones
+    # 3 ranks: every pair is a ring link; rank 1's two links are the lossy ones. 14 steps: the
+    # fault lasts long enough for each of the two links to show loss of its own (with one
+    # link's handful of retransmissions only, the evidence could not clear its other end)
     "loss-rank1-of-3": (["--scenario", "loss", "--ranks", "3", "--rank", "1", "--loss-permille", "50",
-                         "--steps", "10", "--compute-ms", "100", "--start-s", "0.8"], "network_loss"),
+                         "--steps", "14", "--compute-ms", "100", "--start-s", "0.8"], "network_loss"),
     "straggler-rank0": (["--scenario", "straggler", "--ranks", "4", "--rank", "0", "--straggle-ms", "250",
                          "--steps", "10", "--compute-ms", "100", "--start-s", "0.8"], "straggler"),
     # the lab's default rate: a mild limiter whose queue shows only in the ACK RTT tail

@@ -602,6 +602,19 @@ def _time_of(ev: dict) -> int:
     return t if isinstance(t, int) else 0
 
 
+def _take(store: dict, key, fits, order, pick):
+    """Remove and return from ``store[key]`` the fitting item ``pick`` (min or max) chooses
+    by ``order``; drop the key once its list is empty. None when nothing fits."""
+    items = store.get(key)
+    cands = [x for x in items if fits(x)] if items else []
+    if not cands:
+        return None
+    item = pick(cands, key=order)
+    items.remove(item)
+    if not items:
+        del store[key]
+    return item
+
 class _Builder:
     """Raw lines -> complete events, in stream order (see postprocess)."""
 
@@ -728,27 +741,16 @@ class _Builder:
             return (ev,)
         key = (ev.get("tid"), kind)
         if what == "ret":
-            stack = self.pending.get(key)
-            if stack:
-                # calls of one thread and kind do not overlap: the latest entry before the return
-                cands = [e for e in stack if e.get("t0", 0) <= ev["t1"]]
-                if cands:
-                    entry = max(cands, key=lambda e: e.get("t0", 0))
-                    stack.remove(entry)
-                    if not stack:
-                        del self.pending[key]
-                    return (self.merge(entry, ev),)
+            # calls of one thread and kind do not overlap: the latest entry before the return
+            entry = _take(self.pending, key, lambda e: e.get("t0", 0) <= ev["t1"], lambda e: e.get("t0", 0), max)
+            if entry is not None:
+                return (self.merge(entry, ev),)
             self.orphans.setdefault(key, []).append(ev)
             return ()
-        orphans = self.orphans.get(key)
-        if orphans:
-            cands = [r for r in orphans if r.get("t1", 0) >= ev.get("t0", 0)]
-            if cands:
-                ret = min(cands, key=lambda r: r["t1"])
-                orphans.remove(ret)
-                if not orphans:
-                    del self.orphans[key]
-                return (self.merge(ev, ret),)
+        # a return that was read before its entry
+        ret = _take(self.orphans, key, lambda r: r.get("t1", 0) >= ev.get("t0", 0), lambda r: r["t1"], min)
+        if ret is not None:
+            return (self.merge(ev, ret),)
         self.pending.setdefault(key, []).append(ev)
         return ()
 

@@ -632,3 +632,20 @@ def test_attach_points_by_address(lab_lib):
     assert f"uprobe:{lab_lib}:0x{addr:x}\n" in script and f"uretprobe:{lab_lib}:0x{addr:x}" in script
     assert f"// {lab_lib}: ncclCommInitRank = 0x{addr:x}" in script
     assert f":ncclAllReduce\n" not in script and "ncclCommInitRank,\n" not in script
+
+
+def test_postprocess_a_return_read_before_its_entry_completes_the_call_it_follows(tmp_path):
+    """Rare calls print entry and return as they happen; when returns of one thread come out
+    ahead of an entry, the entry takes the first return at or after its start (calls of one
+    thread do not overlap), neither an earlier one nor a later one."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    ret = '{{"ev":"ret","k":"init","t1":{t1},"pid":5,"tid":6,"rc":{rc},"comm":"0x55aa00"}}'
+    lines = [ret.format(t1=50, rc=1), ret.format(t1=300, rc=3), ret.format(t1=150, rc=2),
+             '{"ev":"comm_init","fn":"ncclCommInitRank","t0":100,"pid":5,"tid":6,"nranks":2,"rank":1,'
+             '"comm_id_hash":"0x00000000000000aa","unique_id":["0x1"]}']
+    (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
+    tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
+    init = [e for e in ev if e.get("ev") == "comm_init"]
+    assert [(e["t0"], e["t1"], e["rc"], e["returned"]) for e in init] == [(100, 150, 2, True)], ev

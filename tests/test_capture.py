@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from capture_helpers import CaptureProc, bundle_manifest
 from conftest import ROOT
 
 from capture import bundle as bd
@@ -456,41 +457,7 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-class _Capture:
-    """``python3 -m capture`` in a subprocess; stderr collected by a thread."""
-
-    def __init__(self, args: list[str], user: list[str] | None = None, env=None):
-        import threading
-        self.p = subprocess.Popen((user or []) + [PY, "-m", "capture", "--progress", "lines"] + args, cwd=ROOT,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-        self.err: list[str] = []
-        self.capturing = threading.Event()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.p.stderr:
-            self.err.append(line)
-            if "capturing:" in line:
-                self.capturing.set()
-
-    def wait_capturing(self, timeout=60):
-        assert self.capturing.wait(timeout), "".join(self.err)
-
-    def finish(self, timeout=120) -> tuple[int, str]:
-        out = self.p.stdout.read()
-        self.p.wait(timeout=timeout)
-        self.reader.join(timeout=30)
-        return self.p.returncode, out
-
-
-def _manifest(bundle: Path) -> dict:
-    with tarfile.open(bundle) as t:
-        m = next(x for x in t.getmembers() if x.name.endswith("/manifest.json"))
-        return json.load(t.extractfile(m))
-
-
-def _kill_and_check(cap: "_Capture", extra_pids=()) -> None:
+def _kill_and_check(cap: CaptureProc, extra_pids=()) -> None:
     """SIGKILL capture: within a few seconds nothing it started is left."""
     import signal
     import time
@@ -515,7 +482,7 @@ def test_sigkill_stops_nccl_tests_children_and_keeps_the_data(tmp_path):
     cmd = f"echo nccl-tests started; sleep 300 & echo $! > {pidfile}; sleep 300 & wait"
     base = ["--no-bpf", "--no-pcap", "-o", str(out), "--duration", "5m"]
     for round_ in (1, 2):
-        cap = _Capture(base + ["--nccl-tests", cmd])
+        cap = CaptureProc(base + ["--nccl-tests", cmd])
         cap.wait_capturing()
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (pidfile.exists() and pidfile.read_text().strip()):
@@ -533,13 +500,13 @@ def test_sigkill_stops_nccl_tests_children_and_keeps_the_data(tmp_path):
         pidfile.unlink()
         if round_ == 1:
             # the next capture into the folder recovers it, at its end
-            nxt = _Capture(["--no-bpf", "--no-pcap", "-o", str(out), "--duration", "1s"])
+            nxt = CaptureProc(["--no-bpf", "--no-pcap", "-o", str(out), "--duration", "1s"])
             rc, stdout = nxt.finish()
             assert rc == 0, "".join(nxt.err)
             own = Path(stdout.strip())
             recovered = [b for b in out.glob("*.tar.gz") if b != own]
             assert "recovered a partial bundle" in "".join(nxt.err) and len(recovered) == 1
-            assert _manifest(own)["partial"] is False
+            assert bundle_manifest(own)["partial"] is False
         else:
             p = subprocess.run([PY, "-m", "capture", "--recover", "-o", str(out)], cwd=ROOT, capture_output=True,
                                text=True, timeout=120)
@@ -581,7 +548,7 @@ def test_without_root_the_privileged_collectors_are_skipped(lab_lib, tmp_path):
                                   env=env, stdout=subprocess.PIPE, text=True)
         try:
             assert target.stdout.readline().strip() == "ready"
-            cap = _Capture(["--pid", str(target.pid), "-o", str(out), "--duration", "2s"], user=nobody,
+            cap = CaptureProc(["--pid", str(target.pid), "-o", str(out), "--duration", "2s"], user=nobody,
                            env=dict(env, HOME=str(out)))
             rc, stdout = cap.finish()
         finally:

@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import tarfile
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from capture_helpers import CaptureProc
 from conftest import ROOT, require_root, require_tool
 from test_capture import _check_bundle
 
@@ -51,23 +51,13 @@ class Run:
         gate = f'while [ ! -e "{self.go}" ]; do sleep 0.05; done; exec "$@"'
         self.lab = subprocess.Popen(["sh", "-c", gate, "sh"] + launcher, cwd=ROOT, stdout=subprocess.DEVNULL,
                                     stderr=open(tmp / "launcher.err", "wb"))
-        self.cap = subprocess.Popen([PY, "-m", "forensics", "capture", "--pid", str(self.lab.pid),
-                                     "--nccl-lib", str(LIB), "-o", str(self.bundles), "--progress", "lines"]
-                                    + capture_args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
-        self.err_lines: list[str] = []
-        self.capturing = threading.Event()
-        self.reader = threading.Thread(target=self._read_err, daemon=True)
-        self.reader.start()
-
-    def _read_err(self):
-        for line in self.cap.stderr:
-            self.err_lines.append(line)
-            if "capturing:" in line:
-                self.capturing.set()
+        self.capture = CaptureProc(["--pid", str(self.lab.pid), "--nccl-lib", str(LIB), "-o", str(self.bundles)]
+                                   + capture_args, module="forensics capture")
+        self.cap = self.capture.p
+        self.err_lines = self.capture.err
 
     def start_lab(self, timeout=90):
-        assert self.capturing.wait(timeout), "capture did not start:\n" + "".join(self.err_lines)
+        self.capture.wait_capturing(timeout)
         self.go.touch()
 
     def wait_lab(self, timeout=120) -> dict:
@@ -76,16 +66,10 @@ class Run:
         return json.loads((self.lab_out / "scenario.json").read_text())
 
     def finish(self, sig=signal.SIGINT, timeout=90) -> tuple[int, Path]:
-        if self.cap.poll() is None:
-            self.cap.send_signal(sig)
-        # stderr belongs to the reader thread (communicate() would read it too and close it
-        # under the thread); stdout is a few lines: the pipe cannot fill before the exit
-        self.cap.wait(timeout=timeout)
-        out = self.cap.stdout.read()
-        self.reader.join(timeout=10)
+        rc, out = self.capture.finish(sig, timeout)
         paths = [Path(l) for l in out.splitlines() if l.endswith(".tar.gz")]
         assert paths and paths[0].exists(), "".join(self.err_lines)
-        return self.cap.returncode, paths[0]
+        return rc, paths[0]
 
     def cleanup(self):
         self.go.touch()

@@ -8,12 +8,11 @@ tensors and few steps keep the five runs around 80 seconds together.
 """
 from __future__ import annotations
 
-import json
-import tarfile
 import time
 
 import pytest
 
+from capture_helpers import bundle_manifest
 from forensics.analysis import analyze
 from test_capture_lab import Run
 from test_capture_lab import lab_ready  # noqa: F401  (the module's root/tools fixture)
@@ -71,6 +70,5 @@ def test_hidden_variation_top_finding(tmp_path, name):
 
 def _pcap_packets(bundle) -> dict[str, int]:
     """Packets per pcap of the bundle, as capture's manifest counted them."""
-    with tarfile.open(bundle) as t:
-        m = json.load(t.extractfile(next(x for x in t.getmembers() if x.name.endswith("/manifest.json"))))
-    return {k: v.get("packets", 0) for k, v in m["collectors"].items() if k.startswith("tcpdump@")}
+    return {k: v.get("packets", 0) for k, v in bundle_manifest(bundle)["collectors"].items()
+            if k.startswith("tcpdump@")}

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from capture_helpers import CaptureProc, bundle_manifest
 from conftest import ROOT, require_root, require_tool
 
 PY = sys.executable
@@ -39,12 +39,6 @@ LAB_LIB = ROOT / "tests" / "lab" / "build" / "libnccl.so.2"
 def _capture(args: list[str], env=None, timeout=300) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", "forensics", "capture", "--progress", "lines"] + args, cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def _manifest(bundle: Path) -> dict:
-    with tarfile.open(bundle) as t:
-        m = next(x for x in t.getmembers() if x.name.endswith("/manifest.json"))
-        return json.load(t.extractfile(m))
 
 
 def test_full_disk_gives_a_bundle_of_what_fitted(tmp_path):
@@ -62,7 +56,7 @@ def test_full_disk_gives_a_bundle_of_what_fitted(tmp_path):
         bundle = Path(p.stdout.strip())
         assert bundle.parent == mnt and bundle.name.endswith(".tar.gz")
         assert sorted(x.name for x in mnt.iterdir()) == [bundle.name]     # no staging folder, no .partial
-        m = _manifest(bundle)
+        m = bundle_manifest(bundle)
         assert m["partial"] is True and "file system was full" in m["partial_reason"]
         assert any("file system was full" in n for n in m["notes"])
         assert "No space left on device" in m["collectors"]["nccl-tests"]["reason"]
@@ -112,7 +106,7 @@ def test_tracer_that_cannot_attach_is_reported_and_the_rest_runs(tmp_path):
     p = _capture(["--nccl-lib", libz, "--iface", "lo", "--duration", "3s", "-o", str(tmp_path)])
     assert p.returncode == 3, p.stderr
     assert "Traceback" not in p.stderr and "exports none of the NCCL API" in p.stderr
-    m = _manifest(Path(p.stdout.strip()))
+    m = bundle_manifest(Path(p.stdout.strip()))
     col = m["collectors"]
     assert col["tracer"]["status"] == "failed" and libz in col["tracer"]["reason"]
     assert "exports none of the NCCL API" in col["tracer"]["reason"]
@@ -147,7 +141,7 @@ def test_a_hanging_py_spy_is_bounded_and_does_not_pause_the_job(tmp_path):
         job.wait()
     assert p.returncode == 3, p.stderr        # py-spy failed: a partial capture
     assert took < 45, f"capture held up {took:.0f}s by py-spy"
-    m = _manifest(Path(p.stdout.strip()))
+    m = bundle_manifest(Path(p.stdout.strip()))
     spy = {k: v for k, v in m["collectors"].items() if k.startswith("py-spy@")}
     assert set(spy) == {f"py-spy@pid{job.pid}:start", f"py-spy@pid{job.pid}:end"}, spy
     for rec in spy.values():
@@ -163,16 +157,10 @@ def test_the_packets_just_before_the_stop_are_in_the_bundle(tmp_path):
     require_root()
     require_tool("tcpdump")
     import dpkt
-    cap = subprocess.Popen([PY, "-m", "forensics", "capture", "--progress", "lines", "--no-bpf", "--iface", "lo",
-                            "--duration", "5m", "-o", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    cap = CaptureProc(["--no-bpf", "--iface", "lo", "--duration", "5m", "-o", str(tmp_path)],
+                      module="forensics capture")
     try:
-        err = []
-        for line in cap.stderr:
-            err.append(line)
-            if "capturing:" in line:
-                break
-        assert err and "capturing:" in err[-1], "".join(err)
+        cap.wait_capturing()
         # a port of our own: bound, so the datagrams are delivered (no ICMP) and nobody else sends there
         sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sink.bind(("127.0.0.1", 0))
@@ -181,13 +169,12 @@ def test_the_packets_just_before_the_stop_are_in_the_bundle(tmp_path):
             for i in range(7):
                 s.sendto(b"stallscope-last-%d" % i, ("127.0.0.1", port))
         sink.close()
-        cap.send_signal(signal.SIGINT)   # at once: well inside libpcap's 1 s block timeout
-        out, rest = cap.communicate(timeout=120)
+        rc, out = cap.finish(signal.SIGINT)   # at once: well inside libpcap's 1 s block timeout
     finally:
-        if cap.poll() is None:
-            cap.kill()
-            cap.wait()
-    assert cap.returncode == 0, "".join(err) + rest
+        if cap.p.poll() is None:
+            cap.p.kill()
+            cap.p.wait()
+    assert rc == 0, "".join(cap.err)
     bundle = Path(out.strip())
     seen = []
     with tarfile.open(bundle) as t:

@@ -1,0 +1,55 @@
+"""What the tests that run ``stallscope capture`` share: the capture as a subprocess whose
+stderr is read as it comes, and the manifest of a bundle it wrote."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+from conftest import ROOT
+
+PY = sys.executable
+
+
+class CaptureProc:
+    """``python3 -m capture ARGS`` (``module="forensics capture"``: the stallscope command)
+    in a subprocess. A thread reads its stderr (the progress lines must not fill the pipe)
+    into ``err`` and sets ``capturing`` once capture says it is capturing."""
+
+    def __init__(self, args: list[str], module: str = "capture", user: list[str] | None = None, env=None):
+        self.p = subprocess.Popen((user or []) + [PY, "-m", *module.split(), "--progress", "lines"] + args,
+                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.err: list[str] = []
+        self.capturing = threading.Event()
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.p.stderr:
+            self.err.append(line)
+            if "capturing:" in line:
+                self.capturing.set()
+
+    def wait_capturing(self, timeout=60):
+        assert self.capturing.wait(timeout), "capture did not start:\n" + "".join(self.err)
+
+    def finish(self, sig=None, timeout=120) -> tuple[int, str]:
+        """Send ``sig`` (if given and still running), wait; the exit code and stdout."""
+        if sig is not None and self.p.poll() is None:
+            self.p.send_signal(sig)
+        # stdout is a few lines: the pipe cannot fill before the exit; stderr belongs to
+        # the reader thread (communicate() would read it too and close it under the thread)
+        self.p.wait(timeout=timeout)
+        out = self.p.stdout.read()
+        self.reader.join(timeout=30)
+        return self.p.returncode, out
+
+
+def bundle_manifest(bundle: Path) -> dict:
+    """manifest.json of a bundle archive, read in place."""
+    with tarfile.open(bundle) as t:
+        m = next(x for x in t.getmembers() if x.name.endswith("/manifest.json"))
+        return json.load(t.extractfile(m))

@@ -74,31 +74,30 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     con = model.connect(db)
     say("looking for findings")
     findings, det_problems = run_detectors(Context(model=model, con=con, options=options))
-    findings = _storable(findings, det_problems)
-    _store_findings(con, findings)
-    return Analysis(model=model, con=con, findings=findings, problems=list(model.problems) + det_problems,
-                    options=options)
+    stored = _storable(findings, det_problems)
+    _store_findings(con, stored)
+    return Analysis(model=model, con=con, findings=[f for f, _ in stored],
+                    problems=list(model.problems) + det_problems, options=options)
 
 
-def _storable(findings: list[Finding], problems: list[str]) -> list[Finding]:
-    """The findings that serialize; one that does not (a detector's odd evidence value)
-    becomes a problem line instead of costing the whole analysis."""
+def _storable(findings: list[Finding], problems: list[str]) -> list[tuple[Finding, dict]]:
+    """The findings that serialize, each with its JSON form; one that does not (a detector's
+    odd evidence value) becomes a problem line instead of costing the whole analysis."""
     ok = []
     for f in findings:
         try:
-            json.dumps(f.to_json())
+            j = f.to_json()   # round-trips through json: what it returns serializes
         except (TypeError, ValueError) as exc:
             problems.append(f"finding {f.kind} left out: its evidence does not serialize ({exc})")
             continue
-        ok.append(f)
+        ok.append((f, j))
     return ok
 
 
-def _store_findings(con, findings: list[Finding]) -> None:
+def _store_findings(con, stored: list[tuple[Finding, dict]]) -> None:
     cols = ", ".join(f'"{c}" {t}' for c, t in FINDINGS_SCHEMA.items())
     con.execute(f"CREATE OR REPLACE TABLE findings ({cols})")
-    for i, f in enumerate(findings):
-        j = f.to_json()
+    for i, (f, j) in enumerate(stored):
         con.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [i + 1, f.kind, f.severity, f.confidence, f.summary, j["ranks"], j["hosts"], j["peer_ranks"],
                      json.dumps(j["links"]), json.dumps(j["evidence"]), f.sql, f.action])

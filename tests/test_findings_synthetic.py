@@ -591,3 +591,19 @@ def test_hang_stuck_sql_returns_its_evidence_rows():
     ctx = context(n, ended_ns=t + 4000 * MS)
     f = hang_stuck(ctx)[0]
     assert [g["rank"] for g in sql_rows(ctx, f)] == [e["rank"] for e in f.evidence] == [0, 1, 2, 3]
+
+
+def test_a_finding_that_does_not_serialize_becomes_a_problem_and_the_rest_are_stored():
+    from forensics.analysis import _storable, _store_findings
+    from forensics.findings import Finding
+    good = Finding(kind="straggler", severity="warning", confidence=0.7, summary="rank 3 late",
+                   ranks=[3], evidence=[{"op_count": np.int64(4), "late_ms": np.float64(1.5)}])
+    bad = Finding(kind="slow_link", severity="info", confidence=0.5, summary="odd", details={(0, 1): 1})
+    problems: list[str] = []
+    stored = _storable([bad, good], problems)
+    assert [f for f, _ in stored] == [good] and stored[0][1]["evidence"] == [{"op_count": 4, "late_ms": 1.5}]
+    assert len(problems) == 1 and problems[0].startswith("finding slow_link left out")
+    ctx = context(job())
+    _store_findings(ctx.con, stored)
+    assert ctx.con.execute("SELECT position, kind, ranks, evidence FROM findings").fetchall() == \
+        [(1, "straggler", [3], '[{"op_count": 4, "late_ms": 1.5}]')]

@@ -63,10 +63,6 @@ def sql_list(values) -> str:
     return ", ".join(sql_str(v) for v in values)
 
 
-LOSS_EVENTS_SQL = sql_list(k for k, v in EVENT_CLASS.items() if v in LOSS_CLASSES)
-RESET_EVENTS_SQL = sql_list(k for k, v in EVENT_CLASS.items() if v == "reset")
-
-
 # --------------------------------------------------------------------------- who is who
 
 @dataclass

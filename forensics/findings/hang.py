@@ -163,12 +163,6 @@ def _last_ops(ctx, comm: str) -> pd.DataFrame:
     return out
 
 
-def _global(gmap: pd.DataFrame, comm: str, ranks) -> list[int]:
-    m = dict(zip(gmap.loc[gmap["comm_id_hash"] == comm, "rank"].astype("int64"),
-                 gmap.loc[gmap["comm_id_hash"] == comm, "global_rank"]))
-    return sorted(int(m[r]) if r in m and pd.notna(m[r]) else int(r) for r in ranks)
-
-
 def _last_ops_sql(comm: str, waiting=None) -> str:
     """The rows of :func:`_last_ops` (the evidence of both hang findings), with each rank's
     global rank (its rank on the largest communicator its process belongs to) and, for a
@@ -188,11 +182,11 @@ SELECT l.rank, coalesce(w.global_rank, l.rank) AS global_rank, last_op_count, la
 FROM l LEFT JOIN w USING (host, pid) ORDER BY l.rank LIMIT {MAX_EVIDENCE}"""
 
 
-def _last_ops_rows(last: pd.DataFrame, gmap: pd.DataFrame, comm: str, waiting=None) -> list[dict]:
+def _last_ops_rows(last: pd.DataFrame, names: "_Names", waiting=None) -> list[dict]:
     """:func:`_last_ops` as evidence rows (the columns of :func:`_last_ops_sql`)."""
     rows = []
     for x in last.sort_values("rank", kind="stable").head(MAX_EVIDENCE).itertuples(index=False):
-        r = {"rank": int(x.rank), "global_rank": _global(gmap, comm, [int(x.rank)])[0],
+        r = {"rank": int(x.rank), "global_rank": names.glob(x.rank),
              "last_op_count": int(x.last_op_count), "last_op": x.last_op,
              "last_entry_ns": int(x.last_entry_ns) if pd.notna(x.last_entry_ns) else None,
              "last_completed_op_count": int(x.last_completed_op_count)
@@ -280,7 +274,7 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
         for r, frames in stacks.items():
             if frames:
                 summary = summary[:-1] + f"; rank {r}'s stack: {' <- '.join(frames[:3])}."
-        evidence = _last_ops_rows(last, gmap, comm, waiting)
+        evidence = _last_ops_rows(last, names, waiting)
         out.append(Finding(
             kind="hang_mismatch", severity="error", confidence=0.6 if untraced else 0.9, summary=summary,
             ranks=g_missing, hosts=sorted({directory[r].host for r in g_missing if r in directory and
@@ -447,21 +441,22 @@ def hang_stuck(ctx: Context) -> list[Finding]:
     out = []
     for h in fr.itertuples(index=False):
         comm, n = h.comm_id_hash, int(h.op_count)
-        members = _global(gmap, comm, h.members)
+        names = _Names(ctx, gmap, comm, directory)
+        members = sorted(names.glob(r) for r in h.members)
         since = int(h.last_progress_ns) if pd.notna(h.last_progress_ns) else int(h.first_entry_ns)
         since = min(since, int(h.first_entry_ns))
         e = ev[(ev["timestamp_ns"] >= since) & ev["a"].isin(members) & ev["b"].isin(members)]
-        out.append(_stuck_finding(ctx, h, comm, n, members, since, e, directory, end))
+        out.append(_stuck_finding(ctx, h, comm, n, members, since, e, names, end))
     return out
 
 
-def _stuck_finding(ctx, h, comm, n, members, since, e, directory, end) -> Finding:
+def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Finding:
+    directory = names.directory
     last = _last_ops(ctx, comm)
     upto = int(last["last_op_count"].max()) if len(last) else n
-    gmap = world_rank_map(ctx)
     groups: dict[int, list[int]] = {}
     for r, op in h.stuck_at.items():
-        groups.setdefault(int(op), []).extend(_global(gmap, comm, [r]))
+        groups.setdefault(int(op), []).append(names.glob(r))
     idle = sorted(set(members) - {r for rs in groups.values() for r in rs})
     if len(groups) == 1 and not idle:
         span = f"collective #{n}" if upto <= n else f"collectives #{n}-#{upto}"
@@ -528,7 +523,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, directory, end) -> Findin
         ranks = []
     summary = head + _size_note(h) + cause + "."
     if e.empty:   # nothing on the network: the evidence is how far each rank got
-        sql, evidence = _last_ops_sql(comm), _last_ops_rows(last, gmap, comm)
+        sql, evidence = _last_ops_sql(comm), _last_ops_rows(last, names)
     else:
         m = sql_list(int(r) for r in members)
         sql = trouble_rows_sql(f"timestamp_ns >= {sql_int(since)} AND least(sender_rank, receiver_rank) IN ({m}) "

@@ -58,7 +58,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     thr = max(SLOW_FACTOR * baseline, 1e6) if baseline else ctx.options.slow_ms * 1e6
     slow = (dur > thr) & (n_in > 0)
     if slow.sum() < MIN_SLOW_COLLECTIVES:
-        return _loss_without_slowdown(ctx, ev, loss, done, baseline)
+        return _loss_without_slowdown(ctx, loss, done, baseline)
     sw = done[slow]
     inside = in_windows(ev["timestamp_ns"].to_numpy(), sw["t0"].to_numpy(dtype=np.int64),
                         sw["t1"].to_numpy(dtype=np.int64))
@@ -114,7 +114,7 @@ def network_loss(ctx: Context) -> list[Finding]:
                     details=details)]
 
 
-def _loss_without_slowdown(ctx, ev, loss, done, baseline) -> list[Finding]:
+def _loss_without_slowdown(ctx, loss, done, baseline) -> list[Finding]:
     """Retransmissions inside collectives that stayed fast: worth a line, not an alarm."""
     inside = in_windows(loss["timestamp_ns"].to_numpy(), done["t0"].to_numpy(dtype=np.int64),
                         done["t1"].to_numpy(dtype=np.int64))

@@ -98,7 +98,7 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
     netns = pd.concat([tcp_mod.netns_pid_table(b) for b in bundles], ignore_index=True)
     attr = tcp_mod.Attribution(endpoints, ranks, netns)
 
-    nccl_parts, tcp_parts, pk_parts, fl_parts, ib_parts = [], [], [], [], []
+    nccl_parts, tcp_parts, pk_parts, fl_parts = [], [], [], []
     off_parts: list[pd.DataFrame] = []
     timing_parts: list[pd.DataFrame] = []
     for b in bundles:
@@ -109,13 +109,12 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         tcp_parts.append(pe)
         pk_parts.append(pk)
         fl_parts.append(fl)
-        ib_parts.append(_ib_counters(b))
         off_parts.append(offcpu_mod.offcpu_samples(b, ev))
         timing_parts.append(timing_mod.flow_timing(b, attr, timing))
-    nccl = _concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
-                                                          na_position="last").reset_index(drop=True)
-    tcp = _concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
-                                                        na_position="last").reset_index(drop=True)
+    nccl = nccl_mod.concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
+                                                                  na_position="last").reset_index(drop=True)
+    tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
+                                                                na_position="last").reset_index(drop=True)
     nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, nccl, attr)   # GPU times join nccl_events here
     tcp = tcp_mod.collective_in_flight(tcp, nccl)
 
@@ -125,14 +124,13 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
     skew_df = pd.DataFrame([s.__dict__ for s in estimates], columns=list(SCHEMAS["clock_skew"]))
     problems = [(b.host, str(b.source), p) for b in bundles for p in b.problems]
     tables = {
-        "nccl_events": nccl, "tcp_events": tcp, "packets": _concat(pk_parts, "packets"),
-        "flows": _concat(fl_parts, "flows"), "collectives": nccl_mod.empty("collectives"),
-        "ib_counters": _concat(ib_parts, "ib_counters"),
+        "nccl_events": nccl, "tcp_events": tcp, "packets": nccl_mod.concat(pk_parts, "packets"),
+        "flows": nccl_mod.concat(fl_parts, "flows"), "collectives": nccl_mod.empty("collectives"),
         "clock_skew": nccl_mod.conform(skew_df, "clock_skew"),
         "problems": nccl_mod.conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
         **artifact_tabs,
-        "offcpu": _concat(off_parts, "offcpu"),
-        "flow_timing": _concat(timing_parts, "flow_timing"),
+        "offcpu": nccl_mod.concat(off_parts, "offcpu"),
+        "flow_timing": nccl_mod.concat(timing_parts, "flow_timing"),
     }
     return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
                  skew=estimates, captures=[capture_summary(b) for b in bundles])
@@ -155,27 +153,6 @@ def capture_summary(b: Bundle) -> dict:
         "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),
         "problems": list(b.problems),
     }
-
-
-def _concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return nccl_mod.empty(table)
-    return nccl_mod.conform(pd.concat(parts, ignore_index=True), table)
-
-
-def _ib_counters(b: Bundle) -> pd.DataFrame:
-    if not (b.root / "ib").is_dir() or not any(True for _ in b.files("ib/**/*")):
-        return nccl_mod.empty("ib_counters")
-    from ..parsers.ib_counters import IbCountersParser, ib_deltas
-    res = IbCountersParser.parse(b.root / "ib")
-    b.problems.extend(res.warnings[:5])
-    df = res.tables.get("ib_counters")
-    if df is None or df.empty:
-        return nccl_mod.empty("ib_counters")
-    d = ib_deltas(df)
-    d["host"] = b.host
-    return nccl_mod.conform(d, "ib_counters")
 
 
 def _skew(bundles: list[Bundle], endpoints: pd.DataFrame) -> list[SkewEstimate]:

@@ -34,7 +34,7 @@ import pandas as pd
 from ..errors import InputError
 from ..parsers import registry
 from ..parsers.registry import SNIFF_BYTES, ParseResult
-from .nccl import conform, empty
+from .nccl import concat, conform, empty
 
 WARNINGS_PER_FILE = 5
 # parsers tried, in order, on files under logs/ (content decides)
@@ -42,7 +42,7 @@ LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_re
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
-                   "fr_entries", "fr_pg_status")
+                   "fr_entries", "fr_pg_status", "ib_counters")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
 # NCCL_DEBUG=INFO with COLL logs a line per call: the model takes calls from the tracer and
 # needs only the init/WARN lines, so COLL lines are blanked (line numbers kept) before parsing
@@ -122,6 +122,13 @@ def read_artifacts(bundle) -> BundleArtifacts:
             res = _parse(registry.get(name), COLL_LINE_RE.sub(b"", data) if name == "nccl_debug" else data, rel,
                          bundle)
             arts.results.setdefault(name, []).append((rel, res))
+    if (bundle.root / "ib").is_dir() and any(True for _ in bundle.files("ib/**/*")):
+        # the ib/ folder is one tree (start/end snapshots of every port): parsed once, for the
+        # ib_counters table and the host facts both
+        from ..parsers.ib_counters import IbCountersParser
+        res = IbCountersParser.parse(bundle.root / "ib")
+        bundle.problems.extend(res.warnings[:WARNINGS_PER_FILE])
+        arts.results["ib_counters"] = [("ib", res)]
     if arts.empty_logs:
         bundle.problems.append(f"logs/: {len(arts.empty_logs)} NCCL log file(s) are empty "
                                f"({', '.join(arts.empty_logs[:4])}{', ...' if len(arts.empty_logs) > 4 else ''}); "
@@ -252,6 +259,19 @@ def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.D
     return tests, conform(pd.DataFrame(runs), "nccl_tests_runs") if runs else empty("nccl_tests_runs")
 
 
+# --------------------------------------------------------------------------- IB counters
+
+def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
+    """Start/end deltas per port and counter of the bundle's ib/ tree."""
+    from ..parsers.ib_counters import ib_deltas
+    df = arts.table("ib_counters", "ib_counters")
+    if df.empty:
+        return empty("ib_counters")
+    d = ib_deltas(df.drop(columns="artifact"))
+    d["host"] = bundle.host
+    return conform(d, "ib_counters")
+
+
 # --------------------------------------------------------------------------- all of it
 
 def artifact_tables(bundles: list, nccl: pd.DataFrame, attr) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
@@ -266,16 +286,16 @@ def artifact_tables(bundles: list, nccl: pd.DataFrame, attr) -> tuple[pd.DataFra
         cfg, warns = nccl_config.config_tables(b, arts, ranks)
         out = {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": nccl_config.host_facts(b, arts),
                "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
-               "sockets": sockets_table(b, arts, ranks, attr)}
+               "sockets": sockets_table(b, arts, ranks, attr), "ib_counters": ib_counters_table(b, arts)}
         for k, v in out.items():
             per.setdefault(k, []).append(v)
         fr_parts.append(gpu_times.fr_entries(b, arts, ranks))
         fr_status.append(gpu_times.fr_entries(b, arts, ranks, "fr_pg_status"))
-        insp_parts.append(gpu_times.inspector_records(b, arts, ranks))
+        insp_parts.append(gpu_times.inspector_records(b, arts))
         insp_parts.append(gpu_times.profiler_records(b, arts))
-    tables = {k: _concat(v, k) for k, v in per.items()}
-    tables["fr_entries"] = _concat(fr_parts, "fr_entries")
-    tables["fr_pg_status"] = _concat(fr_status, "fr_pg_status")
+    tables = {k: concat(v, k) for k, v in per.items()}
+    tables["fr_entries"] = concat(fr_parts, "fr_entries")
+    tables["fr_pg_status"] = concat(fr_status, "fr_pg_status")
     problems: list[tuple[str, str]] = []
     nccl = gpu_times.apply_gpu_durations(nccl, tables["fr_entries"], pd.concat(
         [p for p in insp_parts if len(p)], ignore_index=True) if any(len(p) for p in insp_parts) else pd.DataFrame(),
@@ -285,10 +305,3 @@ def artifact_tables(bundles: list, nccl: pd.DataFrame, attr) -> tuple[pd.DataFra
         if host in by_host:
             by_host[host].problems.append(msg)
     return nccl, {name: tables.get(name, empty(name)) for name in ARTIFACT_TABLES}
-
-
-def _concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return empty(table)
-    return conform(pd.concat(parts, ignore_index=True), table)

@@ -69,7 +69,7 @@ def fr_entries(bundle, arts, ranks: dict[int, int], table: str = "fr_entries") -
     return conform(df, table)
 
 
-def inspector_records(bundle, arts, ranks: dict[int, int]) -> pd.DataFrame:
+def inspector_records(bundle, arts) -> pd.DataFrame:
     df = arts.table("nccl_inspector", "inspector_coll")
     if df.empty:
         return df

@@ -57,6 +57,14 @@ def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
     return pd.DataFrame(out, index=df.index).reset_index(drop=True)
 
 
+def concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
+    """The non-empty parts as one conformed table (an empty one when there are none)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty(table)
+    return conform(pd.concat(parts, ignore_index=True), table)
+
+
 def world_ranks(nccl: pd.DataFrame) -> pd.DataFrame:
     """(host, pid) -> global_rank: a process's rank on the largest communicator it belongs to
     (the world). ``nccl_events.rank`` is the rank *within* a communicator: on

@@ -199,7 +199,7 @@ def _warnings(bundle, warns: pd.DataFrame, pmap: dict, ranks: dict) -> pd.DataFr
 
 def host_facts(bundle, arts) -> pd.DataFrame:
     row: dict = {"host": bundle.host, "kernel": bundle.manifest.kernel}
-    ports = _ib_ports(bundle)
+    ports = _ib_ports(arts)
     ib_names = sorted({p.split("/")[0] for p in ports})
     # NCCL saw IB devices even where the capture had no ib/ (e.g. the collector was not run)
     for _, res in arts.of("nccl_debug"):
@@ -229,19 +229,15 @@ def host_facts(bundle, arts) -> pd.DataFrame:
     return conform(pd.DataFrame([row]), "host_facts")
 
 
-def _ib_ports(bundle) -> dict[str, dict]:
-    if not (bundle.root / "ib").is_dir():
-        return {}
-    from ..parsers.ib_counters import IbCountersParser
-    try:
-        res = IbCountersParser.parse(bundle.root / "ib")
-    except Exception:     # the ib_counters table reports what it could not read
-        return {}
-    ports = dict(res.facts.get("ports") or {})
-    df = res.tables.get("ib_counters")
-    if df is not None and len(df):      # ports known only from counter files (perfquery gives no attributes)
-        for dev, port in df[["device", "port"]].drop_duplicates().itertuples(index=False):
-            ports.setdefault(f"{dev}/{port}", {})
+def _ib_ports(arts) -> dict[str, dict]:
+    """device/port -> attributes, of the ib/ tree parsed with the bundle's artefacts."""
+    ports: dict[str, dict] = {}
+    for _, res in arts.of("ib_counters"):
+        ports.update(res.facts.get("ports") or {})
+        df = res.tables.get("ib_counters")
+        if df is not None and len(df):      # ports known only from counter files (perfquery gives no attributes)
+            for dev, port in df[["device", "port"]].drop_duplicates().itertuples(index=False):
+                ports.setdefault(f"{dev}/{port}", {})
     return ports
 
 

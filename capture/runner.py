@@ -152,11 +152,9 @@ class Capture:
         self.guardian: children.Guardian | None = None
         self.lock_fh = None
         self.orphans: list[Path] = []
-        self.recovered: list[Path] = []
-        self.tracer_summary: dict | None = None
         self.tracer_libs: set[str] = set()
-        self.tracer_problems: list[str] = []
-        self.snapshots_started: set[str] = set()    # asked-for libraries the tracer cannot attach to
+        self.tracer_problems: list[str] = []        # asked-for libraries the tracer cannot attach to
+        self.snapshots_started: set[str] = set()
         self.tcpdumps: dict[tuple[int, str], dict] = {}
         self.nccl_tests: dict | None = None
         self.pcap_slot_bytes = 0
@@ -539,7 +537,6 @@ class Capture:
                         f"{type(e).__name__}: {e}; the raw tracer output is kept in bpf/raw/")
             return
         shutil.rmtree(self.raw_dir, ignore_errors=True)
-        self.tracer_summary = summ
         if self.offcpu is not None:
             rec = self.collectors["offcpu"]
             reason = None
@@ -659,18 +656,11 @@ class Capture:
                         netns=t["ns"].label, iface=t["iface"])
 
     def finish_ring(self, out: Path) -> list[str]:
-        """tcpdump -W names files x.pcap0, x.pcap1...; rename oldest-first to x-000.pcap."""
-        ring = sorted((p for p in out.parent.glob(out.name + "*") if re.fullmatch(re.escape(out.name) + r"\d+", p.name)),
-                      key=lambda p: p.stat().st_mtime_ns)
+        """The bundle paths of one tcpdump's output: its ring files renamed, or the one file."""
+        ring = rename_ring(out)
         if not ring:
             return [self.rel(out)] if out.exists() else []
-        files = []
-        stem = out.name[:-5] if out.name.endswith(".pcap") else out.name
-        for i, p in enumerate(ring):
-            dst = out.parent / f"{stem}-{i:03d}.pcap"
-            p.rename(dst)
-            files.append(self.rel(dst))
-        return files
+        return [self.rel(p) for p in ring]
 
     # ------------------------------------------------------------------ nccl-tests
     def start_nccl_tests(self) -> None:
@@ -929,15 +919,8 @@ class Capture:
                          f"('stallscope capture --recover {self.out_path.parent}' makes a partial bundle of it)")
             if self.lock_fh is not None:
                 self.lock_fh.close()
-            if committed and self.orphans:
-                for orphan in self.orphans:
-                    try:
-                        path = recover_staging(orphan, log=self.log)
-                    except Exception as e:  # noqa: BLE001 - our own bundle is written; say it and go on
-                        self.log(f"could not recover {orphan}: {type(e).__name__}: {e} (kept)")
-                        continue
-                    if path is not None:
-                        self.recovered.append(path)
+            if committed and self.orphans:   # those found at the start; our own bundle is written
+                recover_orphans(self.out_path.parent, log=self.log, candidates=self.orphans)
 
     def yield_cpu(self) -> None:
         """SCHED_BATCH for capture and (inherited) its children: bpftrace wakes up for every
@@ -1260,18 +1243,26 @@ def find_orphans(folder: Path) -> list[Path]:
     return out
 
 
+def rename_ring(out: Path) -> list[Path]:
+    """tcpdump -W names its files x.pcap0, x.pcap1...: renamed oldest first to x-000.pcap,
+    x-001.pcap... (the new paths; none when tcpdump wrote one file)."""
+    ring = sorted((p for p in out.parent.glob(out.name + "*") if re.fullmatch(re.escape(out.name) + r"\d+", p.name)),
+                  key=lambda p: p.stat().st_mtime_ns)
+    stem = out.name[:-5] if out.name.endswith(".pcap") else out.name
+    renamed = []
+    for i, p in enumerate(ring):
+        dst = out.parent / f"{stem}-{i:03d}.pcap"
+        p.rename(dst)
+        renamed.append(dst)
+    return renamed
+
+
 def _finish_rings(staging: Path) -> None:
-    """tcpdump ring files x.pcap0, x.pcap1... -> x-000.pcap, oldest first (as stop_tcpdumps does)."""
-    groups: dict[Path, list[Path]] = {}
-    for p in staging.glob("pcap/*.pcap*"):
-        m = re.fullmatch(r"(.+\.pcap)(\d+)", p.name)
-        if m:
-            groups.setdefault(p.with_name(m.group(1)), []).append(p)
-    for out, ring in groups.items():
-        ring.sort(key=lambda p: p.stat().st_mtime_ns)
-        stem = out.name[:-5]
-        for i, p in enumerate(ring):
-            p.rename(out.parent / f"{stem}-{i:03d}.pcap")
+    """Every tcpdump ring of a killed capture's staging folder, as stop_tcpdumps does it."""
+    outs = {p.with_name(m.group(1)) for p in staging.glob("pcap/*.pcap*")
+            if (m := re.fullmatch(r"(.+\.pcap)\d+", p.name))}
+    for out in outs:
+        rename_ring(out)
 
 
 def recover_staging(staging: Path, log=None, output_folder: Path | None = None) -> Path | None:
@@ -1363,10 +1354,11 @@ def recover_staging(staging: Path, log=None, output_folder: Path | None = None) 
         lock.close()
 
 
-def recover_orphans(folder: Path, log=None) -> list[Path]:
-    """Every orphaned staging folder in folder -> a partial bundle; their paths."""
+def recover_orphans(folder: Path, log=None, candidates: list[Path] | None = None) -> list[Path]:
+    """Every orphaned staging folder in folder (or just ``candidates``) -> a partial bundle;
+    their paths."""
     out = []
-    for d in find_orphans(folder):
+    for d in find_orphans(folder) if candidates is None else candidates:
         try:
             p = recover_staging(d, log=log)
         except Exception as e:  # noqa: BLE001 - one unreadable folder must not stop the others

@@ -329,6 +329,11 @@ def test_postprocess_keeps_rare_events_and_the_newest_within_the_cap(tmp_path):
     assert {"tracer_start", "unique_id", "tracer_end"} <= {e["ev"] for e in ev}
     counts = [e["op_count"] for e in ev if e["ev"] == "coll"]
     assert counts == list(range(400 - len(counts), 400))       # the oldest went, the newest stayed
+    # the summary counts what the file holds, dropped events taken off
+    kinds = {}
+    for e in ev:
+        kinds[e["ev"]] = kinds.get(e["ev"], 0) + 1
+    assert s["by_type"] == kinds and s["events"] == len(ev) and s["dropped_for_budget"] == 400 - len(counts)
 
 
 def test_spool_segments_drop_oldest_keep_rare(tmp_path):
@@ -616,3 +621,22 @@ def test_postprocess_a_return_read_before_its_entry_completes_the_call_it_follow
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     init = [e for e in ev if e.get("ev") == "comm_init"]
     assert [(e["t0"], e["t1"], e["rc"], e["returned"]) for e in init] == [(100, 150, 2, True)], ev
+
+
+def test_tcpdump_ring_files_are_renamed_oldest_first(tmp_path):
+    """tcpdump -W reuses x.pcap0, x.pcap1, ... in a ring: after a wrap the oldest data sit in
+    a higher number. Renamed by age to x-000.pcap...; a single file (no ring) stays as it is."""
+    from capture.runner import _finish_rings, rename_ring
+    pcap = tmp_path / "pcap"
+    pcap.mkdir()
+    for name, age in (("a.pcap0", 10), ("a.pcap1", 30), ("a.pcap2", 20), ("b.pcap0", 5), ("c.pcap", 1)):
+        (pcap / name).write_text(name)
+        os.utime(pcap / name, ns=(10**18 - age * 10**9,) * 2)
+    got = rename_ring(pcap / "a.pcap")
+    assert [p.name for p in got] == ["a-000.pcap", "a-001.pcap", "a-002.pcap"]
+    assert [p.read_text() for p in got] == ["a.pcap1", "a.pcap2", "a.pcap0"]
+    assert rename_ring(pcap / "c.pcap") == []
+    (pcap / "a-000.pcap").rename(pcap / "d.pcap7")      # a killed capture's staging folder: every ring
+    _finish_rings(tmp_path)
+    assert sorted(p.name for p in pcap.iterdir()) == ["a-001.pcap", "a-002.pcap", "b-000.pcap", "c.pcap",
+                                                      "d-000.pcap"]

@@ -48,6 +48,14 @@ class CaptureProc:
         return self.p.returncode, out
 
 
+def alive(pid: int) -> bool:
+    """pid runs (a zombie has ended: it only waits for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def bundle_manifest(bundle: Path) -> dict:
     """manifest.json of a bundle archive, read in place."""
     with tarfile.open(bundle) as t:

@@ -10,20 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forensics.cli import Env, main
+from tests.shipped import SCENARIOS  # noqa: F401  (for the report tests)
+from tests.shipped import shipped as bundle  # noqa: F401
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
-SCENARIOS = sorted(p.name for p in BUNDLES.iterdir() if p.is_dir() and any(p.glob("*.tar.gz"))) \
-    if BUNDLES.is_dir() else []
 ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 
 # each payload, if it ran, would set window.__pwned (and the <img> would request a file)
 PAYLOAD = "<script>window.__pwned=1</script>"
 PAYLOAD_IMG = "\"><img src=x onerror=\"window.__pwned=2\">"
 PAYLOAD_MD = "| **bold** [link](javascript:alert(1)) `tick`"
-
-
-def bundle(scenario: str) -> Path:
-    return next((BUNDLES / scenario).glob("*.tar.gz"))
 
 
 @dataclass

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from forensics.model import build_model
+from shipped import shipped_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
-LOSS = next(iter(sorted((ROOT / "tests" / "fixtures" / "bundles" / "loss").glob("*.tar.gz"))), None)
+LOSS = shipped_bundle("loss")
 
 
 @pytest.mark.skipif(LOSS is None, reason="no shipped loss bundle")

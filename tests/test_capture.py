@@ -4,7 +4,6 @@ stdlib-only promise, and a real (short) capture with the privileged collectors
 skipped."""
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import os
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import CaptureProc, bundle_manifest
+from capture_helpers import CaptureProc, alive, bundle_manifest
 from conftest import ROOT
 
 from capture import bundle as bd
@@ -449,30 +448,17 @@ def test_capture_without_tracer_and_pcap_still_writes_a_bundle(tmp_path):
 PY = sys.executable
 
 
-def _tree(pid: int) -> set[int]:
-    """pid's live descendants."""
-    return procs.descendants([pid])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def _kill_and_check(cap: CaptureProc, extra_pids=()) -> None:
     """SIGKILL capture: within a few seconds nothing it started is left."""
     import signal
     import time
-    tree = _tree(cap.p.pid) | set(extra_pids)
+    tree = procs.descendants([cap.p.pid]) | set(extra_pids)
     assert tree, "capture has no children?"
     os.kill(cap.p.pid, signal.SIGKILL)
     deadline = time.monotonic() + 8
-    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+    while time.monotonic() < deadline and any(alive(p) for p in tree):
         time.sleep(0.1)
-    left = [p for p in tree if _alive(p)]
+    left = [p for p in tree if alive(p)]
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes() for p in left]
 
 
@@ -603,7 +589,7 @@ def test_attach_points_by_address(lab_lib):
     addr = syms["ncclCommInitRank"].value
     assert f"uprobe:{lab_lib}:0x{addr:x}\n" in script and f"uretprobe:{lab_lib}:0x{addr:x}" in script
     assert f"// {lab_lib}: ncclCommInitRank = 0x{addr:x}" in script
-    assert f":ncclAllReduce\n" not in script and "ncclCommInitRank,\n" not in script
+    assert ":ncclAllReduce\n" not in script and "ncclCommInitRank,\n" not in script
 
 
 def test_postprocess_a_return_read_before_its_entry_completes_the_call_it_follows(tmp_path):

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import CaptureProc
+from capture.procs import descendants
+from capture_helpers import CaptureProc, alive
 from conftest import ROOT, require_root, require_tool
 from test_capture import _check_bundle
 
@@ -213,18 +214,6 @@ def test_small_budget_and_ctrl_c_mid_capture(lab_ready, tmp_path):
         assert text and " NCCL INFO " in text.splitlines()[0], (manifest["collectors"].get("attachments:end"), manifest["budget"])
 
 
-def _descendants(pid: int) -> set[int]:
-    from capture.procs import descendants
-    return descendants([pid])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_sigkill_mid_capture_leaves_no_child_no_probe_and_a_recoverable_bundle(lab_ready, tmp_path):
     """SIGKILL the capture while the tracer and tcpdump run: within seconds none of the
     processes it started is left (matched by its process tree, not by name: other tests may
@@ -241,14 +230,14 @@ def test_sigkill_mid_capture_leaves_no_child_no_probe_and_a_recoverable_bundle(l
             time.sleep(0.2)
         time.sleep(1.5)
         assert run.lab.poll() is None, "the job ended before the kill"
-        tree = _descendants(run.cap.pid)
-        names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in tree if _alive(p)}
+        tree = descendants([run.cap.pid])
+        names = {p: Path(f"/proc/{p}/comm").read_text().strip() for p in tree if alive(p)}
         assert "bpftrace" in names.values() and "tcpdump" in names.values(), names
         run.cap.send_signal(signal.SIGKILL)
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        while time.monotonic() < deadline and any(alive(p) for p in tree):
             time.sleep(0.1)
-        assert [names.get(p, p) for p in tree if _alive(p)] == []
+        assert [names.get(p, p) for p in tree if alive(p)] == []
         assert leftovers(str(run.bundles)) == []    # (the lab's own tcpdumps write under tmp_path/lab)
         for f in ("/sys/kernel/tracing/uprobe_events", "/sys/kernel/debug/tracing/uprobe_events"):
             if os.path.exists(f):

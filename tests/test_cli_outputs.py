@@ -6,10 +6,10 @@ import io
 
 import duckdb
 
-from conftest import FIXTURES
 from forensics.cli import Env, main
+from shipped import shipped_bundle
 
-LOSS = next((FIXTURES / "bundles" / "loss").glob("*.tar.gz"))
+LOSS = shipped_bundle("loss")
 
 
 def run(*argv: str) -> tuple[int, str, str]:

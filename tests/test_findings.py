@@ -10,17 +10,14 @@ from __future__ import annotations
 import io
 import json
 from functools import lru_cache
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from forensics.analysis import analyze
 from forensics.cli import Env, main
+from shipped import BUNDLES, SCENARIOS, shipped
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
-SCENARIOS = sorted(p.name for p in BUNDLES.iterdir() if p.is_dir() and any(p.glob("*.tar.gz"))) \
-    if BUNDLES.is_dir() else []
 needs_bundles = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles (tests/lab/make_bundles.sh)")
 
 # scenario -> the kind of finding an SRE expects on top. link-down-hang: the job is hung with
@@ -34,7 +31,7 @@ MY_KINDS = {"network_loss", "slow_link", "connection_reset", "straggler", "hang_
 
 @lru_cache(maxsize=None)
 def analysed(scenario: str):
-    return analyze(sorted((BUNDLES / scenario).glob("*.tar.gz")))
+    return analyze([shipped(scenario)])
 
 
 def truth(scenario: str) -> dict:
@@ -139,7 +136,7 @@ def test_findings_are_json_with_bounded_evidence_and_sql_that_returns_it(scenari
 def test_top_findings_sql_runs_through_stallscope_query():
     a = analysed("loss")
     out, err = io.StringIO(), io.StringIO()
-    bundle = str(next((BUNDLES / "loss").glob("*.tar.gz")))
+    bundle = str(shipped("loss"))
     rc = main(["query", "--json", bundle, a.top.sql], Env(stdout=out, stderr=err))
     assert rc == 0, err.getvalue()
     rows = json.loads(out.getvalue())

@@ -3,7 +3,6 @@ against the TCP engine's own per-packet output and against the slow-link ground 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +13,9 @@ from forensics.model.schema import SCHEMAS
 from forensics.model.tcp import Attribution, analyse_pcaps
 from forensics.model.timing import flow_timing
 from forensics.tcp import analyze_file
+from shipped import BUNDLES, shipped_bundle
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
-SLOW = next(iter(sorted((BUNDLES / "slow-link").glob("*.tar.gz"))), None) if BUNDLES.is_dir() else None
+SLOW = shipped_bundle("slow-link")
 needs_bundle = pytest.mark.skipif(SLOW is None, reason="no shipped slow-link bundle")
 
 

@@ -127,7 +127,9 @@ def test_inputs_that_once_crashed(target, path):
 def test_huge_pickle_memo_indices_are_refused_before_unpickling():
     """LONG_BINPUT 0xFFFFFFFF made the C unpickler allocate and clear tens of GB (a hang)."""
     from forensics.parsers import get
-    for path in sorted(REGRESSIONS.glob("flight_recorder/memo_index_*")):
+    paths = sorted(REGRESSIONS.glob("flight_recorder/memo_index_*"))
+    assert paths, "the memo index regression inputs are missing"
+    for path in paths:
         r = get("flight_recorder").parse(path.read_bytes())
         assert any("memo index" in w for w in r.warnings), (path.name, r.warnings)
 

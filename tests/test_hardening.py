@@ -28,15 +28,8 @@ from conftest import FIXTURES, ROOT
 from forensics.bundle import Bundle
 from forensics.cli import Env, main
 from forensics.errors import InputError
+from shipped import BUNDLES, shipped
 
-BUNDLES = FIXTURES / "bundles"
-
-
-def shipped(scenario: str) -> Path:
-    found = sorted((BUNDLES / scenario).glob("*.tar.gz"))
-    if not found:
-        pytest.skip(f"no shipped {scenario} bundle (tests/fixtures/bundles is being regenerated?)")
-    return found[0]
 
 
 def cli(*argv: str) -> tuple[int, str, str]:

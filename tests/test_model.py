@@ -17,15 +17,14 @@ from forensics.model import build_model
 from forensics.model.nccl import _host_sync_end
 from forensics.model.schema import NCCL_EVENTS_DESIGN, SCHEMAS, TCP_EVENTS_DESIGN
 from forensics.model.skew import estimate_skew
+from shipped import BUNDLES, SCENARIOS, shipped
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
-SCENARIOS = sorted(p.name for p in BUNDLES.iterdir() if p.is_dir()) if BUNDLES.is_dir() else []
 needs_bundles = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles (tests/lab/make_bundles.sh)")
 
 
 @lru_cache(maxsize=None)
 def model(scenario: str):
-    m = build_model([next((BUNDLES / scenario).glob("*.tar.gz"))])
+    m = build_model([shipped(scenario)])
     con = m.connect()
     return m, con
 
@@ -226,7 +225,7 @@ def test_two_hosts_skew_estimated_from_common_segments(tmp_path):
     """The loss bundle split into two 'hosts' (ranks 0-1 / 2-3), the second's pcaps 3 ms ahead."""
     import shutil
     from forensics.bundle import Bundle
-    with Bundle.open(next((BUNDLES / "loss").glob("*.tar.gz")), workdir=tmp_path) as b:
+    with Bundle.open(shipped("loss"), workdir=tmp_path) as b:
         a, c = tmp_path / "stallscope-hosta-20260101T000000Z", tmp_path / "stallscope-hostb-20260101T000000Z"
         shutil.copytree(b.root, a)
         shutil.copytree(b.root, c)
@@ -270,7 +269,7 @@ def test_two_hosts_skew_estimated_from_common_segments(tmp_path):
 def test_ib_counter_deltas_when_the_bundle_has_ib(tmp_path):
     import shutil
     from forensics.bundle import Bundle
-    with Bundle.open(next((BUNDLES / "clean").glob("*.tar.gz")), workdir=tmp_path) as b:
+    with Bundle.open(shipped("clean"), workdir=tmp_path) as b:
         folder = tmp_path / "stallscope-ibhost-20260101T000000Z"
         shutil.copytree(b.root, folder)
     for phase, v in (("start", 5), ("end", 9)):
@@ -289,7 +288,7 @@ def test_an_empty_pcap_is_a_problem_not_silence(tmp_path):
     import shutil
     import struct
     from forensics.bundle import Bundle
-    with Bundle.open(next((BUNDLES / "loss").glob("*.tar.gz")), workdir=tmp_path) as b:
+    with Bundle.open(shipped("loss"), workdir=tmp_path) as b:
         folder = tmp_path / "stallscope-vm-20260101T000000Z"
         shutil.copytree(b.root, folder)
     victim = sorted((folder / "pcap").glob("*.pcap"))[0]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -11,9 +10,9 @@ from forensics.bundle import Bundle
 from forensics.model import build_model
 from forensics.model.offcpu import offcpu_samples
 from forensics.model.schema import SCHEMAS
+from shipped import BUNDLES, shipped_bundle
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
-BUNDLE = next(iter(sorted((BUNDLES / "straggler").glob("*.tar.gz"))), None) if BUNDLES.is_dir() else None
+BUNDLE = shipped_bundle("straggler")
 needs_bundle = pytest.mark.skipif(BUNDLE is None, reason="no shipped straggler bundle")
 
 

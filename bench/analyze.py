@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import shutil
 import subprocess
@@ -46,6 +45,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 import synth_capture  # noqa: E402
+from capture.bundle import file_entries  # noqa: E402
+from pcap_throughput import LAUNCHER, pinned  # noqa: E402   (the report is the child's stderr)
 
 TARGET_S = 10.0
 PID_STEP = 100_000          # new pid = old pid + k * PID_STEP for the k-th copy of the lab's ranks
@@ -227,12 +228,7 @@ def build(src_bundle: Path, out_dir: Path, ranks: int, packets: int, hosts: int,
         for p in (d / "pcap").glob("*"):
             p.unlink()
         ring_pcap(d / "pcap" / f"bench{h}-eth0.pcap", packets, sorted(hr), int(m["started_ns"]), seed=7 + h)
-        files = []
-        for f in sorted(x for x in d.rglob("*") if x.is_file() and x.name != "manifest.json"):
-            data = f.read_bytes()
-            files.append({"path": f.relative_to(d).as_posix(), "bytes": len(data),
-                          "sha256": hashlib.sha256(data).hexdigest()})
-        m["files"] = files
+        m["files"] = file_entries(d)
         (d / "manifest.json").write_text(json.dumps(m))
         tgz = out_dir / f"{d.name}.tar.gz"
         with tarfile.open(tgz, "w:gz", compresslevel=1) as tar:
@@ -268,7 +264,7 @@ def main() -> int:
         cmd = [sys.executable, "-c", CHILD, *map(str, bundles)]
         best = None
         for _ in range(a.runs):
-            proc = subprocess.run([sys.executable, "-S", "-c", _launcher(), *(_pinned(cmd))],
+            proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *pinned(cmd)],
                                   capture_output=True, text=True, cwd=ROOT)
             try:
                 rc, maxrss_kb, wall = proc.stdout.split()
@@ -293,23 +289,6 @@ def main() -> int:
     finally:
         if not a.keep:
             shutil.rmtree(out_dir, ignore_errors=True)
-
-
-def _pinned(cmd: list[str]) -> list[str]:
-    return (["taskset", "-c", "0"] + cmd) if shutil.which("taskset") else cmd
-
-
-def _launcher() -> str:
-    # the child's stderr carries its JSON report: keep it (pcap_throughput's launcher drops stdout only)
-    return """
-import os, sys, time
-t0 = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    os.execvp(sys.argv[1], sys.argv[1:])
-_, status, ru = os.wait4(pid, 0)
-print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, time.perf_counter() - t0)
-"""
 
 
 if __name__ == "__main__":

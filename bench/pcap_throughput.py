@@ -40,9 +40,10 @@ def pinned(cmd: list[str]) -> list[str]:
 
 
 # A minimal launcher (python -S, no imports beyond os) forks and execs the command and
-# reports the child's rusage: a child forked straight from this process would count
-# the benchmark's own memory in its peak RSS (Linux keeps the high-water mark across exec).
-_LAUNCHER = """
+# reports the child's rusage on stdout (the child's stdout is dropped, its stderr kept): a
+# child forked straight from this process would count the benchmark's own memory in its
+# peak RSS (Linux keeps the high-water mark across exec).
+LAUNCHER = """
 import os, sys, time
 t0 = time.perf_counter()
 pid = os.fork()
@@ -57,7 +58,7 @@ print(os.waitstatus_to_exitcode(status), ru.ru_maxrss, time.perf_counter() - t0)
 
 def measure(cmd: list[str], env=None) -> tuple[float, int]:
     """Wall seconds and peak RSS (bytes) of one run of ``cmd``."""
-    proc = subprocess.run([sys.executable, "-S", "-c", _LAUNCHER, *pinned(cmd)],
+    proc = subprocess.run([sys.executable, "-S", "-c", LAUNCHER, *pinned(cmd)],
                           capture_output=True, text=True, env=env)
     try:
         rc, maxrss_kb, wall = proc.stdout.split()

@@ -99,6 +99,9 @@ class CollectorStatus:
     command: str | None = None
     rc: int | None = None
     files: tuple[str, ...] = ()
+    # the interval (UTC ns) the collector really covered: the tracer's first and last flush,
+    # tcpdump's first and last packet, a snapshot's sample time; None: not recorded
+    covered_ns: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -312,6 +315,14 @@ def _str(v) -> str | None:
     return v if isinstance(v, str) else None
 
 
+def _interval(v) -> tuple[int, int] | None:
+    """A manifest ``[first_ns, last_ns]`` pair, else None (absent, null or not two ordered ints)."""
+    if not isinstance(v, (list, tuple)) or len(v) != 2:
+        return None
+    a, b = _int(v[0]), _int(v[1])
+    return (a, b) if a is not None and b is not None and 0 <= a <= b else None
+
+
 def _printable(text: str) -> str:
     """Manifest text inside a problem line: one line, control characters escaped (a hostile
     manifest must not forge lines in the output)."""
@@ -364,7 +375,8 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
                 continue
             files = tuple(f for f in _seq(c.get("files")) if isinstance(f, str))
             collectors[name] = CollectorStatus(name, _str(c.get("status")) or "unknown", _str(c.get("reason")),
-                                               _str(c.get("command")), _int(c.get("rc")), files)
+                                               _str(c.get("command")), _int(c.get("rc")), files,
+                                               _interval(c.get("covered_ns")))
     elif cols is not None:
         problems.append("manifest.json: collectors is not an object; ignored")
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector
+from ..model.windows import common_end
 from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
@@ -65,9 +66,10 @@ def hang_frontiers(ctx) -> pd.DataFrame:
     the communicator (comm ranks: 0..nranks-1, or the ranks seen when the claimed size is
     not believable, see :func:`communicator_members`; ``nranks_claimed`` is then the claim, else None)."""
     n = ctx.table("nccl_events")
-    end = capture_end_ns(ctx)
-    if n.empty or end is None:
+    capture_end = capture_end_ns(ctx)
+    if n.empty or capture_end is None:
         return pd.DataFrame(columns=FRONTIER_COLUMNS)
+    windows = ctx.table("capture_windows") if "capture_windows" in ctx.model.tables else None
     n = n[n["op_count"].notna() & n["rank"].notna() & n["comm_id_hash"].notna()]
     n = n[~is_per_process(n["comm_id_hash"])]
     if n.empty:
@@ -88,6 +90,15 @@ def hang_frontiers(ctx) -> pd.DataFrame:
     rows = []
     for comm, p in per.groupby(level=0):
         p = p.droplevel(0)
+        # judged inside the window every host of the communicator watched: a collective still
+        # open when one host's capture ended is unknown there, never a hang by itself
+        hosts = n.loc[n["comm_id_hash"] == comm, "host"].unique()
+        end = common_end(windows, hosts) if windows is not None else None
+        end = capture_end if end is None else min(end, capture_end)
+        opened = open_ops[(open_ops["comm_id_hash"] == comm) & (open_ops["timestamp_ns"] <= end)]
+        p = p.assign(stuck_at=opened.groupby("rank")["op_count"].min().reindex(p.index),
+                     last_entered=n[(n["comm_id_hash"] == comm) & (n["timestamp_ns"] <= end)]
+                     .groupby("rank")["op_count"].max().reindex(p.index).fillna(-1).astype("int64"))
         stuck = p[p["stuck_at"].notna()]
         if stuck.empty:
             continue

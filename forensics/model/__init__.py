@@ -23,6 +23,7 @@ from . import nccl as nccl_mod
 from . import offcpu as offcpu_mod
 from . import timing as timing_mod
 from . import tcp as tcp_mod
+from . import windows as windows_mod
 from .schema import SCHEMAS, TABLES
 from .skew import SkewEstimate, estimate_skew, segment_fingerprints
 
@@ -101,6 +102,7 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
     nccl_parts, tcp_parts, pk_parts, fl_parts = [], [], [], []
     off_parts: list[pd.DataFrame] = []
     timing_parts: list[pd.DataFrame] = []
+    window_parts: list[pd.DataFrame] = []
     for b in bundles:
         ev = events[b.host]
         nccl_parts.append(nccl_mod.nccl_events(b, ev))
@@ -111,6 +113,7 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         fl_parts.append(fl)
         off_parts.append(offcpu_mod.offcpu_samples(b, ev))
         timing_parts.append(timing_mod.flow_timing(b, attr, timing))
+        window_parts.append(windows_mod.bundle_windows(b, ev, fl))
     nccl = nccl_mod.concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                                   na_position="last").reset_index(drop=True)
     tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
@@ -131,6 +134,7 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
         **artifact_tabs,
         "offcpu": nccl_mod.concat(off_parts, "offcpu"),
         "flow_timing": nccl_mod.concat(timing_parts, "flow_timing"),
+        "capture_windows": nccl_mod.concat(window_parts, "capture_windows"),
     }
     return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
                  skew=estimates, captures=[capture_summary(b) for b in bundles])

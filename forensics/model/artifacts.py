@@ -42,7 +42,9 @@ LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_re
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
-                   "fr_entries", "fr_pg_status", "ib_counters")
+                   "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads")
+# capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
+NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
 # NCCL_DEBUG=INFO with COLL logs a line per call: the model takes calls from the tracer and
 # needs only the init/WARN lines, so COLL lines are blanked (line numbers kept) before parsing
@@ -56,6 +58,8 @@ class BundleArtifacts:
     host: str
     results: dict[str, list[tuple[str, ParseResult]]] = field(default_factory=dict)
     empty_logs: list[str] = field(default_factory=list)
+    # per NCCL_DEBUG log: the last COLL line of each (pid, comm) (state.coll_positions)
+    coll_positions: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
 
     def of(self, parser: str) -> list[tuple[str, ParseResult]]:
         return self.results.get(parser, [])
@@ -84,11 +88,18 @@ def _jobs(bundle) -> list[_Job]:
         if (bundle.root / folder).is_dir():
             # a benchmark's output carries its NCCL_DEBUG lines too
             extra = ("nccl_debug",) if name == "nccl_tests" else ()
-            jobs += [_Job(rel, path, (name,), extra) for rel, path in bundle.files(f"{folder}/**/*")]
+            for rel, path in bundle.files(f"{folder}/**/*"):
+                own = "native_stacks" if folder == "stacks" and NATIVE_STACKS_RE.search(rel) else name
+                if registry.known(own):
+                    jobs.append(_Job(rel, path, (own,), extra))
     if (bundle.root / "logs").is_dir():
         jobs += [_Job(rel, path, (), LOG_PARSERS) for rel, path in bundle.files("logs/**/*")]
     if (bundle.root / "sys").is_dir():
         jobs += [_Job(rel, path, ("ss",)) for rel, path in bundle.files("sys/**/ss*")]
+        if registry.known("ncclras"):
+            jobs += [_Job(rel, path, ("ncclras",)) for rel, path in bundle.files("sys/**/ncclras*")]
+    if (bundle.root / "proc").is_dir() and registry.known("proc_threads"):
+        jobs += [_Job(rel, path, ("proc_threads",)) for rel, path in bundle.files("proc/**/*threads*")]
     return jobs
 
 
@@ -118,6 +129,9 @@ def read_artifacts(bundle) -> BundleArtifacts:
                 chosen.append(name)
                 if name != "nccl_tests":    # one format per file, but nccl-tests output may carry NCCL lines
                     break
+        if "nccl_debug" in chosen:
+            from .state import coll_positions
+            arts.coll_positions.append((rel, coll_positions(data)))
         for name in chosen:
             res = _parse(registry.get(name), COLL_LINE_RE.sub(b"", data) if name == "nccl_debug" else data, rel,
                          bundle)
@@ -188,7 +202,9 @@ def _map_rank(df: pd.DataFrame, ranks: dict[int, int]) -> pd.Series:
 # --------------------------------------------------------------------------- simple tables
 
 def stacks_table(bundle, arts: BundleArtifacts, ranks: dict[int, int]) -> pd.DataFrame:
-    df = arts.table("pyspy", "stacks")
+    """py-spy dumps and capture's native stacks, one row per frame."""
+    parts = [t for t in (arts.table("pyspy", "stacks"), arts.table("native_stacks", "stacks")) if len(t)]
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if df.empty:
         return empty("stacks")
     df = df.rename(columns={"file": "code_file"})
@@ -284,9 +300,11 @@ def artifact_tables(bundles: list, nccl: pd.DataFrame, attr) -> tuple[pd.DataFra
         ranks = pid_ranks(b, arts, nccl)
         tests, runs = nccl_tests_tables(b, arts)
         cfg, warns = nccl_config.config_tables(b, arts, ranks)
+        from . import state
         out = {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": nccl_config.host_facts(b, arts),
                "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
-               "sockets": sockets_table(b, arts, ranks, attr), "ib_counters": ib_counters_table(b, arts)}
+               "sockets": sockets_table(b, arts, ranks, attr), "ib_counters": ib_counters_table(b, arts),
+               "coll_log_ops": state.coll_log_table(b, arts, cfg), "threads": state.threads_table(b, arts, ranks)}
         for k, v in out.items():
             per.setdefault(k, []).append(v)
         fr_parts.append(gpu_times.fr_entries(b, arts, ranks))

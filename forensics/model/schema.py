@@ -169,6 +169,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "segs_out": "BIGINT", "segs_in": "BIGINT", "rtt_ms": "DOUBLE", "rttvar_ms": "DOUBLE", "rto_ms": "DOUBLE",
         "cwnd": "BIGINT", "delivery_rate_bps": "DOUBLE", "busy_ms": "DOUBLE", "lastsnd_ms": "DOUBLE",
         "lastrcv_ms": "DOUBLE", "artifact": "VARCHAR", "line": "BIGINT",
+        "sample_ns": "BIGINT",           # UTC time of the sample (ss-series blocks); NULL for start/end snapshots
+        "inode": "BIGINT",               # the socket's inode (ss -e ino:), joins threads.socket_inode
+        "backoff": "BIGINT",             # RTO backoff: retransmission timeouts in a row with nothing acked
+        "notsent": "BIGINT", "lastack_ms": "DOUBLE",
     },
     # Flight Recorder entries (times are wall-clock UTC ns as dumped; rank: global rank of the dump)
     "fr_entries": {
@@ -189,6 +193,28 @@ SCHEMAS: dict[str, dict[str, str]] = {
     },
     # what could not be read, per bundle
     "problems": {"host": "VARCHAR", "bundle": "VARCHAR", "problem": "VARCHAR"},
+    # the interval each host's collectors really covered (forensics/model/windows.py)
+    "capture_windows": {
+        "host": "VARCHAR", "collector": "VARCHAR", "kind": "VARCHAR", "first_ns": "BIGINT", "last_ns": "BIGINT",
+        "source": "VARCHAR",             # manifest (capture recorded it) | derived (from the bundle's data)
+    },
+    # the last collective each process launched per communicator, from NCCL_DEBUG COLL lines
+    # (forensics/model/state.py): a late capture's op positions
+    "coll_log_ops": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "log_pid": "INTEGER", "comm_ptr": "VARCHAR",
+        "comm_id": "VARCHAR",            # NCCL's commId (Init lines): the cross-host communicator key
+        "comm_rank": "INTEGER", "nranks": "INTEGER", "last_op_count": "BIGINT", "last_op": "VARCHAR",
+        "last_count": "BIGINT", "lines": "BIGINT", "artifact": "VARCHAR",
+    },
+    # per thread of the traced processes at the start and end of the capture (/proc/PID/task)
+    "threads": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "phase": "VARCHAR", "sample_ns": "BIGINT",
+        "tid": "INTEGER", "name": "VARCHAR", "state": "VARCHAR", "wchan": "VARCHAR",
+        "syscall_name": "VARCHAR",       # the syscall the thread sits in (NULL: running, or unknown number)
+        "fd": "BIGINT",                  # its fd argument, for the fd-taking ones
+        "socket_inode": "BIGINT",        # the socket that fd is (joins sockets.inode)
+        "utime_ticks": "BIGINT", "stime_ticks": "BIGINT", "artifact": "VARCHAR",
+    },
     # per directed TCP connection and capture: ACK round-trip times and data rate (forensics/model/timing.py)
     "flow_timing": {
         "host": "VARCHAR", "capture": "VARCHAR", "saddr": "VARCHAR", "sport": "INTEGER", "daddr": "VARCHAR",

@@ -260,6 +260,11 @@ def register(parser: type[Parser]) -> type[Parser]:
     return parser
 
 
+def known(name: str) -> bool:
+    """A parser of that name is registered."""
+    return name in _REGISTRY
+
+
 def get(name: str) -> type[Parser]:
     try:
         return _REGISTRY[name]

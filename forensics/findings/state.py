@@ -1,0 +1,629 @@
+"""The state at capture: hangs judged without seeing their onset (the on-call case).
+
+Someone is paged minutes after a job stopped progressing and starts ``stallscope capture``
+on every host. The tracer sees no call entered before it attached, so the collectives the
+ranks are stuck in are invisible to it. This module fuses what such a capture still has,
+per communicator and rank, and judges the hang from it:
+
+- **position**: the last collective each rank *launched* (NCCL_DEBUG COLL lines,
+  ``coll_log_ops``; Flight Recorder ``last_enqueued_collective`` - 1) and the last it
+  *completed* (Flight Recorder ``last_completed_collective`` - 1);
+- **where**: the native or Python stack of each rank's main thread (``stacks``): inside an
+  NCCL call or a CUDA wait, or elsewhere ("pause() <- other_code_path <- main");
+- **progress**: anything that moved while the capture watched: a collective the tracer saw
+  launched or completed, a Flight Recorder completion, bytes acknowledged or received on a
+  socket between two ranks (``sockets`` samples);
+- **the network**: sockets holding unacknowledged data behind an RTO backoff, the packets'
+  retransmissions and resets, NCCL's WARN lines about reset or closed connections;
+- **who waits on whom**: threads blocked receiving on a socket (``threads``: the syscall's
+  fd resolved to the socket's inode) point at the peer they wait for.
+
+A communicator is hung when none of its ranks made progress for ``STATE_MIN_SILENCE_NS``
+(and several times its normal collective duration) up to the end of the window every one
+of its hosts watched (:mod:`forensics.model.windows`), and some rank is positively inside
+a collective. A job whose ranks all sit outside NCCL with nothing in flight is busy
+elsewhere (long compute, data loading, a checkpoint), not hung: no finding.
+
+The verdicts reuse the kinds of :mod:`.hang`: ``hang_mismatch`` (ranks behind the others,
+or outside NCCL while the others wait in it), ``hang_stuck`` (every rank inside #n: the
+dead link from the sockets and packets, else the rank whose "GPU" made no progress: the
+one its peers wait on), ``connection_reset`` (a reset on the ring before the hang). Each
+finding names the sources it rests on and the age of its evidence.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+
+from ..model.windows import host_windows
+from .base import Context, Finding, detector
+from .evidence import (dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
+                       trouble_events)
+
+STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
+DURATION_FACTOR = 5.0
+STUCK_BACKOFF = 1                      # an RTO backoff this deep on a socket with data unacked: a dead path
+STUCK_LASTACK_MS = 1_000.0             # ... or nothing acknowledged for this long while data is unacked
+MAX_EVIDENCE = 20
+
+# a frame that means "inside NCCL or waiting for the GPU"
+NCCL_FRAME_RE = re.compile(
+    r"(?:^|[^A-Za-z])(?:cuda|cu)(?:Stream|Event|Device|Ctx)Synchronize|^p?nccl[A-Z]|ncclGroupEnd|"
+    r"ProcessGroupNCCL|WorkNCCL|c10d::|synchronize_stream")
+NCCL_FILE_RE = re.compile(r"torch/distributed/|torch/cuda/")
+# libc's internal names of the calls a stack ends in, shown as the call itself
+_LIBC_PREFIX = re.compile(r"^(?:__GI_)?_*(?:libc_)?")
+RECV_SYSCALLS = {"recvfrom", "recvmsg", "read", "recv", "readv", "recvmmsg"}
+TRACER = "tracer (calls after attach)"
+
+
+@dataclass
+class RankState:
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    position: int | None = None           # last op launched on the communicator
+    position_op: str | None = None
+    position_source: str | None = None
+    completed: int | None = None          # last op completed (Flight Recorder)
+    in_nccl: bool | None = None           # main thread inside NCCL / a CUDA wait (stacks)
+    where: str | None = None              # main thread's innermost frames
+    last_progress_ns: int | None = None   # latest progress seen (any source)
+    progress_source: str | None = None
+    sources: set = field(default_factory=set)
+
+
+@dataclass
+class CommState:
+    key: str                              # NCCL commId, "pg:<id>" (Flight Recorder) or "world"
+    label: str
+    nranks: int | None
+    ranks: dict[int, RankState]
+    window: tuple[int, int] | None        # the window every host of the communicator watched
+    silence_ns: int | None                # no progress for this long before the window's end
+    need_ns: int
+    hung: bool
+    inflight: list[int]                   # ranks with positive evidence of being inside a collective
+    sources: list[str]
+
+
+# --------------------------------------------------------------------------- building the state
+
+def communicator_states(ctx) -> list[CommState]:
+    """Every communicator the artefacts know, with its ranks' fused state."""
+    procs = _process_evidence(ctx)
+    comms = _positions(ctx)
+    windows = host_windows(_table(ctx, "capture_windows"))
+    out = []
+    for key, (label_, nranks, pos) in comms.items():
+        ranks: dict[int, RankState] = {}
+        for r in pos.itertuples(index=False):
+            g = int(r.rank)
+            st = ranks.setdefault(g, RankState(g, r.host, _int(r.pid)))
+            if pd.notna(r.position):
+                st.position, st.position_op, st.position_source = int(r.position), r.op, r.source
+                st.sources.add(r.source)
+            if pd.notna(r.completed):
+                st.completed = int(r.completed)
+        for st in ranks.values():
+            ev = procs.get((st.host, st.pid))
+            if ev is not None:
+                st.in_nccl, st.where = ev["in_nccl"], ev["where"]
+                st.last_progress_ns, st.progress_source = ev["last_progress_ns"], ev["progress_source"]
+                st.sources |= ev["sources"]
+        out.append(_judge(ctx, key, label_, nranks, ranks, windows))
+    return out
+
+
+def _table(ctx, name: str) -> pd.DataFrame:
+    """A model table, empty when this model has none (an older database, a synthetic model)."""
+    from ..model.nccl import empty
+    t = ctx.model.tables.get(name)
+    return empty(name) if t is None else t
+
+
+def _int(v) -> int | None:
+    return None if v is None or pd.isna(v) else int(v)
+
+
+def _positions(ctx) -> dict[str, tuple[str, int | None, pd.DataFrame]]:
+    """communicator key -> (label, nranks, rows: rank, host, pid, position, op, source, completed)."""
+    cols = ["rank", "host", "pid", "position", "op", "source", "completed"]
+    out: dict[str, tuple[str, int | None, pd.DataFrame]] = {}
+    logs = _table(ctx, "coll_log_ops")
+    logs = logs[logs["comm_id"].notna() & logs["rank"].notna()] if len(logs) else logs
+    world_of: dict[tuple, str] = {}   # (host, pid) -> its largest communicator (the world): FR's default PG
+    if len(logs):
+        for cid, g in logs.groupby("comm_id"):
+            rows = pd.DataFrame({"rank": g["rank"].astype("int64"), "host": g["host"], "pid": g["pid"],
+                                 "position": g["last_op_count"], "op": g["last_op"],
+                                 "source": "NCCL_DEBUG COLL lines", "completed": pd.NA})
+            n = pd.to_numeric(g["nranks"], errors="coerce").max()
+            out[str(cid)] = (f"communicator {cid}", None if pd.isna(n) else int(n), rows[cols])
+        big = logs.sort_values("nranks", kind="stable").drop_duplicates(["host", "pid"], keep="last")
+        world_of = {(h, int(p)): str(c) for h, p, c in zip(big["host"], big["pid"], big["comm_id"])}
+    fr = _table(ctx, "fr_pg_status")
+    if len(fr):
+        fr = fr.dropna(subset=["rank", "pid"])
+        for pg, g in fr.groupby(fr["pg_id"].astype(str)):
+            enq = pd.to_numeric(g["last_enqueued_collective"], errors="coerce") - 1
+            done = pd.to_numeric(g["last_completed_collective"], errors="coerce") - 1
+            rows = pd.DataFrame({"rank": g["rank"].astype("int64"), "host": g["host"], "pid": g["pid"],
+                                 "position": enq, "op": None, "source": "Flight Recorder", "completed": done})
+            # the default process group is the world communicator the logs already name
+            target = {world_of.get((h, int(p))) for h, p in zip(g["host"], g["pid"])} - {None}
+            key = target.pop() if pg == "0" and len(target) == 1 else f"pg:{pg}"
+            if key in out:
+                lab, n, have = out[key]
+                merged = have.merge(rows[["host", "pid", "position", "completed"]], on=["host", "pid"], how="outer",
+                                    suffixes=("", "_fr"))
+                # the logs say what was launched; Flight Recorder adds what completed (and fills gaps)
+                merged["source"] = merged["source"].fillna("Flight Recorder")
+                merged["position"] = merged["position"].fillna(merged["position_fr"])
+                merged["completed"] = merged["completed_fr"]
+                merged["rank"] = merged["rank"].fillna(
+                    merged[["host", "pid"]].merge(rows, on=["host", "pid"], how="left")["rank"])
+                out[key] = (lab, n, merged.dropna(subset=["rank"])[cols])
+            else:
+                out[key] = (f"process group {pg}", None, rows[cols])
+    if not out:
+        # neither logs nor Flight Recorder: the world of the processes' RANK / WORLD_SIZE
+        rows, size = [], None
+        for c in ctx.model.captures:
+            for p in c.get("processes", []):
+                if p.get("rank") is not None:
+                    rows.append({"rank": int(p["rank"]), "host": c["host"], "pid": p["pid"], "position": pd.NA,
+                                 "op": None, "source": None, "completed": pd.NA})
+                    size = max(size or 0, int(p.get("world_size") or 0)) or None
+        if rows:
+            out["world"] = ("the job's world (RANK / WORLD_SIZE)", size, pd.DataFrame(rows)[cols])
+    return out
+
+
+def _process_evidence(ctx) -> dict[tuple, dict]:
+    """(host, pid) -> in_nccl, where, last_progress_ns, progress_source, sources."""
+    out: dict[tuple, dict] = {}
+
+    def get(host, pid) -> dict:
+        return out.setdefault((host, int(pid)), {"in_nccl": None, "where": None, "last_progress_ns": None,
+                                                "progress_source": None, "sources": set()})
+
+    def progress(host, pid, t, source):
+        e = get(host, pid)
+        e["sources"].add(source)
+        if t is not None and (e["last_progress_ns"] is None or t > e["last_progress_ns"]):
+            e["last_progress_ns"], e["progress_source"] = int(t), source
+
+    # stacks: where each process's main thread is
+    st = _table(ctx, "stacks")
+    if len(st):
+        for (host, pid), g in st.dropna(subset=["pid"]).groupby(["host", "pid"]):
+            frames = _main_thread_frames(g, int(pid))
+            if not frames:
+                continue
+            e = get(host, pid)
+            e["sources"].add("stacks")
+            e["in_nccl"] = any(NCCL_FRAME_RE.search(f) or NCCL_FILE_RE.search(fl or "") for f, fl in frames)
+            e["where"] = _where(frames)
+    # the tracer: any call launched or completed while it watched
+    n = _table(ctx, "nccl_events")
+    if len(n):
+        n = n.dropna(subset=["pid"])
+        t = pd.concat([n["timestamp_ns"], n["end_ns"].where(n["completed"].fillna(False).astype(bool))], axis=1)
+        last = t.max(axis=1)
+        for (host, pid), v in last.groupby([n["host"], n["pid"]]).max().items():
+            progress(host, pid, None if pd.isna(v) else int(v), TRACER)
+    # Flight Recorder completions (realtime clocks only: monotonic stamps cannot be placed)
+    fe = _table(ctx, "fr_entries")
+    if len(fe):
+        done = pd.to_numeric(fe["time_discovered_completed_ns"], errors="coerce")
+        fe = fe.assign(_d=done)[(done > 1e18).fillna(False).to_numpy()].dropna(subset=["pid"])
+        for (host, pid), v in fe.groupby(["host", "pid"])["_d"].max().items():
+            progress(host, pid, int(v), "Flight Recorder")
+    # sockets: bytes acknowledged or received between two samples of a connection between ranks
+    for (host, pid), t in _socket_progress(ctx).items():
+        progress(host, pid, t, "socket samples")
+    return out
+
+
+def _main_thread_frames(g: pd.DataFrame, pid: int) -> list[tuple[str, str | None]]:
+    """Innermost-first (function, file) of the process's main thread in its latest dump."""
+    if "phase" in g and g["phase"].notna().any():
+        order = {"start": 0, None: 1, "end": 2}
+        last = max(g["phase"].unique(), key=lambda p: order.get(p if isinstance(p, str) else None, 1))
+        g = g[g["phase"] == last] if isinstance(last, str) else g
+    tid = pd.to_numeric(g["os_tid"], errors="coerce")
+    main = g[(tid == pid).fillna(False).to_numpy()]
+    if main.empty:
+        main = g[(g["thread_name"].astype("string") == "MainThread").fillna(False).to_numpy()]
+    if main.empty:
+        return []
+    main = main[main["thread_id"] == main["thread_id"].iloc[0]].sort_values("depth", kind="stable")
+    return [(str(f), None if pd.isna(fl) else str(fl)) for f, fl in zip(main["function"], main["code_file"])
+            if isinstance(f, str) and f]
+
+
+def _where(frames: list[tuple[str, str | None]], depth: int = 3) -> str:
+    """"pause() <- other_code_path <- main": the innermost distinct frames, libc's internal
+    names shown as the call."""
+    names: list[str] = []
+    for f, _ in frames:
+        name = _LIBC_PREFIX.sub("", f.split("(")[0].strip()) or f
+        if name in ("syscall", "futex_wait", "futex_abstimed_wait_common", "futex_abstimed_wait_common64"):
+            continue
+        if not names or names[-1] != name:
+            names.append(name)
+        if len(names) == depth:
+            break
+    if not names:
+        return ""
+    return " <- ".join([names[0] + "()"] + names[1:])
+
+
+def _socket_samples(ctx) -> pd.DataFrame:
+    """sockets between two ranks with a sample time (ss-series blocks; start/end snapshots at
+    the capture's start/end)."""
+    s = _table(ctx, "sockets")
+    if s.empty:
+        return s
+    s = s[s["peer_rank"].notna() & s["rank"].notna() & s["pid"].notna()].copy()
+    if s.empty:
+        return s
+    bounds = {c["host"]: (c.get("started_ns"), c.get("ended_ns")) for c in ctx.model.captures}
+    t = pd.to_numeric(s["sample_ns"], errors="coerce")
+    start = s["host"].map(lambda h: bounds.get(h, (None, None))[0])
+    end = s["host"].map(lambda h: bounds.get(h, (None, None))[1])
+    t = t.fillna(pd.to_numeric(start.where(s["phase"] == "start"), errors="coerce"))
+    t = t.fillna(pd.to_numeric(end.where(s["phase"] == "end"), errors="coerce"))
+    s["t"] = t
+    s = s.dropna(subset=["t"])
+    s["conn"] = (s["local_addr"].astype(str) + ":" + s["local_port"].astype(str) + ">" + s["peer_addr"].astype(str)
+                 + ":" + s["peer_port"].astype(str))
+    return s.sort_values("t", kind="stable")
+
+
+def _socket_progress(ctx) -> dict[tuple, int]:
+    """(host, pid) -> the latest sample time at which a connection to another rank had more
+    bytes acknowledged or received than at its previous sample."""
+    s = _socket_samples(ctx)
+    if s.empty:
+        return {}
+    moved = np.zeros(len(s), dtype=bool)
+    for col in ("bytes_acked", "bytes_received"):
+        v = pd.to_numeric(s[col], errors="coerce")
+        prev = v.groupby([s["host"], s["conn"]]).shift()
+        moved |= (v > prev).fillna(False).to_numpy()
+    m = s[moved]
+    return {(h, int(p)): int(t) for (h, p), t in m.groupby(["host", "pid"])["t"].max().items()}
+
+
+def _judge(ctx, key, label_, nranks, ranks: dict[int, RankState], windows) -> CommState:
+    hosts = {st.host for st in ranks.values() if st.host}
+    spans = [windows[h] for h in hosts if h in windows]
+    window = (max(a for a, _ in spans), min(b for _, b in spans)) if spans else None
+    p99 = _p99(ctx)
+    need = int(max(STATE_MIN_SILENCE_NS, DURATION_FACTOR * p99))
+    sources = sorted({s for st in ranks.values() for s in st.sources})
+    inflight = sorted(r for r, st in ranks.items() if st.in_nccl or
+                      (st.completed is not None and st.position is not None and st.position > st.completed))
+    # ranks that launched collectives a peer never launched wait in them: those cannot complete
+    pos = [st.position for st in ranks.values() if st.position is not None]
+    ahead = [r for r, st in ranks.items() if st.position is not None and st.position > min(pos)] if pos else []
+    inflight = sorted(set(inflight) | set(ahead) | set(_stuck_socket_ranks(ctx, set(ranks))))
+    if window is None or window[1] <= window[0]:
+        return CommState(key, label_, nranks, ranks, window, None, need, False, inflight, sources)
+    end = window[1]
+    seen = [st.last_progress_ns for st in ranks.values() if st.last_progress_ns is not None]
+    last = max(seen) if seen else None
+    silence = end - max(last, window[0]) if last is not None else end - window[0]
+    hung = silence >= need and bool(inflight) and (last is None or last <= end - need)
+    return CommState(key, label_, nranks, ranks, window, silence, need, hung, inflight, sources)
+
+
+def _p99(ctx) -> float:
+    n = _table(ctx, "nccl_events")
+    if n.empty:
+        return 0.0
+    d = pd.to_numeric(n.loc[n["completed"].fillna(False).astype(bool), "duration_ns"], errors="coerce").dropna()
+    return float(d.quantile(0.99)) if len(d) else 0.0
+
+
+def _stuck_sockets(ctx, members: set[int]) -> pd.DataFrame:
+    """The latest sample of each connection between members that holds unacknowledged data
+    with nothing acknowledged for a while (an RTO backoff, or lastack long ago)."""
+    s = _socket_samples(ctx)
+    if s.empty:
+        return s
+    s = s[s["rank"].astype("int64").isin(members) & s["peer_rank"].astype("int64").isin(members)]
+    last = s.drop_duplicates(["host", "conn"], keep="last")
+    unacked = pd.to_numeric(last["unacked"], errors="coerce").fillna(0)
+    backoff = pd.to_numeric(last["backoff"], errors="coerce").fillna(0)
+    lastack = pd.to_numeric(last["lastack_ms"], errors="coerce").fillna(0)
+    stuck = (unacked > 0) & ((backoff >= STUCK_BACKOFF) | (lastack >= STUCK_LASTACK_MS))
+    return last[stuck.to_numpy()]
+
+
+def _stuck_socket_ranks(ctx, members: set[int]) -> list[int]:
+    st = _stuck_sockets(ctx, members)
+    return sorted(set(st["rank"].astype("int64"))) if len(st) else []
+
+
+# --------------------------------------------------------------------------- the verdicts
+
+@detector("hang_state")
+def hang_state(ctx: Context) -> list[Finding]:
+    """Hangs from the state at capture, when the tracer did not see them happen (it attached
+    after the ranks entered the collectives they hang in, or it did not run)."""
+    from .hang import hang_frontiers
+    if len(hang_frontiers(ctx)):
+        return []   # the tracer saw the hang: hang_mismatch / hang_stuck judge it from the calls
+    return late_hang_findings(ctx)
+
+
+def late_hang_findings(ctx) -> list[Finding]:
+    """Findings for the hung communicators of :func:`communicator_states`."""
+    out = []
+    directory = rank_directory(ctx)
+    for c in communicator_states(ctx):
+        if not c.hung:
+            continue
+        f = _mismatch(ctx, c, directory) or _stuck(ctx, c, directory)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _age(c: CommState) -> str:
+    when = datetime.fromtimestamp(c.window[1] / 1e9, tz=timezone.utc).strftime("%H:%M:%S")
+    return f"no progress seen in the {ms(c.silence_ns)} the capture watched; state at {when} UTC"
+
+
+def _sources_text(c: CommState, extra=()) -> str:
+    return ", ".join(sorted(set(c.sources) | set(extra))) or "none"
+
+
+def _mismatch(ctx, c: CommState, directory) -> Finding | None:
+    """Ranks behind the others (by position) or outside NCCL while others wait inside it."""
+    pos = {r: st.position for r, st in c.ranks.items() if st.position is not None}
+    behind, n, op = [], None, None
+    if len(pos) >= 2 and len(set(pos.values())) > 1:
+        top = max(pos.values())
+        behind = sorted(r for r, p in pos.items() if p < top and not c.ranks[r].in_nccl)
+        if behind:
+            n = min(pos[r] for r in behind) + 1
+            op = next((st.position_op for st in c.ranks.values() if st.position is not None and st.position >= n
+                       and st.position_op), None)
+    if not behind:
+        known = {r: st.in_nccl for r, st in c.ranks.items() if st.in_nccl is not None}
+        outside = sorted(r for r, v in known.items() if not v)
+        inside = sorted(r for r, v in known.items() if v)
+        if outside and inside:
+            behind = outside
+    if not behind:
+        return None
+    waiting = sorted(r for r in c.ranks if r not in behind)
+    who = ", ".join(label(directory, r) for r in behind)
+
+    def state(r: int) -> str:
+        st = c.ranks[r]
+        parts = []
+        if st.position is not None:
+            parts.append(f"last launched #{st.position}" + (f" {st.position_op}" if st.position_op else ""))
+        if st.where:
+            parts.append(("inside NCCL: " if st.in_nccl else "in ") + st.where)
+        return f"rank {r}: " + ", ".join(parts) if parts else f"rank {r}: no state captured"
+    what = f"never entered collective #{n}" + (f" ({op})" if op else "") if n is not None else \
+        "is not inside any NCCL call"
+    summary = (f"Hung since before the capture ({_age(c)}): {who} {what} of {c.label}; "
+               f"{ranks_text(waiting)} wait{'s' if len(waiting) == 1 else ''} in it ("
+               + "; ".join(state(r) for r in behind + waiting[:4]) + "). The onset is not in this capture.")
+    sql = _state_sql(c)
+    return Finding(
+        kind="hang_mismatch", severity="error", confidence=0.85 if n is not None else 0.7, summary=summary,
+        ranks=behind, hosts=sorted({c.ranks[r].host for r in behind if c.ranks[r].host}), peer_ranks=waiting,
+        evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+        action=(f"Find why {ranks_text(behind)} left the collective sequence: its stack shows where it is instead "
+                "(a data-dependent branch, an exception swallowed on that rank, uneven batches, early stopping); "
+                "every rank must issue the same collectives in the same order. The waiting ranks are healthy."),
+        details=_details(c, {"op_count": n, "op": op, "missing_ranks": behind, "waiting_ranks": waiting}))
+
+
+def _stuck(ctx, c: CommState, directory) -> Finding | None:
+    members = set(c.ranks)
+    pos = {st.position for st in c.ranks.values() if st.position is not None}
+    n = min(pos) if pos else None
+    start = c.window[0]
+    # 1. a reset on the ring: packets / kernel events in the window, or NCCL's own WARN lines
+    ev = trouble_events(ctx)
+    ev = ev[ev["a"].isin(members) & ev["b"].isin(members)] if len(ev) else ev
+    resets = ev[ev["cls"] == "reset"] if len(ev) else ev
+    warn = _reset_warnings(ctx, members)
+    head = (f"Hung since before the capture ({_age(c)}): every rank of {c.label} is inside "
+            + (f"collective #{n}" if n is not None else "a collective"))
+    sql = _state_sql(c)
+    if len(resets) or len(warn):
+        if len(resets):
+            r0 = resets.iloc[0]
+            snd, rcv = int(r0["sender"]), int(r0["receiver"])
+            how = f"{r0['saddr']}:{r0['sport']} -> {r0['daddr']}:{r0['dport']} ({r0['event']})"
+            src = ["packets"]
+        else:
+            w0 = warn.iloc[0]
+            snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
+            how = f"rank {rcv}'s NCCL: {w0['message'][:160]}"
+            src = ["NCCL WARN lines"]
+        summary = (f"{head}; the ring broke on a TCP reset: {label(directory, snd)} -> {label(directory, rcv)} "
+                   f"({how}). NCCL cannot recover a reset connection. The onset is not in this capture.")
+        return Finding(
+            kind="connection_reset", severity="error", confidence=0.8, summary=summary, ranks=[snd],
+            hosts=[directory[snd].host] if snd in directory and directory[snd].host else [], peer_ranks=[rcv],
+            links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=_evidence(ctx, sql), sql=sql,
+            score=2e6,
+            action=("Find who reset the connection: firewall/conntrack rules (nft/iptables REJECT, conntrack table "
+                    "full), a NIC or host reboot, a process closing its socket; restart the job from the last "
+                    "checkpoint."),
+            details=_details(c, {"op_count": n, "sources": _sources_text(c, src)}))
+    # 2. a dead path: data unacknowledged behind an RTO backoff, retransmissions into silence
+    stuck = _stuck_sockets(ctx, members)
+    loss = ev[(ev["cls"] == "retransmission") & (ev["timestamp_ns"] >= start)] if len(ev) else ev
+    links = _dead_links(stuck, loss)
+    if len(links):
+        blame = shared_endpoint(links)
+        ranks = blame.ranks
+        peers = sorted({x for lk in blame.links for x in lk} - set(ranks))
+        n_retx = int(links["n_retx"].sum())
+        backoff = int(pd.to_numeric(stuck["backoff"], errors="coerce").max()) if len(stuck) else 0
+        who = " or ".join(label(directory, r) for r in ranks)
+        summary = (f"{head}; {len(blame.links)} link(s), all touching {who}"
+                   + (f" (to {ranks_text(peers)})" if peers else "")
+                   + " hold data nobody acknowledges"
+                   + (f" (RTO backoff up to {backoff})" if backoff else "")
+                   + (f", {n_retx} retransmission(s) into silence while the capture ran" if n_retx else "")
+                   + ": its link is down or its NIC stopped. The onset is not in this capture.")
+        return Finding(
+            kind="hang_stuck", severity="error", confidence=0.8 if blame.separated else 0.65, summary=summary,
+            ranks=ranks, hosts=sorted({directory[r].host for r in ranks if r in directory and directory[r].host}),
+            peer_ranks=peers, links=[{"rank": int(a), "peer_rank": int(b)} for a, b in blame.links[:MAX_EVIDENCE]],
+            evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+            action=(f"Check {who}'s link: ip link / ethtool (link detected?), dmesg for NIC resets or link down, "
+                    "the switch port; then restart the job without that host."),
+            details=_details(c, {"op_count": n, "sources": _sources_text(c, ["socket samples"]),
+                                 "stuck_connections": int(len(stuck)), "retransmissions": n_retx}))
+    # 3. links idle and drained: the rank its peers wait on made no progress ("GPU" hang)
+    sink, edges = _wait_sink(ctx, members)
+    if sink is not None:
+        waiting = sorted(a for a, b in edges if b == sink)
+        summary = (f"{head}; every link is idle and drained, and {ranks_text(waiting)} wait to receive from "
+                   f"{label(directory, sink)}, which waits on no peer: its GPU work (stream) stopped mid-collective"
+                   + (f" ({c.ranks[sink].where})" if c.ranks.get(sink) and c.ranks[sink].where else "")
+                   + ". The onset is not in this capture.")
+        return Finding(
+            kind="hang_stuck", severity="error", confidence=0.7, summary=summary, ranks=[sink],
+            hosts=[directory[sink].host] if sink in directory and directory[sink].host else [],
+            peer_ranks=waiting, evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+            action=(f"Check rank {sink}'s GPU: nvidia-smi (utilisation stuck at 100%?), dmesg for Xid errors, "
+                    "cuda-gdb or py-spy dump --native of its process; then restart the job without that GPU."),
+            details=_details(c, {"op_count": n, "sources": _sources_text(c, ["thread states"]),
+                                 "wait_for": [[int(a), int(b)] for a, b in edges]}))
+    summary = (f"{head}; no TCP retransmission, reset or stuck socket between its ranks and no rank that the "
+               "others wait on could be told: suspect a GPU or kernel hang (nvidia-smi, dmesg Xid), or RDMA traffic "
+               "invisible to TCP (see the IB counters). The onset is not in this capture.")
+    return Finding(
+        kind="hang_stuck", severity="error", confidence=0.5, summary=summary, ranks=[], hosts=[],
+        peer_ranks=sorted(members), evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+        action=("Dump the stacks of every rank (py-spy dump --native, gdb), check nvidia-smi and dmesg for Xid "
+                "errors; if NCCL uses IB/RoCE, read the port counters."),
+        details=_details(c, {"op_count": n}))
+
+
+RESET_WARN_RE = r"(?i)reset by peer|closed by remote peer|Connection refused|Broken pipe"
+
+
+def _reset_warnings(ctx, members: set[int]) -> pd.DataFrame:
+    """NCCL WARN lines about a connection reset or closed by the peer, with the peer's rank
+    (from its address)."""
+    w = _table(ctx, "nccl_warnings")
+    if w.empty:
+        return pd.DataFrame(columns=["rank", "peer_rank", "message"])
+    w = w[w["message"].astype("string").str.contains(RESET_WARN_RE, regex=True).fillna(False).to_numpy()]
+    w = w.dropna(subset=["rank", "peer"])
+    if w.empty:
+        return pd.DataFrame(columns=["rank", "peer_rank", "message"])
+    by_addr = {info.addr: r for r, info in rank_directory(ctx).items() if info.addr}
+    addr = w["peer"].astype(str).str.extract(r"^\[?([0-9a-fA-F:.]+?)\]?(?:[<:]\d+>?)?$")[0]
+    w = w.assign(peer_rank=addr.map(by_addr))
+    w = w.dropna(subset=["peer_rank"])
+    w = w[w["rank"].astype("int64").isin(members) & w["peer_rank"].astype("int64").isin(members)]
+    return w.assign(rank=w["rank"].astype("int64"), peer_rank=w["peer_rank"].astype("int64"))[
+        ["rank", "peer_rank", "message"]].reset_index(drop=True)
+
+
+def _dead_links(stuck: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
+    """Per unordered link: stuck connections (+1 each) and retransmissions in the window; in
+    the shape :func:`shared_endpoint` takes (a, b, n)."""
+    parts = []
+    if len(stuck):
+        r, p = stuck["rank"].astype("int64").to_numpy(), stuck["peer_rank"].astype("int64").to_numpy()
+        parts.append(pd.DataFrame({"a": np.minimum(r, p), "b": np.maximum(r, p), "n": 1, "n_retx": 0}))
+    if len(loss):
+        c = dedup_counts(loss)
+        parts.append(pd.DataFrame({"a": c["a"].astype("int64"), "b": c["b"].astype("int64"),
+                                   "n": c["n"].astype("int64"), "n_retx": c["n"].astype("int64")}))
+    if not parts:
+        return pd.DataFrame(columns=["a", "b", "n", "n_retx"])
+    return pd.concat(parts, ignore_index=True).groupby(["a", "b"], as_index=False)[["n", "n_retx"]].sum()
+
+
+def _wait_sink(ctx, members: set[int]) -> tuple[int | None, list[tuple[int, int]]]:
+    """Who waits on whom: threads blocked receiving on a socket whose peer is another rank.
+    The one rank that others wait on and that itself waits on no peer is the stuck one."""
+    th = _table(ctx, "threads")
+    s = _table(ctx, "sockets")
+    if th.empty or s.empty:
+        return None, []
+    th = th[th["syscall_name"].isin(RECV_SYSCALLS) & th["socket_inode"].notna() & th["rank"].notna()]
+    if "phase" in th and (th["phase"] == "end").any():
+        th = th[th["phase"] == "end"]
+    s = s.dropna(subset=["inode", "peer_rank"]).drop_duplicates(["host", "inode"], keep="last")
+    if th.empty or s.empty:
+        return None, []
+    j = th.merge(s[["host", "inode", "peer_rank"]], left_on=["host", "socket_inode"], right_on=["host", "inode"])
+    edges = sorted({(int(a), int(b)) for a, b in zip(j["rank"], j["peer_rank"]) if a != b and int(a) in members
+                    and int(b) in members})
+    waiting = {a for a, _ in edges}
+    waited_on = {b for _, b in edges}
+    sinks = sorted(waited_on - waiting)
+    return (sinks[0] if len(sinks) == 1 else None), edges
+
+
+# --------------------------------------------------------------------------- evidence
+
+def _state_sql(c: CommState) -> str:
+    """Per rank of the communicator: its position (COLL lines), Flight Recorder counters, the
+    main thread's innermost frame, the sockets with unacknowledged data at the last sample."""
+    vals = ", ".join(f"({sql_int(r)}, {sql_str(st.host or '')}, {sql_int(st.pid) if st.pid is not None else 'NULL'})"
+                     for r, st in sorted(c.ranks.items())[:MAX_EVIDENCE])
+    comm = sql_str(c.key)
+    return f"""WITH m(rank, host, pid) AS (VALUES {vals}),
+pos AS (SELECT host, pid, max(last_op_count) AS last_launched_op, arg_max(last_op, last_op_count) AS op
+        FROM coll_log_ops WHERE comm_id = {comm} GROUP BY host, pid),
+fr AS (SELECT host, pid, max(last_enqueued_collective) - 1 AS fr_last_enqueued_op,
+              max(last_completed_collective) - 1 AS fr_last_completed_op FROM fr_pg_status GROUP BY host, pid),
+top AS (SELECT host, pid, arg_min(function, depth) AS main_thread_frame FROM stacks
+        WHERE os_tid = pid OR thread_name = 'MainThread' GROUP BY host, pid),
+sk AS (SELECT host, pid, count(*) FILTER (WHERE unacked > 0) AS sockets_unacked, max(backoff) AS max_backoff
+       FROM sockets WHERE peer_rank IS NOT NULL GROUP BY host, pid)
+SELECT m.rank, m.host, m.pid, pos.last_launched_op, pos.op, fr.fr_last_enqueued_op, fr.fr_last_completed_op,
+       top.main_thread_frame, coalesce(sk.sockets_unacked, 0) AS sockets_unacked, sk.max_backoff
+FROM m LEFT JOIN pos USING (host, pid) LEFT JOIN fr USING (host, pid) LEFT JOIN top USING (host, pid)
+LEFT JOIN sk USING (host, pid) ORDER BY m.rank"""
+
+
+def _evidence(ctx, sql: str) -> list[dict]:
+    """The evidence rows are what the finding's SQL returns (one source for both)."""
+    try:
+        df = ctx.sql(sql)
+    except Exception:   # noqa: BLE001  a table missing in an old database: no rows rather than no finding
+        return []
+    rows = df.head(MAX_EVIDENCE).to_dict("records")
+    for r in rows:
+        for k, v in r.items():
+            if v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+                r[k] = None
+            elif isinstance(v, np.integer):
+                r[k] = int(v)
+    return rows
+
+
+def _details(c: CommState, extra: dict) -> dict:
+    d = {"comm": c.key, "state_at_capture": True, "sources": _sources_text(c),
+         "window_ns": list(c.window) if c.window else None, "silence_ns": c.silence_ns,
+         "ranks": {str(r): {"position": st.position, "position_source": st.position_source,
+                            "completed": st.completed, "in_nccl": st.in_nccl, "where": st.where,
+                            "last_progress_ns": st.last_progress_ns} for r, st in sorted(c.ranks.items())}}
+    d.update({k: v for k, v in extra.items() if v is not None})
+    return d

@@ -1,0 +1,249 @@
+"""Hangs judged from the state at capture, and only inside the hosts' common window.
+
+Synthetic model tables of a 4-rank job, one rank per host, as a late capture (the tracer
+saw no collective: they were all entered before it attached) or as per-host captures that
+started and stopped apart. Every negative case has a positive twin.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from forensics.findings import Context
+from forensics.findings.hang import hang_frontiers, hang_stuck
+from forensics.findings.state import hang_state
+from forensics.model import Model
+from forensics.model.nccl import conform, empty
+from forensics.model.schema import TABLES
+
+T0 = 1_800_000_000_000_000_000
+S = 1_000_000_000
+MS = 1_000_000
+COMM = "0x92504a7cbb72bbba"
+RANKS = 4
+WINDOW = (T0, T0 + 15 * S)   # a 15 s capture on every host
+
+
+def addr(r: int) -> str:
+    return f"10.9.0.{10 + r}"
+
+
+def captures(window=WINDOW, world=RANKS):
+    return [{"host": f"node{r}", "started_ns": window[0], "ended_ns": window[1],
+             "processes": [{"pid": 100 + r, "rank": r, "world_size": world}]} for r in range(RANKS)]
+
+
+def windows(spans=None, kind="capture"):
+    spans = spans or {r: WINDOW for r in range(RANKS)}
+    return [{"host": f"node{r}", "collector": kind, "kind": kind, "first_ns": a, "last_ns": b, "source": "manifest"}
+            for r, (a, b) in spans.items()]
+
+
+def context(caps=None, **rows) -> Context:
+    tables = {name: empty(name) for name in TABLES}
+    rows.setdefault("capture_windows", windows())
+    for name, rs in rows.items():
+        if rs:
+            tables[name] = conform(pd.DataFrame(list(rs)), name)
+    m = Model(tables=tables, hosts=[f"node{r}" for r in range(RANKS)], captures=caps or captures())
+    return Context(model=m, con=m.connect())
+
+
+def coll_logs(pos: dict[int, int]):
+    return [{"host": f"node{r}", "pid": 100 + r, "rank": r, "log_pid": 100 + r, "comm_ptr": f"0x5{r}",
+             "comm_id": COMM, "comm_rank": r, "nranks": RANKS, "last_op_count": p, "last_op": "ALL_REDUCE",
+             "last_count": 1024, "lines": p + 1, "artifact": f"logs/nccl-rank{r}.log"} for r, p in pos.items()]
+
+
+def stack(r: int, frames: list[str]):
+    """The main thread's native stack (innermost first), as capture's eu-stack dump gives it."""
+    return [{"host": f"node{r}", "pid": 100 + r, "rank": r, "phase": None, "thread_id": str(100 + r),
+             "os_tid": 100 + r, "thread_name": "sslab_rank", "depth": d, "function": f,
+             "artifact": f"stacks/native-{100 + r}.txt"} for d, f in enumerate(frames)]
+
+
+IN_NCCL = ["__futex_abstimed_wait_common", "pthread_cond_wait", "cudaStreamSynchronize", "train_step", "main"]
+PAUSED = ["__GI___pause", "other_code_path", "main"]
+COMPUTING = ["__GI___clock_nanosleep", "nanosleep", "compute", "train_step", "main"]
+
+
+def sock(r: int, p: int, t: int, acked: int = 1000, received: int = 1000, unacked=None, backoff=None, lastack=None,
+         inode=None):
+    """One ss sample of rank r's connection to rank p."""
+    return {"host": f"node{r}", "netns": "host", "phase": None, "pid": 100 + r, "rank": r, "peer_rank": p,
+            "state": "ESTAB", "local_addr": addr(r), "local_port": 40000 + p, "peer_addr": addr(p),
+            "peer_port": 50000 + r, "bytes_acked": acked, "bytes_received": received, "unacked": unacked,
+            "backoff": backoff, "lastack_ms": lastack, "sample_ns": t, "inode": inode}
+
+
+def ring_samples(moving_until=None, **kw):
+    """Samples every 2 s of each rank's connections to its ring neighbours; bytes grow at every
+    sample up to ``moving_until`` (a job still running), else they stay put (a hang)."""
+    rows = []
+    for i, t in enumerate(range(WINDOW[0], WINDOW[1] + 1, 2 * S)):
+        grow = moving_until is not None and t <= moving_until
+        n = 1000 + (i * 4096 if grow else 0)
+        for r in range(RANKS):
+            for p in ((r + 1) % RANKS, (r - 1) % RANKS):
+                rows.append(sock(r, p, t, acked=n, received=n, **kw))
+    return rows
+
+
+# --------------------------------------------------------------------------- mismatch
+
+def test_late_mismatch_names_the_rank_behind_and_where_it_is():
+    ctx = context(coll_log_ops=coll_logs({0: 44, 1: 41, 2: 44, 3: 44}),
+                  stacks=stack(0, IN_NCCL) + stack(1, PAUSED) + stack(2, IN_NCCL) + stack(3, IN_NCCL),
+                  sockets=ring_samples())
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_mismatch", [1])]
+    assert "never entered collective #42 (ALL_REDUCE)" in f[0].summary
+    assert "pause() <- other_code_path <- main" in f[0].summary
+    assert "before the capture" in f[0].summary and "15.0 s" in f[0].summary
+    assert f[0].peer_ranks == [0, 2, 3]
+    assert len(ctx.con.execute(f[0].sql).fetchall()) == len(f[0].evidence) == RANKS
+
+
+def test_a_running_job_with_ranks_at_different_ops_is_not_hung():
+    # the same positions, but bytes move between the ranks until the end: the job runs
+    ctx = context(coll_log_ops=coll_logs({0: 44, 1: 41, 2: 44, 3: 44}),
+                  stacks=stack(0, IN_NCCL) + stack(1, PAUSED) + stack(2, IN_NCCL) + stack(3, IN_NCCL),
+                  sockets=ring_samples(moving_until=WINDOW[1]))
+    assert hang_state(ctx) == []
+
+
+def test_stacks_alone_tell_the_rank_outside_nccl():
+    # no COLL logs, no Flight Recorder, no tracer: the world from RANK/WORLD_SIZE, the stacks
+    ctx = context(stacks=stack(0, IN_NCCL) + stack(1, IN_NCCL) + stack(2, PAUSED) + stack(3, IN_NCCL),
+                  sockets=ring_samples())
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_mismatch", [2])]
+    assert "is not inside any NCCL call" in f[0].summary and "pause()" in f[0].summary
+
+
+def test_long_compute_with_nothing_in_flight_is_not_a_hang():
+    ctx = context(coll_log_ops=coll_logs({r: 44 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, COMPUTING)], sockets=ring_samples())
+    assert hang_state(ctx) == []
+    # its twin: the same job with every rank waiting in the collective is hung
+    ctx = context(coll_log_ops=coll_logs({r: 44 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples())
+    assert [x.kind for x in hang_state(ctx)] == ["hang_stuck"]
+
+
+def test_a_short_window_is_not_enough_to_call_a_hang():
+    short = (T0, T0 + 2 * S)
+    ctx = context(caps=captures(short), capture_windows=windows({r: short for r in range(RANKS)}),
+                  coll_log_ops=coll_logs({0: 44, 1: 41, 2: 44, 3: 44}))
+    assert hang_state(ctx) == []
+
+
+# --------------------------------------------------------------------------- stuck
+
+def _dead_link_samples(dead: int):
+    """Rank `dead`'s NIC stopped: its neighbours' connections to it hold data behind a growing
+    RTO backoff; every other connection is drained."""
+    rows = []
+    for i, t in enumerate(range(WINDOW[0], WINDOW[1] + 1, 2 * S)):
+        for r in range(RANKS):
+            for p in ((r + 1) % RANKS, (r - 1) % RANKS):
+                stuck = dead in (r, p) and r != dead
+                rows.append(sock(r, p, t, unacked=12 if stuck else None, backoff=min(i + 3, 9) if stuck else None,
+                                 lastack=20_000.0 + i * 2000 if stuck else 30.0))
+    return rows
+
+
+def test_late_dead_link_names_the_rank_every_stuck_socket_touches():
+    ctx = context(coll_log_ops=coll_logs({r: 68 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=_dead_link_samples(2))
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [2])]
+    assert "inside collective #68" in f[0].summary and "RTO backoff" in f[0].summary
+
+
+def test_drained_links_and_no_wait_graph_blame_nobody():
+    ctx = context(coll_log_ops=coll_logs({r: 68 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples())
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [])]
+
+
+def test_gpu_hang_blames_the_rank_its_peers_wait_on():
+    # rank 3's stream stopped mid-collective: its ring neighbours' stream threads block in
+    # recvfrom() on their sockets to rank 3; the others wait on their own neighbours
+    socks, threads = [], []
+    inode = 7000
+    for r in range(RANKS):
+        for p in ((r + 1) % RANKS, (r - 1) % RANKS):
+            inode += 1
+            socks.append(sock(r, p, WINDOW[1], inode=inode))
+            waits_on = {0: 3, 2: 3, 1: 0}.get(r)
+            if p == waits_on:
+                threads.append({"host": f"node{r}", "pid": 100 + r, "rank": r, "phase": "end",
+                                "sample_ns": WINDOW[1], "tid": 200 + r, "name": "sslab-stream", "state": "S",
+                                "wchan": "wait_woken", "syscall_name": "recvfrom", "fd": 9, "socket_inode": inode})
+    stacks_ = [row for r in range(RANKS) for row in stack(r, IN_NCCL)]
+    ctx = context(coll_log_ops=coll_logs({r: 30 for r in range(RANKS)}), stacks=stacks_, sockets=socks,
+                  threads=threads)
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [3])]
+    assert f[0].peer_ranks == [0, 2]
+    # without the thread states nobody can be named
+    ctx = context(coll_log_ops=coll_logs({r: 30 for r in range(RANKS)}), stacks=stacks_, sockets=socks)
+    assert [(x.kind, x.ranks) for x in hang_state(ctx)] == [("hang_stuck", [])]
+
+
+def test_reset_before_the_capture_from_ncclwarn_lines():
+    warn = [{"host": "node1", "pid": 101, "rank": 1, "log_pid": 101, "message":
+             "socketProgressOpt: Call to recv from 10.9.0.12<50001> failed : Connection reset by peer",
+             "peer": "10.9.0.12<50001>"}]
+    flows = [{"host": f"node{r}", "capture": "c", "stream": r, "orig_addr": addr(r), "orig_port": 40000,
+              "resp_addr": addr((r + 1) % RANKS), "resp_port": 50000, "rank": r, "peer_rank": (r + 1) % RANKS}
+             for r in range(RANKS)]
+    ctx = context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
+                  nccl_warnings=warn, flows=flows)
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", [2], [1])]
+
+
+# --------------------------------------------------------------------------- windows (tracer path)
+
+def _ops(rank: int, k_from: int, k_to: int, open_last: bool):
+    """Rank `rank`'s collectives k_from..k_to every 100 ms, each completing 5 ms later (the
+    last one open when `open_last`: the host's capture stopped looking right after it)."""
+    rows = []
+    for k in range(k_from, k_to + 1):
+        t = T0 + k * 100 * MS
+        done = not (open_last and k == k_to)
+        rows.append({"timestamp_ns": t, "duration_ns": 5 * MS if done else None, "duration_source": "host_sync",
+                     "end_ns": t + 5 * MS if done else None, "op": "ALL_REDUCE", "rank": rank, "nranks": RANKS,
+                     "comm_id_hash": COMM, "comm_ptr": f"0x{rank}", "op_count": k, "count": 1, "bytes": 4,
+                     "host": f"node{rank}", "pid": 100 + rank, "tid": 100 + rank, "completed": done})
+    return rows
+
+
+def test_an_op_open_at_one_host_window_end_is_not_a_hang():
+    # hosts 0 and 1 stop tracing at 4.0 s with op #40 open; hosts 2 and 3 trace until 9 s
+    # and see #40 complete, then the job computes for a while (no collective after #40)
+    ev = _ops(0, 0, 40, True) + _ops(1, 0, 40, True) + _ops(2, 0, 40, False) + _ops(3, 0, 40, False)
+    spans = {0: (T0, T0 + 4005 * MS), 1: (T0, T0 + 4005 * MS), 2: (T0, T0 + 9 * S), 3: (T0, T0 + 9 * S)}
+    caps = [{"host": f"node{r}", "started_ns": a, "ended_ns": b, "processes": []} for r, (a, b) in spans.items()]
+    ctx = context(caps=caps, nccl_events=ev, capture_windows=windows(spans, "tracer"))
+    assert hang_frontiers(ctx).empty and hang_stuck(ctx) == []
+    # the twin: every host traced until 9 s and hosts 0 and 1 never completed #40: a hang
+    spans = {r: (T0, T0 + 9 * S) for r in range(RANKS)}
+    ctx = context(caps=caps, nccl_events=ev, capture_windows=windows(spans, "tracer"))
+    assert [f.kind for f in hang_stuck(ctx)] == ["hang_stuck"]
+
+
+def test_the_capture_end_is_when_the_tracer_stopped_not_when_the_bundle_was_written():
+    # the tracer stopped at 4.0 s with #40 just launched; snapshots and attachments took the
+    # capture 4.5 s more: that is not 4.5 s without progress
+    ev = [row for r in range(RANKS) for row in _ops(r, 0, 40, True)]
+    caps = [{"host": f"node{r}", "started_ns": T0, "ended_ns": T0 + 8500 * MS, "processes": []} for r in range(RANKS)]
+    spans = {r: (T0, T0 + 4005 * MS) for r in range(RANKS)}
+    ctx = context(caps=caps, nccl_events=ev, capture_windows=windows(spans, "tracer") + windows(
+        {r: (T0, T0 + 8500 * MS) for r in range(RANKS)}))
+    assert hang_stuck(ctx) == []
+    ctx = context(caps=caps, nccl_events=ev, capture_windows=windows({r: (T0, T0 + 8500 * MS) for r in range(RANKS)}))
+    assert [f.kind for f in hang_stuck(ctx)] == ["hang_stuck"]

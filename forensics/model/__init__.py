@@ -94,8 +94,12 @@ def build_model(paths: list[str | os.PathLike], *, skew: bool = True) -> Model:
 
 def _build(bundles: list[Bundle], skew: bool) -> Model:
     events = {b.host: b.read_bpf_events() for b in bundles}
+    arts = {b.host: artifacts_mod.read_artifacts(b) for b in bundles}
+    # one pid -> global rank rule for every table (nccl.process_ranks)
+    pid_ranks = {b.host: nccl_mod.process_ranks(b, events[b.host], arts[b.host].table("nccl_debug", "nccl_comms"))
+                 for b in bundles}
     endpoints = pd.concat([tcp_mod.endpoint_table(b, events[b.host]) for b in bundles], ignore_index=True)
-    ranks = pd.concat([tcp_mod.rank_table(b, events[b.host]) for b in bundles], ignore_index=True)
+    ranks = pd.concat([tcp_mod.rank_table(b, pid_ranks[b.host]) for b in bundles], ignore_index=True)
     netns = pd.concat([tcp_mod.netns_pid_table(b) for b in bundles], ignore_index=True)
     attr = tcp_mod.Attribution(endpoints, ranks, netns)
 
@@ -105,20 +109,20 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
     window_parts: list[pd.DataFrame] = []
     for b in bundles:
         ev = events[b.host]
-        nccl_parts.append(nccl_mod.nccl_events(b, ev))
+        nccl_parts.append(nccl_mod.nccl_events(b, ev, pid_ranks[b.host]))
         tcp_parts.append(tcp_mod.bpf_tcp_events(b, ev, attr))
         pe, pk, fl, timing = tcp_mod.analyse_pcaps(b, attr)
         tcp_parts.append(pe)
         pk_parts.append(pk)
         fl_parts.append(fl)
-        off_parts.append(offcpu_mod.offcpu_samples(b, ev))
+        off_parts.append(offcpu_mod.offcpu_samples(b, ev, pid_ranks[b.host]))
         timing_parts.append(timing_mod.flow_timing(b, attr, timing))
         window_parts.append(windows_mod.bundle_windows(b, ev, fl))
     nccl = nccl_mod.concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                                   na_position="last").reset_index(drop=True)
     tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
                                                                 na_position="last").reset_index(drop=True)
-    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, nccl, attr)   # GPU times join nccl_events here
+    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, arts, pid_ranks, nccl, attr)   # + GPU times
     tcp = tcp_mod.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []

@@ -176,25 +176,6 @@ def phase_of(rel: str) -> str | None:
     return m[1] if m else None
 
 
-# --------------------------------------------------------------------------- pid <-> rank
-
-def pid_ranks(bundle, arts: BundleArtifacts, nccl: pd.DataFrame) -> dict[int, int]:
-    """pid -> global rank on this host: the manifest's RANK, then the NCCL log's rank in
-    its largest communicator, then the tracer's (``nccl_events``) rank."""
-    ranks: dict[int, int] = {}
-    if len(nccl):
-        n = nccl[(nccl["host"] == bundle.host) & nccl["rank"].notna() & nccl["pid"].notna()]
-        if len(n):
-            n = n.sort_values("nranks", kind="stable", na_position="first")
-            ranks.update({int(p): int(r) for p, r in n.groupby("pid")["rank"].last().items()})
-    comms = arts.table("nccl_debug", "nccl_comms")
-    if len(comms):
-        c = comms.dropna(subset=["pid", "rank"]).sort_values("nranks", kind="stable", na_position="first")
-        ranks.update({int(p): int(r) for p, r in c.groupby("pid")["rank"].last().items()})
-    ranks.update({p.pid: p.rank for p in bundle.manifest.processes if p.rank is not None})
-    return ranks
-
-
 def _map_rank(df: pd.DataFrame, ranks: dict[int, int]) -> pd.Series:
     return pd.to_numeric(df["pid"], errors="coerce").map(ranks).astype("Int64")
 
@@ -290,14 +271,16 @@ def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- all of it
 
-def artifact_tables(bundles: list, nccl: pd.DataFrame, attr) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """(nccl_events with GPU durations where the artefacts give them, the artefact tables)."""
+def artifact_tables(bundles: list, arts_by_host: dict[str, BundleArtifacts], pid_ranks: dict[str, dict[int, int]],
+                    nccl: pd.DataFrame, attr) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """(nccl_events with GPU durations where the artefacts give them, the artefact tables);
+    ``arts_by_host``: each bundle's :func:`read_artifacts`, ``pid_ranks``: each host's
+    :func:`forensics.model.nccl.process_ranks` (the one pid -> global rank rule)."""
     from . import gpu_times, nccl_config
     per: dict[str, list[pd.DataFrame]] = {}
     fr_parts, fr_status, insp_parts = [], [], []
     for b in bundles:
-        arts = read_artifacts(b)
-        ranks = pid_ranks(b, arts, nccl)
+        arts, ranks = arts_by_host[b.host], pid_ranks[b.host]
         tests, runs = nccl_tests_tables(b, arts)
         cfg, warns = nccl_config.config_tables(b, arts, ranks)
         from . import state

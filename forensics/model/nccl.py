@@ -98,19 +98,37 @@ def _utc(clock, mono: pd.Series) -> pd.Series:
     return out
 
 
-def process_ranks(bundle, events: list[dict]) -> dict[int, int]:
-    """pid -> global rank: the world communicator's rank from comm_init (the largest
-    nranks), else the manifest's RANK."""
+def process_ranks(bundle, events: list[dict], log_comms: pd.DataFrame | None = None) -> dict[int, int]:
+    """pid -> global rank on one host: THE rule every table uses (tcp_events, offcpu, stacks,
+    sockets, nccl_config, Flight Recorder entries, the state at capture).
+
+    A process's global rank is NCCL's own rank on the largest communicator it belongs to
+    (the world), as :func:`world_ranks` has it for ``nccl_events``: from the tracer's
+    ``comm_init`` and the NCCL_DEBUG log's ``Init`` lines (``log_comms``: the parser's
+    ``nccl_comms``), the row of the largest nranks; a NULL nranks (a split child whose size
+    the tracer cannot read) counts below every known size; at equal sizes the tracer wins.
+    Without either, the manifest's RANK (torchrun's global rank: the same number for a
+    PyTorch job, and the only one a capture that started after init and has no log knows)."""
     ranks = {p.pid: p.rank for p in bundle.manifest.processes if p.rank is not None}
+    parts = []
     inits = events_frame(events, "comm_init")
     if len(inits) and {"pid", "rank", "nranks"} <= set(inits.columns):
-        inits = inits.dropna(subset=["rank", "nranks"]).sort_values(["pid", "nranks"], kind="stable")
-        for pid, rank in inits.groupby("pid")["rank"].last().items():
+        parts.append(pd.DataFrame({"pid": inits["pid"], "rank": inits["rank"], "nranks": inits["nranks"], "src": 1}))
+    if log_comms is not None and len(log_comms) and {"pid", "rank", "nranks"} <= set(log_comms.columns):
+        parts.append(pd.DataFrame({"pid": log_comms["pid"], "rank": log_comms["rank"], "nranks": log_comms["nranks"],
+                                   "src": 0}))
+    if parts:
+        c = pd.concat(parts, ignore_index=True)
+        c = c.assign(pid=pd.to_numeric(c["pid"], errors="coerce"), rank=pd.to_numeric(c["rank"], errors="coerce"),
+                     nranks=pd.to_numeric(c["nranks"], errors="coerce").fillna(-1)).dropna(subset=["pid", "rank"])
+        c = c.sort_values(["pid", "nranks", "src"], kind="stable")
+        for pid, rank in c.groupby("pid")["rank"].last().items():
             ranks[int(pid)] = int(rank)
     return ranks
 
 
-def nccl_events(bundle, events: list[dict]) -> pd.DataFrame:
+def nccl_events(bundle, events: list[dict], ranks: dict[int, int] | None = None) -> pd.DataFrame:
+    """``nccl_events`` of one bundle; ``ranks``: :func:`process_ranks` (computed here when not given)."""
     coll = events_frame(events, "coll")
     if coll.empty:
         return empty("nccl_events")
@@ -124,7 +142,7 @@ def nccl_events(bundle, events: list[dict]) -> pd.DataFrame:
     coll["timestamp_ns"] = _utc(clock, coll["t0"])
     coll["call_return_ns"] = _utc(clock, coll["t1"])
     # rank of communicators created before the tracer attached: the process's rank
-    pid_rank = process_ranks(bundle, events)
+    pid_rank = process_ranks(bundle, events) if ranks is None else ranks
     rank = pd.to_numeric(coll["rank"], errors="coerce")
     coll["rank"] = rank.fillna(coll["pid"].map(pid_rank))
     dt = pd.to_numeric(coll["datatype"], errors="coerce")

@@ -139,7 +139,7 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
 
 def _world_rank(lp: dict):
     """A log process's rank: the one all its communicators agree on, else the smallest (a
-    fallback key only; :func:`.artifacts.pid_ranks` picks the largest communicator's)."""
+    fallback key only; :func:`.nccl.process_ranks` picks the largest communicator's)."""
     rk = [r for r in (lp.get("ranks") or {}).values() if r is not None]
     return rk[0] if len(set(rk)) == 1 else (min(rk) if rk else None)
 

@@ -15,7 +15,7 @@ import pandas as pd
 from .nccl import _utc, conform, empty, events_frame, process_ranks
 
 
-def offcpu_samples(bundle, events: list[dict]) -> pd.DataFrame:
+def offcpu_samples(bundle, events, ranks: dict[int, int] | None = None) -> pd.DataFrame:
     ev = events_frame(events, "offcpu")
     if ev.empty or not {"t", "pid", "tid"} <= set(ev.columns):
         return empty("offcpu")
@@ -30,7 +30,7 @@ def offcpu_samples(bundle, events: list[dict]) -> pd.DataFrame:
     ev["timestamp_ns"] = _utc(bundle.clock, ev["t"])
     ev = ev.sort_values(["pid", "tid", "t"], kind="stable")
     g = ev.groupby(["pid", "tid"], sort=False)
-    ranks = process_ranks(bundle, events)
+    ranks = process_ranks(bundle, events) if ranks is None else ranks
     out = pd.DataFrame({
         "timestamp_ns": ev["timestamp_ns"], "host": bundle.host, "pid": ev["pid"], "tid": ev["tid"],
         "rank": ev["pid"].map(ranks), "name": ev["name"], "state": ev["state"],

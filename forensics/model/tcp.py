@@ -160,8 +160,9 @@ class Attribution:
         return q.merge(o, on=["host", "netns"], how="left")[["pid", "rank"]]
 
 
-def rank_table(bundle, events: list[dict]) -> pd.DataFrame:
-    r = process_ranks(bundle, events)
+def rank_table(bundle, ranks: dict[int, int]) -> pd.DataFrame:
+    """(host, pid, rank) of one bundle from :func:`.nccl.process_ranks`."""
+    r = ranks
     return pd.DataFrame({"host": bundle.host, "pid": list(r.keys()), "rank": list(r.values())},
                         columns=["host", "pid", "rank"])
 

@@ -43,7 +43,10 @@ class Analysis:
             return serious[0].summary
         n = len(self.model["nccl_events"])
         if n == 0:
-            return "No NCCL collectives were captured: no verdict on the job (see the capture section)."
+            from .findings.base import Context
+            from .findings.state import state_verdict
+            said = state_verdict(Context(self.model, self.con, self.options))
+            return said or "No NCCL collectives were captured: no verdict on the job (see the capture section)."
         if any(f.kind == "transport" and f.details.get("rule") == "rdma_invisible_to_tcp" for f in self.findings):
             # no retransmission means nothing when NCCL's traffic never touched the TCP stack
             return (f"No problem found in {n} NCCL calls; their traffic went over RDMA, invisible to TCP "

@@ -29,7 +29,9 @@ def addr(r: int) -> str:
 
 def captures(window=WINDOW, world=RANKS):
     return [{"host": f"node{r}", "started_ns": window[0], "ended_ns": window[1],
-             "processes": [{"pid": 100 + r, "rank": r, "world_size": world}]} for r in range(RANKS)]
+             "bundle": f"node{r}.tar.gz", "collectors": [], "files": 0, "bytes": 0, "clock_samples": 2,
+             "processes": [{"pid": 100 + r, "rank": r, "world_size": world, "comm": "sslab_rank", "cmdline": "",
+                            "libnccl": []}]} for r in range(RANKS)]
 
 
 def windows(spans=None, kind="capture"):
@@ -247,3 +249,43 @@ def test_the_capture_end_is_when_the_tracer_stopped_not_when_the_bundle_was_writ
     assert hang_stuck(ctx) == []
     ctx = context(caps=caps, nccl_events=ev, capture_windows=windows({r: (T0, T0 + 8500 * MS) for r in range(RANKS)}))
     assert [f.kind for f in hang_stuck(ctx)] == ["hang_stuck"]
+
+
+# --------------------------------------------------------------------------- the report
+
+def test_report_first_screen_of_a_late_capture_says_what_is_known_and_not():
+    import json
+    import re
+
+    from forensics.analysis import Analysis
+    from forensics.findings import run_detectors
+    from forensics.report.html import render
+
+    ctx = context(coll_log_ops=coll_logs({0: 44, 1: 41, 2: 44, 3: 44}),
+                  stacks=stack(0, IN_NCCL) + stack(1, PAUSED) + stack(2, IN_NCCL) + stack(3, IN_NCCL),
+                  sockets=ring_samples())
+    findings, problems = run_detectors(ctx)
+    a = Analysis(model=ctx.model, con=ctx.con, findings=findings, problems=problems)
+    assert a.top.kind == "hang_mismatch" and a.top.ranks == [1]
+    page = render(a, with_plotly=False)
+    headline = re.search(r'id="verdict-text">([^<]*)<', page)[1]
+    assert headline.startswith("Hung since before the capture (no progress seen in the 15.0 s")
+    assert "The onset is not in this capture." in headline and "rank 1" in headline
+    # the timeline is drawn from the state rows alone (the tracer saw no call)
+    plot = json.loads(re.search(r'<script type="application/json" id="plot-data-timeline">(.*?)</script>', page,
+                                re.S)[1].replace("\\u003c", "<"))
+    names = {t["name"] for t in plot["data"]}
+    assert {"state at capture: blamed", "state at capture: waiting"} <= names
+
+
+def test_verdict_of_a_quiet_job_says_it_is_busy_outside_nccl():
+    from forensics.analysis import Analysis
+    from forensics.findings import run_detectors
+
+    ctx = context(coll_log_ops=coll_logs({r: 44 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, COMPUTING)], sockets=ring_samples())
+    findings, problems = run_detectors(ctx)
+    a = Analysis(model=ctx.model, con=ctx.con, findings=findings, problems=problems)
+    assert not [f for f in findings if f.severity in ("error", "warning")], [f.summary for f in findings]
+    assert a.verdict().startswith("No collective completed in the 15.0 s the capture watched")
+    assert "no hang" in a.verdict() and "clock_nanosleep() <- nanosleep <- compute" in a.verdict()

@@ -627,3 +627,21 @@ def _details(c: CommState, extra: dict) -> dict:
                             "last_progress_ns": st.last_progress_ns} for r, st in sorted(c.ranks.items())}}
     d.update({k: v for k, v in extra.items() if v is not None})
     return d
+
+
+def state_verdict(ctx) -> str | None:
+    """One sentence on the state at capture when the tracer saw no collective and no hang was
+    found (None when the artefacts know no communicator either)."""
+    states = [c for c in communicator_states(ctx) if c.ranks]
+    if not states:
+        return None
+    c = max(states, key=lambda x: len(x.ranks))
+    watched = f"{ms(c.window[1] - c.window[0])}" if c.window else "the capture"
+    moved = sorted({st.progress_source for st in c.ranks.values() if st.progress_source})
+    if moved and c.silence_ns is not None and c.silence_ns < c.need_ns:
+        return (f"No hang: {c.label} progressed while the capture watched ({', '.join(moved)}), though the tracer "
+                "saw no collective complete.")
+    where = sorted({st.where for st in c.ranks.values() if st.where and not st.in_nccl})
+    return (f"No collective completed in the {watched} the capture watched, and no rank of {c.label} is inside one: "
+            "the job is busy outside NCCL (compute, data loading, a checkpoint) or has ended; no hang"
+            + (f" (main threads in {'; '.join(where[:3])})" if where else "") + ".")

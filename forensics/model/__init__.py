@@ -155,7 +155,8 @@ def capture_summary(b: Bundle) -> dict:
         "partial_reason": m.raw.get("partial_reason") if isinstance(m.raw, dict) else None,
         "clock_samples": len(m.clock_samples),
         "collectors": [{"name": c.name, "status": c.status, "reason": c.reason, "command": c.command, "rc": c.rc,
-                        "files": list(c.files)} for c in m.collectors.values()],
+                        "files": list(c.files), "covered_ns": list(c.covered_ns) if c.covered_ns else None}
+                       for c in m.collectors.values()],
         "processes": [{"pid": p.pid, "rank": p.rank, "world_size": p.world_size, "comm": p.comm,
                        "cmdline": " ".join(p.cmdline), "libnccl": list(p.libnccl)} for p in m.processes],
         "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),

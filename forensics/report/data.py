@@ -209,11 +209,14 @@ def stacks_text(model) -> pd.DataFrame | None:
         return None
     keys = [c for c in ("host", "rank", "pid", "phase", "thread_name", "os_tid", "status") if c in st.columns]
     st = st.sort_values(keys + ["depth"], kind="stable")
-    loc = st["function"].astype(str)
+    loc = st["function"].astype("string").fillna("?")
     if "code_file" in st.columns:
-        loc = loc + " (" + st["code_file"].astype(str) + ":" + st.get("lineno", pd.Series("", index=st.index)) \
-            .astype("Int64").astype(str) + ")"
-    st = st.assign(frame=loc)
+        # native frames (eu-stack, gdb) may have no source file: the function alone
+        where = (" (" + st["code_file"].astype("string") + ":"
+                 + st.get("lineno", pd.Series(pd.NA, index=st.index)).astype("Int64").astype("string").fillna("?")
+                 + ")")
+        loc = loc + where.fillna("")
+    st = st.assign(frame=loc.astype(str))
     out = st.groupby(keys, dropna=False, sort=True)["frame"].agg("\n".join).reset_index()
     return out.rename(columns={"frame": "stack (innermost first)"})
 
@@ -350,6 +353,9 @@ def capture_view(analysis) -> list[dict]:
     for c in analysis.model.captures:
         collectors = sorted(c.get("collectors", []), key=lambda k: ({"failed": 0, "skipped": 1}.get(k["status"], 2),
                                                                     k["name"]))
+        # what each collector really covered (per-host captures start and stop apart)
+        collectors = [{**k, "covered": " → ".join(utc(t) for t in k["covered_ns"]) if k.get("covered_ns") else None}
+                      for k in collectors]
         counts = pd.Series([k["status"] for k in collectors], dtype="object").value_counts().to_dict()
         span = TimeSpan(c.get("started_ns"), c.get("ended_ns"))
         out.append({**c, "collectors": collectors, "status_counts": counts, "start_utc": utc(span.start_ns),

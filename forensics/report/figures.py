@@ -67,19 +67,40 @@ def _thin(df: pd.DataFrame, limit: int, keep: pd.Series | None = None) -> pd.Dat
     return pd.concat([must, rest.iloc[::step]]).sort_index()
 
 
+def _rank_hosts(analysis) -> dict[int, str]:
+    """Global rank -> host, from the manifests' processes (what a late capture still knows)."""
+    out: dict[int, str] = {}
+    for c in analysis.model.captures:
+        for p in c.get("processes", []) or []:
+            if p.get("rank") is not None and c.get("host"):
+                out.setdefault(int(p["rank"]), str(c["host"]))
+    return out
+
+
+def _state_finding(analysis):
+    """The top finding judged from the state at capture (a hang the tracer did not see begin)."""
+    return next((f for f in analysis.findings if f.details.get("state_at_capture")), None)
+
+
 def timeline(analysis, slow_ms: float) -> Figure | None:
     iv = data.intervals(analysis)
     tcp = analysis.model.tables["tcp_events"]
     tcp = tcp.dropna(subset=["rank", "timestamp_ns"]) if len(tcp) else tcp
-    if iv.empty and tcp.empty:
+    state_f = _state_finding(analysis)
+    windows = analysis.model.tables.get("capture_windows")
+    host_of = _rank_hosts(analysis)
+    if iv.empty and tcp.empty and state_f is None:
         return None
     span = data.time_span(analysis)
     t0 = span.start_ns
-    ranks = sorted(set(iv["rank"].astype(int)) | set(tcp["rank"].astype(int) if len(tcp) else []))
+    state_ranks = {int(r) for r in (state_f.details.get("ranks") or {})} if state_f is not None else set()
+    ranks = sorted(set(iv["rank"].astype(int)) | set(tcp["rank"].astype(int) if len(tcp) else []) | state_ranks)
     pos = _rank_positions(ranks)
-    hosts = iv.groupby("rank")["host"].first().to_dict() if len(iv) else {}
+    hosts = {**host_of, **(iv.groupby("rank")["host"].first().to_dict() if len(iv) else {})}
     notes: list[str] = []
-    traces: list[dict] = []
+    traces: list[dict] = _window_traces(windows, hosts, ranks, pos, t0)
+    if state_f is not None:
+        traces += _state_traces(state_f, pos, t0)
 
     if len(iv):
         dur_ms = (iv["end"] - iv["start"]) / 1e6
@@ -145,6 +166,10 @@ def timeline(analysis, slow_ms: float) -> Figure | None:
                            "hovertext": text.tolist(), "hoverinfo": "text"})
 
     shapes, annotations = [], []
+    if state_f is not None and state_f.details.get("window_ns"):
+        notes.append("Hung since before the capture: the bars are each rank's state at capture (its position in "
+                     "the collective sequence and where its main thread is), not calls seen starting; the onset "
+                     "is not in this capture.")
     for p in data.progress(analysis.model):
         if p.stuck_at_ns is None:
             continue
@@ -242,3 +267,61 @@ def nccl_tests_chart(model, findings) -> Figure | None:
               "xaxis": {"type": "log", "title": {"text": "message size (bytes)"}},
               "yaxis": {"title": {"text": "bus bandwidth (GB/s)"}, "rangemode": "tozero"}, "shapes": shapes}
     return Figure("nccltests", "nccl-tests bus bandwidth", {"data": traces, "layout": layout})
+
+
+def _window_traces(windows, hosts: dict[int, str], ranks: list[int], pos: dict[int, int], t0: int) -> list[dict]:
+    """Each host's capture window, a thin grey band under its ranks' lanes: per-host captures
+    start and stop apart, and nothing outside a host's window is known there."""
+    if windows is None or windows.empty or t0 is None:
+        return []
+    from ..model.windows import host_windows
+    spans = host_windows(windows)
+    if len({spans.get(hosts.get(r)) for r in ranks}) <= 1 and len(spans) <= 1:
+        return []   # one capture watched everything: nothing to tell apart
+    x, y, text = [], [], []
+    for r in ranks:
+        h = hosts.get(r)
+        if h not in spans:
+            continue
+        a, b = spans[h]
+        yy = round(pos[r] + 0.42, 3)
+        x += [round((a - t0) / 1e9, 6), round((b - t0) / 1e9, 6), None]
+        y += [yy, yy, None]
+        text += [esc(f"{h}: watched {data.utc(a)} - {data.utc(b)}")] * 2 + [None]
+    if not x:
+        return []
+    return [{"type": "scatter", "mode": "lines", "name": "capture window (per host)", "x": x, "y": y,
+             "line": {"color": "#bbbbbb", "width": 3}, "hovertext": text, "hoverinfo": "text"}]
+
+
+def _state_traces(f, pos: dict[int, int], t0: int) -> list[dict]:
+    """The state at capture of each rank of a hang judged from it: a bar over the window the
+    hosts watched, red for the blamed ranks."""
+    w = f.details.get("window_ns")
+    if not w or t0 is None:
+        return []
+    x0, x1 = round((w[0] - t0) / 1e9, 6), round((w[1] - t0) / 1e9, 6)
+    out = []
+    for blamed, color, name in ((True, "#d62728", "state at capture: blamed"),
+                                (False, "#7f7f7f", "state at capture: waiting")):
+        x, y, text = [], [], []
+        for r, st in sorted((f.details.get("ranks") or {}).items(), key=lambda kv: int(kv[0])):
+            r = int(r)
+            if (r in f.ranks) != blamed or r not in pos:
+                continue
+            parts = []
+            if st.get("position") is not None:
+                parts.append(f"last launched #{st['position']} ({st.get('position_source')})")
+            if st.get("completed") is not None:
+                parts.append(f"last completed #{st['completed']}")
+            if st.get("where"):
+                parts.append(("inside NCCL: " if st.get("in_nccl") else "in ") + st["where"])
+            label = "; ".join(parts) or "no state captured"
+            x += [x0, x1, None]
+            y += [pos[r], pos[r], None]
+            text += [esc(f"rank {r}: {label}")] * 2 + [None]
+        if x:
+            out.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": y,
+                        "line": {"color": color, "width": 12}, "opacity": 0.45, "hovertext": text,
+                        "hoverinfo": "text"})
+    return out

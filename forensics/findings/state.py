@@ -59,6 +59,7 @@ NCCL_FILE_RE = re.compile(r"torch/distributed/|torch/cuda/")
 _LIBC_PREFIX = re.compile(r"^(?:__GI_)?_*(?:libc_)?")
 RECV_SYSCALLS = {"recvfrom", "recvmsg", "read", "recv", "readv", "recvmmsg"}
 TRACER = "tracer (calls after attach)"
+ONSET_UNKNOWN = " The onset is not in this capture."
 
 
 @dataclass
@@ -373,6 +374,8 @@ def late_hang_findings(ctx) -> list[Finding]:
             continue
         f = _mismatch(ctx, c, directory) or _stuck(ctx, c, directory)
         if f is not None:
+            # every verdict says what it rests on, before saying what it cannot know
+            f.summary = f.summary.replace(ONSET_UNKNOWN, f" Evidence: {f.details['sources']}.{ONSET_UNKNOWN}")
             out.append(f)
     return out
 
@@ -420,7 +423,7 @@ def _mismatch(ctx, c: CommState, directory) -> Finding | None:
         "is not inside any NCCL call"
     summary = (f"Hung since before the capture ({_age(c)}): {who} {what} of {c.label}; "
                f"{ranks_text(waiting)} wait{'s' if len(waiting) == 1 else ''} in it ("
-               + "; ".join(state(r) for r in behind + waiting[:4]) + "). The onset is not in this capture.")
+               + "; ".join(state(r) for r in behind + waiting[:4]) + ")." + ONSET_UNKNOWN)
     sql = _state_sql(c)
     return Finding(
         kind="hang_mismatch", severity="error", confidence=0.85 if n is not None else 0.7, summary=summary,
@@ -457,7 +460,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
             how = f"rank {rcv}'s NCCL: {w0['message'][:160]}"
             src = ["NCCL WARN lines"]
         summary = (f"{head}; the ring broke on a TCP reset: {label(directory, snd)} -> {label(directory, rcv)} "
-                   f"({how}). NCCL cannot recover a reset connection. The onset is not in this capture.")
+                   f"({how}). NCCL cannot recover a reset connection." + ONSET_UNKNOWN)
         return Finding(
             kind="connection_reset", severity="error", confidence=0.8, summary=summary, ranks=[snd],
             hosts=[directory[snd].host] if snd in directory and directory[snd].host else [], peer_ranks=[rcv],
@@ -483,7 +486,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                    + " hold data nobody acknowledges"
                    + (f" (RTO backoff up to {backoff})" if backoff else "")
                    + (f", {n_retx} retransmission(s) into silence while the capture ran" if n_retx else "")
-                   + ": its link is down or its NIC stopped. The onset is not in this capture.")
+                   + ": its link is down or its NIC stopped." + ONSET_UNKNOWN)
         return Finding(
             kind="hang_stuck", severity="error", confidence=0.8 if blame.separated else 0.65, summary=summary,
             ranks=ranks, hosts=sorted({directory[r].host for r in ranks if r in directory and directory[r].host}),
@@ -500,7 +503,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
         summary = (f"{head}; every link is idle and drained, and {ranks_text(waiting)} wait to receive from "
                    f"{label(directory, sink)}, which waits on no peer: its GPU work (stream) stopped mid-collective"
                    + (f" ({c.ranks[sink].where})" if c.ranks.get(sink) and c.ranks[sink].where else "")
-                   + ". The onset is not in this capture.")
+                   + "." + ONSET_UNKNOWN)
         return Finding(
             kind="hang_stuck", severity="error", confidence=0.7, summary=summary, ranks=[sink],
             hosts=[directory[sink].host] if sink in directory and directory[sink].host else [],
@@ -511,7 +514,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                                  "wait_for": [[int(a), int(b)] for a, b in edges]}))
     summary = (f"{head}; no TCP retransmission, reset or stuck socket between its ranks and no rank that the "
                "others wait on could be told: suspect a GPU or kernel hang (nvidia-smi, dmesg Xid), or RDMA traffic "
-               "invisible to TCP (see the IB counters). The onset is not in this capture.")
+               "invisible to TCP (see the IB counters)." + ONSET_UNKNOWN)
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.5, summary=summary, ranks=[], hosts=[],
         peer_ranks=sorted(members), evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,

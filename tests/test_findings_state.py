@@ -289,3 +289,26 @@ def test_verdict_of_a_quiet_job_says_it_is_busy_outside_nccl():
     assert not [f for f in findings if f.severity in ("error", "warning")], [f.summary for f in findings]
     assert a.verdict().startswith("No collective completed in the 15.0 s the capture watched")
     assert "no hang" in a.verdict() and "clock_nanosleep() <- nanosleep <- compute" in a.verdict()
+
+
+def fr_rows(r: int, calls: list[tuple[str, int]], completed_upto: int):
+    """Rank r's Flight Recorder ring: its collectives #1.. (profiling name, element count)."""
+    return [{"host": f"node{r}", "rank": r, "pid": 100 + r, "record_id": k, "pg_id": 0, "collective_seq_id": k + 1,
+             "profiling_name": name, "op": "ALL_REDUCE", "is_p2p": False, "input_numel": numel, "input_dtypes": "Float",
+             "state": "completed" if k + 1 <= completed_upto else "started"} for k, (name, numel) in enumerate(calls)]
+
+
+def test_flight_recorder_names_the_rank_that_called_something_else():
+    same = [("nccl:all_reduce", 1024)] * 5
+    odd = same[:3] + [("nccl:all_reduce", 512), ("nccl:all_reduce", 1)]   # it skipped a bucket and went on
+    fr = fr_rows(0, same, 3) + fr_rows(1, same, 3) + fr_rows(2, odd, 3) + fr_rows(3, same, 3)
+    status = [{"host": f"node{r}", "rank": r, "pid": 100 + r, "pg_id": "0", "last_enqueued_collective": 5,
+               "last_started_collective": 4, "last_completed_collective": 3} for r in range(RANKS)]
+    ctx = context(fr_entries=fr, fr_pg_status=status, sockets=ring_samples())
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_mismatch", [2])]
+    assert "collective #4 of process group 0" in f[0].summary and "nccl:all_reduce of 512 Float" in f[0].summary
+    # the twin: the same calls everywhere, every rank inside #4 (enqueued 5, completed 3)
+    ctx = context(fr_entries=fr_rows(0, same, 3) + fr_rows(1, same, 3) + fr_rows(2, same, 3) + fr_rows(3, same, 3),
+                  fr_pg_status=status, sockets=ring_samples())
+    assert [(x.kind, x.ranks) for x in hang_state(ctx)] == [("hang_stuck", [])]

@@ -389,8 +389,52 @@ def _sources_text(c: CommState, extra=()) -> str:
     return ", ".join(sorted(set(c.sources) | set(extra))) or "none"
 
 
+def fr_signature_mismatch(ctx, ranks: set[int]) -> dict | None:
+    """Flight Recorder's cross-rank check: the first collective sequence id of a process
+    group at which the ranks' calls differ (op, element count, dtypes). None when they agree."""
+    fe = _table(ctx, "fr_entries")
+    if fe.empty:
+        return None
+    fe = fe[~fe["is_p2p"].fillna(False).astype(bool) & fe["collective_seq_id"].notna() & fe["rank"].notna()]
+    fe = fe[fe["rank"].astype("int64").isin(ranks)]
+    if fe.empty:
+        return None
+    sig = (fe["profiling_name"].astype("string").fillna("?") + " of "
+           + fe["input_numel"].astype("Int64").astype("string").fillna("?") + " "
+           + fe["input_dtypes"].astype("string").fillna("?"))
+    fe = fe.assign(sig=sig.to_numpy()).drop_duplicates(["pg_id", "collective_seq_id", "rank"], keep="last")
+    kinds = fe.groupby(["pg_id", "collective_seq_id"])["sig"].nunique()
+    bad = kinds[kinds > 1]
+    if bad.empty:
+        return None
+    pg, seq = min(bad.index, key=lambda k: k[1])
+    at = fe[(fe["pg_id"] == pg) & (fe["collective_seq_id"] == seq)]
+    counts = at["sig"].value_counts()
+    odd_sigs = set(counts.index) if counts.iat[0] == counts.iat[1] else set(counts.index[1:])
+    odd = sorted(int(r) for r in at.loc[at["sig"].isin(odd_sigs), "rank"])
+    return {"pg_id": pg, "seq": int(seq), "odd": odd, "majority": counts.index[0],
+            "calls": {int(r): str(x) for r, x in zip(at["rank"], at["sig"])}}
+
+
 def _mismatch(ctx, c: CommState, directory) -> Finding | None:
-    """Ranks behind the others (by position) or outside NCCL while others wait inside it."""
+    """Ranks behind the others (by position) or outside NCCL while others wait inside it, or
+    (Flight Recorder) calling a different collective at one sequence id."""
+    fm = fr_signature_mismatch(ctx, set(c.ranks))
+    if fm is not None:
+        odd, others = fm["odd"], sorted(set(fm["calls"]) - set(fm["odd"]))
+        mine = "; ".join(f"rank {r} called {fm['calls'][r]}" for r in odd)
+        summary = (f"Hung since before the capture ({_age(c)}): at Flight Recorder collective #{fm['seq']} of process "
+                   f"group {fm['pg_id']}, {mine} while {ranks_text(others)} called {fm['majority']}: the ranks issue "
+                   "different collectives (NCCL hangs or fails with 'message truncated')." + ONSET_UNKNOWN)
+        sql = _state_sql(c)
+        return Finding(
+            kind="hang_mismatch", severity="error", confidence=0.9, summary=summary, ranks=odd,
+            hosts=sorted({c.ranks[r].host for r in odd if r in c.ranks and c.ranks[r].host}), peer_ranks=others,
+            evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+            action=(f"Find why {ranks_text(odd)} issued a different collective at this point: a skipped or reordered "
+                    "collective (data-dependent branch, uneven number of buckets or batches)."),
+            details=_details(c, {"fr_seq_id": fm["seq"], "calls": {str(k): v for k, v in fm["calls"].items()},
+                                 "sources": _sources_text(c, ["Flight Recorder"])}))
     pos = {r: st.position for r, st in c.ranks.items() if st.position is not None}
     behind, n, op = [], None, None
     if len(pos) >= 2 and len(set(pos.values())) > 1:

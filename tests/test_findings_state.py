@@ -6,6 +6,8 @@ started and stopped apart. Every negative case has a positive twin.
 """
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 
 from forensics.findings import Context
@@ -312,3 +314,23 @@ def test_flight_recorder_names_the_rank_that_called_something_else():
     ctx = context(fr_entries=fr_rows(0, same, 3) + fr_rows(1, same, 3) + fr_rows(2, same, 3) + fr_rows(3, same, 3),
                   fr_pg_status=status, sockets=ring_samples())
     assert [(x.kind, x.ranks) for x in hang_state(ctx)] == [("hang_stuck", [])]
+
+
+def test_reset_before_the_capture_from_real_nccl_logs():
+    """The shipped reset bundle as a capture that started after the reset would see it: no
+    calls, no packets; NCCL's WARN lines of every rank (all four say "reset by peer", the
+    cascade of aborts) still name the connection the lab's firewall reset (ring 1 -> 2, sent
+    by rank 2's host) by the failed send that started it."""
+    from forensics.model import build_model
+    from shipped import shipped
+
+    bundle = shipped("reset")
+    truth = json.loads((bundle.parent / "scenario.json").read_text())["fault"]
+    m = build_model([bundle])
+    for t in ("nccl_events", "tcp_events", "flows", "packets"):
+        m.tables[t] = empty(t)
+    ctx = Context(model=m, con=m.connect())
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", truth["ranks"],
+                                                               [truth["reset_sent_to_rank"]])]
+    assert len(ctx.con.execute(f[0].sql).fetchall()) == len(f[0].evidence) > 0

@@ -362,7 +362,43 @@ def hang_state(ctx: Context) -> list[Finding]:
     from .hang import hang_frontiers
     if len(hang_frontiers(ctx)):
         return []   # the tracer saw the hang: hang_mismatch / hang_stuck judge it from the calls
-    return late_hang_findings(ctx)
+    out = late_hang_findings(ctx)
+    if not any(f.kind == "connection_reset" for f in out):
+        out += logged_resets(ctx)
+    return out
+
+
+def logged_resets(ctx) -> list[Finding]:
+    """A reset that broke the ring before the capture, from NCCL's own WARN lines, when the
+    packets show none (the capture started after it; the ranks may have exited since, their
+    logs attached): the rank that logged "Connection reset by peer" names the sender."""
+    t = trouble_events(ctx)
+    if len(t) and (t["cls"] == "reset").any():
+        return []   # on the wire: connection_reset (network.py) judges it from the packets
+    directory = rank_directory(ctx)
+    w = _reset_warnings(ctx, set(_rank_addresses(ctx).values()) | set(directory))
+    w = w[w["how"] == 0] if len(w) else w
+    if w.empty:
+        return []
+    w0 = w.iloc[0]
+    snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
+    links = w[["peer_rank", "rank"]].drop_duplicates()
+    summary = (f"A TCP reset broke NCCL's connection {label(directory, snd)} -> {label(directory, rcv)} before the "
+               f"capture: rank {rcv}'s NCCL logged \"{str(w0['message'])[:160]}\""
+               + (f" ({len(links)} connection(s) reset in all)" if len(links) > 1 else "")
+               + ". NCCL cannot recover a reset connection; the job fails or hangs from there. Evidence: NCCL WARN "
+               "lines." + ONSET_UNKNOWN)
+    sql = f"""SELECT rank, host, pid, message, peer FROM nccl_warnings
+WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
+    return [Finding(
+        kind="connection_reset", severity="error", confidence=0.75, summary=summary, ranks=[snd],
+        hosts=[directory[snd].host] if snd in directory and directory[snd].host else [], peer_ranks=[rcv],
+        links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=_evidence(ctx, sql), sql=sql,
+        score=2e6,
+        action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
+                "conntrack table full), a NIC or host reboot, a process closing its socket; restart the job from "
+                "the last checkpoint."),
+        details={"state_at_capture": True, "sources": "NCCL WARN lines", "warnings": int(len(w))})]
 
 
 def late_hang_findings(ctx) -> list[Finding]:
@@ -567,26 +603,53 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
         details=_details(c, {"op_count": n}))
 
 
-RESET_WARN_RE = r"(?i)reset by peer|closed by remote peer|Connection refused|Broken pipe"
+# NCCL's socket errors, the cause first: a reset; then what a peer's exit leaves behind
+RESET_WARN_KINDS = ("(?i:reset by peer)", "(?i:broken pipe)", "(?i:closed by remote peer)")
+RESET_WARN_RE = "|".join(RESET_WARN_KINDS)
 
 
 def _reset_warnings(ctx, members: set[int]) -> pd.DataFrame:
     """NCCL WARN lines about a connection reset or closed by the peer, with the peer's rank
-    (from its address)."""
+    (from its address: the line's peer, else the ``from``/``to <addr><port>`` of NCCL's socket
+    errors), the cause first: a reset before a broken pipe before a close (what a peer's exit
+    leaves behind); then by time when the log has timestamps (NCCL >= 2.26); then a failed
+    *send* before a failed receive (a reset forged on the way hits the side that sends; a
+    peer that aborts resets the connections it was receiving on)."""
+    cols = ["rank", "peer_rank", "message", "how"]
     w = _table(ctx, "nccl_warnings")
     if w.empty:
-        return pd.DataFrame(columns=["rank", "peer_rank", "message"])
-    w = w[w["message"].astype("string").str.contains(RESET_WARN_RE, regex=True).fillna(False).to_numpy()]
-    w = w.dropna(subset=["rank", "peer"])
+        return pd.DataFrame(columns=cols)
+    msg = w["message"].astype("string")
+    w = w[msg.str.contains(RESET_WARN_RE, regex=True).fillna(False).to_numpy()].dropna(subset=["rank"])
     if w.empty:
-        return pd.DataFrame(columns=["rank", "peer_rank", "message"])
-    by_addr = {info.addr: r for r, info in rank_directory(ctx).items() if info.addr}
-    addr = w["peer"].astype(str).str.extract(r"^\[?([0-9a-fA-F:.]+?)\]?(?:[<:]\d+>?)?$")[0]
-    w = w.assign(peer_rank=addr.map(by_addr))
+        return pd.DataFrame(columns=cols)
+    msg = w["message"].astype("string")
+    by_addr = _rank_addresses(ctx)
+    named = msg.str.extract(r"\b(?:from|to) \[?([0-9a-fA-F:.]+?)\]?<\d+>")[0]
+    peer = w["peer"].astype("string").str.extract(r"^\[?([0-9a-fA-F:.]+?)\]?(?:[<:]\d+>?)?$")[0]
+    how = pd.Series(len(RESET_WARN_KINDS), index=w.index)
+    for i, pat in reversed(list(enumerate(RESET_WARN_KINDS))):
+        how = how.mask(msg.str.contains(pat, regex=True).fillna(False), i)
+    w = w.assign(peer_rank=peer.fillna(named).map(by_addr), how=how,
+                 recv=msg.str.contains(r"(?i)\brecv|receive", regex=True).fillna(False).astype(int),
+                 ts=w["ts"].astype("string") if "ts" in w else pd.NA)
     w = w.dropna(subset=["peer_rank"])
     w = w[w["rank"].astype("int64").isin(members) & w["peer_rank"].astype("int64").isin(members)]
-    return w.assign(rank=w["rank"].astype("int64"), peer_rank=w["peer_rank"].astype("int64"))[
-        ["rank", "peer_rank", "message"]].reset_index(drop=True)
+    w = w.assign(rank=w["rank"].astype("int64"), peer_rank=w["peer_rank"].astype("int64"))
+    return w.sort_values(["how", "ts", "recv", "rank"], kind="stable", na_position="last")[cols].reset_index(drop=True)
+
+
+def _rank_addresses(ctx) -> dict[str, int]:
+    """Address -> global rank: the connections seen (rank_directory), else the NCCL logs'
+    socket interfaces (a capture whose ranks had exited has no packets)."""
+    out: dict[str, int] = {}
+    cfg = _table(ctx, "nccl_config").dropna(subset=["rank", "socket_addrs"])
+    for r, addrs in zip(cfg["rank"], cfg["socket_addrs"]):
+        for a in str(addrs).split(","):
+            if a.strip():
+                out.setdefault(a.strip(), int(r))
+    out.update({info.addr: r for r, info in rank_directory(ctx).items() if info.addr})
+    return out
 
 
 def _dead_links(stuck: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:

@@ -196,6 +196,40 @@ def test_gpu_hang_blames_the_rank_its_peers_wait_on():
     assert [(x.kind, x.ranks) for x in hang_state(ctx)] == [("hang_stuck", [])]
 
 
+def test_wait_for_graph_sink_is_one_rank_or_nobody():
+    from forensics.findings.state import _graph_sink
+    # a ring waiting down to rank 2 (poll for its clear-to-send, recv for its data)
+    assert _graph_sink([(1, 2), (3, 2), (0, 3), (0, 1)]) == 2
+    assert _graph_sink([(0, 1), (1, 0)]) is None             # a cycle: a deadlock, no one culprit
+    assert _graph_sink([(0, 1), (2, 3)]) is None             # two sinks
+    assert _graph_sink([(0, 1), (1, 2), (2, 1)]) is None     # the sink is a pair
+    assert _graph_sink([]) is None
+
+
+def test_gpu_hang_from_poll_waits_in_both_directions():
+    # the lab's transfers poll: the sender waits (POLLIN) for rank 1's clear-to-send, the
+    # receiver for rank 1's data; rank 1's stream sleeps in its hung "kernel"
+    socks, threads = [], []
+    inode = 8000
+    for r in range(RANKS):
+        for p in ((r + 1) % RANKS, (r - 1) % RANKS):
+            inode += 1
+            socks.append(sock(r, p, WINDOW[1], inode=inode))
+            if (r, p) in ((0, 1), (2, 1), (3, 2)):
+                threads.append({"host": f"node{r}", "pid": 100 + r, "rank": r, "phase": "end",
+                                "sample_ns": WINDOW[1], "tid": 200 + r, "name": "cuda-stream", "state": "S",
+                                "wchan": "do_sys_poll", "syscall_name": "poll", "fd": 9, "socket_inode": inode})
+    threads.append({"host": "node1", "pid": 101, "rank": 1, "phase": "end", "sample_ns": WINDOW[1], "tid": 201,
+                    "name": "cuda-stream", "state": "S", "wchan": "hrtimer_nanosleep",
+                    "syscall_name": "clock_nanosleep", "fd": None, "socket_inode": None})
+    stacks_ = [row for r in range(RANKS) for row in stack(r, IN_NCCL)]
+    ctx = context(coll_log_ops=coll_logs({r: 30 for r in range(RANKS)}), stacks=stacks_, sockets=socks,
+                  threads=threads)
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [1])], [x.summary for x in f]
+    assert f[0].peer_ranks == [0, 2]
+
+
 def test_reset_before_the_capture_from_ncclwarn_lines():
     warn = [{"host": "node1", "pid": 101, "rank": 1, "log_pid": 101, "message":
              "socketProgressOpt: Call to recv from 10.9.0.12<50001> failed : Connection reset by peer",
@@ -208,6 +242,24 @@ def test_reset_before_the_capture_from_ncclwarn_lines():
                   nccl_warnings=warn, flows=flows)
     f = hang_state(ctx)
     assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", [2], [1])]
+
+
+def test_reset_without_timestamps_names_the_link_reset_at_both_ends():
+    # NCCL < 2.26: no time on the WARN lines. The link 2-3 broke; both ends aborted and reset
+    # their other connections: rank 0 sees a reset from 3, rank 1 a close from 2
+    def w(r, peer, text):
+        return {"host": f"node{r}", "pid": 100 + r, "rank": r, "log_pid": 100 + r, "peer": f"{addr(peer)}<5000{r}>",
+                "message": f"socketProgressOpt: Call to recv from {addr(peer)}<5000{r}> failed : {text}"}
+    warn = [w(0, 3, "Connection reset by peer"), w(1, 2, "Connection closed by remote peer"),
+            w(2, 3, "Connection reset by peer"), w(3, 2, "Connection reset by peer")]
+    flows = [{"host": f"node{r}", "capture": "c", "stream": r, "orig_addr": addr(r), "orig_port": 40000,
+              "resp_addr": addr((r + 1) % RANKS), "resp_port": 50000, "rank": r, "peer_rank": (r + 1) % RANKS}
+             for r in range(RANKS)]
+    ctx = context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
+                  nccl_warnings=warn, flows=flows)
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", [3], [2])]
 
 
 # --------------------------------------------------------------------------- windows (tracer path)

@@ -58,6 +58,10 @@ NCCL_FILE_RE = re.compile(r"torch/distributed/|torch/cuda/")
 # libc's internal names of the calls a stack ends in, shown as the call itself
 _LIBC_PREFIX = re.compile(r"^(?:__GI_)?_*(?:libc_)?")
 RECV_SYSCALLS = {"recvfrom", "recvmsg", "read", "recv", "readv", "recvmmsg"}
+# a thread blocked in one of these on a socket waits on that socket's peer: to receive from
+# it, or (a full send buffer, a sender's wait for the receiver's clear-to-send) for it to read
+WAIT_SYSCALLS = RECV_SYSCALLS | {"poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
+                                 "epoll_pwait2", "sendto", "sendmsg", "write", "writev"}
 TRACER = "tracer (calls after attach)"
 ONSET_UNKNOWN = " The onset is not in this capture."
 
@@ -580,8 +584,8 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
     sink, edges = _wait_sink(ctx, members)
     if sink is not None:
         waiting = sorted(a for a, b in edges if b == sink)
-        summary = (f"{head}; every link is idle and drained, and {ranks_text(waiting)} wait to receive from "
-                   f"{label(directory, sink)}, which waits on no peer: its GPU work (stream) stopped mid-collective"
+        summary = (f"{head}; every link is idle and drained, and {ranks_text(waiting)} wait on "
+                   f"{label(directory, sink)} (the others on them), which waits on no peer: its GPU work (stream) stopped mid-collective"
                    + (f" ({c.ranks[sink].where})" if c.ranks.get(sink) and c.ranks[sink].where else "")
                    + "." + ONSET_UNKNOWN)
         return Finding(
@@ -636,7 +640,17 @@ def _reset_warnings(ctx, members: set[int]) -> pd.DataFrame:
     w = w.dropna(subset=["peer_rank"])
     w = w[w["rank"].astype("int64").isin(members) & w["peer_rank"].astype("int64").isin(members)]
     w = w.assign(rank=w["rank"].astype("int64"), peer_rank=w["peer_rank"].astype("int64"))
-    return w.sort_values(["how", "ts", "recv", "rank"], kind="stable", na_position="last")[cols].reset_index(drop=True)
+    # Without timestamps (NCCL < 2.26) the first failure is told by its shape: the ranks that
+    # abort on an error reset their other connections too, so a broken link shows as resets
+    # seen at both of its ends (each aborting end resets the other), the rest as one-sided
+    # resets fanning out of the aborting ranks; of a mutual pair, the end more of the reset
+    # lines touch is named first
+    pairs = set(zip(w["rank"], w["peer_rank"], w["how"]))
+    mutual = [(p, r, h) in pairs for r, p, h in zip(w["rank"], w["peer_rank"], w["how"])]
+    touch = pd.concat([w["rank"], w["peer_rank"]]).value_counts()
+    w = w.assign(one_sided=~pd.Series(mutual, index=w.index), peer_touch=-w["peer_rank"].map(touch))
+    return w.sort_values(["how", "ts", "one_sided", "peer_touch", "recv", "rank"], kind="stable",
+                         na_position="last")[cols].reset_index(drop=True)
 
 
 def _rank_addresses(ctx) -> dict[str, int]:
@@ -669,13 +683,16 @@ def _dead_links(stuck: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
 
 
 def _wait_sink(ctx, members: set[int]) -> tuple[int | None, list[tuple[int, int]]]:
-    """Who waits on whom: threads blocked receiving on a socket whose peer is another rank.
-    The one rank that others wait on and that itself waits on no peer is the stuck one."""
+    """Who waits on whom: threads blocked (recv, poll, epoll, a full send) on a socket whose
+    peer is another rank of the communicator. The stuck rank is the one every waiting rank
+    leads to and that waits on no one outside itself: the only sink of the wait-for graph
+    (its strongly connected components), of size one. A ring's ranks wait on their
+    neighbours, and those on theirs, down to the rank whose stream stopped."""
     th = _table(ctx, "threads")
     s = _table(ctx, "sockets")
     if th.empty or s.empty:
         return None, []
-    th = th[th["syscall_name"].isin(RECV_SYSCALLS) & th["socket_inode"].notna() & th["rank"].notna()]
+    th = th[th["syscall_name"].isin(WAIT_SYSCALLS) & th["socket_inode"].notna() & th["rank"].notna()]
     if "phase" in th and (th["phase"] == "end").any():
         th = th[th["phase"] == "end"]
     s = s.dropna(subset=["inode", "peer_rank"]).drop_duplicates(["host", "inode"], keep="last")
@@ -684,10 +701,35 @@ def _wait_sink(ctx, members: set[int]) -> tuple[int | None, list[tuple[int, int]
     j = th.merge(s[["host", "inode", "peer_rank"]], left_on=["host", "socket_inode"], right_on=["host", "inode"])
     edges = sorted({(int(a), int(b)) for a, b in zip(j["rank"], j["peer_rank"]) if a != b and int(a) in members
                     and int(b) in members})
-    waiting = {a for a, _ in edges}
-    waited_on = {b for _, b in edges}
-    sinks = sorted(waited_on - waiting)
-    return (sinks[0] if len(sinks) == 1 else None), edges
+    return _graph_sink(edges), edges
+
+
+def _graph_sink(edges: list[tuple[int, int]]) -> int | None:
+    """The single node all of a wait-for graph drains into: its only sink component, when that
+    has one node; None when the waits form several sinks or a cycle (a deadlock, not one culprit)."""
+    nodes = sorted({x for e in edges for x in e})
+    if not nodes:
+        return None
+    out: dict[int, set[int]] = {n: set() for n in nodes}
+    for a, b in edges:
+        out[a].add(b)
+
+    def reach(n: int) -> set[int]:
+        seen, todo = {n}, [n]
+        while todo:
+            for m in out[todo.pop()]:
+                if m not in seen:
+                    seen.add(m)
+                    todo.append(m)
+        return seen
+    r = {n: reach(n) for n in nodes}
+    # n is in a sink component when everything it reaches reaches it back
+    sinks = [n for n in nodes if all(n in r[m] for m in r[n])]
+    comps = {frozenset(r[n]) for n in sinks}
+    if len(comps) != 1:
+        return None
+    (comp,) = comps
+    return next(iter(comp)) if len(comp) == 1 else None
 
 
 # --------------------------------------------------------------------------- evidence

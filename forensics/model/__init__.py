@@ -123,6 +123,8 @@ def _build(bundles: list[Bundle], skew: bool) -> Model:
     tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
                                                                 na_position="last").reset_index(drop=True)
     nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, arts, pid_ranks, nccl, attr)   # + GPU times
+    # after the GPU times: those map only onto counts the tracer took from the init
+    nccl = nccl_mod.unify_comm_ids(nccl, {b.host: arts[b.host].table("nccl_debug", "nccl_comms") for b in bundles})
     tcp = tcp_mod.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []

@@ -65,6 +65,95 @@ def concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
     return conform(pd.concat(parts, ignore_index=True), table)
 
 
+def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One communicator key across hosts. The tracer names a communicator by the hash it took
+    at ``ncclCommInitRank``; a tracer that attached later (a late or staggered capture) saw
+    no init and knows only the comm pointer, which differs per process. NCCL's Init lines
+    (``log_comms``: each host's ``nccl_comms`` table) map a pointer to NCCL's own commId,
+    the same on every rank. The key: the tracer's hash where any host's tracer saw the init
+    (a host that has both tells which commId it is), else NCCL's commId; nranks and the
+    communicator rank are filled from the Init lines where the tracer lacks them."""
+    if nccl.empty or not log_comms:
+        return nccl
+    parts = []
+    for host, c in log_comms.items():
+        if c is None or c.empty or "comm_id" not in c:
+            continue
+        c = c.dropna(subset=["comm", "comm_id"])
+        parts.append(pd.DataFrame({"host": host, "comm_ptr": c["comm"].astype(str), "log_pid": c["pid"],
+                                   "log_id": c["comm_id"].astype(str).str.lower(),
+                                   "log_nranks": pd.to_numeric(c["nranks"], errors="coerce"),
+                                   "log_rank": pd.to_numeric(c["rank"], errors="coerce")}))
+    if not parts:
+        return nccl
+    m = pd.concat(parts, ignore_index=True).drop_duplicates(["host", "comm_ptr", "log_pid", "log_id"])
+    key = nccl[["host", "comm_ptr", "pid"]].astype({"comm_ptr": "string"})
+    j = key.reset_index().merge(m, on=["host", "comm_ptr"], how="left")
+    # one pointer in two processes of a host: the Init line of the same pid decides
+    j = j[j["log_pid"].isna() | (j.groupby("index")["log_id"].transform("nunique") <= 1)
+          | (pd.to_numeric(j["log_pid"], errors="coerce") == pd.to_numeric(j["pid"], errors="coerce"))]
+    j = j.drop_duplicates("index").set_index("index").reindex(nccl.index)
+    log_id = j["log_id"].astype("string")
+    tracer = nccl["comm_id_hash"].astype("string")
+    both = pd.DataFrame({"log": log_id, "tracer": tracer}).dropna()
+    to_tracer = both.drop_duplicates("log").set_index("log")["tracer"] if len(both) else pd.Series(dtype="string")
+    out = nccl.copy()
+    out["comm_id_hash"] = tracer.fillna(log_id.map(to_tracer).astype("string")).fillna(log_id)
+    out["nranks"] = out["nranks"].fillna(j["log_nranks"].astype("Int64"))
+    return align_op_counts(out, relative=tracer.isna() & out["comm_id_hash"].notna())
+
+
+ALIGN_MIN_MATCHES = 3        # calls matched by end time before a shift is believed
+ALIGN_MIN_SUPPORT = 0.6      # share of the matched calls that agree on it
+
+
+def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
+    """The tracer counts a communicator's calls from its init; one that attached later
+    counts from its attach, so the same collective has another op_count on each host of a
+    late or staggered capture. A collective ends at about the same time on every rank (the
+    last rank's data completes it for all; entries differ by any straggle, ends do not), so
+    each such process's counts are shifted onto a reference process of the communicator (one
+    whose tracer saw the init, else the one with the most calls): per call, the reference's
+    call of the same op and count that ended nearest; the shift most of them agree on. A
+    process with no such agreement (captures that do not overlap) keeps no op_count: its
+    calls are its own, never joined to another rank's by a number that means nothing."""
+    rel = relative.fillna(False).to_numpy(bool) & nccl["op_count"].notna().to_numpy()
+    if not rel.any():
+        return nccl
+    out = nccl.copy()
+    oc = pd.to_numeric(out["op_count"], errors="coerce").astype("float64")
+    keys = out["comm_id_hash"].astype("string")
+    proc = out["host"].astype(str) + ":" + out["pid"].astype("string").fillna("")
+    new_oc = oc.copy()
+    for comm in keys[rel].dropna().unique():
+        in_comm = (keys == comm).fillna(False).to_numpy(bool)
+        procs_rel = set(proc[in_comm & rel])
+        absolute = [p for p in proc[in_comm & ~rel].unique()]
+        ref = absolute[0] if absolute else proc[in_comm].value_counts().index[0]
+        ref_rows = out[in_comm & (proc == ref).to_numpy()]
+        r = pd.DataFrame({"end": pd.to_numeric(ref_rows["end_ns"], errors="coerce").astype("float64"), "op": ref_rows["op"].astype(str),
+                          "count": pd.to_numeric(ref_rows["count"], errors="coerce").astype("float64"),
+                          "ref_oc": oc[ref_rows.index]}).dropna().sort_values("end")
+        for p in sorted(procs_rel - {ref}):
+            rows = out[in_comm & (proc == p).to_numpy()]
+            q = pd.DataFrame({"end": pd.to_numeric(rows["end_ns"], errors="coerce").astype("float64"), "op": rows["op"].astype(str),
+                              "count": pd.to_numeric(rows["count"], errors="coerce").astype("float64"),
+                              "oc": oc[rows.index]}).dropna().sort_values("end")
+            shift = None
+            if len(q) and len(r):
+                ends = np.unique(r["end"].to_numpy())     # calls synced by one wait share their end
+                gap = float(np.median(np.diff(ends))) if len(ends) > 1 else 1e9
+                m = pd.merge_asof(q, r, on="end", by=["op", "count"], direction="nearest",
+                                  tolerance=max(gap / 2, 1e6)).dropna(subset=["ref_oc"])
+                if len(m) >= ALIGN_MIN_MATCHES:
+                    d = (m["ref_oc"] - m["oc"]).value_counts()
+                    if d.iloc[0] >= ALIGN_MIN_SUPPORT * len(m):
+                        shift = float(d.index[0])
+            new_oc[rows.index] = oc[rows.index] + shift if shift is not None else np.nan
+    out["op_count"] = pd.array(new_oc.round(), dtype="Int64")
+    return out
+
+
 def world_ranks(nccl: pd.DataFrame) -> pd.DataFrame:
     """(host, pid) -> global_rank: a process's rank on the largest communicator it belongs to
     (the world). ``nccl_events.rank`` is the rank *within* a communicator: on

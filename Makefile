@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo bench fuzz lab clean
+.PHONY: all venv debs test demo bench fuzz lab regimes-clean-10 clean
 
 all: test
 
@@ -64,8 +64,21 @@ FUZZ_JOBS ?= 2
 fuzz: venv
 	$(PY) bench/fuzz.py --examples $(FUZZ_EXAMPLES) --jobs $(FUZZ_JOBS) --crash-dir fuzz-crashes $(FUZZ_ARGS)
 
+# make lab SCENARIO=gpu-hang RANK=1 CAPTURE=per-host CAPTURE_START=onset+10 [HOLD_S= CAPTURE_STAGGER_S=
+#   CAPTURE_DURATION_S= CAPTURE_ARGS="--no-bpf" STRESS=N TCP=defaults|lab SEED=N ...]: see tests/lab/README.md
 lab:
-	$(MAKE) -C tests/lab run SCENARIO=$(SCENARIO) RANK=$(RANK) RANKS=$(RANKS) OUT=$(OUT)
+	$(MAKE) -C tests/lab run SCENARIO=$(SCENARIO) RANK=$(RANK) RANKS=$(RANKS) OUT=$(OUT) \
+	  CAPTURE=$(CAPTURE) CAPTURE_START=$(CAPTURE_START) CAPTURE_STAGGER_S=$(CAPTURE_STAGGER_S) \
+	  CAPTURE_DURATION_S=$(CAPTURE_DURATION_S) CAPTURE_ARGS='$(CAPTURE_ARGS)' STRESS=$(STRESS) TCP=$(TCP) SEED=$(SEED)
+
+# issue 12's check before a submission (root, ~10 minutes): the clean job captured one host at
+# a time (starts 0-5 s apart, stopped while it runs, Linux TCP defaults, a CPU hog per host)
+# ten times in a row, each without a warning or an error finding
+regimes-clean-10: debs venv
+	@ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do \
+	  if $(PY) -m pytest -q -p no:cacheprovider tests/test_regimes_findings.py -k 'per_host and clean' >/tmp/stallscope-clean-$$i.log 2>&1; \
+	  then ok=$$((ok+1)); echo "run $$i: passed"; else echo "run $$i: FAILED (/tmp/stallscope-clean-$$i.log)"; fi; \
+	done; echo "clean per-host runs: $$ok of 10 passed"; [ $$ok -eq 10 ]
 
 clean:
 	rm -rf $(VENV) build *.egg-info forensics/native/*.so

@@ -96,6 +96,16 @@ def recover(a: argparse.Namespace, stderr) -> list:
     return paths
 
 
+def ignore_late_signals() -> None:
+    """For the command lines: the handlers capture restores once its bundle is written. A
+    Ctrl-C or SIGTERM arriving then (a pdsh loop or a launcher stopping every host's capture
+    once more) is ignored instead of ending a finished capture with a traceback. Capture
+    installs its own handlers while it runs; this only decides what comes after."""
+    import signal
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m capture``: the same options as ``stallscope capture``."""
     import sys
@@ -109,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             for path in recover(args, sys.stderr):
                 print(path)
             return 0
+        ignore_late_signals()
         result = run_capture(options_from_args(args))
     except CaptureUsageError as e:
         print(f"capture: error: {e}", file=sys.stderr)

@@ -26,6 +26,7 @@ def run(args: argparse.Namespace, env) -> int:
             for path in capture_cli.recover(args, env.stderr):
                 print(path, file=env.stdout)
             return 0
+        capture_cli.ignore_late_signals()
         result = run_capture(capture_cli.options_from_args(args), stderr=env.stderr)
     except CaptureUsageError as e:
         raise StallscopeError(str(e)) from None

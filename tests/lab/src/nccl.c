@@ -15,6 +15,10 @@
  *
  * Lab-only extra: with SSLAB_TRUTH_FILE set, a JSON line is appended per init,
  * enqueue, completion and error (ground truth for the tests and scenarios).
+ * Lab-only fault: SSLAB_GPU_HANG_AT_OP=<opCount> (or SSLAB_GPU_HANG_TRIGGER=<path>:
+ * the first launch that starts once <path> exists) makes the stream thread, the
+ * "GPU", hang inside that launch of a communicator made by ncclCommInitRank*:
+ * it never sends its share and never completes (sslab_gpu_kernel_hang()).
  */
 #define _GNU_SOURCE
 #include "nccl.h"
@@ -456,6 +460,7 @@ struct ncclComm {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   size_t chunk_bytes;
+  int world;        /* made by ncclCommInitRank*: the communicator SSLAB_GPU_HANG_* applies to */
   char last_error[2048];
 };
 
@@ -679,6 +684,7 @@ static ncclResult_t comm_init(ncclComm_t *out, int nranks, const ncclUniqueId *i
           (unsigned long long)c->ncclCommId, (void *)parent, color, key, (int)getpid(), (int)syscall(SYS_gettid),
           g_host, g_ifname, ip, c->cudaDev, c->nch, hex);
   }
+  c->world = parent == NULL && !strncmp(func, "ncclCommInitRank", 16);
   *out = c;
   return ncclSuccess;
 fail_conn:
@@ -1197,11 +1203,54 @@ static void launch_done(struct ncclComm *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Lab fault (SSLAB_GPU_HANG_*): a "kernel" that never finishes. The stream
+ * thread stays here forever, in a function whose name a native stack shows,
+ * sleeping so that it costs no CPU; abort does not reach it (a hung kernel
+ * ignores NCCL's abort flag), so neither ncclCommAbort nor the process ends
+ * cleanly: only a kill does. */
+__attribute__((noinline, used)) void sslab_gpu_kernel_hang(unsigned long long opCount) {
+  volatile unsigned long long spins = 0, op = opCount;
+  (void)op;
+  for (;;) {
+    struct timespec ts = {0, 50 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    spins++;
+    __asm__ volatile("" ::: "memory");
+  }
+}
+
+static int gpu_hang_due(struct ncclComm *c, uint64_t opCount) {
+  static int parsed;
+  static long long at_op = -1;
+  static const char *trigger;
+  static int fired;
+  if (!c->world || fired) return 0;
+  if (!parsed) { /* only the stream thread of this process reads these */
+    const char *e = getenv("SSLAB_GPU_HANG_AT_OP");
+    if (e && *e) at_op = atoll(e);
+    trigger = getenv("SSLAB_GPU_HANG_TRIGGER");
+    if (trigger && !*trigger) trigger = NULL;
+    parsed = 1;
+  }
+  if ((at_op >= 0 && (long long)opCount == at_op) || (trigger && access(trigger, F_OK) == 0)) {
+    fired = 1;
+    return 1;
+  }
+  return 0;
+}
+
 /* Runs on the stream's thread: the "kernel" of one launch. */
 static void launch_run(void *p) {
   struct launch *L = p;
   struct ncclComm *c = L->comm;
   ncclResult_t res = ncclSuccess;
+  if (gpu_hang_due(c, L->opCount)) {
+    truth("{\"ev\":\"gpu_hang\",\"t_ns\":%llu,\"comm\":\"%p\",\"rank\":%d,\"opCount\":%llu,\"seq_first\":%llu,"
+          "\"op\":\"%s\",\"tid\":%d,\"func\":\"sslab_gpu_kernel_hang\"}", (unsigned long long)now_ns(), (void *)c,
+          c->rank, (unsigned long long)L->opCount, (unsigned long long)L->ops[0].seq, op_names[L->ops[0].kind],
+          (int)syscall(SYS_gettid));
+    sslab_gpu_kernel_hang(L->opCount);
+  }
   if (!__atomic_load_n(&c->aborted, __ATOMIC_ACQUIRE)) {
     for (int i = 0; i < L->nops && res == ncclSuccess;) {
       if (L->ops[i].kind == OP_SEND || L->ops[i].kind == OP_RECV) {

@@ -14,13 +14,21 @@
  * Events are JSON lines on stdout ({"ev": ...}); checks are "CHECK ..." lines.
  * A watchdog thread mirrors PyTorch's ProcessGroupNCCL watchdog: it polls
  * ncclCommGetAsyncError and a collective timeout, logs in the same format and
- * takes the process down.
+ * takes the process down. With TORCH_NCCL_TRACE_BUFFER_SIZE (TORCH_FR_BUFFER_SIZE)
+ * > 0 it also keeps PyTorch's Flight Recorder: a ring of the last N collectives,
+ * dumped as torch's pickle when its debug pipe is written to
+ * (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) or on a timeout/error (TORCH_NCCL_DUMP_ON_TIMEOUT).
+ *
+ * Launcher hooks: --gate-file (wait for a file before starting, so captures can
+ * attach first), --stop-file (train until the step number written in it).
  */
 #define _GNU_SOURCE
 #include "nccl.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -33,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
@@ -205,21 +214,347 @@ static int g_nwork;                 /* works of the current step */
 static uint64_t g_last_enqueued, g_last_completed;
 static double g_timeout_s = 600;
 
-static void torch_log(char sev, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void torch_log(char sev, int line, const char *fmt, ...) {
+static void torch_vlog(char sev, const char *file, int line, const char *fmt, va_list ap) {
   struct timeval tv;
   gettimeofday(&tv, NULL);
   struct tm tm;
   localtime_r(&tv.tv_sec, &tm);
   char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "[rank%d]:[%c%02d%02d %02d:%02d:%02d.%06ld000 ProcessGroupNCCL.cpp:%d] %s\n", g_rank, sev,
-          tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec, line, msg);
+  fprintf(stderr, "[rank%d]:[%c%02d%02d %02d:%02d:%02d.%06ld000 %s:%d] %s\n", g_rank, sev,
+          tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec, file, line, msg);
   fflush(stderr);
 }
+static void torch_log(char sev, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void torch_log(char sev, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  torch_vlog(sev, "ProcessGroupNCCL.cpp", line, fmt, ap);
+  va_end(ap);
+}
+static void fr_log(char sev, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void fr_log(char sev, int line, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  torch_vlog(sev, "FlightRecorder.cpp", line, fmt, ap);
+  va_end(ap);
+}
+/* ---------------- Flight Recorder (PyTorch c10d FlightRecorder, dump format 2.7) ----------------
+ * What torch does, and what the lab does the same way:
+ * - enabled when TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE (the first one set) > 0;
+ *   a ring of that many entries, one per collective, oldest overwritten;
+ * - an entry's start event exists only with TORCH_NCCL_ENABLE_TIMING=1 (or
+ *   TORCH_NCCL_DESYNC_DEBUG=1): without it nothing is ever "started" and
+ *   last_started_collective stays -1, as in torch;
+ * - the watchdog retires completed entries (both discovery times = now, duration
+ *   from the events with timing); a dump evaluates the others at dump time without
+ *   storing it (torch's dump_entries works on copies);
+ * - pg_status comes from the watchdog: last enqueued / started / completed seq (-1: none);
+ * - all times are c10::getTime(): CLOCK_REALTIME ns on Linux;
+ * - the dump goes to <TORCH_FR_DUMP_TEMP_FILE | TORCH_NCCL_DEBUG_INFO_TEMP_FILE | /tmp/nccl_trace_rank_><rank>.
+ *   Torch writes it in place (ofstream); the lab writes .<name>.tmp.<pid> next to it and
+ *   renames, so a reader never sees half a dump.
+ * The pickle is protocol 2 with no memo: what torch's pickler writes, minus BINPUTs. */
+struct fr_entry {
+  uint64_t id, seq, created_ns;
+  int64_t started_ns, completed_ns; /* 0: not discovered */
+  const char *pname, *func;
+  int line, retired, has_duration;
+  size_t in_n, out_n;
+  double duration_ms;
+  cudaEvent_t start, end;
+};
+static struct fr_entry *g_fr;
+static size_t g_fr_max, g_fr_len, g_fr_next;
+static uint64_t g_fr_id;
+static int g_fr_timing, g_fr_dump_on_timeout, g_fr_pipe_fd = -1;
+static char g_fr_dump_path[4096], g_fr_pipe_path[4096];
+static int64_t g_pg_enqueued = -1, g_pg_started = -1, g_pg_completed = -1;
+static const char *g_fr_dtype = "Float";
+static cudaEvent_t g_fr_pending_start;
+static int g_fr_main_line;
+
+static const char *env_first(const char *a, const char *b) {
+  const char *v = getenv(a);
+  if (v && *v) return v;
+  v = b ? getenv(b) : NULL;
+  return v && *v ? v : NULL;
+}
+static int env_true(const char *v) { return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on")); }
+static const char *torch_dtype(const char *lab) {
+  static const char *map[][2] = {{"int8", "Char"}, {"uint8", "Byte"}, {"int32", "Int"}, {"uint32", "UInt32"},
+    {"int64", "Long"}, {"uint64", "UInt64"}, {"float16", "Half"}, {"float32", "Float"}, {"float64", "Double"},
+    {"bfloat16", "BFloat16"}};
+  for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) if (!strcmp(map[i][0], lab)) return map[i][1];
+  return "Float";
+}
+
+static void fr_init(const char *dtype) {
+  const char *n = env_first("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE");
+  long max = n ? atol(n) : 0;
+  if (max <= 0) return;
+  if (max > 100000) max = 100000;
+  g_fr = calloc((size_t)max, sizeof(*g_fr));
+  if (!g_fr) return;
+  g_fr_max = (size_t)max;
+  g_fr_dtype = torch_dtype(dtype);
+  g_fr_timing = env_true(getenv("TORCH_NCCL_ENABLE_TIMING")) || env_true(getenv("TORCH_NCCL_DESYNC_DEBUG"));
+  /* torch >= 2.4: on by default; it dumps on a timeout or any exception of the watchdog */
+  const char *dot = env_first("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_ON_TIMEOUT");
+  g_fr_dump_on_timeout = dot ? env_true(dot) : 1;
+  const char *stem = env_first("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
+  snprintf(g_fr_dump_path, sizeof(g_fr_dump_path), "%s%d", stem ? stem : "/tmp/nccl_trace_rank_", g_rank);
+  const char *pipe_stem = env_first("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", "TORCH_FR_DEBUG_INFO_PIPE_FILE");
+  if (pipe_stem) { /* torch's DumpPipe: <stem><rank>.pipe, mkfifo 0666, O_RDONLY|O_NONBLOCK */
+    snprintf(g_fr_pipe_path, sizeof(g_fr_pipe_path), "%s%d.pipe", pipe_stem, g_rank);
+    if (unlink(g_fr_pipe_path) != 0 && errno != ENOENT)
+      fprintf(stderr, "sslab_rank[%d]: Error removing existing named pipe %s: %s\n", g_rank, g_fr_pipe_path, strerror(errno));
+    mode_t old = umask(0);
+    int rc = mkfifo(g_fr_pipe_path, 0666);
+    umask(old);
+    if (rc == 0) g_fr_pipe_fd = open(g_fr_pipe_path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (g_fr_pipe_fd < 0)
+      fprintf(stderr, "sslab_rank[%d]: Error creating named pipe %s: %s\n", g_rank, g_fr_pipe_path, strerror(errno));
+  }
+}
+
+/* Before a collective is enqueued: its start event (torch records it on the NCCL stream first). */
+static void work_pre(void) {
+  if (!g_fr_max || !g_fr_timing) return;
+  cudaEvent_t e;
+  cudaEventCreateWithFlags(&e, cudaEventDefault);
+  cudaEventRecord(e, g_stream);
+  pthread_mutex_lock(&g_wmu);
+  g_fr_pending_start = e;
+  pthread_mutex_unlock(&g_wmu);
+}
+
+/* caller holds g_wmu */
+static void fr_record(uint64_t seq, const char *type, size_t in, size_t out, const char *func, int line) {
+  if (!g_fr_max) return;
+  struct fr_entry *e;
+  if (g_fr_len < g_fr_max) e = &g_fr[g_fr_len++];
+  else {
+    e = &g_fr[g_fr_next]; /* overwritten: its events are leaked if never completed (never destroyed in flight) */
+    if (e->retired) { if (e->start) cudaEventDestroy(e->start); if (e->end) cudaEventDestroy(e->end); }
+    g_fr_next = (g_fr_next + 1) % g_fr_max;
+  }
+  memset(e, 0, sizeof(*e));
+  e->id = g_fr_id++;
+  e->seq = seq;
+  e->created_ns = now_ns();
+  e->pname = !strcmp(type, "ALLREDUCE") ? "nccl:all_reduce" : !strcmp(type, "BROADCAST") ? "nccl:broadcast"
+           : !strcmp(type, "_ALLGATHER_BASE") ? "nccl:_allgather_base"
+           : !strcmp(type, "_REDUCE_SCATTER_BASE") ? "nccl:_reduce_scatter_base" : "nccl:unknown";
+  e->func = func;
+  e->line = line;
+  e->in_n = in;
+  e->out_n = out;
+  e->start = g_fr_pending_start;
+  g_fr_pending_start = NULL;
+  cudaEventCreateWithFlags(&e->end, g_fr_timing ? cudaEventDefault : cudaEventDisableTiming);
+  cudaEventRecord(e->end, g_stream);
+}
+
+/* Watchdog side (caller holds g_wmu): torch's pg_status updates and retire_id. */
+static void fr_watch(void) {
+  if (!g_fr_max) return;
+  for (size_t k = 0; k < g_fr_len; k++) {
+    struct fr_entry *e = &g_fr[(g_fr_next + k) % g_fr_len];
+    if (e->retired) continue;
+    if (e->start && cudaEventQuery(e->start) == cudaSuccess && (int64_t)e->seq > g_pg_started) g_pg_started = (int64_t)e->seq;
+    if (cudaEventQuery(e->end) != cudaSuccess) continue;
+    int64_t t = (int64_t)now_ns();
+    if (!e->started_ns) e->started_ns = t;
+    e->completed_ns = t;
+    if (e->start) {
+      float ms = 0;
+      if (cudaEventElapsedTime(&ms, e->start, e->end) == cudaSuccess) { e->duration_ms = ms; e->has_duration = 1; }
+      cudaEventDestroy(e->start);
+    }
+    cudaEventDestroy(e->end);
+    e->start = e->end = NULL;
+    e->retired = 1;
+    if ((int64_t)e->seq > g_pg_completed) g_pg_completed = (int64_t)e->seq;
+  }
+}
+
+/* A minimal pickle writer (protocol 2). */
+struct pk { unsigned char *b; size_t n, cap; int err; };
+static void pk_raw(struct pk *p, const void *d, size_t n) {
+  if (p->err) return;
+  if (p->n + n > p->cap) {
+    size_t cap = p->cap ? p->cap * 2 : 65536;
+    while (cap < p->n + n) cap *= 2;
+    unsigned char *nb = realloc(p->b, cap);
+    if (!nb) { p->err = 1; return; }
+    p->b = nb;
+    p->cap = cap;
+  }
+  memcpy(p->b + p->n, d, n);
+  p->n += n;
+}
+static void pk_op(struct pk *p, unsigned char op) { pk_raw(p, &op, 1); }
+static void pk_str(struct pk *p, const char *s) { /* BINUNICODE */
+  uint32_t n = (uint32_t)strlen(s);
+  unsigned char h[5] = {'X', n & 0xff, (n >> 8) & 0xff, (n >> 16) & 0xff, (n >> 24) & 0xff};
+  pk_raw(p, h, 5);
+  pk_raw(p, s, n);
+}
+static void pk_int(struct pk *p, int64_t v) {
+  if (v >= 0 && v < 256) { unsigned char h[2] = {'K', (unsigned char)v}; pk_raw(p, h, 2); return; }          /* BININT1 */
+  if (v >= INT32_MIN && v <= INT32_MAX) {                                                                  /* BININT */
+    uint32_t u = (uint32_t)(int32_t)v;
+    unsigned char h[5] = {'J', u & 0xff, (u >> 8) & 0xff, (u >> 16) & 0xff, (u >> 24) & 0xff};
+    pk_raw(p, h, 5);
+    return;
+  }
+  unsigned char h[10] = {0x8a, 8};                                                                         /* LONG1 */
+  uint64_t u = (uint64_t)v;
+  for (int i = 0; i < 8; i++) h[2 + i] = (u >> (8 * i)) & 0xff;
+  pk_raw(p, h, 10);
+}
+static void pk_float(struct pk *p, double d) { /* BINFLOAT: big-endian IEEE 754 double */
+  uint64_t u;
+  memcpy(&u, &d, 8);
+  unsigned char h[9] = {'G'};
+  for (int i = 0; i < 8; i++) h[1 + i] = (u >> (56 - 8 * i)) & 0xff;
+  pk_raw(p, h, 9);
+}
+static void pk_bool(struct pk *p, int v) { pk_op(p, v ? 0x88 : 0x89); }   /* NEWTRUE / NEWFALSE */
+static void pk_none(struct pk *p) { pk_op(p, 'N'); }
+static void pk_key(struct pk *p, const char *k) { pk_str(p, k); }
+/* dicts: '}' '(' k v ... 'u'; lists: ']' '(' ... 'e' */
+static void pk_dict_begin(struct pk *p) { pk_op(p, '}'); pk_op(p, '('); }
+static void pk_dict_end(struct pk *p) { pk_op(p, 'u'); }
+static void pk_list_begin(struct pk *p) { pk_op(p, ']'); pk_op(p, '('); }
+static void pk_list_end(struct pk *p) { pk_op(p, 'e'); }
+static void pk_sizes(struct pk *p, size_t n) { pk_list_begin(p); pk_list_begin(p); pk_int(p, (int64_t)n); pk_list_end(p); pk_list_end(p); }
+static void pk_strlist1(struct pk *p, const char *s) { pk_list_begin(p); pk_str(p, s); pk_list_end(p); }
+static void pk_frame(struct pk *p, const char *name, const char *file, int line) {
+  pk_dict_begin(p);
+  pk_key(p, "name"); pk_str(p, name);
+  pk_key(p, "filename"); pk_str(p, file);
+  pk_key(p, "line"); pk_int(p, line);
+  pk_dict_end(p);
+}
+
+/* caller holds g_wmu; returns the number of entries dumped, -1 on error */
+static int fr_dump(const char *why) {
+  if (!g_fr_max) return -1;
+  int64_t now = (int64_t)now_ns();
+  struct pk p = {0};
+  pk_op(&p, 0x80); pk_op(&p, 2); /* PROTO 2 */
+  pk_dict_begin(&p);
+  pk_key(&p, "version"); pk_str(&p, "2.7");
+  pk_key(&p, "pg_config");
+  {
+    char ranks[1024];
+    size_t o = 0;
+    o += snprintf(ranks + o, sizeof(ranks) - o, "[");
+    for (int r = 0; r < g_world && o < sizeof(ranks) - 16; r++) o += snprintf(ranks + o, sizeof(ranks) - o, "%s%d", r ? ", " : "", r);
+    snprintf(ranks + o, sizeof(ranks) - o, "]");
+    pk_dict_begin(&p);
+    pk_key(&p, "0");
+    pk_dict_begin(&p);
+    pk_key(&p, "name"); pk_str(&p, "0");
+    pk_key(&p, "desc"); pk_str(&p, "default_pg");
+    pk_key(&p, "ranks"); pk_str(&p, ranks);
+    pk_dict_end(&p);
+    pk_dict_end(&p);
+  }
+  pk_key(&p, "nccl_version"); pk_str(&p, "2.21.5");
+  pk_key(&p, "pg_status");
+  pk_dict_begin(&p);
+  pk_key(&p, "0");
+  pk_dict_begin(&p);
+  pk_key(&p, "last_enqueued_collective"); pk_int(&p, g_pg_enqueued);
+  pk_key(&p, "last_started_collective"); pk_int(&p, g_pg_started);
+  pk_key(&p, "last_completed_collective"); pk_int(&p, g_pg_completed);
+  pk_dict_end(&p);
+  pk_dict_end(&p);
+  pk_key(&p, "entries");
+  pk_list_begin(&p);
+  for (size_t k = 0; k < g_fr_len; k++) {
+    struct fr_entry *e = &g_fr[(g_fr_next + k) % g_fr_len];
+    int64_t started = e->started_ns, completed = e->completed_ns;
+    if (!e->retired) { /* update_state on a copy */
+      if (e->start && !started && cudaEventQuery(e->start) == cudaSuccess) started = now;
+      if (e->end && !completed && cudaEventQuery(e->end) == cudaSuccess) completed = now;
+    }
+    pk_dict_begin(&p);
+    pk_key(&p, "frames");
+    pk_list_begin(&p);
+    pk_frame(&p, e->func, "tests/lab/src/rank_driver.c", e->line);
+    pk_frame(&p, "main", "tests/lab/src/rank_driver.c", g_fr_main_line);
+    pk_list_end(&p);
+    pk_key(&p, "record_id"); pk_int(&p, (int64_t)e->id);
+    pk_key(&p, "pg_id"); pk_int(&p, 0);
+    pk_key(&p, "process_group"); pk_str(&p, "0"); pk_str(&p, "default_pg"); pk_op(&p, 0x86); /* TUPLE2 */
+    pk_key(&p, "collective_seq_id"); pk_int(&p, (int64_t)e->seq);
+    pk_key(&p, "p2p_seq_id"); pk_int(&p, 0);
+    pk_key(&p, "op_id"); pk_int(&p, (int64_t)e->seq);
+    pk_key(&p, "profiling_name"); pk_str(&p, e->pname);
+    pk_key(&p, "time_created_ns"); pk_int(&p, (int64_t)e->created_ns);
+    if (e->has_duration) { pk_key(&p, "duration_ms"); pk_float(&p, e->duration_ms); }
+    pk_key(&p, "input_sizes"); pk_sizes(&p, e->in_n);
+    pk_key(&p, "input_dtypes"); pk_strlist1(&p, g_fr_dtype);
+    pk_key(&p, "output_sizes"); pk_sizes(&p, e->out_n);
+    pk_key(&p, "output_dtypes"); pk_strlist1(&p, g_fr_dtype);
+    pk_key(&p, "state"); pk_str(&p, completed ? "completed" : started ? "started" : "scheduled");
+    pk_key(&p, "time_discovered_started_ns"); if (started) pk_int(&p, started); else pk_none(&p);
+    pk_key(&p, "time_discovered_completed_ns"); if (completed) pk_int(&p, completed); else pk_none(&p);
+    pk_key(&p, "retired"); pk_bool(&p, e->retired);
+    pk_key(&p, "timeout_ms"); pk_int(&p, (int64_t)(g_timeout_s * 1000));
+    pk_key(&p, "is_p2p"); pk_bool(&p, 0);
+    pk_dict_end(&p);
+  }
+  pk_list_end(&p);
+  pk_dict_end(&p);
+  pk_op(&p, '.');
+  int rc = -1;
+  if (!p.err) {
+    char tmp[4200], dir[4096], base[4096];
+    snprintf(dir, sizeof(dir), "%s", g_fr_dump_path);
+    snprintf(base, sizeof(base), "%s", g_fr_dump_path);
+    snprintf(tmp, sizeof(tmp), "%s/.%s.tmp.%d", dirname(dir), basename(base), (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      size_t off = 0;
+      while (off < p.n) {
+        ssize_t w = write(fd, p.b + off, p.n - off);
+        if (w <= 0) { if (w < 0 && errno == EINTR) continue; break; }
+        off += (size_t)w;
+      }
+      if (close(fd) == 0 && off == p.n && rename(tmp, g_fr_dump_path) == 0) rc = (int)g_fr_len;
+      else unlink(tmp);
+    }
+  }
+  free(p.b);
+  if (rc >= 0) {
+    fr_log('I', 116, "[PG ID 0 PG GUID 0(default_pg) Rank %d] Finished writing Flight Recorder debug info to %s "
+              "(%s, %d entries)", g_rank, g_fr_dump_path, why, rc);
+    printf("{\"ev\":\"fr_dump\",\"t_ns\":%llu,\"rank\":%d,\"reason\":\"%s\",\"file\":\"%s\",\"entries\":%d,"
+           "\"last_enqueued\":%lld,\"last_started\":%lld,\"last_completed\":%lld}\n", (unsigned long long)now_ns(),
+           g_rank, why, g_fr_dump_path, rc, (long long)g_pg_enqueued, (long long)g_pg_started, (long long)g_pg_completed);
+    fflush(stdout);
+  } else {
+    fr_log('E', 103, "Error writing Flight Recorder debug info to file: %s", g_fr_dump_path);
+  }
+  return rc;
+}
+
+/* caller holds g_wmu: a write to the debug pipe asks for a dump (torch's DumpPipe::shouldDump) */
+static void fr_poll_pipe(void) {
+  if (g_fr_pipe_fd < 0) return;
+  char buf[128];
+  ssize_t n = read(g_fr_pipe_fd, buf, sizeof(buf));
+  if (n > 0) {
+    while (read(g_fr_pipe_fd, buf, sizeof(buf)) > 0) {}
+    fr_dump("pipe");
+  }
+}
+
 static void *watchdog_main(void *p) {
   (void)p;
   for (;;) {
@@ -227,6 +562,8 @@ static void *watchdog_main(void *p) {
     ncclResult_t ae = ncclSuccess;
     pthread_mutex_lock(&g_wmu);
     if (!g_comm) { pthread_mutex_unlock(&g_wmu); continue; }
+    fr_watch();
+    fr_poll_pipe();
     ncclCommGetAsyncError(g_comm, &ae);
     int oldest = -1;
     for (int i = 0; i < g_nwork; i++)
@@ -257,6 +594,8 @@ static void *watchdog_main(void *p) {
       printf("{\"ev\":\"watchdog\",\"t_ns\":%llu,\"reason\":\"%s\",\"seq\":%lu}\n", (unsigned long long)now_ns(),
              timed_out ? "timeout" : "async_error", (unsigned long)seq);
       fflush(stdout);
+      /* TORCH_NCCL_DUMP_ON_TIMEOUT: torch dumps on a timeout or an exception, before the abort */
+      if (g_fr_dump_on_timeout) fr_dump(timed_out ? "timeout" : "async_error");
       pthread_mutex_unlock(&g_wmu);
       ncclCommAbort(g_comm);
       _exit(timed_out ? 3 : 4);
@@ -265,7 +604,8 @@ static void *watchdog_main(void *p) {
   }
   return NULL;
 }
-static void work_add(const char *type, size_t in, size_t out) {
+#define work_add(type, in, out) work_add_at(type, in, out, __func__, __LINE__)
+static void work_add_at(const char *type, size_t in, size_t out, const char *func, int line) {
   pthread_mutex_lock(&g_wmu);
   if (g_nwork < MAXWORK) {
     if (!g_work[g_nwork].ev) cudaEventCreateWithFlags(&g_work[g_nwork].ev, cudaEventDisableTiming);
@@ -276,7 +616,9 @@ static void work_add(const char *type, size_t in, size_t out) {
     g_work[g_nwork].numel_in = in;
     g_work[g_nwork].numel_out = out;
     g_nwork++;
-  }
+  } else ++g_last_enqueued;
+  g_pg_enqueued = (int64_t)g_last_enqueued;
+  fr_record(g_last_enqueued, type, in, out, func, line);
   pthread_mutex_unlock(&g_wmu);
 }
 static void work_step_done(void) {
@@ -481,7 +823,7 @@ static int selftest(const char *dtypes, size_t small, size_t large) {
 
 /* ---------------- training loop ---------------- */
 struct opts {
-  const char *mode, *buckets, *dtype, *pattern, *skip_mode, *selftest_dtypes;
+  const char *mode, *buckets, *dtype, *pattern, *skip_mode, *selftest_dtypes, *gate_file, *stop_file;
   int steps, check, skip_op;
   double compute_ms, straggle_ms, straggle_from_s, duration_s;
   size_t st_small, st_large;
@@ -524,6 +866,7 @@ static int train(struct opts *o) {
   {
     size_t n = sizes[0];
     fill(di, 0, g_rank, 1000000, sb[0], n, 0);
+    work_pre();
     NCCLCHECK(ncclBroadcast(sb[0], rb[0], n, DT[di].t, 0, g_comm, g_stream));
     work_add("BROADCAST", n, n);
     k++;
@@ -536,8 +879,22 @@ static int train(struct opts *o) {
   emit("{\"ev\":\"train_start\",\"t_ns\":%llu,\"rank\":%d,\"world_size\":%d,\"pid\":%d}",
        (unsigned long long)t_start, g_rank, g_world, (int)getpid());
   int straggling = 0;
+  long stop_at = -1; /* --stop-file: the step number to stop before, once the launcher wrote it */
   for (int step = 0; step < o->steps; step++) {
     if (o->duration_s > 0 && (now_ns() - t_start) / 1e9 > o->duration_s) break;
+    if (o->stop_file && stop_at < 0) {
+      FILE *f = fopen(o->stop_file, "r");
+      if (f) {
+        long v;
+        if (fscanf(f, "%ld", &v) == 1 && v >= 0) {
+          stop_at = v;
+          emit("{\"ev\":\"stop_seen\",\"t_ns\":%llu,\"rank\":%d,\"step\":%d,\"stop_at\":%ld}",
+               (unsigned long long)now_ns(), g_rank, step, v);
+        }
+        fclose(f);
+      }
+    }
+    if (stop_at >= 0 && step >= stop_at) break;
     double compute = o->compute_ms;
     if (o->straggle_ms > 0 && (now_ns() - t_start) / 1e9 >= o->straggle_from_s) {
       if (!straggling) emit("{\"ev\":\"straggle\",\"t_ns\":%llu,\"rank\":%d,\"step\":%d,\"extra_ms\":%.1f}",
@@ -577,18 +934,21 @@ static int train(struct opts *o) {
       p->op = kind; p->di = di; p->n = n; p->rb = rb[b]; p->k = 5000 + k;
       if (!strcmp(kind, "allreduce")) {
         fill(di, 0, g_rank, p->k, sb[b], n, 0);
+        work_pre();
         NCCLCHECK(ncclAllReduce(sb[b], rb[b], n, DT[di].t, ncclSum, g_comm, g_stream));
         p->out_n = n;
         work_add("ALLREDUCE", n, n);
       } else if (!strcmp(kind, "allgather")) {
         size_t per = n / g_world ? n / g_world : 1;
         fill(di, 0, g_rank, p->k, sb[b], per, 0);
+        work_pre();
         NCCLCHECK(ncclAllGather(sb[b], rb[b], per, DT[di].t, g_comm, g_stream));
         p->n = per; p->out_n = per * g_world;
         work_add("_ALLGATHER_BASE", per, per * g_world);
       } else {
         size_t per = n / g_world ? n / g_world : 1;
         fill(di, 0, g_rank, p->k, sb[b], per * g_world, 0);
+        work_pre();
         NCCLCHECK(ncclReduceScatter(sb[b], rb[b], per, DT[di].t, ncclSum, g_comm, g_stream));
         p->n = per; p->out_n = per;
         work_add("_REDUCE_SCATTER_BASE", per * g_world, per);
@@ -621,13 +981,14 @@ static int train(struct opts *o) {
 
 int main(int argc, char **argv) {
   struct opts o = {"train", "1048576,1048576,262144", "float32", "ddp", "stop", "int8,uint8,int32,uint32,int64,uint64,float16,float32,float64,bfloat16",
-                   20, 1, -1, 50, 0, 0, 0, 1003, 0};
+                   NULL, NULL, 20, 1, -1, 50, 0, 0, 0, 1003, 0};
   static struct option lo[] = {
     {"mode", 1, 0, 'm'}, {"steps", 1, 0, 's'}, {"compute-ms", 1, 0, 'c'}, {"buckets", 1, 0, 'b'},
     {"dtype", 1, 0, 'd'}, {"pattern", 1, 0, 'p'}, {"no-check", 0, 0, 'N'}, {"skip-op", 1, 0, 'k'},
     {"skip-mode", 1, 0, 'K'}, {"straggle-ms", 1, 0, 'S'}, {"straggle-from-s", 1, 0, 'F'},
     {"watchdog-timeout-s", 1, 0, 'W'}, {"duration-s", 1, 0, 'D'}, {"selftest-dtypes", 1, 0, 'T'},
-    {"selftest-count", 1, 0, 'C'}, {"selftest-large", 1, 0, 'L'}, {0, 0, 0, 0}};
+    {"selftest-count", 1, 0, 'C'}, {"selftest-large", 1, 0, 'L'}, {"gate-file", 1, 0, 'G'},
+    {"stop-file", 1, 0, 'P'}, {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -647,6 +1008,8 @@ int main(int argc, char **argv) {
       case 'T': o.selftest_dtypes = optarg; break;
       case 'C': o.st_small = (size_t)atoll(optarg); break;
       case 'L': o.st_large = (size_t)atoll(optarg); break;
+      case 'G': o.gate_file = optarg; break;
+      case 'P': o.stop_file = optarg; break;
       default: fprintf(stderr, "usage: sslab_rank [--mode train|selftest] [options]\n"); return 2;
     }
   }
@@ -658,17 +1021,24 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   cudaSetDevice(g_local);
   cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking);
+  if (o.gate_file) { /* the launcher opens the gate once its captures are attached */
+    while (access(o.gate_file, F_OK) != 0) sleep_ms(20);
+    emit("{\"ev\":\"gate_open\",\"t_ns\":%llu,\"rank\":%d}", (unsigned long long)now_ns(), g_rank);
+  }
   ncclUniqueId id;
   exchange_id(&id);
   emit("{\"ev\":\"init_start\",\"t_ns\":%llu,\"rank\":%d}", (unsigned long long)now_ns(), g_rank);
   NCCLCHECK(ncclCommInitRank(&g_comm, g_world, id, g_rank));
   emit("{\"ev\":\"init_done\",\"t_ns\":%llu,\"rank\":%d,\"comm\":\"%p\",\"stream\":\"%p\"}", (unsigned long long)now_ns(),
        g_rank, (void *)g_comm, (void *)g_stream);
+  fr_init(o.dtype);
   pthread_t wd;
   pthread_create(&wd, NULL, watchdog_main, NULL);
+  pthread_setname_np(wd, "pt_nccl_watchdg"); /* the name torch gives its watchdog thread */
   int rc;
   if (!strcmp(o.mode, "selftest")) rc = selftest(o.selftest_dtypes, o.st_small, o.st_large);
-  else rc = train(&o);
+  else { g_fr_main_line = __LINE__ + 1;
+    rc = train(&o); }
   cudaStreamSynchronize(g_stream);
   pthread_mutex_lock(&g_wmu); /* stop the watchdog from acting on a destroyed comm */
   ncclComm_t c = g_comm;

@@ -60,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="add files: NCCL_DEBUG_FILE logs, nccl-tests logs, Flight Recorder dumps")
     p.add_argument("--no-bpf", dest="bpf", action="store_false", help="do not run the bpftrace tracer")
     p.add_argument("--no-pcap", dest="pcap", action="store_false", help="do not run tcpdump")
+    p.add_argument("--ss-every", type=float, default=2.0, metavar="SECONDS",
+                   help="sample ss -tinpe of every namespace of the job this often (default 2; 0: only at the "
+                        "start and end): bytes moving per connection over time, data stuck behind an RTO backoff")
     p.add_argument("--no-call-returns", dest="call_returns", action="store_false",
                    help="do not trace the return of the collective calls (their t1 and rc; collectives are "
                         "asynchronous, the return is the launch time): the leanest tracer")
@@ -75,7 +78,7 @@ def options_from_args(a: argparse.Namespace) -> CaptureOptions:
     return CaptureOptions(output=a.output, duration_s=a.duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
                           attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress,
-                          call_returns=a.call_returns)
+                          call_returns=a.call_returns, ss_every_s=max(0.0, a.ss_every))
 
 
 def recover(a: argparse.Namespace, stderr) -> list:

@@ -76,6 +76,10 @@ COLLECTORS: tuple[Collector, ...] = (
               doc="kernel log tail and NVIDIA XID lines"),
     Collector("ib-counters", func="ib_counters", out="ib/{phase}", doc="perfquery or sysfs InfiniBand counters",
               optional="no InfiniBand/RoCE devices"),
+    # NCCL >= 2.24: skipped (with the reason) when the job's libnccl has no RAS or nothing
+    # answers on NCCL_RAS_ADDR (default localhost:28028) in the job's network namespace
+    Collector("ncclras", func="ncclras", out="sys/host/ncclras-{phase}.txt", tool="ncclras", timeout_s=30.0,
+              doc="ncclras -v: NCCL RAS job summary, communicators, missing/dead ranks, mismatched op counts"),
     # ---- per process
     # --nonblocking: py-spy reads the stacks without stopping the job (no ptrace stop);
     # bounded: a py-spy stuck on a wedged process must not hold the capture up
@@ -83,8 +87,22 @@ COLLECTORS: tuple[Collector, ...] = (
               out="stacks/py-spy-{pid}-{phase}.txt", scope="process", when=("start", "end"), needs_root=True,
               tool="py-spy", python_only=True, timeout_s=10.0,
               doc="Python stacks of the job's processes, read without pausing them"),
+    # /proc/PID/task/*: each thread's state and the syscall it sits in, the fds it waits on
+    # resolved to sockets (poll arrays read from /proc/PID/mem): free, no ptrace stop
+    Collector("threads", func="proc_threads", out="proc/{pid}-threads-{phase}.json", scope="process",
+              when=("start", "end"), timeout_s=10.0,
+              doc="per-thread state, wchan, syscall and the sockets it waits on (who waits on whom)"),
     Collector("attachments", func="attachments", out="logs", when=("end",),
               doc="--attach files and logs named by the processes' environment"),
+    # ptrace stops every thread while its stack is read: only when the job is hung (--stacks
+    # auto decides after a grace period, capture.stacks), once, each run bounded (then killed)
+    Collector("native-stacks", func="native_stacks", out="stacks/native-{pid}-{phase}.txt", when=("continuous",),
+              scope="process", needs_root=True, timeout_s=10.0,
+              doc="eu-stack / gdb / py-spy --native stacks of every thread, when no collective completes"),
+    # run by the runner at the start of the end phase (before the attachments take the dumps)
+    Collector("flight-recorder-trigger", func="flight_recorder_trigger", out="flight-recorder", when=("end",),
+              scope="process",
+              doc="one byte into TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe: torch dumps its Flight Recorder"),
 )
 
 
@@ -93,6 +111,28 @@ def by_name() -> dict[str, Collector]:
 
 
 # ---------------------------------------------------------------- function collectors
+def ncclras(ctx) -> bytes:
+    from .ncclras import collect
+    return collect(ctx)
+
+
+def native_stacks(ctx) -> bytes:
+    """Not run by the snapshot loop: capture.runner (Capture.start_native_stacks) drives it."""
+    raise LookupError("native stacks are taken by the runner (--stacks)")
+
+
+def flight_recorder_trigger(ctx) -> bytes:
+    """Not run by the snapshot loop: capture.runner (Capture.trigger_flight_recorders) drives it."""
+    raise LookupError("Flight Recorder triggers are sent by the runner")
+
+
+def proc_threads(ctx) -> bytes:
+    import json
+
+    from .threads import thread_states
+    return (json.dumps(thread_states(int(ctx["pid"]), ctx["phase"]), separators=(",", ":")) + "\n").encode()
+
+
 def proc_net_snmp(ctx) -> bytes:
     return Path(f"/proc/{ctx['pid']}/net/snmp").read_bytes()
 

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import __version__
 from . import bundle as bd
-from . import children, procs, tracer
+from . import children, procs, stacks, torchfr, tracer
 from .offcpu import OffCpuSampler
 from .collectors import COLLECTORS, Collector
 from . import collectors as colmod
@@ -77,6 +77,11 @@ class CaptureOptions:
     offcpu_every_s: float = 2.0     # off-CPU samples of the job's threads (/proc schedstat)
     recover: bool = True            # turn orphaned staging folders in the output folder into bundles
     batch_sched: bool = True        # run capture and its children as SCHED_BATCH (see Capture.yield_cpu)
+    ss_every_s: float = 2.0         # ss -tinpe of every namespace of the job this often (0: start/end only)
+    stacks: str = "auto"            # native stacks (ptrace): auto (only when hung) | always (at the start) | never
+    stacks_grace_s: float = 5.0     # auto: how long to watch the job for progress before deciding it is hung
+    stacks_timeout_s: float = 10.0  # each stack tool run is killed after this
+    fr_dump_wait_s: float = 10.0    # how long to wait for a Flight Recorder dump after writing to its pipe
 
 
 @dataclass
@@ -159,6 +164,10 @@ class Capture:
         self.nccl_tests: dict | None = None
         self.pcap_slot_bytes = 0
         self.last_progress = 0.0
+        self.ss_series: dict[int, dict] = {}      # netns inode -> {path, first_ns, last_ns, stopped}
+        self.ss_busy = threading.Event()
+        self.stacks_thread: threading.Thread | None = None
+        self.stacks_cancel = threading.Event()    # set when the capture ends: an undecided auto check gives up
 
     # ------------------------------------------------------------------ helpers
     def log(self, msg: str) -> None:
@@ -260,7 +269,8 @@ class Capture:
             if phase not in c.when:
                 continue
             if c.scope == "host" and not limited:
-                jobs.append((c, {"pid": "self", "ns": self.ensure_netns(self.own_ns, "self"), "phase": phase}))
+                jobs.append((c, {"pid": "self", "ns": self.ensure_netns(self.own_ns, "self"), "phase": phase,
+                                 "procs": dict(self.procs)}))
             elif c.scope == "netns":
                 for ns in nss or ():
                     jobs.append((c, {"pid": ns.pid, "ns": ns, "phase": phase}))
@@ -277,7 +287,7 @@ class Capture:
 
     def submit_snapshots(self, jobs) -> None:
         for c, ctx in jobs:
-            if c.when == ("continuous",) or c.name == "attachments":
+            if c.when == ("continuous",) or c.name in ("attachments", "flight-recorder-trigger"):
                 continue
             self.futures.append(self.pool.submit(self.run_snapshot, c, ctx))
 
@@ -367,6 +377,186 @@ class Capture:
             self.record(key, status="skipped", reason=str(e).strip("'\""), ended_ns=time.time_ns())
         except Exception as e:  # noqa: BLE001 - a collector failing must not stop the capture
             self.record(key, status="failed", reason=f"{type(e).__name__}: {e}", ended_ns=time.time_ns())
+
+    # ------------------------------------------------------------------ ss series
+    def sample_ss(self) -> None:
+        """One ``ss -tinpe`` sample of every namespace of the job, appended to its series file
+        (``sys/<ns>/ss-series.txt``, blocks headed ``# stallscope-sample realtime_ns=..``): bytes
+        acknowledged and received over time tell a link that moves from one with data stuck
+        behind an RTO backoff. Runs in the snapshot pool, one sample at a time: a slow ss
+        skips a beat instead of piling up."""
+        if self.ss_busy.is_set() or shutil.which("ss") is None:
+            return
+        self.ss_busy.set()
+        try:
+            self.futures.append(self.pool.submit(self._sample_ss))
+        except RuntimeError:        # the pool is shutting down
+            self.ss_busy.clear()
+
+    def _sample_ss(self) -> None:
+        try:
+            for ns in list(self.netns.values()):
+                if not ns.pids:
+                    continue
+                st = self.ss_series.setdefault(ns.inode, {"first_ns": None, "last_ns": None, "stopped": None,
+                                                          "samples": 0, "path": None})
+                key = f"ss-series@{ns.label}"
+                if st["stopped"]:
+                    continue
+                if not ns.own and not self.is_root:
+                    st["stopped"] = "entering another network namespace needs root"
+                    self.record(key, status="skipped", reason=st["stopped"])
+                    continue
+                live = self.live_pid(ns)
+                if live is None:
+                    continue
+                t_ns, t_mono = time.time_ns(), time.monotonic_ns()
+                argv = ([] if ns.own else ["nsenter", f"--net=/proc/{live}/ns/net"]) + ["ss", "-tinpeH"]
+                rc, so, se = children.run(argv, timeout=5.0)
+                if rc != 0:
+                    self.record(key, status="ok" if st["samples"] else "failed", command=shlex.join(argv), rc=rc,
+                                reason=f"ss exit code {rc}" if rc is not None else "ss still running after 5s: killed",
+                                stderr_tail=_tail(se))
+                    continue
+                block = f"# stallscope-sample realtime_ns={t_ns} monotonic_ns={t_mono}\n".encode() + so
+                path = self.staging / "sys" / ns.label / "ss-series.txt"
+                extra = 2 * bd.TAR_BLOCK if st["path"] is None else 0
+                grant = self.budget.take(len(block) + extra)
+                if grant < len(block) + extra:
+                    self.budget.give_back(grant)
+                    st["stopped"] = "byte budget reached: sampling stopped"
+                    self.record(key, reason=st["stopped"])
+                    continue
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(path, "ab") as fh:
+                    fh.write(block)
+                st["path"] = self.rel(path)
+                st["first_ns"] = st["first_ns"] or t_ns
+                st["last_ns"] = t_ns
+                st["samples"] += 1
+                self.record(key, status="ok", rc=0, command=shlex.join(argv), files=[st["path"]],
+                            started_ns=st["first_ns"], ended_ns=t_ns, covered_ns=[st["first_ns"], t_ns],
+                            samples=st["samples"])
+        finally:
+            self.ss_busy.clear()
+
+    # ------------------------------------------------------------------ native stacks
+    def start_native_stacks(self) -> None:
+        """--stacks: always (now, phase "start"), auto (a thread watches the job for
+        stacks_grace_s and takes them, phase "hung", only if nothing progressed), never."""
+        mode = self.o.stacks
+        phase = "start" if mode == "always" else "hung"
+        pids = sorted(self.procs)
+        reason = None
+        if mode == "never":
+            reason = "--stacks never"
+        elif not self.is_root:
+            reason = "needs root"
+        elif not stacks.available_tools(python=True):
+            reason = "no eu-stack, gdb or py-spy on PATH"
+        if reason or not pids:
+            t = time.time_ns()
+            for pid in pids:
+                self.record(f"native-stacks@pid{pid}:{phase}", status="skipped", reason=reason, started_ns=t,
+                            ended_ns=t)
+            if not pids:
+                self.record(f"native-stacks:{phase}", status="skipped", started_ns=t, ended_ns=t,
+                            reason=reason or "no NCCL process at the start of the capture")
+            return
+        self.stacks_thread = threading.Thread(target=self._native_stacks_main, args=(mode, phase),
+                                              name="native-stacks", daemon=True)
+        self.stacks_thread.start()
+
+    def _native_stacks_main(self, mode: str, phase: str) -> None:
+        try:
+            decision = None
+            if mode == "auto":
+                hung, decision = self.hung_check()
+                if not hung:
+                    t = time.time_ns()
+                    for pid in sorted(self.procs):
+                        self.record(f"native-stacks@pid{pid}:{phase}", status="skipped", reason=decision,
+                                    started_ns=t, ended_ns=t)
+                    return
+                self.log(f"{decision}: taking native stacks (ptrace)")
+            for pid in sorted(self.procs):
+                self.take_native_stack(pid, phase, decision)
+        except Exception as e:  # noqa: BLE001 - never take the capture down
+            self.notes.append(f"native stacks: {type(e).__name__}: {e}")
+
+    def hung_check(self) -> tuple[bool, str]:
+        """Watch the job for stacks_grace_s (from the tracer's start, or now): (hung, why)."""
+        grace = self.o.stacks_grace_s
+        nss = {ns.inode: (ns.inode, self.live_pid(ns) or ns.pid, ns.own) for ns in list(self.netns.values()) if ns.pids}
+        probe = stacks.ProgressProbe(sorted(self.procs), nss)
+        before = probe.sample()
+        if self.stacks_cancel.wait(grace):
+            return False, (f"the capture ended before the {grace:g}s grace period: no decision, no ptrace stop "
+                           "(--stacks always takes them at the start)")
+        activity, note = None, "--no-bpf"
+        if self.spool is not None and self.spool.ready.is_set():
+            activity = stacks.tracer_activity(self.raw_dir, call_returns=self.o.call_returns)
+            if self.spool.dropped_lines:
+                activity.calls += self.spool.dropped_lines
+                activity.completed += self.spool.dropped_lines
+        elif self.o.bpf:
+            note = "the tracer is not running"
+        probe.pids = sorted(self.procs)
+        return stacks.decide(grace, activity, before, probe.sample(), note)
+
+    def take_native_stack(self, pid: int, phase: str, decision: str | None) -> None:
+        key = f"native-stacks@pid{pid}:{phase}"
+        c = colmod.by_name()["native-stacks"]
+        t0 = time.time_ns()
+        info = self.procs[pid]
+        tools = stacks.available_tools(info.python)
+        reason = None
+        if not os.path.isdir(f"/proc/{pid}"):
+            reason = "process exited"
+        elif not tools:
+            reason = "no eu-stack or gdb on PATH (py-spy serves Python processes only)"
+        if reason:
+            self.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=time.time_ns(),
+                        decision=decision)
+            return
+        out = self.staging / self.fill(c.out, {"pid": pid, "phase": phase})
+        threads = stacks.thread_table(pid)
+        notes, res, used, argv = [], None, None, None
+        for tool in tools:
+            argv = stacks.tool_argv(tool, pid)
+            self.record(key, status="running", command=shlex.join(argv), started_ns=t0, tool=tool, decision=decision)
+            res, used = stacks.run_bounded(argv, self.o.stacks_timeout_s, pid), tool
+            if res.killed or stacks.output_ok(tool, res.rc, res.out):
+                break
+            notes.append(f"{tool} exit code {res.rc}: {_tail(res.err, 300)}")
+        status, reason = "ok", None
+        if res.killed:
+            status, reason = "failed", f"still running after {self.o.stacks_timeout_s:g}s: killed"
+        elif not stacks.output_ok(used, res.rc, res.out):
+            status, reason = "failed", "; ".join(notes) or f"{used} exit code {res.rc}"
+        elif notes:
+            reason = "; ".join(notes)
+        elif used == "eu-stack" and res.rc == 1:
+            reason = "eu-stack exit code 1: some frames could not be unwound"
+        if res.resumed:
+            reason = ((reason + "; ") if reason else "") + (f"the target was left stopped (threads {res.resumed}): "
+                                                            "SIGCONT sent")
+        blob = stacks.render(pid, phase, used, argv, threads, decision, res, notes)
+        n, trunc = bd.write_capped(out, blob, self.budget, c.per_file_max)
+        if trunc:
+            reason = ((reason + "; ") if reason else "") + "output truncated to the byte budget"
+        self.record(key, status=status, reason=reason, rc=res.rc, files=[self.rel(out)] if n else [],
+                    stderr_tail=_tail(res.err), ended_ns=time.time_ns(), tool=used, threads=len(threads),
+                    seconds=round(res.seconds, 3), resumed_threads=res.resumed or None)
+
+    def stop_native_stacks(self) -> None:
+        """At the end: an auto check still in its grace period gives up; stacks being taken finish
+        (each run is bounded)."""
+        self.stacks_cancel.set()
+        th = self.stacks_thread
+        if th is not None:
+            n_tools = len(stacks.TOOLS)
+            th.join(timeout=30 + len(self.procs) * n_tools * (self.o.stacks_timeout_s + 3))
 
     # ------------------------------------------------------------------ tracer
     def start_tracer(self) -> None:
@@ -701,6 +891,69 @@ class Capture:
             reason = f"exit code {rc}"
         self.record("nccl-tests", status=status, rc=rc, reason=reason, ended_ns=time.time_ns())
 
+    # ------------------------------------------------------------------ Flight Recorder pipes
+    def trigger_flight_recorders(self) -> list:
+        """One byte into the debug pipe of every process whose environment sets
+        TORCH_NCCL_DEBUG_INFO_PIPE_FILE (capture.torchfr); what to wait for."""
+        pending, seen = [], set()
+        for pid, info in sorted(self.procs.items()):
+            e = info.env
+            if not e.get(torchfr.PIPE_VAR):
+                continue
+            key = f"flight-recorder-trigger@pid{pid}"
+            t0 = time.time_ns()
+            rank = info.rank_facts()["rank"]
+            shown, pipes = torchfr.pipe_paths(pid, e, rank)
+            if not os.path.isdir(f"/proc/{pid}"):
+                self.record(key, status="skipped", reason="process exited", started_ns=t0, ended_ns=t0, pipe=shown)
+                continue
+            if not pipes:
+                self.record(key, status="skipped", started_ns=t0, ended_ns=t0, pipe=shown,
+                            reason=f"no pipe {shown} in the process's file system: torch creates it only with a "
+                                   "trace buffer (TORCH_NCCL_TRACE_BUFFER_SIZE > 0; newer releases default to 2000)"
+                                   + ("" if rank is not None else "; RANK unknown"))
+                continue
+            before = {f: sig for f in torchfr.dump_files(pid, e, rank) if (sig := torchfr.file_sig(f))}
+            results = []
+            for path in pipes:
+                real = os.path.realpath(path)
+                if real in seen:
+                    continue
+                seen.add(real)
+                results.append(torchfr.trigger(path))
+            if not results:
+                continue
+            if not any(ok for ok, _ in results):
+                self.record(key, status="failed", started_ns=t0, ended_ns=time.time_ns(), pipe=shown,
+                            command=f"write 1 byte to {shown}", reason="; ".join(msg for _, msg in results))
+                continue
+            self.record(key, status="running", started_ns=t0, pipe=shown, command=f"write 1 byte to {shown}")
+            pending.append(torchfr.Pending(key=key, pid=pid, rank=rank, shown=shown, triggered_ns=time.time_ns(),
+                                           started_ns=t0, before=before, env=dict(e)))
+        if pending:
+            self.log(f"Flight Recorder dump requested from {len(pending)} process(es) through their pipes")
+        self.fr_deadline = time.monotonic() + self.o.fr_dump_wait_s
+        return pending
+
+    def wait_flight_recorders(self, pending: list) -> None:
+        """Until fr_dump_wait_s after the triggers: each dump new or changed and no longer growing."""
+        if not pending:
+            return
+        got = torchfr.wait_dumps(pending, self.fr_deadline)
+        for p in pending:
+            path = got.get(p.key)
+            if path:
+                secs = (time.time_ns() - p.triggered_ns) / 1e9
+                self.record(p.key, status="ok", rc=0, ended_ns=time.time_ns(), dump=path,
+                            reason=f"dump written within {secs:.1f}s; attached under flight-recorder/")
+            else:
+                self.record(p.key, status="failed", ended_ns=time.time_ns(),
+                            reason=f"triggered, but no new dump <prefix>{p.rank if p.rank is not None else '<rank>'} "
+                                   f"within {self.o.fr_dump_wait_s:g}s (prefixes: "
+                                   f"{', '.join(torchfr.dump_prefixes(p.pid, p.env))}); newer torch polls the pipe in "
+                                   "its heartbeat monitor thread, every TORCH_NCCL_COORD_CHECK_MILSEC (1 s) only "
+                                   "while dump-on-timeout is on, else every heartbeat timeout (minutes)")
+
     # ------------------------------------------------------------------ attachments
     def attachment_sources(self) -> tuple[list[tuple[str, str]], list[str]]:
         """(path, why) of files to attach, and patterns that matched nothing."""
@@ -722,9 +975,11 @@ class Capture:
             if dbg:
                 pat = resolve(dbg.replace("%h", "*").replace("%p", str(pid)))
                 found += [(h, f"NCCL_DEBUG_FILE of pid {pid}") for h in sorted(glob.glob(pat))]
-            if e.get("TORCH_NCCL_TRACE_BUFFER_SIZE", "0") not in ("", "0") or e.get("TORCH_NCCL_DUMP_ON_TIMEOUT"):
-                prefix = e.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "/tmp/nccl_trace_rank_")
-                found += [(h, f"Flight Recorder dump of pid {pid}") for h in sorted(glob.glob(resolve(prefix) + "*"))]
+            # dumps that exist, whatever enabled them: <prefix><rank> for every prefix this torch may
+            # use (TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE or the defaults); every
+            # rank's <prefix><n> when the rank is unknown (capture.torchfr)
+            found += [(h, f"Flight Recorder dump of pid {pid}")
+                      for h in torchfr.dump_files(pid, e, info.rank_facts()["rank"])]
         seen, out = set(), []
         for path, why in found:
             real = os.path.realpath(path)
@@ -756,7 +1011,7 @@ class Capture:
                 with open(path, "rb") as fh:
                     head = fh.read(4096)
                 name = os.path.basename(path)
-                if head[:1] == b"\x80" or "nccl_trace_rank" in name:
+                if head[:1] == b"\x80" or "nccl_trace_rank" in name or why.startswith("Flight Recorder"):
                     folder = "flight-recorder"
                 elif b"nccl-tests" in head or b"Avg bus bandwidth" in head or b"# nThread" in head:
                     folder = "nccl-tests"
@@ -1016,10 +1271,13 @@ class Capture:
             summary.append("no tracer")
         summary.append(f"tcpdump on {sum(1 for t in self.tcpdumps.values() if t.get('proc'))} interface(s)")
         self.log("capturing: " + "; ".join(summary) + f"; {o.duration_s:g}s or Ctrl-C")
+        self.start_native_stacks()
         rescan_s = o.rescan_s or (0.5 if o.pids else 2.0)
         t0 = time.monotonic()
-        last_clock = last_scan = last_offcpu = t0
+        last_clock = last_scan = last_offcpu = last_ss = t0
         self.sample_offcpu()
+        if o.ss_every_s > 0:
+            self.sample_ss()
         self.write_staged_manifest()
         while not self.stop_evt.is_set():
             now = time.monotonic()
@@ -1035,6 +1293,9 @@ class Capture:
             if now - last_scan >= rescan_s:
                 last_scan = now
                 self.rescan()
+            if o.ss_every_s > 0 and now - last_ss >= o.ss_every_s:
+                last_ss = now
+                self.sample_ss()
             if self.tracer_proc is not None and self.tracer_proc.poll() is not None and \
                     self.collectors["tracer"]["status"] == "running":
                 self.record("tracer", status="failed")
@@ -1100,6 +1361,10 @@ class Capture:
         self.submit_snapshots(self.snapshot_jobs("start", pids=[i.pid for i in fresh]))
 
     def finalize(self) -> CaptureResult:
+        # native stacks being taken finish first (bounded; they read the tracer's spool), then
+        # the Flight Recorder pipes get their byte: torch dumps while the collectors stop
+        self.stop_native_stacks()
+        fr_pending = self.trigger_flight_recorders()
         # stop the continuous collectors first (they flush on SIGINT), all at once
         self.stop_nccl_tests()
         tracer_stopper = threading.Thread(target=self.stop_tracer)
@@ -1109,6 +1374,7 @@ class Capture:
         self.build_events()
         self.wait_snapshots(timeout=60)
         self.submit_snapshots(self.snapshot_jobs("end"))
+        self.wait_flight_recorders(fr_pending)
         self.collect_attachments()
         self.wait_snapshots(timeout=120)
         self.clock.append(clock_sample())

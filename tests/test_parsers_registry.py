@@ -14,7 +14,7 @@ from forensics.parsers import get, parse_file, parse_tree, parsers, registry
 
 P = FIXTURES / "parsers"
 NAMES = {"nccl_debug", "nccl_tests", "ib_counters", "ss", "flight_recorder", "nccl_inspector",
-         "nccl_profiler_trace", "pyspy", "torch_watchdog"}
+         "nccl_profiler_trace", "pyspy", "torch_watchdog", "proc_threads"}
 
 
 def test_every_format_registered_once_with_its_declarations():
@@ -51,6 +51,7 @@ def test_module_docstring_documents_every_column():
     ("pyspy/pyspy_dump_rank0.txt", "pyspy"),
     ("pyspy/pyspy_dump_rank1.json", "pyspy"),
     ("torch_watchdog/watchdog.log", "torch_watchdog"),
+    ("proc_threads/python_poll_recv_end.json", "proc_threads"),
 ])
 def test_content_sniffing_picks_the_parser(path, name):
     # fixture paths say nothing about the format: selection is by content alone

@@ -318,7 +318,12 @@ def _judge(ctx, key, label_, nranks, ranks: dict[int, RankState], windows) -> Co
     # ranks that launched collectives a peer never launched wait in them: those cannot complete
     pos = [st.position for st in ranks.values() if st.position is not None]
     ahead = [r for r, st in ranks.items() if st.position is not None and st.position > min(pos)] if pos else []
-    inflight = sorted(set(inflight) | set(ahead) | set(_stuck_socket_ranks(ctx, set(ranks))))
+    # a thread blocked on a socket to another rank is inside a transfer (NCCL's data moves only
+    # inside collectives); with no progress anywhere, it waits in one
+    waiting = sorted({a for a, _ in _wait_sink(ctx, set(ranks))[1]})
+    if waiting:
+        sources = sorted(set(sources) | {"thread states"})
+    inflight = sorted(set(inflight) | set(ahead) | set(_stuck_socket_ranks(ctx, set(ranks))) | set(waiting))
     if window is None or window[1] <= window[0]:
         return CommState(key, label_, nranks, ranks, window, None, need, False, inflight, sources)
     end = window[1]

@@ -213,6 +213,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "syscall_name": "VARCHAR",       # the syscall the thread sits in (NULL: running, or unknown number)
         "fd": "BIGINT",                  # its fd argument, for the fd-taking ones
         "socket_inode": "BIGINT",        # the socket that fd is (joins sockets.inode)
+        "wait_events": "VARCHAR",        # in | out | in,out: what the wait is for (a recv: in; a send: out)
         "utime_ticks": "BIGINT", "stime_ticks": "BIGINT", "artifact": "VARCHAR",
     },
     # per directed TCP connection and capture: ACK round-trip times and data rate (forensics/model/timing.py)

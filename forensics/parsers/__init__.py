@@ -11,6 +11,7 @@ from . import (  # noqa: F401  (imported for their registration)
     nccl_inspector,
     nccl_profiler_trace,
     nccl_tests,
+    proc_threads,
     pyspy,
     ss,
     torch_watchdog,

@@ -23,9 +23,15 @@ Table ``sockets`` (one row per socket):
     snd_wnd, rcv_space, rcv_ssthresh (int), busy_ms, rwnd_limited_ms,
     sndbuf_limited_ms, lastsnd_ms, lastrcv_ms, lastack_ms, minrtt_ms, rcv_rtt_ms
     (float), send_bps, pacing_rate_bps, delivery_rate_bps (float, bits/s), app_limited
-    (bool), info (str: the raw info line).
+    (bool), info (str: the raw info line), inode (int: ``ss -e``'s ``ino:``, joins the
+    thread samples' socket_inode), sample_ns (int: UTC time of the sample in a capture
+    series file, NA in a plain snapshot).
 
-Facts: phase (start|end|None, from the file name), sockets (int), pids (sorted owners).
+A capture series (``sys/<ns>/ss-series.txt``) is several snapshots, each after a line
+``# stallscope-sample realtime_ns=<ns> monotonic_ns=<ns>``; other ``#`` lines are ignored.
+
+Facts: phase (start|end|series|None, from the file name or the series markers), sockets
+(int), pids (sorted owners), samples (int, series only).
 """
 from __future__ import annotations
 
@@ -40,6 +46,8 @@ NETIDS = {"tcp", "udp", "raw", "u_str", "u_dgr", "u_seq", "p_raw", "p_dgr", "nl"
           "v_dgr", "xdp"}
 USER_RE = re.compile(r'\("(?P<name>(?:[^"\\]|\\.)*)",pid=(?P<pid>\d+),fd=(?P<fd>\d+)\)')
 RATE_RE = re.compile(r"^(?P<v>[\d.]+)(?P<unit>[KMGT]?)bps$")
+INO_RE = re.compile(r"(?:^|\s)ino:(\d+)\b")
+SAMPLE_RE = re.compile(r"^# stallscope-sample realtime_ns=(\d+)")
 UNITS = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
 
 INT_FIELDS = {"mss", "pmtu", "rcvmss", "advmss", "cwnd", "ssthresh", "bytes_sent", "bytes_retrans", "bytes_acked",
@@ -132,7 +140,7 @@ class SsParser(Parser):
         "rcv_space": "int", "rcv_ssthresh": "int", "busy_ms": "float", "rwnd_limited_ms": "float",
         "sndbuf_limited_ms": "float", "lastsnd_ms": "float", "lastrcv_ms": "float", "lastack_ms": "float",
         "minrtt_ms": "float", "rcv_rtt_ms": "float", "send_bps": "float", "pacing_rate_bps": "float",
-        "delivery_rate_bps": "float", "app_limited": "bool", "info": "str"}}
+        "delivery_rate_bps": "float", "app_limited": "bool", "info": "str", "inode": "int", "sample_ns": "int"}}
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
@@ -154,8 +162,17 @@ class SsParser(Parser):
             return cls.result(label, {}, facts, log)
         rows: list[dict] = []
         current = None
+        sample_ns = None
         for ln, raw in enumerate(split_lines(decode_text(data)), 1):
             if not raw.strip():
+                continue
+            if raw.startswith("#"):                 # capture's series: "# stallscope-sample realtime_ns=<ns> ..."
+                m = SAMPLE_RE.match(raw)
+                if m:
+                    sample_ns = int(m[1])
+                    facts["phase"] = "series"
+                    facts["samples"] = facts.get("samples", 0) + 1
+                current = None
                 continue
             if raw[0] in " \t":                      # info line of the socket above
                 if current is None:
@@ -177,11 +194,12 @@ class SsParser(Parser):
                 log.add(ln, f"{row}: {raw.strip()[:120]!r}")
                 current = None
                 continue
+            row["sample_ns"] = sample_ns
             rows.append(row)
             current = row
         facts["sockets"] = len(rows)
         facts["pids"] = sorted({r["pid"] for r in rows if r.get("pid") is not None})
-        if not rows:
+        if not rows and not facts.get("samples"):     # a series of an idle namespace is no error
             log.add(None, "no sockets found")
         return cls.result(label, {"sockets": rows}, facts, log)
 
@@ -209,6 +227,9 @@ def _socket_line(toks: list[str], ln: int) -> dict | str:
         row["users"] = ",".join(f"{n}/{p}/{f}" for n, p, f in users)
     elif "users:" in tail:
         return "unreadable users:(…) column"
+    ino = INO_RE.search(tail)                  # ss -e: the socket's inode
+    if ino:
+        row["inode"] = int(ino[1])
     return row
 
 

@@ -412,6 +412,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
                  json_docs=True, whole=0.1),
     _text_target("pyspy", "parsers/pyspy", (), json_docs=True),
     _text_target("torch_watchdog", "parsers/torch_watchdog", ("pytorch_nccl_watchdog.txt",)),
+    _text_target("proc_threads", "parsers/proc_threads", (), json_docs=True),
 ]}
 
 # slower, deeper paths: fuzzed with fewer inputs (their inputs are counted separately)

@@ -260,6 +260,18 @@ def test_reset_without_timestamps_names_the_link_reset_at_both_ends():
                   nccl_warnings=warn, flows=flows)
     f = hang_state(ctx)
     assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", [3], [2])]
+    # ranks 0 and 1 also reset each other as they aborted, after their first errors: the
+    # link is the one whose two ends each failed first on the other
+    warn = [w(0, 3, "Connection reset by peer"), w(1, 2, "Connection reset by peer"),
+            w(0, 1, "Connection reset by peer"), w(1, 0, "Connection reset by peer"),
+            w(2, 3, "Connection reset by peer"), w(3, 2, "Connection reset by peer")]
+    for i, x in enumerate(warn):
+        x["log_line"] = 10 + i
+    ctx = context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
+                  nccl_warnings=warn, flows=flows)
+    f = hang_state(ctx)
+    assert [(x.kind, sorted(x.ranks + x.peer_ranks)) for x in f] == [("connection_reset", [2, 3])]
 
 
 # --------------------------------------------------------------------------- windows (tracer path)

@@ -650,11 +650,19 @@ def _reset_warnings(ctx, members: set[int]) -> pd.DataFrame:
     # seen at both of its ends (each aborting end resets the other), the rest as one-sided
     # resets fanning out of the aborting ranks; of a mutual pair, the end more of the reset
     # lines touch is named first
+    # Better still, each rank's *first* socket error (its log's order) is what made it abort:
+    # the two ends of the broken link each failed first on the other, every other rank first
+    # on a peer that had aborted before it
     pairs = set(zip(w["rank"], w["peer_rank"], w["how"]))
     mutual = [(p, r, h) in pairs for r, p, h in zip(w["rank"], w["peer_rank"], w["how"])]
+    order = pd.to_numeric(w["log_line"], errors="coerce") if "log_line" in w else pd.Series(np.nan, index=w.index)
+    first = w.assign(_o=order).sort_values(["_o"], kind="stable").drop_duplicates("rank")
+    first_peer = dict(zip(first["rank"], first["peer_rank"]))
+    mutual_first = [first_peer.get(r) == p and first_peer.get(p) == r for r, p in zip(w["rank"], w["peer_rank"])]
     touch = pd.concat([w["rank"], w["peer_rank"]]).value_counts()
-    w = w.assign(one_sided=~pd.Series(mutual, index=w.index), peer_touch=-w["peer_rank"].map(touch))
-    return w.sort_values(["how", "ts", "one_sided", "peer_touch", "recv", "rank"], kind="stable",
+    w = w.assign(not_first=~pd.Series(mutual_first, index=w.index), one_sided=~pd.Series(mutual, index=w.index),
+                 peer_touch=-w["peer_rank"].map(touch))
+    return w.sort_values(["how", "ts", "not_first", "one_sided", "peer_touch", "recv", "rank"], kind="stable",
                          na_position="last")[cols].reset_index(drop=True)
 
 

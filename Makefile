@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
-DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc chromium
+DEB_PACKAGES := tshark tcpdump bpftrace nftables iproute2 ethtool gcc chromium elfutils gdb
 DEMO_PCAP := tests/fixtures/lab/loss/pcap/rank2.pcap
 DEMO_BUNDLE := $(wildcard tests/fixtures/bundles/loss/*.tar.gz)
 DEMO_OUT := out/demo
@@ -28,7 +28,8 @@ $(STAMP): pyproject.toml setup.py $(wildcard forensics/native/*.c forensics/nati
 
 venv: $(STAMP)
 
-# Debian packages the tests drive (tshark is the TCP oracle). Installed only when
+# Debian packages the tests drive (tshark is the TCP oracle; elfutils' eu-stack and gdb take
+# capture's native stacks of a hung job). Installed only when
 # missing and only as root; without root the tests that need them skip and say why.
 debs:
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

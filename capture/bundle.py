@@ -354,6 +354,41 @@ def pcap_records(path: Path) -> int:
         return 0
 
 
+_PCAP_NANO = (b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d")
+
+
+def pcap_span(path: Path) -> tuple[int, int] | None:
+    """UTC ns of the first and last complete record of a classic pcap file (tcpdump
+    ``--time-stamp-precision nano`` writes nanosecond pcap; microsecond files are read too),
+    None when it has none. Reads the record headers only, from the start to the end."""
+    import struct
+    try:
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            head = fh.read(24)
+            bo = _PCAP_MAGIC.get(head[:4])
+            if bo is None or len(head) < 24:
+                return None
+            scale = 1 if head[:4] in _PCAP_NANO else 1000
+            rec = struct.Struct(bo + "IIII")
+            off, first, last = 24, None, None
+            while off + 16 <= size:
+                fh.seek(off)
+                h = fh.read(16)
+                if len(h) < 16:
+                    break
+                sec, frac, incl, _ = rec.unpack(h)
+                if off + 16 + incl > size:
+                    break            # cut by a kill: not a complete record
+                t = sec * 1_000_000_000 + frac * scale
+                first = t if first is None else first
+                last = t
+                off += 16 + incl
+            return (first, last) if first is not None else None
+    except OSError:
+        return None
+
+
 def gz_ok(path: Path) -> bool:
     try:
         with tarfile.open(path, "r:gz") as tar:

@@ -66,6 +66,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-call-returns", dest="call_returns", action="store_false",
                    help="do not trace the return of the collective calls (their t1 and rc; collectives are "
                         "asynchronous, the return is the launch time): the leanest tracer")
+    p.add_argument("--stacks", choices=("auto", "always", "never"), default="auto",
+                   help="native stacks of every traced process with eu-stack/gdb (py-spy --native for Python), "
+                        "which stop each process briefly (ptrace): auto (default) only when no collective "
+                        "completes during the first --stacks-grace of the capture, always (at the start), never")
+    p.add_argument("--stacks-grace", type=_duration, default=5.0, metavar="DUR",
+                   help="--stacks auto: how long to watch the job for progress first (default 5s)")
+    p.add_argument("--stacks-timeout", type=_duration, default=10.0, metavar="DUR",
+                   help="a stack tool still running after this is killed (default 10s)")
+    p.add_argument("--fr-dump-wait", type=_duration, default=10.0, metavar="DUR",
+                   help="after writing to a process's TORCH_NCCL_DEBUG_INFO_PIPE_FILE pipe, wait this long at most "
+                        "for its Flight Recorder dump (default 10s)")
     p.add_argument("--recover", action="store_true",
                    help="do not capture: turn the staging folders that killed captures left in the output folder "
                         "(-o, default: current folder) into bundles marked partial, print their paths")
@@ -78,7 +89,9 @@ def options_from_args(a: argparse.Namespace) -> CaptureOptions:
     return CaptureOptions(output=a.output, duration_s=a.duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
                           attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress,
-                          call_returns=a.call_returns, ss_every_s=max(0.0, a.ss_every))
+                          call_returns=a.call_returns, ss_every_s=max(0.0, a.ss_every), stacks=a.stacks,
+                          stacks_grace_s=a.stacks_grace, stacks_timeout_s=a.stacks_timeout,
+                          fr_dump_wait_s=a.fr_dump_wait)
 
 
 def recover(a: argparse.Namespace, stderr) -> list:

@@ -57,6 +57,11 @@ COLLECTORS: tuple[Collector, ...] = (
     # ---- snapshots per network namespace
     Collector("ss", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-tinp-{phase}.txt", scope="netns", tool="ss",
               doc="TCP sockets with owners and counters (retransmits)"),
+    # sampled by the runner every --ss-every seconds (Capture.sample_ss), in the snapshot pool,
+    # one sample at a time; each block headed "# stallscope-sample realtime_ns=.. monotonic_ns=.."
+    Collector("ss-series", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-series.txt", when=("continuous",),
+              scope="netns", tool="ss", timeout_s=5.0, per_file_max=16 << 20,
+              doc="ss -tinpe of every namespace of the job every --ss-every s: bytes moving per connection"),
     Collector("ip-link", argv=("ip", "-s", "-j", "link"), out="sys/{ns}/ip-link-{phase}.json", scope="netns",
               tool="ip"),
     Collector("ip-addr", argv=("ip", "-j", "addr"), out="sys/{ns}/ip-addr-{phase}.json", scope="netns", tool="ip"),

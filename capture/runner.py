@@ -114,6 +114,18 @@ def clock_sample() -> dict:
     return {"monotonic_ns": best[0], "realtime_ns": best[1], "uncertainty_ns": best[2]}
 
 
+def utc_span(samples: list[dict], span) -> list[int] | None:
+    """A CLOCK_MONOTONIC [first, last] as UTC ns (the manifest's ``covered_ns``), each end
+    through the clock sample nearest to it; None without a span or samples."""
+    if not span or not samples:
+        return None
+    out = []
+    for t in span:
+        s = min(samples, key=lambda c: abs(c["monotonic_ns"] - t))
+        out.append(int(t + s["realtime_ns"] - s["monotonic_ns"]))
+    return out if 0 <= out[0] <= out[1] else None
+
+
 def _tail(data: bytes | str, n: int = STDERR_TAIL) -> str:
     if isinstance(data, bytes):
         data = data.decode("utf-8", "replace")
@@ -165,6 +177,8 @@ class Capture:
         self.pcap_slot_bytes = 0
         self.last_progress = 0.0
         self.ss_series: dict[int, dict] = {}      # netns inode -> {path, first_ns, last_ns, stopped}
+        self.seen_sockets: dict[int, set[int]] = {}   # netns inode -> connections already looked at (refresh_ifaces)
+        self.offcpu_span: list[int] | None = None     # UTC ns of the first and last off-CPU sample kept
         self.ss_busy = threading.Event()
         self.stacks_thread: threading.Thread | None = None
         self.stacks_cancel = threading.Event()    # set when the capture ends: an undecided auto check gives up
@@ -348,8 +362,9 @@ class Capture:
                         status, reason = "skipped", "network namespace gone (its processes exited)"
                 if trunc:
                     reason = ((reason + "; ") if reason else "") + "output truncated to the byte budget"
+                t1 = time.time_ns()      # a snapshot covers the time its command ran
                 self.record(key, status=status, reason=reason, rc=rc, files=[self.rel(out)] if n or out.exists() else [],
-                            stderr_tail=_tail(se), ended_ns=time.time_ns())
+                            stderr_tail=_tail(se), ended_ns=t1, covered_ns=[t0, t1] if status == "ok" else None)
                 return
             fn = getattr(colmod, c.func)
             self.record(key, command=f"stallscope:{c.func}({ctx.get('pid', '')})", started_ns=t0)
@@ -371,7 +386,8 @@ class Capture:
                 _, t = bd.write_capped(path, blob, self.budget, c.per_file_max)
                 truncated |= t
                 files.append(self.rel(path))
-            self.record(key, status="ok", rc=0, files=files, ended_ns=time.time_ns(),
+            t1 = time.time_ns()
+            self.record(key, status="ok", rc=0, files=files, ended_ns=t1, covered_ns=[t0, t1],
                         reason="output truncated to the byte budget" if truncated else None)
         except LookupError as e:   # does not apply here (no IB devices, ...)
             self.record(key, status="skipped", reason=str(e).strip("'\""), ended_ns=time.time_ns())
@@ -385,7 +401,12 @@ class Capture:
         acknowledged and received over time tell a link that moves from one with data stuck
         behind an RTO backoff. Runs in the snapshot pool, one sample at a time: a slow ss
         skips a beat instead of piling up."""
-        if self.ss_busy.is_set() or shutil.which("ss") is None:
+        if self.ss_busy.is_set():
+            return
+        reason = self.skip_reason(colmod.by_name()["ss-series"])
+        if reason:
+            if "ss-series" not in self.collectors:
+                self.record("ss-series", status="skipped", reason=reason)
             return
         self.ss_busy.set()
         try:
@@ -394,6 +415,7 @@ class Capture:
             self.ss_busy.clear()
 
     def _sample_ss(self) -> None:
+        c = colmod.by_name()["ss-series"]
         try:
             for ns in list(self.netns.values()):
                 if not ns.pids:
@@ -411,22 +433,29 @@ class Capture:
                 if live is None:
                     continue
                 t_ns, t_mono = time.time_ns(), time.monotonic_ns()
-                argv = ([] if ns.own else ["nsenter", f"--net=/proc/{live}/ns/net"]) + ["ss", "-tinpeH"]
-                rc, so, se = children.run(argv, timeout=5.0)
+                argv = ([] if ns.own else ["nsenter", f"--net=/proc/{live}/ns/net"]) + list(c.argv)
+                rc, so, se = children.run(argv, timeout=c.timeout_s)
                 if rc != 0:
                     self.record(key, status="ok" if st["samples"] else "failed", command=shlex.join(argv), rc=rc,
-                                reason=f"ss exit code {rc}" if rc is not None else "ss still running after 5s: killed",
+                                reason=f"ss exit code {rc}" if rc is not None else
+                                f"ss still running after {c.timeout_s:g}s: killed",
                                 stderr_tail=_tail(se))
                     continue
                 block = f"# stallscope-sample realtime_ns={t_ns} monotonic_ns={t_mono}\n".encode() + so
-                path = self.staging / "sys" / ns.label / "ss-series.txt"
+                path = self.staging / self.fill(c.out, {"ns": ns, "phase": "continuous"})
                 extra = 2 * bd.TAR_BLOCK if st["path"] is None else 0
-                grant = self.budget.take(len(block) + extra)
-                if grant < len(block) + extra:
-                    self.budget.give_back(grant)
-                    st["stopped"] = "byte budget reached: sampling stopped"
-                    self.record(key, reason=st["stopped"])
+                grant = 0
+                if st.setdefault("bytes", 0) + len(block) > c.per_file_max:
+                    st["stopped"] = f"the series reached its cap ({c.per_file_max >> 20} MiB): sampling stopped"
+                else:
+                    grant = self.budget.take(len(block) + extra)
+                    if grant < len(block) + extra:
+                        self.budget.give_back(grant)
+                        st["stopped"] = "byte budget reached: sampling stopped"
+                if st["stopped"]:
+                    self.record(key, status="ok" if st["samples"] else "skipped", reason=st["stopped"])
                     continue
+                st["bytes"] += len(block)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 with open(path, "ab") as fh:
                     fh.write(block)
@@ -454,14 +483,15 @@ class Capture:
             reason = "needs root"
         elif not stacks.available_tools(python=True):
             reason = "no eu-stack, gdb or py-spy on PATH"
-        if reason or not pids:
+        if reason is None and mode == "always" and not pids:
+            reason = "no NCCL process at the start of the capture"
+        if reason:
             t = time.time_ns()
             for pid in pids:
                 self.record(f"native-stacks@pid{pid}:{phase}", status="skipped", reason=reason, started_ns=t,
                             ended_ns=t)
             if not pids:
-                self.record(f"native-stacks:{phase}", status="skipped", started_ns=t, ended_ns=t,
-                            reason=reason or "no NCCL process at the start of the capture")
+                self.record(f"native-stacks:{phase}", status="skipped", started_ns=t, ended_ns=t, reason=reason)
             return
         self.stacks_thread = threading.Thread(target=self._native_stacks_main, args=(mode, phase),
                                               name="native-stacks", daemon=True)
@@ -477,6 +507,9 @@ class Capture:
                     for pid in sorted(self.procs):
                         self.record(f"native-stacks@pid{pid}:{phase}", status="skipped", reason=decision,
                                     started_ns=t, ended_ns=t)
+                    if not self.procs:
+                        self.record(f"native-stacks:{phase}", status="skipped", reason=decision, started_ns=t,
+                                    ended_ns=t)
                     return
                 self.log(f"{decision}: taking native stacks (ptrace)")
             for pid in sorted(self.procs):
@@ -485,8 +518,12 @@ class Capture:
             self.notes.append(f"native stacks: {type(e).__name__}: {e}")
 
     def hung_check(self) -> tuple[bool, str]:
-        """Watch the job for stacks_grace_s (from the tracer's start, or now): (hung, why)."""
+        """Watch the job for stacks_grace_s (from now, or from when its first process is found,
+        for a capture started before the job): (hung, why)."""
         grace = self.o.stacks_grace_s
+        while not self.procs:
+            if self.stacks_cancel.wait(0.5):
+                return False, "no NCCL process found before the capture ended"
         nss = {ns.inode: (ns.inode, self.live_pid(ns) or ns.pid, ns.own) for ns in list(self.netns.values()) if ns.pids}
         probe = stacks.ProgressProbe(sorted(self.procs), nss)
         before = probe.sample()
@@ -545,9 +582,11 @@ class Capture:
         n, trunc = bd.write_capped(out, blob, self.budget, c.per_file_max)
         if trunc:
             reason = ((reason + "; ") if reason else "") + "output truncated to the byte budget"
+        t1 = time.time_ns()
         self.record(key, status=status, reason=reason, rc=res.rc, files=[self.rel(out)] if n else [],
-                    stderr_tail=_tail(res.err), ended_ns=time.time_ns(), tool=used, threads=len(threads),
-                    seconds=round(res.seconds, 3), resumed_threads=res.resumed or None)
+                    stderr_tail=_tail(res.err), ended_ns=t1, tool=used, threads=len(threads),
+                    seconds=round(res.seconds, 3), resumed_threads=res.resumed or None,
+                    covered_ns=[t0, t1] if status == "ok" else None)
 
     def stop_native_stacks(self) -> None:
         """At the end: an auto check still in its grace period gives up; stacks being taken finish
@@ -708,7 +747,9 @@ class Capture:
             return
         pids = [p for p in self.procs if os.path.isdir(f"/proc/{p}")]
         try:
-            self.offcpu.sample(pids, final=final)
+            if self.offcpu.sample(pids, final=final):
+                t = time.time_ns()     # what the samples cover: the first and the last one kept
+                self.offcpu_span = [self.offcpu_span[0] if self.offcpu_span else t, t]
         except OSError as e:
             self.notes.append(f"off-CPU sample failed: {e}")
 
@@ -734,7 +775,7 @@ class Capture:
                 reason = f"{self.offcpu.skipped} periodic samples left out: byte share used"
             self.record("offcpu", status="ok" if rec["status"] == "running" else rec["status"], reason=reason,
                         rc=0, ended_ns=time.time_ns(), samples=self.offcpu.samples,
-                        events=summ["by_type"].get("offcpu", 0))
+                        events=summ["by_type"].get("offcpu", 0), covered_ns=self.offcpu_span)
         if self.spool is not None:
             rec = self.collectors["tracer"]
             reasons = [rec["reason"]] if rec.get("reason") else []
@@ -743,7 +784,8 @@ class Capture:
             if summ["lost_events"]:
                 reasons.append(f"bpftrace lost {summ['lost_events']} events")
             self.record("tracer", reason="; ".join(reasons) or None, summary=summ,
-                        tracer_messages=summ.pop("messages", []))
+                        tracer_messages=summ.pop("messages", []),
+                        covered_ns=utc_span(self.clock + [clock_sample()], summ.get("span_monotonic_ns")))
 
     # ------------------------------------------------------------------ tcpdump
     def ring_plan(self) -> list[str]:
@@ -795,6 +837,9 @@ class Capture:
                                             "packets": 0, "ns": ns, "iface": iface}
         shown = [a if a != str(out) else self.rel(out) for a in argv]
         self.record(key, status="running", command=shlex.join(shown), started_ns=t0)
+        with self.lock:   # the start's "no interface yet" placeholder: an interface has come
+            if ((self.collectors.get("tcpdump") or {}).get("reason") or "").startswith("no interface yet"):
+                del self.collectors["tcpdump"]
         return self.tcpdumps[(ns.inode, iface)]
 
     def tcpdump_packets(self) -> int:
@@ -840,10 +885,43 @@ class Capture:
                     reason += " when its network namespace was torn down; the file holds what it had written"
             elif was_alive_rc is not None and rc == 0 and "-c" in self.ring_plan():
                 reason = "packet count limit of the byte budget reached (first packets kept)"
+            # what it covered: its first and last packet (the record headers, UTC ns)
+            spans = [sp for f in files if (sp := bd.pcap_span(self.staging / f))]
+            covered = [min(a for a, _ in spans), max(b for _, b in spans)] if spans else None
             self.record(t["key"], status="ok" if ok else "failed", rc=rc, reason=reason,
                         files=files + [self.rel(t["err"])], stderr_tail=_tail(err), ended_ns=time.time_ns(),
                         packets=packets, dropped_by_kernel=int(drop[-1]) if drop else None,
-                        netns=t["ns"].label, iface=t["iface"])
+                        netns=t["ns"].label, iface=t["iface"], covered_ns=covered)
+
+    def no_pcap_warning(self) -> None:
+        """No tcpdump ran (and --no-pcap was not given): one warning line on stderr saying why,
+        the same in the manifest's notes and as the tcpdump collector's reason."""
+        if not self.o.pcap or any(self.collectors.get(t["key"], {}).get("status") == "ok"
+                                  for t in self.tcpdumps.values()):
+            return
+        why = self.skip_reason(colmod.by_name()["tcpdump"])
+        status = "skipped"
+        tried = [t for t in self.tcpdumps.values() if t.get("proc") is not None]
+        if why is not None:
+            pass
+        elif tried:
+            status = "failed"
+            why = "tcpdump failed on " + ", ".join(f"{t['ns'].label}/{t['iface']}" for t in tried) + \
+                  " (see their collectors' reasons)"
+        elif self.tcpdumps:
+            why = "; ".join(sorted({self.collectors.get(t["key"], {}).get("reason") or "skipped"
+                                    for t in self.tcpdumps.values()}))
+        elif self.o.ifaces:
+            why = (f"--iface {', '.join(self.o.ifaces)}: in none of the namespaces followed "
+                   f"({', '.join(ns.label for ns in self.netns.values() if ns.pids or ns.own)})")
+        elif not self.procs:
+            why = "no NCCL process found and no --iface given"
+        else:
+            why = ("no interface in use by the job's processes: no NCCL_SOCKET_IFNAME matching an interface of "
+                   "their namespaces and no TCP connection off loopback while capturing (or pass --iface)")
+        self.notes.append(f"no packet capture: {why}")
+        self.record("tcpdump", status=status, reason=why)
+        print(f"stallscope capture: warning: no packet capture: {why}", file=self.err, flush=True)
 
     def finish_ring(self, out: Path) -> list[str]:
         """The bundle paths of one tcpdump's output: its ring files renamed, or the one file."""
@@ -889,7 +967,9 @@ class Capture:
         status = "ok" if (rc == 0 or not finished) else "failed"
         if finished and rc != 0:
             reason = f"exit code {rc}"
-        self.record("nccl-tests", status=status, rc=rc, reason=reason, ended_ns=time.time_ns())
+        t1 = time.time_ns()
+        self.record("nccl-tests", status=status, rc=rc, reason=reason, ended_ns=t1,
+                    covered_ns=[self.collectors["nccl-tests"]["started_ns"], t1])
 
     # ------------------------------------------------------------------ Flight Recorder pipes
     def trigger_flight_recorders(self) -> list:
@@ -922,9 +1002,14 @@ class Capture:
                 seen.add(real)
                 results.append(torchfr.trigger(path))
             if not results:
+                self.record(key, status="skipped", started_ns=t0, ended_ns=t0, pipe=shown,
+                            reason="the same pipe as another process's, already written to")
                 continue
             if not any(ok for ok, _ in results):
-                self.record(key, status="failed", started_ns=t0, ended_ns=time.time_ns(), pipe=shown,
+                # nobody reading (ENXIO): the process group that polled it is gone, nothing to ask
+                idle = all(msg.startswith("nobody has the pipe open") for _, msg in results)
+                self.record(key, status="skipped" if idle else "failed", started_ns=t0, ended_ns=time.time_ns(),
+                            pipe=shown,
                             command=f"write 1 byte to {shown}", reason="; ".join(msg for _, msg in results))
                 continue
             self.record(key, status="running", started_ns=t0, pipe=shown, command=f"write 1 byte to {shown}")
@@ -1204,7 +1289,9 @@ class Capture:
             "options": {"duration_s": self.o.duration_s, "pids": self.o.pids, "ifaces": self.o.ifaces,
                         "max_bytes": self.o.max_bytes, "nccl_libs": self.o.nccl_libs,
                         "nccl_tests": self.o.nccl_tests, "attach": self.o.attach, "bpf": self.o.bpf,
-                        "pcap": self.o.pcap, "snaplen": self.o.snaplen, "call_returns": self.o.call_returns},
+                        "pcap": self.o.pcap, "snaplen": self.o.snaplen, "call_returns": self.o.call_returns,
+                        "stacks": self.o.stacks, "stacks_grace_s": self.o.stacks_grace_s,
+                        "stacks_timeout_s": self.o.stacks_timeout_s, "fr_dump_wait_s": self.o.fr_dump_wait_s},
             "root": self.is_root,
             "budget": self.budget.to_manifest(),
             "collectors": {k: dict(v) for k, v in sorted(self.collectors.items())},
@@ -1256,8 +1343,9 @@ class Capture:
         self.start_tcpdumps([(ns, iface) for ns in list(self.netns.values()) for iface in ns.ifaces])
         if not any(ns.ifaces for ns in self.netns.values()):
             self.record("tcpdump", status="skipped" if o.pcap else "skipped",
-                        reason="--no-pcap" if not o.pcap else "no interface yet: no NCCL process and no --iface "
-                        "(interfaces of processes found later are captured then)")
+                        reason="--no-pcap" if not o.pcap else "no interface yet: no --iface, and no NCCL process "
+                        "with NCCL_SOCKET_IFNAME or a connection off loopback (interfaces are captured as they "
+                        "come into use)")
         self.start_nccl_tests()
         if self.tracer_proc is not None:
             if self.wait_tracer_ready():
@@ -1278,6 +1366,8 @@ class Capture:
         self.sample_offcpu()
         if o.ss_every_s > 0:
             self.sample_ss()
+        else:
+            self.record("ss-series", status="skipped", reason="--ss-every 0 (ss at the start and end only)")
         self.write_staged_manifest()
         while not self.stop_evt.is_set():
             now = time.monotonic()
@@ -1337,6 +1427,7 @@ class Capture:
     def rescan(self) -> None:
         fresh = self.discover(initial=False)
         if not fresh:
+            self.start_new_ifaces(self.refresh_ifaces())
             return
         self.log(f"new NCCL process(es): {', '.join(str(i.pid) for i in fresh)}")
         if self.offcpu is not None:   # a first off-CPU sample right away (short jobs)
@@ -1359,6 +1450,65 @@ class Capture:
         if new_ns:
             self.submit_snapshots(self.snapshot_jobs("start", nss=new_ns))
         self.submit_snapshots(self.snapshot_jobs("start", pids=[i.pid for i in fresh]))
+        self.start_new_ifaces(self.refresh_ifaces())
+
+    def refresh_ifaces(self) -> list[tuple[NetNs, str]]:
+        """Interfaces newly in use in the namespaces already known, each rescan: a capture
+        started before the job's sockets exist (a prolog, a process found before it connected
+        or before its exec) captures them as they appear. Per namespace with live processes:
+        --iface names that appeared; NCCL_SOCKET_IFNAME (the environment read again while it is
+        unset: an exec replaces it) against the interfaces there now; else the interfaces of
+        the job's new connections. Cheap: /proc/PID/net/dev and net/tcp{,6} of one process per
+        namespace; the processes' fds and ``ip addr`` only for connections not seen before."""
+        added: list[tuple[NetNs, str]] = []
+        for ns in list(self.netns.values()):
+            if not ns.pids and not (ns.own and self.o.ifaces):
+                continue
+            live = self.live_pid(ns)
+            if live is None:
+                continue
+            avail = procs.netns_interfaces(live)
+            chosen: list[str] = []
+            if self.o.ifaces:
+                chosen = [i for i in self.o.ifaces if i in avail]
+            else:
+                for pid in list(ns.pids):
+                    info = self.procs.get(pid)
+                    if info is None:
+                        continue
+                    if "NCCL_SOCKET_IFNAME" not in info.env and os.path.isdir(f"/proc/{pid}"):
+                        env = procs.read_env(pid)
+                        if env.get("NCCL_SOCKET_IFNAME"):
+                            info.env = env
+                    chosen += procs.select_ifaces(info.env.get("NCCL_SOCKET_IFNAME"), avail)
+                if not chosen:
+                    chosen = self.ifaces_of_new_connections(ns, live)
+            new = [i for i in dict.fromkeys(chosen) if i not in ns.ifaces]
+            ns.ifaces += new
+            added += [(ns, i) for i in new]
+        return added
+
+    def ifaces_of_new_connections(self, ns: NetNs, live) -> list[str]:
+        """Interfaces of the established connections of ns that this capture has not seen
+        before and the job's processes own (loopback left out)."""
+        seen = self.seen_sockets.setdefault(ns.inode, set())
+        est = procs.netns_established(live)
+        new = {ino: a for ino, a in est.items() if ino not in seen}
+        if not new:
+            return []
+        seen.update(new)
+        owned: set[int] = set()
+        for pid in ns.pids:
+            owned.update(procs.socket_inodes(pid))
+        addrs = {a for ino, a in new.items() if ino in owned and not a.startswith("127.") and a != "::1"}
+        return procs.ifaces_of_addresses(live, addrs) if addrs else []
+
+    def start_new_ifaces(self, pairs: list[tuple[NetNs, str]]) -> None:
+        if not pairs:
+            return
+        self.log("interfaces now in use: " + ", ".join(f"{ns.label}/{i}" for ns, i in pairs))
+        self.start_tcpdumps(pairs)
+        self.submit_snapshots(self.snapshot_jobs("start", ifaces=pairs))
 
     def finalize(self) -> CaptureResult:
         # native stacks being taken finish first (bounded; they read the tracer's spool), then
@@ -1370,6 +1520,7 @@ class Capture:
         tracer_stopper = threading.Thread(target=self.stop_tracer)
         tracer_stopper.start()   # bpftrace exits on SIGINT; its threads join here (not a spawner)
         self.stop_tcpdumps()
+        self.no_pcap_warning()
         tracer_stopper.join()
         self.build_events()
         self.wait_snapshots(timeout=60)
@@ -1589,6 +1740,10 @@ def recover_staging(staging: Path, log=None, output_folder: Path | None = None) 
                 rec["reason"] = "the capture process was killed while this ran; its output up to then is kept"
             if key == "tracer" and summary is not None:
                 rec["summary"] = {k: v for k, v in summary.items() if k != "messages"}
+                rec["covered_ns"] = utc_span([c for c in staged.get("clock_samples") or [] if isinstance(c, dict)
+                                              and isinstance(c.get("monotonic_ns"), int)
+                                              and isinstance(c.get("realtime_ns"), int)],
+                                             summary.get("span_monotonic_ns"))
         for f in (STAGED_MANIFEST, DIED_MARKER, ".manifest.staged.tmp"):
             (staging / f).unlink(missing_ok=True)
         manifest = dict(staged) if staged else {"schema_version": bd.SCHEMA_VERSION, "tool": "stallscope",

@@ -845,6 +845,7 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
     counts: dict[str, int] = {}
     hot_sizes = array.array("Q")
     total = 0
+    span = _Span()
     with open(out, "wb") as fh:
         for ev in heapq.merge(*streams, key=_time_of):
             ev = comms.apply(ev)
@@ -853,6 +854,7 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
             total += len(line)
             kind = ev.get("ev", "?")
             counts[kind] = counts.get(kind, 0) + 1
+            span.add(kind, ev)
             if line.startswith(DROPPABLE):
                 hot_sizes.append(len(line))
     dropped = 0
@@ -891,5 +893,34 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
                "by_type": dict(sorted((k, v) for k, v in counts.items() if v))}
     if spool is not None and spool.dropped_segments:
         summary["raw_segments_dropped"] = spool.dropped_segments
+    summary["span_monotonic_ns"] = span.result()
     summary["messages"] = builder.other_lines[:20]
     return summary
+
+
+class _Span:
+    """CLOCK_MONOTONIC [first, last] the tracer covered: from its start mark (else its first
+    event) to its stop or end mark (else its last event time, returns included). Off-CPU
+    samples come from capture's /proc reads, not the tracer: left out."""
+
+    def __init__(self):
+        self.start = self.stop = self.lo = self.hi = None
+
+    def add(self, kind: str, ev: dict) -> None:
+        if kind == "offcpu":
+            return
+        t = ev.get("t")
+        if kind == "tracer_start" and isinstance(t, int):
+            self.start = t if self.start is None else min(self.start, t)
+        elif kind in ("tracer_stopped", "tracer_end") and isinstance(t, int):
+            self.stop = t if self.stop is None else min(self.stop, t)
+        for k in ("t0", "t", "t1"):
+            v = ev.get(k)
+            if isinstance(v, int) and v > 0:
+                self.lo = v if self.lo is None else min(self.lo, v)
+                self.hi = v if self.hi is None else max(self.hi, v)
+
+    def result(self) -> list[int] | None:
+        first = self.start if self.start is not None else self.lo
+        last = self.stop if self.stop is not None else self.hi
+        return [first, last] if first is not None and last is not None and first <= last else None

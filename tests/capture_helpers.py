@@ -19,9 +19,13 @@ class CaptureProc:
     in a subprocess. A thread reads its stderr (the progress lines must not fill the pipe)
     into ``err`` and sets ``capturing`` once capture says it is capturing."""
 
-    def __init__(self, args: list[str], module: str = "capture", user: list[str] | None = None, env=None):
+    def __init__(self, args: list[str], module: str = "capture", user: list[str] | None = None, env=None,
+                 cwd=None):
+        # cwd: where ``-m capture`` is imported from (default: this checkout); a copy readable
+        # by ``user`` when the checkout may not be (see ``readable_copy``)
         self.p = subprocess.Popen((user or []) + [PY, "-m", *module.split(), "--progress", "lines"] + args,
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                  cwd=cwd or ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env=env)
         self.err: list[str] = []
         self.capturing = threading.Event()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -46,6 +50,34 @@ class CaptureProc:
         out = self.p.stdout.read()
         self.reader.join(timeout=30)
         return self.p.returncode, out
+
+
+def readable_copy(dest: Path, sources: dict[str, Path]) -> Path:
+    """Copy ``sources`` (name in dest -> file or folder) into dest, readable by every user:
+    folders 0755, executables and shared objects 0755, other files 0644; dest itself 0755.
+    An unprivileged child must not depend on where the checkout lives (a clone under a
+    0700 folder is unreadable to it: 'cannot open shared object file: Permission denied')."""
+    import os
+    import shutil
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name, src in sources.items():
+        dst = dest / name
+        if Path(src).is_dir():
+            shutil.copytree(src, dst, ignore=ignore, dirs_exist_ok=True)
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    for p in [dest, *dest.rglob("*")]:
+        if p.is_symlink():
+            continue
+        if p.is_dir():
+            os.chmod(p, 0o755)
+        else:
+            exe = os.access(p, os.X_OK) or ".so" in p.name
+            os.chmod(p, 0o755 if exe else 0o644)
+    return dest
 
 
 def alive(pid: int) -> bool:

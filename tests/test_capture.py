@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import CaptureProc, alive, bundle_manifest
+from capture_helpers import CaptureProc, alive, bundle_manifest, readable_copy
 from conftest import ROOT
 
 from capture import bundle as bd
@@ -529,18 +529,26 @@ def test_without_root_the_privileged_collectors_are_skipped(lab_lib, tmp_path):
     if shutil.which("setpriv") is None:
         pytest.skip("needs setpriv (util-linux)")
     nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
-    out = Path(tempfile.mkdtemp(prefix="ss-nobody-"))
+    # what the unprivileged processes read (the lab's libnccl and the libcudart it loads from
+    # $ORIGIN, capture's code) is copied into a folder every user can read: the checkout may
+    # live where nobody cannot (a clone under a 0700 folder)
+    base = Path(tempfile.mkdtemp(prefix="ss-nobody-"))
     try:
+        readable_copy(base, {**{f"lib/{p.name}": p for p in lab_lib.parent.glob("*.so*") if p.is_file()},
+                             "code/capture": ROOT / "capture", "code/bpf": ROOT / "bpf"})
+        lib = base / "lib" / lab_lib.name
+        out = base / "out"
+        out.mkdir()
         os.chown(out, 65534, 65534)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "NCCL_SOCKET_IFNAME": "lo", "RANK": "0",
                "WORLD_SIZE": "1"}
-        target = subprocess.Popen(nobody + [PY, "-c", f"import ctypes, time; ctypes.CDLL({str(lab_lib)!r}); "
+        target = subprocess.Popen(nobody + [PY, "-c", f"import ctypes, time; ctypes.CDLL({str(lib)!r}); "
                                             "print('ready', flush=True); time.sleep(60)"],
-                                  env=env, stdout=subprocess.PIPE, text=True)
+                                  env=env, stdout=subprocess.PIPE, text=True, cwd=base)
         try:
             assert target.stdout.readline().strip() == "ready"
             cap = CaptureProc(["--pid", str(target.pid), "-o", str(out), "--duration", "2s"], user=nobody,
-                           env=dict(env, HOME=str(out)))
+                              env=dict(env, HOME=str(out)), cwd=base / "code")
             rc, stdout = cap.finish()
         finally:
             target.kill()
@@ -558,7 +566,7 @@ def test_without_root_the_privileged_collectors_are_skipped(lab_lib, tmp_path):
         assert [p["pid"] for p in m["processes"]] == [target.pid]
         assert any(p["path"] == "bpf/events.jsonl" for p in m["files"])   # off-CPU samples need no root
     finally:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_postprocess_call_returns_in_place_and_across_buffers(tmp_path):
@@ -626,3 +634,44 @@ def test_tcpdump_ring_files_are_renamed_oldest_first(tmp_path):
     _finish_rings(tmp_path)
     assert sorted(p.name for p in pcap.iterdir()) == ["a-001.pcap", "a-002.pcap", "b-000.pcap", "c.pcap",
                                                       "d-000.pcap"]
+
+
+# ---------------------------------------------------------------- covered_ns
+def test_pcap_span_reads_the_first_and_last_record_times(tmp_path):
+    """tcpdump's covered interval: the first and last complete record of a pcap (nanosecond
+    pcap as capture writes it, microsecond pcap too; a record cut by a kill is not counted)."""
+    import struct
+    nano = tmp_path / "n.pcap"
+    recs = [(1_700_000_000, 5), (1_700_000_001, 999_999_999), (1_700_000_003, 42)]
+    body = b"".join(struct.pack("<IIII", s, f, 4, 60) + b"abcd" for s, f in recs)
+    nano.write_bytes(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 128, 1) + body + struct.pack("<IIII", 9, 9, 99, 99))
+    assert bd.pcap_span(nano) == (1_700_000_000_000_000_005, 1_700_000_003_000_000_042)
+    micro = tmp_path / "u.pcap"
+    micro.write_bytes(struct.pack(">IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 128, 1) +
+                      struct.pack(">IIII", 10, 7, 0, 0) + struct.pack(">IIII", 12, 8, 0, 0))
+    assert bd.pcap_span(micro) == (10_000_007_000, 12_000_008_000)
+    empty = tmp_path / "e.pcap"
+    empty.write_bytes(nano.read_bytes()[:24])
+    assert bd.pcap_span(empty) is None and bd.pcap_span(tmp_path / "missing.pcap") is None
+
+
+def test_tracer_span_from_its_marks_else_its_events_and_in_utc(tmp_path):
+    """The tracer's covered interval: its start mark to its stop mark (else the first and last
+    event times, returns included; off-CPU samples are not the tracer's), as UTC through the
+    nearest clock sample."""
+    from capture.runner import utc_span
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "seg-000000.txt").write_text("\n".join([
+        '{"ev":"tracer_start","t":100,"tracer_pid":9}',
+        f"@e0[6, 200]: {_rec(0, 5, 0xA, 0, 8, 7, 0, -1, 0xB, t1=250, rc=0)}",
+        '{"ev":"tracer_stopped","t":900}']) + "\n")
+    off = tmp_path / "offcpu.jsonl"
+    off.write_text('{"ev":"offcpu","t":5000,"pid":5,"tid":5,"ns":0}\n')
+    s = tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])
+    assert s["span_monotonic_ns"] == [100, 900]
+    (raw / "seg-000000.txt").write_text(f"@e0[6, 200]: {_rec(0, 5, 0xA, 0, 8, 7, 0, -1, 0xB, t1=250, rc=0)}\n")
+    assert tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])["span_monotonic_ns"] == [200, 250]
+    samples = [{"monotonic_ns": 0, "realtime_ns": 10**18}, {"monotonic_ns": 1000, "realtime_ns": 10**18 + 1003}]
+    assert utc_span(samples, [100, 900]) == [10**18 + 100, 10**18 + 903]
+    assert utc_span(samples, None) is None and utc_span([], [1, 2]) is None

@@ -31,6 +31,8 @@ SOURCES = {
     "nccl_profiler_trace": ["nccl_profiler_trace/example_readme_trace.json"],
     "pyspy": ["pyspy/pyspy_dump_rank0.txt", "pyspy/pyspy_dump_native_locals_rank1.txt", "pyspy/pyspy_dump_rank1.json"],
     "torch_watchdog": ["torch_watchdog/watchdog.log"],
+    "native_stacks": ["native_stacks/eu-stack_pause.txt", "native_stacks/gdb_pause.txt"],
+    "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
 }
 LINES = {name: [ln for f in files for ln in (P / f).read_bytes().splitlines()] for name, files in SOURCES.items()}
 PICKLES = [(P / "flight_recorder" / n).read_bytes() for n in ("nccl_trace_rank_0", "proto5_nccl_trace_rank_1",

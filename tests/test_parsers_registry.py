@@ -14,7 +14,7 @@ from forensics.parsers import get, parse_file, parse_tree, parsers, registry
 
 P = FIXTURES / "parsers"
 NAMES = {"nccl_debug", "nccl_tests", "ib_counters", "ss", "flight_recorder", "nccl_inspector",
-         "nccl_profiler_trace", "pyspy", "torch_watchdog", "proc_threads"}
+         "nccl_profiler_trace", "pyspy", "torch_watchdog", "proc_threads", "native_stacks", "ncclras"}
 
 
 def test_every_format_registered_once_with_its_declarations():
@@ -52,6 +52,9 @@ def test_module_docstring_documents_every_column():
     ("pyspy/pyspy_dump_rank1.json", "pyspy"),
     ("torch_watchdog/watchdog.log", "torch_watchdog"),
     ("proc_threads/python_poll_recv_end.json", "proc_threads"),
+    ("native_stacks/eu-stack_pause.txt", "native_stacks"),
+    ("native_stacks/gdb_pause.txt", "native_stacks"),
+    ("ncclras/doc_healthy.txt", "ncclras"),
 ])
 def test_content_sniffing_picks_the_parser(path, name):
     # fixture paths say nothing about the format: selection is by content alone

@@ -75,3 +75,68 @@ def test_malformed_lines_warn():
     assert len(r.warnings) == 4        # two bad socket lines, the orphan info line, rtt:abc
     assert "unreadable ss field 'rtt:abc/1'" in r.warnings[3]
     assert SsParser.parse(b"\t rtt:1/1\n").warnings[0] == "<bytes>: no sockets found"
+
+
+def test_capture_series_blocks_carry_their_sample_time_and_inode():
+    """A capture series (real ss -tinpeH samples, each after its stallscope-sample line): one
+    row per socket per sample, sample_ns from the block's header, inode from ss -e's ino:."""
+    r = SsParser.parse(D / "ss_series_loopback.txt")
+    assert r.warnings == []
+    assert r.facts["phase"] == "series" and r.facts["samples"] == 3 and r.facts["pids"] == [25799]
+    s = r.tables["sockets"]
+    assert len(s) == 6 and str(s["sample_ns"].dtype) == "Int64" and str(s["inode"].dtype) == "Int64"
+    assert list(s["sample_ns"].drop_duplicates()) == [1795512918957028999, 1795512919362785841,
+                                                      1795512919768023268]
+    assert set(s["inode"]) == {439289, 439290}
+    sender = s[s["inode"] == 439289]
+    receiver = s[s["inode"] == 439290]
+    assert list(sender["fd"]) == [4, 4, 4] and list(receiver["fd"]) == [5, 5, 5]
+    assert list(sender["bytes_acked"]) == [20001, 60001, 120001]       # the connection moved between samples
+    assert list(receiver["recv_q"]) == [5000, 30000, 75000] and list(receiver["bytes_received"]) == [20000, 60000,
+                                                                                                     120000]
+    assert sender.iloc[-1]["busy_ms"] == 44 and sender.iloc[-1]["cong"] == "bbr"
+
+
+def test_plain_snapshots_have_no_sample_time_and_e_tokens_are_read_or_ignored():
+    """Start/end snapshots keep sample_ns NA (the file name says the phase); ino: is read in
+    any file, uid:, sk: and cgroup: are ignored without a warning; a series of an idle
+    namespace (headers only) is no error."""
+    r = SsParser.parse(D / "ss_tinp_loopback.txt")
+    assert r.tables["sockets"]["sample_ns"].isna().all() and r.tables["sockets"]["inode"].isna().all()
+    blocks = (D / "ss_series_loopback.txt").read_text().split("# stallscope-sample")
+    one = blocks[1].split("\n", 1)[1].replace("ino:439289 sk:3b5", "uid:1000 ino:439289 sk:3b5 v6only:0")
+    snap = SsParser.parse_bytes(one.encode(), "sys/netns-7/ss-tinp-end.txt")
+    assert snap.warnings == [] and snap.facts["phase"] == "end"
+    s = snap.tables["sockets"]
+    assert list(s["inode"]) == [439289, 439290] and s["sample_ns"].isna().all()
+    assert (s.iloc[0]["pid"], s.iloc[0]["users"]) == (25799, "python3/25799/4")
+    idle = SsParser.parse_bytes(b"# stallscope-sample realtime_ns=5 monotonic_ns=1\n"
+                                b"# stallscope-sample realtime_ns=6 monotonic_ns=2\n", "sys/host/ss-series.txt")
+    assert idle.warnings == [] and idle.facts["phase"] == "series" and idle.tables["sockets"].empty
+
+
+def test_series_rows_reach_the_model_sockets_table_with_phase_series(tmp_path):
+    """An unpacked bundle with a start snapshot and a series: the model's sockets table keeps
+    both, phase start for the snapshot (sample_ns NULL), series (sample_ns set) for the blocks."""
+    import json
+
+    from forensics.bundle import open_bundle
+    from forensics.model.artifacts import read_artifacts, sockets_table
+    root = tmp_path / "stallscope-h-20260101T000000Z"
+    (root / "sys" / "host").mkdir(parents=True)
+    (root / "sys" / "host" / "ss-series.txt").write_bytes((D / "ss_series_loopback.txt").read_bytes())
+    (root / "sys" / "host" / "ss-tinp-start.txt").write_bytes((D / "ss_tinpH_loopback.txt").read_bytes())
+    (root / "manifest.json").write_text(json.dumps({
+        "schema_version": 1, "host": "h", "started_ns": 1795512918000000000, "ended_ns": 1795512920000000000,
+        "clock_samples": [{"monotonic_ns": 19110398903399, "realtime_ns": 1795512918000000000}],
+        "collectors": {"ss-series@host": {"status": "ok", "files": ["sys/host/ss-series.txt"],
+                                          "covered_ns": [1795512918957028999, 1795512919768023268]}},
+        "processes": [], "files": []}))
+    b = open_bundle(root)
+    df = sockets_table(b, read_artifacts(b), {}, None)
+    series = df[df["phase"] == "series"]
+    assert len(series) == 6 and series["sample_ns"].notna().all() and set(series["inode"]) == {439289, 439290}
+    start = df[df["phase"] == "start"]
+    assert len(start) == 4 and start["sample_ns"].isna().all()
+    assert set(df["netns"]) == {"host"}
+    assert b.manifest.collectors["ss-series@host"].covered_ns == (1795512918957028999, 1795512919768023268)

@@ -7,10 +7,12 @@ and content) or :func:`get` (by name).
 from . import (  # noqa: F401  (imported for their registration)
     flight_recorder,
     ib_counters,
+    native_stacks,
     nccl_debug,
     nccl_inspector,
     nccl_profiler_trace,
     nccl_tests,
+    ncclras,
     proc_threads,
     pyspy,
     ss,

@@ -413,6 +413,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     _text_target("pyspy", "parsers/pyspy", (), json_docs=True),
     _text_target("torch_watchdog", "parsers/torch_watchdog", ("pytorch_nccl_watchdog.txt",)),
     _text_target("proc_threads", "parsers/proc_threads", (), json_docs=True),
+    _text_target("native_stacks", "parsers/native_stacks"),
+    _text_target("ncclras", "parsers/ncclras"),
 ]}
 
 # slower, deeper paths: fuzzed with fewer inputs (their inputs are counted separately)

@@ -53,6 +53,19 @@ def test_top_finding_names_the_faulted_rank_and_cause(scenario):
 
 
 @needs_bundles
+@pytest.mark.skipif(not {"loss", "slow-link"} <= set(SCENARIOS), reason="no loss and slow-link bundles")
+def test_queueing_delay_not_drops_tells_a_slow_link_from_loss():
+    """Loss on a fast path leaves the bulk of the ACK round trips flat (p90 in µs) and lifts
+    only the tail by a timeout; a bottleneck's queue delays most segments (p90 in ms)."""
+    from forensics.findings import Context
+    from forensics.findings.network import queue_links
+    t = truth("slow-link")["fault"]
+    slow = queue_links(Context(analysed("slow-link").model, analysed("slow-link").con))
+    assert slow and all(t["ranks"][0] in lk for lk in slow), slow
+    assert queue_links(Context(analysed("loss").model, analysed("loss").con)) == set()
+
+
+@needs_bundles
 @pytest.mark.skipif("reset" not in SCENARIOS, reason="no reset bundle")
 def test_reset_finding_names_the_reset_connection():
     top, t = analysed("reset").top, truth("reset")

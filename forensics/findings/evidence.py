@@ -29,15 +29,9 @@ import numpy as np
 import pandas as pd
 
 from ..model.nccl import world_ranks
+# tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
+from ..tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES  # noqa: F401
 
-# tcp_events.event -> class of trouble
-EVENT_CLASS = {
-    "tcp_retransmit_skb": "retransmission", "retransmission": "retransmission",
-    "fast_retransmission": "retransmission", "lost_segment": "lost_segment",
-    "duplicate_ack": "duplicate_ack",
-    "rst": "reset", "tcp_send_reset": "reset", "tcp_receive_reset": "reset",
-}
-LOSS_CLASSES = ("retransmission", "duplicate_ack", "lost_segment")
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
 

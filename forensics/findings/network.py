@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import (COUNT_COLUMNS, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
+from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
                        in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql)
 
@@ -29,12 +29,15 @@ MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
 MIN_BASELINE = 5           # clean collectives needed to call it a baseline
 SLOW_FACTOR = 3.0          # slow = this many times the clean baseline's p50
 MAX_EVIDENCE = 20
+MIN_IMPACT_SHARE = 0.02    # slow collectives explaining less of the collective time than this: info
 
 RTT_GAP = 5.0              # slow links' RTT at least this many times the others'
 RTT_MIN_EXCESS_NS = 100_000  # ... and at least 100 µs above them (µs-scale jitter is not a slow link)
 MIN_LINKS = 3              # a link needs peers to be compared with
 MIN_RTT_SAMPLES = 20       # ACK RTTs needed before a connection's p99 means anything
 CLEAR_RTT_RATIO = 10.0     # a queue this much above the other links' needs less slowdown to be a warning
+BULK_SHARE = 0.10          # a connection with less than this share of the busiest ones' bytes is not a data one
+QUEUE_SHARE = 0.10         # ... or a queueing delay of this share of a collective (no fast collectives seen)
 
 
 # --------------------------------------------------------------------------- network_loss
@@ -44,6 +47,11 @@ def network_loss(ctx: Context) -> list[Finding]:
     w = collective_windows(ctx)
     done = w[w["complete"]].reset_index(drop=True)
     ev = trouble_events(ctx)
+    queued = queue_links(ctx) if len(ev) else set()
+    if queued:      # drops on a link whose RTT rose with its queue are that queue's: slow_link's
+        on_queue = pd.MultiIndex.from_arrays([pd.to_numeric(ev["a"], errors="coerce"),
+                                              pd.to_numeric(ev["b"], errors="coerce")]).isin(list(queued))
+        ev = ev[~np.asarray(on_queue, dtype=bool)]
     loss = ev[ev["cls"].isin(LOSS_CLASSES)]
     if done.empty or loss.empty:
         return []
@@ -63,7 +71,8 @@ def network_loss(ctx: Context) -> list[Finding]:
     inside = in_windows(ev["timestamp_ns"].to_numpy(), sw["t0"].to_numpy(dtype=np.int64),
                         sw["t1"].to_numpy(dtype=np.int64))
     counts = dedup_counts(ev[inside])
-    lossc = counts[counts["cls"].isin(LOSS_CLASSES)]
+    # lost or retransmitted data: duplicate ACKs alone are reordering or a queue, not loss
+    lossc = counts[counts["cls"].isin(DATA_LOSS_CLASSES)]
     if lossc["n"].sum() < MIN_LOSS_EVENTS:
         return []
     blame = shared_endpoint(lossc)
@@ -90,7 +99,13 @@ def network_loss(ctx: Context) -> list[Finding]:
                + (f" (to {ranks_text(peers)})" if peers else "") + " inside them.")
     slowdown = p50 / baseline if baseline else p50 / thr
     frac = float(slow.sum()) / len(done)
+    # the share of the job's collective time the slow collectives' excess explains: a few
+    # retransmissions on a busy host that cost nothing measurable are no warning
+    share = float(np.clip(sdur - (baseline or 0.0), 0, None).sum()) / max(float(dur.sum()), 1.0)
     severity = "error" if slowdown >= 10 or frac >= 0.25 else "warning"
+    if share < MIN_IMPACT_SHARE:
+        severity = "info"
+    summary = summary[:-1] + f"; they explain {share:.0%} of the job's collective time."
     second = sorted(blame.coverage.values(), reverse=True)
     sep = 1.0 - (second[len(blamed)] / second[0]) if len(second) > len(blamed) and second[0] else 0.0
     confidence = (0.55 + 0.35 * sep if blame.separated else 0.6) + min(0.1, lossc["n"].sum() / 500)
@@ -103,7 +118,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     details = {
         "slow_threshold_ns": int(thr), "baseline_p50_ns": baseline, "collectives": len(done),
         "slow_collectives": int(slow.sum()), "slow_p50_ns": p50, "slow_p99_ns": p99,
-        "retransmissions": nret, "duplicate_acks": ndup, "resets": nrst,
+        "retransmissions": nret, "duplicate_acks": ndup, "resets": nrst, "impact_share": share,
         "coverage": {str(k): round(v, 3) for k, v in blame.coverage.items()},
         "per_rank": _per_rank_durations(ctx, sw),
         "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
@@ -233,22 +248,80 @@ def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
     if t is not None and len(t):
         t = t.dropna(subset=["rank", "peer_rank", "rtt_p99_ns"])
         t = t[(t["rank"] != t["peer_rank"]) & (t["rtt_samples"] >= MIN_RTT_SAMPLES)]
+
         if len(t):
             t = t.assign(a=np.minimum(t["rank"], t["peer_rank"]).astype("int64"),
                          b=np.maximum(t["rank"], t["peer_rank"]).astype("int64"),
-                         rtt=t["rtt_p99_ns"].astype("float64"), p50=t["rtt_p50_ns"].astype("float64"))
+                         rtt=t["rtt_p99_ns"].astype("float64"), p50=t["rtt_p50_ns"].astype("float64"),
+                         p90=t["rtt_p90_ns"].astype("float64"))
             g = t.groupby(["a", "b"])
-            return g.agg(rtt=("rtt", "max"), p50=("p50", "median"), flows=("rtt", "size")).reset_index(), \
-                "ACK round-trip p99"
+            return g.agg(rtt=("rtt", "max"), p50=("p50", "median"), p90=("p90", "max"),
+                         flows=("rtt", "size")).reset_index(), "ACK round-trip p99"
     f = ctx.table("flows").dropna(subset=["rank", "peer_rank", "rtt_mean_ns"])
     f = f[f["rank"] != f["peer_rank"]]
     if f.empty:
-        return pd.DataFrame(columns=["a", "b", "rtt", "p50", "flows"]), ""
+        return pd.DataFrame(columns=["a", "b", "rtt", "p50", "p90", "flows"]), ""
     f = f.assign(a=np.minimum(f["rank"], f["peer_rank"]).astype("int64"),
                  b=np.maximum(f["rank"], f["peer_rank"]).astype("int64"), rtt=f["rtt_mean_ns"].astype("float64"))
     links = f.groupby(["a", "b"]).agg(rtt=("rtt", "median"), flows=("rtt", "size")).reset_index()
-    links["p50"] = np.nan
+    links["p50"] = links["p90"] = np.nan
     return links, "mean TCP round-trip"
+
+
+def _rtt_split(cand: pd.DataFrame) -> int | None:
+    """Index of the first slow link of ``cand`` (sorted by rtt): the largest ratio between
+    neighbours that leaves the slow group a minority, when it is a clear gap; else None."""
+    if len(cand) < MIN_LINKS:
+        return None
+    rtt = cand["rtt"].to_numpy(dtype=np.float64)
+    ratios = rtt[1:] / np.maximum(rtt[:-1], 1.0)
+    k_min = int(np.ceil(len(rtt) / 2))   # index of the first slow link is at least half-way
+    ratios = np.where(np.arange(1, len(rtt)) >= k_min, ratios, 0.0)
+    k = int(np.argmax(ratios)) + 1
+    if ratios[k - 1] < RTT_GAP or rtt[k] - rtt[k - 1] < RTT_MIN_EXCESS_NS:
+        return None
+    return k
+
+
+def link_queue_delays(ctx) -> pd.DataFrame:
+    """Per link (a, b): ``q``, the ACK round-trip p90 that *every* data connection of the link
+    shows (per connection the largest over the capture points that saw it, then the least
+    over the link's connections). A bottleneck's queue delays most segments of every
+    connection through it; loss lifts only some connections' tails by a timeout, and
+    Linux's delayed ACK (up to 40 ms for a lone small segment) only the directions that
+    carry little, which are left out (less than BULK_SHARE of the busiest connections' bytes)."""
+    t = ctx.model.tables.get("flow_timing")
+    cols = ["a", "b", "q", "p50", "connections"]
+    if t is None or t.empty:
+        return pd.DataFrame(columns=cols)
+    t = t.dropna(subset=["rank", "peer_rank", "rtt_p90_ns"])
+    t = t[(t["rank"] != t["peer_rank"]) & (t["rtt_samples"] >= MIN_RTT_SAMPLES)]
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    vol = pd.to_numeric(t["data_bytes"], errors="coerce").fillna(0)
+    t = t[(vol >= BULK_SHARE * float(vol.quantile(0.9))).to_numpy()]
+    conn = t.assign(p50=pd.to_numeric(t["rtt_p50_ns"], errors="coerce")).groupby(
+        ["saddr", "sport", "daddr", "dport"]).agg(q=("rtt_p90_ns", "max"), p50=("p50", "median"),
+                                                  r=("rank", "first"), p=("peer_rank", "first")).reset_index()
+    conn = conn.assign(a=np.minimum(conn["r"], conn["p"]).astype("int64"),
+                       b=np.maximum(conn["r"], conn["p"]).astype("int64"), q=conn["q"].astype("float64"))
+    return conn.groupby(["a", "b"]).agg(q=("q", "min"), p50=("p50", "median"),
+                                        connections=("q", "size")).reset_index()
+
+
+def queue_links(ctx) -> set[tuple[int, int]]:
+    """Links whose every data connection queues (:func:`link_queue_delays`) far above the
+    other links': a slow or congested link. Drops on such a link are its queue overflowing
+    (slow_link names it); loss on a fast path leaves the bulk of the RTTs flat and lifts only
+    the tail by a retransmission timeout (network_loss's)."""
+    q = link_queue_delays(ctx)
+    if q.empty:
+        return set()
+    cand = q.assign(rtt=q["q"]).sort_values("rtt").reset_index(drop=True)
+    k = _rtt_split(cand)
+    if k is None:
+        return set()
+    return {(int(a), int(b)) for a, b in zip(cand["a"].iloc[k:], cand["b"].iloc[k:])}
 
 
 @detector("slow_link")
@@ -256,7 +329,8 @@ def slow_link(ctx: Context) -> list[Finding]:
     links, metric = link_rtts(ctx)
     if links.empty:
         return []
-    # links with TCP loss belong to network_loss, whatever their RTT
+    # links with TCP loss and a flat RTT belong to network_loss; a link whose queue both
+    # delays and drops is a slow link (queue_links)
     ev = trouble_events(ctx)
     lossy: set = set()
     if len(ev):
@@ -271,17 +345,28 @@ def slow_link(ctx: Context) -> list[Finding]:
         lossy |= {k for k, v in retx.items() if pd.notna(v) and v >= MIN_LOSS_EVENTS}
     links["lossy"] = [(int(x), int(y)) in lossy for x, y in zip(links["a"], links["b"])]
     cand = links[~links["lossy"] & links["rtt"].notna()].sort_values("rtt").reset_index(drop=True)
-    if len(cand) < MIN_LINKS:
+    k = _rtt_split(cand)
+    # the RTT tail of the links without loss tells it when it can; else (every link's tail
+    # lifted: delayed ACKs and timeouts of a busy host, drops at the slow link's own queue)
+    # the links whose every connection queues
+    queued = queue_links(ctx) if k is None else set()
+    if k is not None:
+        fast, slow = cand.iloc[:k], cand.iloc[k:]
+    elif queued:
+        # every connection of these links queues: the slow group, lossy or not (drops at the
+        # queue); compared with the links that neither queue nor drop
+        qd = link_queue_delays(ctx).set_index(["a", "b"])
+        links = links.drop(columns=["rtt", "p50", "flows"]).merge(
+            qd.rename(columns={"q": "rtt", "connections": "flows"}).reset_index(), on=["a", "b"], how="left")
+        links["flows"] = links["flows"].fillna(0).astype("int64")
+        metric = "ACK round-trip p90 on every connection"
+        is_slow = np.array([(int(x), int(y)) in queued for x, y in zip(links["a"], links["b"])], dtype=bool)
+        slow = links[is_slow].sort_values("rtt").reset_index(drop=True)
+        fast = links[~is_slow & links["rtt"].notna().to_numpy()].sort_values("rtt").reset_index(drop=True)
+        if fast.empty:
+            return []
+    else:
         return []
-    rtt = cand["rtt"].to_numpy(dtype=np.float64)
-    ratios = rtt[1:] / np.maximum(rtt[:-1], 1.0)
-    # only splits that leave the slow group a minority
-    k_min = int(np.ceil(len(rtt) / 2))   # index of the first slow link is at least half-way
-    ratios = np.where(np.arange(1, len(rtt)) >= k_min, ratios, 0.0)
-    k = int(np.argmax(ratios)) + 1
-    if ratios[k - 1] < RTT_GAP or rtt[k] - rtt[k - 1] < RTT_MIN_EXCESS_NS:
-        return []
-    fast, slow = cand.iloc[:k], cand.iloc[k:]
     base = float(np.median(fast["rtt"]))
     slow_links = [(int(x), int(y)) for x, y in zip(slow["a"], slow["b"])]
     common = set(slow_links[0])
@@ -316,16 +401,24 @@ def slow_link(ctx: Context) -> list[Finding]:
     ratio = float(slow["rtt"].min()) / max(base, 1.0)
     w = collective_windows(ctx)
     dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
-    impact, severity, lost_s = "", "info", 0.0
+    impact, severity, lost_s, share = "", "info", 0.0, None
     p10 = p50 = p90 = None
     if len(dur) >= MIN_BASELINE:
         p10, p50, p90 = (float(x) for x in np.quantile(dur, [0.1, 0.5, 0.9]))
         lost_s = float(np.clip(dur - p10, 0, None).sum()) / 1e9
         impact = f"; collectives p50 {ms(p50)}, p90 {ms(p90)} vs {ms(p10)} at the fastest decile"
         spread = p90 / max(p10, 1.0)
+        # A capture that started after the link slowed down has no fast collectives to compare
+        # with: every collective crosses the bottleneck. The queueing delay itself (its RTT
+        # above the other links') is then the lower bound of what each collective pays.
+        share = min(1.0, (lo - base) / max(p50, 1.0))
+        if spread < SLOW_FACTOR and share >= QUEUE_SHARE:
+            impact = (f"; its queue adds at least {_us(lo - base)} per round trip, {share:.0%} of a "
+                      f"collective's p50 ({ms(p50)})")
+            lost_s = max(lost_s, share * float(dur.sum()) / 1e9)
         # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
         if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
-                or p50 >= ctx.options.slow_ms * 1e6:
+                or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and share >= QUEUE_SHARE):
             severity = "warning"
     if leaning is not None:
         link_word, verb = f"its link to rank {peers[0]}", "shows"
@@ -334,12 +427,15 @@ def slow_link(ctx: Context) -> list[Finding]:
     else:
         link_word, verb = "the link", "shows"
     article = "an" if metric[0] in "AEIOU" else "a"
+    drops = bool(slow["lossy"].any())
+    how = ("with retransmissions: a slow or congested path whose queue delays and overflows (its drops are the "
+           "queue's, the RTT rises with it; loss on a fast path keeps a flat RTT)" if drops else
+           "without retransmissions: a slow or congested path that queues instead of dropping")
     summary = (f"{who}: {link_word} {verb} {article} {metric} of {rtt_txt} vs {_us(base)} on the other "
-               f"links{medians}, without retransmissions: a slow or congested path that queues instead of "
-               f"dropping{impact}.")
+               f"links{medians}, {how}{impact}.")
     # the slow flag: not lossy and at or above the gap between the fast and the slow group
     cut = (float(fast["rtt"].max()) + float(slow["rtt"].min())) / 2
-    sql = slow_link_sql(metric.startswith("ACK"), cut)
+    sql = slow_link_sql(metric.startswith("ACK"), cut, queue=bool(queued))
     evidence = [{"rank_a": int(r.a), "rank_b": int(r.b), "rtt_us": round(float(r.rtt) / 1e3, 1),
                  "rtt_p50_us": None if pd.isna(r.p50) else round(float(r.p50) / 1e3, 1),
                  "connections": int(r.flows), "lossy": bool(r.lossy), "slow": (int(r.a), int(r.b)) in slow_links}
@@ -359,14 +455,24 @@ def slow_link(ctx: Context) -> list[Finding]:
                     score=lost_s, details={"metric": metric, "rtt_baseline_ns": base, "slow_links": slow_links,
                                            "rtt_slow_ns": [float(x) for x in slow["rtt"]],
                                            "collective_p10_ns": p10, "collective_p50_ns": p50,
-                                           "collective_p90_ns": p90})]
+                                           "collective_p90_ns": p90, "queue_share": share,
+                                           "drops_at_queue": drops})]
 
 
-def slow_link_sql(ack_rtt: bool, cut_ns: float) -> str:
+def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False) -> str:
     """The SQL of slow_link's evidence: one row per link with the RTT statistic
-    (:func:`link_rtts`), whether the link is lossy (then it belongs to network_loss) and
-    whether it is one of the slow links (not lossy, RTT above ``cut_ns``)."""
-    if ack_rtt:
+    (:func:`link_rtts`, or with ``queue`` :func:`link_queue_delays`), whether the link is
+    lossy and whether it is one of the slow links (RTT above ``cut_ns``; without ``queue``
+    only a link that is not lossy: it would belong to network_loss)."""
+    if queue:
+        ft = ("SELECT * FROM flow_timing WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_p90_ns IS NOT NULL "
+              f"AND rank <> peer_rank AND rtt_samples >= {sql_int(MIN_RTT_SAMPLES)}")
+        links = (f"SELECT rank_a, rank_b, min(q) AS rtt, median(p50) AS p50, count(*) AS connections FROM ("
+                 "SELECT saddr, sport, daddr, dport, max(rtt_p90_ns) AS q, median(rtt_p50_ns) AS p50, "
+                 "any_value(least(rank, peer_rank)) AS rank_a, any_value(greatest(rank, peer_rank)) AS rank_b "
+                 f"FROM ({ft}) WHERE data_bytes >= {BULK_SHARE!r} * (SELECT quantile_cont(data_bytes, 0.9) "
+                 f"FROM ({ft})) GROUP BY saddr, sport, daddr, dport) GROUP BY ALL")
+    elif ack_rtt:
         links = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
                  "max(rtt_p99_ns) AS rtt, median(rtt_p50_ns) AS p50, count(*) AS connections FROM flow_timing "
                  "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_p99_ns IS NOT NULL AND rank <> peer_rank "
@@ -391,7 +497,7 @@ l AS (
   FROM links l LEFT JOIN loss USING (rank_a, rank_b) LEFT JOIN retx USING (rank_a, rank_b)
 )
 SELECT rank_a, rank_b, round(rtt / 1e3, 1) AS rtt_us, round(p50 / 1e3, 1) AS rtt_p50_us, connections, lossy,
-       NOT lossy AND rtt >= {sql_int(round(cut_ns))} AS slow
+       {'' if queue else 'NOT lossy AND '}rtt >= {sql_int(round(cut_ns))} AS slow
 FROM l ORDER BY rtt DESC, rank_a, rank_b LIMIT {sql_int(MAX_EVIDENCE)}"""
 
 

@@ -18,13 +18,14 @@ import numpy as np
 import pandas as pd
 
 from ..model.nccl import world_ranks
+from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, events_of
 
-# TCP events grouped by what they mean for the timeline and the per-rank table
-RETRANSMIT_EVENTS = ("tcp_retransmit_skb", "retransmission", "fast_retransmission", "spurious_retransmission")
-DUPACK_EVENTS = ("duplicate_ack",)
-RESET_EVENTS = ("tcp_send_reset", "tcp_receive_reset", "rst")
-MARKER_CLASSES = {**{e: "retransmission" for e in RETRANSMIT_EVENTS}, **{e: "duplicate ACK" for e in DUPACK_EVENTS},
-                  **{e: "reset" for e in RESET_EVENTS}}
+# TCP events grouped by what they mean (forensics/tcp/classes.py, the findings' table too): the
+# per-rank table counts lost data (retransmissions and lost segments, not spurious ones)
+RETRANSMIT_EVENTS = events_of(*DATA_LOSS_CLASSES)
+DUPACK_EVENTS = events_of("duplicate_ack")
+RESET_EVENTS = events_of("reset")
+MARKER_CLASSES = {e: CLASS_LABEL[c] for e, c in EVENT_CLASS.items()}
 
 DURATION_SOURCES = {
     "gpu": "GPU time (Flight Recorder / profiler)",

@@ -25,7 +25,8 @@ MAX_HEATMAP_COLUMNS = 600   # op counts per heatmap row (binned beyond)
 OP_COLORS = {"ALL_REDUCE": "#1f77b4", "ALL_GATHER": "#2ca02c", "REDUCE_SCATTER": "#9467bd", "BROADCAST": "#8c564b",
              "REDUCE": "#17becf", "SEND": "#bcbd22", "RECV": "#e377c2"}
 SOURCE_DASH = {"gpu": "solid", "host_sync": "dash", "call": "dot"}
-MARKERS = {"retransmission": ("triangle-up", "#d62728"), "duplicate ACK": ("circle", "#ff7f0e"),
+MARKERS = {"retransmission": ("triangle-up", "#d62728"), "lost segment": ("triangle-down", "#d62728"),
+           "duplicate ACK": ("circle", "#ff7f0e"), "spurious retransmission": ("triangle-up-open", "#7f7f7f"),
            "reset": ("x", "#111111"), "other TCP": ("diamond", "#7f7f7f")}
 
 

@@ -129,7 +129,7 @@ def test_launcher_options_and_defaults():
 
 def check_gpu_hang_truth(d: dict, rank: int, at_op: int) -> None:
     f = d["fault"]
-    assert f["kind"] == "gpu_hang" and f["ranks"] == [rank] and f["op_index"] == at_op == f["opCount"]
+    assert f["kind"] == "gpu-hang" and f["ranks"] == [rank] and f["op_index"] == at_op == f["opCount"]
     assert f["collective_seq_id"] == at_op + 1 and f["mid_collective"] is True
     assert f["ranks_entered"] == list(range(d["world_size"]))      # every rank is inside #at_op
     assert d["started_ns"] < f["start_time_ns"] < d["ended_ns"] and d["onset_ns"] == f["start_time_ns"]
@@ -213,7 +213,7 @@ def test_gpu_hang_at_a_time_and_a_failing_capture(lab_build, tmp_path):
     d = run(lab_build, tmp_path / "t", "--scenario", "gpu-hang", "--no-netns", "--ranks", "2", "--rank", "0",
             "--start-s", "0.4", "--hold-s", "1", "--buckets", "4096", "--compute-ms", "20", "--no-flight-recorder")
     f = d["fault"]
-    assert f["kind"] == "gpu_hang" and f["trigger"] == "time" and f["ranks_entered"] == [0, 1]
+    assert f["kind"] == "gpu-hang" and f["trigger"] == "time" and f["ranks_entered"] == [0, 1]
     assert (f["start_time_ns"] - d["train_start_ns"]) / 1e9 >= 0.4 and f["op_index"] > 1
     assert d["ops_completed"] == [f["op_index"]] * 2 and d["flight_recorder"] is None
     assert not (tmp_path / "t" / "fr").exists()
@@ -312,7 +312,7 @@ def test_late_capture_of_a_gpu_hang_takes_the_flight_recorder(root_lab, tmp_path
             "--capture-duration-s", "3", "--fr-dump-after-s", "0.5", "--hold-s", "1", "--no-pcap", "--no-stacks",
             *SMALL)
     onset = d["fault"]["start_time_ns"]
-    assert d["fault"]["kind"] == "gpu_hang" and d["onset_ns"] == onset
+    assert d["fault"]["kind"] == "gpu-hang" and d["onset_ns"] == onset
     caps = d["captures"]
     assert all(c["ok"] for c in caps), caps
     assert caps[0]["started_ns"] >= onset + 2e9 and d["hold"]["end_ns"] > max(c["stopped_ns"] for c in caps)

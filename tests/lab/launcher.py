@@ -739,7 +739,7 @@ class Run:
             except ScenarioError:
                 peers = entered() or []
             self.fault.update(
-                kind="gpu_hang", start_time_ns=ev["t_ns"], op_index=n, opCount=n, collective_seq_id=n + 1,
+                kind="gpu-hang", start_time_ns=ev["t_ns"], op_index=n, opCount=n, collective_seq_id=n + 1,
                 op=ev["op"], mid_collective=True, ranks_entered=peers if peers else None, trigger=a.hang_at,
                 stuck_thread={"tid": ev["tid"], "name": "cuda-stream", "function": "sslab_gpu_kernel_hang",
                               "blocks_in": "nanosleep (clock_nanosleep), forever"},

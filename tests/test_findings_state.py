@@ -171,20 +171,26 @@ def test_drained_links_and_no_wait_graph_blame_nobody():
     assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [])]
 
 
-def test_gpu_hang_blames_the_rank_its_peers_wait_on():
-    # rank 3's stream stopped mid-collective: its ring neighbours' stream threads block in
-    # recvfrom() on their sockets to rank 3; the others wait on their own neighbours
+def ring_waits(waits: set[tuple[int, int]], syscall: str, first_inode: int):
+    """Ring sockets between every rank and its two neighbours, and a thread of rank r
+    blocked in ``syscall`` on its socket to p for each (r, p) of ``waits``."""
     socks, threads = [], []
-    inode = 7000
+    inode = first_inode
     for r in range(RANKS):
         for p in ((r + 1) % RANKS, (r - 1) % RANKS):
             inode += 1
             socks.append(sock(r, p, WINDOW[1], inode=inode))
-            waits_on = {0: 3, 2: 3, 1: 0}.get(r)
-            if p == waits_on:
+            if (r, p) in waits:
                 threads.append({"host": f"node{r}", "pid": 100 + r, "rank": r, "phase": "end",
-                                "sample_ns": WINDOW[1], "tid": 200 + r, "name": "sslab-stream", "state": "S",
-                                "wchan": "wait_woken", "syscall_name": "recvfrom", "fd": 9, "socket_inode": inode})
+                                "sample_ns": WINDOW[1], "tid": 200 + r, "name": "cuda-stream", "state": "S",
+                                "wchan": "wait_woken", "syscall_name": syscall, "fd": 9, "socket_inode": inode})
+    return socks, threads
+
+
+def test_gpu_hang_blames_the_rank_its_peers_wait_on():
+    # rank 3's stream stopped mid-collective: its ring neighbours' stream threads block in
+    # recvfrom() on their sockets to rank 3; the others wait on their own neighbours
+    socks, threads = ring_waits({(0, 3), (2, 3), (1, 0)}, "recvfrom", 7000)
     stacks_ = [row for r in range(RANKS) for row in stack(r, IN_NCCL)]
     ctx = context(coll_log_ops=coll_logs({r: 30 for r in range(RANKS)}), stacks=stacks_, sockets=socks,
                   threads=threads)
@@ -209,16 +215,7 @@ def test_wait_for_graph_sink_is_one_rank_or_nobody():
 def test_gpu_hang_from_poll_waits_in_both_directions():
     # the lab's transfers poll: the sender waits (POLLIN) for rank 1's clear-to-send, the
     # receiver for rank 1's data; rank 1's stream sleeps in its hung "kernel"
-    socks, threads = [], []
-    inode = 8000
-    for r in range(RANKS):
-        for p in ((r + 1) % RANKS, (r - 1) % RANKS):
-            inode += 1
-            socks.append(sock(r, p, WINDOW[1], inode=inode))
-            if (r, p) in ((0, 1), (2, 1), (3, 2)):
-                threads.append({"host": f"node{r}", "pid": 100 + r, "rank": r, "phase": "end",
-                                "sample_ns": WINDOW[1], "tid": 200 + r, "name": "cuda-stream", "state": "S",
-                                "wchan": "do_sys_poll", "syscall_name": "poll", "fd": 9, "socket_inode": inode})
+    socks, threads = ring_waits({(0, 1), (2, 1), (3, 2)}, "poll", 8000)
     threads.append({"host": "node1", "pid": 101, "rank": 1, "phase": "end", "sample_ns": WINDOW[1], "tid": 201,
                     "name": "cuda-stream", "state": "S", "wchan": "hrtimer_nanosleep",
                     "syscall_name": "clock_nanosleep", "fd": None, "socket_inode": None})
@@ -230,17 +227,21 @@ def test_gpu_hang_from_poll_waits_in_both_directions():
     assert f[0].peer_ranks == [0, 2]
 
 
+def reset_context(warn: list[dict]):
+    """Every rank inside #20, its ring connections seen, and these NCCL WARN lines."""
+    flows = [{"host": f"node{r}", "capture": "c", "stream": r, "orig_addr": addr(r), "orig_port": 40000,
+              "resp_addr": addr((r + 1) % RANKS), "resp_port": 50000, "rank": r, "peer_rank": (r + 1) % RANKS}
+             for r in range(RANKS)]
+    return context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
+                   stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
+                   nccl_warnings=warn, flows=flows)
+
+
 def test_reset_before_the_capture_from_ncclwarn_lines():
     warn = [{"host": "node1", "pid": 101, "rank": 1, "log_pid": 101, "message":
              "socketProgressOpt: Call to recv from 10.9.0.12<50001> failed : Connection reset by peer",
              "peer": "10.9.0.12<50001>"}]
-    flows = [{"host": f"node{r}", "capture": "c", "stream": r, "orig_addr": addr(r), "orig_port": 40000,
-              "resp_addr": addr((r + 1) % RANKS), "resp_port": 50000, "rank": r, "peer_rank": (r + 1) % RANKS}
-             for r in range(RANKS)]
-    ctx = context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
-                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
-                  nccl_warnings=warn, flows=flows)
-    f = hang_state(ctx)
+    f = hang_state(reset_context(warn))
     assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", [2], [1])]
 
 
@@ -252,13 +253,7 @@ def test_reset_without_timestamps_names_the_link_reset_at_both_ends():
                 "message": f"socketProgressOpt: Call to recv from {addr(peer)}<5000{r}> failed : {text}"}
     warn = [w(0, 3, "Connection reset by peer"), w(1, 2, "Connection closed by remote peer"),
             w(2, 3, "Connection reset by peer"), w(3, 2, "Connection reset by peer")]
-    flows = [{"host": f"node{r}", "capture": "c", "stream": r, "orig_addr": addr(r), "orig_port": 40000,
-              "resp_addr": addr((r + 1) % RANKS), "resp_port": 50000, "rank": r, "peer_rank": (r + 1) % RANKS}
-             for r in range(RANKS)]
-    ctx = context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
-                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
-                  nccl_warnings=warn, flows=flows)
-    f = hang_state(ctx)
+    f = hang_state(reset_context(warn))
     assert [(x.kind, x.ranks, x.peer_ranks) for x in f] == [("connection_reset", [3], [2])]
     # ranks 0 and 1 also reset each other as they aborted, after their first errors: the
     # link is the one whose two ends each failed first on the other
@@ -267,10 +262,7 @@ def test_reset_without_timestamps_names_the_link_reset_at_both_ends():
             w(2, 3, "Connection reset by peer"), w(3, 2, "Connection reset by peer")]
     for i, x in enumerate(warn):
         x["log_line"] = 10 + i
-    ctx = context(coll_log_ops=coll_logs({r: 20 for r in range(RANKS)}),
-                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples(),
-                  nccl_warnings=warn, flows=flows)
-    f = hang_state(ctx)
+    f = hang_state(reset_context(warn))
     assert [(x.kind, sorted(x.ranks + x.peer_ranks)) for x in f] == [("connection_reset", [2, 3])]
 
 

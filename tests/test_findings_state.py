@@ -220,11 +220,17 @@ def test_gpu_hang_from_poll_waits_in_both_directions():
                     "name": "cuda-stream", "state": "S", "wchan": "hrtimer_nanosleep",
                     "syscall_name": "clock_nanosleep", "fd": None, "socket_inode": None})
     stacks_ = [row for r in range(RANKS) for row in stack(r, IN_NCCL)]
+    # and its stream thread's stack: where the "kernel" stopped
+    stacks_ += [{"host": "node1", "pid": 101, "rank": 1, "phase": None, "thread_id": "201", "os_tid": 201,
+                 "thread_name": "cuda-stream", "depth": d, "function": fn, "artifact": "stacks/native-101.txt"}
+                for d, fn in enumerate(["clock_nanosleep", "nanosleep", "sslab_gpu_kernel_hang", "launch_run"])]
     ctx = context(coll_log_ops=coll_logs({r: 30 for r in range(RANKS)}), stacks=stacks_, sockets=socks,
                   threads=threads)
     f = hang_state(ctx)
     assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [1])], [x.summary for x in f]
     assert f[0].peer_ranks == [0, 2]
+    # the thread named like the ones its peers wait in, and where it is
+    assert "thread cuda-stream in clock_nanosleep() <- nanosleep <- sslab_gpu_kernel_hang" in f[0].summary
 
 
 def reset_context(warn: list[dict]):

@@ -589,10 +589,11 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
     sink, edges = _wait_sink(ctx, members)
     if sink is not None:
         waiting = sorted(a for a, b in edges if b == sink)
+        stuck = _stuck_thread(ctx, c.ranks.get(sink))
+        where = stuck or (c.ranks[sink].where if c.ranks.get(sink) and c.ranks[sink].where else None)
         summary = (f"{head}; every link is idle and drained, and {ranks_text(waiting)} wait on "
-                   f"{label(directory, sink)} (the others on them), which waits on no peer: its GPU work (stream) stopped mid-collective"
-                   + (f" ({c.ranks[sink].where})" if c.ranks.get(sink) and c.ranks[sink].where else "")
-                   + "." + ONSET_UNKNOWN)
+                   f"{label(directory, sink)} (the others on them), which waits on no peer: its GPU work (stream) "
+                   f"stopped mid-collective" + (f" ({where})" if where else "") + "." + ONSET_UNKNOWN)
         return Finding(
             kind="hang_stuck", severity="error", confidence=0.7, summary=summary, ranks=[sink],
             hosts=[directory[sink].host] if sink in directory and directory[sink].host else [],
@@ -715,6 +716,35 @@ def _wait_sink(ctx, members: set[int]) -> tuple[int | None, list[tuple[int, int]
     edges = sorted({(int(a), int(b)) for a, b in zip(j["rank"], j["peer_rank"]) if a != b and int(a) in members
                     and int(b) in members})
     return _graph_sink(edges), edges
+
+
+def _stuck_thread(ctx, st: "RankState | None") -> str | None:
+    """Where the stuck rank's work stopped: "thread cuda-stream in nanosleep() <- ..." for its
+    thread named like the ones its peers wait in (their transfer threads, blocked on sockets)
+    that sits in no socket wait itself, from its stack; None when that is not one thread or
+    it has no stack."""
+    if st is None or st.pid is None:
+        return None
+    th, stacks = _table(ctx, "threads"), _table(ctx, "stacks")
+    if th.empty or stacks.empty:
+        return None
+    if "phase" in th and (th["phase"] == "end").any():
+        th = th[th["phase"] == "end"]
+    mine = (th["host"] == st.host) & (pd.to_numeric(th["pid"], errors="coerce") == st.pid)
+    waiters = th[~mine & th["syscall_name"].isin(WAIT_SYSCALLS) & th["socket_inode"].notna()]["name"].dropna()
+    if waiters.empty:
+        return None
+    th = th[mine]
+    cand = th[~th["syscall_name"].isin(WAIT_SYSCALLS).to_numpy() & th["name"].isin(set(waiters)).to_numpy()
+              & (pd.to_numeric(th["tid"], errors="coerce") != st.pid).to_numpy()]
+    tids = sorted(set(pd.to_numeric(cand["tid"], errors="coerce").dropna().astype(int)))
+    if len(tids) != 1:
+        return None
+    g = stacks[(stacks["host"] == st.host) & (pd.to_numeric(stacks["pid"], errors="coerce") == st.pid)
+               & (pd.to_numeric(stacks["os_tid"], errors="coerce") == tids[0])].sort_values("depth", kind="stable")
+    frames = [(str(f), None) for f in g["function"] if isinstance(f, str) and f]
+    name = cand["name"].dropna()
+    return (f"thread {name.iloc[0] if len(name) else tids[0]} in {_where(frames)}") if frames else None
 
 
 def _graph_sink(edges: list[tuple[int, int]]) -> int | None:

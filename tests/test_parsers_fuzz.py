@@ -33,6 +33,7 @@ SOURCES = {
     "torch_watchdog": ["torch_watchdog/watchdog.log"],
     "native_stacks": ["native_stacks/eu-stack_pause.txt", "native_stacks/gdb_pause.txt"],
     "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
+    "proc_threads": ["proc_threads/python_poll_recv_end.json"],
 }
 LINES = {name: [ln for f in files for ln in (P / f).read_bytes().splitlines()] for name, files in SOURCES.items()}
 PICKLES = [(P / "flight_recorder" / n).read_bytes() for n in ("nccl_trace_rank_0", "proto5_nccl_trace_rank_1",

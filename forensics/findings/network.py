@@ -329,8 +329,8 @@ def slow_link(ctx: Context) -> list[Finding]:
     links, metric = link_rtts(ctx)
     if links.empty:
         return []
-    # links with TCP loss and a flat RTT belong to network_loss; a link whose queue both
-    # delays and drops is a slow link (queue_links)
+    # links with TCP loss and a flat RTT belong to network_loss; a link whose every connection
+    # queues is a slow link even when its queue drops (queue_links)
     ev = trouble_events(ctx)
     lossy: set = set()
     if len(ev):
@@ -354,7 +354,8 @@ def slow_link(ctx: Context) -> list[Finding]:
         fast, slow = cand.iloc[:k], cand.iloc[k:]
     elif queued:
         # every connection of these links queues: the slow group, lossy or not (drops at the
-        # queue); compared with the links that neither queue nor drop
+        # queue); compared with the links that do not queue (a busy host's stray
+        # retransmissions on them leave their bulk RTT flat)
         qd = link_queue_delays(ctx).set_index(["a", "b"])
         links = links.drop(columns=["rtt", "p50", "flows"]).merge(
             qd.rename(columns={"q": "rtt", "connections": "flows"}).reset_index(), on=["a", "b"], how="left")

@@ -141,6 +141,24 @@ def test_a_short_window_is_not_enough_to_call_a_hang():
     assert hang_state(ctx) == []
 
 
+def test_captures_that_never_overlapped_judge_each_host_alone():
+    # hosts 0, 1 captured [0 s, 15 s], hosts 2, 3 [20 s, 35 s] (a slow pdsh loop, a tracer
+    # that took long to attach): no common window, but no host saw its ranks move
+    early, late = (T0, T0 + 15 * S), (T0 + 20 * S, T0 + 35 * S)
+    spans = {0: early, 1: early, 2: late, 3: late}
+    pos = coll_logs({0: 44, 1: 41, 2: 44, 3: 44})
+    ctx = context(capture_windows=windows(spans), coll_log_ops=pos)
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_mismatch", [1])], [x.summary for x in f]
+    assert "the hosts' captures did not overlap" in f[0].summary
+    # one host whose ranks moved in its own window clears it: a running job
+    moving = [dict(row, host="node2", pid=102, rank=2, sample_ns=t)
+              for i, t in enumerate(range(late[0], late[1] + 1, 2 * S))
+              for row in [sock(2, 3, t, acked=1000 + i * 4096, received=1000 + i * 4096)]]
+    ctx = context(capture_windows=windows(spans), coll_log_ops=pos, sockets=moving)
+    assert hang_state(ctx) == []
+
+
 # --------------------------------------------------------------------------- stuck
 
 def _dead_link_samples(dead: int):

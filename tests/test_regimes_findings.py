@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tarfile
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -46,7 +46,7 @@ NEITHER = ["--no-flight-recorder", "--debug-subsys", "INIT,NET"]     # no FR dum
 NO_BPF = ["--capture-args=--no-bpf"]
 PER_HOST = ["--capture", "per-host", "--capture-start", "onset+2", "--capture-duration-s", "15",
             "--capture-stagger-s", "0-5", "--stress", "1", "--tcp", "defaults"]
-POOL = int(os.environ.get("STALLSCOPE_REGIME_JOBS", "3"))
+POOL = int(os.environ.get("STALLSCOPE_REGIME_JOBS", "2"))   # 2 cores: more bpftrace starts at once take tens of seconds
 
 
 @dataclass
@@ -54,8 +54,10 @@ class Case:
     args: list[str]
     kinds: tuple[str, ...] | None          # the top finding's kind; None: no warning or error at all
     link: bool = False                     # the top finding also names the faulted rank's link
-    tools: tuple[str, ...] = ()
-    notes: list[str] = field(default_factory=list)
+    # runs with no other lab run beside it: a capture of a job that already died runs without
+    # --pid and takes every NCCL process of the machine, as it would on a real host; the
+    # other runs' ranks (same addresses, same rank numbers) are not this job's
+    solo: bool = False
 
 
 HANGS = {
@@ -68,7 +70,8 @@ WAYS = {"logs": [], "neither": NEITHER, "no-bpf": NO_BPF}
 CASES: dict[str, Case] = {}
 for _name, (_args, _kinds, _link) in HANGS.items():
     for _way, _extra in WAYS.items():
-        CASES[f"late-{_name}-{_way}"] = Case(_args + ["--ranks", "4"] + LATE + _extra + SMALL, _kinds, _link)
+        CASES[f"late-{_name}-{_way}"] = Case(_args + ["--ranks", "4"] + LATE + _extra + SMALL, _kinds, _link,
+                                             solo=_name == "reset")
 CASES.update({
     "late-loss": Case(["--scenario", "loss", "--rank", "1", "--ranks", "4", "--loss-permille", "50",
                        "--start-s", "1"] + LATE[:-2] + ["--compute-ms", "60", "--buckets", "131072,65536"],
@@ -119,15 +122,28 @@ class Result:
 
 
 class Runs:
-    """The selected cases' lab runs, a few at a time in the background."""
+    """The selected cases' lab runs, a few at a time in the background (a solo case waits
+    until it runs alone)."""
 
     def __init__(self, build: Path, base: Path, names: list[str]):
         self.build, self.base = build, base
         self.pool = cf.ThreadPoolExecutor(max_workers=POOL, thread_name_prefix="lab")
         self.lock = threading.Lock()
+        self.turn = threading.Condition()
+        self.active = 0                  # runs going on; -1 while a solo one runs
         self.futures: dict[str, cf.Future] = {}
-        for n in names:
+        for n in sorted(names, key=lambda n: CASES[n].solo):      # the solo ones last
             self.submit(n)
+
+    def _enter(self, solo: bool) -> None:
+        with self.turn:
+            self.turn.wait_for(lambda: self.active == 0 if solo else self.active >= 0)
+            self.active = -1 if solo else self.active + 1
+
+    def _leave(self, solo: bool) -> None:
+        with self.turn:
+            self.active = 0 if solo else self.active - 1
+            self.turn.notify_all()
 
     def submit(self, name: str) -> cf.Future:
         with self.lock:
@@ -136,6 +152,14 @@ class Runs:
             return self.futures[name]
 
     def one(self, name: str) -> Result:
+        solo = CASES[name].solo
+        self._enter(solo)
+        try:
+            return self._run(name)
+        finally:
+            self._leave(solo)
+
+    def _run(self, name: str) -> Result:
         out = self.base / name
         argv = [PY, "-m", "tests.lab.launcher", "--build", str(self.build), "--out", str(out), "--seed",
                 str(sum(map(ord, name))), *CASES[name].args]

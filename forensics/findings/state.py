@@ -94,6 +94,7 @@ class CommState:
     hung: bool
     inflight: list[int]                   # ranks with positive evidence of being inside a collective
     sources: list[str]
+    overlap: bool = True                  # False: the hosts' captures (barely) overlapped; each judged alone
 
 
 # --------------------------------------------------------------------------- building the state
@@ -324,6 +325,21 @@ def _judge(ctx, key, label_, nranks, ranks: dict[int, RankState], windows) -> Co
     if waiting:
         sources = sorted(set(sources) | {"thread states"})
     inflight = sorted(set(inflight) | set(ahead) | set(_stuck_socket_ranks(ctx, set(ranks))) | set(waiting))
+    if window is not None and window[1] - window[0] < need and len(spans) == len(hosts) > 1:
+        # captures that never (or barely) overlapped: each host watched its own ranks. A
+        # communicator none of whose hosts saw its ranks progress in its own window, long
+        # enough, with positive evidence of being inside a collective, is hung all the same
+        # (a rank cannot complete a collective without its peers); one host that saw progress
+        # clears it
+        per = []
+        for h in hosts:
+            a, b = windows[h]
+            seen_h = [st.last_progress_ns for st in ranks.values() if st.host == h and st.last_progress_ns is not None]
+            per.append(b - max(max(seen_h), a) if seen_h else b - a)
+        silence = min(per)
+        union = (min(a for a, _ in spans), max(b for _, b in spans))
+        return CommState(key, label_, nranks, ranks, union, silence, need, silence >= need and bool(inflight),
+                         inflight, sources, overlap=False)
     if window is None or window[1] <= window[0]:
         return CommState(key, label_, nranks, ranks, window, None, need, False, inflight, sources)
     end = window[1]
@@ -427,6 +443,9 @@ def late_hang_findings(ctx) -> list[Finding]:
 
 def _age(c: CommState) -> str:
     when = datetime.fromtimestamp(c.window[1] / 1e9, tz=timezone.utc).strftime("%H:%M:%S")
+    if not c.overlap:
+        return (f"no progress seen by any host in its own capture, at least {ms(c.silence_ns)} each (the hosts' "
+                f"captures did not overlap); state at {when} UTC")
     return f"no progress seen in the {ms(c.silence_ns)} the capture watched; state at {when} UTC"
 
 

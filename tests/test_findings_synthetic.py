@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from forensics.findings import Context
+from forensics.findings.base import STOPS_JOB_SCORE, Finding, impact_severity, order
 from forensics.findings.hang import collective_mismatch, hang_mismatch, hang_stuck
 from forensics.findings.ib import ib_errors
 from forensics.findings.network import connection_reset, network_loss, slow_link
@@ -148,7 +149,11 @@ RING = [(0, 1), (1, 2), (2, 3), (3, 0)]
 def test_slow_links_sharing_a_rank_blame_it():
     flows = [flow(a, b, 900.0 if 1 in (a, b) else 6.0) for a, b in RING]
     f = slow_link(context(job(dur_ms=slow_after(20, 60)), flows=flows))
-    assert len(f) == 1 and f[0].ranks == [1] and f[0].peer_ranks == [0, 2] and f[0].severity == "warning"
+    assert len(f) == 1 and f[0].ranks == [1] and f[0].peer_ranks == [0, 2]
+    # severity from impact: 20 of 40 collectives at 60 ms instead of 5 ms explain 20 x 55 ms of
+    # the 1.3 s of collective time, and the summary says so
+    assert f[0].impact_share == pytest.approx(20 * 55 / 1300) and f[0].severity == "error"
+    assert "it explains 85% of the job's collective time" in f[0].summary
 
 
 def test_one_slow_link_names_both_ends_and_equal_links_name_none():
@@ -213,6 +218,22 @@ def test_a_rank_late_again_and_again_is_a_straggler():
     f = straggler(context(job(late=late)))
     assert len(f) == 1 and f[0].ranks == [0] and f[0].details["late_collectives"] == 10
     assert abs(f[0].details["late_p50_ns"] / MS - 149.7) < 1.0
+    # its impact: the late collectives' excess over the clean ones, as a share of the collective time
+    d = f[0].details
+    assert f[0].impact_share == pytest.approx(d["excess_ns"] / d["collective_time_ns"]) and f[0].impact_share > 0.5
+    assert f[0].severity == "error" and f"it explains {f[0].impact_share:.0%}" in f[0].summary
+
+
+def test_severity_and_order_follow_the_share_of_collective_time_explained():
+    assert impact_severity(0.01, 40) == "info"                  # many slow collectives, nothing paid
+    assert impact_severity(0.04, 3) == "info"                   # a few slow ones, a little paid
+    assert impact_severity(0.04, 10) == impact_severity(0.2, 2) == "warning"
+    assert impact_severity(0.3, 10) == "error" and impact_severity(0.3, 10, ceiling="warning") == "warning"
+    hang = Finding(kind="hang_stuck", severity="error", confidence=0.5, summary="", score=STOPS_JOB_SCORE + 3)
+    big = Finding(kind="straggler", severity="error", confidence=0.5, summary="", score=1, impact_share=0.6)
+    small = Finding(kind="network_loss", severity="error", confidence=0.99, summary="", score=50, impact_share=0.3)
+    other = Finding(kind="ib_errors", severity="error", confidence=1.0, summary="", score=1e3)
+    assert [f.kind for f in order([other, small, big, hang])] == ["hang_stuck", "straggler", "network_loss", "ib_errors"]
 
 
 def test_straggler_with_run_queue_delay_says_cpu_contention():

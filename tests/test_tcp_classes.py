@@ -7,13 +7,14 @@ from types import SimpleNamespace
 
 from forensics.findings.evidence import trouble_events
 from forensics.report import data
-from forensics.tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, events_of
+from forensics.tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of, subsumed_sql
 from test_findings_state import T0, context
 
 
-def tcp(event: str, t: int, rank: int = 0, peer: int = 1, source: str = "pcap") -> dict:
+def tcp(event: str, t: int, rank: int = 0, peer: int = 1, source: str = "pcap", frame: int | None = None) -> dict:
     return {"timestamp_ns": t, "event": event, "source": source, "rank": rank, "peer_rank": peer,
-            "saddr": "10.9.0.10", "sport": 40000, "daddr": "10.9.0.11", "dport": 50000, "host": "node0"}
+            "saddr": "10.9.0.10", "sport": 40000, "daddr": "10.9.0.11", "dport": 50000, "host": "node0",
+            "capture": "pcap/eth0.pcap", "frame": frame}
 
 
 def test_the_report_and_the_findings_count_the_same_events():
@@ -30,3 +31,24 @@ def test_the_report_and_the_findings_count_the_same_events():
     assert set(data.MARKER_CLASSES) == set(EVENT_CLASS)
     assert data.MARKER_CLASSES["spurious_retransmission"] != data.MARKER_CLASSES["retransmission"]
     assert set(data.RETRANSMIT_EVENTS) == set(events_of(*DATA_LOSS_CLASSES))
+
+
+def test_one_packet_has_one_class():
+    # tshark (and the engine) flag a spurious or fast retransmission as a retransmission too:
+    # the packet counts once, in its most specific class, in pandas and in SQL alike
+    ctx = context(tcp_events=[tcp("retransmission", T0, frame=7), tcp("spurious_retransmission", T0, frame=7),
+                              tcp("retransmission", T0 + 1, frame=9), tcp("fast_retransmission", T0 + 1, frame=9),
+                              tcp("retransmission", T0 + 2, frame=11),
+                              tcp("retransmission", T0 + 3, frame=7, source="bpf") | {"capture": None},
+                              tcp("duplicate_ack", T0 + 4, frame=12)])
+    t = ctx.table("tcp_events")
+    assert classify(t).tolist() == [None, "spurious", None, "retransmission", "retransmission", "retransmission",
+                                    "duplicate_ack"]
+    kept = ctx.con.execute(f"SELECT count(*) FROM tcp_events t WHERE NOT {subsumed_sql('t')}").fetchone()[0]
+    assert kept == 5
+    ev = trouble_events(ctx)
+    assert sorted(ev.loc[ev["cls"].isin(DATA_LOSS_CLASSES), "event"]) == [
+        "fast_retransmission", "retransmission", "retransmission"]
+    table = data.rank_table(SimpleNamespace(model=ctx.model))
+    assert int(table.loc[0, "retx_pcap"]) == 2 and int(table.loc[0, "retx_kernel"]) == 1
+    assert data.marker_labels(t).tolist()[:2] == [None, "spurious retransmission"]

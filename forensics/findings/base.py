@@ -5,7 +5,13 @@ A detector is a function ``detect(ctx: Context) -> list[Finding]`` declared with
 ``forensics/findings/__init__.py`` only imports those modules, so adding a kind of
 finding is adding one file. :func:`run_detectors` runs every registered detector on a
 model, isolates a detector that fails (its failure becomes a problem line, the others
-still run), and orders the findings most important first.
+still run), and orders the findings most important first (:func:`order`).
+
+Severity from impact, not counts: a finding about slowness (network_loss, slow_link,
+straggler) carries ``impact_share``, the share of the job's collective time its slow
+collectives explain (:func:`forensics.findings.evidence.impact`), and takes its severity
+from it (:func:`impact_severity`): a handful of retransmissions on a busy host that cost
+nothing measurable is no warning, however many there are.
 """
 from __future__ import annotations
 
@@ -16,6 +22,27 @@ from typing import Any, Callable
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+# impact_share -> severity (impact_severity)
+IMPACT_INFO_SHARE = 0.02        # the slow collectives explain less than this of the collective time: info
+IMPACT_FEW_SHARE = 0.05         # ... or less than this with fewer than IMPACT_FEW_COLLECTIVES of them: info
+IMPACT_FEW_COLLECTIVES = 5
+IMPACT_ERROR_SHARE = 0.25       # a quarter of the job's collective time or more: error
+STOPS_JOB_SCORE = 1e6           # hangs score 1e6 + seconds, a reset that broke collectives 2e6: first
+
+
+def impact_severity(share: float, slow_collectives: int, ceiling: str = "error") -> str:
+    """The severity a finding's impact earns: ``info`` below IMPACT_INFO_SHARE (or below
+    IMPACT_FEW_SHARE with fewer than IMPACT_FEW_COLLECTIVES slow collectives), ``error``
+    from IMPACT_ERROR_SHARE, else ``warning``; never above ``ceiling`` (what the
+    detector's evidence allows)."""
+    if share < IMPACT_INFO_SHARE or (share < IMPACT_FEW_SHARE and slow_collectives < IMPACT_FEW_COLLECTIVES):
+        earned = "info"
+    elif share >= IMPACT_ERROR_SHARE:
+        earned = "error"
+    else:
+        earned = "warning"
+    return max(earned, ceiling, key=SEVERITY_RANK.__getitem__)
 
 
 @dataclass
@@ -35,11 +62,16 @@ class Finding:
     action: str = ""               # what to do next
     score: float = 0.0             # ordering within a severity (impact), detector-defined
     details: dict[str, Any] = field(default_factory=dict)   # key numbers for the report (p50/p99, counts...)
+    # slowness findings: the share of the job's collective time their slow collectives explain
+    # (evidence.impact); the severity follows it (impact_severity) and so does the order
+    impact_share: float | None = None
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:
             raise ValueError(f"unknown severity {self.severity!r}")
         self.confidence = float(min(1.0, max(0.0, self.confidence)))
+        if self.impact_share is not None:
+            self.impact_share = float(min(1.0, max(0.0, self.impact_share)))
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -103,8 +135,15 @@ def detectors() -> dict[str, Detector]:
 
 
 def order(findings: list[Finding]) -> list[Finding]:
-    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], -f.confidence * max(f.score, 1e-9),
-                                           -f.confidence, f.kind))
+    """Most important first: by severity; within one, what stopped the job (a hang, a reset
+    that broke collectives: STOPS_JOB_SCORE) first, then the findings with an impact by
+    the share of the collective time they explain, then the others by confidence x score."""
+    def key(f: Finding):
+        stops = f.score >= STOPS_JOB_SCORE
+        tier = 0 if stops else 1 if f.impact_share is not None else 2
+        weight = f.impact_share if tier == 1 else f.confidence * max(f.score, 1e-9)
+        return SEVERITY_RANK[f.severity], tier, -weight, -f.confidence, f.kind
+    return sorted(findings, key=key)
 
 
 def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:

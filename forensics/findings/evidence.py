@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..model.nccl import world_ranks
 # tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
-from ..tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES  # noqa: F401
+from ..tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, subsumed_sql  # noqa: F401
 
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
@@ -126,7 +126,7 @@ def collective_windows(ctx) -> pd.DataFrame:
     end (NA unless every rank that should take part completed), duration, complete."""
     c = ctx.table("collectives")
     if c.empty:
-        return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "nranks", "t0", "t1", "duration_ns",
+        return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "bytes", "nranks", "t0", "t1", "duration_ns",
                                      "complete", "ranks_entered", "ranks_completed"])
     nranks = c["nranks"].fillna(c["ranks_entered"])
     # a communicator created before the tracer attached has no id: its rows are one process's
@@ -134,12 +134,72 @@ def collective_windows(ctx) -> pd.DataFrame:
     complete = (c["ranks_completed"] == c["ranks_entered"]) & ((c["ranks_entered"] >= nranks)
                                                               | is_per_process(c["comm_id_hash"]))
     w = pd.DataFrame({"comm_id_hash": c["comm_id_hash"], "op_count": c["op_count"], "op": c["op"],
-                      "nranks": nranks, "t0": c["first_entry_ns"].astype("Int64"),
+                      "bytes": c["bytes"] if "bytes" in c.columns else pd.NA, "nranks": nranks, "t0": c["first_entry_ns"].astype("Int64"),
                       "t1": c["last_end_ns"].astype("Int64").where(complete.fillna(False).astype(bool)),
                       "ranks_entered": c["ranks_entered"], "ranks_completed": c["ranks_completed"]})
     w["complete"] = w["t1"].notna()
     w["duration_ns"] = (w["t1"] - w["t0"]).astype("Float64")
     return w.reset_index(drop=True)
+
+
+MIN_CLASS_BASELINE = 3    # clean collectives of an op/size class for a median of its own
+
+
+@dataclass
+class Impact:
+    """What a finding's slow collectives cost the job (:func:`impact`)."""
+    share: float          # excess / total: the share of the job's collective time they explain
+    excess_ns: float      # sum over the slow collectives of (duration - their class's clean median)
+    total_ns: float       # sum of every completed collective's duration in the analysed window
+    slow: int             # slow collectives counted
+
+    def text(self) -> str:
+        return f"{pct(self.share)} of the job's collective time"
+
+
+def pct(share: float) -> str:
+    """A share as a short percentage (below 1% with one decimal, so 0.4% does not read 0%)."""
+    return f"{100 * share:.1f}%" if share < 0.01 else f"{share:.0%}"
+
+
+def size_classes(w: pd.DataFrame) -> pd.Series:
+    """A collective's op/size class: its op and the power of two below its bytes."""
+    b = pd.to_numeric(w["bytes"], errors="coerce") if "bytes" in w.columns else pd.Series(np.nan, index=w.index)
+    bucket = np.floor(np.log2(b.where(b > 0).astype("float64"))).fillna(-1).astype("int64").astype(str)
+    return w["op"].astype(str).fillna("?") + "/" + bucket
+
+
+def clean_baselines(w: pd.DataFrame, clean) -> np.ndarray:
+    """Per collective of ``w`` (completed ones): the median duration of the clean collectives
+    of its op/size class (MIN_CLASS_BASELINE of them), else of every clean collective, else,
+    with no clean collective at all, the fastest decile of its class (the fastest stand in
+    for clean ones). NaN where nothing completed."""
+    dur = pd.to_numeric(w["duration_ns"], errors="coerce").astype("float64")
+    cls = size_classes(w)
+    clean = np.asarray(clean, dtype=bool) & dur.notna().to_numpy()
+    per = dur[clean].groupby(cls[clean]).agg(["median", "size"])
+    per = per[per["size"] >= MIN_CLASS_BASELINE]["median"]
+    base = cls.map(per).astype("float64")
+    if clean.any():
+        base = base.fillna(float(np.median(dur[clean])))
+    else:
+        base = base.fillna(dur.groupby(cls).transform(lambda s: s.quantile(0.1)))
+    return base.to_numpy(dtype=np.float64)
+
+
+def impact(w: pd.DataFrame, slow, clean) -> Impact:
+    """The share of the job's collective time the ``slow`` collectives of ``w`` explain: the
+    sum over them of (duration - the clean median of their op/size class, :func:`clean_baselines`
+    from the ``clean`` ones), over the sum of every completed collective's duration."""
+    dur = pd.to_numeric(w["duration_ns"], errors="coerce").astype("float64").to_numpy()
+    ok = ~np.isnan(dur)
+    slow = np.asarray(slow, dtype=bool) & ok
+    total = float(dur[ok].sum())
+    if not slow.any() or total <= 0:
+        return Impact(0.0, 0.0, max(total, 0.0), int(slow.sum()))
+    base = clean_baselines(w, clean)
+    excess = float(np.clip(dur[slow] - np.nan_to_num(base[slow], nan=0.0), 0, None).sum())
+    return Impact(min(1.0, excess / total), excess, total, int(slow.sum()))
 
 
 def is_per_process(comm_id_hash: pd.Series) -> pd.Series:
@@ -207,7 +267,7 @@ def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
     t = ctx.table("tcp_events")
     if t.empty:
         return _empty_trouble()
-    cls = t["event"].map(EVENT_CLASS)
+    cls = classify(t)   # one class per packet: a spurious retransmission is not also a retransmission
     t = t.assign(cls=cls)[cls.isin(classes).to_numpy()]
     t = t.dropna(subset=["rank", "peer_rank", "timestamp_ns"])
     t = t[t["rank"] != t["peer_rank"]]
@@ -255,9 +315,9 @@ def trouble_sql(classes=LOSS_CLASSES + ("reset",)) -> str:
     FROM (
       SELECT *, event = 'tcp_receive_reset' AS recv, coalesce(saddr, '<NA>') AS sa, coalesce(daddr, '<NA>') AS da,
              coalesce(CAST(sport AS VARCHAR), '<NA>') AS sp, coalesce(CAST(dport AS VARCHAR), '<NA>') AS dp
-      FROM tcp_events
+      FROM tcp_events t
       WHERE event IN ({events}) AND rank IS NOT NULL AND peer_rank IS NOT NULL AND timestamp_ns IS NOT NULL
-        AND rank <> peer_rank
+        AND rank <> peer_rank AND NOT {subsumed_sql("t")}
     )
   )
 )"""

@@ -19,9 +19,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector
+from .base import Context, Finding, detector, impact_severity
+from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
 from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
-                       in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
+                       Impact, clean_baselines, impact, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql)
 
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
@@ -29,7 +30,6 @@ MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
 MIN_BASELINE = 5           # clean collectives needed to call it a baseline
 SLOW_FACTOR = 3.0          # slow = this many times the clean baseline's p50
 MAX_EVIDENCE = 20
-MIN_IMPACT_SHARE = 0.02    # slow collectives explaining less of the collective time than this: info
 
 RTT_GAP = 5.0              # slow links' RTT at least this many times the others'
 RTT_MIN_EXCESS_NS = 100_000  # ... and at least 100 µs above them (µs-scale jitter is not a slow link)
@@ -52,26 +52,27 @@ def network_loss(ctx: Context) -> list[Finding]:
         on_queue = pd.MultiIndex.from_arrays([pd.to_numeric(ev["a"], errors="coerce"),
                                               pd.to_numeric(ev["b"], errors="coerce")]).isin(list(queued))
         ev = ev[~np.asarray(on_queue, dtype=bool)]
-    loss = ev[ev["cls"].isin(LOSS_CLASSES)]
-    if done.empty or loss.empty:
+    trouble_ev = ev[ev["cls"].isin(LOSS_CLASSES)]
+    lost = ev[ev["cls"].isin(DATA_LOSS_CLASSES)]
+    if done.empty or lost.empty:
         return []
-    # loss events inside each completed collective's window (sorted times: two searchsorted)
-    times = np.sort(loss["timestamp_ns"].to_numpy(dtype=np.int64))
+    # TCP trouble (any loss class) and lost data inside each completed collective's window
     t0 = done["t0"].to_numpy(dtype=np.int64)
     t1 = done["t1"].to_numpy(dtype=np.int64)
-    n_in = np.searchsorted(times, t1, side="right") - np.searchsorted(times, t0, side="left")
+    n_in, n_lost = _inside_counts(trouble_ev, t0, t1), _inside_counts(lost, t0, t1)
     dur = done["duration_ns"].to_numpy(dtype=np.float64)
-    clean = dur[n_in == 0]
+    clean_mask = n_in == 0
+    clean = dur[clean_mask]
     baseline = float(np.median(clean)) if len(clean) >= MIN_BASELINE else None
     thr = max(SLOW_FACTOR * baseline, 1e6) if baseline else ctx.options.slow_ms * 1e6
-    slow = (dur > thr) & (n_in > 0)
+    # slow and holding lost or retransmitted data: duplicate ACKs alone are reordering or a queue
+    slow = (dur > thr) & (n_lost > 0)
     if slow.sum() < MIN_SLOW_COLLECTIVES:
-        return _loss_without_slowdown(ctx, loss, done, baseline)
+        return _loss_without_slowdown(ctx, lost, done, baseline, impact(done, slow, clean_mask))
     sw = done[slow]
     inside = in_windows(ev["timestamp_ns"].to_numpy(), sw["t0"].to_numpy(dtype=np.int64),
                         sw["t1"].to_numpy(dtype=np.int64))
     counts = dedup_counts(ev[inside])
-    # lost or retransmitted data: duplicate ACKs alone are reordering or a queue, not loss
     lossc = counts[counts["cls"].isin(DATA_LOSS_CLASSES)]
     if lossc["n"].sum() < MIN_LOSS_EVENTS:
         return []
@@ -79,6 +80,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     directory = rank_directory(ctx)
     per_cls = counts.groupby("cls")["n"].sum()
     nret = int(per_cls.get("retransmission", 0))
+    nlost = int(per_cls.get("lost_segment", 0))
     ndup = int(per_cls.get("duplicate_ack", 0))
     nrst = int(per_cls.get("reset", 0))
     sdur = sw["duration_ns"].to_numpy(dtype=np.float64)
@@ -91,26 +93,23 @@ def network_loss(ctx: Context) -> list[Finding]:
     if len(blamed) == 2 and tuple(blamed) in {tuple(sorted(lk)) for lk in blame.links}:
         who += ", the link between them"
     base_txt = f"vs {ms(baseline)} for clean collectives" if baseline else f"(slow: > {ms(thr)})"
-    trouble = [f"{nret} TCP retransmissions"] + ([f"{ndup} duplicate ACKs"] if ndup else []) + \
-              ([f"{nrst} resets"] if nrst else [])
+    trouble = [f"{nret} TCP retransmissions"] + ([f"{nlost} lost segments"] if nlost else []) + \
+              ([f"{ndup} duplicate ACKs"] if ndup else []) + ([f"{nrst} resets"] if nrst else [])
+    # the share of the job's collective time the slow collectives' excess explains: a few
+    # retransmissions on a busy host that cost nothing measurable are no warning
+    imp = impact(done, slow, clean_mask)
+    flat = _flat_rtt_text(ctx, blame.links)
     summary = (f"{who}: {int(slow.sum())} of {len(done)} collectives slow ({op} p50 {ms(p50)}, p99 {ms(p99)} "
                f"{base_txt}) with {', '.join(trouble)} on "
                f"{'its' if len(blamed) == 1 else 'their'} links"
-               + (f" (to {ranks_text(peers)})" if peers else "") + " inside them.")
-    slowdown = p50 / baseline if baseline else p50 / thr
-    frac = float(slow.sum()) / len(done)
-    # the share of the job's collective time the slow collectives' excess explains: a few
-    # retransmissions on a busy host that cost nothing measurable are no warning
-    share = float(np.clip(sdur - (baseline or 0.0), 0, None).sum()) / max(float(dur.sum()), 1.0)
-    severity = "error" if slowdown >= 10 or frac >= 0.25 else "warning"
-    if share < MIN_IMPACT_SHARE:
-        severity = "info"
-    summary = summary[:-1] + f"; they explain {share:.0%} of the job's collective time."
+               + (f" (to {ranks_text(peers)})" if peers else "") + f" inside them; they explain {imp.text()}"
+               + (f"; {flat}" if flat else "") + ".")
+    severity = impact_severity(imp.share, imp.slow)
     second = sorted(blame.coverage.values(), reverse=True)
     sep = 1.0 - (second[len(blamed)] / second[0]) if len(second) > len(blamed) and second[0] else 0.0
     confidence = (0.55 + 0.35 * sep if blame.separated else 0.6) + min(0.1, lossc["n"].sum() / 500)
     evidence = _link_rows(counts, directory)
-    sql = link_rows_sql(LOSS_CLASSES + ("reset",), slower_than_ns=int(thr))
+    sql = link_rows_sql(LOSS_CLASSES + ("reset",), slower_than_ns=int(thr), without_links=queued)
     links = [_link_dict(a, b, counts, directory) for a, b in blame.links[:MAX_EVIDENCE]]
     action = (f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link error and drop counters "
               "on both ends, switch port counters); move the job off that host or link and compare. "
@@ -118,37 +117,63 @@ def network_loss(ctx: Context) -> list[Finding]:
     details = {
         "slow_threshold_ns": int(thr), "baseline_p50_ns": baseline, "collectives": len(done),
         "slow_collectives": int(slow.sum()), "slow_p50_ns": p50, "slow_p99_ns": p99,
-        "retransmissions": nret, "duplicate_acks": ndup, "resets": nrst, "impact_share": share,
+        "retransmissions": nret, "lost_segments": nlost, "duplicate_acks": ndup, "resets": nrst,
+        "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns, "flat_rtt": bool(flat),
         "coverage": {str(k): round(v, 3) for k, v in blame.coverage.items()},
         "per_rank": _per_rank_durations(ctx, sw),
         "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
     }
     return [Finding(kind="network_loss", severity=severity, confidence=confidence, summary=summary,
                     ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
-                    evidence=evidence, sql=sql, action=action, score=float(np.sum(sdur - (baseline or 0))) / 1e9,
-                    details=details)]
+                    evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
+                    details=details, impact_share=imp.share)]
 
 
-def _loss_without_slowdown(ctx, loss, done, baseline) -> list[Finding]:
-    """Retransmissions inside collectives that stayed fast: worth a line, not an alarm."""
-    inside = in_windows(loss["timestamp_ns"].to_numpy(), done["t0"].to_numpy(dtype=np.int64),
+def _inside_counts(ev: pd.DataFrame, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
+    """Per window [t0, t1]: how many of the events fall inside (sorted times, two searchsorted)."""
+    times = np.sort(ev["timestamp_ns"].to_numpy(dtype=np.int64))
+    return np.searchsorted(times, t1, side="right") - np.searchsorted(times, t0, side="left")
+
+
+def _flat_rtt_text(ctx, links) -> str:
+    """For network_loss's links: their ACK round-trip p90 on every data connection
+    (:func:`link_queue_delays`) next to the other links'. Flat (alike) says loss on a fast
+    path; a queue would have made them slow_link's (:func:`queue_links`). "" without timing."""
+    q = link_queue_delays(ctx)
+    if q.empty or not links:
+        return ""
+    mine = q[[(int(a), int(b)) in set(links) for a, b in zip(q["a"], q["b"])]]
+    rest = q.drop(index=mine.index)
+    if mine.empty or rest.empty:
+        return ""
+    return (f"the RTT stayed flat (ACK round-trip p90 {_us(float(mine['q'].max()))} on its lossy links vs "
+            f"{_us(float(rest['q'].median()))} on the others): drops on a fast path, not a queue")
+
+
+def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
+    """Lost data inside collectives that stayed fast (or too few slow ones to matter): worth a
+    line, not an alarm."""
+    inside = in_windows(lost["timestamp_ns"].to_numpy(), done["t0"].to_numpy(dtype=np.int64),
                         done["t1"].to_numpy(dtype=np.int64))
-    counts = dedup_counts(loss[inside])
+    counts = dedup_counts(lost[inside])
     if counts["n"].sum() < MIN_LOSS_EVENTS:
         return []
     blame = shared_endpoint(counts)
     directory = rank_directory(ctx)
     n = int(counts["n"].sum())
     who = " or ".join(label(directory, r) for r in blame.ranks)
-    summary = (f"{n} TCP retransmissions/duplicate ACKs inside collectives on links of {who}, "
-               f"but the collectives stayed fast (p50 {ms(baseline)}): no measurable impact.")
-    sql = link_rows_sql(LOSS_CLASSES)
+    how = (f"only {imp.slow} collective(s) holding them were slow, explaining {imp.text()}" if imp.slow else
+           f"the collectives holding them stayed fast (p50 {ms(baseline)})")
+    summary = (f"{n} retransmitted or lost TCP segments inside collectives on links of {who}, "
+               f"but {how}: no measurable impact.")
+    sql = link_rows_sql(DATA_LOSS_CLASSES)
     return [Finding(kind="network_loss", severity="info", confidence=0.4, summary=summary, ranks=blame.ranks,
                     hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
                                                                   for a, b in blame.links[:MAX_EVIDENCE]],
                     evidence=_link_rows(counts, directory), sql=sql,
                     action="Watch the link's error counters; no action needed while collectives stay fast.",
-                    details={"events": n, "baseline_p50_ns": baseline})]
+                    details={"events": n, "baseline_p50_ns": baseline, "slow_collectives": imp.slow},
+                    impact_share=imp.share)]
 
 
 def _per_rank_durations(ctx, windows: pd.DataFrame) -> dict:
@@ -172,11 +197,12 @@ COMPLETE_SQL = ("ranks_completed = ranks_entered AND (ranks_entered >= coalesce(
                 "OR contains(comm_id_hash, ':'))")
 
 
-def link_rows_sql(classes, slower_than_ns: int | None = None) -> str:
+def link_rows_sql(classes, slower_than_ns: int | None = None, without_links=()) -> str:
     """The SQL of :func:`_link_rows`: TCP trouble of ``classes`` inside completed collectives
-    (with ``slower_than_ns``: only those slower than that which hold a loss event, the slow
-    windows of network_loss), deduplicated per directed connection like the evidence."""
-    loss = sql_list(LOSS_CLASSES)
+    (with ``slower_than_ns``: only those slower than that which hold lost data, the slow
+    windows of network_loss), deduplicated per directed connection like the evidence; events
+    on ``without_links`` (rank pairs: the queueing links, slow_link's) left out."""
+    loss = sql_list(DATA_LOSS_CLASSES)
     cond = COMPLETE_SQL
     if slower_than_ns is not None:
         cond += (f"\n    AND last_end_ns - first_entry_ns > {sql_int(slower_than_ns)}"
@@ -187,7 +213,12 @@ def link_rows_sql(classes, slower_than_ns: int | None = None) -> str:
     total = " + ".join(COUNT_COLUMNS.values())
     inside = dedup_sql("(SELECT * FROM ev WHERE EXISTS (SELECT 1 FROM win WHERE ev.timestamp_ns "
                        "BETWEEN win.t0 AND win.t1))")
-    return f"""WITH ev AS {trouble_sql(tuple(classes))},
+    ev = trouble_sql(tuple(classes))
+    if without_links:
+        pairs = " OR ".join(f"(least(sender_rank, receiver_rank) = {sql_int(a)} AND "
+                            f"greatest(sender_rank, receiver_rank) = {sql_int(b)})" for a, b in sorted(without_links))
+        ev = f"(SELECT * FROM {ev} WHERE NOT ({pairs}))"
+    return f"""WITH ev AS {ev},
 win AS (
   SELECT first_entry_ns AS t0, last_end_ns AS t1 FROM collectives c
   WHERE {cond}
@@ -329,30 +360,24 @@ def slow_link(ctx: Context) -> list[Finding]:
     links, metric = link_rtts(ctx)
     if links.empty:
         return []
-    # links with TCP loss and a flat RTT belong to network_loss; a link whose every connection
-    # queues is a slow link even when its queue drops (queue_links)
-    ev = trouble_events(ctx)
-    lossy: set = set()
-    if len(ev):
-        c = dedup_counts(ev[ev["cls"].isin(LOSS_CLASSES)])
-        per = c.groupby(["a", "b"])["n"].sum()
-        lossy = {k for k, v in per.items() if v >= MIN_LOSS_EVENTS}
-    fl = ctx.table("flows").dropna(subset=["rank", "peer_rank"])
-    if len(fl):
-        retx = fl.assign(a=np.minimum(fl["rank"], fl["peer_rank"]).astype("int64"),
-                         b=np.maximum(fl["rank"], fl["peer_rank"]).astype("int64")) \
-            .groupby(["a", "b"])["retransmissions"].max()
-        lossy |= {k for k, v in retx.items() if pd.notna(v) and v >= MIN_LOSS_EVENTS}
-    links["lossy"] = [(int(x), int(y)) in lossy for x, y in zip(links["a"], links["b"])]
-    cand = links[~links["lossy"] & links["rtt"].notna()].sort_values("rtt").reset_index(drop=True)
+    # links with lost data (duplicate ACKs alone are not) and a flat RTT belong to network_loss;
+    # a link whose every connection queues is a slow link even when its queue drops (queue_links)
+    drops = link_drops(ctx)
+    queued = queue_links(ctx)
+    lossy = {lk for lk, n in drops.items() if n >= MIN_LOSS_EVENTS}
+    pairs = [(int(x), int(y)) for x, y in zip(links["a"], links["b"])]
+    links["lossy"] = [lk in lossy for lk in pairs]
+    on_queue = np.array([lk in queued for lk in pairs], dtype=bool)
+    cand = links[(~links["lossy"].to_numpy(dtype=bool) | on_queue) & links["rtt"].notna().to_numpy()] \
+        .sort_values("rtt").reset_index(drop=True)
     k = _rtt_split(cand)
     # the RTT tail of the links without loss tells it when it can; else (every link's tail
     # lifted: delayed ACKs and timeouts of a busy host, drops at the slow link's own queue)
     # the links whose every connection queues
-    queued = queue_links(ctx) if k is None else set()
+    by_queue = k is None and bool(queued)
     if k is not None:
         fast, slow = cand.iloc[:k], cand.iloc[k:]
-    elif queued:
+    elif by_queue:
         # every connection of these links queues: the slow group, lossy or not (drops at the
         # queue); compared with the links that do not queue (a busy host's stray
         # retransmissions on them leave their bulk RTT flat)
@@ -401,26 +426,33 @@ def slow_link(ctx: Context) -> list[Finding]:
                    f"{_us(float(fast['p50'].median()))})")
     ratio = float(slow["rtt"].min()) / max(base, 1.0)
     w = collective_windows(ctx)
-    dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
-    impact, severity, lost_s, share = "", "info", 0.0, None
+    done = w[w["complete"]].reset_index(drop=True)
+    dur = done["duration_ns"].to_numpy(dtype=np.float64)
+    impact_txt, ceiling, share = "", "info", None
+    imp = Impact(0.0, 0.0, float(np.nansum(dur)), 0)
     p10 = p50 = p90 = None
     if len(dur) >= MIN_BASELINE:
         p10, p50, p90 = (float(x) for x in np.quantile(dur, [0.1, 0.5, 0.9]))
-        lost_s = float(np.clip(dur - p10, 0, None).sum()) / 1e9
-        impact = f"; collectives p50 {ms(p50)}, p90 {ms(p90)} vs {ms(p10)} at the fastest decile"
+        impact_txt = f"; collectives p50 {ms(p50)}, p90 {ms(p90)} vs {ms(p10)} at the fastest decile"
         spread = p90 / max(p10, 1.0)
+        # the collectives that paid the queue: SLOW_FACTOR times their class's fastest decile
+        # (no collective is known clean of a queue: the fastest stand in for clean ones)
+        paid = dur > SLOW_FACTOR * clean_baselines(done, np.zeros(len(done), dtype=bool))
+        imp = impact(done, paid, ~paid)
         # A capture that started after the link slowed down has no fast collectives to compare
         # with: every collective crosses the bottleneck. The queueing delay itself (its RTT
         # above the other links') is then the lower bound of what each collective pays.
         share = min(1.0, (lo - base) / max(p50, 1.0))
         if spread < SLOW_FACTOR and share >= QUEUE_SHARE:
-            impact = (f"; its queue adds at least {_us(lo - base)} per round trip, {share:.0%} of a "
-                      f"collective's p50 ({ms(p50)})")
-            lost_s = max(lost_s, share * float(dur.sum()) / 1e9)
+            impact_txt = (f"; its queue adds at least {_us(lo - base)} per round trip, {share:.0%} of a "
+                          f"collective's p50 ({ms(p50)})")
+            if share > imp.share:
+                imp = Impact(share, share * imp.total_ns, imp.total_ns, len(dur))
         # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
         if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
                 or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and share >= QUEUE_SHARE):
-            severity = "warning"
+            ceiling = "error"
+    severity = impact_severity(imp.share, imp.slow, ceiling)
     if leaning is not None:
         link_word, verb = f"its link to rank {peers[0]}", "shows"
     elif len(blamed) == 1:
@@ -428,15 +460,22 @@ def slow_link(ctx: Context) -> list[Finding]:
     else:
         link_word, verb = "the link", "shows"
     article = "an" if metric[0] in "AEIOU" else "a"
-    drops = bool(slow["lossy"].any())
-    how = ("with retransmissions: a slow or congested path whose queue delays and overflows (its drops are the "
-           "queue's, the RTT rises with it; loss on a fast path keeps a flat RTT)" if drops else
-           "without retransmissions: a slow or congested path that queues instead of dropping")
+    n_drops = sum(drops.get(lk, 0) for lk in slow_links)
+    dropping = bool(slow["lossy"].any())
+    if dropping:
+        # drops and a queue on one link: the queue decides (a rate plateau with a rising RTT is a
+        # slow or congested link that drops at its queue; loss on a fast path keeps a flat RTT)
+        how = (f"with {n_drops} lost or retransmitted segments: it drops at its queue, a slow or congested link "
+               f"rather than loss (decided by the queue: {_queue_text(ctx, slow_links)}; loss on a fast path "
+               "keeps a flat RTT)")
+    else:
+        how = "without retransmissions: a slow or congested path that queues instead of dropping"
     summary = (f"{who}: {link_word} {verb} {article} {metric} of {rtt_txt} vs {_us(base)} on the other "
-               f"links{medians}, {how}{impact}.")
-    # the slow flag: not lossy and at or above the gap between the fast and the slow group
+               f"links{medians}, {how}{impact_txt}; it explains {imp.text()}.")
+    # the slow flag: at or above the gap between the fast and the slow group (and, on the RTT
+    # tail, not lossy unless the link queues: then its drops are the queue's)
     cut = (float(fast["rtt"].max()) + float(slow["rtt"].min())) / 2
-    sql = slow_link_sql(metric.startswith("ACK"), cut, queue=bool(queued))
+    sql = slow_link_sql(metric.startswith("ACK"), cut, queue=by_queue, queued=queued)
     evidence = [{"rank_a": int(r.a), "rank_b": int(r.b), "rtt_us": round(float(r.rtt) / 1e3, 1),
                  "rtt_p50_us": None if pd.isna(r.p50) else round(float(r.p50) / 1e3, 1),
                  "connections": int(r.flows), "lossy": bool(r.lossy), "slow": (int(r.a), int(r.b)) in slow_links}
@@ -453,18 +492,21 @@ def slow_link(ctx: Context) -> list[Finding]:
                            for (x, y), r in zip(slow_links, slow["rtt"])],
                     evidence=evidence, sql=sql,
                     action=_slow_link_action(directory, blamed, slow_links, leaning),
-                    score=lost_s, details={"metric": metric, "rtt_baseline_ns": base, "slow_links": slow_links,
-                                           "rtt_slow_ns": [float(x) for x in slow["rtt"]],
-                                           "collective_p10_ns": p10, "collective_p50_ns": p50,
-                                           "collective_p90_ns": p90, "queue_share": share,
-                                           "drops_at_queue": drops})]
+                    score=imp.excess_ns / 1e9, impact_share=imp.share,
+                    details={"metric": metric, "rtt_baseline_ns": base, "slow_links": slow_links,
+                             "rtt_slow_ns": [float(x) for x in slow["rtt"]],
+                             "collective_p10_ns": p10, "collective_p50_ns": p50,
+                             "collective_p90_ns": p90, "queue_share": share, "slow_collectives": imp.slow,
+                             "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns,
+                             "drops_at_queue": dropping, "drops": n_drops})]
 
 
-def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False) -> str:
+def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False, queued=()) -> str:
     """The SQL of slow_link's evidence: one row per link with the RTT statistic
     (:func:`link_rtts`, or with ``queue`` :func:`link_queue_delays`), whether the link is
-    lossy and whether it is one of the slow links (RTT above ``cut_ns``; without ``queue``
-    only a link that is not lossy: it would belong to network_loss)."""
+    lossy (:func:`link_drops`) and whether it is one of the slow links (RTT above ``cut_ns``;
+    without ``queue`` only a link that is not lossy, it would belong to network_loss, unless
+    it is one of the ``queued`` rank pairs, whose drops are its queue's)."""
     if queue:
         ft = ("SELECT * FROM flow_timing WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_p90_ns IS NOT NULL "
               f"AND rank <> peer_rank AND rtt_samples >= {sql_int(MIN_RTT_SAMPLES)}")
@@ -483,13 +525,14 @@ def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False) -> str:
                  "median(rtt_mean_ns) AS rtt, CAST(NULL AS DOUBLE) AS p50, count(*) AS connections FROM flows "
                  "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_mean_ns IS NOT NULL "
                  "AND rank <> peer_rank GROUP BY ALL")
+    on_queue = " OR ".join(f"(rank_a = {sql_int(a)} AND rank_b = {sql_int(b)})" for a, b in sorted(queued)) or "false"
     return f"""WITH links AS ({links}),
 loss AS (
   SELECT least(sender_rank, receiver_rank) AS rank_a, greatest(sender_rank, receiver_rank) AS rank_b, sum(n) AS n
-  FROM {dedup_sql(trouble_sql(LOSS_CLASSES))} GROUP BY ALL
+  FROM {dedup_sql(trouble_sql(DATA_LOSS_CLASSES))} GROUP BY ALL
 ),
 retx AS (
-  SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, max(retransmissions) AS n
+  SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, max({FLOW_DATA_LOST_SQL}) AS n
   FROM flows WHERE rank IS NOT NULL AND peer_rank IS NOT NULL GROUP BY ALL
 ),
 l AS (
@@ -498,8 +541,50 @@ l AS (
   FROM links l LEFT JOIN loss USING (rank_a, rank_b) LEFT JOIN retx USING (rank_a, rank_b)
 )
 SELECT rank_a, rank_b, round(rtt / 1e3, 1) AS rtt_us, round(p50 / 1e3, 1) AS rtt_p50_us, connections, lossy,
-       {'' if queue else 'NOT lossy AND '}rtt >= {sql_int(round(cut_ns))} AS slow
+       {'' if queue else f'(NOT lossy OR {on_queue}) AND '}rtt >= {sql_int(round(cut_ns))} AS slow
 FROM l ORDER BY rtt DESC, rank_a, rank_b LIMIT {sql_int(MAX_EVIDENCE)}"""
+
+
+def link_drops(ctx) -> dict[tuple[int, int], int]:
+    """Per link (a, b): its lost or retransmitted data (DATA_LOSS_CLASSES; duplicate ACKs and
+    spurious retransmissions are not), deduplicated across sources, or the flows' counters of
+    it (FLOW_DATA_LOST_SQL) when they say more."""
+    out: dict[tuple[int, int], int] = {}
+    ev = trouble_events(ctx, classes=DATA_LOSS_CLASSES)
+    if len(ev):
+        for (a, b), n in dedup_counts(ev).groupby(["a", "b"])["n"].sum().items():
+            out[(int(a), int(b))] = int(n)
+    fl = ctx.table("flows").dropna(subset=["rank", "peer_rank"])
+    if len(fl):
+        per = fl.assign(a=np.minimum(fl["rank"], fl["peer_rank"]).astype("int64"),
+                        b=np.maximum(fl["rank"], fl["peer_rank"]).astype("int64"),
+                        lost=flow_data_lost(fl)).groupby(["a", "b"])["lost"].max()
+        for (a, b), n in per.items():
+            out[(int(a), int(b))] = max(out.get((int(a), int(b)), 0), int(n))
+    return out
+
+
+def _queue_text(ctx, slow_links) -> str:
+    """The queue on ``slow_links``: every data connection's ACK round-trip p90 against the other
+    links' (:func:`link_queue_delays`), and the rate its connections delivered while busy (a
+    plateau at the bottleneck's pace)."""
+    q = link_queue_delays(ctx)
+    mine = q[[(int(a), int(b)) in set(slow_links) for a, b in zip(q["a"], q["b"])]] if len(q) else q
+    rest = q.drop(index=mine.index) if len(q) else q
+    parts = []
+    if len(mine) and len(rest):
+        parts.append(f"ACK round-trip p90 {_us(float(mine['q'].min()))} on every connection vs "
+                     f"{_us(float(rest['q'].median()))} on the other links")
+    t = ctx.model.tables.get("flow_timing")
+    if t is not None and len(t) and "busy_rate_bps" in t.columns:
+        t = t.dropna(subset=["rank", "peer_rank", "busy_rate_bps"])
+        on = [(min(int(r), int(p)), max(int(r), int(p))) in set(slow_links) for r, p in zip(t["rank"], t["peer_rank"])]
+        vol = pd.to_numeric(t["data_bytes"], errors="coerce").fillna(0)
+        bulk = (vol >= BULK_SHARE * float(vol.quantile(0.9))).to_numpy() if len(t) else np.zeros(0, dtype=bool)
+        rate = t.loc[np.asarray(on, dtype=bool) & bulk, "busy_rate_bps"]
+        if len(rate):
+            parts.append(f"its connections delivering a plateau of {float(rate.median()) / 1e6:.0f} Mbit/s while busy")
+    return ", ".join(parts) or "its RTT rose with the queue"
 
 
 def _slow_link_action(directory, blamed: list[int], slow_links: list[tuple[int, int]], leaning) -> str:

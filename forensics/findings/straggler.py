@@ -23,9 +23,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector
-from .evidence import (LOSS_CLASSES, dedup_counts, in_windows, label, ms, rank_directory, sql_int, sql_str,
-                       trouble_events, world_rank_map)
+from .base import Context, Finding, detector, impact_severity
+from .evidence import (LOSS_CLASSES, collective_windows, dedup_counts, impact, in_windows, label, ms, rank_directory,
+                       sql_int, sql_str, trouble_events, world_rank_map)
 
 MIN_LATE = 3
 MIN_LATE_FRACTION = 0.10
@@ -101,12 +101,24 @@ def straggler(ctx: Context) -> list[Finding]:
     directory = rank_directory(ctx)
     ev = trouble_events(ctx)
     loss = ev[ev["cls"].isin(LOSS_CLASSES)]
+    windows = collective_windows(ctx)
+    windows = windows[windows["complete"]].reset_index(drop=True)
     found = []
     for r in per_rank.sort_values("total", ascending=False).itertuples(index=False):
         if not _peers_waited(ctx, late, r):
             continue
-        found.append(_finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss))
+        found.append(_finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss, windows))
     return found
+
+
+def _late_impact(windows: pd.DataFrame, late: pd.DataFrame, mine: pd.DataFrame):
+    """What the straggler cost: its late collectives' excess over the clean ones (no rank
+    late in them) of their op/size class, as a share of the job's collective time. A
+    collective's window runs from the first entry to the last end: it holds the wait."""
+    key = pd.MultiIndex.from_frame(windows[["comm_id_hash", "op_count"]].astype(str))
+    slow = key.isin(pd.MultiIndex.from_frame(mine[["comm_id_hash", "op_count"]].astype(str)))
+    anyone = key.isin(pd.MultiIndex.from_frame(late[["comm_id_hash", "op_count"]].astype(str)))
+    return impact(windows, slow, ~anyone)
 
 
 def _peers_waited(ctx, late: pd.DataFrame, r) -> bool:
@@ -122,7 +134,7 @@ def _peers_waited(ctx, late: pd.DataFrame, r) -> bool:
     return float(r.p50) >= IMPACT_SHARE * float(n["duration_ns"].astype("float64").median())
 
 
-def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss) -> Finding:
+def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss, windows) -> Finding:
     comm, crank = r.comm_id_hash, int(r.rank)
     g = gmap[(gmap["comm_id_hash"] == comm) & (gmap["rank"] == crank)]["global_rank"]
     rank = int(g.iat[0]) if len(g) and pd.notna(g.iat[0]) else crank
@@ -149,9 +161,10 @@ def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss) -> Fin
     net_txt = "; the network was clean on its links meanwhile" if n_loss < 3 else \
         f"; {n_loss} TCP retransmissions on its links meanwhile (see the network findings)"
     off_txt = f"; {off['text']}" if off.get("text") else ""
+    imp = _late_impact(windows, late, mine)
     summary = (f"{label(directory, rank)} entered {int(r.n)} of {n_comm} collectives last, "
                f"{ms(r.p50)} (p50; p90 {ms(r.p90)}) after the latest of its peers, whose entries are "
-               f"{ms(jitter)} apart{peers_txt}{net_txt}{off_txt}.")
+               f"{ms(jitter)} apart{peers_txt}{net_txt}{off_txt}; it explains {imp.text()}.")
     evidence = [{"comm_id_hash": comm, "op_count": int(x.op_count), "op": x.op, "rank": rank,
                  "late_ms": round(float(x.margin_ns) / 1e6, 3), "entry_ns": int(x.entry_ns)}
                 for x in mine.sort_values(["margin_ns", "op_count"], ascending=[False, True], kind="stable")
@@ -176,7 +189,8 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
         v = d.astype("float64")
         per_rank[str(int(rk))] = {"n": int(len(v)), "p50_ns": float(v.median()), "p99_ns": float(v.quantile(0.99))}
     return Finding(
-        kind="straggler", severity="warning", confidence=confidence, summary=summary, ranks=[rank],
+        kind="straggler", severity=impact_severity(imp.share, imp.slow), confidence=confidence, summary=summary,
+        ranks=[rank], impact_share=imp.share,
         hosts=[directory[rank].host] if rank in directory and directory[rank].host else [],
         evidence=evidence, sql=sql, score=float(r.total) / 1e9,
         action=(f"Look at what rank {rank} does between collectives: data loading, CPU contention (run-queue "
@@ -185,7 +199,8 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
         details={"late_collectives": int(r.n), "collectives": n_comm, "late_threshold_ns": thr,
                  "jitter_ns": jitter, "late_p50_ns": float(r.p50), "late_p90_ns": float(r.p90),
                  "late_total_ns": float(r.total), "tcp_trouble_on_its_links": n_loss,
-                 "durations_in_late_collectives": per_rank, "offcpu": off.get("per_rank", {})})
+                 "durations_in_late_collectives": per_rank, "offcpu": off.get("per_rank", {}),
+                 "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns})
 
 
 def _offcpu(ctx, rank: int, t_from: int, t_to: int) -> dict:

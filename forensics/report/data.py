@@ -18,14 +18,23 @@ import numpy as np
 import pandas as pd
 
 from ..model.nccl import world_ranks
-from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, events_of
+from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of
 
 # TCP events grouped by what they mean (forensics/tcp/classes.py, the findings' table too): the
-# per-rank table counts lost data (retransmissions and lost segments, not spurious ones)
+# per-rank table counts lost data (retransmissions and lost segments, not spurious ones), one
+# class per packet (classify: a spurious retransmission's 'retransmission' row is left out)
 RETRANSMIT_EVENTS = events_of(*DATA_LOSS_CLASSES)
 DUPACK_EVENTS = events_of("duplicate_ack")
 RESET_EVENTS = events_of("reset")
 MARKER_CLASSES = {e: CLASS_LABEL[c] for e, c in EVENT_CLASS.items()}
+
+
+def marker_labels(t: pd.DataFrame) -> pd.Series:
+    """Per tcp_events row: the label of its class (:func:`classify`), "other TCP" for an event
+    of no class, None for a row another verdict of its packet overrides (not drawn twice)."""
+    cls = classify(t)
+    out = cls.map(CLASS_LABEL).astype(object)
+    return out.where(cls.notna(), np.where(t["event"].isin(list(EVENT_CLASS)), None, "other TCP"))
 
 DURATION_SOURCES = {
     "gpu": "GPU time (Flight Recorder / profiler)",
@@ -133,10 +142,12 @@ def rank_table(analysis) -> pd.DataFrame:
     if len(t):
         tr = t.dropna(subset=["rank"]).astype({"rank": "int64"})
         kern = tr["source"].eq("bpf")
-        out["retx_kernel"] = tr[kern & tr["event"].eq("tcp_retransmit_skb")].groupby("rank").size()
-        out["retx_pcap"] = tr[~kern & tr["event"].isin(RETRANSMIT_EVENTS)].groupby("rank").size()
-        out["dup_acks"] = tr[tr["event"].isin(DUPACK_EVENTS)].groupby("rank").size()
-        out["resets"] = tr[tr["event"].isin(RESET_EVENTS)].groupby("rank").size()
+        cls = classify(tr)
+        lost = cls.isin(DATA_LOSS_CLASSES)
+        out["retx_kernel"] = tr[kern & lost].groupby("rank").size()
+        out["retx_pcap"] = tr[~kern & lost].groupby("rank").size()
+        out["dup_acks"] = tr[cls.eq("duplicate_ack")].groupby("rank").size()
+        out["resets"] = tr[cls.eq("reset")].groupby("rank").size()
     for c in ("retx_kernel", "retx_pcap", "dup_acks", "resets"):
         if c in out:
             out[c] = out[c].fillna(0).astype(int)

@@ -26,7 +26,9 @@ OP_COLORS = {"ALL_REDUCE": "#1f77b4", "ALL_GATHER": "#2ca02c", "REDUCE_SCATTER":
              "REDUCE": "#17becf", "SEND": "#bcbd22", "RECV": "#e377c2"}
 SOURCE_DASH = {"gpu": "solid", "host_sync": "dash", "call": "dot"}
 MARKERS = {"retransmission": ("triangle-up", "#d62728"), "lost segment": ("triangle-down", "#d62728"),
-           "duplicate ACK": ("circle", "#ff7f0e"), "spurious retransmission": ("triangle-up-open", "#7f7f7f"),
+           "duplicate ACK": ("circle", "#ff7f0e"), "out-of-order segment": ("circle-open", "#ff7f0e"),
+           "spurious retransmission": ("triangle-up-open", "#7f7f7f"), "ACKed unseen segment": ("square-open", "#7f7f7f"),
+           "keep-alive or window update": ("diamond-open", "#7f7f7f"), "zero window": ("square", "#9467bd"),
            "reset": ("x", "#111111"), "other TCP": ("diamond", "#7f7f7f")}
 
 
@@ -144,7 +146,8 @@ def timeline(analysis, slow_ms: float) -> Figure | None:
                                              "<extra></extra>")})
 
     if len(tcp):
-        cls = tcp["event"].map(data.MARKER_CLASSES).fillna("other TCP")
+        cls = data.marker_labels(tcp)   # one marker per packet, in its class (forensics/tcp/classes.py)
+        tcp, cls = tcp[cls.notna().to_numpy()], cls[cls.notna()]
         total = len(tcp)
         tcp = _thin(tcp.assign(cls=cls), MAX_MARKERS, keep=cls.isin(["reset"]))
         if len(tcp) < total:

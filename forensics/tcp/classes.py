@@ -2,38 +2,120 @@
 
 ``tcp_events.event`` comes from the kernel tracer (``tcp_retransmit_skb``, the reset
 tracepoints) or from the pcap engine (tshark's ``tcp.analysis`` names, forensics/tcp/verdicts.py).
-Classes:
+:data:`TCP_CLASSES` is the table: each class, the group it belongs to, how the report names
+it, and its event names. Groups (what a class says about the network):
 
-- ``retransmission``: data sent again (the kernel's retransmit, a retransmission or fast
-  retransmission seen on the wire): data was lost, or believed lost;
-- ``lost_segment``: a gap in the sequence space at the capture point: data lost upstream of
-  it (the retransmission may come later, or outside the capture);
-- ``duplicate_ack``: the receiver saw out-of-order data: loss, or only reordering or a queue
-  (never loss evidence on its own);
-- ``spurious``: a retransmission of data the receiver already had (a tail-loss probe, an
-  RTO that fired early under CPU load): noise on a busy host, not loss;
+- ``data_lost``: data lost or sent again, the only loss evidence: ``retransmission`` (the
+  kernel's retransmit, a retransmission or fast retransmission on the wire) and
+  ``lost_segment`` (a gap in the sequence space at the capture point: data lost upstream of
+  it, the retransmission may come later or outside the capture);
+- ``reordering``: the receiver saw data out of order (``duplicate_ack``, ``out_of_order``):
+  loss, or only reordering or a queue; never loss evidence on its own;
+- ``noise``: a busy host's or a capture's artefacts: ``spurious`` (a retransmission of data
+  the receiver already had: a tail-loss probe, an RTO that fired early under CPU load),
+  ``capture_gap`` (the peer ACKed a segment the capture missed), ``probe`` (keep-alives,
+  window updates);
+- ``flow_control``: the receiver's window (``zero_window``: a slow reader, not the network);
 - ``reset``: a TCP reset sent or received.
 
-Events of no class (window updates, keep-alives, zero windows) are not trouble here.
+One packet, one class: tshark (and the engine, whose oracle it is) flags a fast or spurious
+retransmission as a ``retransmission`` too, so such a packet has two ``tcp_events`` rows;
+:func:`classify` keeps the most specific (:data:`SUBSUMED_BY`), and :func:`subsumed_sql` is
+the same rule in SQL. Per connection, ``flows`` keeps tshark's counters:
+:data:`FLOW_DATA_LOST_SQL` / :func:`flow_data_lost` take the data lost out of them.
 """
 from __future__ import annotations
 
-EVENT_CLASS: dict[str, str] = {
-    "tcp_retransmit_skb": "retransmission", "retransmission": "retransmission",
-    "fast_retransmission": "retransmission",
-    "lost_segment": "lost_segment",
-    "duplicate_ack": "duplicate_ack",
-    "spurious_retransmission": "spurious",
-    "rst": "reset", "tcp_send_reset": "reset", "tcp_receive_reset": "reset",
-}
-DATA_LOSS_CLASSES = ("retransmission", "lost_segment")       # data lost or sent again: loss evidence
-LOSS_CLASSES = DATA_LOSS_CLASSES + ("duplicate_ack",)        # trouble inside a collective's window
-NOISE_CLASSES = ("spurious",)
+from dataclasses import dataclass
+
+import pandas as pd
+
+DATA_LOST, REORDERING, NOISE, FLOW_CONTROL, RESET = "data_lost", "reordering", "noise", "flow_control", "reset"
+
+
+@dataclass(frozen=True)
+class TcpClass:
+    name: str
+    group: str                  # DATA_LOST, REORDERING, NOISE, FLOW_CONTROL or RESET
+    label: str                  # how the report names it (timeline markers, tables)
+    events: tuple[str, ...]     # tcp_events.event values: tracer tracepoints, pcap verdicts
+
+
+TCP_CLASSES: tuple[TcpClass, ...] = (
+    TcpClass("retransmission", DATA_LOST, "retransmission",
+             ("tcp_retransmit_skb", "retransmission", "fast_retransmission")),
+    TcpClass("lost_segment", DATA_LOST, "lost segment", ("lost_segment",)),
+    TcpClass("duplicate_ack", REORDERING, "duplicate ACK", ("duplicate_ack",)),
+    TcpClass("out_of_order", REORDERING, "out-of-order segment", ("out_of_order",)),
+    TcpClass("spurious", NOISE, "spurious retransmission", ("spurious_retransmission",)),
+    TcpClass("capture_gap", NOISE, "ACKed unseen segment", ("ack_lost_segment",)),
+    TcpClass("probe", NOISE, "keep-alive or window update",
+             ("keep_alive", "keep_alive_ack", "window_update", "zero_window_probe_ack")),
+    TcpClass("zero_window", FLOW_CONTROL, "zero window", ("zero_window", "zero_window_probe", "window_full")),
+    TcpClass("reset", RESET, "reset", ("rst", "tcp_send_reset", "tcp_receive_reset")),
+)
+
+EVENT_CLASS: dict[str, str] = {e: c.name for c in TCP_CLASSES for e in c.events}
+CLASS_GROUP: dict[str, str] = {c.name: c.group for c in TCP_CLASSES}
 # how the report names each class on the timeline and in its tables
-CLASS_LABEL = {"retransmission": "retransmission", "lost_segment": "lost segment",
-               "duplicate_ack": "duplicate ACK", "spurious": "spurious retransmission", "reset": "reset"}
+CLASS_LABEL: dict[str, str] = {c.name: c.label for c in TCP_CLASSES}
+
+
+def classes_in(*groups: str) -> tuple[str, ...]:
+    """The classes of these groups, in table order."""
+    return tuple(c.name for c in TCP_CLASSES if c.group in groups)
+
+
+DATA_LOSS_CLASSES = classes_in(DATA_LOST)                    # data lost or sent again: loss evidence
+REORDERING_CLASSES = classes_in(REORDERING)                  # never loss on their own
+LOSS_CLASSES = DATA_LOSS_CLASSES + REORDERING_CLASSES        # trouble inside a collective's window
+NOISE_CLASSES = classes_in(NOISE)
+
+# one packet, one class: tshark flags a fast or spurious retransmission as a retransmission
+# too; such a packet's ``retransmission`` row is left out (the other row carries its class)
+SUBSUMED_BY: dict[str, tuple[str, ...]] = {"retransmission": ("fast_retransmission", "spurious_retransmission")}
+PACKET_KEY = ("host", "capture", "frame")
 
 
 def events_of(*classes: str) -> tuple[str, ...]:
     """The event names of these classes."""
     return tuple(e for e, c in EVENT_CLASS.items() if c in classes)
+
+
+def classify(t: pd.DataFrame) -> pd.Series:
+    """The class of each ``tcp_events`` row: None for an event of no class and for a pcap row
+    that another verdict of the same packet overrides (:data:`SUBSUMED_BY`)."""
+    cls = t["event"].map(EVENT_CLASS).astype(object)
+    if t.empty or not set(PACKET_KEY) <= set(t.columns):
+        return cls.where(cls.notna(), None)
+    framed = t["frame"].notna().to_numpy()
+    for event, over in SUBSUMED_BY.items():
+        mine = (t["event"] == event).to_numpy() & framed
+        other = t["event"].isin(over).to_numpy() & framed
+        if not (mine.any() and other.any()):
+            continue
+        key = pd.MultiIndex.from_frame(t[list(PACKET_KEY)].astype(str))
+        gone = mine & key.isin(key[other])
+        cls = cls.where(~gone, None)
+    return cls.where(cls.notna(), None)
+
+
+def subsumed_sql(alias: str) -> str:
+    """SQL predicate over ``tcp_events AS alias``: the row is one :func:`classify` leaves out."""
+    parts = [f"({alias}.event = '{event}' AND {alias}.frame IS NOT NULL AND EXISTS (SELECT 1 FROM tcp_events o "
+             f"WHERE o.event IN ({', '.join(repr(e) for e in over)}) AND o.frame = {alias}.frame "
+             f"AND o.capture IS NOT DISTINCT FROM {alias}.capture AND o.host IS NOT DISTINCT FROM {alias}.host))"
+             for event, over in SUBSUMED_BY.items()]
+    return "(" + " OR ".join(parts) + ")"
+
+
+# flows keep tshark's per-connection counters, whose retransmissions include fast and spurious
+# ones: the data lost on a connection (DATA_LOSS_CLASSES) is this
+FLOW_DATA_LOST_SQL = ("(coalesce(retransmissions, 0) - coalesce(spurious_retransmissions, 0) "
+                      "+ coalesce(lost_segments, 0))")
+
+
+def flow_data_lost(f: pd.DataFrame) -> pd.Series:
+    """:data:`FLOW_DATA_LOST_SQL` over a ``flows`` frame."""
+    num = lambda c: pd.to_numeric(f[c], errors="coerce").fillna(0) if c in f.columns else 0  # noqa: E731
+    return num("retransmissions") - num("spurious_retransmissions") + num("lost_segments")

@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo bench fuzz lab regimes-clean-10 clean
+.PHONY: all venv debs test demo bench fuzz lab regimes-clean-10 watch-clean-5min clean
 
 all: test
 
@@ -75,6 +75,11 @@ lab:
 # issue 12's check before a submission (root, ~10 minutes): the clean job captured one host at
 # a time (starts 0-5 s apart, stopped while it runs, Linux TCP defaults, a CPU hog per host)
 # ten times in a row, each without a warning or an error finding
+# issue 13's long check (root, ~6 minutes): a clean job watched by capture --watch for five
+# minutes writes no bundle, while two hangs injected beside it each get theirs
+watch-clean-5min: debs venv
+	STALLSCOPE_WATCH_CLEAN_S=300 $(PY) -m pytest -q -p no:cacheprovider tests/test_watch.py -k under_watch
+
 regimes-clean-10: debs venv
 	@ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do \
 	  if $(PY) -m pytest -q -p no:cacheprovider tests/test_regimes_findings.py -k 'per_host and clean' >/tmp/stallscope-clean-$$i.log 2>&1; \

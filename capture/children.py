@@ -55,6 +55,7 @@ import json, os, signal, sys, time
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM, signal.SIGQUIT):
     signal.signal(s, signal.SIG_IGN)
 staging, capture_pid = sys.argv[1], int(sys.argv[2])
+ring_marker = sys.argv[3] if len(sys.argv) > 3 else None
 groups, clean, buf = set(), False, b""
 while True:
     try:
@@ -99,7 +100,14 @@ marker = {"capture_pid": capture_pid, "detected_realtime_ns": time.time_ns(),
           "detected_monotonic_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
           "stopped_process_groups": found, "still_alive": left}
 try:
-    if os.path.isdir(staging):
+    if ring_marker and os.path.isdir(staging) and not os.path.exists(os.path.join(staging, ring_marker)):
+        import shutil
+        shutil.rmtree(staging, ignore_errors=True)
+        sys.stderr.write(
+            f"stallscope capture: the watcher {capture_pid} died; its {len(found)} child process group(s) were "
+            "stopped and its rings removed (no incident was pending).\n")
+        sys.stderr.flush()
+    elif os.path.isdir(staging):
         with open(os.path.join(staging, ".capture-died.json"), "w") as fh:
             json.dump(marker, fh)
         folder = os.path.dirname(os.path.abspath(staging)) or "."
@@ -120,7 +128,9 @@ class Guardian:
     ``add``/``discard`` keep it informed (spawn and stop do it); ``close`` says
     goodbye (a clean exit: nothing is killed)."""
 
-    def __init__(self, staging, python: str | None = None):
+    def __init__(self, staging, python: str | None = None, ring_marker: str | None = None):
+        """ring_marker (capture.watch): the staging folder holds rings, removed when capture
+        dies unless this file is in it (an incident's data are only there)."""
         r, w = os.pipe()
         os.set_inheritable(r, True)
 
@@ -129,7 +139,7 @@ class Guardian:
         self._lock = threading.Lock()
         try:
             self.proc = subprocess.Popen([python or sys.executable, "-S", "-E", "-c", GUARDIAN_CODE, str(staging),
-                                          str(os.getpid())], stdin=r, stdout=subprocess.DEVNULL,
+                                          str(os.getpid())] + ([ring_marker] if ring_marker else []), stdin=r, stdout=subprocess.DEVNULL,
                                          close_fds=True, preexec_fn=setup)
         finally:
             os.close(r)

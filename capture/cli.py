@@ -44,8 +44,9 @@ def _pid(text: str) -> int:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="PATH",
                    help="bundle file, or a folder for the standard name (default: current folder)")
-    p.add_argument("--duration", type=_duration, default=120.0, metavar="DUR",
-                   help="how long to capture, e.g. 2m, 90s (default 2m); Ctrl-C ends earlier")
+    p.add_argument("--duration", type=_duration, default=None, metavar="DUR",
+                   help="how long to capture, e.g. 2m, 90s (default 2m; with --watch: until stopped); "
+                        "Ctrl-C ends earlier")
     p.add_argument("--pid", type=_pid, nargs="+", action="extend", default=[], metavar="PID",
                    help="trace only these processes (default: every process that maps a libnccl)")
     p.add_argument("--iface", nargs="+", action="extend", default=[], metavar="IF",
@@ -80,18 +81,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recover", action="store_true",
                    help="do not capture: turn the staging folders that killed captures left in the output folder "
                         "(-o, default: current folder) into bundles marked partial, print their paths")
+    w = p.add_argument_group("black box (--watch)", "run for days next to the jobs of the host, keep the last minutes "
+                             "in bounded rings, write a bundle when a hang starts (see capture/README.md)")
+    w.add_argument("--watch", action="store_true",
+                   help="watch: a bundle per incident into the -o folder (a collective in flight with nothing "
+                        "returned for --hang-after, an NCCL WARN or PyTorch watchdog timeout in the job's logs, "
+                        "or on demand), then go on watching")
+    w.add_argument("--ring-bytes", type=_size, default=1 << 30, metavar="SIZE",
+                   help="--watch: disk the rings may use, e.g. 1G, 300M (default 1G)")
+    w.add_argument("--hang-after", type=_duration, default=None, metavar="DUR",
+                   help="--watch: a collective in flight this long with nothing returned is a hang (default: "
+                        "the larger of 30s and 10x the slowest collective completed in the last 5 minutes)")
+    w.add_argument("--before", type=_duration, default=120.0, metavar="DUR",
+                   help="--watch: the bundle holds this much before the trigger (default 2m)")
+    w.add_argument("--after", type=_duration, default=30.0, metavar="DUR",
+                   help="--watch: and this much after it (default 30s)")
+    w.add_argument("--cooldown", type=_duration, default=600.0, metavar="DUR",
+                   help="--watch: triggers this soon after an incident's bundle belong to it (default 10m; "
+                        "on-demand triggers always write a bundle)")
+    w.add_argument("--trigger-file", metavar="PATH",
+                   help="--watch: a file whose appearance triggers a bundle (its text is the reason; removed "
+                        "then; default <output>/stallscope.trigger)")
+    w.add_argument("--status-every", type=_duration, default=300.0, metavar="DUR", help=argparse.SUPPRESS)
+    w.add_argument("--trigger", nargs="?", const="stallscope capture --trigger", default=None, metavar="REASON",
+                   help="do not capture: make every watcher running on this host write a bundle now")
     p.add_argument("--snaplen", type=int, default=128, help=argparse.SUPPRESS)
     p.add_argument("--progress", choices=("auto", "tty", "lines", "off"), default="auto",
                    help="progress line on stderr (default: in place on a terminal, every 5 s otherwise)")
 
 
 def options_from_args(a: argparse.Namespace) -> CaptureOptions:
-    return CaptureOptions(output=a.output, duration_s=a.duration, pids=list(a.pid), ifaces=list(a.iface),
+    duration = a.duration if a.duration is not None else (float("inf") if a.watch else 120.0)
+    return CaptureOptions(output=a.output, duration_s=duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
                           attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress,
                           call_returns=a.call_returns, ss_every_s=max(0.0, a.ss_every), stacks=a.stacks,
                           stacks_grace_s=a.stacks_grace, stacks_timeout_s=a.stacks_timeout,
-                          fr_dump_wait_s=a.fr_dump_wait)
+                          fr_dump_wait_s=a.fr_dump_wait, watch=a.watch, ring_bytes=a.ring_bytes,
+                          hang_after_s=a.hang_after, before_s=a.before, after_s=a.after, cooldown_s=a.cooldown,
+                          trigger_file=a.trigger_file, status_every_s=a.status_every)
 
 
 def recover(a: argparse.Namespace, stderr) -> list:
@@ -122,26 +150,44 @@ def ignore_late_signals() -> None:
         signal.signal(s, signal.SIG_IGN)
 
 
+def execute(args: argparse.Namespace, stderr) -> tuple[list, int]:
+    """What ``stallscope capture`` and ``python3 -m capture`` do with their options: (paths to
+    print, exit code). Raises CaptureUsageError (exit 2) and CaptureFailed (exit 3)."""
+    from .runner import CaptureUsageError, run_capture
+    if args.recover:
+        return recover(args, stderr), 0
+    if args.trigger is not None:
+        from .watch import trigger_watchers
+        n = trigger_watchers(args.trigger, stderr)
+        if not n:
+            raise CaptureUsageError("--trigger: no stallscope watcher (capture --watch) runs on this host")
+        return [], 0
+    ignore_late_signals()
+    if args.watch:
+        from .watch import run_watch
+        result = run_watch(options_from_args(args), stderr=stderr)
+        return list(result.manifest.get("bundles") or []), result.exit_code
+    result = run_capture(options_from_args(args), stderr=stderr)
+    return [result.path], result.exit_code
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m capture``: the same options as ``stallscope capture``."""
     import sys
 
-    from .runner import CaptureFailed, CaptureUsageError, run_capture
+    from .runner import CaptureFailed, CaptureUsageError
     parser = argparse.ArgumentParser(prog="python3 -m capture", description=HELP, epilog=EPILOG)
     add_arguments(parser)
     args = parser.parse_args(argv)  # argparse exits 2 on bad usage
     try:
-        if args.recover:
-            for path in recover(args, sys.stderr):
-                print(path)
-            return 0
-        ignore_late_signals()
-        result = run_capture(options_from_args(args))
+        paths, code = execute(args, sys.stderr)
     except CaptureUsageError as e:
         print(f"capture: error: {e}", file=sys.stderr)
         return 2
     except CaptureFailed as e:
         print(f"capture: error: {e}", file=sys.stderr)
         return 3
-    print(result.path)
-    return result.exit_code
+    for path in paths:
+        if path is not None:
+            print(path)
+    return code

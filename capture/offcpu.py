@@ -57,8 +57,9 @@ def thread_times(pid: int) -> list[tuple[int, str, str, int, int]]:
 class OffCpuSampler:
     """Appends ``offcpu`` samples to a JSONL file, within max_bytes (the last sample always)."""
 
-    def __init__(self, path: Path, max_bytes: int):
+    def __init__(self, path: Path, max_bytes: int, ring: bool = False):
         self.path = Path(path)
+        self.ring = ring          # watch: past max_bytes / 2 the file becomes <name>.1 (the older half)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max(0, int(max_bytes))
         self.bytes = 0
@@ -79,7 +80,13 @@ class OffCpuSampler:
         if not lines:
             return 0
         blob = ("\n".join(lines) + "\n").encode()
-        if not final and self.bytes + len(blob) > self.max_bytes:
+        if self.ring and self.bytes + len(blob) > self.max_bytes // 2:
+            try:
+                os.replace(self.path, self.path.with_name(f"{self.path.stem}.1{self.path.suffix}"))
+            except OSError:
+                pass
+            self.bytes = 0
+        elif not final and self.bytes + len(blob) > self.max_bytes:
             self.skipped += 1
             return 0
         with open(self.path, "ab") as fh:

@@ -82,6 +82,15 @@ class CaptureOptions:
     stacks_grace_s: float = 5.0     # auto: how long to watch the job for progress before deciding it is hung
     stacks_timeout_s: float = 10.0  # each stack tool run is killed after this
     fr_dump_wait_s: float = 10.0    # how long to wait for a Flight Recorder dump after writing to its pipe
+    # --watch (capture.watch): rings instead of one bundle, a bundle per incident
+    watch: bool = False
+    ring_bytes: int = 1 << 30
+    hang_after_s: float | None = None   # None: max(30 s, 10x the slowest collective of the last 5 minutes)
+    before_s: float = 120.0
+    after_s: float = 30.0
+    cooldown_s: float = 600.0
+    trigger_file: str | None = None
+    status_every_s: float = 300.0
 
 
 @dataclass
@@ -182,6 +191,10 @@ class Capture:
         self.ss_busy = threading.Event()
         self.stacks_thread: threading.Thread | None = None
         self.stacks_cancel = threading.Event()    # set when the capture ends: an undecided auto check gives up
+        # ring mode (capture.watch): the continuous collectors keep their last minutes instead of
+        # filling the bundle's byte budget; ring_age_s is how long a ring keeps data at least
+        self.ring = False
+        self.ring_age_s = 0.0
 
     # ------------------------------------------------------------------ helpers
     def log(self, msg: str) -> None:
@@ -445,9 +458,18 @@ class Capture:
                 path = self.staging / self.fill(c.out, {"ns": ns, "phase": "continuous"})
                 extra = 2 * bd.TAR_BLOCK if st["path"] is None else 0
                 grant = 0
-                if st.setdefault("bytes", 0) + len(block) > c.per_file_max:
+                if self.ring:    # a ring of two files: the current one and the one before
+                    if st.setdefault("bytes", 0) + len(block) > c.per_file_max // 2 or (
+                            st.get("opened") and time.monotonic() - st["opened"] > self.ring_age_s):
+                        try:
+                            os.replace(path, ring_previous(path))
+                        except OSError:
+                            pass
+                        st["bytes"], st["opened"] = 0, None
+                    st["opened"] = st.get("opened") or time.monotonic()
+                elif st.setdefault("bytes", 0) + len(block) > c.per_file_max:
                     st["stopped"] = f"the series reached its cap ({c.per_file_max >> 20} MiB): sampling stopped"
-                else:
+                elif not self.ring:
                     grant = self.budget.take(len(block) + extra)
                     if grant < len(block) + extra:
                         self.budget.give_back(grant)
@@ -661,7 +683,8 @@ class Capture:
         self.tracer_proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.tracer_stderr, env=env)
         # raw lines are spooled as they come (no parsing while the job runs) and become
         # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
-        self.spool = tracer.Spool(self.tracer_proc.stdout, self.raw_dir, self.budget.tracer).start()
+        self.spool = tracer.Spool(self.tracer_proc.stdout, self.raw_dir, self.budget.tracer,
+                                  max_age_s=self.ring_age_s if self.ring else None).start()
         self.record(key, status="running", command=shlex.join(["bpftrace", "-B", "line", "bpf/nccl.generated.bt"]),
                     started_ns=t0, files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
                     libraries=sorted(targets.nccl), cuda_libraries=sorted(set(targets.cudart) | set(targets.cuda)),
@@ -738,7 +761,7 @@ class Capture:
         if not self.o.bpf:
             self.record(key, status="skipped", reason="--no-bpf", started_ns=t0, ended_ns=t0)
             return
-        self.offcpu = OffCpuSampler(self.raw_dir / "offcpu.jsonl", self.budget.tracer // 8)
+        self.offcpu = OffCpuSampler(self.raw_dir / "offcpu.jsonl", self.budget.tracer // 8, ring=self.ring)
         self.record(key, status="running", command="stallscope:offcpu(/proc/PID/task/TID/schedstat every "
                     f"{self.o.offcpu_every_s:g}s)", started_ns=t0, files=["bpf/events.jsonl"])
 
@@ -1286,7 +1309,7 @@ class Capture:
             "partial": partial,
             "clock": "bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",
             "clock_samples": list(self.clock),
-            "options": {"duration_s": self.o.duration_s, "pids": self.o.pids, "ifaces": self.o.ifaces,
+            "options": {"duration_s": self.o.duration_s if self.o.duration_s != float("inf") else None, "pids": self.o.pids, "ifaces": self.o.ifaces,
                         "max_bytes": self.o.max_bytes, "nccl_libs": self.o.nccl_libs,
                         "nccl_tests": self.o.nccl_tests, "attach": self.o.attach, "bpf": self.o.bpf,
                         "pcap": self.o.pcap, "snaplen": self.o.snaplen, "call_returns": self.o.call_returns,
@@ -1391,11 +1414,15 @@ class Capture:
                 self.record("tracer", status="failed")
                 self.log("tracer exited early")
             self.progress(t0)
+            self.tick(now)
             self.stop_evt.wait(min(0.2, max(0.0, o.duration_s - (time.monotonic() - t0))))
         self.progress(t0, force=True)
         if self.o.progress != "off" and self.err.isatty() if hasattr(self.err, "isatty") else False:
             print(file=self.err)
         self.log("stopping collectors")
+
+    def tick(self, now: float) -> None:
+        """Called by the capture loop every 0.2 s (capture.watch checks its triggers here)."""
 
     def fit_disk(self, manifest: dict, err: OSError) -> dict:
         """The output's file system filled up: cut the staged files (they share it with the
@@ -1658,6 +1685,11 @@ def find_orphans(folder: Path) -> list[Path]:
             continue              # no lock yet (just created), its capture alive
         out.append(d)
     return out
+
+
+def ring_previous(path: Path) -> Path:
+    """The older file of a two-file ring (ring mode): ``x.txt`` -> ``x.1.txt``."""
+    return path.with_name(f"{path.stem}.1{path.suffix}")
 
 
 def rename_ring(out: Path) -> list[Path]:

@@ -403,7 +403,7 @@ class Spool:
     """
 
     def __init__(self, stream, raw_dir: Path, max_bytes: int, poll_s: float = 0.1,
-                 segment_bytes: int | None = None):
+                 segment_bytes: int | None = None, max_age_s: float | None = None):
         self.stream = stream
         self.fd = stream.fileno()
         self.raw_dir = Path(raw_dir)
@@ -411,6 +411,10 @@ class Spool:
         self.max_bytes = max(0, int(max_bytes))
         self.poll_s = poll_s
         self.segment_bytes = segment_bytes or min(64 << 20, max(256 << 10, self.max_bytes // 8))
+        # ring mode (capture.watch): segments also end every max_age_s / 8 and go once all their
+        # lines are older than max_age_s; the rare lines kept of them are compacted (see _compact)
+        self.max_age_s = max_age_s
+        self._seg_opened = 0.0
         self.ready = threading.Event()
         self.ended = threading.Event()    # the END probe's last line arrived: all records are out
         self.stopped = threading.Event()  # the stop trigger's flush arrived: recording is off
@@ -494,7 +498,9 @@ class Spool:
     def _append(self, whole: bytes) -> None:
         """Whole lines into segments of about segment_bytes (a big chunk is split at lines)."""
         while whole:
-            if self._seg_fh is None or self._seg_size >= self.segment_bytes:
+            now = time.monotonic()
+            if self._seg_fh is None or self._seg_size >= self.segment_bytes or (
+                    self.max_age_s and now - self._seg_opened > self.max_age_s / 8):
                 if self._seg_fh:
                     self._seg_fh.close()
                 path = self.raw_dir / f"seg-{self._seq:06d}.txt"
@@ -502,6 +508,7 @@ class Spool:
                 self._segments.append(path)
                 self._seg_fh = open(path, "ab")
                 self._seg_size = 0
+                self._seg_opened = now
             room = self.segment_bytes - self._seg_size
             cut = len(whole) if len(whole) <= room else (whole.rfind(b"\n", 0, room) + 1 or
                                                          whole.find(b"\n", room) + 1 or len(whole))
@@ -514,6 +521,38 @@ class Spool:
                 self._seg_size = self.segment_bytes   # full: the rest goes to a new segment
             while self.bytes > self.max_bytes and len(self._segments) > 1:
                 self._drop_oldest()
+            if self.max_age_s:
+                self._drop_aged()
+
+    def _drop_aged(self) -> None:
+        """Ring mode: the segments whose last line is older than max_age_s (the current one stays)."""
+        limit = time.time() - self.max_age_s
+        while len(self._segments) > 1:
+            try:
+                if self._segments[0].stat().st_mtime >= limit:
+                    break
+            except OSError:
+                self._segments.pop(0)
+                continue
+            self._drop_oldest()
+        keep = self.raw_dir / KEEP_FILE
+        try:
+            if keep.stat().st_size > max(64 << 10, self.max_bytes // 8):
+                self._compact(keep)
+        except OSError:
+            pass
+
+    def _compact(self, keep: Path) -> None:
+        """The kept rare lines of a long ring: what joins later events stays (communicator inits,
+        ids, destroys, tracer marks); old TCP and socket events, long out of the window, go."""
+        before = keep.stat().st_size
+        tmp = keep.with_name(keep.name + ".tmp")
+        with open(keep, "rb") as src, open(tmp, "wb") as dst:
+            for line in src:
+                if not line.startswith((b'{"ev":"tcp_', b'{"ev":"sock_state')):
+                    dst.write(line)
+        os.replace(tmp, keep)
+        self.bytes += keep.stat().st_size - before
 
     def _drop_oldest(self) -> None:
         old = self._segments.pop(0)

@@ -1,4 +1,5 @@
-"""``stallscope capture``: one host's bundle; a thin layer over ``capture.run_capture``.
+"""``stallscope capture``: one host's bundle (or ``--watch``: one per incident); a thin layer
+over ``capture.cli.execute``.
 
 The options are defined once, in ``capture/cli.py``, for this command and for
 ``python3 -m capture`` alike.
@@ -20,19 +21,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, env) -> int:
-    from capture import CaptureFailed, CaptureUsageError, run_capture
+    from capture import CaptureFailed, CaptureUsageError
     try:
-        if args.recover:
-            for path in capture_cli.recover(args, env.stderr):
-                print(path, file=env.stdout)
-            return 0
-        capture_cli.ignore_late_signals()
-        result = run_capture(capture_cli.options_from_args(args), stderr=env.stderr)
+        paths, code = capture_cli.execute(args, env.stderr)
     except CaptureUsageError as e:
         raise StallscopeError(str(e)) from None
     except CaptureFailed as e:   # no bundle (a full disk): one line, exit code 3, the data kept
         err = StallscopeError(str(e))
         err.exit_code = ExitCode.CAPTURE_PARTIAL
         raise err from None
-    print(result.path, file=env.stdout)
-    return result.exit_code
+    for path in paths:
+        if path is not None:
+            print(path, file=env.stdout)
+    return code

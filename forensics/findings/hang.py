@@ -277,8 +277,8 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
         others = int(last.loc[last["rank"].isin(waiting), "last_op_count"].max()) if len(last) else n
         summary = (f"Hang (rank mismatch) on communicator {comm}: {who} never entered collective #{n} "
                    f"({h.op}); {names.many(waiting)} entered it and were still inside when the capture ended, "
-                   f"{ms(h.waited_ns)} later (last op reached: {missing_txt}; the others launched up to #{others})"
-                   f"{_size_note(h)}.")
+                   f"{ms(h.waited_ns)} later{_started(h)} (last op reached: {missing_txt}; the others launched up to "
+                   f"#{others}){_size_note(h)}.")
         if untraced:
             summary = summary[:-1] + f"; {names.many(untraced)} had no traced call at all (were they captured?)."
         stacks = {r: rank_stack(ctx, r) for r in g_missing}
@@ -473,12 +473,12 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         span = f"collective #{n}" if upto <= n else f"collectives #{n}-#{upto}"
         head = (f"Hang inside {span} ({h.op}, communicator {comm}): all {len(members)} ranks entered "
                 f"{'it' if upto <= n else 'them'} and none completed anything in the {ms(h.waited_ns)} until the "
-                f"capture ended (NCCL RAS counts launches and reports it healthy)")
+                f"capture ended (NCCL RAS counts launches and reports it healthy){_started(h)}")
     else:
         where = "; ".join(f"{ranks_text(sorted(rs))} inside #{op}" for op, rs in sorted(groups.items()))
         head = (f"Hang on communicator {comm}, every rank waiting: {where}"
                 + (f"; {ranks_text(idle)} completed #{n} and wait for the others" if idle else "")
-                + f"; nothing completed in the {ms(h.waited_ns)} until the capture ended")
+                + f"; nothing completed in the {ms(h.waited_ns)} until the capture ended{_started(h)}")
     resets = e[e["cls"] == "reset"]
     loss = e[e["cls"].isin(LOSS_CLASSES)]
     first_reset = int(resets["timestamp_ns"].min()) if len(resets) else None
@@ -552,6 +552,17 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         details={"comm_id_hash": comm, "op_count": n, "op": h.op, "ranks": members, "waited_ns": int(h.waited_ns),
                  "first_entry_ns": int(h.first_entry_ns), "last_progress_ns": since, "capture_end_ns": end,
                  "tcp_events_after_progress": int(len(e)), "last_ops": last_rows})
+
+
+def _started(h) -> str:
+    """When the hang started, where the capture saw it (the communicator's last completed
+    collective; a capture that started during the hang has none)."""
+    t = getattr(h, "last_progress_ns", None)
+    if t is None or pd.isna(t):
+        return ""
+    from datetime import datetime, timezone
+    when = datetime.fromtimestamp(int(t) / 1e9, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
+    return f"; hung since {when} UTC (its last completed collective)"
 
 
 def _last_packets(ctx, members, blamed) -> str:

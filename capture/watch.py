@@ -1,0 +1,755 @@
+"""``stallscope capture --watch``: the black box. Runs next to the jobs of a host for days,
+keeps the last minutes of every continuous collector in bounded rings, and writes a normal
+bundle when a hang starts.
+
+What runs is a :class:`capture.runner.Capture` in ring mode (the tracer's spool drops its
+segments by age, tcpdump rotates through ``-C/-W`` files, the ss series and off-CPU samples
+keep two files each), in a hidden staging folder in the output folder, with no end. Each
+0.2 s tick of its loop the :class:`Watcher` checks its triggers:
+
+- **hang**: :class:`ProgressMonitor` reads the tracer's spooled lines as they come; a process
+  with a collective in flight (an NCCL collective entered since its last returned host wait,
+  and a call of it still open: the collective or the synchronize after it) and nothing
+  returned for ``--hang-after`` (default: the larger of 30 s and 10x the slowest collective
+  completed in the last 5 minutes on this host);
+- **log**: :class:`LogWatch` tails the job's NCCL_DEBUG_FILE logs and stdout/stderr files for
+  ``NCCL WARN`` lines and PyTorch watchdog timeouts;
+- **on demand**: SIGUSR1, ``stallscope capture --trigger`` or the trigger file
+  (``--trigger-file``, default ``<output>/stallscope.trigger``).
+
+An incident starts at its first trigger. ``--after`` later the watcher cuts the bundle: the
+rings' last ``--before`` (and the ``--after`` that followed) are copied into the incident's
+own staging folder, the state of the job is taken then (the snapshots of a capture's end,
+native stacks for a hang, Flight Recorder dumps through their pipes, the logs), and the
+bundle is written with ``"trigger"`` and ``"watch"`` in its manifest; its name carries the
+trigger's time, so the bundles of one incident from every host sort together. Triggers
+during an incident, and for ``--cooldown`` after it, are folded into it (one bundle per
+incident); a hang of the same processes triggers again only after they made progress.
+
+SIGTERM/SIGINT end the watcher: an incident already triggered is written with what the
+rings hold, every child stops, the rings are removed. A SIGKILLed watcher's guardian stops
+the children and removes the rings as well, unless an incident was pending: then they stay
+as a capture's staging folder does (``--recover`` makes a partial bundle of them).
+"""
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from . import bundle as bd
+from . import children, procs, tracer
+from .runner import (DISK_FULL, STAGED_MANIFEST, Capture, CaptureFailed, CaptureResult, CaptureUsageError,
+                     clock_sample, fit_budget, lock_staging, ring_previous, utc_span)
+
+PENDING = ".incident-pending"        # in the ring's staging folder while an incident's data are only there
+TRIGGER_NAME = "stallscope.trigger"
+SLOWEST_WINDOW_S = 300.0             # --hang-after auto: the slowest collective of the last 5 minutes
+HANG_AFTER_FLOOR_S = 30.0
+HANG_AFTER_FACTOR = 10.0
+RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
+
+
+def registry_dir() -> Path:
+    """Where running watchers say who they are (``--trigger`` finds them there)."""
+    if os.geteuid() == 0:
+        return Path("/run/stallscope")
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    return Path(base) / f"stallscope-{os.geteuid()}"
+
+
+@dataclass
+class Trigger:
+    kind: str                  # hang | log | on-demand
+    reason: str
+    realtime_ns: int
+    monotonic_ns: int
+    pids: list[int] = field(default_factory=list)
+    source: str | None = None
+
+    def to_manifest(self) -> dict:
+        return {"kind": self.kind, "reason": self.reason, "realtime_ns": self.realtime_ns,
+                "monotonic_ns": self.monotonic_ns, "pids": self.pids, "source": self.source}
+
+
+# --------------------------------------------------------------------------- the hang trigger
+class ProgressMonitor:
+    """The tracer's raw lines (capture.tracer.Spool's segments), read as they are spooled, into
+    what each traced process is doing: its open calls, its last return, and whether a
+    collective is in flight (entered since its last returned host wait). Times are the
+    tracer's CLOCK_MONOTONIC ns."""
+
+    def __init__(self, raw_dir: Path, call_returns: bool = True, max_read: int = 16 << 20):
+        self.raw_dir = Path(raw_dir)
+        self.call_returns = call_returns
+        self.max_read = max_read
+        self.pos: dict[str, int] = {}
+        self.open: dict[tuple[int, int], tuple[int, int]] = {}     # (tid, t0) -> (pid, kind)
+        self.last_return: dict[int, int] = {}                      # pid -> t1 of its last returned call
+        self.coll_since: dict[int, int] = {}                       # pid -> first collective entered since its last host wait
+        self.last_coll: dict[int, int] = {}                        # pid -> its last collective entered
+        self.durations: collections.deque = collections.deque()    # (t1, ns): collective -> host wait returned
+        self.lines = 0
+
+    def poll(self) -> int:
+        """Read what was spooled since the last call; returns the hot-path records read."""
+        from .tracer import RET_KIND, _REC_RE
+        segs = sorted(self.raw_dir.glob("seg-*.txt"))
+        names = {p.name for p in segs}
+        for gone in [n for n in self.pos if n not in names]:
+            del self.pos[gone]
+        budget, n = self.max_read, 0
+        for p in segs:
+            off = self.pos.get(p.name, 0)
+            try:
+                size = p.stat().st_size
+                if size <= off:
+                    continue
+                with open(p, "rb") as fh:
+                    fh.seek(off)
+                    data = fh.read(min(size - off, budget))
+            except OSError:
+                continue
+            cut = data.rfind(b"\n") + 1
+            if not cut:
+                continue
+            self.pos[p.name] = off + cut
+            budget -= cut
+            for line in data[:cut].split(b"\n"):
+                if line[:2] != b"@e":
+                    continue
+                m = _REC_RE.match(line + b"\n")
+                if not m:
+                    continue
+                try:
+                    f = [int(x) for x in m.group(4).split(b",")]
+                except ValueError:
+                    continue
+                if len(f) != 11:
+                    continue
+                n += 1
+                self._record(int(m.group(2)), int(m.group(3)), f, RET_KIND)
+            if budget <= 0:
+                break
+        self.lines += n
+        return n
+
+    def _record(self, tid: int, key2: int, f: list[int], ret_kind: int) -> None:
+        kind, pid = f[0], f[1]
+        if kind == ret_kind:                      # a return: (tid, t0 in slot a), t1 the key
+            entry = self.open.pop((tid, f[2]), None)
+            self._returned(entry[0] if entry else pid, entry[1] if entry else None, key2)
+            return
+        if 16 <= kind < 32:                       # ncclGroupStart/End: not evidence either way
+            return
+        t0 = key2
+        if kind < 16:
+            self.last_coll[pid] = max(self.last_coll.get(pid, 0), t0)
+            if pid not in self.coll_since:
+                self.coll_since[pid] = t0
+            if not self.call_returns:             # no return traced: the call is a launch, done
+                return
+        if f[9]:                                  # returned within the same flush
+            self._returned(pid, kind, f[9])
+        else:
+            self.open[(tid, t0)] = (pid, kind)
+
+    def _returned(self, pid: int, kind: int | None, t1: int) -> None:
+        self.last_return[pid] = max(self.last_return.get(pid, 0), t1)
+        if kind is not None and kind >= 32 and pid in self.coll_since:   # a host wait after collectives
+            t0 = self.coll_since.pop(pid)
+            if t1 >= t0:
+                self.durations.append((t1, t1 - t0))
+
+    def slowest_ns(self, now_ns: int, window_s: float = SLOWEST_WINDOW_S) -> int:
+        while self.durations and self.durations[0][0] < now_ns - window_s * 1e9:
+            self.durations.popleft()
+        return max((d for _, d in self.durations), default=0)
+
+    def stuck(self, now_ns: int, after_ns: int) -> list[dict]:
+        """Processes with a collective in flight and nothing returned for after_ns: each with
+        its oldest open call and the time since it last made progress."""
+        oldest: dict[int, tuple[int, int]] = {}
+        for (tid, t0), (pid, kind) in self.open.items():
+            if pid not in oldest or t0 < oldest[pid][0]:
+                oldest[pid] = (t0, kind)
+        out = []
+        for pid, (t0, kind) in sorted(oldest.items()):
+            if kind >= 16 and pid not in self.coll_since:
+                continue                          # a synchronize with no collective before it: compute
+            since = max(t0, self.last_return.get(pid, 0))
+            if now_ns - since >= after_ns:
+                out.append({"pid": pid, "open_since_ns": t0, "quiet_ns": now_ns - since, "kind": kind,
+                            "collective_since_ns": self.coll_since.get(pid, t0 if kind < 16 else None)})
+        return out
+
+    def forget(self, pids) -> None:
+        """Processes that are gone: their open calls will never return."""
+        dead = set(pids)
+        for k in [k for k, v in self.open.items() if v[0] in dead]:
+            del self.open[k]
+        for d in (self.last_return, self.coll_since, self.last_coll):
+            for p in dead:
+                d.pop(p, None)
+
+
+# --------------------------------------------------------------------------- the log trigger
+LOG_PATTERNS = (
+    (re.compile(rb" NCCL WARN "), "NCCL WARN"),
+    (re.compile(rb"[Ww]atchdog caught collective operation timeout|ProcessGroupNCCL.{0,80}[Tt]imeout|"
+                rb"[Cc]ollective operation timeout"), "PyTorch watchdog timeout"),
+)
+
+
+class LogWatch:
+    """Tails the job's log files (appended lines only: what a file held when first seen is
+    not news) for the lines of LOG_PATTERNS."""
+
+    def __init__(self, max_read: int = 1 << 20):
+        self.pos: dict[tuple[int, int], int] = {}
+        self.max_read = max_read
+
+    def poll(self, paths: list[tuple[str, str]]) -> list[tuple[str, str, str]]:
+        """(path, why) -> matches (path, what, line) in the lines appended since the last call."""
+        hits, seen = [], set()
+        for path, why in paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                continue
+            seen.add(key)
+            off = self.pos.get(key)
+            if off is None or st.st_size < off:          # new (or truncated): from its end now
+                self.pos[key] = st.st_size if off is None else 0
+                if off is None:
+                    continue
+                off = 0
+            if st.st_size == off:
+                continue
+            start = max(off, st.st_size - self.max_read)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(start)
+                    data = fh.read(st.st_size - start)
+            except OSError:
+                continue
+            cut = data.rfind(b"\n") + 1
+            self.pos[key] = start + cut
+            for line in data[:cut].splitlines():
+                for rx, what in LOG_PATTERNS:
+                    if rx.search(line):
+                        hits.append((path, what, line.decode("utf-8", "replace").strip()[:300]))
+                        break
+        return hits
+
+
+# --------------------------------------------------------------------------- the watcher
+class Watcher(Capture):
+    """A Capture in ring mode with triggers; see the module's text."""
+
+    def __init__(self, opts, stderr=None):
+        super().__init__(opts, stderr=stderr)
+        o = self.o
+        self.ring = True
+        self.ring_age_s = o.before_s + o.after_s + RING_SLACK_S
+        self.monitor: ProgressMonitor | None = None
+        self.logwatch = LogWatch()
+        self.incident: dict | None = None           # the open incident: triggers, due time
+        self.last_incident_end = -1e18              # monotonic s
+        self.cleared: dict[int, int] = {}           # pid -> last_return when its hang was reported
+        self.bundles: list[Path] = []
+        self.usr1 = False
+        self.next_check = 0.0
+        self.next_logs = 0.0
+        self.next_prune = 0.0
+        self.last_status = time.monotonic()
+        self.dead_since: dict[int, float] = {}
+        self.registry: Path | None = None
+        self.folder: Path | None = None
+        self.trigger_path: Path | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def run(self) -> CaptureResult:
+        o = self.o
+        folder = Path(o.output or ".")
+        if o.output and (o.output.endswith(".tar.gz") or o.output.endswith(".tgz")):
+            raise CaptureUsageError("--watch writes one bundle per incident: -o takes a folder")
+        if not folder.is_dir():
+            raise CaptureUsageError(f"output folder {folder} does not exist")
+        for p in o.pids:
+            if not os.path.isdir(f"/proc/{p}"):
+                raise CaptureUsageError(f"--pid {p}: no such process")
+        for lib in o.nccl_libs:
+            if not os.path.isfile(lib):
+                raise CaptureUsageError(f"--nccl-lib {lib}: no such file")
+        if o.ring_bytes < 8 * bd.MIN_BUDGET:
+            raise CaptureUsageError(f"--ring-bytes must be at least {8 * bd.MIN_BUDGET // 1024}k")
+        self.folder = folder.resolve()
+        self.trigger_path = Path(o.trigger_file) if o.trigger_file else self.folder / TRIGGER_NAME
+        self.arcroot = f"stallscope-{self.host}-{bd.utc_stamp(self.started_ns)}-watch"
+        self.out_path = self.folder / f"{self.arcroot}.tar.gz"     # never written: the rings' name
+        self.staging = self.folder / f".{self.arcroot}.staging-{os.getpid()}"
+        self.staging.mkdir(parents=True)
+        self.lock_fh = lock_staging(self.staging)
+        self.budget = bd.Budget.plan(o.ring_bytes, pcap=o.pcap, tracer=o.bpf)
+        self.yield_cpu()
+        old = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        old[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self.on_usr1)
+        try:
+            try:
+                self.guardian = children.Guardian(self.staging, ring_marker=PENDING)
+                children.set_guardian(self.guardian)
+            except OSError as e:
+                self.notes.append(f"no guardian process ({e}): children other than the direct ones may "
+                                  "outlive a killed watcher")
+            self.register()
+            self.log(f"watching: rings in {self.staging.name} (at most {o.ring_bytes >> 20} MiB), bundles into "
+                     f"{self.folder}; hang after {self.hang_after_text()}, {o.before_s:g}s before and "
+                     f"{o.after_s:g}s after a trigger; on demand: stallscope capture --trigger, SIGUSR1 "
+                     f"(pid {os.getpid()}) or touch {self.trigger_path}")
+            self.capture()
+            self.log("stopping the watcher")
+            if self.incident is not None:        # triggered, not yet written: write it with what is there
+                self.cut()
+        finally:
+            self.stop_all()
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            children.set_guardian(None)
+            if self.guardian is not None:
+                self.guardian.close()
+            if not (self.staging / PENDING).exists():
+                shutil.rmtree(self.staging, ignore_errors=True)
+            if self.lock_fh is not None:
+                self.lock_fh.close()
+            if self.registry is not None:
+                self.registry.unlink(missing_ok=True)
+        code = 3 if any(b is None for b in self.bundles) else 0
+        return CaptureResult(path=self.folder, exit_code=code, manifest={"bundles": [str(b) for b in self.bundles]})
+
+    def register(self) -> None:
+        try:
+            d = registry_dir()
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.registry = d / f"watch-{os.getpid()}.json"
+            self.registry.write_text(json.dumps({"pid": os.getpid(), "output": str(self.folder),
+                                                 "trigger_file": str(self.trigger_path),
+                                                 "started_ns": self.started_ns}))
+        except OSError as e:
+            self.registry = None
+            self.notes.append(f"not registered for --trigger ({e}): SIGUSR1 or the trigger file still work")
+
+    def on_usr1(self, signum, frame) -> None:
+        self.usr1 = True
+
+    def stop_all(self) -> None:
+        """The children, as a capture's end stops them (no bundle of the rings themselves)."""
+        self.stacks_cancel.set()
+        self.stop_nccl_tests()
+        self.stop_tracer_quiet()
+        for t in self.tcpdumps.values():
+            if t.get("proc") is not None:
+                children.stop(t["proc"], signal.SIGINT, grace_s=3)
+                t["fh"].close()
+                t["proc"] = None
+
+    def stop_tracer_quiet(self) -> None:
+        if self.tracer_proc is not None and self.tracer_proc.poll() is None:
+            children.stop(self.tracer_proc, signal.SIGINT, grace_s=10)
+            if self.spool is not None:
+                self.spool.join(timeout=10)
+            self.tracer_stderr.close()
+
+    def start_tracer(self) -> None:
+        super().start_tracer()
+        if self.tracer_proc is not None:
+            self.monitor = ProgressMonitor(self.raw_dir, call_returns=self.o.call_returns)
+
+    def start_native_stacks(self) -> None:
+        """No stacks at the start of a watch: they are taken at an incident (capture.watch.cut)."""
+
+    def progress(self, t_capture0: float, force: bool = False) -> None:
+        """A status line every --status-every s (a watcher runs for days: not every 5 s)."""
+        now = time.monotonic()
+        if self.o.progress == "off" or (not force and now - self.last_status < self.o.status_every_s):
+            return
+        self.last_status = now
+        self.log(f"watching {len(self.procs)} NCCL process(es); tracer lines {self.spool.lines if self.spool else 0}"
+                 f"; packets {self.tcpdump_packets()}; rings {self.staged_bytes() >> 20} MiB; bundles written "
+                 f"{len([b for b in self.bundles if b])}")
+
+    # ---------------------------------------------------------------- triggers
+    def hang_after_ns(self, now_ns: int) -> int:
+        if self.o.hang_after_s:
+            return int(self.o.hang_after_s * 1e9)
+        slowest = self.monitor.slowest_ns(now_ns) if self.monitor else 0
+        return int(max(HANG_AFTER_FLOOR_S * 1e9, HANG_AFTER_FACTOR * slowest))
+
+    def hang_after_text(self) -> str:
+        if self.o.hang_after_s:
+            return f"{self.o.hang_after_s:g}s"
+        return f"max({HANG_AFTER_FLOOR_S:g}s, {HANG_AFTER_FACTOR:g}x the slowest collective of the last 5 min)"
+
+    def tick(self, now: float) -> None:
+        if now >= self.next_check:
+            self.next_check = now + 0.5
+            self.check_hang()
+            self.check_on_demand()
+        if now >= self.next_logs:
+            self.next_logs = now + 2.0
+            self.check_logs()
+        if now >= self.next_prune:
+            self.next_prune = now + 10.0
+            self.prune()
+        if self.incident is not None and time.monotonic() >= self.incident["due"]:
+            self.cut()
+
+    def fire(self, trig: Trigger) -> None:
+        now = time.monotonic()
+        if self.incident is not None:
+            self.incident["triggers"].append(trig)
+            return
+        if trig.kind != "on-demand" and now - self.last_incident_end < self.o.cooldown_s:
+            self.notes.append(f"{bd.utc_stamp(trig.realtime_ns)}: {trig.kind} trigger within --cooldown of the "
+                              f"last incident, not a new bundle: {trig.reason}")
+            return
+        self.incident = {"first": trig, "triggers": [trig], "due": now + self.o.after_s}
+        try:
+            (self.staging / PENDING).write_text(json.dumps(trig.to_manifest()))
+        except OSError:
+            pass
+        self.log(f"TRIGGER ({trig.kind}): {trig.reason}; writing the bundle in {self.o.after_s:g}s")
+
+    def check_hang(self) -> None:
+        if self.monitor is None:
+            return
+        self.monitor.poll()
+        gone = [p for p in set(self.monitor.last_return) | {v[0] for v in self.monitor.open.values()}
+                if not os.path.isdir(f"/proc/{p}")]
+        if gone:                 # a job that ended or was killed mid-collective is not a hang
+            self.monitor.forget(gone)
+        now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        after = self.hang_after_ns(now_ns)
+        stuck = [s for s in self.monitor.stuck(now_ns, after)
+                 if self.cleared.get(s["pid"], -1) != self.monitor.last_return.get(s["pid"], 0)]
+        if not stuck:
+            return
+        for s in stuck:   # this hang is reported once: again only after the process made progress
+            self.cleared[s["pid"]] = self.monitor.last_return.get(s["pid"], 0)
+        pids = [s["pid"] for s in stuck]
+        quiet = max(s["quiet_ns"] for s in stuck) / 1e9
+        ranks = []
+        for p in pids:
+            info = self.procs.get(p)
+            r = info.rank_facts().get("rank") if info else None
+            ranks.append(f"pid {p}" + (f" (rank {r})" if r is not None else ""))
+        self.fire(Trigger("hang", f"collective in flight with nothing returned for {quiet:.0f}s (hang after "
+                          f"{after / 1e9:g}s) in {', '.join(ranks)}", time.time_ns(), now_ns, pids=pids,
+                          source="tracer"))
+
+    def log_paths(self) -> list[tuple[str, str]]:
+        paths = [(p, why) for p, why in self.attachment_sources()[0] if not why.startswith("Flight Recorder")]
+        for pid in list(self.procs):
+            for fd in (1, 2):
+                p = f"/proc/{pid}/fd/{fd}"
+                try:
+                    if stat.S_ISREG(os.stat(p).st_mode):
+                        paths.append((p, f"{'stdout' if fd == 1 else 'stderr'} of pid {pid}"))
+                except OSError:
+                    pass
+        return paths
+
+    def check_logs(self) -> None:
+        try:
+            hits = self.logwatch.poll(self.log_paths())
+        except Exception as e:  # noqa: BLE001 - a log we cannot read is no reason to stop watching
+            self.notes.append(f"log watch: {type(e).__name__}: {e}")
+            return
+        if hits:
+            path, what, line = hits[0]
+            more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+            self.fire(Trigger("log", f"{what} in {path}: {line}{more}", time.time_ns(),
+                              time.clock_gettime_ns(time.CLOCK_MONOTONIC), source=path))
+
+    def check_on_demand(self) -> None:
+        reason = None
+        tp = self.trigger_path
+        if tp is not None and tp.exists():
+            try:
+                reason = tp.read_text(errors="replace").strip()[:300] or f"trigger file {tp}"
+                tp.unlink()
+            except OSError:
+                reason = f"trigger file {tp}"
+        if self.usr1:
+            self.usr1 = False
+            reason = reason or "SIGUSR1"
+        if reason:
+            self.fire(Trigger("on-demand", reason, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC),
+                              source="trigger"))
+
+    def prune(self) -> None:
+        """Jobs come and go: processes gone longer than the rings keep are forgotten, the files
+        of tcpdumps whose interface went with them removed (their slot serves the next job)."""
+        now = time.monotonic()
+        keep_s = self.ring_age_s
+        gone = []
+        for pid in list(self.procs):
+            if os.path.isdir(f"/proc/{pid}"):
+                self.dead_since.pop(pid, None)
+                continue
+            t = self.dead_since.setdefault(pid, now)
+            if now - t > keep_s:
+                gone.append(pid)
+        for pid in gone:
+            info = self.procs.pop(pid)
+            self.dead_since.pop(pid, None)
+            ns = self.netns.get(info.netns_inode or self.own_ns)
+            if ns is not None and pid in ns.pids:
+                ns.pids.remove(pid)
+        if gone and self.monitor is not None:
+            self.monitor.forget(gone)
+        for k, t in list(self.tcpdumps.items()):
+            p = t.get("proc")
+            if p is None or p.poll() is None:
+                continue
+            files = list(t["out"].parent.glob(t["out"].name + "*"))
+            try:
+                idle = all(time.time() - f.stat().st_mtime > keep_s for f in files)
+            except OSError:
+                idle = False
+            if idle:
+                for f in files:
+                    f.unlink(missing_ok=True)
+                t["fh"].close()
+                del self.tcpdumps[k]
+                ns = t["ns"]
+                if t["iface"] in ns.ifaces:
+                    ns.ifaces.remove(t["iface"])
+
+    # ---------------------------------------------------------------- the incident's bundle
+    def cut(self) -> None:
+        inc, self.incident = self.incident, None
+        first: Trigger = inc["first"]
+        w0_real = first.realtime_ns - int(self.o.before_s * 1e9)
+        w0_epoch_s = w0_real / 1e9
+        try:
+            out = bd.choose_output(str(self.folder) + os.sep, self.host, first.realtime_ns)
+        except (FileExistsError, FileNotFoundError) as e:
+            self.log(f"incident not written: {e}")
+            self.bundles.append(None)
+            return
+        arcroot = out.name[: -len(".tar.gz")]
+        dest = self.folder / f".{arcroot}.staging-{os.getpid()}"
+        saved = (self.staging, self.collectors, self.snapshots_started, self.budget, self.notes, self.futures)
+        lock = None
+        try:
+            dest.mkdir(parents=True)
+            lock = lock_staging(dest)
+            collectors = copy.deepcopy(self.collectors)
+            pcap_files = self.copy_rings(dest, w0_epoch_s)
+            self.staging, self.collectors, self.snapshots_started = dest, collectors, set()
+            self.budget = bd.Budget.plan(self.o.max_bytes, pcap=self.o.pcap, tracer=self.o.bpf)
+            self.notes, self.futures = list(saved[4]), []
+            self.state_at_trigger(first)
+            self.finish_copied(dest, pcap_files, saved[0])
+            self.clock.append(clock_sample())
+            for rec in self.collectors.values():
+                if rec.get("status") == "running":
+                    rec["status"] = "ok"
+            manifest = self.manifest_dict(time.time_ns(), self.process_facts(), partial=False)
+            manifest["trigger"] = dict(first.to_manifest(),
+                                       also=[t.to_manifest() for t in inc["triggers"][1:]][:50])
+            manifest["watch"] = {"started_ns": self.started_ns, "before_s": self.o.before_s,
+                                 "after_s": self.o.after_s, "hang_after": self.hang_after_text(),
+                                 "ring_bytes": self.o.ring_bytes, "window_ns": [w0_real, time.time_ns()],
+                                 "watcher_pid": os.getpid()}
+            manifest["options"]["watch"] = True
+            try:
+                fit_budget(dest, out, arcroot, manifest, self.o.max_bytes)
+            except OSError as e:
+                if e.errno not in DISK_FULL:
+                    raise
+                raise CaptureFailed(f"cannot write {out}: {e.strerror}; kept in {dest}") from None
+            shutil.rmtree(dest, ignore_errors=True)
+            self.bundles.append(out)
+            self.log(f"incident bundle {out} ({out.stat().st_size} bytes): {first.kind}: {first.reason}")
+        except Exception as e:  # noqa: BLE001 - the watcher goes on; what was copied stays for --recover
+            self.bundles.append(None)
+            self.log(f"incident bundle not written ({type(e).__name__}: {e}); what was copied is kept in {dest}")
+        finally:
+            if lock is not None:
+                lock.close()
+            self.staging, self.collectors, self.snapshots_started, self.budget, self.notes, self.futures = saved
+            self.last_incident_end = time.monotonic()
+            (self.staging / PENDING).unlink(missing_ok=True)
+
+    def copy_rings(self, dest: Path, w0: float) -> list[tuple[dict, list[Path]]]:
+        """The rings' files that hold data from w0 (epoch s) on, copied into dest; the start
+        snapshots and logs of the watch copied whole. Returns each tcpdump's copies, oldest first."""
+        src = self.staging
+        skip = {STAGED_MANIFEST, ".lock", PENDING, ".manifest.staged.tmp"}
+        ring_pcaps = set()
+        pcaps = []
+        for t in list(self.tcpdumps.values()):
+            if not t.get("out"):
+                continue
+            files = [f for f in t["out"].parent.glob(t["out"].name + "*")
+                     if re.fullmatch(re.escape(t["out"].name) + r"\d*", f.name)]
+            ring_pcaps.update(files)
+            live = []
+            for f in files:
+                try:
+                    st = f.stat()
+                except OSError:
+                    continue
+                if st.st_mtime >= w0:
+                    live.append((st.st_mtime_ns, f))
+            copies = []
+            stem = t["out"].name[:-5] if t["out"].name.endswith(".pcap") else t["out"].name
+            for i, (_, f) in enumerate(sorted(live)):
+                d = dest / t["out"].parent.relative_to(src) / (f"{stem}-{i:03d}.pcap" if len(live) > 1 else f"{stem}.pcap")
+                d.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    shutil.copyfile(f, d)
+                    copies.append(d)
+                except OSError:
+                    pass
+            pcaps.append((t, copies))
+        raw = self.raw_dir
+        for p in sorted(src.rglob("*")):
+            if not p.is_file() or p.name in skip or p in ring_pcaps:
+                continue
+            rel = p.relative_to(src)
+            if raw in p.parents:
+                if p.name.startswith("seg-"):
+                    try:
+                        if p.stat().st_mtime < w0:
+                            continue
+                    except OSError:
+                        continue
+            elif p.name == ring_previous(Path("ss-series.txt")).name:
+                continue                         # the older half of an ss series: joined below
+            d = dest / rel
+            d.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                if p.name == "ss-series.txt":
+                    older = ring_previous(p)
+                    with open(d, "wb") as out:
+                        for part in (older, p):
+                            if part.exists():
+                                with open(part, "rb") as fh:
+                                    shutil.copyfileobj(fh, out)
+                else:
+                    shutil.copyfile(p, d)
+            except OSError:
+                pass
+        return pcaps
+
+    def state_at_trigger(self, first: Trigger) -> None:
+        """What a capture takes at its end, into the incident's folder: native stacks (a hang:
+        with --stacks auto; always with --stacks always), Flight Recorder dumps through their
+        pipes, the end snapshots (ss, thread states, counters), the logs."""
+        mode = self.o.stacks
+        if mode == "always" or (mode == "auto" and first.kind == "hang"):
+            if self.is_root:
+                for pid in sorted(self.procs):
+                    if os.path.isdir(f"/proc/{pid}"):
+                        self.take_native_stack(pid, "hung", f"watch trigger: {first.reason}")
+            else:
+                self.record("native-stacks:hung", status="skipped", reason="needs root")
+        pending = self.trigger_flight_recorders()
+        self.submit_snapshots(self.snapshot_jobs("end"))
+        self.wait_flight_recorders(pending)
+        self.collect_attachments()
+        self.wait_snapshots(timeout=120)
+
+    def finish_copied(self, dest: Path, pcaps: list[tuple[dict, list[Path]]], ring: Path) -> None:
+        """events.jsonl from the copied tracer lines; the copied pcaps' collectors say what they hold."""
+        raw = dest / "bpf" / "raw"
+        if raw.is_dir():
+            extra = [raw / n for n in ("offcpu.1.jsonl", "offcpu.jsonl") if (raw / n).exists()]
+            try:
+                summ = tracer.postprocess(raw, dest / "bpf" / "events.jsonl", self.budget.tracer, extra=extra,
+                                          call_returns=self.o.call_returns)
+                shutil.rmtree(raw, ignore_errors=True)
+                if "tracer" in self.collectors:
+                    self.record("tracer", status="ok", summary={k: v for k, v in summ.items() if k != "messages"},
+                                tracer_messages=summ.get("messages", []), ended_ns=time.time_ns(),
+                                covered_ns=utc_span(self.clock + [clock_sample()], summ.get("span_monotonic_ns")))
+            except Exception as e:  # noqa: BLE001 - the raw lines stay in the bundle
+                self.record("tracer", status="failed", reason=f"building bpf/events.jsonl failed: "
+                            f"{type(e).__name__}: {e}; the raw tracer output is kept in bpf/raw/")
+        for t, copies in pcaps:
+            spans = [sp for f in copies if (sp := bd.pcap_span(f))]
+            err = dest / t["err"].relative_to(ring)
+            self.record(t["key"], status="ok", files=[self.rel(f) for f in copies] + ([self.rel(err)] if err.exists() else []),
+                        packets=sum(bd.pcap_records(f) for f in copies), ended_ns=time.time_ns(),
+                        covered_ns=[min(a for a, _ in spans), max(b for _, b in spans)] if spans else None,
+                        netns=t["ns"].label, iface=t["iface"], ring=True)
+
+
+# --------------------------------------------------------------------------- --trigger
+def live_watchers() -> list[dict]:
+    """The watchers running on this host, from their registry files (those of dead ones are
+    removed: a SIGKILLed watcher cannot remove its own)."""
+    out = []
+    d = registry_dir()
+    for f in sorted(d.glob("watch-*.json")) if d.is_dir() else []:
+        try:
+            info = json.loads(f.read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read()
+        except OSError:
+            f.unlink(missing_ok=True)          # that watcher is gone
+            continue
+        if b"capture" not in cmd and b"forensics" not in cmd:
+            f.unlink(missing_ok=True)          # the pid was reused
+            continue
+        out.append(dict(info, pid=pid))
+    return out
+
+
+def trigger_watchers(reason: str, stderr=None) -> int:
+    """``stallscope capture --trigger``: every watcher running on this host writes a bundle.
+    The reason goes through each one's trigger file; SIGUSR1 wakes it. Returns how many."""
+    err = stderr or sys.stderr
+    n = 0
+    for info in live_watchers():
+        pid = info["pid"]
+        try:
+            tp = Path(info["trigger_file"])
+            tmp = tp.with_name(f".{tp.name}.{os.getpid()}")
+            tmp.write_text(reason + "\n")
+            os.replace(tmp, tp)
+            os.kill(pid, signal.SIGUSR1)
+        except OSError as e:
+            print(f"stallscope capture: watcher {pid}: {e}", file=err)
+            continue
+        print(f"stallscope capture: triggered watcher {pid} (bundles into {info.get('output')})", file=err)
+        n += 1
+    return n
+
+
+def run_watch(opts, stderr=None) -> CaptureResult:
+    return Watcher(opts, stderr=stderr).run()

@@ -1,0 +1,367 @@
+"""``stallscope capture --watch`` (issue 13): the black box.
+
+Unit tests (no root): the hang trigger read from the tracer's spooled lines, the log
+trigger, the tracer spool's age ring. Root tests: a real watcher with no job (on-demand
+trigger, SIGKILL leaves no child and no ring), and the lab under watch: a watcher started
+before each job, ``link-down-hang`` and ``mismatch-hang`` injected at a random time, a
+clean job watched for two minutes (``STALLSCOPE_WATCH_CLEAN_S``; ``make watch-clean-5min``
+watches it five), all three at once.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, require_root, require_tool
+from test_capture import _rec
+
+from capture import tracer, watch
+
+PY = sys.executable
+LAB = ROOT / "tests" / "lab"
+S = 1_000_000_000
+
+
+def _segment(raw: Path, lines: list[str], name: str = "seg-000000.txt", mode: str = "a") -> None:
+    raw.mkdir(parents=True, exist_ok=True)
+    with open(raw / name, mode) as fh:
+        fh.write("".join(line + "\n" for line in lines))
+
+
+# ---------------------------------------------------------------- the hang trigger
+def test_hang_needs_a_collective_in_flight_and_nothing_returned(tmp_path):
+    raw = tmp_path / "raw"
+    m = watch.ProgressMonitor(raw)
+    _segment(raw, [
+        '{"ev":"tracer_start","t":1}',
+        f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1, t1=1 * S + 1000)}",      # allreduce, launched (returned)
+        f"@e1[7, {1 * S + 2000}]: {_rec(32, 5, a=0x77)}",                     # cudaStreamSynchronize, open
+        f"@e1[9, {1 * S}]: {_rec(32, 6, a=0x78)}",                            # pid 6: a sync, no collective
+    ])
+    m.poll()
+    assert m.stuck(3 * S, 5 * S) == []                         # not long enough yet
+    stuck = m.stuck(7 * S, 5 * S)
+    assert [s["pid"] for s in stuck] == [5]                    # pid 6 only computes: no collective in flight
+    assert stuck[0]["collective_since_ns"] == 1 * S
+    # the synchronize returns: progress, and the collective's time is known
+    _segment(raw, [f"@e0[7, {int(1.5 * S)}]: {_rec(255, 5, a=1 * S + 2000)}"])
+    m.poll()
+    assert m.stuck(9 * S, 5 * S) == [] or [s["pid"] for s in m.stuck(9 * S, 5 * S)] == []
+    assert m.slowest_ns(2 * S) == int(0.5 * S)
+    assert m.slowest_ns(400 * S) == 0                          # older than 5 minutes: forgotten
+
+
+def test_a_collective_call_that_never_returns_is_in_flight(tmp_path):
+    raw = tmp_path / "raw"
+    m = watch.ProgressMonitor(raw)
+    _segment(raw, [f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1)}"])          # blocked inside ncclAllReduce
+    m.poll()
+    assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]
+    m.forget([5])                                              # the process is gone: not a hang
+    assert m.stuck(10 * S, 5 * S) == []
+
+
+def test_partial_lines_wait_and_dropped_segments_are_forgotten(tmp_path):
+    raw = tmp_path / "raw"
+    m = watch.ProgressMonitor(raw)
+    raw.mkdir()
+    line = f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1)}\n"
+    (raw / "seg-000000.txt").write_text(line[:20])            # bpftrace is still writing this line
+    assert m.poll() == 0
+    with open(raw / "seg-000000.txt", "a") as fh:
+        fh.write(line[20:])
+    assert m.poll() == 1 and m.poll() == 0                     # read once
+    (raw / "seg-000000.txt").unlink()                          # the ring dropped it
+    _segment(raw, [f"@e0[7, {2 * S}]: {_rec(255, 5, a=1 * S)}"], name="seg-000001.txt")
+    assert m.poll() == 1 and "seg-000000.txt" not in m.pos
+    assert m.stuck(10 * S, 5 * S) == []                        # its return came
+
+
+def test_without_traced_returns_a_collective_is_a_launch(tmp_path):
+    raw = tmp_path / "raw"
+    m = watch.ProgressMonitor(raw, call_returns=False)
+    _segment(raw, [f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1)}",
+                   f"@e1[7, {2 * S}]: {_rec(32, 5, a=0x77)}"])
+    m.poll()
+    assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]   # the sync after it never returned
+
+
+# ---------------------------------------------------------------- the log trigger
+def test_log_watch_reports_new_warn_and_watchdog_lines_only(tmp_path):
+    log = tmp_path / "nccl-rank0.log"
+    log.write_text("node0:1:1 [0] NCCL WARN an old warning, before the watcher looked\n")
+    lw = watch.LogWatch()
+    paths = [(str(log), "NCCL_DEBUG_FILE of pid 1")]
+    assert lw.poll(paths) == []                                # what was there is not news
+    with open(log, "a") as fh:
+        fh.write("node0:1:1 [0] NCCL INFO Channel 00 : 0[0] -> 1[0] via NET/Socket/0\n")
+        fh.write("node0:1:1 [0] NCCL WARN NET/Socket : peer 10.0.0.2<35121> shutdown\n")
+        fh.write("[rank0]:[E ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: "
+                 "WorkNCCL(SeqNum=18, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n")
+        fh.write("node0:1:1 [0] NCCL WARN half a li")
+    hits = lw.poll(paths)
+    assert [h[1] for h in hits] == ["NCCL WARN", "PyTorch watchdog timeout"]
+    assert "peer 10.0.0.2" in hits[0][2]
+    assert lw.poll(paths) == []
+    with open(log, "a") as fh:
+        fh.write("ne\n")
+    assert [h[1] for h in lw.poll(paths)] == ["NCCL WARN"]    # the line once it is whole
+
+
+# ---------------------------------------------------------------- the tracer's ring
+def test_spool_ring_drops_old_segments_and_compacts_the_kept_lines(tmp_path):
+    r, w = os.pipe()
+    raw = tmp_path / "raw"
+    sp = tracer.Spool(os.fdopen(r, "rb"), raw, max_bytes=1 << 20, max_age_s=8.0)
+    sp._append(b'{"ev":"comm_init","t0":1,"pid":5}\n' + b"@e0[7, 1]: (0, 5, 1, 1, 0, 0, 0, 0, 0, 0, 0)\n")
+    old = sp._segments[0]
+    os.utime(old, (time.time() - 60, time.time() - 60))       # a minute old: out of the ring
+    sp._seg_opened -= 2                                         # past max_age_s / 8: a new segment
+    sp._append(b"@e0[7, 2]: (0, 5, 1, 2, 0, 0, 0, 0, 0, 0, 0)\n")
+    assert not old.exists() and len(sp._segments) == 1
+    keep = (raw / tracer.KEEP_FILE).read_bytes()
+    assert b"comm_init" in keep and b"@e0" not in keep         # the rare line kept, the hot one gone
+    assert sp.dropped_lines == 1
+    # a long watch: old TCP events of the kept lines go, what joins later events stays
+    (raw / tracer.KEEP_FILE).write_bytes(keep + b'{"ev":"tcp_retransmit_skb","t":3}\n' * 5000)
+    sp._drop_aged()
+    kept = (raw / tracer.KEEP_FILE).read_bytes()
+    assert b"tcp_retransmit_skb" not in kept and b"comm_init" in kept
+    os.close(w)
+
+
+# ---------------------------------------------------------------- a real watcher (root)
+def _watcher(out: Path, *args: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "forensics", "capture", "--watch", "-o", str(out), "--status-every", "30s",
+                             *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
+
+
+def _wait_for(pred, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def _ring(out: Path) -> list[Path]:
+    return sorted(out.glob(".stallscope-*-watch.staging-*"))
+
+
+def _children_of_ring(ring: Path) -> list[int]:
+    """Processes whose command line names the ring folder (its bpftrace script, tcpdump files)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if str(ring).encode() in (d / "cmdline").read_bytes():
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def _manifest(bundle: Path) -> dict:
+    with tarfile.open(bundle) as t:
+        name = next(n for n in t.getnames() if n.endswith("/manifest.json"))
+        return json.load(t.extractfile(name))
+
+
+def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
+    require_root()
+    require_tool("bpftrace")
+    out = tmp_path / "bundles"
+    out.mkdir()
+    w = _watcher(out, "--before", "30s", "--after", "1s", log=tmp_path / "w.err")
+    try:
+        _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
+        ring = _ring(out)
+        assert len(ring) == 1
+        assert _children_of_ring(ring[0]), "the tracer runs from the ring"
+        p = subprocess.run([PY, "-m", "forensics", "capture", "--trigger", "test: on demand"], cwd=ROOT,
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert f"triggered watcher {w.pid}" in p.stderr
+        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        m = _manifest(bundle)
+        assert m["trigger"]["kind"] == "on-demand" and m["trigger"]["reason"] == "test: on demand"
+        assert m["watch"]["before_s"] == 30 and not m["partial"]
+        # a second one by the trigger file (no cooldown for on-demand triggers)
+        (out / watch.TRIGGER_NAME).write_text("by the file\n")
+        _wait_for(lambda: len(list(out.glob("stallscope-*.tar.gz"))) == 2, 60, "the second bundle")
+        assert not (out / watch.TRIGGER_NAME).exists()
+        w.send_signal(signal.SIGKILL)
+        w.wait(timeout=10)
+        _wait_for(lambda: not _children_of_ring(ring[0]), 15, "the watcher's children to be stopped")
+        _wait_for(lambda: not ring[0].exists(), 15, "the guardian to remove the rings")
+        assert not list(out.glob(".*staging*")), "nothing left for --recover: no incident was pending"
+    finally:
+        if w.poll() is None:
+            w.kill()
+            w.wait()
+
+
+def test_trigger_without_a_watcher_is_a_clear_error(tmp_path):
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
+    if os.geteuid() == 0 and watch.live_watchers():
+        pytest.skip("a watcher runs on this host")
+    p = subprocess.run([PY, "-m", "forensics", "capture", "--trigger"], cwd=ROOT, capture_output=True, text=True,
+                       env=env, timeout=30)
+    assert p.returncode == 2
+    assert p.stderr.strip().count("\n") == 0 and "no stallscope watcher" in p.stderr
+
+
+# ---------------------------------------------------------------- the lab under watch (root)
+# make test watches the clean job 2 minutes (CI's 30-minute budget); make watch-clean-5min, 5
+CLEAN_S = float(os.environ.get("STALLSCOPE_WATCH_CLEAN_S", "120"))
+HANG_AFTER_S, AFTER_S = 5, 5
+SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
+
+
+class WatchedRun:
+    """A lab job with its own watcher, started before the job: the launcher waits at a gate
+    (a shell blocked on a FIFO) while the watcher starts on its pid (--pid: the job's ranks
+    are its descendants), then execs."""
+
+    def __init__(self, name: str, base: Path, build: Path, lab_args: list[str], watch_args: list[str]):
+        self.name, self.out = name, base / name
+        self.bundles = self.out / "bundles"
+        self.bundles.mkdir(parents=True)
+        gate = base / f"{name}.gate"
+        os.mkfifo(gate)
+        self.launcher = subprocess.Popen(
+            ["sh", "-c", 'read x < "$0"; exec "$@"', str(gate), PY, "-m", "tests.lab.launcher", "--build", str(build),
+             "--out", str(self.out / "lab"), *lab_args], cwd=ROOT, stdout=subprocess.DEVNULL,
+            stderr=open(base / f"{name}.launcher.err", "wb"))
+        self.err = base / f"{name}.watch.err"
+        self.watcher = _watcher(self.bundles, "--pid", str(self.launcher.pid), "--nccl-lib",
+                                str(build / "libnccl.so.2"), *watch_args, log=self.err)
+        _wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.watcher.poll() is not None, 120,
+                  f"{name}'s watcher to start")
+        assert self.watcher.poll() is None, self.err.read_text()
+        self.ring = _ring(self.bundles)[0]
+        with open(gate, "w") as fh:
+            fh.write("go\n")
+
+    def bundle_list(self) -> list[Path]:
+        return sorted(self.bundles.glob("stallscope-*.tar.gz"))
+
+    def truth(self) -> dict:
+        return json.loads((self.out / "lab" / "scenario.json").read_text())
+
+    def close(self) -> None:
+        for p in (self.watcher, self.launcher):
+            if p.poll() is None:
+                p.terminate()       # the launcher tears its namespaces down on SIGTERM
+        for p in (self.watcher, self.launcher):
+            try:
+                p.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory):
+    require_root()
+    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
+    from tests.lab import netns
+    build = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    netns.sweep()
+    base = tmp_path_factory.mktemp("watch")
+    rng = random.Random(int(os.environ.get("STALLSCOPE_WATCH_SEED", str(int(time.time())))))
+    hang_watch = ["--hang-after", f"{HANG_AFTER_S}s", "--after", f"{AFTER_S}s", "--before", "60s"]
+    runs = {}
+    try:
+        # the clean job first: it is watched the longest, with the defaults an operator keeps
+        runs["clean"] = WatchedRun("clean", base, build, ["--scenario", "clean", "--ranks", "4", "--steps", "1000000",
+                                                          "--run-timeout-s", str(CLEAN_S + 300)] + SMALL,
+                                   ["--duration", f"{CLEAN_S:g}s"])
+        runs["link-down-hang"] = WatchedRun(
+            "link-down-hang", base, build, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
+                                            "--start-s", f"{rng.uniform(4, 15):.1f}", "--hold-s", "45"] + SMALL,
+            hang_watch)
+        runs["mismatch-hang"] = WatchedRun(
+            "mismatch-hang", base, build, ["--scenario", "mismatch-hang", "--rank", "1", "--ranks", "3",
+                                           "--at-op", str(rng.randint(120, 450)), "--hold-s", "45"] + SMALL,
+            hang_watch)
+        yield runs
+    finally:
+        for r in runs.values():
+            r.close()
+        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+
+
+def _check_hang_bundle(run: WatchedRun, kind: str, link: bool, tmp_path: Path):
+    from forensics.analysis import analyze
+    run.launcher.wait(timeout=200)
+    truth = run.truth()
+    onset = truth["fault"]["start_time_ns"]
+    bundles = run.bundle_list()
+    assert len(bundles) == 1, (bundles, run.err.read_text()[-3000:])   # one bundle per incident
+    m = _manifest(bundles[0])
+    assert m["trigger"]["kind"] == "hang", m["trigger"]
+    # written within --hang-after + --after + 10 s of the onset
+    assert m["ended_ns"] - onset <= (HANG_AFTER_S + AFTER_S + 10) * S, (m["ended_ns"] - onset) / S
+    assert m["watch"]["window_ns"][0] <= onset - 30 * S        # the minutes before the hang are in it
+    res = analyze([str(bundles[0])])
+    top = res.findings[0]
+    assert top.kind == kind, [(f.kind, f.summary) for f in res.findings[:3]]
+    assert set(truth["fault"]["ranks"]) <= set(top.ranks), (top.ranks, top.summary)
+    assert "hung since" in top.summary, top.summary             # when the hang started
+    last = top.details.get("last_progress_ns") if kind == "hang_stuck" else None
+    if kind == "hang_stuck":   # the last completed collective before the hang is in the bundle
+        assert last is not None and onset - 5 * S <= last <= onset + 2 * S, ((last or 0) - onset) / S
+    if link:
+        addr = truth["fault"]["link"]["addr"]
+        assert any(addr in (lk.get("saddr"), lk.get("daddr")) for lk in top.links), top.links
+        retx = [e["timestamp_ns"] for e in top.evidence if "retrans" in str(e.get("event"))]
+        assert retx and onset <= min(retx) <= onset + 5 * S, [(t - onset) / S for t in retx[:5]]
+    return m
+
+
+def test_link_down_hang_under_watch(watched, tmp_path):
+    run = watched["link-down-hang"]
+    _check_hang_bundle(run, "hang_stuck", True, tmp_path)
+    # SIGTERM: the watcher ends, its children stop, the rings go, no bundle of its own
+    run.watcher.send_signal(signal.SIGTERM)
+    assert run.watcher.wait(timeout=90) == 0, run.err.read_text()[-2000:]
+    assert not run.ring.exists() and not _children_of_ring(run.ring)
+    assert len(run.bundle_list()) == 1 and not list(run.bundles.glob(".*staging*"))
+    assert not (watch.registry_dir() / f"watch-{run.watcher.pid}.json").exists()
+
+
+def test_mismatch_hang_under_watch(watched, tmp_path):
+    run = watched["mismatch-hang"]
+    m = _check_hang_bundle(run, "hang_mismatch", False, tmp_path)
+    stuck = set(m["trigger"]["pids"])
+    ranks = {p["pid"]: p.get("rank") for p in m["processes"]}
+    assert 1 not in {ranks.get(p) for p in stuck}, "the rank that skipped is not inside a collective"
+    run.watcher.send_signal(signal.SIGKILL)
+    run.watcher.wait(timeout=10)
+    _wait_for(lambda: not _children_of_ring(run.ring), 15, "the watcher's children to stop")
+    _wait_for(lambda: not run.ring.exists(), 15, "the guardian to remove the rings")
+
+
+def test_clean_job_under_watch_writes_no_bundle(watched):
+    run = watched["clean"]
+    rc = run.watcher.wait(timeout=CLEAN_S + 240)
+    err = run.err.read_text()
+    assert rc == 0, err[-3000:]
+    assert run.bundle_list() == [], err[-3000:]
+    assert "TRIGGER" not in err
+    assert run.launcher.poll() is None, "the job outlived its watcher"
+    assert not run.ring.exists() and not list(run.bundles.glob(".*staging*"))

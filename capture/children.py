@@ -138,9 +138,9 @@ class Guardian:
             os.setpgid(0, 0)   # not in capture's group: a terminal's Ctrl-C is capture's to handle
         self._lock = threading.Lock()
         try:
-            self.proc = subprocess.Popen([python or sys.executable, "-S", "-E", "-c", GUARDIAN_CODE, str(staging),
-                                          str(os.getpid())] + ([ring_marker] if ring_marker else []), stdin=r, stdout=subprocess.DEVNULL,
-                                         close_fds=True, preexec_fn=setup)
+            argv = [python or sys.executable, "-S", "-E", "-c", GUARDIAN_CODE, str(staging), str(os.getpid())]
+            self.proc = subprocess.Popen(argv + ([ring_marker] if ring_marker else []), stdin=r,
+                                         stdout=subprocess.DEVNULL, close_fds=True, preexec_fn=setup)
         finally:
             os.close(r)
         self._w = w

@@ -469,7 +469,7 @@ class Capture:
                     st["opened"] = st.get("opened") or time.monotonic()
                 elif st.setdefault("bytes", 0) + len(block) > c.per_file_max:
                     st["stopped"] = f"the series reached its cap ({c.per_file_max >> 20} MiB): sampling stopped"
-                elif not self.ring:
+                else:
                     grant = self.budget.take(len(block) + extra)
                     if grant < len(block) + extra:
                         self.budget.give_back(grant)
@@ -1309,7 +1309,8 @@ class Capture:
             "partial": partial,
             "clock": "bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",
             "clock_samples": list(self.clock),
-            "options": {"duration_s": self.o.duration_s if self.o.duration_s != float("inf") else None, "pids": self.o.pids, "ifaces": self.o.ifaces,
+            "options": {"duration_s": self.o.duration_s if self.o.duration_s != float("inf") else None,
+                        "pids": self.o.pids, "ifaces": self.o.ifaces,
                         "max_bytes": self.o.max_bytes, "nccl_libs": self.o.nccl_libs,
                         "nccl_tests": self.o.nccl_tests, "attach": self.o.attach, "bpf": self.o.bpf,
                         "pcap": self.o.pcap, "snaplen": self.o.snaplen, "call_returns": self.o.call_returns,

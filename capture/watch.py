@@ -87,8 +87,12 @@ class Trigger:
 class ProgressMonitor:
     """The tracer's raw lines (capture.tracer.Spool's segments), read as they are spooled, into
     what each traced process is doing: its open calls, its last return, and whether a
-    collective is in flight (entered since its last returned host wait). Times are the
-    tracer's CLOCK_MONOTONIC ns."""
+    collective is in flight (one entered after the last host wait that returned). Times are
+    the tracer's CLOCK_MONOTONIC ns. bpftrace prints a flush's records unsorted: each poll's
+    records are taken in time order, and a return read before its entry (a flush split
+    between two polls) is kept until the entry comes."""
+
+    MAX_EARLY = 100_000
 
     def __init__(self, raw_dir: Path, call_returns: bool = True, max_read: int = 16 << 20):
         self.raw_dir = Path(raw_dir)
@@ -96,10 +100,11 @@ class ProgressMonitor:
         self.max_read = max_read
         self.pos: dict[str, int] = {}
         self.open: dict[tuple[int, int], tuple[int, int]] = {}     # (tid, t0) -> (pid, kind)
+        self.early: dict[tuple[int, int], int] = {}                # (tid, t0) -> t1: a return before its entry
         self.last_return: dict[int, int] = {}                      # pid -> t1 of its last returned call
-        self.coll_since: dict[int, int] = {}                       # pid -> first collective entered since its last host wait
-        self.last_coll: dict[int, int] = {}                        # pid -> its last collective entered
-        self.durations: collections.deque = collections.deque()    # (t1, ns): collective -> host wait returned
+        self.last_coll: dict[int, int] = {}                        # pid -> t0 of its last collective
+        self.last_wait: dict[int, int] = {}                        # pid -> t0 of its last returned host wait
+        self.durations: collections.deque = collections.deque()    # (t1, ns): host waits after collectives
         self.lines = 0
 
     def poll(self) -> int:
@@ -109,7 +114,7 @@ class ProgressMonitor:
         names = {p.name for p in segs}
         for gone in [n for n in self.pos if n not in names]:
             del self.pos[gone]
-        budget, n = self.max_read, 0
+        budget, recs = self.max_read, []
         for p in segs:
             off = self.pos.get(p.name, 0)
             try:
@@ -136,41 +141,51 @@ class ProgressMonitor:
                     f = [int(x) for x in m.group(4).split(b",")]
                 except ValueError:
                     continue
-                if len(f) != 11:
-                    continue
-                n += 1
-                self._record(int(m.group(2)), int(m.group(3)), f, RET_KIND)
+                if len(f) == 11:
+                    key2 = int(m.group(3))
+                    recs.append((key2, int(m.group(2)), f))      # key2: t0 of an entry, t1 of a return
             if budget <= 0:
                 break
-        self.lines += n
-        return n
+        recs.sort(key=lambda r: r[0])
+        for key2, tid, f in recs:
+            self._record(tid, key2, f, RET_KIND)
+        self.lines += len(recs)
+        return len(recs)
 
     def _record(self, tid: int, key2: int, f: list[int], ret_kind: int) -> None:
         kind, pid = f[0], f[1]
         if kind == ret_kind:                      # a return: (tid, t0 in slot a), t1 the key
             entry = self.open.pop((tid, f[2]), None)
-            self._returned(entry[0] if entry else pid, entry[1] if entry else None, key2)
+            if entry is None:
+                if len(self.early) < self.MAX_EARLY:
+                    self.early[(tid, f[2])] = key2
+                self.last_return[pid] = max(self.last_return.get(pid, 0), key2)
+            else:
+                self._returned(entry[0], entry[1], f[2], key2)
             return
         if 16 <= kind < 32:                       # ncclGroupStart/End: not evidence either way
             return
         t0 = key2
         if kind < 16:
             self.last_coll[pid] = max(self.last_coll.get(pid, 0), t0)
-            if pid not in self.coll_since:
-                self.coll_since[pid] = t0
             if not self.call_returns:             # no return traced: the call is a launch, done
                 return
-        if f[9]:                                  # returned within the same flush
-            self._returned(pid, kind, f[9])
+        t1 = f[9] or self.early.pop((tid, t0), 0)
+        if t1:                                    # returned within the same flush (or read before)
+            self._returned(pid, kind, t0, t1)
         else:
             self.open[(tid, t0)] = (pid, kind)
 
-    def _returned(self, pid: int, kind: int | None, t1: int) -> None:
+    def _returned(self, pid: int, kind: int, t0: int, t1: int) -> None:
         self.last_return[pid] = max(self.last_return.get(pid, 0), t1)
-        if kind is not None and kind >= 32 and pid in self.coll_since:   # a host wait after collectives
-            t0 = self.coll_since.pop(pid)
-            if t1 >= t0:
+        if kind >= 32:                            # a host wait: what was launched before it is done
+            if self.last_coll.get(pid, -1) < t0 and t1 >= t0 and self.in_flight(pid):
                 self.durations.append((t1, t1 - t0))
+            self.last_wait[pid] = max(self.last_wait.get(pid, 0), t0)
+
+    def in_flight(self, pid: int) -> bool:
+        """A collective entered after the last host wait that returned was entered."""
+        return self.last_coll.get(pid, -1) > self.last_wait.get(pid, -1)
 
     def slowest_ns(self, now_ns: int, window_s: float = SLOWEST_WINDOW_S) -> int:
         while self.durations and self.durations[0][0] < now_ns - window_s * 1e9:
@@ -186,12 +201,12 @@ class ProgressMonitor:
                 oldest[pid] = (t0, kind)
         out = []
         for pid, (t0, kind) in sorted(oldest.items()):
-            if kind >= 16 and pid not in self.coll_since:
+            if kind >= 16 and not self.in_flight(pid):
                 continue                          # a synchronize with no collective before it: compute
             since = max(t0, self.last_return.get(pid, 0))
             if now_ns - since >= after_ns:
                 out.append({"pid": pid, "open_since_ns": t0, "quiet_ns": now_ns - since, "kind": kind,
-                            "collective_since_ns": self.coll_since.get(pid, t0 if kind < 16 else None)})
+                            "last_collective_ns": self.last_coll.get(pid)})
         return out
 
     def forget(self, pids) -> None:
@@ -199,7 +214,7 @@ class ProgressMonitor:
         dead = set(pids)
         for k in [k for k, v in self.open.items() if v[0] in dead]:
             del self.open[k]
-        for d in (self.last_return, self.coll_since, self.last_coll):
+        for d in (self.last_return, self.last_coll, self.last_wait):
             for p in dead:
                 d.pop(p, None)
 
@@ -283,6 +298,7 @@ class Watcher(Capture):
         self.registry: Path | None = None
         self.folder: Path | None = None
         self.trigger_path: Path | None = None
+        self.incident_window0 = 0
 
     # ---------------------------------------------------------------- lifecycle
     def run(self) -> CaptureResult:
@@ -548,6 +564,7 @@ class Watcher(Capture):
         inc, self.incident = self.incident, None
         first: Trigger = inc["first"]
         w0_real = first.realtime_ns - int(self.o.before_s * 1e9)
+        self.incident_window0 = w0_real
         w0_epoch_s = w0_real / 1e9
         try:
             out = bd.choose_output(str(self.folder) + os.sep, self.host, first.realtime_ns)
@@ -696,6 +713,20 @@ class Watcher(Capture):
             except Exception as e:  # noqa: BLE001 - the raw lines stay in the bundle
                 self.record("tracer", status="failed", reason=f"building bpf/events.jsonl failed: "
                             f"{type(e).__name__}: {e}; the raw tracer output is kept in bpf/raw/")
+        w0 = int(self.incident_window0)
+        for key, rec in self.collectors.items():
+            cov = rec.get("covered_ns")
+            if not cov or not key.startswith(("ss-series", "offcpu")):
+                continue
+            first = None                           # what the copied rings hold, not the watch's start
+            for f in rec.get("files") or ():
+                try:
+                    with open(dest / f, "rb") as fh:
+                        m = re.match(rb"# stallscope-sample realtime_ns=(\d+)", fh.readline())
+                    first = int(m.group(1)) if m else None
+                except OSError:
+                    pass
+            rec["covered_ns"] = [max(first or cov[0], w0 if first is None else first), cov[1]]
         for t, copies in pcaps:
             spans = [sp for f in copies if (sp := bd.pcap_span(f))]
             err = dest / t["err"].relative_to(ring)

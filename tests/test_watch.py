@@ -51,12 +51,12 @@ def test_hang_needs_a_collective_in_flight_and_nothing_returned(tmp_path):
     assert m.stuck(3 * S, 5 * S) == []                         # not long enough yet
     stuck = m.stuck(7 * S, 5 * S)
     assert [s["pid"] for s in stuck] == [5]                    # pid 6 only computes: no collective in flight
-    assert stuck[0]["collective_since_ns"] == 1 * S
+    assert stuck[0]["last_collective_ns"] == 1 * S
     # the synchronize returns: progress, and the collective's time is known
     _segment(raw, [f"@e0[7, {int(1.5 * S)}]: {_rec(255, 5, a=1 * S + 2000)}"])
     m.poll()
     assert m.stuck(9 * S, 5 * S) == [] or [s["pid"] for s in m.stuck(9 * S, 5 * S)] == []
-    assert m.slowest_ns(2 * S) == int(0.5 * S)
+    assert m.slowest_ns(2 * S) == int(1.5 * S) - (1 * S + 2000)    # the synchronize after the collective
     assert m.slowest_ns(400 * S) == 0                          # older than 5 minutes: forgotten
 
 
@@ -68,6 +68,26 @@ def test_a_collective_call_that_never_returns_is_in_flight(tmp_path):
     assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]
     m.forget([5])                                              # the process is gone: not a hang
     assert m.stuck(10 * S, 5 * S) == []
+
+
+def test_unsorted_flushes_a_return_before_its_entry(tmp_path):
+    """bpftrace prints a flush's records unsorted; a flush may be split between two polls."""
+    raw = tmp_path / "raw"
+    m = watch.ProgressMonitor(raw)
+    _segment(raw, [
+        f"@e0[7, {int(1.5 * S)}]: {_rec(255, 5, a=1 * S + 2000)}",            # the sync's return first
+        f"@e0[7, {1 * S + 2000}]: {_rec(32, 5, a=0x77)}",                     # then the sync's entry
+        f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1, t1=1 * S + 1000)}",       # the allreduce before it
+        f"@e0[7, {2 * S}]: {_rec(0, 5, a=0x55, b=2, t1=2 * S + 1000)}",       # the next step's allreduce
+    ])
+    m.poll()
+    assert m.open == {} and m.in_flight(5)                     # #2 launched after the last sync returned
+    _segment(raw, [f"@e1[7, {int(3.5 * S)}]: {_rec(255, 5, a=3 * S)}"])    # a return, its entry not read yet
+    m.poll()
+    _segment(raw, [f"@e1[7, {3 * S}]: {_rec(32, 5, a=0x77)}"])            # the entry, in the next poll
+    m.poll()
+    assert m.open == {} and not m.in_flight(5)
+    assert m.stuck(60 * S, 5 * S) == []                        # a long compute after it: not a hang
 
 
 def test_partial_lines_wait_and_dropped_segments_are_forgotten(tmp_path):

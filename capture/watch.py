@@ -641,7 +641,8 @@ class Watcher(Capture):
             copies = []
             stem = t["out"].name[:-5] if t["out"].name.endswith(".pcap") else t["out"].name
             for i, (_, f) in enumerate(sorted(live)):
-                d = dest / t["out"].parent.relative_to(src) / (f"{stem}-{i:03d}.pcap" if len(live) > 1 else f"{stem}.pcap")
+                name = f"{stem}-{i:03d}.pcap" if len(live) > 1 else f"{stem}.pcap"
+                d = dest / t["out"].parent.relative_to(src) / name
                 d.parent.mkdir(parents=True, exist_ok=True)
                 try:
                     shutil.copyfile(f, d)
@@ -726,11 +727,12 @@ class Watcher(Capture):
                     first = int(m.group(1)) if m else None
                 except OSError:
                     pass
-            rec["covered_ns"] = [max(first or cov[0], w0 if first is None else first), cov[1]]
+            rec["covered_ns"] = [first if first is not None else max(cov[0], w0), cov[1]]
         for t, copies in pcaps:
             spans = [sp for f in copies if (sp := bd.pcap_span(f))]
             err = dest / t["err"].relative_to(ring)
-            self.record(t["key"], status="ok", files=[self.rel(f) for f in copies] + ([self.rel(err)] if err.exists() else []),
+            files = [self.rel(f) for f in copies] + ([self.rel(err)] if err.exists() else [])
+            self.record(t["key"], status="ok", files=files,
                         packets=sum(bd.pcap_records(f) for f in copies), ended_ns=time.time_ns(),
                         covered_ns=[min(a for a, _ in spans), max(b for _, b in spans)] if spans else None,
                         netns=t["ns"].label, iface=t["iface"], ring=True)

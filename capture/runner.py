@@ -1218,18 +1218,22 @@ class Capture:
             print("\nstallscope capture: finishing the bundle, please wait", file=self.err, flush=True)
         self.stop_evt.set()
 
+    def check_targets(self) -> None:
+        """--pid and --nccl-lib name what exists (CaptureUsageError, exit 2, otherwise)."""
+        for p in self.o.pids:
+            if not os.path.isdir(f"/proc/{p}"):
+                raise CaptureUsageError(f"--pid {p}: no such process")
+        for lib in self.o.nccl_libs:
+            if not os.path.isfile(lib):
+                raise CaptureUsageError(f"--nccl-lib {lib}: no such file")
+
     def run(self) -> CaptureResult:
         o = self.o
         if o.duration_s <= 0:
             raise CaptureUsageError("--duration must be positive")
         if o.max_bytes < bd.MIN_BUDGET:
             raise CaptureUsageError(f"--max-bytes must be at least {bd.MIN_BUDGET // 1024}k")
-        for p in o.pids:
-            if not os.path.isdir(f"/proc/{p}"):
-                raise CaptureUsageError(f"--pid {p}: no such process")
-        for lib in o.nccl_libs:
-            if not os.path.isfile(lib):
-                raise CaptureUsageError(f"--nccl-lib {lib}: no such file")
+        self.check_targets()
         try:
             self.out_path = bd.choose_output(o.output, self.host, self.started_ns)
         except (FileExistsError, FileNotFoundError) as e:

@@ -250,7 +250,7 @@ class TracerActivity:
 
 def tracer_activity(raw_dir: Path, call_returns: bool = True, max_bytes: int = 256 << 20) -> TracerActivity:
     """Count what the tracer spooled so far (raw bpftrace lines, see capture.tracer)."""
-    from .tracer import RET_KIND, _REC_RE, raw_files
+    from .tracer import RET_KIND, parse_record, raw_files
     act = TracerActivity()
     read = 0
     for f in raw_files(raw_dir):
@@ -263,16 +263,9 @@ def tracer_activity(raw_dir: Path, call_returns: bool = True, max_bytes: int = 2
                 read += len(line)
                 if read > max_bytes:
                     return act
-                if line[:2] == b"@e":
-                    m = _REC_RE.match(line)
-                    if not m:
-                        continue
-                    try:
-                        fields = [int(x) for x in m.group(4).split(b",")]
-                    except ValueError:
-                        continue
-                    if len(fields) != 11:
-                        continue
+                rec = parse_record(line)
+                if rec is not None:
+                    fields = rec[2]
                     kind = fields[0]
                     if kind == RET_KIND:
                         act.completed += 1

@@ -587,6 +587,21 @@ def raw_files(raw_dir: Path) -> list[Path]:
 _ATTACHING_RE = re.compile(rb"Attaching (\d+) probe")
 _LOST_RE = re.compile(rb"Lost (\d+) events")
 _REC_RE = re.compile(rb"^@(e0|e1)\[(\d+), (\d+)\]: \(([-\d, ]+)\)\s*$")
+
+
+def parse_record(line: bytes) -> tuple[int, int, list[int]] | None:
+    """One hot-path record line (``@e0[tid, key]: (11 fields)``) -> (tid, key, fields); None
+    for anything else. key is t0 of an entry, t1 of a return record (fields[0] == RET_KIND)."""
+    if line[:2] != b"@e":
+        return None
+    m = _REC_RE.match(line)
+    if not m:
+        return None
+    try:
+        f = [int(x) for x in m.group(4).split(b",")]
+    except ValueError:
+        return None
+    return (int(m.group(2)), int(m.group(3)), f) if len(f) == 11 else None
 RET_KIND = 255   # the return record of a call (bpf/nccl.bt)
 _NE_RE = re.compile(rb"^@ne: (\d+)")
 COLL_BY_KIND = {r["KIND"]: (r["OP"], r["FN"]) for r in COLLECTIVES}

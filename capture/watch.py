@@ -47,9 +47,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__
 from . import bundle as bd
-from . import children, procs, tracer
+from . import children, tracer
 from .runner import (DISK_FULL, STAGED_MANIFEST, Capture, CaptureFailed, CaptureResult, CaptureUsageError,
                      clock_sample, fit_budget, lock_staging, ring_previous, utc_span)
 
@@ -109,7 +108,7 @@ class ProgressMonitor:
 
     def poll(self) -> int:
         """Read what was spooled since the last call; returns the hot-path records read."""
-        from .tracer import RET_KIND, _REC_RE
+        from .tracer import RET_KIND, parse_record
         segs = sorted(self.raw_dir.glob("seg-*.txt"))
         names = {p.name for p in segs}
         for gone in [n for n in self.pos if n not in names]:
@@ -132,18 +131,10 @@ class ProgressMonitor:
             self.pos[p.name] = off + cut
             budget -= cut
             for line in data[:cut].split(b"\n"):
-                if line[:2] != b"@e":
-                    continue
-                m = _REC_RE.match(line + b"\n")
-                if not m:
-                    continue
-                try:
-                    f = [int(x) for x in m.group(4).split(b",")]
-                except ValueError:
-                    continue
-                if len(f) == 11:
-                    key2 = int(m.group(3))
-                    recs.append((key2, int(m.group(2)), f))      # key2: t0 of an entry, t1 of a return
+                rec = parse_record(line)
+                if rec is not None:
+                    tid, key2, f = rec
+                    recs.append((key2, tid, f))           # key2: t0 of an entry, t1 of a return
             if budget <= 0:
                 break
         recs.sort(key=lambda r: r[0])
@@ -308,12 +299,7 @@ class Watcher(Capture):
             raise CaptureUsageError("--watch writes one bundle per incident: -o takes a folder")
         if not folder.is_dir():
             raise CaptureUsageError(f"output folder {folder} does not exist")
-        for p in o.pids:
-            if not os.path.isdir(f"/proc/{p}"):
-                raise CaptureUsageError(f"--pid {p}: no such process")
-        for lib in o.nccl_libs:
-            if not os.path.isfile(lib):
-                raise CaptureUsageError(f"--nccl-lib {lib}: no such file")
+        self.check_targets()
         if o.ring_bytes < 8 * bd.MIN_BUDGET:
             raise CaptureUsageError(f"--ring-bytes must be at least {8 * bd.MIN_BUDGET // 1024}k")
         self.folder = folder.resolve()

@@ -315,10 +315,11 @@ def _rtt_split(cand: pd.DataFrame) -> int | None:
 
 
 def link_queue_delays(ctx) -> pd.DataFrame:
-    """Per link (a, b): ``q``, the ACK round-trip p90 that *every* data connection of the link
-    shows (per connection the largest over the capture points that saw it, then the least
-    over the link's connections). A bottleneck's queue delays most segments of every
-    connection through it; loss lifts only some connections' tails by a timeout, and
+    """Per link (a, b): ``q``, the clean ACK round-trip p90 that *every* data connection of the
+    link shows (per connection the largest over the capture points that saw it, then the least
+    over the link's connections; clean: the ACKs whose wait saw no hole repaired, see
+    :mod:`forensics.model.timing`). A bottleneck's queue delays most segments of every
+    connection through it; loss delays only the segments behind a hole, and
     Linux's delayed ACK (up to 40 ms for a lone small segment) only the directions that
     carry little, which are left out (less than BULK_SHARE of the busiest connections' bytes)."""
     t = ctx.model.tables.get("flow_timing")
@@ -331,8 +332,20 @@ def link_queue_delays(ctx) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     vol = pd.to_numeric(t["data_bytes"], errors="coerce").fillna(0)
     t = t[(vol >= BULK_SHARE * float(vol.quantile(0.9))).to_numpy()]
-    conn = t.assign(p50=pd.to_numeric(t["rtt_p50_ns"], errors="coerce")).groupby(
-        ["saddr", "sport", "daddr", "dport"]).agg(q=("rtt_p90_ns", "max"), p50=("p50", "median"),
+    # the clean ACKs (no hole repaired while they waited): loss lifts the others, a queue all
+    # of them. A row without the clean columns (a table built elsewhere) falls back to every
+    # ACK; a connection with too few clean ACKs cannot tell its queue from its loss: left out
+    def col(name):
+        return pd.to_numeric(t[name], errors="coerce") if name in t else pd.Series(np.nan, index=t.index)
+    n_clean = col("rtt_clean_samples")
+    known = n_clean.notna()
+    t = t.assign(q=col("rtt_clean_p90_ns").where(known, col("rtt_p90_ns")),
+                 p50=col("rtt_clean_p50_ns").where(known, col("rtt_p50_ns")))
+    t = t[(~known | (n_clean >= MIN_RTT_SAMPLES)).to_numpy()]
+    if t.empty:
+        return pd.DataFrame(columns=cols)
+    conn = t.groupby(
+        ["saddr", "sport", "daddr", "dport"]).agg(q=("q", "max"), p50=("p50", "median"),
                                                   r=("rank", "first"), p=("peer_rank", "first")).reset_index()
     conn = conn.assign(a=np.minimum(conn["r"], conn["p"]).astype("int64"),
                        b=np.maximum(conn["r"], conn["p"]).astype("int64"), q=conn["q"].astype("float64"))
@@ -422,8 +435,10 @@ def slow_link(ctx: Context) -> list[Finding]:
     rtt_txt = _us_range(lo, hi)
     medians = ""
     if slow["p50"].notna().any() and fast["p50"].notna().any():
-        medians = (f" (medians alike: {_us(float(slow['p50'].median()))} vs "
-                   f"{_us(float(fast['p50'].median()))})")
+        m_slow, m_fast = float(slow["p50"].median()), float(fast["p50"].median())
+        # a queue at a bursty bottleneck lifts the tail alone; a standing one the median too
+        alike = "alike: " if m_slow < 2 * max(m_fast, 1.0) else ""
+        medians = f" (medians {alike}{_us(m_slow)} vs {_us(m_fast)})"
     ratio = float(slow["rtt"].min()) / max(base, 1.0)
     w = collective_windows(ctx)
     done = w[w["complete"]].reset_index(drop=True)
@@ -510,11 +525,14 @@ def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False, queued=()) 
     if queue:
         ft = ("SELECT * FROM flow_timing WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_p90_ns IS NOT NULL "
               f"AND rank <> peer_rank AND rtt_samples >= {sql_int(MIN_RTT_SAMPLES)}")
+        clean = ("CASE WHEN rtt_clean_samples IS NULL THEN rtt_p{q}_ns ELSE rtt_clean_p{q}_ns END")
         links = (f"SELECT rank_a, rank_b, min(q) AS rtt, median(p50) AS p50, count(*) AS connections FROM ("
-                 "SELECT saddr, sport, daddr, dport, max(rtt_p90_ns) AS q, median(rtt_p50_ns) AS p50, "
+                 f"SELECT saddr, sport, daddr, dport, max({clean.format(q=90)}) AS q, "
+                 f"median({clean.format(q=50)}) AS p50, "
                  "any_value(least(rank, peer_rank)) AS rank_a, any_value(greatest(rank, peer_rank)) AS rank_b "
                  f"FROM ({ft}) WHERE data_bytes >= {BULK_SHARE!r} * (SELECT quantile_cont(data_bytes, 0.9) "
-                 f"FROM ({ft})) GROUP BY saddr, sport, daddr, dport) GROUP BY ALL")
+                 f"FROM ({ft})) AND (rtt_clean_samples IS NULL OR rtt_clean_samples >= {sql_int(MIN_RTT_SAMPLES)}) "
+                 "GROUP BY saddr, sport, daddr, dport) GROUP BY ALL")
     elif ack_rtt:
         links = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
                  "max(rtt_p99_ns) AS rtt, median(rtt_p50_ns) AS p50, count(*) AS connections FROM flow_timing "

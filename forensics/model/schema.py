@@ -225,6 +225,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "busy_rate_bps": "DOUBLE",       # busy_bytes * 8 / busy_ns: the sending rate while it was sending
         "rtt_samples": "BIGINT",         # ACKs with an RTT (tcp.analysis.ack_rtt) for this data
         "rtt_p50_ns": "DOUBLE", "rtt_p90_ns": "DOUBLE", "rtt_p99_ns": "DOUBLE", "rtt_max_ns": "DOUBLE",
+        # the ACKs whose wait saw no retransmission, out-of-order or lost segment on the connection
+        "rtt_clean_samples": "BIGINT", "rtt_clean_p50_ns": "DOUBLE", "rtt_clean_p90_ns": "DOUBLE",
         "rank": "INTEGER", "peer_rank": "INTEGER", "pid": "INTEGER",   # sender's rank, receiver's rank
     },
     # per-thread scheduler samples of the job (capture's schedstat sampler, bpf/README.md "offcpu")

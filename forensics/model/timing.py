@@ -9,6 +9,12 @@ of that connection's ACK round-trip times (p99, max) is far above the other link
 while their medians stay alike. The ACK RTT of a data segment is the TCP engine's
 (tshark's ``tcp.analysis.ack_rtt``), taken on every ACK, not only on flagged packets.
 
+Loss lifts the tail too, and on every connection of a lossy link: the segments sent behind a
+hole wait for its retransmission before the cumulative ACK covers them. So the table also
+has the *clean* RTT percentiles: only the ACKs whose wait (from the segment they ACK to
+themselves) saw no retransmission, out-of-order or lost segment on that connection. A
+queue lifts those as well; loss does not (:func:`forensics.findings.network.queue_links`).
+
 Also per connection: the *busy rate*, the payload of the data segments that followed
 a short gap (at most ``IDLE_NS`` after the previous one of the same connection) divided
 by the sum of those gaps: the sending rate while sending, idle time between collectives
@@ -22,9 +28,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..tcp.verdicts import VERDICT_BITS
 from .nccl import conform, empty
 
 IDLE_NS = 10_000_000      # a longer gap between two data segments of a connection is idle time
+# a data segment that tells of a hole in the connection's sequence space: the ACKs of the
+# segments in flight with it wait for the repair, not in a queue
+HOLE_MASK = sum(1 << VERDICT_BITS[v] for v in ("retransmission", "fast_retransmission", "spurious_retransmission",
+                                                 "out_of_order", "lost_segment"))
 
 
 class TimingCollector:
@@ -45,10 +56,11 @@ class TimingCollector:
         src, dst = conv.address_codes(out["key"], out["dir"])
         d = pk.seglen > 0
         if d.any():
-            self.data.append((flow[d], pk.ts[d], pk.seglen[d], src[d], dst[d], pk.sport[d], pk.dport[d]))
+            hole = (out["verdicts"][d].astype(np.int64) & HOLE_MASK) != 0
+            self.data.append((flow[d], pk.ts[d], pk.seglen[d], src[d], dst[d], pk.sport[d], pk.dport[d], hole))
         a = out["ack_rtt"] > 0
         if a.any():   # an ACK's RTT belongs to the data flowing the other way
-            self.acks.append((flow[a] ^ 1, out["ack_rtt"][a], dst[a], src[a], pk.dport[a], pk.sport[a]))
+            self.acks.append((flow[a] ^ 1, out["ack_rtt"][a], dst[a], src[a], pk.dport[a], pk.sport[a], pk.ts[a]))
 
     def aggregate(self, capture: str) -> pd.DataFrame | None:
         if not (self.data or self.acks):
@@ -105,18 +117,48 @@ def _aggregate(capture: str, data: list, acks: list, addresses: list[str]) -> pd
     out["busy_bytes"], out["busy_ns"] = busy_bytes.astype(np.int64), busy_ns.astype(np.int64)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["busy_rate_bps"] = np.where(busy_ns > 0, busy_bytes * 8e9 / busy_ns, np.nan)
-    # ACK RTT percentiles per connection: sort by (connection, rtt) and pick by rank
+    # ACK RTT percentiles per connection, of every ACK and of the clean ones
     rtt = _cat(acks, 1, np.int64)
-    cnt = np.bincount(acode, minlength=n)
-    out["rtt_samples"] = cnt
-    # one int64 sort of (connection, rtt) packed: RTTs fit in 40 bits (18 minutes)
-    rtt = np.clip(rtt, 0, (1 << 40) - 1)
-    rtt_sorted = np.sort((acode.astype(np.int64) << 40) | rtt) & ((1 << 40) - 1)
-    start = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
-    for name, q in (("rtt_p50_ns", 0.5), ("rtt_p90_ns", 0.9), ("rtt_p99_ns", 0.99), ("rtt_max_ns", 1.0)):
-        if not len(rtt_sorted):
-            out[name] = np.full(n, np.nan)
-            continue
-        idx = np.minimum(start + np.floor(q * np.maximum(cnt - 1, 0)).astype(np.int64), len(rtt_sorted) - 1)
-        out[name] = np.where(cnt > 0, rtt_sorted[idx], np.nan)
+    out["rtt_samples"] = np.bincount(acode, minlength=n)
+    for name, v in zip(("rtt_p50_ns", "rtt_p90_ns", "rtt_p99_ns", "rtt_max_ns"),
+                       _percentiles(acode, rtt, n, (0.5, 0.9, 0.99, 1.0))):
+        out[name] = v
+    clean = _clean_acks(acode, _cat(acks, 6, np.int64), rtt, dcode, _cat(data, 1, np.int64),
+                        _cat(data, 7, bool))
+    out["rtt_clean_samples"] = np.bincount(acode[clean], minlength=n)
+    out["rtt_clean_p50_ns"], out["rtt_clean_p90_ns"] = _percentiles(acode[clean], rtt[clean], n, (0.5, 0.9))
     return pd.DataFrame(out)
+
+
+def _percentiles(code: np.ndarray, rtt: np.ndarray, n: int, qs) -> list[np.ndarray]:
+    """Per connection code (0..n-1): the RTT at each quantile of ``qs`` (the lower sample, NaN
+    where the connection has none); one int64 sort of (code, rtt) packed, RTTs in 40 bits
+    (18 minutes)."""
+    cnt = np.bincount(code, minlength=n)
+    if not len(rtt):
+        return [np.full(n, np.nan) for _ in qs]
+    rtt = np.clip(rtt, 0, (1 << 40) - 1)
+    rtt_sorted = np.sort((code.astype(np.int64) << 40) | rtt) & ((1 << 40) - 1)
+    start = np.concatenate([[0], np.cumsum(cnt)[:-1]]).astype(np.int64)
+    return [np.where(cnt > 0, rtt_sorted[np.minimum(start + np.floor(q * np.maximum(cnt - 1, 0)).astype(np.int64),
+                                                    len(rtt_sorted) - 1)], np.nan) for q in qs]
+
+
+def _clean_acks(acode, ack_ts, rtt, dcode, data_ts, hole) -> np.ndarray:
+    """Per ACK sample: True when no data segment of its connection that tells of a hole
+    (HOLE_MASK) was seen from the segment the ACK covers (ack time - RTT) to the ACK."""
+    clean = np.ones(len(acode), dtype=bool)
+    if not len(acode) or not hole.any():
+        return clean
+    hc, ht = dcode[hole], data_ts[hole]
+    t0 = int(min(ht.min(), (ack_ts - rtt).min()))
+    span = int(max(ht.max(), ack_ts.max())) - t0 + 2
+    unit = 1
+    # (code, time) packed in one int64 key, coarser time units for very long captures
+    while (int(max(hc.max(), acode.max())) + 1) * (span // unit + 1) >= 1 << 62:
+        unit *= 1000
+    key = np.sort(hc.astype(np.int64) * (span // unit + 1) + (ht - t0) // unit)
+    base = acode.astype(np.int64) * (span // unit + 1)
+    lo = np.searchsorted(key, base + (ack_ts - rtt - t0) // unit, side="left")
+    hi = np.searchsorted(key, base + (ack_ts - t0) // unit, side="right")
+    return hi == lo

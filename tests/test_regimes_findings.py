@@ -278,9 +278,11 @@ def test_per_host_capture_verdict(runs, case):
 def test_partly_overlapping_captures_make_no_hang(runs, case):
     res = checked(runs, case)
     caps = sorted(res.truth["captures"], key=lambda c: c["capturing_ns"])
-    # the first capture ended after the last one began, but long before the last one ended
+    # the first capture ended after the last one began, but seconds before the last one ended
+    # (planned 5.5-6 s apart; each capture's start waits for its tracer to attach, which takes
+    # a second or two more on a loaded machine: seen 3.2 s apart once under a parallel benchmark)
     assert caps[0]["stopped_ns"] > caps[-1]["capturing_ns"], caps
-    assert caps[-1]["stopped_ns"] - caps[0]["stopped_ns"] > 4e9, caps
+    assert caps[-1]["stopped_ns"] - caps[0]["stopped_ns"] > 2e9, caps
     top, findings, _ = findings_of(res)
     assert not [f for f in findings if f.kind.startswith("hang") or f.severity in ("warning", "error")], \
         describe(findings)

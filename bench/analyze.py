@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import shutil
 import subprocess
@@ -79,7 +80,9 @@ print(json.dumps({"import_s": t_import - t0, "analyze_s": total, "stages": stage
 
 
 def addr_of(rank: int) -> str:
-    return f"10.203.0.{10 + rank}"
+    """The lab's addresses (10.203.0.10 is rank 0), continued into the next /24 past rank 245."""
+    n = 10 + rank
+    return f"10.203.{n // 256}.{n % 256}"
 
 
 def ip_int(a: str) -> int:
@@ -159,10 +162,19 @@ def repeat_timeline(lines: list[dict], times: int) -> list[dict]:
     return out
 
 
+@functools.lru_cache(maxsize=2)
+def _synth_rows(packets: int, flows: int, seed: int) -> np.ndarray:
+    """synth_capture's per-packet rows (its generator runs Python per packet: hosts that
+    share a seed share one generation)."""
+    rows = np.array(synth_capture.generate(packets, flows, 0.002, seed), dtype=np.int64)
+    rows.setflags(write=False)
+    return rows
+
+
 def ring_pcap(path: Path, packets: int, ranks: list[int], start_ns: int, seed: int) -> int:
     """synth_capture's flows, readdressed to ring links between ``ranks`` and moved to ``start_ns``."""
     flows = 8 * len(ranks)
-    rows = np.array(synth_capture.generate(packets, flows, 0.002, seed), dtype=np.int64)
+    rows = _synth_rows(packets, flows, seed).copy()
     t, src, sport, dport = rows[:, 0], rows[:, 1], rows[:, 3], rows[:, 4]
     f = np.where((sport >= 40000) & (sport < 43000), sport - 40000, dport - 40000)
     a_orig = 0x0A000001 + f % 8
@@ -177,7 +189,10 @@ def ring_pcap(path: Path, packets: int, ranks: list[int], start_ns: int, seed: i
     return synth_capture.write_rows(path, rows)
 
 
-def build(src_bundle: Path, out_dir: Path, ranks: int, packets: int, hosts: int, repeat: int = 1) -> list[Path]:
+def build(src_bundle: Path, out_dir: Path, ranks: int, packets: int, hosts: int, repeat: int = 1,
+          same_packets: bool = False) -> list[Path]:
+    """The scaled bundles (one per host); ``same_packets``: every host's capture from one
+    generated packet stream (readdressed to its own ranks), so many hosts cost one generation."""
     from forensics.bundle import unpack_archive
     work = Path(tempfile.mkdtemp(prefix="bench-src-", dir=out_dir))
     unpack_archive(src_bundle, work)
@@ -222,12 +237,17 @@ def build(src_bundle: Path, out_dir: Path, ranks: int, packets: int, hosts: int,
         m["processes"] = [p for p in procs if p.get("rank") is None or p["rank"] in hr]
         m["netns"] = netns
         pids = {p["pid"] for p in m["processes"]}
-        ev = [e for e in scaled if e.get("pid") in pids or ("pid" not in e) or e.get("ev", "").startswith("tcp_")
-              or e.get("ev") == "sock_state"] if hosts > 1 else scaled
+        # a host's tracer sees its own processes and its own kernel's sockets (the kernel TCP
+        # events of its ranks' addresses), not the whole job's
+        own = {addr_of(r) for r in hr}
+        ev = [e for e in scaled if e.get("pid") in pids or ("pid" not in e)
+              or ((e.get("ev", "").startswith("tcp_") or e.get("ev") == "sock_state")
+                  and (e.get("saddr") in own or e.get("daddr") in own))] if hosts > 1 else scaled
         (d / "bpf" / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
         for p in (d / "pcap").glob("*"):
             p.unlink()
-        ring_pcap(d / "pcap" / f"bench{h}-eth0.pcap", packets, sorted(hr), int(m["started_ns"]), seed=7 + h)
+        ring_pcap(d / "pcap" / f"bench{h}-eth0.pcap", packets, sorted(hr), int(m["started_ns"]),
+                  seed=7 if same_packets else 7 + h)
         m["files"] = file_entries(d)
         (d / "manifest.json").write_text(json.dumps(m))
         tgz = out_dir / f"{d.name}.tar.gz"

@@ -67,12 +67,14 @@ class Analysis:
 
 
 def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
-            progress: Callable[[str], None] | None = None) -> Analysis:
-    """Model the bundles, run every detector, and store the findings next to the events."""
+            progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None) -> Analysis:
+    """Model the bundles, run every detector, and store the findings next to the events.
+    ``jobs``: worker processes for the per-host stage (1: this process); ``dask``: the
+    address of a Dask scheduler to run it on instead (:mod:`forensics.model.parallel`)."""
     options = options or Options()
     say = progress or (lambda _msg: None)
     say(f"reading {len(paths)} bundle(s)")
-    model = build_model(list(paths))
+    model = build_model(list(paths), jobs=jobs, dask=dask, progress=say)
     say("building the event tables")
     con = model.connect(db)
     say("looking for findings")

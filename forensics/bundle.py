@@ -457,6 +457,7 @@ class Bundle:
         self.manifest = manifest
         self.problems = problems
         self._tmpdir = tmpdir
+        self._closed = False
         self.clock: ClockMap | None = None
         if manifest.clock_samples:
             self.clock = ClockMap(manifest.clock_samples)
@@ -513,6 +514,10 @@ class Bundle:
         return b
 
     def close(self) -> None:
+        """Remove the unpacked copy. The manifest, clock and problems stay; reading a file
+        of a closed bundle raises (the model's per-host stage closes each bundle once it
+        has read everything it needs, :mod:`forensics.model.hosts`)."""
+        self._closed = True
         if self._tmpdir is not None:
             shutil.rmtree(self._tmpdir, ignore_errors=True)
             self._tmpdir = None
@@ -530,6 +535,7 @@ class Bundle:
 
     def path(self, rel: str) -> Path | None:
         """A regular file inside the bundle (never through a symlink), or None."""
+        self._check_open()
         try:
             parts = _safe_relpath(rel).parts
         except InputError:
@@ -544,6 +550,7 @@ class Bundle:
 
     def files(self, pattern: str = "**/*") -> Iterator[tuple[str, Path]]:
         """(relative path, path) of the regular files matching a glob, sorted; links skipped."""
+        self._check_open()
         for p in sorted(self.root.glob(pattern)):
             rel = p.relative_to(self.root).as_posix()
             if self.path(rel) is not None:
@@ -592,6 +599,10 @@ class Bundle:
         return next((p for p in self.manifest.processes if p.pid == pid), None)
 
     # ---- checks
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"{self.source}: bundle closed, its files are no longer readable")
+
     def _check_files(self) -> None:
         for name, c in sorted(self.manifest.collectors.items()):
             if c.status == "failed":

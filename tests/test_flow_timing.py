@@ -10,7 +10,8 @@ import pytest
 from forensics.bundle import Bundle
 from forensics.model import build_model
 from forensics.model.schema import SCHEMAS
-from forensics.model.tcp import Attribution, analyse_pcaps
+from forensics.model.hosts import scan_pcaps
+from forensics.model.tcp import Attribution
 from forensics.model.timing import flow_timing
 from forensics.tcp import analyze_file
 from shipped import BUNDLES, shipped_bundle
@@ -27,8 +28,7 @@ def test_rtt_percentiles_equal_the_engines_per_packet_ack_rtt():
         attr = Attribution(empty, pd.DataFrame(columns=["host", "pid", "rank"]),
                            pd.DataFrame(columns=["host", "netns", "pid"]))
         # the timing rides along the model's one engine pass over each capture
-        *_, parts = analyse_pcaps(b, attr)
-        df = flow_timing(b, attr, parts)
+        df = flow_timing(attr, scan_pcaps(b).timing)
         rel, path = b.pcaps()[0]
         pk = analyze_file(path, keep="all").packets
     assert list(df.columns) == list(SCHEMAS["flow_timing"])

@@ -121,7 +121,7 @@ def test_series_rows_reach_the_model_sockets_table_with_phase_series(tmp_path):
     import json
 
     from forensics.bundle import open_bundle
-    from forensics.model.artifacts import read_artifacts, sockets_table
+    from forensics.model import build_model
     root = tmp_path / "stallscope-h-20260101T000000Z"
     (root / "sys" / "host").mkdir(parents=True)
     (root / "sys" / "host" / "ss-series.txt").write_bytes((D / "ss_series_loopback.txt").read_bytes())
@@ -132,8 +132,8 @@ def test_series_rows_reach_the_model_sockets_table_with_phase_series(tmp_path):
         "collectors": {"ss-series@host": {"status": "ok", "files": ["sys/host/ss-series.txt"],
                                           "covered_ns": [1795512918957028999, 1795512919768023268]}},
         "processes": [], "files": []}))
+    df = build_model([root]).tables["sockets"]
     b = open_bundle(root)
-    df = sockets_table(b, read_artifacts(b), {}, None)
     series = df[df["phase"] == "series"]
     assert len(series) == 6 and series["sample_ns"].notna().all() and set(series["inode"]) == {439289, 439290}
     start = df[df["phase"] == "start"]

@@ -31,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", metavar="FILE", help="keep the event tables and findings as a DuckDB file")
     p.add_argument("--slow-ms", type=float, default=50.0, metavar="MS",
                    help="a collective slower than this is slow (default: 50)")
+    p.add_argument("-j", "--jobs", type=int, metavar="N",
+                   help="read the bundles on N worker processes (default: this machine's cores)")
+    p.add_argument("--dask", metavar="ADDRESS",
+                   help="read the bundles on the Dask cluster at ADDRESS (tcp://host:8786); the bundle "
+                        "paths must be readable by every worker")
     p.add_argument("--force", action="store_true", help="overwrite existing output files")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
 
@@ -47,6 +52,10 @@ def _outputs(args) -> dict[str, str]:
         check_output(path, args.force)
     if args.slow_ms <= 0:
         raise InputError("--slow-ms must be positive")
+    if args.jobs is not None and args.jobs < 1:
+        raise InputError("--jobs must be at least 1")
+    if args.jobs is not None and args.dask:
+        raise InputError("--jobs and --dask exclude each other (the Dask cluster has its own workers)")
     return outs
 
 
@@ -54,6 +63,7 @@ def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
     from ..analysis import analyze
     from ..findings import Options
+    from ..model.parallel import default_jobs
     from ..output import open_output, staged_path
     from ..report import WRITERS
 
@@ -66,7 +76,8 @@ def run(args: argparse.Namespace, env) -> int:
     # the database is built next to its final name and moved there at the end: an existing
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
-        analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say)
+        analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
+                           jobs=args.jobs or default_jobs(), dask=args.dask)
         try:
             for p in analysis.problems[:20]:
                 env.warn(p)

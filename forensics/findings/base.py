@@ -19,6 +19,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import pandas as pd
+
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -88,7 +90,6 @@ def _jsonable(v: Any) -> Any:
     if hasattr(v, "tolist"):
         return v.tolist()
     try:
-        import pandas as pd
         if v is None or v is pd.NA or v is pd.NaT or bool(pd.isna(v)):
             return None
     except (TypeError, ValueError):   # pd.isna of a container
@@ -109,9 +110,19 @@ class Context:
     model: Any
     con: Any
     options: Options = field(default_factory=Options)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)
 
     def table(self, name: str):
         return self.model.tables[name]
+
+    def memo(self, key, make: Callable[[], Any]):
+        """``make()``'s result, computed once per analysis for ``key`` (a derived table
+        several detectors read, e.g. the TCP trouble per link): a DataFrame comes back as
+        a copy, so no detector changes another's view of it."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        v = self._memo[key]
+        return v.copy() if isinstance(v, pd.DataFrame) else v
 
     def sql(self, query: str, *params):
         return self.con.execute(query, list(params) if params else None).df()

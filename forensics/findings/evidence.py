@@ -100,13 +100,44 @@ def label(directory: dict[int, RankInfo], rank) -> str:
     return directory.get(r, RankInfo(None, None)).label(r)
 
 
+LISTED_RANKS = 12      # a longer rank list is written compactly (a job of hundreds of ranks)
+
+
 def ranks_text(ranks) -> str:
-    rs = sorted(int(r) for r in ranks)
+    """"rank 3", "ranks 1, 2, 5", "ranks 0-7"; a list longer than LISTED_RANKS as runs
+    ("ranks 0-63, 128-191 (128 ranks)"), a regular stride ("ranks 2-254, every 4th (64
+    ranks)"), or its first ones and the count."""
+    rs = sorted({int(r) for r in ranks})
     if not rs:
         return "no rank"
     if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
         return f"ranks {rs[0]}-{rs[-1]}"
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+    if len(rs) <= LISTED_RANKS:
+        return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+    steps = {b - a for a, b in zip(rs, rs[1:])}
+    if len(steps) == 1:
+        k = steps.pop()
+        nth = {2: "2nd", 3: "3rd"}.get(k, f"{k}th")
+        return f"ranks {rs[0]}-{rs[-1]}, every {nth} ({len(rs)} ranks)"
+    runs, start = [], rs[0]
+    for a, b in zip(rs, rs[1:] + [None]):
+        if b != a + 1:
+            runs.append(f"{start}-{a}" if a > start else str(start))
+            start = b
+    if len(runs) <= LISTED_RANKS:
+        return f"ranks {', '.join(runs)} ({len(rs)} ranks)"
+    return f"ranks {', '.join(runs[:LISTED_RANKS - 2])}, … ({len(rs)} ranks)"
+
+
+def who_text(directory: dict[int, RankInfo], ranks, limit: int = 3) -> str:
+    """The blamed ranks with host and address ("rank 2 (node1, 10.0.0.2) or rank 5 (...)"),
+    or, beyond ``limit`` of them, the first ones labelled and the rest as :func:`ranks_text`."""
+    given = list(dict.fromkeys(int(r) for r in ranks))
+    if len(given) <= limit:
+        return " or ".join(label(directory, r) for r in given)
+    rs = sorted(given)
+    return (f"one of {len(rs)} ranks, {', '.join(label(directory, r) for r in rs[:2])}, … "
+            f"({ranks_text(rs)})")
 
 
 def ms(ns) -> str:
@@ -263,11 +294,17 @@ WORLD_RANK_SQL = """seen AS (
 def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
     """tcp_events of the given classes between two known ranks, with columns
     cls, sender, receiver (ranks: who sent the retransmission / the RST), a, b (the
-    unordered link), key (directed connection), src (which source saw it)."""
+    unordered link), key (directed connection), src (which source saw it). Computed once
+    per analysis and classes (several detectors read it)."""
+    return ctx.memo(("trouble_events", tuple(classes)), lambda: _trouble_events(ctx, tuple(classes)))
+
+
+def _trouble_events(ctx, classes: tuple[str, ...]) -> pd.DataFrame:
     t = ctx.table("tcp_events")
     if t.empty:
         return _empty_trouble()
-    cls = classify(t)   # one class per packet: a spurious retransmission is not also a retransmission
+    # one class per packet: a spurious retransmission is not also a retransmission
+    cls = ctx.memo("tcp_event_classes", lambda: classify(t))
     t = t.assign(cls=cls)[cls.isin(classes).to_numpy()]
     t = t.dropna(subset=["rank", "peer_rank", "timestamp_ns"])
     t = t[t["rank"] != t["peer_rank"]]

@@ -32,7 +32,7 @@ import pandas as pd
 
 from .base import Context, Finding, detector
 from ..model.windows import common_end
-from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
+from .evidence import (who_text, LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        world_rank_map)
@@ -509,7 +509,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         ranks = blame.ranks
         peers = sorted({x for lk in blame.links for x in lk} - set(ranks))
         nret = int(counts.loc[counts["cls"] == "retransmission", "n"].sum())
-        who = " or ".join(label(directory, r) for r in ranks)
+        who = who_text(directory, ranks)
         silent = _last_packets(ctx, members, ranks)
         cause = (f"; from {ms(first_loss - since)} after the last progress, {nret} TCP retransmissions went "
                  f"unanswered on {len(blame.links)} link(s), all touching {who}"

@@ -21,7 +21,7 @@ import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
+from .evidence import (who_text, COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
                        Impact, clean_baselines, impact, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql)
 
@@ -89,7 +89,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     op = ops.mode().iat[0] if len(ops) else "collective"
     blamed = blame.ranks
     peers = sorted({int(x) for a, b in blame.links for x in (a, b)} - set(blamed))
-    who = " or ".join(label(directory, r) for r in blamed)
+    who = who_text(directory, blamed)
     if len(blamed) == 2 and tuple(blamed) in {tuple(sorted(lk)) for lk in blame.links}:
         who += ", the link between them"
     base_txt = f"vs {ms(baseline)} for clean collectives" if baseline else f"(slow: > {ms(thr)})"
@@ -161,7 +161,7 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
     blame = shared_endpoint(counts)
     directory = rank_directory(ctx)
     n = int(counts["n"].sum())
-    who = " or ".join(label(directory, r) for r in blame.ranks)
+    who = who_text(directory, blame.ranks)
     how = (f"only {imp.slow} collective(s) holding them were slow, explaining {imp.text()}" if imp.slow else
            f"the collectives holding them stayed fast (p50 {ms(baseline)})")
     summary = (f"{n} retransmitted or lost TCP segments inside collectives on links of {who}, "

@@ -41,7 +41,7 @@ import pandas as pd
 
 from ..model.windows import host_windows
 from .base import Context, Finding, detector
-from .evidence import (dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
+from .evidence import (who_text, dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
                        trouble_events)
 
 STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
@@ -588,7 +588,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
         peers = sorted({x for lk in blame.links for x in lk} - set(ranks))
         n_retx = int(links["n_retx"].sum())
         backoff = int(pd.to_numeric(stuck["backoff"], errors="coerce").max()) if len(stuck) else 0
-        who = " or ".join(label(directory, r) for r in ranks)
+        who = who_text(directory, ranks)
         summary = (f"{head}; {len(blame.links)} link(s), all touching {who}"
                    + (f" (to {ranks_text(peers)})" if peers else "")
                    + " hold data nobody acknowledges"

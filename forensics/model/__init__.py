@@ -20,12 +20,11 @@ from ..bundle import Bundle
 from ..errors import InputError
 from . import artifacts as artifacts_mod
 from . import nccl as nccl_mod
-from . import offcpu as offcpu_mod
 from . import timing as timing_mod
 from . import tcp as tcp_mod
-from . import windows as windows_mod
 from .schema import SCHEMAS, TABLES
-from .skew import SkewEstimate, estimate_skew, segment_fingerprints
+from .hosts import HostPart
+from .skew import SkewEstimate, estimate_skew
 
 
 @dataclass
@@ -71,76 +70,67 @@ class Model:
         return con
 
 
-def build_model(paths: list[str | os.PathLike], *, skew: bool = True) -> Model:
+def build_model(paths: list[str | os.PathLike], *, skew: bool = True, jobs: int = 1, dask: str | None = None,
+                progress=None) -> Model:
+    """The model of the bundles at ``paths``: the per-host stage (:func:`.hosts.read_host`)
+    on ``jobs`` worker processes (1: in this process) or on the Dask cluster at ``dask``,
+    then the merge here (:mod:`.parallel`)."""
     if not paths:
         raise InputError("no bundle given")
-    bundles: list[Bundle] = []
-    try:
-        for p in paths:
-            bundles.append(Bundle.open(p))
-        hosts = [b.host for b in bundles]
-        dup = {h for h in hosts if hosts.count(h) > 1}
-        if dup:   # two bundles of one host (e.g. two captures): keep them apart
-            seen: dict[str, int] = {}
-            for b in bundles:
-                if b.host in dup:
-                    seen[b.host] = seen.get(b.host, 0) + 1
-                    b.manifest.host = f"{b.host}#{seen[b.host]}"
-        return _build(bundles, skew=skew)
-    finally:
-        for b in bundles:
-            b.close()
+    from .parallel import read_hosts
+    parts = read_hosts(list(paths), skew=skew, jobs=jobs, dask=dask, progress=progress)
+    hosts = [p.bundle.host for p in parts]
+    dup = {h for h in hosts if hosts.count(h) > 1}
+    if dup:   # two bundles of one host (e.g. two captures): keep them apart
+        seen: dict[str, int] = {}
+        for p in parts:
+            h = p.bundle.host
+            if h in dup:
+                seen[h] = seen.get(h, 0) + 1
+                p.rename(f"{h}#{seen[h]}")
+    return _build(parts, skew=skew)
 
 
-def _build(bundles: list[Bundle], skew: bool) -> Model:
-    events = {b.host: b.read_bpf_events() for b in bundles}
-    arts = {b.host: artifacts_mod.read_artifacts(b) for b in bundles}
-    # one pid -> global rank rule for every table (nccl.process_ranks)
-    pid_ranks = {b.host: nccl_mod.process_ranks(b, events[b.host], arts[b.host].table("nccl_debug", "nccl_comms"))
-                 for b in bundles}
-    endpoints = pd.concat([tcp_mod.endpoint_table(b, events[b.host]) for b in bundles], ignore_index=True)
+def _build(parts: list[HostPart], skew: bool) -> Model:
+    """Every host's part put together: what needs more than one host (attribution of TCP
+    events, packets, flows and sockets to ranks across hosts; GPU times; one communicator
+    key; the collective in flight; clock skew)."""
+    bundles = [p.bundle for p in parts]
+    arts = {p.bundle.host: p.arts for p in parts}
+    pid_ranks = {p.bundle.host: p.pid_ranks for p in parts}
+    endpoints = pd.concat([p.endpoints for p in parts], ignore_index=True)
     ranks = pd.concat([tcp_mod.rank_table(b, pid_ranks[b.host]) for b in bundles], ignore_index=True)
-    netns = pd.concat([tcp_mod.netns_pid_table(b) for b in bundles], ignore_index=True)
+    netns = pd.concat([p.netns for p in parts], ignore_index=True)
     attr = tcp_mod.Attribution(endpoints, ranks, netns)
 
-    nccl_parts, tcp_parts, pk_parts, fl_parts = [], [], [], []
-    off_parts: list[pd.DataFrame] = []
-    timing_parts: list[pd.DataFrame] = []
-    window_parts: list[pd.DataFrame] = []
-    for b in bundles:
-        ev = events[b.host]
-        nccl_parts.append(nccl_mod.nccl_events(b, ev, pid_ranks[b.host]))
-        tcp_parts.append(tcp_mod.bpf_tcp_events(b, ev, attr))
-        pe, pk, fl, timing = tcp_mod.analyse_pcaps(b, attr)
-        tcp_parts.append(pe)
-        pk_parts.append(pk)
-        fl_parts.append(fl)
-        off_parts.append(offcpu_mod.offcpu_samples(b, ev, pid_ranks[b.host]))
-        timing_parts.append(timing_mod.flow_timing(b, attr, timing))
-        window_parts.append(windows_mod.bundle_windows(b, ev, fl))
-    nccl = nccl_mod.concat(nccl_parts, "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
+    # every host's rows attributed together: one lookup per table, not one per host
+    bpf = [p.bpf_tcp for p in parts if p.bpf_tcp is not None]
+    pcap_events, packets, flows = tcp_mod.attribute_pcaps([p.pcap for p in parts], attr)
+    tcp_parts = [tcp_mod.bpf_tcp_events(pd.concat(bpf, ignore_index=True) if bpf else None, attr), pcap_events]
+    timing = timing_mod.flow_timing(attr, [t for p in parts for t in p.pcap.timing])
+    nccl = nccl_mod.concat([p.nccl for p in parts], "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                                   na_position="last").reset_index(drop=True)
     tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
                                                                 na_position="last").reset_index(drop=True)
-    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, arts, pid_ranks, nccl, attr)   # + GPU times
+    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, arts, pid_ranks, nccl, attr,
+                                                        {p.bundle.host: p.tables for p in parts})  # + GPU times
     # after the GPU times: those map only onto counts the tracer took from the init
     nccl = nccl_mod.unify_comm_ids(nccl, {b.host: arts[b.host].table("nccl_debug", "nccl_comms") for b in bundles})
     tcp = tcp_mod.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []
     if skew and len(bundles) > 1:
-        estimates = _skew(bundles, endpoints)
+        estimates = _skew(parts, endpoints)
     skew_df = pd.DataFrame([s.__dict__ for s in estimates], columns=list(SCHEMAS["clock_skew"]))
     problems = [(b.host, str(b.source), p) for b in bundles for p in b.problems]
     tables = {
-        "nccl_events": nccl, "tcp_events": tcp, "packets": nccl_mod.concat(pk_parts, "packets"),
-        "flows": nccl_mod.concat(fl_parts, "flows"), "collectives": nccl_mod.empty("collectives"),
+        "nccl_events": nccl, "tcp_events": tcp, "packets": packets, "flows": flows, "collectives": nccl_mod.empty("collectives"),
         "clock_skew": nccl_mod.conform(skew_df, "clock_skew"),
         "problems": nccl_mod.conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
         **artifact_tabs,
-        "offcpu": nccl_mod.concat(off_parts, "offcpu"),
-        "flow_timing": nccl_mod.concat(timing_parts, "flow_timing"),
-        "capture_windows": nccl_mod.concat(window_parts, "capture_windows"),
+        "offcpu": nccl_mod.concat([p.offcpu for p in parts], "offcpu"),
+        "flow_timing": timing,
+        "capture_windows": nccl_mod.concat([p.windows for p in parts], "capture_windows"),
     }
     return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
                  skew=estimates, captures=[capture_summary(b) for b in bundles])
@@ -166,22 +156,20 @@ def capture_summary(b: Bundle) -> dict:
     }
 
 
-def _skew(bundles: list[Bundle], endpoints: pd.DataFrame) -> list[SkewEstimate]:
-    """Pairwise skew between hosts, from every segment of their pcaps (bundles still open)."""
-    prints = {}
-    for b in bundles:
-        parts = []
-        for _, p in b.pcaps():
-            try:
-                parts.append(segment_fingerprints(p))
-            except InputError:   # an unreadable capture: already a problem line (analyse_pcaps)
-                continue
-        prints[b.host] = pd.concat(parts, ignore_index=True) if parts else None
+def _skew(parts: list[HostPart], endpoints: pd.DataFrame) -> list[SkewEstimate]:
+    """Pairwise skew between hosts from their captures' sampled segment fingerprints
+    (:func:`.hosts.scan_pcaps`). Only hosts whose captures hold a common connection (the
+    same address pair) are matched: the others get "no common segments" at no cost."""
+    prints = {p.bundle.host: p.pcap.fingerprints for p in parts}
+    pairs = {p.bundle.host: p.pcap.address_pairs for p in parts}
     out = []
-    for a, c in combinations(bundles, 2):
+    for a, c in combinations([p.bundle for p in parts], 2):
         pa, pc = prints[a.host], prints[c.host]
         if pa is None or pc is None:
             out.append(SkewEstimate(a.host, c.host, None, None, 0, "no pcap on one side"))
+            continue
+        if not (pairs[a.host] & pairs[c.host]):
+            out.append(SkewEstimate(a.host, c.host, None, None, 0, "no common segments"))
             continue
         own = set(endpoints.loc[endpoints["host"] == a.host, "addr"].astype(str))
         other = set(endpoints.loc[endpoints["host"] == c.host, "addr"].astype(str))

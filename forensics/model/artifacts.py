@@ -195,7 +195,9 @@ def stacks_table(bundle, arts: BundleArtifacts, ranks: dict[int, int]) -> pd.Dat
     return conform(df, "stacks")
 
 
-def sockets_table(bundle, arts: BundleArtifacts, ranks: dict[int, int], attr) -> pd.DataFrame:
+def sockets_table(bundle, arts: BundleArtifacts, ranks: dict[int, int]) -> pd.DataFrame:
+    """One host's ``ss`` samples, ranked by its own processes; :func:`attribute_sockets`
+    adds what needs every host's endpoints."""
     parts = []
     for rel, res in arts.of("ss"):
         df = res.tables.get("sockets")
@@ -208,12 +210,21 @@ def sockets_table(bundle, arts: BundleArtifacts, ranks: dict[int, int], attr) ->
     df = pd.concat(parts, ignore_index=True)
     df["host"] = bundle.host
     df["rank"] = _map_rank(df, ranks)
-    if attr is not None:
-        own = attr.owner(df["local_addr"].astype(str), pd.to_numeric(df["local_port"], errors="coerce"))
-        df["rank"] = df["rank"].fillna(pd.to_numeric(own["rank"], errors="coerce").astype("Int64").set_axis(df.index))
-        df["peer_rank"] = pd.to_numeric(attr.peer_rank(df["peer_addr"].astype(str),
-                                                       pd.to_numeric(df["peer_port"], errors="coerce")),
-                                        errors="coerce").astype("Int64").set_axis(df.index)
+    return df
+
+
+def attribute_sockets(df: pd.DataFrame, attr) -> pd.DataFrame:
+    """Every host's :func:`sockets_table` rows with the rank of the local end (where the
+    host's own processes did not tell) and of the peer, from every host's endpoints."""
+    if df.empty:
+        return empty("sockets")
+    df = df.reset_index(drop=True)
+    own = attr.owner(df["local_addr"].astype(str), pd.to_numeric(df["local_port"], errors="coerce"))
+    df["rank"] = pd.to_numeric(df["rank"], errors="coerce").astype("Int64").fillna(
+        pd.to_numeric(own["rank"], errors="coerce").astype("Int64").set_axis(df.index))
+    df["peer_rank"] = pd.to_numeric(attr.peer_rank(df["peer_addr"].astype(str),
+                                                   pd.to_numeric(df["peer_port"], errors="coerce")),
+                                    errors="coerce").astype("Int64").set_axis(df.index)
     return conform(df, "sockets")
 
 
@@ -271,36 +282,46 @@ def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- all of it
 
+# the per-host tables (host_tables; sockets still to attribute across hosts)
+HOST_TABLES = ARTIFACT_TABLES + ("gpu_records",)
+
+
+def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The artefact tables of one host that need no other host (:mod:`.hosts`' per-host stage);
+    ``ranks``: the host's :func:`forensics.model.nccl.process_ranks` (the one pid -> global
+    rank rule); ``gpu_records``: its Inspector and profiler-plugin records for the GPU times."""
+    from . import gpu_times, nccl_config, state
+    tests, runs = nccl_tests_tables(b, arts)
+    cfg, warns = nccl_config.config_tables(b, arts, ranks)
+    insp = [r for r in (gpu_times.inspector_records(b, arts), gpu_times.profiler_records(b, arts)) if len(r)]
+    return {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": host_facts,
+            "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
+            "ib_counters": ib_counters_table(b, arts), "coll_log_ops": state.coll_log_table(b, arts, cfg),
+            "sockets": sockets_table(b, arts, ranks),
+            "threads": state.threads_table(b, arts, ranks),
+            "fr_entries": gpu_times.fr_entries(b, arts, ranks),
+            "fr_pg_status": gpu_times.fr_entries(b, arts, ranks, "fr_pg_status"),
+            "gpu_records": pd.concat(insp, ignore_index=True) if insp else pd.DataFrame()}
+
+
 def artifact_tables(bundles: list, arts_by_host: dict[str, BundleArtifacts], pid_ranks: dict[str, dict[int, int]],
-                    nccl: pd.DataFrame, attr) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
-    """(nccl_events with GPU durations where the artefacts give them, the artefact tables);
-    ``arts_by_host``: each bundle's :func:`read_artifacts`, ``pid_ranks``: each host's
-    :func:`forensics.model.nccl.process_ranks` (the one pid -> global rank rule)."""
-    from . import gpu_times, nccl_config
-    per: dict[str, list[pd.DataFrame]] = {}
-    fr_parts, fr_status, insp_parts = [], [], []
-    for b in bundles:
-        arts, ranks = arts_by_host[b.host], pid_ranks[b.host]
-        tests, runs = nccl_tests_tables(b, arts)
-        cfg, warns = nccl_config.config_tables(b, arts, ranks)
-        from . import state
-        out = {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": nccl_config.host_facts(b, arts),
-               "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
-               "sockets": sockets_table(b, arts, ranks, attr), "ib_counters": ib_counters_table(b, arts),
-               "coll_log_ops": state.coll_log_table(b, arts, cfg), "threads": state.threads_table(b, arts, ranks)}
-        for k, v in out.items():
-            per.setdefault(k, []).append(v)
-        fr_parts.append(gpu_times.fr_entries(b, arts, ranks))
-        fr_status.append(gpu_times.fr_entries(b, arts, ranks, "fr_pg_status"))
-        insp_parts.append(gpu_times.inspector_records(b, arts))
-        insp_parts.append(gpu_times.profiler_records(b, arts))
-    tables = {k: concat(v, k) for k, v in per.items()}
-    tables["fr_entries"] = concat(fr_parts, "fr_entries")
-    tables["fr_pg_status"] = concat(fr_status, "fr_pg_status")
+                    nccl: pd.DataFrame, attr, per_host: dict[str, dict[str, pd.DataFrame]]
+                    ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
+    """(nccl_events with GPU durations where the artefacts give them, the artefact tables) of
+    every host: each host's :func:`host_tables` (``per_host``) put together, the sockets
+    attributed with every host's endpoints (``attr``), the GPU times matched across hosts."""
+    from . import gpu_times
+    tables: dict[str, pd.DataFrame] = {}
+    for name in HOST_TABLES:
+        if name in ("gpu_records", "sockets"):
+            continue
+        tables[name] = concat([per_host[b.host][name] for b in bundles], name)
+    socks = [per_host[b.host]["sockets"] for b in bundles if len(per_host[b.host]["sockets"])]
+    tables["sockets"] = attribute_sockets(pd.concat(socks, ignore_index=True) if socks else pd.DataFrame(), attr)
+    insp = [per_host[b.host]["gpu_records"] for b in bundles if len(per_host[b.host]["gpu_records"])]
     problems: list[tuple[str, str]] = []
-    nccl = gpu_times.apply_gpu_durations(nccl, tables["fr_entries"], pd.concat(
-        [p for p in insp_parts if len(p)], ignore_index=True) if any(len(p) for p in insp_parts) else pd.DataFrame(),
-        problems)
+    nccl = gpu_times.apply_gpu_durations(nccl, tables["fr_entries"],
+                                         pd.concat(insp, ignore_index=True) if insp else pd.DataFrame(), problems)
     by_host = {b.host: b for b in bundles}
     for host, msg in problems:
         if host in by_host:

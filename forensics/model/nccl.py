@@ -32,8 +32,14 @@ REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 DEVICE_WIDE_WAITS = {"cudaDeviceSynchronize", "cuCtxSynchronize"}
 
 
+_EMPTY: dict[str, pd.DataFrame] = {}
+
+
 def empty(table: str) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series(dtype=_pd_dtype(t)) for c, t in SCHEMAS[table].items()})
+    """A table with no rows, its columns typed (built once per table, handed out as copies)."""
+    if table not in _EMPTY:
+        _EMPTY[table] = pd.DataFrame({c: pd.Series(dtype=_pd_dtype(t)) for c, t in SCHEMAS[table].items()})
+    return _EMPTY[table].copy()
 
 
 def _pd_dtype(t: str) -> str:

@@ -27,17 +27,6 @@ class SkewEstimate:
     status: str           # ok | one direction only (delay not separated) | no common segments
 
 
-def segment_fingerprints(path) -> pd.DataFrame:
-    """Every TCP segment's key and capture time (the engine's per-packet output)."""
-    from ..tcp import analyze_file
-    p = analyze_file(path, keep="all").packets
-    out = pd.DataFrame({c: p[c].to_numpy() for c in KEY if c not in ("src", "dst")})
-    out["src"] = p["src"].astype(str).to_numpy()
-    out["dst"] = p["dst"].astype(str).to_numpy()
-    out["t"] = p["time_epoch_ns"].to_numpy(dtype=np.int64)
-    return out[KEY + ["t"]]
-
-
 def estimate_skew(a: pd.DataFrame, b: pd.DataFrame, a_addrs: set[str], host_a: str = "a",
                   host_b: str = "b") -> SkewEstimate:
     """a, b: fingerprints (KEY + t) of two hosts' captures; a_addrs: host a's own

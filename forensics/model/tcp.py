@@ -137,24 +137,29 @@ class Attribution:
             self.netns_owner = npids[n == 1].drop_duplicates(["host", "netns"])[["host", "netns", "pid", "rank"]]
         else:
             self.netns_owner = pd.DataFrame(columns=["host", "netns", "pid", "rank"])
+        # the lookup tables as the queries below join them (prepared once, not per query)
+        e = self.endpoints.astype({"addr": str})
+        self._endpoints = e.assign(port=pd.to_numeric(e["port"]))
+        self._addr_rank = self.addr_rank.astype({"addr": str})
 
     def owner(self, addr: pd.Series, port: pd.Series) -> pd.DataFrame:
         """(pid, rank) owning each (addr, port); NA where unknown."""
         q = pd.DataFrame({"addr": addr.astype(str).to_numpy(), "port": pd.to_numeric(port).to_numpy()})
-        e = self.endpoints.astype({"addr": str})
-        e = e.assign(port=pd.to_numeric(e["port"]))
-        m = q.merge(e, on=["addr", "port"], how="left")
+        m = q.merge(self._endpoints, on=["addr", "port"], how="left")
         return m[["pid", "rank"]]
 
     def rank_of_addr(self, addr: pd.Series) -> pd.Series:
         q = pd.DataFrame({"addr": addr.astype(str).to_numpy()})
-        return q.merge(self.addr_rank.astype({"addr": str}), on="addr", how="left")["rank"]
+        return q.merge(self._addr_rank, on="addr", how="left")["rank"]
 
     def peer_rank(self, addr: pd.Series, port: pd.Series) -> pd.Series:
         exact = self.owner(addr, port)["rank"]
         return exact.fillna(self.rank_of_addr(addr)) if len(exact) else exact
 
-    def netns_fallback(self, host: str, netns: pd.Series) -> pd.DataFrame:
+    def netns_fallback(self, host, netns: pd.Series) -> pd.DataFrame:
+        """(pid, rank) of the only traced rank in each event's (host, netns); ``host``: one
+        name or a column of them."""
+        host = host.to_numpy() if isinstance(host, pd.Series) else host
         q = pd.DataFrame({"host": host, "netns": pd.to_numeric(netns, errors="coerce").to_numpy()})
         o = self.netns_owner.assign(netns=pd.to_numeric(self.netns_owner["netns"], errors="coerce"))
         return q.merge(o, on=["host", "netns"], how="left")[["pid", "rank"]]
@@ -175,11 +180,14 @@ def netns_pid_table(bundle) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- tracer events
 
-def bpf_tcp_events(bundle, events: list[dict], attr: Attribution) -> pd.DataFrame:
+def bpf_tcp_frame(bundle, events: list[dict]) -> pd.DataFrame | None:
+    """The tracer's kernel TCP events of one bundle (the per-host half of :func:`bpf_tcp_events`):
+    those of the job's network namespaces, in UTC, with host and capture label, not yet
+    attributed; None when there are none."""
     frames = [events_frame(events, k) for k in BPF_TCP_EVENTS]
     frames = [f for f in frames if len(f)]
     if not frames:
-        return empty("tcp_events")
+        return None
     ev = pd.concat(frames, ignore_index=True)
     for c in ("saddr", "daddr", "sport", "dport", "state", "netns", "pid"):
         if c not in ev.columns:
@@ -196,85 +204,68 @@ def bpf_tcp_events(bundle, events: list[dict], attr: Attribution) -> pd.DataFram
                                    "outside the job left out")
             ev = ev[~foreign.to_numpy()]
     if ev.empty:
-        return empty("tcp_events")
-    own = attr.owner(ev["saddr"], ev["sport"])
-    fb = attr.netns_fallback(bundle.host, ev["netns"])
-    pid = own["pid"].fillna(fb["pid"])
-    rank = own["rank"].where(own["pid"].notna(), fb["rank"])
+        return None
     labels = {n.inode: n.label for n in bundle.manifest.netns}
     state = ev["state"].where(ev.get("sk", pd.Series(None, index=ev.index)).astype(str) != "0x0")
-    out = pd.DataFrame({
+    return pd.DataFrame({
         "timestamp_ns": _utc(bundle.clock, ev["t"]).to_numpy(), "event": ev["ev"].to_numpy(), "source": "bpf",
         "saddr": ev["saddr"].to_numpy(), "daddr": ev["daddr"].to_numpy(), "sport": ev["sport"].to_numpy(),
         "dport": ev["dport"].to_numpy(), "state": state.to_numpy(), "host": bundle.host,
-        "pid": pid.to_numpy(), "rank": rank.to_numpy(),
-        "peer_rank": attr.peer_rank(ev["daddr"], ev["dport"]).to_numpy(),
         "capture": ev["netns"].map(labels).to_numpy(), "event_pid": ev["pid"].to_numpy(),
-    })
-    return conform(out, "tcp_events")
+        "netns": ev["netns"].to_numpy()})
+
+
+def bpf_tcp_events(ev: pd.DataFrame, attr: Attribution) -> pd.DataFrame:
+    """``tcp_events`` rows of the hosts' :func:`bpf_tcp_frame` rows, attributed to processes and ranks."""
+    if ev is None or ev.empty:
+        return empty("tcp_events")
+    ev = ev.reset_index(drop=True)
+    own = attr.owner(ev["saddr"], ev["sport"])
+    fb = attr.netns_fallback(ev["host"], ev["netns"])
+    ev["pid"] = own["pid"].fillna(fb["pid"]).to_numpy()
+    ev["rank"] = own["rank"].where(own["pid"].notna(), fb["rank"]).to_numpy()
+    ev["peer_rank"] = attr.peer_rank(ev["daddr"], ev["dport"]).to_numpy()
+    return conform(ev, "tcp_events")
 
 
 # --------------------------------------------------------------------------- pcaps
 
-def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, list]:
-    """(tcp_events rows from pcap verdicts, packets, flows, per-capture flow timing
-    aggregates for :func:`forensics.model.timing.flow_timing`) of every pcap in the
-    bundle, from one pass of the TCP engine over each."""
-    from ..errors import InputError
-    from ..tcp import analyze_file
-    from .timing import TimingCollector
-    ev_parts, pk_parts, fl_parts, timing_parts = [], [], [], []
-    for rel, path in bundle.pcaps():
-        timing = TimingCollector()
-        try:
-            res = analyze_file(path, keep="flagged", on_batch=timing)
-        except InputError as e:
-            bundle.problems.append(f"{rel}: unreadable capture ({e})")
-            continue
-        t = timing.aggregate(rel)
-        if t is not None:
-            timing_parts.append(t)
-        bundle.problems.extend(f"{rel}: {d}" for d in res.stats.defects)
-        if res.stats.frames == 0:
-            bundle.problems.append(f"{rel}: no packets (tcpdump captured nothing on this interface): "
-                                   "no packet evidence for the ranks behind it")
-        elif res.stats.tcp_packets == 0:
-            bundle.problems.append(f"{rel}: {res.stats.frames} frames but no TCP: no packet evidence "
-                                   "(traffic over RDMA or another protocol?)")
-        p = res.packets
-        if p is not None and len(p):
-            pk = pd.DataFrame({"timestamp_ns": p["time_epoch_ns"].to_numpy(), "capture": rel,
-                               "frame": p["frame"].to_numpy(), "stream": p["stream"].to_numpy(),
-                               "src": p["src"].astype(str).to_numpy(), "sport": p["sport"].to_numpy(),
-                               "dst": p["dst"].astype(str).to_numpy(), "dport": p["dport"].to_numpy(),
-                               "seq_rel": p["seq_rel"].to_numpy(), "ack_rel": p["ack_rel"].to_numpy(),
-                               "len": p["len"].to_numpy(), "seq_raw": p["seq_raw"].to_numpy(),
-                               "tcp_flags": p["tcp_flags"].to_numpy(), "window": p["window"].to_numpy(),
-                               "duplicate_ack_num": p["duplicate_ack_num"].to_numpy(),
-                               "rto_ns": p["rto_ns"].to_numpy()})
-            flags = np.stack([p[v].to_numpy(dtype=np.uint8) for v in PACKET_VERDICTS], axis=1).astype(bool)
-            names = np.array(PACKET_VERDICTS, dtype=object)
-            pk["verdicts"] = [",".join(names[row]) for row in flags]   # flagged rows only: small
-            pk_parts.append(pk)
-            # one tcp_events row per (packet, verdict)
-            sel = [PACKET_VERDICTS.index(v) for v in PCAP_EVENTS]
-            rows, cols = np.nonzero(flags[:, sel])
-            if len(rows):
-                e = pk.iloc[rows].reset_index(drop=True)
-                e["event"] = np.array(PCAP_EVENTS, dtype=object)[cols]
-                ev_parts.append(e)
-        f = res.flows
-        if len(f):
-            fl = f.copy()
-            fl["capture"] = rel
-            fl["orig_addr"] = fl["orig_addr"].astype(str)
-            fl["resp_addr"] = fl["resp_addr"].astype(str)
-            fl_parts.append(fl)
-    host = bundle.host
+def verdict_rows(p: pd.DataFrame | None, host: str, rel: str) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(packets rows, one (packet, verdict) row per PCAP_EVENTS verdict) of one capture's
+    flagged packets (the engine's output), not yet attributed to processes or ranks."""
+    if p is None or not len(p):
+        return None, None
+    pk = pd.DataFrame({"timestamp_ns": p["time_epoch_ns"].to_numpy(), "capture": rel, "host": host,
+                       "frame": p["frame"].to_numpy(), "stream": p["stream"].to_numpy(),
+                       "src": p["src"].astype(str).to_numpy(), "sport": p["sport"].to_numpy(),
+                       "dst": p["dst"].astype(str).to_numpy(), "dport": p["dport"].to_numpy(),
+                       "seq_rel": p["seq_rel"].to_numpy(), "ack_rel": p["ack_rel"].to_numpy(),
+                       "len": p["len"].to_numpy(), "seq_raw": p["seq_raw"].to_numpy(),
+                       "tcp_flags": p["tcp_flags"].to_numpy(), "window": p["window"].to_numpy(),
+                       "duplicate_ack_num": p["duplicate_ack_num"].to_numpy(),
+                       "rto_ns": p["rto_ns"].to_numpy()})
+    flags = np.stack([p[v].to_numpy(dtype=np.uint8) for v in PACKET_VERDICTS], axis=1).astype(bool)
+    names = np.array(PACKET_VERDICTS, dtype=object)
+    pk["verdicts"] = [",".join(names[row]) for row in flags]   # flagged rows only: small
+    sel = [PACKET_VERDICTS.index(v) for v in PCAP_EVENTS]
+    rows, cols = np.nonzero(flags[:, sel])
+    if not len(rows):
+        return pk, None
+    e = pk.iloc[rows].reset_index(drop=True)
+    e["event"] = np.array(PCAP_EVENTS, dtype=object)[cols]
+    return pk, e
+
+
+def attribute_pcaps(parts: list, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(tcp_events rows from pcap verdicts, packets, flows) of the hosts'
+    :class:`~forensics.model.hosts.PcapPart` (each row with its host), attributed to
+    processes and ranks: one lookup per table for every host together."""
+    packets_parts = [f for p in parts for f in p.packets]
+    event_parts = [f for p in parts for f in p.events]
+    flow_parts = [f for p in parts for f in p.flows]
     # packets
-    if pk_parts:
-        pk = pd.concat(pk_parts, ignore_index=True)
-        pk["host"] = host
+    if packets_parts:
+        pk = pd.concat(packets_parts, ignore_index=True)
         pk["src_rank"] = attr.owner(pk["src"], pk["sport"])["rank"].to_numpy()
         pk["dst_rank"] = attr.peer_rank(pk["dst"], pk["dport"]).to_numpy()
         pk["src_rank"] = pk["src_rank"].fillna(pd.Series(attr.rank_of_addr(pk["src"]).to_numpy()))
@@ -282,12 +273,12 @@ def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame
     else:
         packets = empty("packets")
     # tcp events from verdicts: the packet's sender owns the event
-    if ev_parts:
-        e = pd.concat(ev_parts, ignore_index=True)
+    if event_parts:
+        e = pd.concat(event_parts, ignore_index=True)
         own = attr.owner(e["src"], e["sport"])
         ev = pd.DataFrame({"timestamp_ns": e["timestamp_ns"], "event": e["event"], "source": "pcap",
                            "saddr": e["src"], "daddr": e["dst"], "sport": e["sport"], "dport": e["dport"],
-                           "state": None, "host": host, "pid": own["pid"].to_numpy(),
+                           "state": None, "host": e["host"], "pid": own["pid"].to_numpy(),
                            "rank": own["rank"].fillna(pd.Series(attr.rank_of_addr(e["src"]).to_numpy())).to_numpy(),
                            "peer_rank": attr.peer_rank(e["dst"], e["dport"]).to_numpy(),
                            "capture": e["capture"], "stream": e["stream"], "frame": e["frame"]})
@@ -295,9 +286,8 @@ def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame
     else:
         pcap_events = empty("tcp_events")
     # flows
-    if fl_parts:
-        fl = pd.concat(fl_parts, ignore_index=True)
-        fl["host"] = host
+    if flow_parts:
+        fl = pd.concat(flow_parts, ignore_index=True)
         o = attr.owner(fl["orig_addr"], fl["orig_port"])
         r = attr.owner(fl["resp_addr"], fl["resp_port"])
         fl["pid"], fl["peer_pid"] = o["pid"].to_numpy(), r["pid"].to_numpy()
@@ -306,7 +296,7 @@ def analyse_pcaps(bundle, attr: Attribution) -> tuple[pd.DataFrame, pd.DataFrame
         flows = conform(fl, "flows")
     else:
         flows = empty("flows")
-    return pcap_events, packets, flows, timing_parts
+    return pcap_events, packets, flows
 
 
 # --------------------------------------------------------------------------- collective in flight

@@ -68,13 +68,12 @@ class TimingCollector:
         return _aggregate(capture, self.data, self.acks, list(self.conv.addresses))
 
 
-def flow_timing(bundle, attr, parts: list[pd.DataFrame]) -> pd.DataFrame:
-    """The bundle's ``flow_timing`` rows from its captures' :class:`TimingCollector`
-    aggregates, attributed to processes and ranks."""
+def flow_timing(attr, parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """The ``flow_timing`` rows of captures' :class:`TimingCollector` aggregates (each row
+    with its host), attributed to processes and ranks."""
     if not parts:
         return empty("flow_timing")
     df = pd.concat(parts, ignore_index=True)
-    df["host"] = bundle.host
     own = attr.owner(df["saddr"], df["sport"])
     df["pid"] = own["pid"].to_numpy()
     df["rank"] = own["rank"].fillna(pd.Series(attr.rank_of_addr(df["saddr"]).to_numpy())).to_numpy()
@@ -88,8 +87,12 @@ def _cat(parts: list, i: int, dtype) -> np.ndarray:
 
 def _aggregate(capture: str, data: list, acks: list, addresses: list[str]) -> pd.DataFrame:
     dflow, aflow = _cat(data, 0, np.int64), _cat(acks, 0, np.int64)
-    flows, code = np.unique(np.concatenate([dflow, aflow]), return_inverse=True)
-    n, nd = len(flows), len(dflow)
+    # directed connection ids are small (2 x the engine's stream number): a dense lookup, no sort
+    both = np.concatenate([dflow, aflow])
+    present = np.bincount(both) > 0
+    lookup = np.cumsum(present) - 1
+    n, nd = int(present.sum()), len(dflow)
+    code = lookup[both]
     dcode, acode = code[:nd], code[nd:]
     # one address/port row per directed connection: from its first data segment, else its first ACK
     meta = np.full((n, 4), -1, dtype=np.int64)
@@ -97,15 +100,18 @@ def _aggregate(capture: str, data: list, acks: list, addresses: list[str]) -> pd
         if not len(c):
             continue
         cols = (2, 3, 4, 5) if part is acks else (3, 4, 5, 6)
-        which, first = np.unique(c, return_index=True)
+        first = np.full(n, -1, dtype=np.int64)
+        first[c[::-1]] = np.arange(len(c) - 1, -1, -1)    # the last write wins: each code's first row
+        which = np.flatnonzero(first >= 0)
         for j, col in enumerate(cols):
-            meta[which, j] = _cat(part, col, np.int64)[first]
+            meta[which, j] = _cat(part, col, np.int64)[first[which]]
     addr = np.array(addresses, dtype=object)
     out = {"capture": capture, "saddr": addr[meta[:, 0]], "sport": meta[:, 2], "daddr": addr[meta[:, 1]],
            "dport": meta[:, 3]}
     # data: busy rate
     ts, seglen = _cat(data, 1, np.int64), _cat(data, 2, np.int64)
-    order = np.argsort(dcode, kind="stable")   # file order (time order) within each connection
+    # file order (time order) within each connection; a stable sort of 16-bit codes is a radix sort
+    order = np.argsort(dcode.astype(np.uint16) if n < 1 << 16 else dcode, kind="stable")
     ts, dc, seglen = ts[order], dcode[order], seglen[order]
     dt = np.diff(ts)
     busy = (dc[1:] == dc[:-1]) & (dt >= 0) & (dt <= IDLE_NS)

@@ -1,0 +1,154 @@
+"""``stallscope analyze`` at fleet scale: 8 to 64 host bundles, 8 ranks and 1M packets each.
+
+    python bench/fleet.py [--hosts 8,16,32,64] [--ranks-per-host 8] [--packets 1000000]
+                          [--jobs 1,2] [--keep DIR]
+
+The bundles are synthesised as bench/analyze.py does (the shipped loss bundle's ranks
+replicated, one ring capture of ``--packets`` packets per host; here every host's capture
+comes from one generated packet stream, readdressed to its own ranks, so 64 hosts cost one
+generation). For each host count, the whole command ``stallscope analyze --jobs J -o
+report.html`` runs once per ``--jobs`` value, side by side on the same bundles, and the
+benchmark prints:
+
+* wall time (interpreter start-up, imports, model, findings and the report included) and
+  the time per host (flat from 8 to 64 hosts means the merge does not grow faster than the
+  hosts);
+* the speed-up of each ``--jobs`` over ``--jobs 1`` on the same bundles;
+* peak memory: the largest sum of the resident sets of the command and its workers,
+  sampled every 100 ms (``ru_maxrss`` alone would miss the workers running together);
+* the report's size.
+
+Targets (issue 14), checked at the end: per-host cost within 20% from the smallest to the
+largest host count; ``--jobs 2`` at least 1.8x ``--jobs 1``; 64 hosts under 90 s with
+``--jobs 2``; peak memory under 4 GiB. Exit code 1 when a target is missed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+import analyze as bench_analyze  # noqa: E402
+
+FLAT_WITHIN = 0.20
+SPEEDUP_2 = 1.8
+WALL_64_S = 90.0
+PEAK_BYTES = 4 * 2**30
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its descendants (the command, its fork server and
+    workers), read from /proc/PID/task/*/children: a few files, not a scan of /proc, so the
+    sampler itself stays near 1% of a core."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/statm", "rb") as fh:
+                total += int(fh.read().split()[1]) * PAGE
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children", "rb") as fh:
+                    todo += [int(c) for c in fh.read().split()]
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+def run(cmd: list[str]) -> tuple[float, int]:
+    """(wall seconds, peak resident bytes of the process tree) of one command."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    peak = 0
+    try:
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(proc.pid))
+            time.sleep(0.1)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace")
+    if proc.returncode not in (0, 1):      # 1: the analysis found an error (the lossy bundle: expected)
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-1500:]}")
+    return wall, peak
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hosts", default="8,16,32,64", help="host counts, comma-separated")
+    ap.add_argument("--ranks-per-host", type=int, default=8)
+    ap.add_argument("--packets", type=int, default=1_000_000, help="packets per host")
+    ap.add_argument("--jobs", default="1,2", help="--jobs values, comma-separated (the first is the baseline)")
+    ap.add_argument("--keep", type=Path, help="keep the bundles and reports here")
+    a = ap.parse_args()
+    host_counts = [int(x) for x in a.hosts.split(",")]
+    jobs = [int(x) for x in a.jobs.split(",")]
+    src = next((ROOT / "tests" / "fixtures" / "bundles" / "loss").glob("*.tar.gz"))
+    base = a.keep or Path(tempfile.mkdtemp(prefix="stallscope-bench-fleet-"))
+    base.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[int, int], tuple[float, int, int]] = {}
+    print(f"fleet: {a.ranks_per_host} ranks and {a.packets:,} packets per host; --jobs {jobs}; "
+          f"{os.cpu_count()} cores")
+    print(f"{'hosts':>5} {'ranks':>5} {'jobs':>4} {'wall s':>8} {'s/host':>7} {'speed-up':>8} "
+          f"{'peak MiB':>9} {'report MB':>9}")
+    try:
+        for h in host_counts:
+            d = base / f"hosts{h}"
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir()
+            bundles = bench_analyze.build(src, d, h * a.ranks_per_host, a.packets, h, same_packets=True)
+            for j in jobs:
+                report = d / f"report-j{j}.html"
+                cmd = [sys.executable, "-m", "forensics", "analyze", *map(str, bundles), "-o", str(report),
+                       "--force", "-q", "--jobs", str(j)]
+                wall, peak = run(cmd)
+                size = report.stat().st_size
+                results[(h, j)] = (wall, peak, size)
+                speed = results[(h, jobs[0])][0] / wall
+                print(f"{h:>5} {h * a.ranks_per_host:>5} {j:>4} {wall:>8.1f} {wall / h:>7.2f} {speed:>7.2f}x "
+                      f"{peak / 2**20:>9.0f} {size / 1e6:>9.2f}", flush=True)
+            if not a.keep:
+                shutil.rmtree(d)
+    finally:
+        if not a.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    # the targets
+    ok = True
+    lo, hi = min(host_counts), max(host_counts)
+    for j in jobs:
+        per = [results[(h, j)][0] / h for h in host_counts]
+        spread = max(per) / min(per) - 1
+        good = spread <= FLAT_WITHIN
+        ok &= good
+        print(f"--jobs {j}: per-host cost {min(per):.2f}-{max(per):.2f} s from {lo} to {hi} hosts "
+              f"(spread {spread:.0%}, target within {FLAT_WITHIN:.0%}: {'OK' if good else 'MISSED'})")
+    if 2 in jobs and jobs[0] == 1:
+        sp = min(results[(h, 1)][0] / results[(h, 2)][0] for h in host_counts)
+        ok &= sp >= SPEEDUP_2
+        print(f"--jobs 2 vs --jobs 1: at least {sp:.2f}x at every host count "
+              f"(target {SPEEDUP_2}x: {'OK' if sp >= SPEEDUP_2 else 'MISSED'})")
+    if (64, 2) in results:
+        w = results[(64, 2)][0]
+        ok &= w < WALL_64_S
+        print(f"64 hosts with --jobs 2: {w:.1f} s (target {WALL_64_S:.0f} s: {'OK' if w < WALL_64_S else 'MISSED'})")
+    peak = max(r[1] for r in results.values())
+    ok &= peak < PEAK_BYTES
+    print(f"peak memory: {peak / 2**30:.2f} GiB (target 4 GiB: {'OK' if peak < PEAK_BYTES else 'MISSED'})")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Where the per-host stage (:func:`.hosts.read_host`) runs: in this process, on a pool of
+worker processes (``stallscope analyze --jobs N``), or on an existing Dask cluster
+(``--dask ADDRESS``).
+
+Each host's bundle is read, parsed and put through the TCP engine by one worker; what comes
+back is a :class:`~.hosts.HostPart` (DataFrames of flagged packets, flows, timing
+aggregates, sampled fingerprints, parsed artefacts: tens of kB to a few MB a host, never a
+per-packet table), which :func:`forensics.model.build_model` merges. The result does not
+depend on where the stage ran: the parts are returned in the order of the paths, and the
+merge is the same code in every case.
+
+Workers start from a fork server that has imported the analyzer once (no interpreter
+start-up per host). As with any multiprocessing, a script that calls ``analyze(jobs=N)``
+guards its top level with ``if __name__ == "__main__":``. A Dask worker reads the bundle at the path given, so the paths must
+be ones every worker sees (a shared filesystem); they are made absolute first.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Callable
+
+from ..errors import InputError, StallscopeError
+from .hosts import HostPart, read_host
+
+DASK_CONNECT_TIMEOUT_S = 20
+
+
+class WorkerError(StallscopeError):
+    """A worker process died (killed, out of memory) before returning its host."""
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (``--jobs`` default)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | None = None,
+               progress: Callable[[str], None] | None = None) -> list[HostPart]:
+    """:func:`.hosts.read_host` of every path, in the paths' order."""
+    say = progress or (lambda _msg: None)
+    if dask:
+        return _on_dask(dask, paths, skew, say)
+    jobs = max(1, min(int(jobs), len(paths)))
+    if jobs == 1:
+        out = []
+        for i, p in enumerate(paths, 1):
+            out.append(read_host(p, skew=skew))
+            if len(paths) > 1:
+                say(f"host {i}/{len(paths)} read: {out[-1].bundle.host}")
+        return out
+    say(f"reading {len(paths)} bundles on {jobs} worker processes")
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=_context())
+    try:
+        futs = [ex.submit(read_host, p, skew=skew) for p in paths]
+        pending, n = set(futs), 0
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                part = f.result()   # the first bad bundle stops the rest (its InputError is the message)
+                n += 1
+                say(f"host {n}/{len(paths)} read: {part.bundle.host}")
+        return [f.result() for f in futs]
+    except BrokenProcessPool as e:
+        raise WorkerError(f"a worker process died while reading the bundles ({e}); "
+                          "retry with fewer --jobs (memory?) or --jobs 1") from None
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _context():
+    """A fork server that has imported the analyzer (workers start in milliseconds, and no
+    thread of this process is forked); plain fork when the main program cannot be imported
+    again by the workers (a script read from standard input)."""
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main is not None and not os.path.isfile(main):
+        return multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["forensics.model.hosts", "forensics.tcp", "pandas", "numpy"])
+    return ctx
+
+
+def _on_dask(address: str, paths: list, skew: bool, say) -> list[HostPart]:
+    try:
+        from distributed import Client
+    except ImportError:
+        raise InputError("--dask needs dask.distributed on this machine and the workers "
+                         "(pip install 'stallscope[dask]')") from None
+    given, paths = paths, [os.path.abspath(p) for p in paths]
+    for p in paths:   # the workers read them; a path missing here is most likely missing there too
+        if not os.path.exists(p):
+            raise InputError(f"{p}: no such bundle")
+    try:
+        client = Client(address, timeout=DASK_CONNECT_TIMEOUT_S, set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise InputError(f"--dask {address}: cannot reach the scheduler ({e})") from None
+    try:
+        n = len(client.scheduler_info().get("workers", {}))
+        say(f"reading {len(paths)} bundles on the Dask cluster at {address} ({n} workers)")
+        futs = client.map(read_host, paths, skew=skew, pure=False)
+        parts = client.gather(futs)
+    except OSError as e:
+        raise InputError(f"--dask {address}: lost the cluster while reading the bundles ({e})") from None
+    finally:
+        client.close()
+    for part, p in zip(parts, given):   # the paths as the user gave them, as a local run has them
+        part.bundle.source = Path(p)
+    return parts

@@ -1,0 +1,193 @@
+"""Fleet scale (issue 14): the per-host stage on worker processes (``--jobs``) and on a Dask
+cluster (``--dask``) gives the same model and findings as one process; the skew from
+sampled fingerprints; the vendored partial plotly.js.
+
+The timing targets (per-host cost flat from 8 to 64 hosts, ``--jobs 2`` 1.8x ``--jobs 1``)
+are measured by bench/fleet.py, not here.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import time
+
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from forensics.analysis import analyze
+from forensics.bundle import Bundle
+from forensics.cli import Env, main
+from forensics.model import build_model, hosts
+from forensics.report import figures, html
+from shipped import shipped_bundle
+
+PER_HOST = ROOT / "tests" / "fixtures" / "bundles-per-host"
+HANG = sorted((PER_HOST / "link-down-hang-late").glob("*.tar.gz"))
+CLEAN = sorted((PER_HOST / "clean").glob("*.tar.gz"))
+
+
+def cli(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(argv), Env(stdout=out, stderr=err))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _result(paths, **kw) -> tuple[dict, dict[str, pd.DataFrame]]:
+    a = analyze(paths, **kw)
+    try:
+        return a.to_json(), {k: v.copy() for k, v in a.model.tables.items()}
+    finally:
+        a.close()
+
+
+def _same(left: tuple[dict, dict], right: tuple[dict, dict]) -> None:
+    assert json.dumps(left[0], sort_keys=True) == json.dumps(right[0], sort_keys=True)
+    assert left[1].keys() == right[1].keys()
+    for name in left[1]:
+        pd.testing.assert_frame_equal(left[1][name], right[1][name], obj=name)
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    assert len(HANG) >= 3, "the shipped per-host link-down-hang set is missing"
+    return _result(HANG, jobs=1)
+
+
+def test_worker_processes_give_the_same_tables_and_findings(one_process):
+    _same(one_process, _result(HANG, jobs=2))
+    j = one_process[0]
+    assert j["findings"][0]["kind"] == "hang_stuck"            # a real verdict, not two empty runs
+    assert len(one_process[1]["tcp_events"]) > 0 and len(one_process[1]["flows"]) > 0
+
+
+def test_dask_local_cluster_gives_the_same_tables_and_findings(one_process):
+    distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")   # loopback only
+        _same(one_process, _result(HANG, dask=cluster.scheduler_address))
+
+
+def test_cli_jobs_2_writes_the_same_json_as_jobs_1(tmp_path):
+    outs = []
+    for j in ("1", "2"):
+        dest = tmp_path / f"j{j}.json"
+        code, out, err = cli("analyze", *map(str, CLEAN), "-o", str(tmp_path / f"r{j}.html"), "--json", str(dest),
+                             "--jobs", j)
+        assert code in (0, 1), err
+        outs.append(json.loads(dest.read_text()))
+    assert outs[0] == outs[1]
+    assert "worker processes" in err                            # the progress line says how it ran
+
+
+def test_a_bad_bundle_on_a_worker_is_one_clear_line(tmp_path):
+    bad = tmp_path / "broken.tar.gz"
+    bad.write_bytes(b"\x1f\x8b not really gzip")
+    code, out, err = cli("analyze", str(CLEAN[0]), str(bad), "-o", str(tmp_path / "r.html"), "--jobs", "2", "-q")
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "broken.tar.gz" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--jobs", "2", "--dask", "tcp://127.0.0.1:1"], "exclude each other"),
+])
+def test_bad_parallel_options_are_refused(tmp_path, argv, says):
+    code, _, err = cli("analyze", str(CLEAN[0]), "-o", str(tmp_path / "r.html"), *argv)
+    assert code == 2 and says in err
+
+
+def test_an_unreachable_dask_scheduler_is_one_clear_line(tmp_path, monkeypatch):
+    pytest.importorskip("distributed", reason="dask.distributed is not installed")
+    from forensics.model import parallel
+    monkeypatch.setattr(parallel, "DASK_CONNECT_TIMEOUT_S", 2)
+    t = time.monotonic()
+    code, _, err = cli("analyze", str(CLEAN[0]), "-o", str(tmp_path / "r.html"), "--dask", "tcp://127.0.0.1:9", "-q")
+    assert code == 2 and "cannot reach the scheduler" in err and len(err.strip().splitlines()) == 1
+    assert time.monotonic() - t < 30
+
+
+def test_a_closed_bundle_refuses_to_read_files():
+    with Bundle.open(CLEAN[0]) as b:
+        assert b.pcaps()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.pcaps()
+    with pytest.raises(RuntimeError, match="closed"):
+        b.path("manifest.json")
+
+
+def test_host_parts_keep_no_per_packet_table():
+    part = hosts.read_host(HANG[0])
+    assert part.pcap.packets_seen > 0
+    flagged = sum(len(p) for p in part.pcap.packets)
+    assert flagged < part.pcap.packets_seen                     # flagged packets only, not every one
+    assert part.pcap.fingerprints is not None and len(part.pcap.fingerprints) <= part.pcap.packets_seen
+
+
+def test_sampled_fingerprints_give_the_skew_of_all_segments(monkeypatch):
+    full = build_model(CLEAN, jobs=1)
+    monkeypatch.setattr(hosts, "FINGERPRINTS_PER_HOST", 500)     # one segment in 2**k, the same on every host
+    sampled = build_model(CLEAN, jobs=1)
+    pairs = 0
+    for f, s in zip(full.skew, sampled.skew):
+        assert (f.host_a, f.host_b) == (s.host_a, s.host_b)
+        if f.skew_ns is None:
+            continue
+        pairs += 1
+        # a sample chosen by content keeps the same segments on both sides: they still match
+        assert s.skew_ns is not None and 0 < s.matched_segments < f.matched_segments
+        assert abs(s.skew_ns - f.skew_ns) <= max(20_000, abs(f.skew_ns) // 5), (f, s)
+    assert pairs >= 1
+
+
+# --------------------------------------------------------------------------- the vendored plotly.js
+
+def test_vendored_plotly_matches_its_recorded_hash_and_license():
+    vendor = html.VENDOR
+    digest, name = (vendor / "plotly-stallscope.min.js.sha256").read_text().split()
+    assert name == "plotly-stallscope.min.js"
+    assert hashlib.sha256(html.PLOTLY_BUNDLE.read_bytes()).hexdigest() == digest
+    head = html.PLOTLY_BUNDLE.read_text()[:600]
+    assert re.search(r"plotly\.js .*v4\.1\.1", head) and "MIT" in head
+    assert "MIT License" in (vendor / "PLOTLY_LICENSE").read_text()
+    assert html.plotly_js() == html.PLOTLY_BUNDLE.read_text()
+
+
+@pytest.mark.parametrize("scenario", ["loss", "slow-link", "mismatch-hang"])
+def test_the_report_draws_only_trace_types_the_bundle_has(scenario):
+    path = shipped_bundle(scenario)
+    if path is None:
+        pytest.skip(f"no shipped {scenario} bundle")
+    a = analyze([path])
+    try:
+        figs = [f for f in (figures.timeline(a, 50.0), figures.heatmap(a),
+                            figures.nccl_tests_chart(a.model, a.findings)) if f is not None]
+    finally:
+        a.close()
+    assert figs
+    used = {t.get("type", "scatter") for f in figs for t in f.spec["data"]}
+    assert used <= set(html.PLOTLY_TRACES), used
+
+
+def test_a_five_rank_report_is_under_1_5_mb(tmp_path):
+    """The lab's loss bundle grown to 5 ranks (bench/analyze.py's generator, a small capture)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    from analyze import build
+    bundles = build(shipped_bundle("loss"), tmp_path, ranks=5, packets=20_000, hosts=1)
+    dest = tmp_path / "report.html"
+    code, _, err = cli("analyze", *map(str, bundles), "-o", str(dest), "-q", "--jobs", "1")
+    assert code in (0, 1), err
+    a = analyze(bundles)
+    try:
+        assert a.model["nccl_events"]["rank"].nunique() == 5
+    finally:
+        a.close()
+    page = dest.read_text()
+    assert page.count('class="js-plotly') == 0 and "data-plot" in page      # plots to draw, plotly inline
+    assert dest.stat().st_size < 1.5e6

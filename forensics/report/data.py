@@ -27,6 +27,7 @@ RETRANSMIT_EVENTS = events_of(*DATA_LOSS_CLASSES)
 DUPACK_EVENTS = events_of("duplicate_ack")
 RESET_EVENTS = events_of("reset")
 MARKER_CLASSES = {e: CLASS_LABEL[c] for e, c in EVENT_CLASS.items()}
+TOP_ROWS = 50   # a per-rank, per-flow or per-host table longer than this: its most telling rows and "… and N more"
 
 
 def marker_labels(t: pd.DataFrame) -> pd.Series:
@@ -120,7 +121,39 @@ def rank_table(analysis) -> pd.DataFrame:
     ranks |= set(pd.to_numeric(t["rank"], errors="coerce").dropna().astype(int)) if len(t) else set()
     if not ranks:
         return pd.DataFrame()
-    out = pd.DataFrame({"rank": sorted(ranks)}).set_index("rank")
+    late = _lateness_long(model)
+    if late is not None and len(late):
+        late = _late_global(model, late)
+    t = t.dropna(subset=["rank"]).astype({"rank": "int64"}) if len(t) else t
+    return _rank_stats(sorted(ranks), n, late, t, offcpu_by_rank(model)).reset_index()
+
+
+def rank_totals(analysis, ranks: pd.DataFrame) -> dict[str, Any]:
+    """The per-rank table's statistics over every rank at once (the totals row of a table
+    that shows only some ranks): counts summed, percentiles over every call."""
+    model = analysis.model
+    if ranks.empty:
+        return {}
+    n = model.tables["nccl_events"]
+    t = model.tables["tcp_events"]
+    t = t.dropna(subset=["rank"]) if len(t) else t
+    late = _lateness_long(model)
+
+    def one(df):   # every row in one group
+        return df.assign(rank=0) if df is not None and len(df) else df
+    off = ranks.set_index("rank")["offcpu_ms"].sum(min_count=1) if "offcpu_ms" in ranks else None
+    row = _rank_stats([0], one(n), one(late), one(t), None if off is None else pd.Series({0: off}))
+    out = row.reset_index().iloc[0].to_dict()
+    hosts = {h for v in ranks.get("host", pd.Series(dtype=object)).dropna() for h in str(v).split(", ")}
+    out.update({"rank": f"all {len(ranks)}", "host": f"{len(hosts)} host{'' if len(hosts) == 1 else 's'}",
+                "pid": "-"})
+    return out
+
+
+def _rank_stats(ranks: list[int], n: pd.DataFrame, late: pd.DataFrame | None, t: pd.DataFrame,
+                off: pd.Series | None) -> pd.DataFrame:
+    """The per-rank statistics of :func:`rank_table`, grouped by the frames' ``rank`` column."""
+    out = pd.DataFrame({"rank": ranks}).set_index("rank")
     if len(n):
         g = n.assign(dur_ms=pd.to_numeric(n["duration_ns"], errors="coerce") / 1e6,
                      done=n["completed"].fillna(False).astype(bool)).groupby("rank")
@@ -133,28 +166,70 @@ def rank_table(analysis) -> pd.DataFrame:
         out["max_ms"] = g["dur_ms"].max()
         out["duration_source"] = g["duration_source"].agg(
             lambda s: ", ".join(f"{k} {v}" for k, v in s.value_counts().items()))
-    late = _lateness_long(model)
     if late is not None and len(late):
-        late = _late_global(model, late)
         lg = late.groupby("rank")["lateness_ms"]
         out["lateness_p50_ms"] = lg.agg(lambda s: _pct(s, 50))
         out["lateness_p99_ms"] = lg.agg(lambda s: _pct(s, 99))
     if len(t):
-        tr = t.dropna(subset=["rank"]).astype({"rank": "int64"})
-        kern = tr["source"].eq("bpf")
-        cls = classify(tr)
+        kern = t["source"].eq("bpf")
+        cls = classify(t)
         lost = cls.isin(DATA_LOSS_CLASSES)
-        out["retx_kernel"] = tr[kern & lost].groupby("rank").size()
-        out["retx_pcap"] = tr[~kern & lost].groupby("rank").size()
-        out["dup_acks"] = tr[cls.eq("duplicate_ack")].groupby("rank").size()
-        out["resets"] = tr[cls.eq("reset")].groupby("rank").size()
+        out["retx_kernel"] = t[kern & lost].groupby("rank").size()
+        out["retx_pcap"] = t[~kern & lost].groupby("rank").size()
+        out["dup_acks"] = t[cls.eq("duplicate_ack")].groupby("rank").size()
+        out["resets"] = t[cls.eq("reset")].groupby("rank").size()
     for c in ("retx_kernel", "retx_pcap", "dup_acks", "resets"):
         if c in out:
             out[c] = out[c].fillna(0).astype(int)
-    off = offcpu_by_rank(model)
     if off is not None:
         out["offcpu_ms"] = off
-    return out.reset_index()
+    return out
+
+
+def trouble_order(ranks: pd.DataFrame, blamed) -> np.ndarray:
+    """Positions of the per-rank table's rows, most telling first: the ranks a finding blames,
+    then the latest (lateness p99), then those with the most trouble (calls not completed,
+    lost data, resets), then by rank. What a table or plot shows when it cannot show every rank."""
+    if ranks.empty:
+        return np.arange(0)
+    zero = pd.Series(0.0, index=ranks.index)
+    num = lambda c: pd.to_numeric(ranks[c], errors="coerce").fillna(0) if c in ranks else zero  # noqa: E731
+    key = pd.DataFrame({"blamed": ranks["rank"].isin(list(blamed)).to_numpy(),
+                        "late": num("lateness_p99_ms").to_numpy(),
+                        "trouble": (num("not_completed") + num("retx_kernel") + num("retx_pcap")
+                                    + num("resets")).to_numpy(),
+                        "rank": pd.to_numeric(ranks["rank"], errors="coerce").to_numpy()})
+    key = key.sort_values(["blamed", "late", "trouble", "rank"], ascending=[False, False, False, True],
+                          kind="stable")
+    return key.index.to_numpy()
+
+
+def outlier_ranks(ranks: pd.DataFrame, every, blamed, latest: int, max_blamed: int) -> tuple[list[int], list[int]]:
+    """The ranks worth a lane when not each of ``every`` rank gets one: (blamed, latest): the
+    ranks a finding blames (at most ``max_blamed``, lowest first) and the ``latest`` others of
+    the per-rank table ``ranks`` first in :func:`trouble_order` (the latest by lateness p99,
+    then the most trouble)."""
+    every = {int(r) for r in every}
+    named = sorted({int(r) for r in blamed} & every)[:max_blamed]
+    if ranks.empty:
+        return named, []
+    rank = pd.to_numeric(ranks["rank"], errors="coerce")
+    others = ranks[rank.isin(list(every)) & ~rank.isin(named)].reset_index(drop=True)
+    pick = others.iloc[trouble_order(others, ())[:latest]]
+    return named, [int(r) for r in pick["rank"]]
+
+
+def rank_ranges(ranks, few: int = 16) -> str:
+    """A list of ranks as text: '2, 6' for up to ``few`` of them (as joined today), else runs
+    of consecutive ranks as 'a-b' and the count: '0-255, 300 (257 ranks)'."""
+    r = np.unique(np.asarray([int(x) for x in ranks], dtype=np.int64))
+    if len(r) <= few:
+        return ", ".join(map(str, r.tolist()))
+    runs = np.split(r, np.flatnonzero(np.diff(r) != 1) + 1)
+    parts = [f"{g[0]}-{g[-1]}" if len(g) > 2 else ", ".join(map(str, g.tolist())) for g in runs]
+    if len(parts) > few:
+        return ", ".join(parts[:few]) + f", … ({len(r)} ranks)"
+    return ", ".join(parts) + f" ({len(r)} ranks)"
 
 
 def _lateness_long(model) -> pd.DataFrame | None:
@@ -180,6 +255,74 @@ def _late_global(model, late: pd.DataFrame) -> pd.DataFrame:
     out = late.astype({"comm_id_hash": str, "rank": "int64"}).merge(
         m.rename(columns={"rank": "global_rank", "comm_rank": "rank"}), on=["comm_id_hash", "rank"], how="left")
     return out.assign(rank=out["global_rank"].fillna(out["rank"]).astype("int64")).drop(columns="global_rank")
+
+
+def collective_ranks(model) -> pd.DataFrame | None:
+    """One row per (collective, rank that entered it), ranks mapped to global ranks: when the
+    collective began (``first_entry_ns``, its first rank's entry), and how late this rank
+    entered and finished it after the first rank did, and its duration (ms)."""
+    c = model.tables.get("collectives")
+    if c is None or c.empty:
+        return None
+    c = c[c["ranks"].map(_as_list).map(len) > 0]
+    if c.empty:
+        return None
+    # the list cells side by side (one list per collective, ordered by rank; a NULL element, e.g.
+    # the end of a call never completed, is a masked one): concatenated, NULL as NaN
+    def flat(col: str) -> np.ndarray:
+        return np.ma.concatenate([np.ma.asarray(v, dtype="float64") for v in c[col]]).filled(np.nan)
+    n = c["ranks"].map(len).to_numpy()
+    out = pd.DataFrame({"comm_id_hash": np.repeat(c["comm_id_hash"].to_numpy(), n),
+                        "op_count": np.repeat(c["op_count"].to_numpy(), n),
+                        "rank": flat("ranks").astype("int64"), "entry_ns": flat("entry_ns"), "end_ns": flat("end_ns")})
+    g = out.groupby(["comm_id_hash", "op_count"], sort=False)
+    first_entry, first_end = g["entry_ns"].transform("min"), g["end_ns"].transform("min")
+    out = out.assign(first_entry_ns=first_entry,
+                     entered_late_ms=(out["entry_ns"] - first_entry) / 1e6,
+                     finished_late_ms=(out["end_ns"] - first_end) / 1e6,
+                     duration_ms=(out["end_ns"] - out["entry_ns"]) / 1e6)
+    return _late_global(model, out)
+
+
+def never_entered(model) -> pd.DataFrame | None:
+    """One row per (collective, member rank that never entered it), global ranks, with when
+    the collective began (its first rank's entry)."""
+    c = model.tables.get("collectives")
+    if c is None or c.empty:
+        return None
+    e = c[["comm_id_hash", "op_count", "first_entry_ns"]].assign(rank=c["missing_ranks"].map(_as_list))
+    e = e.explode("rank").dropna(subset=["rank"])
+    if e.empty:
+        return None
+    return _late_global(model, e.astype({"rank": "int64"}).reset_index(drop=True))
+
+
+def link_matrix(model) -> pd.DataFrame | None:
+    """One row per (rank, peer rank) link with TCP flows: flows, retransmissions (the flows
+    table: rank owns the originator, peer_rank the responder) and the worst ACK round-trip
+    p99 of its data (``flow_timing``: rank sends, peer_rank ACKs), in ms."""
+    f = model.tables["flows"]
+    parts = []
+    if len(f):
+        f = f.dropna(subset=["rank", "peer_rank"])
+        if len(f):
+            parts.append(f.assign(rank=f["rank"].astype("int64"), peer_rank=f["peer_rank"].astype("int64"),
+                                  retx=pd.to_numeric(f["retransmissions"], errors="coerce").fillna(0))
+                         .groupby(["rank", "peer_rank"]).agg(flows=("retx", "size"), retransmissions=("retx", "sum")))
+    ft = optional_table(model, "flow_timing")
+    if ft is not None and {"rank", "peer_rank", "rtt_p99_ns"} <= set(ft.columns):
+        ft = ft.dropna(subset=["rank", "peer_rank"])
+        if len(ft):
+            parts.append(ft.assign(rank=ft["rank"].astype("int64"), peer_rank=ft["peer_rank"].astype("int64"),
+                                   rtt=pd.to_numeric(ft["rtt_p99_ns"], errors="coerce") / 1e6)
+                         .groupby(["rank", "peer_rank"]).agg(rtt_p99_ms=("rtt", "max")))
+    if not parts:
+        return None
+    out = pd.concat(parts, axis=1).reset_index()
+    for c in ("flows", "retransmissions", "rtt_p99_ms"):
+        if c not in out:
+            out[c] = np.nan
+    return out
 
 
 def offcpu_threads(model) -> pd.DataFrame | None:
@@ -247,19 +390,26 @@ def fr_tail(model, per_rank: int = 10) -> pd.DataFrame | None:
     return tail[cols] if cols else tail
 
 
-def flow_table(model, limit: int = 200) -> tuple[pd.DataFrame, int]:
-    """Flows, the troubled ones first; (rows shown, total flows)."""
+FLOW_COLUMNS = ["host", "rank", "peer_rank", "orig_addr", "orig_port", "resp_addr", "resp_port", "packets", "bytes",
+                "retransmissions", "duplicate_acks", "lost_segments", "rsts", "zero_windows", "rtt_ms", "history"]
+FLOW_SUMS = ["packets", "bytes", "retransmissions", "duplicate_acks", "lost_segments", "rsts", "zero_windows"]
+
+
+def flow_table(model, limit: int = 200) -> tuple[pd.DataFrame, int, dict[str, Any]]:
+    """Flows, the troubled ones first (when there are more than ``limit``: the most
+    retransmissions first); (rows shown, total flows, the totals row: sums over every flow)."""
     f = model.tables["flows"]
     if f.empty:
-        return f, 0
+        return f, 0, {}
     trouble = f[["retransmissions", "duplicate_acks", "rsts", "lost_segments", "zero_windows"]].fillna(0).sum(axis=1)
     f = f.assign(_trouble=trouble, bytes=f["bytes_orig"].fillna(0) + f["bytes_resp"].fillna(0),
                  packets=f["packets_orig"].fillna(0) + f["packets_resp"].fillna(0),
                  rtt_ms=pd.to_numeric(f["rtt_mean_ns"], errors="coerce") / 1e6)
-    f = f.sort_values(["_trouble", "bytes"], ascending=False, kind="stable")
-    cols = ["host", "rank", "peer_rank", "orig_addr", "orig_port", "resp_addr", "resp_port", "packets", "bytes",
-            "retransmissions", "duplicate_acks", "lost_segments", "rsts", "zero_windows", "rtt_ms", "history"]
-    return f[cols].head(limit), len(f)
+    order = ["_trouble", "bytes"] if len(f) <= limit else ["retransmissions", "_trouble", "bytes"]
+    f = f.sort_values(order, ascending=False, kind="stable")
+    totals = {c: f[c].fillna(0).sum() for c in FLOW_SUMS}
+    totals["host"] = f"all {len(f)}"
+    return f[FLOW_COLUMNS].head(limit), len(f), totals
 
 
 @dataclass

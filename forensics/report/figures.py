@@ -20,7 +20,12 @@ from . import data
 
 MAX_INTERVALS = 5000        # collective intervals drawn on the timeline
 MAX_MARKERS = 2500          # TCP markers drawn on the timeline
-MAX_HEATMAP_COLUMNS = 600   # op counts per heatmap row (binned beyond)
+MAX_HEATMAP_COLUMNS = 200   # columns of a heatmap row (op counts or time, binned beyond)
+MAX_HEATMAP_CELLS = 60_000  # cells of one heatmap view (fewer time columns for very many ranks)
+MAX_LANES = 32              # above this many ranks the timeline draws only the outliers' lanes:
+MAX_BLAMED_LANES = 32       # ... the ranks a finding blames (at most this many)
+LATEST_LANES = 16           # ... and the latest ranks by lateness; the heatmap then shows every rank
+MAX_LINK_AXIS = 128         # ranks per axis of the link matrix (consecutive ranks grouped beyond)
 
 OP_COLORS = {"ALL_REDUCE": "#1f77b4", "ALL_GATHER": "#2ca02c", "REDUCE_SCATTER": "#9467bd", "BROADCAST": "#8c564b",
              "REDUCE": "#17becf", "SEND": "#bcbd22", "RECV": "#e377c2"}
@@ -48,6 +53,7 @@ class Figure:
     title: str
     spec: dict               # {"data": [...], "layout": {...}}
     notes: list[str] = field(default_factory=list)
+    section: str = "plots"   # the report section that shows it (plots, network, nccl)
 
 
 def _short(s: Any, n: int = 22) -> str:
@@ -85,7 +91,16 @@ def _state_finding(analysis):
     return next((f for f in analysis.findings if f.details.get("state_at_capture")), None)
 
 
-def timeline(analysis, slow_ms: float) -> Figure | None:
+def _blamed_ranks(analysis) -> set[int]:
+    """Ranks an error or warning names (the ones the reader is sent to look at)."""
+    return {int(r) for f in analysis.findings if f.severity in ("error", "warning") for r in f.ranks}
+
+
+def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Figure | None:
+    """One lane per rank (collectives, TCP markers, the hang point); above ``MAX_LANES`` ranks
+    only the outliers' lanes (:func:`data.outlier_ranks`). ``ranks``: :func:`data.rank_table`
+    when the caller has it already."""
+    rank_stats = ranks
     iv = data.intervals(analysis)
     tcp = analysis.model.tables["tcp_events"]
     tcp = tcp.dropna(subset=["rank", "timestamp_ns"]) if len(tcp) else tcp
@@ -97,10 +112,27 @@ def timeline(analysis, slow_ms: float) -> Figure | None:
     span = data.time_span(analysis)
     t0 = span.start_ns
     state_ranks = {int(r) for r in (state_f.details.get("ranks") or {})} if state_f is not None else set()
-    ranks = sorted(set(iv["rank"].astype(int)) | set(tcp["rank"].astype(int) if len(tcp) else []) | state_ranks)
-    pos = _rank_positions(ranks)
+    every = sorted(set(iv["rank"].astype(int)) | set(tcp["rank"].astype(int) if len(tcp) else []) | state_ranks)
     hosts = {**host_of, **(iv.groupby("rank")["host"].first().to_dict() if len(iv) else {})}
     notes: list[str] = []
+    title = "Timeline"
+    ranks = every
+    outliers = len(every) > MAX_LANES
+    if outliers:
+        table = rank_stats if rank_stats is not None else data.rank_table(analysis)
+        named, latest = data.outlier_ranks(table, every, _blamed_ranks(analysis), LATEST_LANES, MAX_BLAMED_LANES)
+        ranks = sorted(set(named) | set(latest))
+        hidden = len(every) - len(ranks)
+        title = f"Timeline: {len(ranks)} of {len(every)} ranks"
+        notes.append(f"{len(every)} ranks: lanes for {len(ranks)} of them, "
+                     + (f"the {len(named)} an error or warning blames and " if named else "")
+                     + f"the {len(latest)} latest by lateness (p99, then the most trouble); "
+                     f"{hidden} ranks are not drawn. The lateness heatmap below shows every rank, the per-rank "
+                     "table their numbers.")
+        keep = set(ranks)
+        iv = iv[iv["rank"].astype(int).isin(keep)]
+        tcp = tcp[tcp["rank"].astype(int).isin(keep)] if len(tcp) else tcp
+    pos = _rank_positions(ranks)
     traces: list[dict] = _window_traces(windows, hosts, ranks, pos, t0)
     if state_f is not None:
         traces += _state_traces(state_f, pos, t0)
@@ -182,14 +214,14 @@ def timeline(analysis, slow_ms: float) -> Figure | None:
                        "line": {"color": "#d62728", "width": 2, "dash": "dot"}})
         who = []
         if p.missing_ranks:
-            who.append("never entered: ranks " + ", ".join(map(str, p.missing_ranks)))
+            who.append("never entered: ranks " + data.rank_ranges(p.missing_ranks))
         if p.waiting_ranks:
-            who.append("waiting: ranks " + ", ".join(map(str, p.waiting_ranks)))
+            who.append("waiting: ranks " + data.rank_ranges(p.waiting_ranks))
         annotations.append({"x": x, "y": 1, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,
                             "font": {"color": "#d62728"},
                             "text": esc(f"stopped: {p.stuck_op} #{p.stuck_op_count}") + "",
                             "hovertext": esc("; ".join(who) or "not completed by every rank")})
-    height = max(260, 70 * len(ranks) + 140)
+    height = max(260, (48 if outliers else 70) * len(ranks) + 140)
     layout = {
         "height": height, "margin": {"l": 150, "r": 20, "t": 40, "b": 50}, "hovermode": "closest",
         # the whole capture, so the reader sees when activity stopped
@@ -198,16 +230,26 @@ def timeline(analysis, slow_ms: float) -> Figure | None:
         "yaxis": {"tickvals": list(range(len(ranks))),
                   "ticktext": [esc(f"rank {r} · {_short(hosts.get(r, ''))}".rstrip(" ·")) for r in ranks],
                   "autorange": "reversed", "zeroline": False, "fixedrange": True},
-        "legend": {"orientation": "h", "y": -0.25}, "shapes": shapes, "annotations": annotations,
+        # below the axis title: a fixed distance when the plot is tall (a share of it otherwise)
+        "legend": {"orientation": "h", "y": round(-80 / (height - 90), 3) if outliers else -0.25},
+        "shapes": shapes, "annotations": annotations,
     }
-    return Figure("timeline", "Timeline", {"data": traces, "layout": layout}, notes)
+    return Figure("timeline", title, {"data": traces, "layout": layout}, notes)
 
 
-def heatmap(analysis) -> Figure | None:
-    """Duration (and lateness) by op count x rank for the busiest communicator."""
+def heatmap(analysis, ranks: pd.DataFrame | None = None) -> Figure | None:
+    """Up to ``MAX_LANES`` ranks: duration (and lateness) by op count x rank for the busiest
+    communicator. More: :func:`lateness_heatmap`, every rank by time. ``ranks``:
+    :func:`data.rank_table` when the caller has it already."""
     n = analysis.model.tables["nccl_events"].dropna(subset=["comm_id_hash", "rank", "op_count"])
     if n.empty:
         return None
+    every = (sorted(int(r) for r in ranks["rank"]) if ranks is not None and len(ranks)
+             else sorted(set(data.with_global_rank(analysis.model, n)["rank"].astype(int))))
+    if len(every) > MAX_LANES:
+        fig = lateness_heatmap(analysis, every)
+        if fig is not None:
+            return fig
     comm = n["comm_id_hash"].value_counts().index[0]
     g = n[n["comm_id_hash"] == comm].assign(dur_ms=pd.to_numeric(n["duration_ns"], errors="coerce") / 1e6)
     notes = []
@@ -238,12 +280,175 @@ def heatmap(analysis) -> Figure | None:
     return Figure("heatmap", "Collective duration by op count and rank", {"data": traces, "layout": layout}, notes)
 
 
+LATENESS_VIEWS = (("entered_late_ms", "entered late", "entered %{z} ms after the first rank"),
+                  ("finished_late_ms", "finished late", "finished %{z} ms after the first rank"),
+                  ("duration_ms", "duration", "took %{z} ms"))
+
+
+def lateness_heatmap(analysis, ranks: list[int]) -> Figure | None:
+    """Every rank (y) by time (x, the timeline's axis, binned to at most
+    ``MAX_HEATMAP_COLUMNS`` columns and ``MAX_HEATMAP_CELLS`` cells): how late it entered and
+    finished the collectives that began in each bin after their first rank did, and their
+    duration; the worst value of each cell. Across communicators (global ranks)."""
+    cr = data.collective_ranks(analysis.model)
+    span = data.time_span(analysis)
+    if cr is None or cr.empty or span.start_ns is None or span.end_ns is None:
+        return None
+    t0 = span.start_ns
+    ranks = sorted(set(ranks) | set(cr["rank"].astype(int)))
+    ncols = min(MAX_HEATMAP_COLUMNS, max(20, MAX_HEATMAP_CELLS // len(ranks)))
+    width_ns = max(1, span.end_ns - t0)
+    bin_ns = _nice_ns(width_ns / ncols)
+    ncols = int(min(ncols, np.ceil(width_ns / bin_ns) + 1))
+    col = ((cr["first_entry_ns"] - t0) // bin_ns).clip(0, ncols - 1).astype("int64")
+    cr = cr.assign(col=col.to_numpy())
+    per_rank = max(2, min(40, 1100 // len(ranks)))
+    traces = []
+    for i, (c, label, what) in enumerate(LATENESS_VIEWS):
+        p = cr.pivot_table(index="rank", columns="col", values=c, aggfunc="max")
+        z = p.reindex(index=ranks, columns=range(ncols)).to_numpy(dtype="float64")
+        traces.append({"type": "heatmap", "x0": round(bin_ns / 2e9, 6), "dx": round(bin_ns / 1e9, 6),
+                       "y": [f"rank {r}" for r in ranks], "z": _cells(z), "colorscale": "YlOrRd",
+                       "reversescale": True, "zmin": 0, "visible": i == 0, "name": label,
+                       "colorbar": {"title": {"text": f"{label} (ms)"}},
+                       "hovertemplate": f"%{{y}}, collectives begun at %{{x:.2f}} s: {what}<extra></extra>"})
+    # what a heatmap cell cannot hold: a rank that never entered a collective its peers entered,
+    # or never completed one it entered, by the end of the capture (the hang), marked on the cell;
+    # (name, hover, rows, symbol, the views that show it)
+    missing = data.never_entered(analysis.model)
+    marks = [("never entered (by the end of the capture)", "never entered a collective begun at", missing, "x", {0}),
+             ("entered, not completed", "entered, never completed a collective begun at", cr[cr["end_ns"].isna()],
+              "x-thin-open", {1, 2})]
+    mark_traces, mark_views = [], []
+    for name, what, rows, symbol, views in marks:
+        if rows is None or rows.empty:
+            continue
+        cells = pd.DataFrame({"rank": rows["rank"].astype("int64").to_numpy(),
+                              "col": ((rows["first_entry_ns"].to_numpy(dtype="float64") - t0) // bin_ns)
+                              .clip(0, ncols - 1).astype("int64")}).drop_duplicates()
+        cells = cells[cells["rank"].isin(ranks)]        # a row of the heatmap (no new category)
+        if cells.empty:
+            continue
+        mark_traces.append({"type": "scatter", "mode": "markers", "name": name, "visible": 0 in views,
+                            "x": ((cells["col"] + 0.5) * bin_ns / 1e9).round(6).tolist(),
+                            "y": ("rank " + cells["rank"].astype(str)).tolist(),
+                            "marker": {"symbol": symbol, "color": "#101828", "size": max(4, min(10, per_rank + 2)),
+                                       "line": {"width": 1, "color": "#101828"}},
+                            "hovertemplate": f"%{{y}} {what} %{{x:.2f}} s<extra></extra>"})
+        mark_views.append(views)
+    traces += mark_traces
+    buttons = [{"label": label, "method": "update",
+                "args": [{"visible": [j == i for j in range(len(LATENESS_VIEWS))] + [i in v for v in mark_views]}]}
+               for i, (_, label, _) in enumerate(LATENESS_VIEWS)]
+    layout = {"height": 170 + per_rank * len(ranks), "margin": {"l": 80, "r": 20, "t": 50, "b": 50},
+              "xaxis": {"title": {"text": f"seconds since {data.utc(t0)}"}, "zeroline": False,
+                        "range": [0, round(width_ns / 1e9 * 1.005, 3)]},
+              # the heatmap's rows exactly (the marks' padding would shift them), rank 0 on top
+              "yaxis": {"type": "category", "range": [len(ranks) - 0.5, -0.5],
+                        "title": {"text": f"{len(ranks)} ranks"}},
+              "showlegend": bool(mark_traces),
+              "legend": {"orientation": "h", "x": 0.3, "xanchor": "left", "y": 1.0, "yanchor": "bottom"},
+              "updatemenus": [{"type": "buttons", "direction": "right", "x": 0, "y": 1.0, "yanchor": "bottom",
+                               "xanchor": "left", "pad": {"b": 6}, "buttons": buttons}]}
+    ncoll = cr[["comm_id_hash", "op_count"]].drop_duplicates().shape[0]
+    notes = [f"Every rank, by time (the timeline's axis): {ncoll} collectives in columns of {_dur(bin_ns)} by when "
+             "their first rank entered them; each cell holds the worst value of its rank in that column (blank: "
+             "no collective of that rank began then). Entered / finished late: how long after the first rank of "
+             "the same collective; duration: entry to completion."]
+    if mark_traces:
+        notes.append("× on a cell: the rank never entered a collective its peers entered in that column; "
+                     "thin ×: it entered one and never completed it, by the end of the capture.")
+    return Figure("heatmap", "Lateness by rank and time", {"data": traces, "layout": layout}, notes)
+
+
+def _nice_ns(ns: float) -> int:
+    """The smallest of 1, 2, 5 x 10^k ns at least ``ns`` (a bin width that reads well)."""
+    ns = max(1.0, float(ns))
+    k = 10 ** np.floor(np.log10(ns))
+    return int(next(m * k for m in (1, 2, 5, 10) if m * k >= ns))
+
+
+def _dur(ns: float) -> str:
+    return f"{ns / 1e9:g} s" if ns >= 1e9 else f"{ns / 1e6:g} ms" if ns >= 1e6 else f"{ns / 1e3:g} µs"
+
+
+def _cells(z: np.ndarray) -> list:
+    """A heatmap's z for JSON: 3 significant digits (10 µs at least), NaN as null."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mag = np.floor(np.log10(np.abs(z)))
+    d = np.clip(np.where(np.isfinite(mag), 2 - mag, 2), 0, 2)
+    z = np.round(z * 10 ** d) / 10 ** d
+    return np.where(np.isnan(z), None, z).tolist()
+
+
 def _heat(p: pd.DataFrame, label: str, visible: bool) -> dict:
     z = p.to_numpy(dtype="float64").round(3)
     return {"type": "heatmap", "x": [int(c) for c in p.columns], "y": [f"rank {int(r)}" for r in p.index],
             "z": [[None if np.isnan(v) else float(v) for v in row] for row in z], "colorscale": "YlOrRd",
             "colorbar": {"title": {"text": label}}, "reversescale": True, "visible": visible, "name": label,
             "hovertemplate": "rank %{y}, op %{x}: %{z} ms<extra>" + label + "</extra>"}
+
+
+LINK_VIEWS = (("retransmissions", "retransmissions", "sum", "%{z} retransmissions"),
+              ("rtt_p99_ms", "ACK RTT p99 ms", "max", "ACK round-trip p99 %{z} ms"))
+
+
+def link_matrix(analysis, min_flows: int = data.TOP_ROWS) -> Figure | None:
+    """Rank x peer rank: retransmissions on the TCP flows between them and the worst ACK
+    round-trip p99 of their data (``flow_timing``); only when there are more than
+    ``min_flows`` flows (the flow table then shows only the most troubled ones). Beyond
+    ``MAX_LINK_AXIS`` ranks per axis, consecutive ranks share a row / column (sum of
+    retransmissions, worst RTT). Blank: no flow seen between them."""
+    model = analysis.model
+    if len(model.tables["flows"]) <= min_flows:
+        return None
+    links = data.link_matrix(model)
+    if links is None or links.empty:
+        return None
+    ranks = np.union1d(links["rank"].to_numpy(), links["peer_rank"].to_numpy()).astype("int64")
+    lo, hi = int(ranks.min()), int(ranks.max())
+    group = max(1, int(np.ceil((hi - lo + 1) / MAX_LINK_AXIS)))
+    if group == 1:
+        axis = ranks                             # the ranks that have flows, each its own row
+        labels = [f"rank {r}" for r in axis]
+        idx = {int(r): i for i, r in enumerate(axis)}
+        links = links.assign(y=links["rank"].map(idx), x=links["peer_rank"].map(idx))
+    else:
+        nb = (hi - lo) // group + 1
+        labels = [f"ranks {lo + i * group}-{min(hi, lo + (i + 1) * group - 1)}" for i in range(nb)]
+        links = links.assign(y=(links["rank"] - lo) // group, x=(links["peer_rank"] - lo) // group)
+    size = len(labels)
+    traces, buttons = [], []
+    views = [v for v in LINK_VIEWS if links[v[0]].notna().any()]
+    for i, (c, label, how, what) in enumerate(views):
+        p = links.dropna(subset=[c]).groupby(["y", "x"])[c].agg(how)
+        z = np.full((size, size), np.nan)
+        z[p.index.get_level_values(0).to_numpy(), p.index.get_level_values(1).to_numpy()] = p.to_numpy()
+        traces.append({"type": "heatmap", "x": labels, "y": labels, "z": _cells(z), "colorscale": "YlOrRd",
+                       "reversescale": True, "zmin": 0, "visible": i == 0, "name": label,
+                       "colorbar": {"title": {"text": label}},
+                       "hovertemplate": f"%{{y}} → %{{x}}: {what}<extra></extra>"})
+        buttons.append({"label": label, "method": "update", "args": [{"visible": [j == i for j in range(len(views))]}]})
+    if not traces:
+        return None
+    px = max(3, min(24, 900 // size))
+    layout = {"height": 190 + px * size, "margin": {"l": 130, "r": 20, "t": 50, "b": 120},
+              "xaxis": {"type": "category", "title": {"text": "peer rank (responder / receiver)"}},
+              "yaxis": {"type": "category", "autorange": "reversed", "title": {"text": "rank (originator / sender)"}},
+              "updatemenus": [{"type": "buttons", "direction": "right", "x": 0, "y": 1.0, "yanchor": "bottom",
+                               "xanchor": "left", "pad": {"b": 6}, "buttons": buttons}] if len(buttons) > 1 else []}
+    nflows = len(model.tables["flows"])
+    notes = [f"{nflows} TCP flows between {len(ranks)} ranks, as a matrix: retransmissions per link (the flows "
+             "table; rank: the connection's originator) and the worst ACK round-trip p99 of the data a rank sent "
+             "(flow_timing; rank: the sender). Blank: no flow seen between the two."]
+    if group > 1:
+        notes.append(f"{group} consecutive ranks per row and column (the sum of their retransmissions, the worst "
+                     "round-trip).")
+    unknown = int(model.tables["flows"][["rank", "peer_rank"]].isna().any(axis=1).sum())
+    if unknown:
+        notes.append(f"{unknown} flows with an endpoint of no known rank are not in the matrix (they are in the "
+                     "flows table and stallscope query).")
+    return Figure("links", "TCP links between ranks", {"data": traces, "layout": layout}, notes, section="network")
 
 
 def nccl_tests_chart(model, findings) -> Figure | None:
@@ -270,7 +475,7 @@ def nccl_tests_chart(model, findings) -> Figure | None:
     layout = {"height": 360, "margin": {"l": 60, "r": 20, "t": 30, "b": 50},
               "xaxis": {"type": "log", "title": {"text": "message size (bytes)"}},
               "yaxis": {"title": {"text": "bus bandwidth (GB/s)"}, "rangemode": "tozero"}, "shapes": shapes}
-    return Figure("nccltests", "nccl-tests bus bandwidth", {"data": traces, "layout": layout})
+    return Figure("nccltests", "nccl-tests bus bandwidth", {"data": traces, "layout": layout}, section="nccl")
 
 
 def _window_traces(windows, hosts: dict[int, str], ranks: list[int], pos: dict[int, int], t0: int) -> list[dict]:

@@ -1,7 +1,7 @@
 """The self-contained HTML incident report (``stallscope analyze -o report.html``).
 
-One file, no request leaves it: styles, plotly.js (from the installed plotly package)
-and the figures' data are inline, and a Content-Security-Policy lets only the report's
+One file, no request leaves it: styles, plotly.js (a partial build with the two trace
+types the report draws, vendored in ``forensics/report/vendor/``) and the figures' data are inline, and a Content-Security-Policy lets only the report's
 own scripts (by nonce) run and forbids every fetch. The verdict, findings and tables are
 plain HTML, readable with scripts disabled; the plots add the timeline and heatmap.
 Templates (jinja2, autoescaped) live in ``templates/`` at the repository root, or under
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from markupsafe import Markup
 
@@ -29,6 +30,10 @@ from . import data, figures
 TEMPLATE = "report.html.j2"
 MAX_TABLE_ROWS = 500
 MAX_EVIDENCE_ROWS = 25
+TOP_ROWS = data.TOP_ROWS    # per-rank, per-flow, per-host tables: the most telling rows, then "… and N more"
+MAX_HOST_DETAILS = 8        # more hosts than this: one summary row each, details for the most telling ones
+MAX_DETAIL_ITEMS = 20       # entries of a finding's key number (a dict or list) shown; all in --json
+QUERY = "stallscope query"
 CONFIG_COLUMNS = ["host", "rank", "pid", "nccl_version", "transport", "ib_devices", "link_layers", "socket_ifaces",
                   "gdr", "nchannels", "net_channels", "ring_channels", "tree_channels", "channel_transports",
                   "warnings", "env", "source"]
@@ -48,10 +53,18 @@ def template_dir() -> Path:
     raise InputError(f"report template {TEMPLATE} not found (looked in {', '.join(map(str, candidates))})")
 
 
+VENDOR = Path(__file__).resolve().parent / "vendor"
+PLOTLY_BUNDLE = VENDOR / "plotly-stallscope.min.js"
+PLOTLY_TRACES = ("scatter", "heatmap")   # what the vendored bundle can draw (figures.py uses no other)
+
+
 def plotly_js() -> str:
-    """plotly.min.js as bundled with the installed plotly package."""
-    from plotly.offline import get_plotlyjs
-    return get_plotlyjs()
+    """The vendored partial plotly.js 4.1.1 (scatter and heatmap: ~1.1 MB instead of the
+    full bundle's 4.8 MB; see vendor/README.md, its hash is checked by the tests)."""
+    try:
+        return PLOTLY_BUNDLE.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"the report's plotly.js is missing from this installation ({e})") from None
 
 
 @dataclass
@@ -66,6 +79,7 @@ class Table:
     intro: str = ""
     note: str = ""
     numeric: list[bool] = field(default_factory=list)   # right-aligned columns
+    totals: list[str] = field(default_factory=list)     # a last row over every row, shown or not
 
     @property
     def pre_columns(self) -> set[int]:
@@ -99,24 +113,49 @@ def fmt(v: Any) -> str:
     return str(v)
 
 
-def detail(key: str, v: Any) -> str:
-    """A finding's key number: *_ns durations in ms, *_ns timestamps in UTC."""
+def detail(key: str, v: Any, first=()) -> str:
+    """A finding's key number: *_ns durations in ms, *_ns timestamps in UTC; a dict or list of
+    more than ``MAX_DETAIL_ITEMS`` entries shortened (keys in ``first``, e.g. the finding's
+    ranks, kept first), the rest said in a count."""
     if key.endswith("_ns") and isinstance(v, (int, float)) and not isinstance(v, bool) and not pd.isna(v):
         return data.utc(v) if abs(v) > 1e15 else f"{v / 1e6:.3f} ms"
     if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str, separators=(", ", ": "))
+        more = len(v) - MAX_DETAIL_ITEMS
+        if more > 0 and isinstance(v, dict):
+            front = [str(k) for k in first]
+            keys = sorted(v, key=lambda k: str(k) not in front)[:MAX_DETAIL_ITEMS]   # stable: the rest in order
+            v = {k: v[k] for k in keys}
+        elif more > 0:
+            v = v[:MAX_DETAIL_ITEMS]
+        text = json.dumps(v, default=str, separators=(", ", ": "))
+        return text + (f" … and {more} more (all in --json)" if more > 0 else "")
     return fmt(v)
 
 
 def frame_table(key: str, title: str, df: pd.DataFrame, *, limit: int = MAX_TABLE_ROWS, highlight=None,
-                intro: str = "", columns: list[str] | None = None) -> Table:
+                intro: str = "", columns: list[str] | None = None, order=None, more: str = "",
+                totals: dict | None = None) -> Table:
+    """``df`` as a Table of at most ``limit`` rows. Longer: ``order`` (a function of the frame
+    giving row positions, most telling first) picks the rows shown, ``more`` names what the
+    rest are ("… and 462 more {more}"), ``totals`` (column -> value, over every row) becomes
+    the last row."""
     cols = [c for c in (columns or list(df.columns)) if c in df.columns]
+    hl = np.asarray(list(highlight), dtype=bool) if highlight is not None else None
+    cut = len(df) > limit
+    if cut and order is not None:
+        pos = np.asarray(order(df.reset_index(drop=True)), dtype=np.int64)
+        df = df.iloc[pos]
+        hl = hl[pos] if hl is not None else None
     shown = df[cols].head(limit)
     rows = [[fmt(v) for v in r] for r in shown.itertuples(index=False, name=None)]
-    note = f"first {limit} of {len(df)} rows (stallscope query has them all)" if len(df) > limit else ""
-    hl = list(highlight[:limit]) if highlight is not None else []
+    note = ""
+    if cut:
+        note = (f"… and {len(df) - limit} more {more}" if more
+                else f"first {limit} of {len(df)} rows ({QUERY} has them all)")
     numeric = [pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) for c in cols]
-    return Table(key, title, [str(c) for c in cols], rows, hl, intro, note, numeric)
+    foot = [fmt(totals.get(c)) for c in cols] if (cut and totals) else []
+    return Table(key, title, [str(c) for c in cols], rows, hl[:limit].tolist() if hl is not None else [], intro,
+                 note, numeric, foot)
 
 
 def records_table(key: str, title: str, records: list[dict], limit: int, note: str = "") -> Table:
@@ -135,37 +174,59 @@ def _json_script(obj: Any) -> str:
         .replace("\u2029", "\\u2029")
 
 
-def _tables(model, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[str, Table]:
+def _first(flags) -> Any:
+    """An ``order`` for :func:`frame_table`: the flagged rows first, the rest as they come."""
+    flags = np.asarray(list(flags), dtype=bool)
+    return lambda df: np.concatenate([np.flatnonzero(flags), np.flatnonzero(~flags)])
+
+
+def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[str, Table]:
     """Every table section, keyed by name; a table another module adds appears only when it
-    has rows."""
+    has rows. Per-rank, per-flow and per-host tables longer than ``TOP_ROWS`` show their most
+    telling rows, a totals row where sums mean something, and how many more there are."""
+    model = analysis.model
     rank_cols = [c for c in ("rank", "host", "pid", "calls", "not_completed", "p50_ms", "p99_ms", "max_ms",
                              "lateness_p50_ms", "lateness_p99_ms", "duration_source", "retx_kernel", "retx_pcap",
                              "dup_acks", "resets", "offcpu_ms") if c in ranks.columns]
     tables: dict[str, Table] = {}
     if len(ranks):
-        tables["ranks"] = frame_table("ranks", "Per rank", ranks, columns=rank_cols,
-                                      highlight=ranks["rank"].isin(blamed).tolist(),
-                                      intro="Durations in ms (p50/p99 over every call); lateness: how long after "
-                                            "the first rank each rank entered the same collective. Highlighted: "
-                                            "ranks a warning or error blames.")
-    flows, nflows = data.flow_table(model)
+        many = len(ranks) > TOP_ROWS
+        tables["ranks"] = frame_table(
+            "ranks", "Per rank", ranks, columns=rank_cols, highlight=ranks["rank"].isin(blamed).tolist(),
+            limit=TOP_ROWS, order=lambda df: data.trouble_order(df, blamed),
+            more=f"ranks (all of them in {QUERY}: tables nccl_events, collectives, tcp_events)",
+            totals=data.rank_totals(analysis, ranks) if many else None,
+            intro="Durations in ms (p50/p99 over every call); lateness: how long after "
+                  "the first rank each rank entered the same collective. Highlighted: "
+                  "ranks a warning or error blames."
+                  + (f" The {TOP_ROWS} shown: the ranks blamed, then the latest (lateness p99), then those with "
+                     "the most trouble (calls not completed, lost data, resets); the last row: every rank together."
+                     if many else ""))
+    flows, nflows, totals = data.flow_table(model, limit=TOP_ROWS)
     if len(flows):
+        many = nflows > len(flows)
         tables["flows"] = frame_table(
             "flows", "TCP flows", flows, highlight=(flows["retransmissions"].fillna(0) + flows["rsts"].fillna(0)
                                                     + flows["duplicate_acks"].fillna(0) > 0).tolist(),
-            intro="One row per TCP connection in the pcaps, troubled ones first. History (Zeek style, upper case: "
-                  "originator): S SYN, H SYN-ACK, A ACK, D data, F FIN, R RST, T retransmission, W zero window, "
-                  "G gap.")
-        if nflows > len(flows):
-            tables["flows"].note = f"first {len(flows)} of {nflows} flows"
+            intro="One row per TCP connection in the pcaps, troubled ones first"
+                  + (" (the most retransmissions first; the matrix above shows every link)" if many else "")
+                  + ". History (Zeek style, upper case: originator): S SYN, H SYN-ACK, A ACK, D data, F FIN, "
+                    "R RST, T retransmission, W zero window, G gap.")
+        if many:
+            t = tables["flows"]
+            t.note = (f"showing {len(flows)} of {nflows} flows (all of them in {QUERY}: table flows); "
+                      "the last row: every flow together.")
+            t.totals = [fmt(totals.get(c)) for c in t.columns]
     ib = data.ib_table(model)
     if ib is not None:
         tables["ib"] = frame_table("ib", "InfiniBand / RoCE port counters (end - start)", ib,
                                    highlight=ib["problem"].fillna(False).astype(bool).tolist())
     cfg = data.optional_table(model, "nccl_config")
     if cfg is not None:
+        hl = data.highlight_rows(cfg, findings)
         tables["nccl_config"] = frame_table(
-            "nccl_config", "NCCL configuration per rank", cfg, highlight=data.highlight_rows(cfg, findings),
+            "nccl_config", "NCCL configuration per rank", cfg, highlight=hl, limit=TOP_ROWS, order=_first(hl),
+            more=f"processes (all of them in {QUERY}: table nccl_config)",
             columns=CONFIG_COLUMNS, intro="From each rank's NCCL_DEBUG log and the manifest. Highlighted: ranks a "
                                           "misconfiguration finding names, or whose log has WARN lines.")
     warn = data.optional_table(model, "nccl_warnings")
@@ -181,11 +242,16 @@ def _tables(model, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[str,
         tables["nccl_tests"] = frame_table("nccl_tests", "nccl-tests results", nt)
     off = data.offcpu_threads(model)
     if off is not None:
+        def by_offcpu(df):   # NCCL's threads first, the most off-CPU first
+            key = df.assign(_ms=pd.to_numeric(df["offcpu_ms"], errors="coerce").fillna(-1))
+            return key.sort_values(["nccl_thread", "_ms"], ascending=False, kind="stable").index.to_numpy()
         tables["offcpu"] = frame_table("offcpu", "Off-CPU time per thread over the capture", off,
-                                       highlight=off["nccl_thread"].tolist(),
+                                       highlight=off["nccl_thread"].tolist(), limit=TOP_ROWS, order=by_offcpu,
+                                       more=f"threads (all of them in {QUERY}: table offcpu)",
                                        intro="From the capture's scheduler samples (ms, last minus first sample). "
                                              "Highlighted: the threads that called NCCL (the per-rank column sums "
-                                             "those).")
+                                             "those)." + (" Shown: NCCL's threads first, the most off-CPU first."
+                                                          if len(off) > TOP_ROWS else ""))
     stacks = data.stacks_text(model)
     if stacks is not None:
         tables["stacks"] = frame_table("stacks", "Stacks (py-spy)", stacks, limit=100)
@@ -194,9 +260,63 @@ def _tables(model, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[str,
         tables["fr_entries"] = frame_table("fr_entries", "Flight Recorder: last entries per rank", fr, limit=200)
     facts = data.optional_table(model, "host_facts")
     if facts is not None:
-        tables["host_facts"] = frame_table("host_facts", "Hosts", facts)
+        tables["host_facts"] = frame_table("host_facts", "Hosts", facts, limit=TOP_ROWS,
+                                           more=f"hosts (all of them in {QUERY}: table host_facts)")
 
     return tables
+
+
+def _progress_table(i: int, p) -> Table:
+    """A communicator's progress per rank; more than ``TOP_ROWS`` ranks: those missing from or
+    waiting in the hang point first (the least progressed first)."""
+    per = p.per_rank
+    hl = per["rank"].isin(p.missing_ranks + p.waiting_ranks).to_numpy()
+
+    def telling(df):
+        key = df.assign(_missing=df["rank"].isin(p.missing_ranks), _hl=hl,
+                        _last=pd.to_numeric(df["last_entered"], errors="coerce"))
+        return key.sort_values(["_missing", "_hl", "_last", "rank"], ascending=[False, False, True, True],
+                               kind="stable").index.to_numpy()
+    return frame_table(f"progress-{i}", f"communicator {p.comm_id_hash}", per, highlight=hl.tolist(),
+                       limit=TOP_ROWS, order=telling,
+                       more=f"ranks (the ranks that never entered the hang point first, then those waiting in it, "
+                            f"the least progressed first; all of them in {QUERY}: table nccl_events)")
+
+
+def _capture_hosts(captures: list[dict], blamed_hosts: set[str]) -> tuple[list[dict], Table | None, int]:
+    """The hosts whose capture details the report shows: every one when there are at most
+    ``MAX_HOST_DETAILS``, else the most telling ones (a failed collector, a partial capture,
+    problems, a host a finding blames) and a summary table of every host; (shown, the
+    summary or None, hosts left out of the details)."""
+    if len(captures) <= MAX_HOST_DETAILS:
+        return captures, None, 0
+    rows = pd.DataFrame([{
+        "host": c.get("host"), "start (UTC)": c["start_utc"], "seconds": c["seconds"],
+        "files": c.get("files"), "bytes": c.get("bytes"),
+        "ok": c["status_counts"].get("ok", 0), "skipped": c["status_counts"].get("skipped", 0),
+        "failed": c["status_counts"].get("failed", 0),
+        "ranks": data.rank_ranges([p["rank"] for p in c.get("processes") or [] if p.get("rank") is not None], 4),
+        "partial": bool(c.get("partial")), "problems": len(c.get("problems") or []),
+        "blamed": str(c.get("host")) in blamed_hosts} for c in captures])
+    score = (rows["failed"] > 0) * 8 + rows["partial"] * 4 + (rows["problems"] > 0) * 2 + rows["blamed"] * 1
+    order = np.argsort(-score.to_numpy(), kind="stable")
+    shown_idx = sorted(order[:MAX_HOST_DETAILS].tolist())
+    flags = np.zeros(len(rows), dtype=bool)
+    flags[shown_idx] = True
+    table = frame_table("capture_hosts", "Hosts captured", rows.drop(columns="blamed"), highlight=(score > 0).tolist(),
+                        limit=TOP_ROWS, order=lambda df: order, more="hosts (all of them in --json: capture.hosts)",
+                        intro="One row per host bundle: collectors by status, the ranks it held. Highlighted: a "
+                              "failed collector, a partial capture, problems reading it, or a host a finding blames.")
+    return [captures[i] for i in shown_idx], table, len(captures) - len(shown_idx)
+
+
+def _skew(rows: list[dict]) -> tuple[list[dict], int]:
+    """Clock skew rows: all of them up to ``TOP_ROWS``, else the largest estimates first."""
+    if len(rows) <= TOP_ROWS:
+        return rows, 0
+    key = [(r["skew_ms"] is None, -abs(r["skew_ms"] or 0)) for r in rows]
+    order = sorted(range(len(rows)), key=key.__getitem__)
+    return [rows[i] for i in order[:TOP_ROWS]], len(rows) - TOP_ROWS
 
 
 def context(analysis) -> dict[str, Any]:
@@ -208,20 +328,18 @@ def context(analysis) -> dict[str, Any]:
     serious = [f for f in findings if f.severity in ("error", "warning")]
     banner = serious[:3]
     notes = [f for f in findings if f.severity == "info"][:3] if not serious else []
-    figs = [f for f in (figures.timeline(analysis, slow_ms), figures.heatmap(analysis),
-                        figures.nccl_tests_chart(model, findings)) if f is not None]
+    ranks = data.rank_table(analysis)
+    figs = [f for f in (figures.timeline(analysis, slow_ms, ranks=ranks), figures.heatmap(analysis, ranks=ranks),
+                        figures.link_matrix(analysis), figures.nccl_tests_chart(model, findings)) if f is not None]
     plots = {f.key: _json_script(data.finite(f.spec)) for f in figs}
 
-    ranks = data.rank_table(analysis)
-    tables = _tables(model, ranks, findings, blamed={r for f in serious for r in f.ranks})
+    tables = _tables(analysis, ranks, findings, blamed={r for f in serious for r in f.ranks})
 
     progress = data.progress(model)
     stuck = [p for p in progress if p.stuck_op_count is not None]
     hang_kinds = {"hang_mismatch", "hang_stuck"}
     show_hang = bool(stuck) or any(f.kind in hang_kinds for f in findings)
-    hang_tables = [frame_table(f"progress-{i}", f"communicator {p.comm_id_hash}", p.per_rank,
-                               highlight=(p.per_rank["rank"].isin(p.missing_ranks + p.waiting_ranks)).tolist())
-                   for i, p in enumerate(progress)] if show_hang else []
+    hang_tables = [_progress_table(i, p) for i, p in enumerate(progress)] if show_hang else []
 
     evidence, links = [], []
     for i, f in enumerate(findings):
@@ -230,20 +348,30 @@ def context(analysis) -> dict[str, Any]:
         evidence.append(records_table(f"evidence-{i}", "evidence", rows, MAX_EVIDENCE_ROWS,
                                       note=(f"first {MAX_EVIDENCE_ROWS} of {len(rows)} rows (all in --json)"
                                             if len(rows) > MAX_EVIDENCE_ROWS else "")))
-        links.append(records_table(f"links-{i}", "links", j["links"], MAX_TABLE_ROWS))
+        links.append(records_table(f"links-{i}", "links", j["links"], TOP_ROWS,
+                                   note=(f"first {TOP_ROWS} of {len(j['links'])} links (all in --json)"
+                                         if len(j["links"]) > TOP_ROWS else "")))
     bundles = [c.get("bundle", "") for c in model.captures]
+    captures, capture_hosts, hosts_left = _capture_hosts(
+        data.capture_view(analysis), {h for f in serious for h in f.hosts})
+    skew, skew_left = _skew(data.skew_rows(analysis))
+    hosts = [str(h) for h in model.hosts]
+    hosts_text = ", ".join(hosts[:MAX_HOST_DETAILS]) + (f", … and {len(hosts) - MAX_HOST_DETAILS} more"
+                                                          if len(hosts) > MAX_HOST_DETAILS else "")
     return {
         "version": __version__,
         "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "verdict": analysis.verdict(),
         "worst": (serious[0].severity if serious else "ok"),
         "banner": banner, "info_notes": notes, "findings": findings, "evidence": evidence, "links": links,
-        "hosts": model.hosts, "span": span, "start_utc": data.utc(span.start_ns), "end_utc": data.utc(span.end_ns),
+        "hosts": model.hosts, "hosts_text": hosts_text, "span": span,
+        "start_utc": data.utc(span.start_ns), "end_utc": data.utc(span.end_ns),
         "nranks": len(ranks), "ncalls": len(model.tables["nccl_events"]),
         "ntcp": len(model.tables["tcp_events"]), "slow_ms": slow_ms,
         "figures": figs, "plots": plots, "tables": tables,
         "show_hang": show_hang, "stuck": stuck, "hang_tables": hang_tables,
-        "captures": data.capture_view(analysis), "skew": data.skew_rows(analysis), "problems": analysis.problems,
+        "captures": captures, "capture_hosts": capture_hosts, "hosts_left": hosts_left,
+        "skew": skew, "skew_left": skew_left, "problems": analysis.problems,
         "duration_sources": data.DURATION_SOURCES, "bundles": bundles,
         "query_target": " ".join(_shell_quote(b) for b in bundles) or "BUNDLE",
     }
@@ -262,6 +390,7 @@ def render(analysis, *, with_plotly: bool = True) -> str:
     env.filters["detail"] = lambda kv: detail(*kv)
     env.filters["utc"] = data.utc
     env.filters["pct"] = lambda v: f"{100 * float(v):.0f}%"
+    env.filters["ranks"] = data.rank_ranges
     ctx = context(analysis)
     ctx["nonce"] = secrets.token_urlsafe(18)
     ctx["plotly_js"] = Markup(plotly_js()) if (with_plotly and ctx["plots"]) else ""

@@ -102,7 +102,14 @@ def render(analysis) -> str:
     if len(ranks):
         cols = [c for c in ("rank", "host", "calls", "not_completed", "p50_ms", "p99_ms", "lateness_p99_ms",
                             "retx_kernel", "retx_pcap", "dup_acks", "resets", "offcpu_ms") if c in ranks.columns]
-        lines += ["## Per rank", ""] + table(cols, ranks[cols].values.tolist()) + [""]
+        shown = ranks
+        if len(ranks) > data.TOP_ROWS:   # the most telling ranks (blamed, latest, most trouble), as the report
+            blamed = {r for f in analysis.findings if f.severity in ("error", "warning") for r in f.ranks}
+            shown = ranks.iloc[data.trouble_order(ranks.reset_index(drop=True), blamed)[:data.TOP_ROWS]]
+        lines += ["## Per rank", ""] + table(cols, shown[cols].values.tolist()) + [""]
+        if len(shown) < len(ranks):
+            lines += [f"... and {len(ranks) - len(shown)} more ranks (the ranks blamed, then the latest, shown "
+                      "first; all of them in `stallscope query`)", ""]
 
     stuck = [p for p in data.progress(model) if p.stuck_op_count is not None]
     if stuck:

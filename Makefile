@@ -52,10 +52,12 @@ demo: venv
 	  --markdown $(DEMO_OUT)/summary.md --perfetto $(DEMO_OUT)/trace.json --force || [ $$? -eq 1 ]
 	@echo "open $(DEMO_OUT)/report.html in a browser (offline; ui.perfetto.dev opens $(DEMO_OUT)/trace.json)"
 
-# every benchmark (tracer_overhead needs root and bpftrace; it says so and is skipped otherwise)
+# every benchmark (tracer_overhead needs root and bpftrace; it says so and is skipped otherwise;
+# fleet: 8-64 synthetic hosts of 1M packets each, ~10 minutes and ~2 GB of /tmp)
 bench: debs venv
 	$(PY) bench/pcap_throughput.py
 	$(PY) bench/analyze.py
+	$(PY) bench/fleet.py
 	if [ "$$(id -u)" = 0 ]; then $(PY) bench/tracer_overhead.py; else echo "bench/tracer_overhead.py: needs root (skipped)"; fi
 
 # the long fuzz run (issue 7): FUZZ_EXAMPLES inputs per target, over FUZZ_JOBS processes;

@@ -26,3 +26,16 @@ def require_tool(*names: str) -> None:
 
 
 from fuzz.report import pytest_terminal_summary  # noqa: E402,F401  (fuzz counts at the end of a run)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium through Playwright (never a downloaded browser), for the report's
+    browser tests; skips with the reason when either is missing."""
+    require_tool("chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install '.[test]')")
+    with sync_api.sync_playwright() as p:
+        args = ["--no-sandbox"] if os.geteuid() == 0 else []     # root needs --no-sandbox
+        b = p.chromium.launch(executable_path=shutil.which("chromium"), args=args)
+        yield b
+        b.close()

@@ -6,30 +6,15 @@ still read. Screenshots land in build/test-artifacts/."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from dataclasses import dataclass, field
 
 import pytest
 
-from tests.conftest import require_tool
 from tests.report_helpers import ARTIFACTS, PAYLOAD, SCENARIOS, analyze, bundle, hostile_bundle
 
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles")
 VIEWPORT = {"width": 1280, "height": 800}
-
-
-@pytest.fixture(scope="module")
-def browser():
-    require_tool("chromium")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install '.[test]')")
-    with sync_api.sync_playwright() as p:
-        # Debian's chromium, never a downloaded browser; root needs --no-sandbox
-        args = ["--no-sandbox"] if os.geteuid() == 0 else []
-        b = p.chromium.launch(executable_path=shutil.which("chromium"), args=args)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

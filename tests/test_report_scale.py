@@ -9,9 +9,7 @@ console error."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
@@ -22,7 +20,6 @@ from markupsafe import escape
 from forensics.analysis import analyze as run_analysis
 from forensics.report import data, figures
 from forensics.report import html as html_report
-from tests.conftest import require_tool
 from tests.report_helpers import ARTIFACTS, SCENARIOS, bundle, copy_report
 
 pytestmark = pytest.mark.skipif("loss" not in SCENARIOS, reason="no shipped loss bundle")
@@ -290,18 +287,6 @@ def test_the_five_rank_loss_report_is_under_1_5_mb_and_unchanged(tmp_path):
 
 
 # ---- in chromium -------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def browser():
-    require_tool("chromium")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip install '.[test]')")
-    with sync_api.sync_playwright() as p:
-        # Debian's chromium, never a downloaded browser; root needs --no-sandbox
-        args = ["--no-sandbox"] if os.geteuid() == 0 else []
-        b = p.chromium.launch(executable_path=shutil.which("chromium"), args=args)
-        yield b
-        b.close()
-
 
 def _open(browser, path: Path, javascript: bool = True):
     ctx = browser.new_context(viewport=VIEWPORT, java_script_enabled=javascript)

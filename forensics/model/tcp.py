@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .nccl import conform, empty, events_frame, process_ranks, _utc
+from .nccl import conform, empty, events_frame, _utc
 
 BPF_TCP_EVENTS = ("tcp_retransmit_skb", "tcp_send_reset", "tcp_receive_reset")
 # pcap verdicts that become tcp_events rows (window_update, keep_alive... are noise here)

@@ -296,7 +296,9 @@ def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
     cls, sender, receiver (ranks: who sent the retransmission / the RST), a, b (the
     unordered link), key (directed connection), src (which source saw it). Computed once
     per analysis and classes (several detectors read it)."""
-    return ctx.memo(("trouble_events", tuple(classes)), lambda: _trouble_events(ctx, tuple(classes)))
+    every = tuple(dict.fromkeys(LOSS_CLASSES + DATA_LOSS_CLASSES + ("reset",) + tuple(classes)))
+    t = ctx.memo(("trouble_events", every), lambda: _trouble_events(ctx, every))
+    return t[t["cls"].isin(classes).to_numpy()].reset_index(drop=True)
 
 
 def _trouble_events(ctx, classes: tuple[str, ...]) -> pd.DataFrame:

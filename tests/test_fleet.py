@@ -83,6 +83,18 @@ def test_cli_jobs_2_writes_the_same_json_as_jobs_1(tmp_path):
     assert "worker processes" in err                            # the progress line says how it ran
 
 
+def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkeypatch):
+    from forensics.model import parallel
+    assert parallel.default_jobs(CLEAN) == 1                     # four small bundles: no pool
+    assert parallel.default_jobs(CLEAN[:1]) == 1
+    monkeypatch.setattr(parallel, "POOL_MIN_BYTES", 1)
+    assert parallel.default_jobs(CLEAN) == parallel.default_jobs()   # large enough: every core
+    monkeypatch.undo()
+    code, _, err = cli("analyze", *map(str, CLEAN), "-o", str(tmp_path / "r.html"))
+    assert code in (0, 1), err
+    assert "worker processes" not in err
+
+
 def test_a_bad_bundle_on_a_worker_is_one_clear_line(tmp_path):
     bad = tmp_path / "broken.tar.gz"
     bad.write_bytes(b"\x1f\x8b not really gzip")

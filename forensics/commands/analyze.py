@@ -32,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-ms", type=float, default=50.0, metavar="MS",
                    help="a collective slower than this is slow (default: 50)")
     p.add_argument("-j", "--jobs", type=int, metavar="N",
-                   help="read the bundles on N worker processes (default: this machine's cores)")
+                   help="read the bundles on N worker processes (default: this machine's cores, "
+                        "or 1 for a few small bundles)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="read the bundles on the Dask cluster at ADDRESS (tcp://host:8786); the bundle "
                         "paths must be readable by every worker")
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace, env) -> int:
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
         analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
-                           jobs=args.jobs or default_jobs(), dask=args.dask)
+                           jobs=args.jobs or default_jobs(args.bundles), dask=args.dask)
         try:
             for p in analysis.problems[:20]:
                 env.warn(p)

@@ -34,12 +34,37 @@ class WorkerError(StallscopeError):
     """A worker process died (killed, out of memory) before returning its host."""
 
 
-def default_jobs() -> int:
-    """The cores this process may run on (``--jobs`` default)."""
+# below this much bundle data in all, worker processes cost more than they save (a pool's
+# start is ~0.3 s; a host of 1M packets is ~15 MB compressed and ~1 s to read)
+POOL_MIN_BYTES = 32 * 2**20
+
+
+def default_jobs(paths: list | None = None) -> int:
+    """``--jobs`` when not given: the cores this process may run on, or 1 for bundles too
+    small together to pay for a pool (``paths`` given)."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        cores = max(1, os.cpu_count() or 1)
+    if paths is not None and (len(paths) < 2 or _size(paths) < POOL_MIN_BYTES):
+        return 1
+    return cores
+
+
+def _size(paths: list) -> int:
+    total = 0
+    for p in paths:
+        try:
+            if os.path.isdir(p):
+                total += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(p) for f in fs
+                             if not os.path.islink(os.path.join(d, f)))
+            else:
+                total += os.path.getsize(p)
+        except OSError:
+            continue        # a missing bundle is reported by the reading itself
+        if total >= POOL_MIN_BYTES:
+            break
+    return total
 
 
 def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | None = None,

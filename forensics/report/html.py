@@ -1,8 +1,9 @@
 """The self-contained HTML incident report (``stallscope analyze -o report.html``).
 
 One file, no request leaves it: styles, plotly.js (a partial build with the two trace
-types the report draws, vendored in ``forensics/report/vendor/``) and the figures' data are inline, and a Content-Security-Policy lets only the report's
-own scripts (by nonce) run and forbids every fetch. The verdict, findings and tables are
+types the report draws, vendored in ``forensics/report/vendor/``) and the figures' data
+are inline, and a Content-Security-Policy lets only the report's own scripts (by nonce)
+run and forbids every fetch. The verdict, findings and tables are
 plain HTML, readable with scripts disabled; the plots add the timeline and heatmap.
 Templates (jinja2, autoescaped) live in ``templates/`` at the repository root, or under
 ``share/stallscope/templates`` of an installed package (see :func:`template_dir`).

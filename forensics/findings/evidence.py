@@ -305,8 +305,7 @@ def _trouble_events(ctx, classes: tuple[str, ...]) -> pd.DataFrame:
     t = ctx.table("tcp_events")
     if t.empty:
         return _empty_trouble()
-    # one class per packet: a spurious retransmission is not also a retransmission
-    cls = ctx.memo("tcp_event_classes", lambda: classify(t))
+    cls = classify(t)   # one class per packet: a spurious retransmission is not also a retransmission
     t = t.assign(cls=cls)[cls.isin(classes).to_numpy()]
     t = t.dropna(subset=["rank", "peer_rank", "timestamp_ns"])
     t = t[t["rank"] != t["peer_rank"]]

@@ -32,10 +32,10 @@ import pandas as pd
 
 from .base import Context, Finding, detector
 from ..model.windows import common_end
-from .evidence import (who_text, LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
+from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
-                       world_rank_map)
+                       who_text, world_rank_map)
 
 HANG_MIN_NS = 500_000_000      # a collective open this long at the end of the capture is a hang ...
 HANG_DURATION_FACTOR = 5.0     # ... when it is also this many times the comm's p99 duration

@@ -21,9 +21,9 @@ import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (who_text, COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
+from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
                        Impact, clean_baselines, impact, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
-                       sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql)
+                       sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql, who_text)
 
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
 MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote

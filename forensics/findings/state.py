@@ -41,8 +41,8 @@ import pandas as pd
 
 from ..model.windows import host_windows
 from .base import Context, Finding, detector
-from .evidence import (who_text, dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
-                       trouble_events)
+from .evidence import (dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
+                       trouble_events, who_text)
 
 STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
 DURATION_FACTOR = 5.0

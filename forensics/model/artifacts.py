@@ -282,10 +282,6 @@ def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- all of it
 
-# the per-host tables (host_tables; sockets still to attribute across hosts)
-HOST_TABLES = ARTIFACT_TABLES + ("gpu_records",)
-
-
 def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.DataFrame) -> dict[str, pd.DataFrame]:
     """The artefact tables of one host that need no other host (:mod:`.hosts`' per-host stage);
     ``ranks``: the host's :func:`forensics.model.nccl.process_ranks` (the one pid -> global
@@ -312,8 +308,8 @@ def artifact_tables(bundles: list, arts_by_host: dict[str, BundleArtifacts], pid
     attributed with every host's endpoints (``attr``), the GPU times matched across hosts."""
     from . import gpu_times
     tables: dict[str, pd.DataFrame] = {}
-    for name in HOST_TABLES:
-        if name in ("gpu_records", "sockets"):
+    for name in ARTIFACT_TABLES:
+        if name == "sockets":      # attributed below, with every host's endpoints
             continue
         tables[name] = concat([per_host[b.host][name] for b in bundles], name)
     socks = [per_host[b.host]["sockets"] for b in bundles if len(per_host[b.host]["sockets"])]

@@ -109,10 +109,10 @@ def _aggregate(capture: str, data: list, acks: list, addresses: list[str]) -> pd
     out = {"capture": capture, "saddr": addr[meta[:, 0]], "sport": meta[:, 2], "daddr": addr[meta[:, 1]],
            "dport": meta[:, 3]}
     # data: busy rate
-    ts, seglen = _cat(data, 1, np.int64), _cat(data, 2, np.int64)
+    data_ts, seglen = _cat(data, 1, np.int64), _cat(data, 2, np.int64)
     # file order (time order) within each connection; a stable sort of 16-bit codes is a radix sort
     order = np.argsort(dcode.astype(np.uint16) if n < 1 << 16 else dcode, kind="stable")
-    ts, dc, seglen = ts[order], dcode[order], seglen[order]
+    ts, dc, seglen = data_ts[order], dcode[order], seglen[order]
     dt = np.diff(ts)
     busy = (dc[1:] == dc[:-1]) & (dt >= 0) & (dt <= IDLE_NS)
     k = dc[1:][busy]
@@ -129,8 +129,7 @@ def _aggregate(capture: str, data: list, acks: list, addresses: list[str]) -> pd
     for name, v in zip(("rtt_p50_ns", "rtt_p90_ns", "rtt_p99_ns", "rtt_max_ns"),
                        _percentiles(acode, rtt, n, (0.5, 0.9, 0.99, 1.0))):
         out[name] = v
-    clean = _clean_acks(acode, _cat(acks, 6, np.int64), rtt, dcode, _cat(data, 1, np.int64),
-                        _cat(data, 7, bool))
+    clean = _clean_acks(acode, _cat(acks, 6, np.int64), rtt, dcode, data_ts, _cat(data, 7, bool))
     out["rtt_clean_samples"] = np.bincount(acode[clean], minlength=n)
     out["rtt_clean_p50_ns"], out["rtt_clean_p90_ns"] = _percentiles(acode[clean], rtt[clean], n, (0.5, 0.9))
     return pd.DataFrame(out)

@@ -17,11 +17,13 @@ per-pair values, the CPU the capture and bpftrace used, and the verdict
 against the 2% target.
 
 ``--watch`` (issue 13) measures the black box instead: the traced rounds run
-``python3 -m capture --watch --ring-bytes R`` (tracer ring, off-CPU and ss samples,
-rescans; tcpdump only where the job has an interface off loopback), the target
-is 1%, and each round also reports the watcher's peak memory (VmHWM, target
-256 MiB) and the largest size its rings reached on disk (sampled every 0.5 s,
-target: under --ring-bytes). A watched clean job must write no bundle.
+``python3 -m capture --watch --ring-bytes R`` (tracer ring, a tcpdump ring on the
+interface the job's connections use: loopback here, so every packet of the job is
+tapped; off-CPU and ss samples, rescans), the target is 1%, and each round also
+reports the watcher's peak memory (VmHWM, target 256 MiB) and the largest size its
+rings reached on disk (sampled every 0.5 s, target: under --ring-bytes). A watched
+clean job must write no bundle. ``--capture-arg=--no-pcap`` (or ``--no-bpf``) leaves
+a part out, to see what each costs.
 """
 from __future__ import annotations
 
@@ -51,6 +53,31 @@ def cpu_s(pid: int) -> float:
         return (int(f[11]) + int(f[12])) / TICK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def comm_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text()
+    except OSError:           # a short-lived child (ss, ip) already gone
+        return ""
+
+
+def reaped_cpu_s(pid: int) -> float:
+    """cutime + cstime of a process: the CPU of its children that it has waited for (ss, ip, ...)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[13]) + int(f[14])) / TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], children_of(pid)
+    while todo:
+        c = todo.pop()
+        out.append(c)
+        todo += children_of(c)
+    return out
 
 
 def children_of(pid: int) -> list[int]:
@@ -120,9 +147,19 @@ class Capture:
             self.proc.kill()
             raise SystemExit("capture did not start:\n" + "".join(self.lines))
         self.cpu0 = cpu_s(self.proc.pid)
-        self.tracer = next((c for c in children_of(self.proc.pid)
-                            if "bpftrace" in Path(f"/proc/{c}/comm").read_text()), None)
+        self.tracer = next((c for c in children_of(self.proc.pid) if "bpftrace" in comm_of(c)), None)
         self.tracer_cpu0 = cpu_s(self.tracer) if self.tracer else 0.0
+        self.others0 = self.others_cpu()
+
+    def others_cpu(self) -> dict[int, float]:
+        """CPU of capture's other children (tcpdump, and those it ran and reaped: key 0)."""
+        out = {c: cpu_s(c) for c in descendants(self.proc.pid) if c != self.tracer}
+        out[0] = reaped_cpu_s(self.proc.pid)
+        return out
+
+    def others_used(self) -> float:
+        now = self.others_cpu()
+        return sum(v - self.others0.get(pid, 0.0) for pid, v in now.items())
 
     def _read(self):
         for line in self.proc.stderr:
@@ -132,7 +169,8 @@ class Capture:
 
     def finish(self) -> dict:
         used = {"capture_cpu_s": cpu_s(self.proc.pid) - self.cpu0,
-                "bpftrace_cpu_s": (cpu_s(self.tracer) - self.tracer_cpu0) if self.tracer else None}
+                "bpftrace_cpu_s": (cpu_s(self.tracer) - self.tracer_cpu0) if self.tracer else None,
+                "others_cpu_s": self.others_used()}
         self.proc.send_signal(signal.SIGINT)
         out, _ = self.proc.communicate(timeout=300)
         path = Path(out.strip().splitlines()[-1])
@@ -174,7 +212,8 @@ class Watch(Capture):
 
     def finish(self) -> dict:
         used = {"capture_cpu_s": cpu_s(self.proc.pid) - self.cpu0,
-                "bpftrace_cpu_s": (cpu_s(self.tracer) - self.tracer_cpu0) if self.tracer else None}
+                "bpftrace_cpu_s": (cpu_s(self.tracer) - self.tracer_cpu0) if self.tracer else None,
+                "others_cpu_s": self.others_used()}
         try:
             status = Path(f"/proc/{self.proc.pid}/status").read_text()
             used["peak_rss_mib"] = int(status.split("VmHWM:")[1].split()[0]) / 1024
@@ -201,7 +240,8 @@ def main() -> int:
     ap.add_argument("--watch", action="store_true",
                     help="measure capture --watch (the black box: target 1%%, 256 MiB, disk under --ring-bytes)")
     ap.add_argument("--ring-bytes", default="1G", help="--watch: the watcher's --ring-bytes (default 1G)")
-    ap.add_argument("--capture-arg", action="append", default=[], help=argparse.SUPPRESS)  # experiments
+    ap.add_argument("--capture-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for capture (repeatable), e.g. --capture-arg=--no-pcap")
     a = ap.parse_args()
     Watch.ring_bytes = a.ring_bytes
     target = 0.01 if a.watch else 0.02
@@ -256,7 +296,8 @@ def main() -> int:
                     else f"bundle: {u['colls']} collectives, lost {u['lost']}")
             print(f"pair {i + 1}: untraced {pair['untraced']:7.1f} coll/s   traced {pair['traced']:7.1f} coll/s   "
                   f"ratio {ratios[-1]:.4f}   ({what}; CPU: capture "
-                  f"{u['capture_cpu_s']:.2f}s, bpftrace {u['bpftrace_cpu_s'] or 0:.2f}s)", flush=True)
+                  f"{u['capture_cpu_s']:.2f}s, bpftrace {u['bpftrace_cpu_s'] or 0:.2f}s, "
+                  f"its other children {u['others_cpu_s']:.2f}s)", flush=True)
     slow = statistics.median(ratios) - 1
     print(f"untraced {statistics.median(base):.1f} coll/s per rank, traced {statistics.median(traced):.1f} coll/s "
           f"per rank ({a.ranks} ranks, {a.steps * 5 + 1} collectives each, loopback"

@@ -47,7 +47,9 @@ COLLECTORS: tuple[Collector, ...] = (
     # libpcap's TPACKET_V3 ring holds packets in a block until the block fills or its 1 s
     # timer fires, and a stop (SIGINT) or a kill loses that block: the last packets before
     # the end, the ones a hang investigation needs most. -B: an 8 MiB kernel ring absorbs
-    # bursts while tcpdump waits for the CPU.
+    # bursts while tcpdump waits for the CPU. The watcher (capture.watch), which runs for days,
+    # leaves both out (TCPDUMP_PER_PACKET): a wake-up and a write per packet cost a busy job more
+    # than its 1% budget; it flushes tcpdump (Capture.flush_tcpdumps) before it cuts a bundle.
     Collector("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
                                "--immediate-mode", "-B", "8192", "-n", "-U", "-Z", "root"),
               out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,
@@ -109,6 +111,10 @@ COLLECTORS: tuple[Collector, ...] = (
               scope="process",
               doc="one byte into TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe: torch dumps its Flight Recorder"),
 )
+
+
+# tcpdump's per-packet hand-over and write; a buffered tcpdump (the watcher's) runs without them
+TCPDUMP_PER_PACKET = ("--immediate-mode", "-U")
 
 
 def by_name() -> dict[str, Collector]:

@@ -93,6 +93,16 @@ class CaptureOptions:
     status_every_s: float = 300.0
 
 
+TPACKET_BLOCK_S = 1.05   # libpcap retires a partly filled block of its kernel ring after tcpdump's 1 s timeout
+
+
+def _size_of(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:          # a ring file rotated away meanwhile
+        return 0
+
+
 @dataclass
 class CaptureResult:
     path: Path
@@ -853,7 +863,8 @@ class Capture:
         out.parent.mkdir(parents=True, exist_ok=True)
         errf = self.staging / "logs" / f"tcpdump-{ns.label}-{iface}.stderr.txt"
         errf.parent.mkdir(parents=True, exist_ok=True)
-        argv = self.ns_prefix(ns) + [self.fill(a, ctx) for a in c.argv] + self.ring_plan() + ["-w", str(out)]
+        args = [a for a in c.argv if not (self.ring and a in colmod.TCPDUMP_PER_PACKET)]
+        argv = self.ns_prefix(ns) + [self.fill(a, ctx) for a in args] + self.ring_plan() + ["-w", str(out)]
         fh = open(errf, "wb")
         proc = children.spawn(argv, stdout=subprocess.DEVNULL, stderr=fh)
         self.tcpdumps[(ns.inode, iface)] = {"proc": proc, "key": key, "out": out, "err": errf, "fh": fh,
@@ -877,6 +888,28 @@ class Capture:
             t["packets"] = max(t.get("packets", 0), n)
             total += t["packets"]
         return total
+
+    def flush_tcpdumps(self) -> None:
+        """Everything a buffered tcpdump (ring mode: no --immediate-mode, no -U) has captured
+        until now onto its files: libpcap hands a block of its kernel ring over when the block
+        is full or 1 s old, and SIGUSR2 makes tcpdump write out what it holds. Waits up to
+        ~1.5 s; packets of the last moment may still be in flight."""
+        live = [t for t in self.tcpdumps.values() if t.get("proc") is not None and t["proc"].poll() is None]
+        if not self.ring or not live:
+            return
+        time.sleep(TPACKET_BLOCK_S)
+        for t in live:
+            try:
+                t["proc"].send_signal(signal.SIGUSR2)
+            except ProcessLookupError:
+                pass
+        sizes, deadline = None, time.monotonic() + 0.5
+        while time.monotonic() < deadline:      # written out when the files stop growing
+            time.sleep(0.05)
+            now = [sum(_size_of(f) for f in t["out"].parent.glob(t["out"].name + "*")) for t in live]
+            if now == sizes:
+                break
+            sizes = now
 
     def stop_tcpdumps(self) -> None:
         live = [t for t in self.tcpdumps.values() if t.get("proc") is not None]

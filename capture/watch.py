@@ -566,6 +566,7 @@ class Watcher(Capture):
             dest.mkdir(parents=True)
             lock = lock_staging(dest)
             collectors = copy.deepcopy(self.collectors)
+            self.flush_tcpdumps()          # the packets up to now onto the ring files
             pcap_files = self.copy_rings(dest, w0_epoch_s)
             self.staging, self.collectors, self.snapshots_started = dest, collectors, set()
             self.budget = bd.Budget.plan(self.o.max_bytes, pcap=self.o.pcap, tracer=self.o.bpf)

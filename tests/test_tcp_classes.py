@@ -52,3 +52,17 @@ def test_one_packet_has_one_class():
     table = data.rank_table(SimpleNamespace(model=ctx.model))
     assert int(table.loc[0, "retx_pcap"]) == 2 and int(table.loc[0, "retx_kernel"]) == 1
     assert data.marker_labels(t).tolist()[:2] == [None, "spurious retransmission"]
+
+
+def test_the_kernel_tracers_events_count_as_their_own_source():
+    # the tracer's retransmissions have no capture file: their source is "bpf:<host>:<NA>" in
+    # pandas as in the findings' SQL, so a link that only the kernel saw still gets its count
+    from forensics.findings.evidence import dedup_counts, dedup_sql, trouble_sql
+    ctx = context(tcp_events=[tcp("tcp_retransmit_skb", T0 + i, source="bpf") | {"capture": None}
+                              for i in range(3)] + [tcp("retransmission", T0 + 10, frame=4)])
+    ev = trouble_events(ctx)
+    assert sorted(set(ev["src"])) == ["bpf:node0:<NA>", "pcap:node0:pcap/eth0.pcap"]
+    counts = dedup_counts(ev[ev["cls"].isin(DATA_LOSS_CLASSES)])
+    assert counts["n"].tolist() == [3]                     # the best-placed source: the kernel's 3
+    sql = ctx.con.execute(f"SELECT n FROM {dedup_sql(trouble_sql())} WHERE cls = 'retransmission'").fetchall()
+    assert [r[0] for r in sql] == [3]

@@ -339,11 +339,12 @@ def _versions(c: pd.DataFrame) -> list[Finding]:
 def _env_rules(c: pd.DataFrame) -> list[Finding]:
     out = []
     ib = (c["transport"] == "IB").any()
+    rows = c[["host", "rank", "pid", "envd"]].to_dict("records")     # once, not once per rule
     for rule in ENV_RULES:
         if rule.var == "NCCL_NET_GDR_LEVEL" and not ib:
             continue
         hits = []
-        for _, row in c.iterrows():
+        for row in rows:
             env = row["envd"]
             if rule.var in env:
                 why = rule.applies(str(env[rule.var]), env)

@@ -184,11 +184,11 @@ def _per_rank_durations(ctx, windows: pd.DataFrame) -> dict:
     key = windows[["comm_id_hash", "op_count"]].assign(slow=True)
     m = n.merge(key, on=["comm_id_hash", "op_count"], how="left")
     m["slow"] = m["slow"].fillna(False).astype(bool)
+    g = m.assign(d=m["duration_ns"].astype("float64")).groupby(["rank", "slow"])["d"]
     out = {}
-    for (rank, slow), d in m.groupby(["rank", "slow"])["duration_ns"]:
-        v = d.astype("float64")
+    for (rank, slow), k, p50, p99 in zip(g.size().index, g.size(), g.median(), g.quantile(0.99)):
         out.setdefault(str(int(rank)), {})["slow" if slow else "other"] = {
-            "n": int(len(v)), "p50_ns": float(v.median()), "p99_ns": float(v.quantile(0.99))}
+            "n": int(k), "p50_ns": float(p50), "p99_ns": float(p99)}
     return out
 
 

@@ -84,11 +84,11 @@ def test_cli_jobs_2_writes_the_same_json_as_jobs_1(tmp_path):
 
 
 def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkeypatch):
-    from forensics.model import parallel
-    assert parallel.default_jobs(CLEAN) == 1                     # four small bundles: no pool
-    assert parallel.default_jobs(CLEAN[:1]) == 1
-    monkeypatch.setattr(parallel, "POOL_MIN_BYTES", 1)
-    assert parallel.default_jobs(CLEAN) == parallel.default_jobs()   # large enough: every core
+    from forensics import workers
+    assert workers.default_jobs(CLEAN) == 1                      # four small bundles: no pool
+    assert workers.default_jobs(CLEAN[:1]) == 1
+    monkeypatch.setattr(workers, "POOL_MIN_BYTES", 1)
+    assert workers.default_jobs(CLEAN) == workers.default_jobs()     # large enough: every core
     monkeypatch.undo()
     code, _, err = cli("analyze", *map(str, CLEAN), "-o", str(tmp_path / "r.html"))
     assert code in (0, 1), err
@@ -203,3 +203,15 @@ def test_a_five_rank_report_is_under_1_5_mb(tmp_path):
     page = dest.read_text()
     assert page.count('class="js-plotly') == 0 and "data-plot" in page      # plots to draw, plotly inline
     assert dest.stat().st_size < 1.5e6
+
+
+def test_the_fork_server_starts_before_the_analyzer_is_imported():
+    # the command line starts the workers' fork server first: forensics.workers imports no
+    # pandas, so the server's imports run while the command does its own
+    import subprocess
+    import sys
+    code = ("import sys, forensics.workers as w; w.start_early(); from multiprocessing import forkserver; "
+            "print('pandas' in sys.modules, forkserver._forkserver._forkserver_pid is not None)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["False", "True"]

@@ -62,9 +62,12 @@ def _outputs(args) -> dict[str, str]:
 
 def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
+    from .. import workers
+    jobs = None if args.dask else (args.jobs or workers.default_jobs(args.bundles))
+    if jobs is not None and jobs > 1:
+        workers.start_early()           # its imports run while this process does its own
     from ..analysis import analyze
     from ..findings import Options
-    from ..model.parallel import default_jobs
     from ..output import open_output, staged_path
     from ..report import WRITERS
 
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace, env) -> int:
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
         analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
-                           jobs=args.jobs or default_jobs(args.bundles), dask=args.dask)
+                           jobs=jobs or 1, dask=args.dask)
         try:
             for p in analysis.problems[:20]:
                 env.warn(p)

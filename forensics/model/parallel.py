@@ -16,15 +16,15 @@ be ones every worker sees (a shared filesystem); they are made absolute first.
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
 from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
+from .. import workers
 from ..errors import InputError, StallscopeError
+from ..workers import POOL_MIN_BYTES, default_jobs  # noqa: F401 (this module's API too)
 from .hosts import HostPart, read_host
 
 DASK_CONNECT_TIMEOUT_S = 20
@@ -32,39 +32,6 @@ DASK_CONNECT_TIMEOUT_S = 20
 
 class WorkerError(StallscopeError):
     """A worker process died (killed, out of memory) before returning its host."""
-
-
-# below this much bundle data in all, worker processes cost more than they save (a pool's
-# start is ~0.3 s; a host of 1M packets is ~15 MB compressed and ~1 s to read)
-POOL_MIN_BYTES = 32 * 2**20
-
-
-def default_jobs(paths: list | None = None) -> int:
-    """``--jobs`` when not given: the cores this process may run on, or 1 for bundles too
-    small together to pay for a pool (``paths`` given)."""
-    try:
-        cores = max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        cores = max(1, os.cpu_count() or 1)
-    if paths is not None and (len(paths) < 2 or _size(paths) < POOL_MIN_BYTES):
-        return 1
-    return cores
-
-
-def _size(paths: list) -> int:
-    total = 0
-    for p in paths:
-        try:
-            if os.path.isdir(p):
-                total += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(p) for f in fs
-                             if not os.path.islink(os.path.join(d, f)))
-            else:
-                total += os.path.getsize(p)
-        except OSError:
-            continue        # a missing bundle is reported by the reading itself
-        if total >= POOL_MIN_BYTES:
-            break
-    return total
 
 
 def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | None = None,
@@ -82,7 +49,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
                 say(f"host {i}/{len(paths)} read: {out[-1].bundle.host}")
         return out
     say(f"reading {len(paths)} bundles on {jobs} worker processes")
-    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=_context())
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=workers.context())
     try:
         futs = [ex.submit(read_host, p, skew=skew) for p in paths]
         pending, n = set(futs), 0
@@ -98,18 +65,6 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
                           "retry with fewer --jobs (memory?) or --jobs 1") from None
     finally:
         ex.shutdown(wait=True, cancel_futures=True)
-
-
-def _context():
-    """A fork server that has imported the analyzer (workers start in milliseconds, and no
-    thread of this process is forked); plain fork when the main program cannot be imported
-    again by the workers (a script read from standard input)."""
-    main = getattr(sys.modules.get("__main__"), "__file__", None)
-    if main is not None and not os.path.isfile(main):
-        return multiprocessing.get_context("fork")
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["forensics.model.hosts", "forensics.tcp", "pandas", "numpy"])
-    return ctx
 
 
 def _on_dask(address: str, paths: list, skew: bool, say) -> list[HostPart]:

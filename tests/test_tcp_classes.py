@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pandas as pd
+
 from forensics.findings.evidence import trouble_events
 from forensics.report import data
 from forensics.tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of, subsumed_sql
@@ -66,3 +68,17 @@ def test_the_kernel_tracers_events_count_as_their_own_source():
     assert counts["n"].tolist() == [3]                     # the best-placed source: the kernel's 3
     sql = ctx.con.execute(f"SELECT n FROM {dedup_sql(trouble_sql())} WHERE cls = 'retransmission'").fetchall()
     assert [r[0] for r in sql] == [3]
+
+
+def test_a_rank_seen_only_in_tcp_events_gets_a_row_of_its_own():
+    # rank 1 made no NCCL call the tracer saw (not traced, or its host not captured), but its
+    # packets are there: its row has the TCP columns and no call statistics
+    nccl = [{"timestamp_ns": T0 + i, "host": "node0", "pid": 100, "tid": 100, "rank": 0, "nranks": 2,
+             "op": "ALL_REDUCE", "comm_id_hash": "c1", "op_count": i, "duration_ns": 1_000_000 * (i + 1),
+             "completed": i < 2, "duration_source": "call"} for i in range(3)]
+    ctx = context(nccl_events=nccl, tcp_events=[tcp("retransmission", T0, rank=1, peer=0)])
+    table = data.rank_table(SimpleNamespace(model=ctx.model)).set_index("rank")
+    assert table.loc[0, "calls"] == 3 and table.loc[0, "not_completed"] == 1
+    assert table.loc[0, "p50_ms"] == 2.0 and table.loc[0, "pid"] == "100" and table.loc[0, "host"] == "node0"
+    assert pd.isna(table.loc[1, "calls"]) and pd.isna(table.loc[1, "not_completed"])
+    assert int(table.loc[1, "retx_pcap"]) == 1

@@ -24,7 +24,6 @@ from typing import Callable
 
 from .. import workers
 from ..errors import InputError, StallscopeError
-from ..workers import POOL_MIN_BYTES, default_jobs  # noqa: F401 (this module's API too)
 from .hosts import HostPart, read_host
 
 DASK_CONNECT_TIMEOUT_S = 20

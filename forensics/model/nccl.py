@@ -60,7 +60,7 @@ def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
         if dt in ("Int64", "UInt64"):
             s = pd.to_numeric(s, errors="coerce") if s.dtype == object else s
         out[c] = s.astype(dt)
-    return pd.DataFrame(out, index=df.index).reset_index(drop=True)
+    return pd.DataFrame(out, index=df.index, copy=False).reset_index(drop=True)
 
 
 def concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:

@@ -46,13 +46,19 @@ BUILD = ROOT / "tests" / "lab" / "build"
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime of a process (all its threads), seconds; 0 when gone."""
+def _stat_s(pid: int, first: int) -> float:
+    """Two adjacent CPU-time fields of /proc/PID/stat (after the command name), summed, in
+    seconds; 0 when the process is gone."""
     try:
         f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / TICK
+        return (int(f[first]) + int(f[first + 1])) / TICK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads), seconds; 0 when gone."""
+    return _stat_s(pid, 11)
 
 
 def comm_of(pid: int) -> str:
@@ -64,11 +70,7 @@ def comm_of(pid: int) -> str:
 
 def reaped_cpu_s(pid: int) -> float:
     """cutime + cstime of a process: the CPU of its children that it has waited for (ss, ip, ...)."""
-    try:
-        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[13]) + int(f[14])) / TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    return _stat_s(pid, 13)
 
 
 def descendants(pid: int) -> list[int]:

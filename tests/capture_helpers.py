@@ -3,6 +3,7 @@ stderr is read as it comes, and the manifest of a bundle it wrote."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import tarfile
@@ -93,3 +94,32 @@ def bundle_manifest(bundle: Path) -> dict:
     with tarfile.open(bundle) as t:
         m = next(x for x in t.getmembers() if x.name.endswith("/manifest.json"))
         return json.load(t.extractfile(m))
+
+
+def send_last_datagrams(n: int = 7) -> tuple[int, list[bytes]]:
+    """n numbered UDP datagrams to a loopback port of our own (bound while they are sent, so
+    they are delivered: no ICMP): (the port, the payloads in order). What a capture must keep
+    when it ends, or cuts a bundle, a moment later."""
+    sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sink.bind(("127.0.0.1", 0))
+    port = sink.getsockname()[1]
+    payloads = [b"stallscope-last-%d" % i for i in range(n)]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for p in payloads:
+            s.sendto(p, ("127.0.0.1", port))
+    sink.close()
+    return port, payloads
+
+
+def udp_payloads_in_bundle(bundle: Path, port: int) -> list[bytes]:
+    """The payloads of the UDP datagrams to ``port`` in every pcap of a bundle, in file order."""
+    import dpkt
+    seen = []
+    with tarfile.open(bundle) as t:
+        for m in t.getmembers():
+            if "/pcap/" in m.name and m.name.endswith(".pcap") and m.isfile():
+                for _, buf in dpkt.pcap.Reader(t.extractfile(m)):
+                    ip = dpkt.ethernet.Ethernet(buf).data
+                    if isinstance(ip, dpkt.ip.IP) and isinstance(ip.data, dpkt.udp.UDP) and ip.data.dport == port:
+                        seen.append(bytes(ip.data.data))
+    return seen

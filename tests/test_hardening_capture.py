@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -29,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import CaptureProc, bundle_manifest
+from capture_helpers import CaptureProc, bundle_manifest, send_last_datagrams, udp_payloads_in_bundle
 from conftest import ROOT, require_root, require_tool
 
 PY = sys.executable
@@ -156,32 +155,16 @@ def test_a_hanging_py_spy_is_bounded_and_does_not_pause_the_job(tmp_path):
 def test_the_packets_just_before_the_stop_are_in_the_bundle(tmp_path):
     require_root()
     require_tool("tcpdump")
-    import dpkt
     cap = CaptureProc(["--no-bpf", "--iface", "lo", "--duration", "5m", "-o", str(tmp_path)],
                       module="forensics capture")
     try:
         cap.wait_capturing()
-        # a port of our own: bound, so the datagrams are delivered (no ICMP) and nobody else sends there
-        sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        sink.bind(("127.0.0.1", 0))
-        port = sink.getsockname()[1]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for i in range(7):
-                s.sendto(b"stallscope-last-%d" % i, ("127.0.0.1", port))
-        sink.close()
+        port, sent = send_last_datagrams()
         rc, out = cap.finish(signal.SIGINT)   # at once: well inside libpcap's 1 s block timeout
     finally:
         if cap.p.poll() is None:
             cap.p.kill()
             cap.p.wait()
     assert rc == 0, "".join(cap.err)
-    bundle = Path(out.strip())
-    seen = []
-    with tarfile.open(bundle) as t:
-        for m in t.getmembers():
-            if m.name.endswith(".pcap"):
-                for _, buf in dpkt.pcap.Reader(t.extractfile(m)):
-                    ip = dpkt.ethernet.Ethernet(buf).data
-                    if isinstance(ip, dpkt.ip.IP) and isinstance(ip.data, dpkt.udp.UDP) and ip.data.dport == port:
-                        seen.append(bytes(ip.data.data))
-    assert seen == [b"stallscope-last-%d" % i for i in range(7)], seen
+    seen = udp_payloads_in_bundle(Path(out.strip()), port)
+    assert seen == sent, seen

@@ -13,7 +13,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from capture_helpers import send_last_datagrams, udp_payloads_in_bundle
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
@@ -238,33 +238,19 @@ def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
     the cut flushes it, so what was sent a moment before the bundle is cut is in it."""
     require_root()
     require_tool("tcpdump")
-    import dpkt
     out = tmp_path / "bundles"
     out.mkdir()
     w = _watcher(out, "--iface", "lo", "--no-bpf", "--before", "30s", "--after", "0.1s", log=tmp_path / "w.err")
     try:
         _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
-        sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)   # bound: delivered, no ICMP
-        sink.bind(("127.0.0.1", 0))
-        port = sink.getsockname()[1]
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for i in range(7):
-                s.sendto(b"stallscope-last-%d" % i, ("127.0.0.1", port))
-        sink.close()
+        port, sent = send_last_datagrams()
         (out / watch.TRIGGER_NAME).write_text("now\n")
         bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
     finally:
         w.terminate()
         w.wait(timeout=60)
-    seen = []
-    with tarfile.open(bundle) as t:
-        for m in t.getmembers():
-            if "/pcap/" in m.name and m.isfile():
-                for _, buf in dpkt.pcap.Reader(t.extractfile(m)):
-                    ip = dpkt.ethernet.Ethernet(buf).data
-                    if isinstance(ip, dpkt.ip.IP) and isinstance(ip.data, dpkt.udp.UDP) and ip.data.dport == port:
-                        seen.append(bytes(ip.data.data))
-    assert seen == [b"stallscope-last-%d" % i for i in range(7)], (seen, (tmp_path / "w.err").read_text()[-2000:])
+    seen = udp_payloads_in_bundle(bundle, port)
+    assert seen == sent, (seen, (tmp_path / "w.err").read_text()[-2000:])
 
 
 def test_trigger_without_a_watcher_is_a_clear_error(tmp_path):

@@ -48,8 +48,9 @@ COLLECTORS: tuple[Collector, ...] = (
     # timer fires, and a stop (SIGINT) or a kill loses that block: the last packets before
     # the end, the ones a hang investigation needs most. -B: an 8 MiB kernel ring absorbs
     # bursts while tcpdump waits for the CPU. The watcher (capture.watch), which runs for days,
-    # leaves both out (TCPDUMP_PER_PACKET): a wake-up and a write per packet cost a busy job more
-    # than its 1% budget; it flushes tcpdump (Capture.flush_tcpdumps) before it cuts a bundle.
+    # leaves both out (TCPDUMP_PER_PACKET): a wake-up and a write per packet take about five
+    # times the CPU of a buffered tcpdump (capture/README.md); it flushes tcpdump
+    # (Capture.flush_tcpdumps) before it cuts a bundle.
     Collector("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
                                "--immediate-mode", "-B", "8192", "-n", "-U", "-Z", "root"),
               out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,

@@ -96,6 +96,11 @@ class CaptureOptions:
 TPACKET_BLOCK_S = 1.05   # libpcap retires a partly filled block of its kernel ring after tcpdump's 1 s timeout
 
 
+def tcpdump_files(out: Path) -> list[Path]:
+    """The files one tcpdump writes for ``-w out``: out itself, or its ring (out0, out1, ...)."""
+    return list(out.parent.glob(out.name + "*"))
+
+
 def _size_of(path: Path) -> int:
     try:
         return path.stat().st_size
@@ -883,7 +888,7 @@ class Capture:
             if not t.get("proc"):
                 continue
             n = 0
-            for f in t["out"].parent.glob(t["out"].name + "*"):
+            for f in tcpdump_files(t["out"]):
                 n += bd.pcap_records(f)
             t["packets"] = max(t.get("packets", 0), n)
             total += t["packets"]
@@ -906,7 +911,7 @@ class Capture:
         sizes, deadline = None, time.monotonic() + 0.5
         while time.monotonic() < deadline:      # written out when the files stop growing
             time.sleep(0.05)
-            now = [sum(_size_of(f) for f in t["out"].parent.glob(t["out"].name + "*")) for t in live]
+            now = [sum(_size_of(f) for f in tcpdump_files(t["out"])) for t in live]
             if now == sizes:
                 break
             sizes = now
@@ -1733,7 +1738,7 @@ def ring_previous(path: Path) -> Path:
 def rename_ring(out: Path) -> list[Path]:
     """tcpdump -W names its files x.pcap0, x.pcap1...: renamed oldest first to x-000.pcap,
     x-001.pcap... (the new paths; none when tcpdump wrote one file)."""
-    ring = sorted((p for p in out.parent.glob(out.name + "*") if re.fullmatch(re.escape(out.name) + r"\d+", p.name)),
+    ring = sorted((p for p in tcpdump_files(out) if re.fullmatch(re.escape(out.name) + r"\d+", p.name)),
                   key=lambda p: p.stat().st_mtime_ns)
     stem = out.name[:-5] if out.name.endswith(".pcap") else out.name
     renamed = []

@@ -50,7 +50,7 @@ from pathlib import Path
 from . import bundle as bd
 from . import children, tracer
 from .runner import (DISK_FULL, STAGED_MANIFEST, Capture, CaptureFailed, CaptureResult, CaptureUsageError,
-                     clock_sample, fit_budget, lock_staging, ring_previous, utc_span)
+                     clock_sample, fit_budget, lock_staging, ring_previous, tcpdump_files, utc_span)
 
 PENDING = ".incident-pending"        # in the ring's staging folder while an incident's data are only there
 TRIGGER_NAME = "stallscope.trigger"
@@ -531,7 +531,7 @@ class Watcher(Capture):
             p = t.get("proc")
             if p is None or p.poll() is None:
                 continue
-            files = list(t["out"].parent.glob(t["out"].name + "*"))
+            files = tcpdump_files(t["out"])
             try:
                 idle = all(time.time() - f.stat().st_mtime > keep_s for f in files)
             except OSError:
@@ -614,7 +614,7 @@ class Watcher(Capture):
         for t in list(self.tcpdumps.values()):
             if not t.get("out"):
                 continue
-            files = [f for f in t["out"].parent.glob(t["out"].name + "*")
+            files = [f for f in tcpdump_files(t["out"])
                      if re.fullmatch(re.escape(t["out"].name) + r"\d*", f.name)]
             ring_pcaps.update(files)
             live = []

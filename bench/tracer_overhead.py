@@ -17,9 +17,10 @@ per-pair values, the CPU the capture and bpftrace used, and the verdict
 against the 2% target.
 
 ``--watch`` (issue 13) measures the black box instead: the traced rounds run
-``python3 -m capture --watch --ring-bytes R`` (tracer ring, a tcpdump ring on the
-interface the job's connections use: loopback here, so every packet of the job is
-tapped; off-CPU and ss samples, rescans), the target is 1%, and each round also
+``python3 -m capture --watch --ring-bytes R`` (tracer ring; the packet ring, which with the
+default ``--pcap-ring on-trouble`` runs only after TCP trouble, so not on this healthy job:
+``--capture-arg=--pcap-ring=always`` measures the always-on ring, whose tcpdump taps every
+packet of the job on loopback; off-CPU and ss samples, rescans), the target is 1%, and each round also
 reports the watcher's peak memory (VmHWM, target 256 MiB) and the largest size its
 rings reached on disk (sampled every 0.5 s, target: under --ring-bytes). A watched
 clean job must write no bundle. ``--capture-arg=--no-pcap`` (or ``--no-bpf``) leaves

@@ -99,6 +99,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     w.add_argument("--cooldown", type=_duration, default=600.0, metavar="DUR",
                    help="--watch: triggers this soon after an incident's bundle belong to it (default 10m; "
                         "on-demand triggers always write a bundle)")
+    w.add_argument("--pcap-ring", choices=("on-trouble", "always"), default="on-trouble",
+                   help="--watch: when the packet ring runs. on-trouble (default): from TCP trouble the tracer "
+                        "sees in the job's namespaces (3 retransmissions or resets within 10s), or a trigger, until "
+                        "--pcap-linger passes without either (a healthy job's packets are not tapped: an "
+                        "AF_PACKET tap costs the job's own threads a copy of every packet); always: all the time")
+    w.add_argument("--pcap-linger", type=_duration, default=600.0, metavar="DUR",
+                   help="--pcap-ring on-trouble: stop the packet ring this long after the last TCP trouble or "
+                        "trigger (default 10m; at least --before + --after + 30s)")
     w.add_argument("--trigger-file", metavar="PATH",
                    help="--watch: a file whose appearance triggers a bundle (its text is the reason; removed "
                         "then; default <output>/stallscope.trigger)")
@@ -119,7 +127,8 @@ def options_from_args(a: argparse.Namespace) -> CaptureOptions:
                           stacks_grace_s=a.stacks_grace, stacks_timeout_s=a.stacks_timeout,
                           fr_dump_wait_s=a.fr_dump_wait, watch=a.watch, ring_bytes=a.ring_bytes,
                           hang_after_s=a.hang_after, before_s=a.before, after_s=a.after, cooldown_s=a.cooldown,
-                          trigger_file=a.trigger_file, status_every_s=a.status_every)
+                          trigger_file=a.trigger_file, status_every_s=a.status_every, pcap_ring=a.pcap_ring,
+                          pcap_linger_s=a.pcap_linger)
 
 
 def recover(a: argparse.Namespace, stderr) -> list:

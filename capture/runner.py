@@ -91,6 +91,8 @@ class CaptureOptions:
     cooldown_s: float = 600.0
     trigger_file: str | None = None
     status_every_s: float = 300.0
+    pcap_ring: str = "on-trouble"       # on-trouble: tcpdump runs from TCP trouble or a trigger on | always
+    pcap_linger_s: float = 600.0        # on-trouble: and stops after this long without either
 
 
 TPACKET_BLOCK_S = 1.05   # libpcap retires a partly filled block of its kernel ring after tcpdump's 1 s timeout
@@ -850,9 +852,15 @@ class Capture:
                     break
                 time.sleep(0.05)
 
+    def tcpdump_tag(self) -> str:
+        """Set apart the names (collector key, files) of a tcpdump started again on an interface
+        (the watcher's packet ring, restarted on new TCP trouble); a capture starts one."""
+        return ""
+
     def spawn_tcpdump(self, ns: NetNs, iface: str) -> dict | None:
         c = colmod.by_name()["tcpdump"]
-        key = f"tcpdump@{ns.label}/{iface}"
+        tag = self.tcpdump_tag()
+        key = f"tcpdump@{ns.label}/{iface}{tag}"
         if (ns.inode, iface) in self.tcpdumps:
             return None
         t0 = time.time_ns()
@@ -865,8 +873,10 @@ class Capture:
             return None
         ctx = {"ns": ns, "iface": iface, "phase": "continuous", "pid": ns.pid}
         out = self.staging / self.fill(c.out, ctx)
+        if tag:
+            out = out.with_name(f"{out.stem}{tag}{out.suffix}")
         out.parent.mkdir(parents=True, exist_ok=True)
-        errf = self.staging / "logs" / f"tcpdump-{ns.label}-{iface}.stderr.txt"
+        errf = self.staging / "logs" / f"tcpdump-{ns.label}-{iface}{tag}.stderr.txt"
         errf.parent.mkdir(parents=True, exist_ok=True)
         args = [a for a in c.argv if not (self.ring and a in colmod.TCPDUMP_PER_PACKET)]
         argv = self.ns_prefix(ns) + [self.fill(a, ctx) for a in args] + self.ring_plan() + ["-w", str(out)]

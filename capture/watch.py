@@ -58,6 +58,15 @@ SLOWEST_WINDOW_S = 300.0             # --hang-after auto: the slowest collective
 HANG_AFTER_FLOOR_S = 30.0
 HANG_AFTER_FACTOR = 10.0
 RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
+# the tracer's events that start the packet ring (--pcap-ring on-trouble): a kernel retransmission
+# (timeout, fast retransmit, tail loss probe) or a reset sent or received
+TCP_TROUBLE = (b'{"ev":"tcp_retransmit_skb"', b'{"ev":"tcp_send_reset"', b'{"ev":"tcp_receive_reset"')
+MAX_TROUBLE = 1000                   # kept between two polls
+# ... this many of them within PCAP_ARM_WINDOW_S: a busy host retransmits now and then with nothing
+# wrong (a tail loss probe, a spurious timeout under CPU contention); a dead link or a loss burst
+# retransmits again within a second or two (RTO backoff 0.2, 0.4, 0.8 s ...)
+PCAP_ARM_EVENTS = 3
+PCAP_ARM_WINDOW_S = 10.0
 
 
 def registry_dir() -> Path:
@@ -105,6 +114,7 @@ class ProgressMonitor:
         self.last_wait: dict[int, int] = {}                        # pid -> t0 of its last returned host wait
         self.durations: collections.deque = collections.deque()    # (t1, ns): host waits after collectives
         self.lines = 0
+        self.trouble: list[dict] = []                              # TCP trouble events since take_trouble
 
     def poll(self) -> int:
         """Read what was spooled since the last call; returns the hot-path records read."""
@@ -135,6 +145,11 @@ class ProgressMonitor:
                 if rec is not None:
                     tid, key2, f = rec
                     recs.append((key2, tid, f))           # key2: t0 of an entry, t1 of a return
+                elif line.startswith(TCP_TROUBLE) and len(self.trouble) < MAX_TROUBLE:
+                    try:
+                        self.trouble.append(json.loads(line))
+                    except ValueError:
+                        pass
             if budget <= 0:
                 break
         recs.sort(key=lambda r: r[0])
@@ -198,6 +213,11 @@ class ProgressMonitor:
             if now_ns - since >= after_ns:
                 out.append({"pid": pid, "open_since_ns": t0, "quiet_ns": now_ns - since, "kind": kind,
                             "last_collective_ns": self.last_coll.get(pid)})
+        return out
+
+    def take_trouble(self) -> list[dict]:
+        """The tracer's TCP trouble events (retransmissions, resets) read since the last call."""
+        out, self.trouble = self.trouble, []
         return out
 
     def forget(self, pids) -> None:
@@ -290,6 +310,16 @@ class Watcher(Capture):
         self.folder: Path | None = None
         self.trigger_path: Path | None = None
         self.incident_window0 = 0
+        # the packet ring (--pcap-ring): on-trouble runs tcpdump only from TCP trouble or a trigger on
+        self.pcap_on_trouble = o.pcap and o.bpf and o.pcap_ring == "on-trouble"
+        self.pcap_linger_s = max(o.pcap_linger_s, self.ring_age_s)
+        self.pcap_armed = False
+        self.pcap_gen = 1                            # the ring's runs: the second one's files are -r2...
+        self.pcap_last_trouble = -1e18               # monotonic s
+        self.pcap_wanted: dict = {}                  # (netns inode, iface) -> (NetNs, iface): the job's
+        self.pcap_done: list[dict] = []              # tcpdumps of earlier runs, their files still in the ring
+        self.pcap_runs: list[dict] = []              # when each run started and stopped, and why
+        self.pcap_trouble: collections.deque = collections.deque()   # (monotonic s, event) lately
 
     # ---------------------------------------------------------------- lifecycle
     def run(self) -> CaptureResult:
@@ -383,6 +413,93 @@ class Watcher(Capture):
         super().start_tracer()
         if self.tracer_proc is not None:
             self.monitor = ProgressMonitor(self.raw_dir, call_returns=self.o.call_returns)
+        elif self.pcap_on_trouble:
+            self.pcap_on_trouble = False
+            self.notes.append("--pcap-ring on-trouble: no tracer to see TCP trouble, the packet ring runs all "
+                              "the time")
+
+    # ---------------------------------------------------------------- the packet ring
+    def start_tcpdumps(self, pairs) -> None:
+        """The job's interfaces are remembered; tcpdump starts on them now only when the packet
+        ring runs (--pcap-ring always, or TCP trouble since --pcap-linger)."""
+        for ns, iface in pairs:
+            self.pcap_wanted.setdefault((ns.inode, iface), (ns, iface))
+        if not self.pcap_on_trouble or self.pcap_armed:
+            super().start_tcpdumps(pairs)
+        elif pairs and not (self.collectors.get("tcpdump") or {}).get("waiting"):
+            self.pcap_waiting("no TCP trouble seen yet")
+
+    def pcap_waiting(self, why: str) -> None:
+        self.record("tcpdump", status="skipped", waiting=True,
+                    reason=f"--pcap-ring on-trouble: {why}; the packet ring starts when the tracer sees "
+                           f"{PCAP_ARM_EVENTS} TCP retransmissions or resets within {PCAP_ARM_WINDOW_S:g}s in the "
+                           "job's namespaces, or at a trigger")
+
+    def tcpdump_tag(self) -> str:
+        return f"-r{self.pcap_gen}" if self.pcap_gen > 1 else ""
+
+    def ring_plan(self) -> list[str]:
+        """--pcap-ring on-trouble: each run of the ring gets half the interface's share. A run
+        lasts at least --pcap-linger (no shorter than the rings' age), so when one starts only the
+        run before it can still have files in the ring: the two stay within the share."""
+        if not self.pcap_on_trouble:
+            return super().ring_plan()
+        full = self.pcap_slot_bytes
+        self.pcap_slot_bytes = full // 2
+        try:
+            return super().ring_plan()
+        finally:
+            self.pcap_slot_bytes = full
+
+    def arm_pcap(self, why: str) -> None:
+        """TCP trouble or a trigger: the packet ring runs (again) for --pcap-linger from now."""
+        self.pcap_last_trouble = time.monotonic()
+        if not self.pcap_on_trouble or self.pcap_armed:
+            return
+        self.pcap_armed = True
+        with self.lock:
+            if (self.collectors.get("tcpdump") or {}).get("waiting"):
+                del self.collectors["tcpdump"]
+        self.pcap_runs = self.pcap_runs[-19:] + [{"started_ns": time.time_ns(), "why": why}]
+        self.start_tcpdumps(list(self.pcap_wanted.values()))     # returns once they listen
+        self.log(f"packet ring on ({why})")
+
+    def disarm_pcap(self) -> None:
+        """--pcap-linger without TCP trouble or a trigger: tcpdump stops; the files of its run
+        stay in the ring until they are older than the rings keep."""
+        self.pcap_armed = False
+        for k, t in list(self.tcpdumps.items()):
+            if t.get("proc") is None:
+                continue                  # skipped (its reason stands): not a run of the ring
+            children.stop(t["proc"], signal.SIGINT, grace_s=3)
+            t["fh"].close()
+            del self.tcpdumps[k]
+            self.pcap_done.append(t)
+        self.pcap_gen += 1
+        if self.pcap_runs:
+            self.pcap_runs[-1]["stopped_ns"] = time.time_ns()
+        self.pcap_waiting(f"stopped after {self.pcap_linger_s:g}s without TCP trouble")
+        self.log(f"packet ring off: no TCP trouble for {self.pcap_linger_s:g}s")
+
+    def check_pcap(self) -> None:
+        if not self.pcap_on_trouble or self.monitor is None:
+            return
+        ours = {ns.inode for ns in self.netns.values()}
+        now = time.monotonic()
+        recent = self.pcap_trouble
+        for e in self.monitor.take_trouble():
+            if not e.get("netns") or e.get("netns") in ours:
+                recent.append((now, e))
+        while recent and (recent[0][0] < now - PCAP_ARM_WINDOW_S or len(recent) > MAX_TROUBLE):
+            recent.popleft()
+        if len(recent) >= PCAP_ARM_EVENTS:
+            e = recent[0][1]
+            self.arm_pcap(f"{len(recent)} TCP trouble events within {PCAP_ARM_WINDOW_S:g}s, the first "
+                          f"{e.get('ev')} {e.get('saddr') or e.get('saddr6')}:{e.get('sport')} > "
+                          f"{e.get('daddr') or e.get('daddr6')}:{e.get('dport')}")
+        elif (self.pcap_armed and self.incident is None
+              and time.monotonic() - self.pcap_last_trouble > self.pcap_linger_s):
+            self.disarm_pcap()
 
     def start_native_stacks(self) -> None:
         """No stacks at the start of a watch: they are taken at an incident (capture.watch.cut)."""
@@ -394,7 +511,9 @@ class Watcher(Capture):
             return
         self.last_status = now
         self.log(f"watching {len(self.procs)} NCCL process(es); tracer lines {self.spool.lines if self.spool else 0}"
-                 f"; packets {self.tcpdump_packets()}; rings {self.staged_bytes() >> 20} MiB; bundles written "
+                 f"; packets {self.tcpdump_packets()}"
+                 + ("" if not self.pcap_on_trouble else f" (packet ring {'on' if self.pcap_armed else 'off'})")
+                 + f"; rings {self.staged_bytes() >> 20} MiB; bundles written "
                  f"{len([b for b in self.bundles if b])}")
 
     # ---------------------------------------------------------------- triggers
@@ -424,6 +543,7 @@ class Watcher(Capture):
             self.cut()
 
     def fire(self, trig: Trigger) -> None:
+        self.arm_pcap(f"{trig.kind} trigger")       # the packets of the --after window
         now = time.monotonic()
         if self.incident is not None:
             self.incident["triggers"].append(trig)
@@ -443,6 +563,7 @@ class Watcher(Capture):
         if self.monitor is None:
             return
         self.monitor.poll()
+        self.check_pcap()
         gone = [p for p in set(self.monitor.last_return) | {v[0] for v in self.monitor.open.values()}
                 if not os.path.isdir(f"/proc/{p}")]
         if gone:                 # a job that ended or was killed mid-collective is not a hang
@@ -527,6 +648,23 @@ class Watcher(Capture):
                 ns.pids.remove(pid)
         if gone and self.monitor is not None:
             self.monitor.forget(gone)
+        for k, (ns, _iface) in list(self.pcap_wanted.items()):
+            if not ns.own and not ns.pids and k not in self.tcpdumps:
+                del self.pcap_wanted[k]           # a job's namespace, its processes gone
+        for t in list(self.pcap_done):         # earlier runs of the packet ring: their files age out
+            left = []
+            for f in tcpdump_files(t["out"]):
+                try:
+                    if time.time() - f.stat().st_mtime > keep_s:
+                        f.unlink()
+                    else:
+                        left.append(f)
+                except OSError:
+                    pass
+            if not left:
+                self.pcap_done.remove(t)
+                with self.lock:
+                    self.collectors.pop(t["key"], None)
         for k, t in list(self.tcpdumps.items()):
             p = t.get("proc")
             if p is None or p.poll() is None:
@@ -541,6 +679,7 @@ class Watcher(Capture):
                     f.unlink(missing_ok=True)
                 t["fh"].close()
                 del self.tcpdumps[k]
+                self.pcap_wanted.pop(k, None)
                 ns = t["ns"]
                 if t["iface"] in ns.ifaces:
                     ns.ifaces.remove(t["iface"])
@@ -583,7 +722,12 @@ class Watcher(Capture):
             manifest["watch"] = {"started_ns": self.started_ns, "before_s": self.o.before_s,
                                  "after_s": self.o.after_s, "hang_after": self.hang_after_text(),
                                  "ring_bytes": self.o.ring_bytes, "window_ns": [w0_real, time.time_ns()],
-                                 "watcher_pid": os.getpid()}
+                                 "watcher_pid": os.getpid(),
+                                 "pcap_ring": {"mode": "on-trouble" if self.pcap_on_trouble else
+                                               "always" if self.o.pcap else "off",
+                                               "linger_s": self.pcap_linger_s,
+                                               "runs": [r for r in self.pcap_runs
+                                                        if r.get("stopped_ns", time.time_ns()) >= w0_real]}}
             manifest["options"]["watch"] = True
             try:
                 fit_budget(dest, out, arcroot, manifest, self.o.max_bytes)
@@ -611,7 +755,7 @@ class Watcher(Capture):
         skip = {STAGED_MANIFEST, ".lock", PENDING, ".manifest.staged.tmp"}
         ring_pcaps = set()
         pcaps = []
-        for t in list(self.tcpdumps.values()):
+        for t in list(self.tcpdumps.values()) + self.pcap_done:
             if not t.get("out"):
                 continue
             files = [f for f in tcpdump_files(t["out"])
@@ -716,6 +860,9 @@ class Watcher(Capture):
                     pass
             rec["covered_ns"] = [first if first is not None else max(cov[0], w0), cov[1]]
         for t, copies in pcaps:
+            if not copies and t in self.pcap_done:    # an earlier run of the packet ring, before the window
+                self.collectors.pop(t["key"], None)
+                continue
             spans = [sp for f in copies if (sp := bd.pcap_span(f))]
             err = dest / t["err"].relative_to(ring)
             files = [self.rel(f) for f in copies] + ([self.rel(err)] if err.exists() else [])

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -240,7 +241,8 @@ def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
     require_tool("tcpdump")
     out = tmp_path / "bundles"
     out.mkdir()
-    w = _watcher(out, "--iface", "lo", "--no-bpf", "--before", "30s", "--after", "0.1s", log=tmp_path / "w.err")
+    w = _watcher(out, "--iface", "lo", "--no-bpf", "--pcap-ring", "always", "--before", "30s", "--after", "0.1s",
+                 log=tmp_path / "w.err")
     try:
         _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
         port, sent = send_last_datagrams()
@@ -251,6 +253,77 @@ def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
         w.wait(timeout=60)
     seen = udp_payloads_in_bundle(bundle, port)
     assert seen == sent, (seen, (tmp_path / "w.err").read_text()[-2000:])
+
+
+def _tcpdumps_of(ring: Path) -> list[int]:
+    out = []
+    for pid in _children_of_ring(ring):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "tcpdump":
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def _tcp_segments_to(bundle: Path, port: int) -> int:
+    import dpkt
+    n = 0
+    with tarfile.open(bundle) as t:
+        for m in t.getmembers():
+            if "/pcap/" in m.name and m.name.endswith(".pcap") and m.isfile():
+                for _, buf in dpkt.pcap.Reader(t.extractfile(m)):
+                    ip = dpkt.ethernet.Ethernet(buf).data
+                    n += isinstance(ip, dpkt.ip.IP) and isinstance(ip.data, dpkt.tcp.TCP) and ip.data.dport == port
+    return n
+
+
+def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_path):
+    """--pcap-ring on-trouble (the default): no tcpdump taps the job's packets until the tracer
+    sees TCP retransmissions; then the ring runs, the incident's bundle holds the packets from
+    then on (and none from before), and it stops once --pcap-linger passed without trouble."""
+    require_root()
+    require_tool("bpftrace", "tcpdump", "nft")
+    out = tmp_path / "bundles"
+    out.mkdir()
+    err = tmp_path / "w.err"
+    table = f"stallscope_test_{os.getpid()}"
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    cli = socket.create_connection(("127.0.0.1", port))
+    conn, _ = srv.accept()
+    w = _watcher(out, "--iface", "lo", "--before", "4s", "--after", "0.5s", "--pcap-linger", "1s", log=err)
+    try:
+        _wait_for(lambda: b"capturing:" in err.read_bytes(), 90, "the watcher to start")
+        ring = _ring(out)[0]
+        early_port, _early = send_last_datagrams()
+        time.sleep(1.5)
+        assert not _tcpdumps_of(ring), "no TCP trouble yet: nothing taps the packets"
+        for cmd in (["add", "table", "inet", table],
+                    ["add", "chain", "inet", table, "inp", "{ type filter hook input priority 0 ; }"],
+                    ["add", "rule", "inet", table, "inp", "tcp", "dport", str(port), "drop"]):
+            subprocess.run(["nft", *cmd], check=True, timeout=10)
+        cli.send(b"x" * 100)                    # dropped: the kernel retransmits it (RTO)
+        _wait_for(lambda: b"packet ring on" in err.read_bytes(), 30, "the packet ring to start")
+        assert _tcpdumps_of(ring)
+        late_port, late = send_last_datagrams()
+        (out / watch.TRIGGER_NAME).write_text("now\n")
+        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        subprocess.run(["nft", "delete", "table", "inet", table], check=True, timeout=10)
+        runs = _manifest(bundle)["watch"]["pcap_ring"]
+        assert runs["mode"] == "on-trouble" and "tcp_retransmit_skb" in runs["runs"][0]["why"], runs
+        assert udp_payloads_in_bundle(bundle, late_port) == late
+        assert udp_payloads_in_bundle(bundle, early_port) == [], "sent before the trouble: not tapped"
+        assert _tcp_segments_to(bundle, port) >= 1, "the retransmissions after the ring started"
+        # --pcap-linger is at least --before + --after + 30 s: then tcpdump stops
+        _wait_for(lambda: b"packet ring off" in err.read_bytes(), 90, "the packet ring to stop")
+        _wait_for(lambda: not _tcpdumps_of(ring), 10, "tcpdump to end")
+    finally:
+        subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=10)
+        for s in (cli, conn, srv):
+            s.close()
+        w.terminate()
+        w.wait(timeout=60)
 
 
 def test_trigger_without_a_watcher_is_a_clear_error(tmp_path):

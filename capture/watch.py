@@ -17,6 +17,11 @@ keep two files each), in a hidden staging folder in the output folder, with no e
 - **on demand**: SIGUSR1, ``stallscope capture --trigger`` or the trigger file
   (``--trigger-file``, default ``<output>/stallscope.trigger``).
 
+The packet ring runs on trouble (``--pcap-ring on-trouble``, the default): tcpdump taps the
+job's interfaces only from TCP trouble the tracer reports in the job's namespaces, or a
+trigger, on, until ``--pcap-linger`` passes without either (a tap costs the job's own threads
+a copy of every packet; the onset itself is in the tracer's TCP events).
+
 An incident starts at its first trigger. ``--after`` later the watcher cuts the bundle: the
 rings' last ``--before`` (and the ``--after`` that followed) are copied into the incident's
 own staging folder, the state of the job is taken then (the snapshots of a capture's end,
@@ -352,7 +357,9 @@ class Watcher(Capture):
                                   "outlive a killed watcher")
             self.register()
             self.log(f"watching: rings in {self.staging.name} (at most {o.ring_bytes >> 20} MiB), bundles into "
-                     f"{self.folder}; hang after {self.hang_after_text()}, {o.before_s:g}s before and "
+                     f"{self.folder}; packet ring "
+                     f"{'on TCP trouble' if self.pcap_on_trouble else 'always' if o.pcap else 'off'}; "
+                     f"hang after {self.hang_after_text()}, {o.before_s:g}s before and "
                      f"{o.after_s:g}s after a trigger; on demand: stallscope capture --trigger, SIGUSR1 "
                      f"(pid {os.getpid()}) or touch {self.trigger_path}")
             self.capture()

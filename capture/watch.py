@@ -357,8 +357,8 @@ class Watcher(Capture):
                                   "outlive a killed watcher")
             self.register()
             self.log(f"watching: rings in {self.staging.name} (at most {o.ring_bytes >> 20} MiB), bundles into "
-                     f"{self.folder}; packet ring "
-                     f"{'on TCP trouble' if self.pcap_on_trouble else 'always' if o.pcap else 'off'}; "
+                     f"{self.folder}; packets: "
+                     f"{'from TCP trouble on' if self.pcap_on_trouble else 'always' if o.pcap else 'off'}; "
                      f"hang after {self.hang_after_text()}, {o.before_s:g}s before and "
                      f"{o.after_s:g}s after a trigger; on demand: stallscope capture --trigger, SIGUSR1 "
                      f"(pid {os.getpid()}) or touch {self.trigger_path}")

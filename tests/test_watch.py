@@ -304,7 +304,7 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
                     ["add", "rule", "inet", table, "inp", "tcp", "dport", str(port), "drop"]):
             subprocess.run(["nft", *cmd], check=True, timeout=10)
         cli.send(b"x" * 100)                    # dropped: the kernel retransmits it (RTO)
-        _wait_for(lambda: b"packet ring on" in err.read_bytes(), 30, "the packet ring to start")
+        _wait_for(lambda: b"packet ring on (" in err.read_bytes(), 30, "the packet ring to start")
         assert _tcpdumps_of(ring)
         late_port, late = send_last_datagrams()
         (out / watch.TRIGGER_NAME).write_text("now\n")
@@ -316,7 +316,7 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
         assert udp_payloads_in_bundle(bundle, early_port) == [], "sent before the trouble: not tapped"
         assert _tcp_segments_to(bundle, port) >= 1, "the retransmissions after the ring started"
         # --pcap-linger is at least --before + --after + 30 s: then tcpdump stops
-        _wait_for(lambda: b"packet ring off" in err.read_bytes(), 90, "the packet ring to stop")
+        _wait_for(lambda: b"packet ring off:" in err.read_bytes(), 90, "the packet ring to stop")
         _wait_for(lambda: not _tcpdumps_of(ring), 10, "tcpdump to end")
     finally:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=10)

@@ -239,8 +239,45 @@ def parent_map() -> dict[int, int]:
     return out
 
 
+def _children_files(pid: int) -> list[int] | None:
+    """The children of pid from /proc/PID/task/*/children (one small file a thread; the
+    kernel's CONFIG_PROC_CHILDREN), or None where the kernel has no such file."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []          # gone
+    out: list[int] = []
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children", "rb") as fh:
+                out += [int(c) for c in fh.read().split()]
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{t}"):
+                continue   # the thread ended
+            return None    # no children files on this kernel
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def descendants(roots) -> set[int]:
-    """Every live process below roots (children, grandchildren, ...)."""
+    """Every live process below roots (children, grandchildren, ...). Walks the roots'
+    children files (a few reads, whatever the number of processes on the host); where the
+    kernel has none, one pass over every process's stat. A process forked during the walk
+    may be missed: the next rescan finds it (and the tracer follows forks in the kernel)."""
+    out, todo = set(), list(roots)
+    while todo:
+        kids = _children_files(todo.pop())
+        if kids is None:
+            return _descendants_by_parent(roots)
+        for c in kids:
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _descendants_by_parent(roots) -> set[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parent_map().items():
         children.setdefault(ppid, []).append(pid)
@@ -253,21 +290,51 @@ def descendants(roots) -> set[int]:
     return out
 
 
+def _identity(pid: int) -> tuple[int, int] | None:
+    """(start time, virtual size) of pid from its stat: the same process with the same
+    mappings, as far as a rescan needs to know (loading a library grows the size)."""
+    stat = _read(f"/proc/{pid}/stat")
+    try:
+        f = stat.rsplit(")", 1)[1].split()
+        return int(f[19]), int(f[20])
+    except (AttributeError, IndexError, ValueError):
+        return None
+
+
 def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: list[str] | None = None,
-             skip: set[int] | None = None) -> list[ProcInfo]:
+             skip: set[int] | None = None, not_nccl: dict | None = None) -> list[ProcInfo]:
     """The NCCL processes, except ``skip``. With ``pids``: those processes (NCCL or not)
-    and the NCCL processes among their descendants (``--pid`` of torchrun or a launcher)."""
+    and the NCCL processes among their descendants (``--pid`` of torchrun or a launcher).
+
+    ``not_nccl`` (kept by the caller between rescans): the processes found mapping no NCCL,
+    each with its start time and virtual size; such a process is inspected again (its maps
+    read) only once its size changed (a library loaded: ``import torch`` after start-up) or
+    its pid was reused, so an always-on watcher does not read every process's maps every
+    few seconds."""
     own = os.getpid()
     out = []
     roots = set(pids or [])
     candidates = sorted(roots | descendants(roots)) if pids else all_pids()
+    if not_nccl is not None:
+        for gone in set(not_nccl) - set(candidates):
+            del not_nccl[gone]
     for pid in candidates:
         if pid == own or (skip and pid in skip):
             continue
+        ident = None
+        if not_nccl is not None and pid not in roots:
+            ident = _identity(pid)
+            if ident is not None and not_nccl.get(pid) == ident:
+                continue
         info = inspect(pid, nccl_symbols, nccl_lib_override)
         if info is not None:
+            if not_nccl is not None:
+                not_nccl.pop(pid, None)
             out.append(info)
-        elif pid in roots:  # an explicit --pid that maps no NCCL is still a target
+            continue
+        if ident is not None:
+            not_nccl[pid] = ident
+        if pid in roots:  # an explicit --pid that maps no NCCL is still a target
             info = ProcInfo(pid=pid)
             if os.path.isdir(f"/proc/{pid}"):
                 info.comm = (_read(f"/proc/{pid}/comm") or "").strip()

@@ -183,6 +183,8 @@ class Capture:
         self.clock: list[dict] = []
         self.notes: list[str] = []
         self.procs: dict[int, procs.ProcInfo] = {}
+        self.tracer_flush_ms = tracer.FLUSH_MS
+        self.not_nccl: dict[int, tuple[int, int]] = {}   # processes seen mapping no NCCL (procs.discover)
         self.netns: dict[int, NetNs] = {}
         self.own_ns = procs.netns_inode("self")
         self.ns_names = _netns_names()
@@ -284,7 +286,7 @@ class Capture:
 
     def discover(self, initial: bool) -> list[procs.ProcInfo]:
         found = procs.discover(tracer.NCCL_SYMBOLS, pids=self.o.pids or None,
-                               nccl_lib_override=self.o.nccl_libs, skip=set(self.procs))
+                               nccl_lib_override=self.o.nccl_libs, skip=set(self.procs), not_nccl=self.not_nccl)
         fresh = []
         for info in found:
             self.procs[info.pid] = info
@@ -687,7 +689,8 @@ class Capture:
             pass
         targets.fill_addresses()
         feats = tracer.KernelFeatures.probe()
-        script, blocks = tracer.render_script(targets, feats, call_returns=self.o.call_returns)
+        script, blocks = tracer.render_script(targets, feats, call_returns=self.o.call_returns,
+                                              flush_ms=self.tracer_flush_ms)
         bpf_dir = self.staging / "bpf"
         bpf_dir.mkdir(parents=True, exist_ok=True)
         script_path = bpf_dir / "nccl.generated.bt"

@@ -293,11 +293,13 @@ def _apply_pid_filter(block: str, active: bool) -> str:
 
 
 def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bool = True,
-                  template: str | None = None) -> tuple[str, list[str]]:
+                  template: str | None = None, flush_ms: int = FLUSH_MS) -> tuple[str, list[str]]:
     """The bpftrace program for this host, and the names of the blocks kept.
 
     ``call_returns``: uretprobes on the collectives too (t1 and rc of every collective
-    call, completed in place in the call's record: cheap; --no-call-returns leaves them out)."""
+    call, completed in place in the call's record: cheap; --no-call-returns leaves them out).
+    ``flush_ms``: how often the hot-path records are printed (the watcher flushes less often:
+    each flush costs the job a fixed amount, see capture/watch.py)."""
     text = template if template is not None else TEMPLATE.read_text()
     matches = list(_BLOCK_RE.finditer(text))
     kept_names: list[str] = []
@@ -340,7 +342,7 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
         "TRACED_PIDS": " ".join(f"@traced[(uint64){p}] = 1;" for p in targets.traced_pids),
         "NETNS": NETNS_BTF if feats.btf else "0",
         "CLEAR_MAPS": " ".join(clear),
-        "FLUSH_MS": str(FLUSH_MS),
+        "FLUSH_MS": str(int(flush_ms)),
         "FLUSH_FINAL": ('if (@ep[0] != 2) { print(@e0); print(@e1);'
                         + (' print(@ne);' if "@ne = count()" in script else "") + " }") if hot else "",
         "STOP_POINT": targets.point("uprobe", targets.stop_lib or "", STOP_SYMBOL),

@@ -61,12 +61,17 @@ PENDING = ".incident-pending"        # in the ring's staging folder while an inc
 TRIGGER_NAME = "stallscope.trigger"
 SLOWEST_WINDOW_S = 300.0             # --hang-after auto: the slowest collective of the last 5 minutes
 HANG_AFTER_FLOOR_S = 30.0
+WATCH_FLUSH_MS = 1000                # the tracer's records printed this often (capture: tracer.FLUSH_MS)
 HANG_AFTER_FACTOR = 10.0
 RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
 # the tracer's events that start the packet ring (--pcap-ring on-trouble): a kernel retransmission
 # (timeout, fast retransmit, tail loss probe) or a reset sent or received
 TCP_TROUBLE = (b'{"ev":"tcp_retransmit_skb"', b'{"ev":"tcp_send_reset"', b'{"ev":"tcp_receive_reset"')
 MAX_TROUBLE = 1000                   # kept between two polls
+# a hot-path record of bpf/nccl.bt (capture.tracer.parse_record): tid, key; kind, pid, a, t1 of
+# the tuple (kind, pid, a, b, c, d, e, f, g, t1, rc)
+_MONITOR_RE = re.compile(rb"^@e[01]\[(\d+), (\d+)\]: \((\d+), (\d+), (\d+), -?\d+, -?\d+, -?\d+, -?\d+, "
+                         rb"-?\d+, -?\d+, (\d+), -?\d+\)[ \t\r]*$", re.M)
 # ... this many of them within PCAP_ARM_WINDOW_S: a busy host retransmits now and then with nothing
 # wrong (a tail loss probe, a spurious timeout under CPU contention); a dead link or a loss burst
 # retransmits again within a second or two (RTO backoff 0.2, 0.4, 0.8 s ...)
@@ -123,7 +128,7 @@ class ProgressMonitor:
 
     def poll(self) -> int:
         """Read what was spooled since the last call; returns the hot-path records read."""
-        from .tracer import RET_KIND, parse_record
+        from .tracer import RET_KIND
         segs = sorted(self.raw_dir.glob("seg-*.txt"))
         names = {p.name for p in segs}
         for gone in [n for n in self.pos if n not in names]:
@@ -145,34 +150,36 @@ class ProgressMonitor:
                 continue
             self.pos[p.name] = off + cut
             budget -= cut
-            for line in data[:cut].split(b"\n"):
-                rec = parse_record(line)
-                if rec is not None:
-                    tid, key2, f = rec
-                    recs.append((key2, tid, f))           # key2: t0 of an entry, t1 of a return
-                elif line.startswith(TCP_TROUBLE) and len(self.trouble) < MAX_TROUBLE:
-                    try:
-                        self.trouble.append(json.loads(line))
-                    except ValueError:
-                        pass
+            data = data[:cut]
+            # the hot path's records, several thousand a second: one regular-expression pass
+            # over the chunk, only the fields needed here converted (the watcher's main cost)
+            recs += [(int(k), int(t), int(kd), int(pid), int(a), int(t1))
+                     for t, k, kd, pid, a, t1 in _MONITOR_RE.findall(data)]
+            if b'{"ev":"tcp_' in data:
+                for line in data.split(b"\n"):
+                    if line.startswith(TCP_TROUBLE) and len(self.trouble) < MAX_TROUBLE:
+                        try:
+                            self.trouble.append(json.loads(line))
+                        except ValueError:
+                            pass
             if budget <= 0:
                 break
-        recs.sort(key=lambda r: r[0])
-        for key2, tid, f in recs:
-            self._record(tid, key2, f, RET_KIND)
+        recs.sort()
+        for key2, tid, kind, pid, a, t1 in recs:
+            self._record(tid, key2, kind, pid, a, t1, RET_KIND)
         self.lines += len(recs)
         return len(recs)
 
-    def _record(self, tid: int, key2: int, f: list[int], ret_kind: int) -> None:
-        kind, pid = f[0], f[1]
+    def _record(self, tid: int, key2: int, kind: int, pid: int, a: int, t1: int, ret_kind: int) -> None:
+        """One record: kind, pid, slot a (a return record's t0) and t1 of bpf/nccl.bt's tuple."""
         if kind == ret_kind:                      # a return: (tid, t0 in slot a), t1 the key
-            entry = self.open.pop((tid, f[2]), None)
+            entry = self.open.pop((tid, a), None)
             if entry is None:
                 if len(self.early) < self.MAX_EARLY:
-                    self.early[(tid, f[2])] = key2
+                    self.early[(tid, a)] = key2
                 self.last_return[pid] = max(self.last_return.get(pid, 0), key2)
             else:
-                self._returned(entry[0], entry[1], f[2], key2)
+                self._returned(entry[0], entry[1], a, key2)
             return
         if 16 <= kind < 32:                       # ncclGroupStart/End: not evidence either way
             return
@@ -181,7 +188,7 @@ class ProgressMonitor:
             self.last_coll[pid] = max(self.last_coll.get(pid, 0), t0)
             if not self.call_returns:             # no return traced: the call is a launch, done
                 return
-        t1 = f[9] or self.early.pop((tid, t0), 0)
+        t1 = t1 or self.early.pop((tid, t0), 0)
         if t1:                                    # returned within the same flush (or read before)
             self._returned(pid, kind, t0, t1)
         else:
@@ -299,6 +306,7 @@ class Watcher(Capture):
         o = self.o
         self.ring = True
         self.ring_age_s = o.before_s + o.after_s + RING_SLACK_S
+        self.tracer_flush_ms = WATCH_FLUSH_MS
         self.monitor: ProgressMonitor | None = None
         self.logwatch = LogWatch()
         self.incident: dict | None = None           # the open incident: triggers, due time

@@ -8,10 +8,12 @@ import hashlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +79,61 @@ def test_proc_parsing_on_this_process(monkeypatch):
     assert procs.netns_inode(os.getpid()) == os.stat("/proc/self/ns/net").st_ino
     assert "lo" in procs.netns_interfaces(os.getpid())
     assert os.getpid() in procs.descendants([os.getppid()])
+
+
+def test_descendants_from_the_children_files_match_a_walk_of_every_process():
+    """The rescan's cheap walk (/proc/PID/task/*/children) finds what the full walk over
+    every process's parent finds: a child, a grandchild, and a child of a second thread."""
+    script = ("import os, subprocess, sys, threading, time\n"
+              "kids = [subprocess.Popen(['sh', '-c', 'sleep 30 & wait'])]\n"
+              "t = threading.Thread(target=lambda: kids.append(subprocess.Popen(['sleep', '30'])))\n"
+              "t.start(); t.join(); print('up', flush=True); time.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert p.stdout.readline() == b"up\n"
+        deadline = time.monotonic() + 10
+        while len(procs._descendants_by_parent([p.pid])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)        # the shell's own child (sleep 30 &) may come a moment later
+        full = procs._descendants_by_parent([p.pid])
+        assert len(full) == 3
+        assert procs.descendants([p.pid]) == full
+        assert procs.descendants([os.getppid()]) >= {os.getpid(), p.pid} | full
+    finally:
+        for c in procs._descendants_by_parent([p.pid]):
+            os.kill(c, signal.SIGKILL)
+        p.kill()
+        p.wait()
+
+
+def test_discover_reads_a_process_without_nccl_again_only_once_it_changed(lab_lib, monkeypatch):
+    """An always-on watcher rescans the host every few seconds: a process found without NCCL
+    is not inspected again until its size changes; when it then loads libnccl
+    (``import torch`` minutes after start-up), the next rescan finds it."""
+    script = ("import ctypes, sys, time\n"
+              "print('up', flush=True); sys.stdin.readline()\n"
+              f"ctypes.CDLL({str(lab_lib)!r}); print('loaded', flush=True); time.sleep(30)\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    inspected = []
+    real = procs.inspect
+    monkeypatch.setattr(procs, "inspect", lambda pid, *a, **k: inspected.append(pid) or real(pid, *a, **k))
+    try:
+        assert p.stdout.readline() == b"up\n"
+        cache: dict = {}
+        found = procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+        assert p.pid not in [i.pid for i in found] and p.pid in cache and inspected.count(p.pid) == 1
+        procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+        assert inspected.count(p.pid) == 1          # unchanged: its maps are not read again
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"loaded\n"
+        found = procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+        assert [i.pid for i in found if i.pid == p.pid] == [p.pid] and p.pid not in cache
+        assert found[[i.pid for i in found].index(p.pid)].nccl_libs
+    finally:
+        p.kill()
+        p.wait()
+    procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+    assert p.pid not in cache                        # gone: forgotten (a reused pid is a new process)
 
 
 def test_nccl_socket_ifname_semantics():

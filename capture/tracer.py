@@ -299,7 +299,7 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
     ``call_returns``: uretprobes on the collectives too (t1 and rc of every collective
     call, completed in place in the call's record: cheap; --no-call-returns leaves them out).
     ``flush_ms``: how often the hot-path records are printed (the watcher flushes less often:
-    each flush costs the job a fixed amount, see capture/watch.py)."""
+    each flush costs the job a fixed amount, see bpf/README.md)."""
     text = template if template is not None else TEMPLATE.read_text()
     matches = list(_BLOCK_RE.finditer(text))
     kept_names: list[str] = []

@@ -300,6 +300,11 @@ def test_render_call_returns_by_default():
     assert "printf" not in ret
     lean, _ = tracer.render_script(t, _features(), call_returns=False)
     assert "(--no-call-returns)" in lean.splitlines()[0] and "uretprobe:/a/libnccl.so.2:ncclAllReduce" not in lean
+    # the flush interval: capture's, and the watcher's longer one (each flush costs the job)
+    assert f"interval:ms:{tracer.FLUSH_MS}\n" in script
+    from capture import watch
+    slow, _ = tracer.render_script(t, _features(), flush_ms=watch.WATCH_FLUSH_MS)
+    assert f"interval:ms:{watch.WATCH_FLUSH_MS}\n" in slow and "interval:ms:500\n" not in slow
 
 
 def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):

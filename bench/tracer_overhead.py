@@ -43,6 +43,8 @@ import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from capture.procs import children, descendants  # noqa: E402  (standard library only)
 BUILD = ROOT / "tests" / "lab" / "build"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -72,25 +74,6 @@ def comm_of(pid: int) -> str:
 def reaped_cpu_s(pid: int) -> float:
     """cutime + cstime of a process: the CPU of its children that it has waited for (ss, ip, ...)."""
     return _stat_s(pid, 13)
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], children_of(pid)
-    while todo:
-        c = todo.pop()
-        out.append(c)
-        todo += children_of(c)
-    return out
-
-
-def children_of(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 class LabRun:
@@ -150,13 +133,13 @@ class Capture:
             self.proc.kill()
             raise SystemExit("capture did not start:\n" + "".join(self.lines))
         self.cpu0 = cpu_s(self.proc.pid)
-        self.tracer = next((c for c in children_of(self.proc.pid) if "bpftrace" in comm_of(c)), None)
+        self.tracer = next((c for c in children(self.proc.pid) if "bpftrace" in comm_of(c)), None)
         self.tracer_cpu0 = cpu_s(self.tracer) if self.tracer else 0.0
         self.others0 = self.others_cpu()
 
     def others_cpu(self) -> dict[int, float]:
         """CPU of capture's other children (tcpdump, and those it ran and reaped: key 0)."""
-        out = {c: cpu_s(c) for c in descendants(self.proc.pid) if c != self.tracer}
+        out = {c: cpu_s(c) for c in descendants([self.proc.pid]) if c != self.tracer}
         out[0] = reaped_cpu_s(self.proc.pid)
         return out
 

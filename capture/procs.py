@@ -239,9 +239,8 @@ def parent_map() -> dict[int, int]:
     return out
 
 
-def _children_files(pid: int) -> list[int] | None:
-    """The children of pid from /proc/PID/task/*/children (one small file a thread; the
-    kernel's CONFIG_PROC_CHILDREN), or None where the kernel has no such file."""
+def _children_files(pid: int) -> list[int]:
+    """The children of pid from /proc/PID/task/*/children (one small file a thread)."""
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -251,13 +250,27 @@ def _children_files(pid: int) -> list[int] | None:
         try:
             with open(f"/proc/{pid}/task/{t}/children", "rb") as fh:
                 out += [int(c) for c in fh.read().split()]
-        except FileNotFoundError:
-            if not os.path.exists(f"/proc/{pid}/task/{t}"):
-                continue   # the thread ended
-            return None    # no children files on this kernel
         except (OSError, ValueError):
-            continue
+            continue       # the thread ended
     return out
+
+
+def _have_children_files() -> bool:
+    """Whether this kernel has /proc/PID/task/TID/children (CONFIG_PROC_CHILDREN)."""
+    return os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from one pass over every process's stat."""
+    table: dict[int, list[int]] = {}
+    for pid, ppid in parent_map().items():
+        table.setdefault(ppid, []).append(pid)
+    return table
+
+
+def children(pid: int) -> list[int]:
+    """The live children of pid."""
+    return _children_files(pid) if _have_children_files() else _children_by_parent().get(pid, [])
 
 
 def descendants(roots) -> set[int]:
@@ -265,25 +278,20 @@ def descendants(roots) -> set[int]:
     children files (a few reads, whatever the number of processes on the host); where the
     kernel has none, one pass over every process's stat. A process forked during the walk
     may be missed: the next rescan finds it (and the tracer follows forks in the kernel)."""
-    out, todo = set(), list(roots)
-    while todo:
-        kids = _children_files(todo.pop())
-        if kids is None:
-            return _descendants_by_parent(roots)
-        for c in kids:
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
+    if _have_children_files():
+        return _walk(roots, _children_files)
+    return _descendants_by_parent(roots)
 
 
 def _descendants_by_parent(roots) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent_map().items():
-        children.setdefault(ppid, []).append(pid)
+    table = _children_by_parent()
+    return _walk(roots, lambda p: table.get(p, []))
+
+
+def _walk(roots, children_of) -> set[int]:
     out, todo = set(), list(roots)
     while todo:
-        for c in children.get(todo.pop(), []):
+        for c in children_of(todo.pop()):
             if c not in out:
                 out.add(c)
                 todo.append(c)

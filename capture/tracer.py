@@ -589,6 +589,10 @@ def raw_files(raw_dir: Path) -> list[Path]:
 _ATTACHING_RE = re.compile(rb"Attaching (\d+) probe")
 _LOST_RE = re.compile(rb"Lost (\d+) events")
 _REC_RE = re.compile(rb"^@(e0|e1)\[(\d+), (\d+)\]: \(([-\d, ]+)\)\s*$")
+# the same records, for capture.watch's progress monitor (all of a chunk's in one pass): tid,
+# key, and kind, pid, a, t1 of the tuple (kind, pid, a, b, c, d, e, f, g, t1, rc)
+PROGRESS_RE = re.compile(rb"^@e[01]\[(\d+), (\d+)\]: \((\d+), (\d+), (\d+), -?\d+, -?\d+, -?\d+, -?\d+, "
+                         rb"-?\d+, -?\d+, (\d+), -?\d+\)[ \t\r]*$", re.M)
 
 
 def parse_record(line: bytes) -> tuple[int, int, list[int]] | None:

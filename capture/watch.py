@@ -68,10 +68,6 @@ RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
 # (timeout, fast retransmit, tail loss probe) or a reset sent or received
 TCP_TROUBLE = (b'{"ev":"tcp_retransmit_skb"', b'{"ev":"tcp_send_reset"', b'{"ev":"tcp_receive_reset"')
 MAX_TROUBLE = 1000                   # kept between two polls
-# a hot-path record of bpf/nccl.bt (capture.tracer.parse_record): tid, key; kind, pid, a, t1 of
-# the tuple (kind, pid, a, b, c, d, e, f, g, t1, rc)
-_MONITOR_RE = re.compile(rb"^@e[01]\[(\d+), (\d+)\]: \((\d+), (\d+), (\d+), -?\d+, -?\d+, -?\d+, -?\d+, "
-                         rb"-?\d+, -?\d+, (\d+), -?\d+\)[ \t\r]*$", re.M)
 # ... this many of them within PCAP_ARM_WINDOW_S: a busy host retransmits now and then with nothing
 # wrong (a tail loss probe, a spurious timeout under CPU contention); a dead link or a loss burst
 # retransmits again within a second or two (RTO backoff 0.2, 0.4, 0.8 s ...)
@@ -128,7 +124,7 @@ class ProgressMonitor:
 
     def poll(self) -> int:
         """Read what was spooled since the last call; returns the hot-path records read."""
-        from .tracer import RET_KIND
+        from .tracer import PROGRESS_RE, RET_KIND
         segs = sorted(self.raw_dir.glob("seg-*.txt"))
         names = {p.name for p in segs}
         for gone in [n for n in self.pos if n not in names]:
@@ -154,7 +150,7 @@ class ProgressMonitor:
             # the hot path's records, several thousand a second: one regular-expression pass
             # over the chunk, only the fields needed here converted (the watcher's main cost)
             recs += [(int(k), int(t), int(kd), int(pid), int(a), int(t1))
-                     for t, k, kd, pid, a, t1 in _MONITOR_RE.findall(data)]
+                     for t, k, kd, pid, a, t1 in PROGRESS_RE.findall(data)]
             if b'{"ev":"tcp_' in data:
                 for line in data.split(b"\n"):
                     if line.startswith(TCP_TROUBLE) and len(self.trouble) < MAX_TROUBLE:

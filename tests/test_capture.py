@@ -311,6 +311,24 @@ def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):
     return f"({kind}, {pid}, {a}, {b}, {c}, {d}, {e}, {f}, {g}, {t1}, {rc})"
 
 
+def test_the_progress_monitor_reads_the_fields_parse_record_reads():
+    """capture.watch reads the hot-path records with tracer.PROGRESS_RE, a chunk at a time:
+    the same fields as tracer.parse_record, line by line, and nothing that is not a record."""
+    lines = [f"@e0[101, 5000]: {_rec(0, 7, a=0xdead, b=3, c=1024, d=7, f=-1, g=99, t1=5300)}",
+             f"@e1[102, 6000]: {_rec(255, 7, a=5500, t1=6000, rc=-2)}",
+             f"@e1[103, 7000]: {_rec(32, 8, a=4)}",
+             "@ne: 3", '{"ev":"tcp_retransmit_skb","t":1}', "@e0[1, 2]: (1, 2)"]
+    data = ("\n".join(lines) + "\n").encode()
+    got = [tuple(int(x) for x in g) for g in tracer.PROGRESS_RE.findall(data)]
+    want = []
+    for line in data.split(b"\n"):
+        rec = tracer.parse_record(line)
+        if rec is not None:
+            tid, key, f = rec
+            want.append((tid, key, f[0], f[1], f[2], f[9]))
+    assert got == want and len(got) == 3
+
+
 def test_postprocess_records_joins_names_and_open_calls(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -146,10 +146,14 @@ def file_sig(path: str) -> tuple[int, int] | None:
 
 def wait_dumps(pending: list[Pending], deadline_monotonic: float, poll_s: float = 0.1) -> dict[str, str | None]:
     """Wait (until the deadline) for each pending trigger's dump to appear or change and its
-    size to stay the same for two polls; key -> the dump's host path (None: none came)."""
+    size to stay the same for two polls; key -> the dump's host path (None: none came). Two
+    polls at least, however late this is called: a dump written in time is taken even when
+    the caller comes back after the deadline (stopping the tracer can take longer)."""
     result: dict[str, str | None] = {p.key: None for p in pending}
     last: dict[tuple[str, str], tuple[int, int]] = {}
+    polls = 0
     while True:
+        polls += 1
         for p in pending:
             if result[p.key] is not None:
                 continue
@@ -161,6 +165,6 @@ def wait_dumps(pending: list[Pending], deadline_monotonic: float, poll_s: float 
                     result[p.key] = f
                     break
                 last[(p.key, f)] = sig
-        if all(v is not None for v in result.values()) or time.monotonic() >= deadline_monotonic:
+        if all(v is not None for v in result.values()) or (time.monotonic() >= deadline_monotonic and polls >= 2):
             return result
         time.sleep(poll_s)

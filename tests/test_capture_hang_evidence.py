@@ -193,6 +193,22 @@ def test_dump_files_rank_prefixes_and_defaults(tmp_path):
     assert defaults[0] == "/tmp/nccl_trace_rank_" and defaults[-1].endswith("/.cache/torch/comm_lib_trace_rank_")
 
 
+
+def test_a_dump_written_in_time_is_taken_when_the_wait_begins_after_its_deadline(tmp_path):
+    # capture stops the tracer (seconds: bpftrace detaches uprobe by uprobe) before it waits for
+    # the dumps: a dump written meanwhile counts, though the wait's deadline has already passed
+    import time
+    me = os.getpid()
+    env = {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str(tmp_path / "fr_")}
+    old = tmp_path / "fr_2"
+    old.write_bytes(b"\x80old")
+    [seen] = torchfr.dump_files(me, env, 2)          # the path as capture reads it (/proc/<pid>/root/...)
+    pending = [torchfr.Pending(key="k", pid=me, rank=2, shown="p", triggered_ns=0, started_ns=0,
+                               before={seen: torchfr.file_sig(seen)}, env=env)]
+    assert torchfr.wait_dumps(pending, time.monotonic() - 5, poll_s=0.01) == {"k": None}   # unchanged: none
+    old.write_bytes(b"\x80new dump")
+    assert torchfr.wait_dumps(pending, time.monotonic() - 5, poll_s=0.01) == {"k": seen}
+
 # ---------------------------------------------------------------- NCCL RAS (no root)
 def test_ras_checks(lab_lib, tmp_path):
     assert not ncclras.lib_has_ras(str(lab_lib))             # the lab's libnccl predates RAS

@@ -122,9 +122,20 @@ def test_launcher_options_and_defaults():
     assert a.hang_at == "time"                              # --start-s alone: the first collective after it
     a = launcher.parse_args(["--no-netns", "--scenario", "gpu-hang"])
     assert a.hang_at == "op"
-    for bad in (["--capture-start", "later"], ["--capture-stagger-s", "5-1"], ["--tcp", "lab", "--no-quickack"]):
+    for bad in (["--capture-start", "later"], ["--capture-stagger-s", "5-1"], ["--tcp", "lab", "--no-quickack"],
+                ["--capture-stop-spread-s", "-1"]):
         with pytest.raises(SystemExit):
             launcher.parse_args(["--no-netns", *bad])
+
+
+def test_the_stop_margin_is_a_second_of_steps_between_one_and_five():
+    def steps(ms, n=4):
+        return [[{"ev": "step", "step": k, "t_ns": int(k * ms * 1e6)} for k in range(n)] for _ in range(2)]
+    assert launcher.stop_margin_steps(steps(60), 40) == 5          # fast steps: 5, as always
+    assert launcher.stop_margin_steps(steps(400), 40) == 3         # 1 s of 0.4 s steps
+    assert launcher.stop_margin_steps(steps(25000), 25000) == 1    # a 25 s step: one, not 2 minutes more
+    assert launcher.stop_margin_steps(steps(25000, n=1), 25000) == 1   # one step logged: --compute-ms stands in
+    assert launcher.stop_margin_steps([[], []], 40) == 5
 
 
 def check_gpu_hang_truth(d: dict, rank: int, at_op: int) -> None:

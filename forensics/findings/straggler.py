@@ -30,7 +30,11 @@ from .evidence import (LOSS_CLASSES, collective_windows, dedup_counts, impact, i
 MIN_LATE = 3
 MIN_LATE_FRACTION = 0.10
 JITTER_FACTOR = 5.0
-MIN_MARGIN_NS = 2_000_000        # 2 ms: scheduler noise on a busy host is below this
+# a rank late by less than this waited a turn for a CPU, no more: CFS lets a runnable thread wait
+# a scheduling period on a busy CPU (sched_latency: 6 ms x (1 + log2 CPUs), 12 ms on 2 CPUs).
+# At 2 ms, CI saw a clean 3-rank job under load with one rank 2-3 ms late in a third of its
+# collectives: a ring's fixed completion order made it last, and load stretched the lag
+MIN_MARGIN_NS = 10_000_000
 DOMINANCE = 2.0                  # late at least twice as often as any other rank
 IMPACT_SHARE = 0.25              # its lateness is at least this share of its peers' time in those collectives
 OFFCPU_SLACK_NS = 10_000_000_000  # capture samples schedstat every ~2 s: take the interval that covers the end
@@ -114,11 +118,18 @@ def straggler(ctx: Context) -> list[Finding]:
 def _late_impact(windows: pd.DataFrame, late: pd.DataFrame, mine: pd.DataFrame):
     """What the straggler cost: its late collectives' excess over the clean ones (no rank
     late in them) of their op/size class, as a share of the job's collective time. A
-    collective's window runs from the first entry to the last end: it holds the wait."""
+    collective's window runs from the first entry to the last end: it holds the wait. The
+    straggler explains no more of a collective's excess than its margin (how long the others
+    waited for it): a collective slowed by something else as well (load that also made the
+    rank late, the network) is not all its doing."""
     key = pd.MultiIndex.from_frame(windows[["comm_id_hash", "op_count"]].astype(str))
-    slow = key.isin(pd.MultiIndex.from_frame(mine[["comm_id_hash", "op_count"]].astype(str)))
+    mkey = pd.MultiIndex.from_frame(mine[["comm_id_hash", "op_count"]].astype(str))
+    slow = key.isin(mkey)
     anyone = key.isin(pd.MultiIndex.from_frame(late[["comm_id_hash", "op_count"]].astype(str)))
-    return impact(windows, slow, ~anyone)
+    margin = pd.Series(mine["margin_ns"].to_numpy(dtype=np.float64), index=mkey)
+    margin = margin[~margin.index.duplicated()]
+    cap = margin.reindex(key).to_numpy(dtype=np.float64)
+    return impact(windows, slow, ~anyone, cap_ns=cap)
 
 
 def _peers_waited(ctx, late: pd.DataFrame, r) -> bool:

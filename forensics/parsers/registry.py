@@ -242,7 +242,12 @@ class Parser:
         for name, schema in cls.SCHEMAS.items():
             rows = tables.get(name)
             if isinstance(rows, pd.DataFrame):
-                rows = rows.to_dict("records")
+                # column by column (tolist gives Python objects, as the rows' dicts would):
+                # no dict per row; a column the frame lacks is NA in every row
+                df = rows
+                rows = {c: df[c].tolist() for c in schema if c in df.columns}
+                if len(df) and not rows:
+                    rows = {next(iter(schema)): [None] * len(df)}
             typed[name] = frame(rows if rows is not None else [], schema)
         return ParseResult(parser=cls.NAME, source=label, tables=typed, facts=facts,
                            warnings=log.result())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -53,7 +54,8 @@ SCENARIOS = ("clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-d
              "selftest")
 HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
 HOLDS = HANGS + ("reset",)          # scenarios that end --hold-s after the fault, not when the job ends
-STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at
+STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at,
+STOP_MARGIN_S = 1.0                 # ... fewer (1 at least) when this much time is fewer steps (25 s steps: 1, not 5)
 CAPTURE_END_MARGIN_S = 1.0          # the job (or the hang) lasts this long after the last capture ended
 # A capture ends with the launcher's Ctrl-C after --capture-duration-s; its own --duration is
 # that plus this, only a backstop: were both due at once, the Ctrl-C could land after capture
@@ -126,6 +128,18 @@ def parse_stagger(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+def stop_margin_steps(step_events: list[list[dict]], compute_ms: float) -> int:
+    """Steps between the last one any rank logged and the one every rank stops at: enough
+    for STOP_MARGIN_S of steps (a rank must not have begun the stop step before the stop file
+    appears), at most STOP_MARGIN_STEPS, at least 1. The step time: the median interval
+    between a rank's logged steps, else --compute-ms (a step takes at least that)."""
+    gaps = sorted(b["t_ns"] - a["t_ns"] for ev in step_events for a, b in zip(ev, ev[1:]))
+    step_s = gaps[len(gaps) // 2] / 1e9 if gaps else compute_ms / 1e3
+    if step_s <= 0:
+        return STOP_MARGIN_STEPS
+    return max(1, min(STOP_MARGIN_STEPS, math.ceil(STOP_MARGIN_S / step_s)))
+
+
 def parse_capture_start(text: str) -> tuple[str, float]:
     if text == "before":
         return "before", 0.0
@@ -169,7 +183,7 @@ class Capture:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "forensics", "capture", "-o", str(self.dir) + os.sep,
-               "--progress", "lines", "--duration", f"{a.capture_duration_s + CAPTURE_BACKSTOP_S:g}s"] \
+               "--progress", "lines", "--duration", f"{self.run.captures.longest_s() + CAPTURE_BACKSTOP_S:g}s"] \
             + shlex.split(a.capture_args or "")
         if exited:
             # the job already died (a reset makes NCCL fail and the ranks exit): what an on-call
@@ -246,8 +260,10 @@ class Capture:
             if now - self.started_ns > a.capture_start_timeout_s * 1e9 and self.stop_sent_ns is None:
                 self.error = f"not capturing after {a.capture_start_timeout_s:g}s: stopped"
                 self.stop(now)
-        elif self.stop_sent_ns is None and now >= self.capturing_ns + a.capture_duration_s * 1e9:
-            self.stop(now)
+        elif self.stop_sent_ns is None:
+            due = self.run.captures.stop_due_ns(self)
+            if due is not None and now >= due:
+                self.stop(now)
         if (self.stop_sent_ns is not None and not self.killed
                 and now - self.stop_sent_ns > a.capture_stop_timeout_s * 1e9):
             self.signal(signal.SIGKILL)    # leaves its staging folder (stallscope capture --recover)
@@ -306,6 +322,28 @@ class Captures:
         self.delays_s = [round(by_rank[r], 3) for r in range(n)]
         for r in range(n):
             self.items.append(Capture(self.run, r, int(base_ns + by_rank[r] * 1e9)))
+
+    def stop_due_ns(self, c: Capture) -> int | None:
+        """When capture ``c`` gets its Ctrl-C: --capture-duration-s after it began capturing; with
+        --capture-stop-spread-s S, in the order the captures began capturing, S s apart, the first
+        --capture-duration-s after the *last* one began (None until every capture is capturing or
+        done), so they overlap only partly however long each tracer took to attach."""
+        a = self.run.a
+        if a.capture_stop_spread_s is None:
+            return int(c.capturing_ns + a.capture_duration_s * 1e9)
+        if not self.all_capturing_or_failed():
+            return None
+        on = sorted((x for x in self.items if x.capturing_ns is not None), key=lambda x: (x.capturing_ns, x.rank))
+        last = on[-1].capturing_ns
+        return int(last + (a.capture_duration_s + on.index(c) * a.capture_stop_spread_s) * 1e9)
+
+    def longest_s(self) -> float:
+        """The longest a capture should run (its own --duration is this plus a backstop)."""
+        a = self.run.a
+        if a.capture_stop_spread_s is None:
+            return a.capture_duration_s
+        return (a.capture_duration_s + (a.ranks - 1) * a.capture_stop_spread_s + self.stagger[1]
+                + a.capture_start_timeout_s)
 
     def tick(self) -> None:
         now = now_ns()
@@ -801,9 +839,9 @@ class Run:
             last = self.captures.last_stop_ns() or now_ns()
             while now_ns() < last + CAPTURE_END_MARGIN_S * 1e9 and any(p.poll() is None for p in self.ranks):
                 time.sleep(0.05)
-            steps = [max((e["step"] for e in self.events(r) if e.get("ev") == "step"), default=-1)
-                     for r in range(a.ranks)]
-            self.stop_step = max(steps) + 1 + STOP_MARGIN_STEPS
+            evs = [[e for e in self.events(r) if e.get("ev") == "step"] for r in range(a.ranks)]
+            steps = [max((e["step"] for e in ev), default=-1) for ev in evs]
+            self.stop_step = max(steps) + 1 + stop_margin_steps(evs, a.compute_ms)
             tmp = self.stop_file.with_name(".stop.tmp")
             tmp.write_text(f"{self.stop_step}\n")
             tmp.rename(self.stop_file)
@@ -960,7 +998,7 @@ class Run:
             c = self.captures
             cap = {"mode": "per-host", "start": a.capture_start, "offset_s": c.offset_s,
                    "stagger_s": list(c.stagger), "delays_s": c.delays_s, "duration_s": a.capture_duration_s,
-                   "args": a.capture_args, "seed": a.seed, "base_ns": c.base_ns,
+                   "stop_spread_s": a.capture_stop_spread_s, "args": a.capture_args, "seed": a.seed, "base_ns": c.base_ns,
                    "gate_opened_ns": self.gate_opened_ns, "failed_ranks": c.failed(),
                    "job_stop": {"step": self.stop_step, "written_ns": self.stop_written_ns} if self.stop_mode else None}
         fr = None
@@ -1123,6 +1161,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="successive hosts' captures start a random [A,B] s apart (seeded by --seed)")
     ap.add_argument("--capture-duration-s", type=float, default=15.0,
                     help="each capture gets a Ctrl-C this long after it said 'capturing:'")
+    ap.add_argument("--capture-stop-spread-s", type=float,
+                    help="the captures stop this far apart, in the order they began capturing, the first "
+                         "--capture-duration-s after the last one began: a partial overlap that holds however "
+                         "long each tracer takes to attach")
     ap.add_argument("--capture-args", default="",
                     help='extra capture arguments, shell-quoted (write --capture-args="--no-bpf")')
     ap.add_argument("--require-captures", action="store_true", help="exit 1 when a capture failed")
@@ -1168,6 +1210,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(str(e))
     if a.capture_duration_s <= 0:
         ap.error("--capture-duration-s must be > 0")
+    if a.capture_stop_spread_s is not None and a.capture_stop_spread_s < 0:
+        ap.error("--capture-stop-spread-s must be >= 0")
     if a.stress < 0:
         ap.error("--stress must be >= 0")
     if a.tcp is None:
@@ -1184,6 +1228,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.capture == "per-host":
         _, off = parse_capture_start(a.capture_start)
         window += off + parse_stagger(a.capture_stagger_s)[1] + a.capture_duration_s \
+            + (a.ranks - 1) * (a.capture_stop_spread_s or 0.0) \
             + a.capture_start_timeout_s + a.capture_stop_timeout_s
     if a.watchdog_timeout_s is None:
         a.watchdog_timeout_s = max(600.0, float(int(window + 120)))

@@ -35,9 +35,11 @@ HYPO = settings(max_examples=max(1, EXAMPLES // 20), deadline=None, derandomize=
 REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz"
 
 
-# the targets that cost milliseconds an input run in worker processes (two cores on CI)
+# the targets that cost about a millisecond an input or more run in worker processes (two cores
+# on CI; a worker's start, ~1 s of imports, is paid back from ~5 s of inputs)
 PARALLEL = {"nccl_debug", "nccl_profiler_trace", "flight_recorder", "bpf_events", "pcap", "pcapng", "manifest",
-            "torch_watchdog", "bpf_events_model"}
+            "torch_watchdog", "bpf_events_model", "ss", "ncclras", "native_stacks", "nccl_tests", "pyspy",
+            "nccl_inspector"}
 JOBS = int(os.environ.get("STALLSCOPE_FUZZ_JOBS", str(min(2, os.cpu_count() or 1))))
 
 

@@ -218,13 +218,16 @@ class NcclDebugParser(Parser):
         info = m["level"] == "INFO"
 
         # --- COLL lines
+        # (each section extracts only from lines that may hold it, and not at all when none
+        # does: an extract over no lines still costs a millisecond or two)
         coll_like = info & msg.str.contains(COLL_HEAD_RE)
-        c = msg[coll_like].str.extract(COLL_RE)
-        bad = c["op_name"].isna()
-        for ln in c.index[bad]:
-            log.add(ln, f"malformed COLL line: {msg[ln][:120]!r}")
-        c = c[~bad]
-        m.loc[c.index, "kind"] = "coll"
+        c = msg[coll_like].str.extract(COLL_RE) if coll_like.any() else pd.DataFrame()
+        if len(c):
+            bad = c["op_name"].isna()
+            for ln in c.index[bad]:
+                log.add(ln, f"malformed COLL line: {msg[ln][:120]!r}")
+            c = c[~bad]
+            m.loc[c.index, "kind"] = "coll"
         if len(c):
             coll = m.loc[c.index, base].join(c)
             coll["op"] = coll["op_name"].map(op_enum)
@@ -242,12 +245,13 @@ class NcclDebugParser(Parser):
 
         # --- Init START/COMPLETE
         init_like = info & msg.str.contains(INIT_HINT_RE)
-        ini = msg[init_like].str.extract(INIT_RE)
-        bad = ini["status"].isna()
-        for ln in ini.index[bad]:
-            log.add(ln, f"malformed Init line: {msg[ln][:120]!r}")
-        ini = ini[~bad]
-        m.loc[ini.index, "kind"] = "init"
+        ini = msg[init_like].str.extract(INIT_RE) if init_like.any() else pd.DataFrame()
+        if len(ini):
+            bad = ini["status"].isna()
+            for ln in ini.index[bad]:
+                log.add(ln, f"malformed Init line: {msg[ln][:120]!r}")
+            ini = ini[~bad]
+            m.loc[ini.index, "kind"] = "init"
         if len(ini):
             comms = m.loc[ini.index, ["line", "host", "pid", "tid", "dev"]].join(ini)
             for col in ("rank", "nranks", "cuda_dev", "nvml_dev"):
@@ -255,8 +259,10 @@ class NcclDebugParser(Parser):
             tables["nccl_comms"] = comms
 
         # --- Channel connection lines, ring order, rings and trees
-        ch = msg[info].str.extract(CHANNEL_RE).dropna(subset=["via"])
-        m.loc[ch.index, "kind"] = "channel"
+        other = msg[info & (m["kind"] == "other")]      # not a COLL or Init line
+        ch = other.str.extract(CHANNEL_RE).dropna(subset=["via"]) if len(other) else pd.DataFrame()
+        if len(ch):
+            m.loc[ch.index, "kind"] = "channel"
         if len(ch):
             chan = m.loc[ch.index, ["line", "host", "pid", "tid", "dev"]].join(ch)
             parts = chan["via"].str.extract(r"^(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
@@ -271,7 +277,10 @@ class NcclDebugParser(Parser):
 
         rings = []
         for kind, rx in (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE)):
-            sub = msg[info & (m["kind"] == "other")].str.extract(rx).dropna(subset=["channel"])
+            other = msg[info & (m["kind"] == "other")]
+            if other.empty:
+                break
+            sub = other.str.extract(rx).dropna(subset=["channel"])
             m.loc[sub.index, "kind"] = "ring" if kind.startswith("ring") else "tree"
             for ln, r in sub.iterrows():
                 row = {"line": ln, "host": m.at[ln, "host"], "pid": m.at[ln, "pid"], "dev": _int(m.at[ln, "dev"]),

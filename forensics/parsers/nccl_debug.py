@@ -218,16 +218,7 @@ class NcclDebugParser(Parser):
         info = m["level"] == "INFO"
 
         # --- COLL lines
-        # (each section extracts only from lines that may hold it, and not at all when none
-        # does: an extract over no lines still costs a millisecond or two)
-        coll_like = info & msg.str.contains(COLL_HEAD_RE)
-        c = msg[coll_like].str.extract(COLL_RE) if coll_like.any() else pd.DataFrame()
-        if len(c):
-            bad = c["op_name"].isna()
-            for ln in c.index[bad]:
-                log.add(ln, f"malformed COLL line: {msg[ln][:120]!r}")
-            c = c[~bad]
-            m.loc[c.index, "kind"] = "coll"
+        c = _section(m, info & msg.str.contains(COLL_HEAD_RE), COLL_RE, "op_name", "coll", "COLL", log)
         if len(c):
             coll = m.loc[c.index, base].join(c)
             coll["op"] = coll["op_name"].map(op_enum)
@@ -244,14 +235,7 @@ class NcclDebugParser(Parser):
             tables["nccl_coll"] = coll
 
         # --- Init START/COMPLETE
-        init_like = info & msg.str.contains(INIT_HINT_RE)
-        ini = msg[init_like].str.extract(INIT_RE) if init_like.any() else pd.DataFrame()
-        if len(ini):
-            bad = ini["status"].isna()
-            for ln in ini.index[bad]:
-                log.add(ln, f"malformed Init line: {msg[ln][:120]!r}")
-            ini = ini[~bad]
-            m.loc[ini.index, "kind"] = "init"
+        ini = _section(m, info & msg.str.contains(INIT_HINT_RE), INIT_RE, "status", "init", "Init", log)
         if len(ini):
             comms = m.loc[ini.index, ["line", "host", "pid", "tid", "dev"]].join(ini)
             for col in ("rank", "nranks", "cuda_dev", "nvml_dev"):
@@ -408,6 +392,23 @@ class NcclDebugParser(Parser):
             lines_tab = pd.concat([lines_tab, bv]).sort_values("line") if len(lines_tab) else bv
         tables["nccl_log_lines"] = lines_tab
         return cls.result(label, tables, facts, log)
+
+
+def _section(m: pd.DataFrame, like: pd.Series, rx, key: str, kind: str, what: str,
+             log: WarningLog) -> pd.DataFrame:
+    """The fields of ``rx`` in the messages of the lines ``like`` selects, those whose ``key``
+    field matched (a one-line warning for each that did not), marked ``kind`` in ``m``. No
+    extract at all when nothing is selected: one over no lines still costs a millisecond."""
+    if not like.any():
+        return pd.DataFrame()
+    msg = m["msg"]
+    got = msg[like].str.extract(rx)
+    bad = got[key].isna()
+    for ln in got.index[bad]:
+        log.add(ln, f"malformed {what} line: {msg[ln][:120]!r}")
+    got = got[~bad]
+    m.loc[got.index, "kind"] = kind
+    return got
 
 
 def _add_version(facts: dict, version: str) -> None:

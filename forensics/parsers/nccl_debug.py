@@ -130,7 +130,8 @@ def op_enum(name: str) -> str:
 
 
 def _int(v):
-    return None if v is None or v != v else int(v)
+    """An int from a regex group of digits, or None where the group took no part."""
+    return None if v is None else int(v)
 
 
 class NcclDebugParser(Parser):
@@ -178,144 +179,167 @@ class NcclDebugParser(Parser):
             log.add(None, "binary data, not an NCCL_DEBUG text log")
             return cls.result(label, {}, facts, log)
 
-        lines = pd.Series(split_lines(decode_text(data)), dtype="object")
-        lines.index = pd.RangeIndex(1, len(lines) + 1)   # 1-based line numbers
-        n_lines = int((lines.str.strip().str.len() > 0).sum())
-        lines = lines[lines.str.contains("NCCL", regex=False)]     # cheap filter before the big regex
-        m = lines.str.extract(LINE_RE)
-        matched = m["pid"].notna()
+        # One pass over the lines, a regular expression or two for each line that mentions
+        # NCCL: what a pandas string method does inside too, without its fixed cost per call
+        # (a small log parses in ~1 ms, not ~15; a large one about as fast as before)
+        lines = split_lines(decode_text(data))
+        n_lines = 0
+        rows: list[_Line] = []
+        bare: list[tuple[int, str]] = []           # (line, version): "NCCL version x" without a prefix
+        n_mentions = 0
+        for ln, text in enumerate(lines, 1):
+            if text.strip():
+                n_lines += 1
+            if "NCCL" not in text:
+                continue
+            g = LINE_RE.search(text)
+            if g is None:
+                if (v := VERSION_RE.search(text)) is not None:
+                    bare.append((ln, v["version"]))
+                elif MENTION_RE.search(text):
+                    n_mentions += 1
+                    log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {text[:120]!r}")
+                continue
+            rows.append(_Line(ln, g))
+        facts["other_lines"] = n_lines - len(rows) - len(bare) - n_mentions
 
-        # Lines without the prefix: bare version lines, or NCCL mentions that failed to parse.
-        rest = lines[~matched]
-        bare_versions = rest.str.extract(VERSION_RE)["version"]
-        mentions = rest[bare_versions.isna() & rest.str.contains(MENTION_RE)]
-        for ln, text in mentions.items():
-            log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {text[:120]!r}")
-        facts["other_lines"] = n_lines - int(matched.sum()) - int(bare_versions.notna().sum()) - len(mentions)
-
-        m = m[matched].copy()
-        if m.empty:
-            for v in bare_versions.dropna():
+        if not rows:
+            for _, v in bare:
                 _add_version(facts, v)
-            if not bare_versions.notna().any():
+            if not bare:
                 log.add(None, "no NCCL_DEBUG lines found")
             bv = [{"line": ln, "level": "VERSION", "kind": "version", "message": "NCCL version " + v}
-                  for ln, v in bare_versions.dropna().items()]
+                  for ln, v in bare]
             return cls.result(label, {"nccl_log_lines": bv}, facts, log)
-        m["line"] = m.index
-        # Python ints (object columns): a corrupt 30-digit pid must not overflow int64 here;
-        # the typed table turns out-of-range values into NA.
-        m["pid"] = m["pid"].map(int)
-        m["tid"] = m["tid"].map(int)
-        m["dev"] = pd.to_numeric(m["dev"], errors="coerce")
-        m["ts_local"] = pd.to_datetime(m["ts"].str.replace("_", " "), errors="coerce", format="mixed") \
-            if m["ts"].notna().any() else pd.NaT
-        m["msg"] = m["msg"].fillna("").str.rstrip()
-        m["kind"] = "other"
+        if any(r.ts is not None for r in rows):
+            # naive local time, as printed (NCCL >= 2.26): one vectorised parse for the log
+            stamps = pd.to_datetime(pd.Series([None if r.ts is None else r.ts.replace("_", " ") for r in rows],
+                                              dtype="object"), errors="coerce", format="mixed").tolist()
+            for r, t in zip(rows, stamps):
+                r.ts_local = t
+        info = [r for r in rows if r.level == "INFO"]
         tables: dict = {}
-        base = ["line", "ts", "ts_local", "host", "pid", "tid", "dev"]
-        msg = m["msg"]
-        info = m["level"] == "INFO"
 
-        # --- COLL lines
-        c = _section(m, info & msg.str.contains(COLL_HEAD_RE), COLL_RE, "op_name", "coll", "COLL", log)
-        if len(c):
-            coll = m.loc[c.index, base].join(c)
-            coll["op"] = coll["op_name"].map(op_enum)
-            coll["op_count"] = coll["op_count"].map(lambda h: int(h, 16))
-            for col in ("count", "datatype", "red_op", "root", "nranks"):
-                coll[col] = coll[col].map(int)
-            for col in ("sendbuff", "recvbuff"):
-                coll[col] = coll[col].where(coll[col] != "(nil)", None)
-            coll["datatype_name"] = coll["datatype"].map(lambda d: DATATYPES.get(d, (None, None))[0])
-            size = coll["datatype"].map(lambda d: DATATYPES.get(d, (None, None))[1])
-            coll["bytes"] = [c_ * s if s is not None else None for c_, s in zip(coll["count"], size)]
-            coll["red_op_name"] = coll["red_op"].map(lambda o: RED_OPS.get(o, "premulsum"))
-            coll["peer"] = coll["root"].where(coll["op"].isin(["SEND", "RECV"]), None)
-            tables["nccl_coll"] = coll
+        # --- COLL lines (issued collectives), then Init START/COMPLETE lines
+        coll, comms = [], []
+        for r in info:
+            if COLL_HEAD_RE.search(r.msg):
+                if (c := COLL_RE.search(r.msg)) is None:
+                    log.add(r.line, f"malformed COLL line: {r.msg[:120]!r}")
+                else:
+                    r.kind = "coll"
+                    coll.append((r, c))
+        for r in info:
+            if INIT_HINT_RE.search(r.msg):
+                if (c := INIT_RE.search(r.msg)) is None:
+                    log.add(r.line, f"malformed Init line: {r.msg[:120]!r}")
+                else:
+                    r.kind = "init"
+                    comms.append((r, c))
+        if coll:
+            t = _columns(BASE, [r for r, _ in coll])
+            for k in ("op_name", "op_count", "sendbuff", "recvbuff", "count", "datatype", "red_op", "root",
+                      "comm", "nranks", "stream"):
+                t[k] = [c[k] for _, c in coll]
+            t["op"] = [op_enum(n) for n in t["op_name"]]
+            t["op_count"] = [int(h, 16) for h in t["op_count"]]
+            for k in ("count", "datatype", "red_op", "root", "nranks"):
+                t[k] = [int(v) for v in t[k]]
+            for k in ("sendbuff", "recvbuff"):
+                t[k] = [None if v == "(nil)" else v for v in t[k]]
+            types = [DATATYPES.get(d, (None, None)) for d in t["datatype"]]
+            t["datatype_name"] = [name for name, _ in types]
+            t["bytes"] = [n * size if size is not None else None for n, (_, size) in zip(t["count"], types)]
+            t["red_op_name"] = [RED_OPS.get(o, "premulsum") for o in t["red_op"]]
+            t["peer"] = [root if op in ("SEND", "RECV") else None for op, root in zip(t["op"], t["root"])]
+            tables["nccl_coll"] = t
+        if comms:
+            t = _columns(("line", "host", "pid", "tid", "dev"), [r for r, _ in comms])
+            for k in ("func", "comm", "rank", "nranks", "cuda_dev", "nvml_dev", "bus_id", "comm_id", "parent",
+                      "status"):
+                t[k] = [c[k] for _, c in comms]
+            for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
+                t[k] = [_int(v) for v in t[k]]
+            tables["nccl_comms"] = t
 
-        # --- Init START/COMPLETE
-        ini = _section(m, info & msg.str.contains(INIT_HINT_RE), INIT_RE, "status", "init", "Init", log)
-        if len(ini):
-            comms = m.loc[ini.index, ["line", "host", "pid", "tid", "dev"]].join(ini)
-            for col in ("rank", "nranks", "cuda_dev", "nvml_dev"):
-                comms[col] = pd.to_numeric(comms[col], errors="coerce")
-            tables["nccl_comms"] = comms
-
-        # --- Channel connection lines, ring order, rings and trees
-        other = msg[info & (m["kind"] == "other")]      # not a COLL or Init line
-        ch = other.str.extract(CHANNEL_RE).dropna(subset=["via"]) if len(other) else pd.DataFrame()
-        if len(ch):
-            m.loc[ch.index, "kind"] = "channel"
-        if len(ch):
-            chan = m.loc[ch.index, ["line", "host", "pid", "tid", "dev"]].join(ch)
-            parts = chan["via"].str.extract(r"^(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
-            chan["transport"] = parts["transport"]
-            is_net = parts["transport"] == "NET"
-            chan["net"] = parts["net"].where(is_net, None)
-            chan["net_dev"] = pd.to_numeric(parts["net_dev"].where(is_net, None), errors="coerce")
-            chan["gdrdma"] = chan["via"].str.contains("/GDRDMA", regex=False)
-            for col in ("channel", "conn_index", "src_rank", "dst_rank"):
-                chan[col] = pd.to_numeric(chan[col], errors="coerce")
-            tables["nccl_channels"] = chan
-
-        rings = []
-        for kind, rx in (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE)):
-            other = msg[info & (m["kind"] == "other")]
-            if other.empty:
-                break
-            sub = other.str.extract(rx).dropna(subset=["channel"])
-            m.loc[sub.index, "kind"] = "ring" if kind.startswith("ring") else "tree"
-            for ln, r in sub.iterrows():
-                row = {"line": ln, "host": m.at[ln, "host"], "pid": m.at[ln, "pid"], "dev": _int(m.at[ln, "dev"]),
-                       "kind": kind}
-                for k, v in r.items():
-                    if isinstance(v, str):
-                        row[k] = " ".join(v.split()) if k == "order" else (v if k == "down" else int(v))
-                rings.append(row)
-        trees = msg[info & (m["kind"] == "other") & msg.str.startswith("Trees ")]
-        for ln, text in trees.items():
-            m.at[ln, "kind"] = "tree"
-            for t in TREES_ITEM_RE.finditer(text):
-                rings.append({"line": ln, "host": m.at[ln, "host"], "pid": m.at[ln, "pid"],
-                              "dev": _int(m.at[ln, "dev"]), "kind": "trees", "channel": int(t["channel"]),
-                              "rank": int(t["rank"]), "up": int(t["up"]), "down": t["down"]})
+        # --- Channel connection lines, ring order, rings and trees (a line is one of them)
+        chans, rings = [], []
+        for r in info:
+            if r.kind != "other":
+                continue
+            msg = r.msg
+            if (c := CHANNEL_RE.search(msg)) is not None:
+                r.kind = "channel"
+                chans.append((r, c))
+                continue
+            for kind, rx in (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE)):
+                if (c := rx.search(msg)) is not None:
+                    r.kind = "tree" if kind == "tree" else "ring"
+                    row = {"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": kind}
+                    for k, v in c.groupdict().items():
+                        if v is not None:
+                            row[k] = " ".join(v.split()) if k == "order" else (v if k == "down" else int(v))
+                    rings.append(row)
+                    break
+            else:
+                if msg.startswith("Trees "):
+                    r.kind = "tree"
+                    for t in TREES_ITEM_RE.finditer(msg):
+                        rings.append({"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": "trees",
+                                      "channel": int(t["channel"]), "rank": int(t["rank"]), "up": int(t["up"]),
+                                      "down": t["down"]})
+        if chans:
+            t = _columns(("line", "host", "pid", "tid", "dev"), [r for r, _ in chans])
+            for k in ("channel", "conn_index", "src_rank", "src_dev", "dst_rank", "dst_dev", "direction", "via"):
+                t[k] = [c[k] for _, c in chans]
+            for k in ("channel", "conn_index", "src_rank", "dst_rank"):
+                t[k] = [_int(v) for v in t[k]]
+            vias = [VIA_RE.match(v) for v in t["via"]]
+            t["transport"] = [v["transport"] if v else None for v in vias]
+            t["net"] = [v["net"] if v and v["transport"] == "NET" else None for v in vias]
+            t["net_dev"] = [_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
+            t["gdrdma"] = ["/GDRDMA" in v for v in t["via"]]
+            tables["nccl_channels"] = t
         tables["nccl_rings"] = rings
 
         # --- WARN lines
-        warn = m[m["level"] == "WARN"]
-        m.loc[warn.index, "kind"] = "warn"
-        if len(warn):
-            w = warn[base].copy()
-            w["src_file"], w["src_line"], w["func"], w["message"] = warn["src"], \
-                pd.to_numeric(warn["srcline"], errors="coerce"), warn["func"], warn["msg"]
-            w["peer"] = warn["msg"].str.extract(PEER_RE)["peer"]
-            w["ib_status"] = pd.to_numeric(warn["msg"].str.extract(IB_STATUS_RE)["st"], errors="coerce")
-            tables["nccl_warnings"] = w
+        warns = [r for r in rows if r.level == "WARN"]
+        if warns:
+            t = _columns(BASE, warns)
+            for r in warns:
+                r.kind = "warn"
+            t["src_file"] = [r.g["src"] for r in warns]
+            t["src_line"] = [_int(r.g["srcline"]) for r in warns]
+            t["func"] = [r.g["func"] for r in warns]
+            t["message"] = [r.msg for r in warns]
+            t["peer"] = [(m["peer"] if (m := PEER_RE.search(r.msg)) else None) for r in warns]
+            t["ib_status"] = [(_int(m["st"]) if (m := IB_STATUS_RE.search(r.msg)) else None) for r in warns]
+            tables["nccl_warnings"] = t
 
-        # --- Per-process facts from the remaining INFO lines (few; a loop is clearest)
+        # --- Per-process facts from the remaining INFO lines
         procs: dict = facts["processes"]
 
-        def proc(ln):
-            key = f"{m.at[ln, 'host']}:{m.at[ln, 'pid']}"
+        def proc(r: _Line) -> dict:
+            key = f"{r.host}:{r.pid}"
             if key not in procs:
-                procs[key] = {"host": m.at[ln, "host"], "pid": int(m.at[ln, "pid"]), "version": None,
+                procs[key] = {"host": r.host, "pid": r.pid, "version": None,
                               "transport": None, "ib_devices": [], "oob_interface": None,
                               "oob_address": None, "socket_interfaces": [], "interfaces": [],
                               "gdr": None, "nchannels": None, "env": {}, "ranks": {}, "comm_ids": []}
             return procs[key]
 
-        for ln in m.index:
-            proc(ln)
-        other = m[info & (m["kind"] == "other")]
-        for ln, text in other["msg"].items():
-            p = proc(ln)
+        for r in rows:
+            proc(r)
+        for r in info:
+            if r.kind != "other":
+                continue
+            p, text, ln = proc(r), r.msg, r.line
             if (g := INFO_VERSION_RE.match(text)):
-                m.at[ln, "kind"] = "version"
+                r.kind = "version"
                 p["version"] = p["version"] or g["version"]
                 _add_version(facts, g["version"])
             elif (g := NET_IB_RE.match(text)):
-                m.at[ln, "kind"] = "net"
+                r.kind = "net"
                 p["ib_devices"] = [{"index": int(d["index"]), "name": d["name"], "port": int(d["port"]),
                                     "link_layer": d["ll"]} for d in IB_DEV_RE.finditer(g["devs"])]
                 if not p["ib_devices"]:
@@ -324,91 +348,100 @@ class NcclDebugParser(Parser):
                 p["oob_interface"], p["oob_address"] = oob_if, re.sub(r"<\d+>$", "", oob_addr) or None
                 p["transport"] = p["transport"] or "IB"
             elif (g := NET_SOCKET_RE.match(text)):
-                m.at[ln, "kind"] = "net"
+                r.kind = "net"
                 p["socket_interfaces"] = [{"index": int(d["index"]), "name": d["name"], "address": d["addr"]}
                                           for d in SOCK_DEV_RE.finditer(g["devs"])]
                 if not p["socket_interfaces"]:
                     log.add(ln, f"NET/Socket line lists no interface: {text[:120]!r}")
                 p["transport"] = p["transport"] or "Socket"
             elif (g := USING_NET_RE.match(text)):
-                m.at[ln, "kind"] = "net"
+                r.kind = "net"
                 p["transport"] = g["net"]
-                p["_using_network"] = True
             elif (g := GDR_RE.search(text)):
-                m.at[ln, "kind"] = "gdr"
+                r.kind = "gdr"
                 p["gdr"] = True if g["state"] == "Enabled" or p["gdr"] else False
             elif (g := ENV_RE.match(text)):
-                m.at[ln, "kind"] = "env"
+                r.kind = "env"
                 val = g["val"][:-1] if g["val"].endswith(".") else g["val"]
                 p["env"][g["var"]] = val
             elif (g := NCHANNELS_RE.match(text)):
-                m.at[ln, "kind"] = "nchannels"
+                r.kind = "nchannels"
                 p["nchannels"] = int(g["n"])
-            elif (g := TOPO_RE.match(text)):
-                m.at[ln, "kind"] = "topology"
+            elif TOPO_RE.match(text):
+                r.kind = "topology"
             elif ERROR_RETURN_RE.match(text):
-                m.at[ln, "kind"] = "error_return"
-        for ln, v in bare_versions.dropna().items():
+                r.kind = "error_return"
+        for _, v in bare:
             _add_version(facts, v)
-        if bare_versions.notna().any() and len(procs) == 1:
+        if bare and len(procs) == 1:
             only = next(iter(procs.values()))
-            only["version"] = only["version"] or bare_versions.dropna().iloc[0]
+            only["version"] = only["version"] or bare[0][1]
 
         # Channels and comms refine the per-process view.
-        if "nccl_channels" in tables:
-            for (host, pid), grp in tables["nccl_channels"].groupby(["host", "pid"]):
-                p = procs[f"{host}:{pid}"]
-                if grp["gdrdma"].any():
-                    p["gdr"] = True
-                nets = grp["net"].dropna()
-                if p["transport"] is None and len(nets):
-                    p["transport"] = "IB" if nets.str.startswith("IB").any() else nets.iloc[0]
-        if "nccl_comms" in tables:
-            for r in tables["nccl_comms"].itertuples():
-                p = procs[f"{r.host}:{r.pid}"]
-                p["ranks"][r.comm] = None if pd.isna(r.rank) else int(r.rank)
-                if isinstance(r.comm_id, str) and r.comm_id not in p["comm_ids"]:
-                    p["comm_ids"].append(r.comm_id)
+        nets: dict[str, list[str]] = {}
+        for r, c in chans:
+            key = f"{r.host}:{r.pid}"
+            if "/GDRDMA" in c["via"]:
+                procs[key]["gdr"] = True
+            v = VIA_RE.match(c["via"])
+            if v and v["transport"] == "NET" and v["net"] is not None:
+                nets.setdefault(key, []).append(v["net"])
+        for key, used in nets.items():       # IB when any NET channel is, else the first one's
+            if procs[key]["transport"] is None:
+                procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
+        for r, c in comms:
+            p = procs[f"{r.host}:{r.pid}"]
+            p["ranks"][c["comm"]] = _int(c["rank"])
+            if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
+                p["comm_ids"].append(c["comm_id"])
         # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
         ring_orders: dict = {}
-        for r in rings:
-            if r["kind"] == "ring_order" and r.get("nchannels") is not None:
-                key = f"{r['host']}:{r['pid']}"
-                ring_orders[key] = max(ring_orders.get(key, 0), r["nchannels"])
+        for row in rings:
+            if row["kind"] == "ring_order" and row.get("nchannels") is not None:
+                key = f"{row['host']}:{row['pid']}"
+                ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
         for key, p in procs.items():
             if p["nchannels"] is None and key in ring_orders:
                 p["nchannels"] = ring_orders[key]
-            p.pop("_using_network", None)
             p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
                                      | ({p["oob_interface"]} if p["oob_interface"] else set()))
 
-        if not len(m) and not bare_versions.notna().any():
-            log.add(None, "no NCCL_DEBUG lines found")
-        lines_tab = m[base].copy()
-        lines_tab["level"], lines_tab["kind"], lines_tab["message"] = m["level"], m["kind"], m["msg"]
-        if bare_versions.notna().any():
-            bv = pd.DataFrame({"line": bare_versions.dropna().index, "level": "VERSION", "kind": "version",
-                               "message": ["NCCL version " + v for v in bare_versions.dropna()]})
-            lines_tab = pd.concat([lines_tab, bv]).sort_values("line") if len(lines_tab) else bv
-        tables["nccl_log_lines"] = lines_tab
+        t = _columns(BASE, rows)
+        t["level"] = [r.level for r in rows]
+        t["kind"] = [r.kind for r in rows]
+        t["message"] = [r.msg for r in rows]
+        if bare:   # the bare version lines too, in file order
+            for ln, v in bare:
+                for col in t.values():
+                    col.append(None)
+                t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
+                t["message"][-1] = "NCCL version " + v
+            order = sorted(range(len(t["line"])), key=t["line"].__getitem__)
+            t = {k: [col[i] for i in order] for k, col in t.items()}
+        tables["nccl_log_lines"] = t
         return cls.result(label, tables, facts, log)
 
 
-def _section(m: pd.DataFrame, like: pd.Series, rx, key: str, kind: str, what: str,
-             log: WarningLog) -> pd.DataFrame:
-    """The fields of ``rx`` in the messages of the lines ``like`` selects, those whose ``key``
-    field matched (a one-line warning for each that did not), marked ``kind`` in ``m``. No
-    extract at all when nothing is selected: one over no lines still costs a millisecond."""
-    if not like.any():
-        return pd.DataFrame()
-    msg = m["msg"]
-    got = msg[like].str.extract(rx)
-    bad = got[key].isna()
-    for ln in got.index[bad]:
-        log.add(ln, f"malformed {what} line: {msg[ln][:120]!r}")
-    got = got[~bad]
-    m.loc[got.index, "kind"] = kind
-    return got
+BASE = ("line", "ts", "ts_local", "host", "pid", "tid", "dev")
+VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
+
+
+class _Line:
+    """One line with the NCCL prefix: its fields, and the kind of line it turns out to be."""
+    __slots__ = ("line", "g", "ts", "ts_local", "host", "pid", "tid", "dev", "level", "msg", "kind")
+
+    def __init__(self, line: int, g: re.Match):
+        self.line, self.g = line, g
+        self.ts, self.ts_local, self.host, self.level = g["ts"], None, g["host"], g["level"]
+        # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
+        # turns out-of-range values into NA)
+        self.pid, self.tid, self.dev = int(g["pid"]), int(g["tid"]), _int(g["dev"])
+        self.msg = g["msg"].rstrip()
+        self.kind = "other"
+
+
+def _columns(names, rows: list) -> dict[str, list]:
+    return {k: [getattr(r, k) for r in rows] for k in names}
 
 
 def _add_version(facts: dict, version: str) -> None:

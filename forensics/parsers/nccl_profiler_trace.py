@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import re
 
-import pandas as pd
-
 from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
 
 BARE_VALUE_RE = re.compile(r'(:\s*)(0x[0-9a-fA-F]+|[A-Za-z_][A-Za-z0-9_]*)(\s*[,}])')
@@ -145,29 +143,34 @@ def _int(v):
 
 
 def _pair(rows: list[dict]) -> list[dict]:
-    """Match each ``b`` with the next ``e`` of the same (pid, tid, cat, name, id)."""
-    if not rows:
-        return []
-    df = pd.DataFrame(rows)
-    df = df[df["ph"].isin(["b", "e"])].copy()
-    if df.empty:
-        return []
-    key = ["pid", "tid", "cat", "name", "id"]
-    df[key] = df[key].astype(object).where(df[key].notna(), "")
-    df["n"] = df.groupby(key + ["ph"], sort=False).cumcount()
-    b, e = df[df["ph"] == "b"], df[df["ph"] == "e"]
-    m = b.merge(e[key + ["n", "ts_us"]], on=key + ["n"], how="left", suffixes=("", "_end"))
+    """Match each ``b`` with the next ``e`` of the same (pid, tid, cat, name, id): the k-th
+    begin of a key with its k-th end, in the order of the begins. A dict of queues, not a
+    grouped merge: a trace is a few thousand events and pandas' fixed costs dominated."""
+    ends: dict[tuple, list] = {}
+    for r in rows:
+        if r["ph"] == "e":
+            ends.setdefault(_key(r), []).append(r["ts_us"])
+    seen: dict[tuple, int] = {}
     out = []
-    for r in m.itertuples(index=False):
-        start = r.ts_us if pd.notna(r.ts_us) else None
-        end = r.ts_us_end if pd.notna(r.ts_us_end) else None
-        out.append({"name": r.name, "cat": r.cat or None, "id": r.id if r.id != "" else None,
-                    "pid": r.pid if r.pid != "" else None, "tid": r.tid if r.tid != "" else None,
+    for r in rows:
+        if r["ph"] != "b":
+            continue
+        k = _key(r)
+        n = seen.get(k, 0)
+        seen[k] = n + 1
+        got = ends.get(k, ())
+        start = None if r["ts_us"] is None else float(r["ts_us"])
+        end = float(got[n]) if n < len(got) and got[n] is not None else None
+        out.append({"name": r["name"], "cat": r["cat"] or None, "id": r["id"], "pid": r["pid"], "tid": r["tid"],
                     "start_us": start, "end_us": end,
                     "duration_us": end - start if start is not None and end is not None else None,
-                    "seq": getattr(r, "seq", None), "comm_hash": getattr(r, "comm_hash", None),
-                    "rank": getattr(r, "rank", None)})
+                    "seq": r.get("seq"), "comm_hash": r.get("comm_hash"), "rank": r.get("rank")})
     return out
+
+
+def _key(r: dict) -> tuple:
+    # None and "" are one key, as an absent field is
+    return tuple("" if r[k] is None else r[k] for k in ("pid", "tid", "cat", "name", "id"))
 
 
 register(NcclProfilerTraceParser)

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", action="append", choices=sorted(ALL_TARGETS), help="only these (repeatable)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=max(1, min(4, os.cpu_count() or 1)))
-    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds one input may take (a hang beyond)")
+    ap.add_argument("--time-limit", type=float, default=10.0, help="seconds of CPU time one input may take (a hang beyond)")
     ap.add_argument("--crash-dir", type=Path, default=None)
     ap.add_argument("--json", help="write the outcomes as JSON ('-' for stdout)")
     ap.add_argument("--atheris", action="store_true", help="coverage-guided run of one --target with atheris")

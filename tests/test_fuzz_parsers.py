@@ -68,6 +68,27 @@ def test_deeper_paths_keep_the_contract(name, tmp_path):
     _run(name, DEEP[name], tmp_path)
 
 
+def test_an_input_that_spins_is_a_hang_and_one_that_waits_is_not(tmp_path):
+    """The time limit is CPU time: a reader in a loop is caught however busy the machine is,
+    and an input that merely waits for the CPU (a loaded CI machine) is not a hang."""
+    import time
+    from fuzz.targets import Target
+
+    def spin(data, work):
+        while True:
+            pass
+
+    def wait(data, work):
+        time.sleep(0.5)
+
+    for check, hangs in ((spin, 1), (wait, 0)):
+        t = Target("limit", lambda: [b"x"], lambda rng, t: b"x", check)
+        out = runner.run_target(t, 2, time_limit=0.3, work=Workdir(tmp_path / check.__name__))
+        assert out.inputs == 2
+        assert [f.kind for f in out.failures.values()] == ["hang"] * hangs, out.failures
+    runner.COUNTS.pop("limit", None)     # not a parser: not in the printed counts
+
+
 def test_every_parser_is_a_target():
     from forensics.parsers import parsers
     assert {p.NAME for p in parsers()} <= set(TARGETS)

@@ -10,9 +10,12 @@ engineer captures them, then analysed, with the lab's scenario.json as the truth
 - a capture whose hosts overlap only partly, and captures started before the job opened
   its sockets.
 
-The runs are slow (tens of seconds each, mostly a held hang or a capture running), so the
-selected cases start together in a small pool when the first test asks for one; each test
-then checks its own. ``make regimes-clean-10`` runs the clean per-host case ten times.
+The runs are slow (tens of seconds each, mostly a held hang or a capture running, most of
+that the kernel detaching uprobes one at a time for the whole machine), so the selected cases
+start together in a small pool when the first test asks for one, or earlier: in a full run,
+tests/conftest.py starts the pool before the pure-CPU tests (fuzzing, parsers, the model, the
+TCP engine) and runs those meanwhile, at the lowest CPU priority; each test here then checks
+its own. ``make regimes-clean-10`` runs the clean per-host case ten times.
 """
 from __future__ import annotations
 
@@ -185,8 +188,13 @@ class Runs:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-@pytest.fixture(scope="module")
-def runs(request, tmp_path_factory):
+_STARTED: list[Runs] = []     # a pool started early (tests/conftest.py: while pure-CPU tests run)
+
+
+def start(session, tmp_path_factory) -> Runs:
+    """Build the lab and start the selected cases' runs in the background."""
+    if _STARTED:
+        return _STARTED[0]
     if os.geteuid() != 0:
         pytest.skip("needs root: network namespaces, nsenter, tcpdump and bpftrace")
     need("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
@@ -194,11 +202,19 @@ def runs(request, tmp_path_factory):
     p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     netns.sweep()
-    names = [it.callspec.params["case"] for it in request.session.items
-             if it.module is request.module and hasattr(it, "callspec") and "case" in it.callspec.params]
-    r = Runs(build, tmp_path_factory.mktemp("regimes"), names)
+    me = sys.modules[__name__]
+    names = [it.callspec.params["case"] for it in session.items
+             if getattr(it, "module", None) is me and hasattr(it, "callspec") and "case" in it.callspec.params]
+    _STARTED.append(Runs(build, tmp_path_factory.mktemp("regimes"), names))
+    return _STARTED[0]
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory):
+    r = start(request.session, tmp_path_factory)
     yield r
     r.close()
+    _STARTED.clear()
     assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
 
 

@@ -1,8 +1,9 @@
 """Drive a fuzz target: N seeded inputs, each checked against the target's contract.
 
 Per input: the project's own one-line error counts as handled; a contract violation, any
-other exception, or a call that runs past ``time_limit`` (SIGALRM; the sizes are bounded,
-so a slow input is a hang) is a failure, kept with its input. Failures are de-duplicated
+other exception, or a call that uses more than ``time_limit`` of CPU time (SIGPROF: a parser
+in a loop, however busy the machine is; the sizes are bounded, so a slow input is a hang) is
+a failure, kept with its input. Failures are de-duplicated
 by exception type and the innermost frame, so one bug is reported once with the smallest
 input that shows it; ``crash_dir`` receives those inputs as files.
 """
@@ -76,20 +77,20 @@ def run_target(target: Target | str, n: int, seed: int = 0, *, crash_dir: Path |
     work = work or Workdir()
     out = Outcome(t.name)
     t0 = time.monotonic()
-    old = signal.signal(signal.SIGALRM, _alarm)
+    old = signal.signal(signal.SIGPROF, _alarm)
     try:
         for _ in range(n):
             if max_seconds is not None and time.monotonic() - t0 > max_seconds:
                 break
             data = t.generate(rng, t)
             out.inputs += 1
-            signal.setitimer(signal.ITIMER_REAL, time_limit)
+            signal.setitimer(signal.ITIMER_PROF, time_limit)
             try:
                 t.check(data, work)
             except Hang:
                 _keep(out, Failure(t.name, "hang", f"over {time_limit:g}s", "", data, ""))
             except Exception as e:  # noqa: BLE001 - every exception is classified here
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
                 try:
                     handled = not isinstance(e, ContractViolation) and project_error(e)
                 except ContractViolation as v:
@@ -100,12 +101,12 @@ def run_target(target: Target | str, n: int, seed: int = 0, *, crash_dir: Path |
                     tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
                     _keep(out, Failure(t.name, type(e).__name__, _where(e.__traceback__), str(e), data, tb))
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
             if PWNED.exists():
                 PWNED.unlink()
                 _keep(out, Failure(t.name, "PICKLE-RAN-CODE", "unpickler", f"{PWNED} was created", data, ""))
     finally:
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGPROF, old)
         if own_work:
             work.close()
     out.seconds = time.monotonic() - t0

@@ -98,3 +98,11 @@ def pytest_runtest_protocol(item, nextitem):
     finally:
         if niced:
             os.setpriority(os.PRIO_PROCESS, 0, was)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # a run stopped before the regimes tests (-x, Ctrl-C): the runs under way end and tear their
+    # namespaces down, the ones not begun are cancelled
+    mod = _overlap.get("pool_module")
+    if mod is not None and mod._STARTED:
+        mod._STARTED.pop().close()

@@ -148,10 +148,13 @@ class Capture:
         return sum(v - self.others0.get(pid, 0.0) for pid, v in now.items())
 
     def _read(self):
-        for line in self.proc.stderr:
-            self.lines.append(line)
-            if "capturing:" in line:
-                self.capturing.set()
+        try:
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if "capturing:" in line:
+                    self.capturing.set()
+        except (ValueError, OSError):   # finish()'s communicate closed the pipe: the rest is read there
+            pass
 
     def finish(self) -> dict:
         used = {"capture_cpu_s": cpu_s(self.proc.pid) - self.cpu0,

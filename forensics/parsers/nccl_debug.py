@@ -221,26 +221,10 @@ class NcclDebugParser(Parser):
         tables: dict = {}
 
         # --- COLL lines (issued collectives), then Init START/COMPLETE lines
-        coll, comms = [], []
-        for r in info:
-            if COLL_HEAD_RE.search(r.msg):
-                if (c := COLL_RE.search(r.msg)) is None:
-                    log.add(r.line, f"malformed COLL line: {r.msg[:120]!r}")
-                else:
-                    r.kind = "coll"
-                    coll.append((r, c))
-        for r in info:
-            if INIT_HINT_RE.search(r.msg):
-                if (c := INIT_RE.search(r.msg)) is None:
-                    log.add(r.line, f"malformed Init line: {r.msg[:120]!r}")
-                else:
-                    r.kind = "init"
-                    comms.append((r, c))
+        coll = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log)
+        comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log)
         if coll:
-            t = _columns(BASE, [r for r, _ in coll])
-            for k in ("op_name", "op_count", "sendbuff", "recvbuff", "count", "datatype", "red_op", "root",
-                      "comm", "nranks", "stream"):
-                t[k] = [c[k] for _, c in coll]
+            t = _table(BASE, coll)
             t["op"] = [op_enum(n) for n in t["op_name"]]
             t["op_count"] = [int(h, 16) for h in t["op_count"]]
             for k in ("count", "datatype", "red_op", "root", "nranks"):
@@ -254,10 +238,7 @@ class NcclDebugParser(Parser):
             t["peer"] = [root if op in ("SEND", "RECV") else None for op, root in zip(t["op"], t["root"])]
             tables["nccl_coll"] = t
         if comms:
-            t = _columns(("line", "host", "pid", "tid", "dev"), [r for r, _ in comms])
-            for k in ("func", "comm", "rank", "nranks", "cuda_dev", "nvml_dev", "bus_id", "comm_id", "parent",
-                      "status"):
-                t[k] = [c[k] for _, c in comms]
+            t = _table(("line", "host", "pid", "tid", "dev"), comms)
             for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
                 t[k] = [_int(v) for v in t[k]]
             tables["nccl_comms"] = t
@@ -289,9 +270,7 @@ class NcclDebugParser(Parser):
                                       "channel": int(t["channel"]), "rank": int(t["rank"]), "up": int(t["up"]),
                                       "down": t["down"]})
         if chans:
-            t = _columns(("line", "host", "pid", "tid", "dev"), [r for r, _ in chans])
-            for k in ("channel", "conn_index", "src_rank", "src_dev", "dst_rank", "dst_dev", "direction", "via"):
-                t[k] = [c[k] for _, c in chans]
+            t = _table(("line", "host", "pid", "tid", "dev"), chans)
             for k in ("channel", "conn_index", "src_rank", "dst_rank"):
                 t[k] = [_int(v) for v in t[k]]
             vias = [VIA_RE.match(v) for v in t["via"]]
@@ -444,6 +423,29 @@ class _Line:
 
 def _columns(names, rows: list) -> dict[str, list]:
     return {k: [getattr(r, k) for r in rows] for k in names}
+
+
+def _section(info: list, hint: re.Pattern, rx: re.Pattern, kind: str, what: str,
+             log: WarningLog) -> list[tuple[_Line, re.Match]]:
+    """The lines ``hint`` picks, each with its ``rx`` match and marked ``kind``; a one-line
+    warning for each that ``rx`` does not match."""
+    out = []
+    for r in info:
+        if hint.search(r.msg):
+            if (c := rx.search(r.msg)) is None:
+                log.add(r.line, f"malformed {what} line: {r.msg[:120]!r}")
+            else:
+                r.kind = kind
+                out.append((r, c))
+    return out
+
+
+def _table(names, pairs: list[tuple[_Line, re.Match]]) -> dict[str, list]:
+    """Columns: ``names`` of each line, then every group of its match."""
+    t = _columns(names, [r for r, _ in pairs])
+    for k in pairs[0][1].re.groupindex:
+        t[k] = [c[k] for _, c in pairs]
+    return t
 
 
 def _add_version(facts: dict, version: str) -> None:

@@ -3,9 +3,9 @@
 Per input: the project's own one-line error counts as handled; a contract violation, any
 other exception, or a call that uses more than ``time_limit`` of CPU time (SIGPROF: a parser
 in a loop, however busy the machine is; the sizes are bounded, so a slow input is a hang) is
-a failure, kept with its input. Failures are de-duplicated
-by exception type and the innermost frame, so one bug is reported once with the smallest
-input that shows it; ``crash_dir`` receives those inputs as files.
+a failure, kept with its input. Failures are de-duplicated by exception type and the
+innermost frame, so one bug is reported once with the smallest input that shows it;
+``crash_dir`` receives those inputs as files.
 """
 from __future__ import annotations
 

@@ -201,6 +201,33 @@ def test_slow_link_from_the_ack_rtt_tail_when_medians_are_alike():
     assert slow_link(Context(model=ctx.model, con=ctx.model.connect())) == []
 
 
+@pytest.mark.skipif("flow_timing" not in TABLES, reason="no flow_timing table")
+def test_one_connections_stalled_ack_is_not_a_slow_link_two_connections_queueing_are():
+    # two connections a link, each seen in both directions; 20 µs tails everywhere but where set
+    def rows(p99_us):
+        out = []
+        for a, b in RING:
+            for port in (40000, 40001):
+                for src, dst in ((a, b), (b, a)):
+                    r = timing(src, dst, p99_us.get((a, b, port, src), 20.0))
+                    out.append({**r, "sport": port if src == a else 50000, "dport": 50000 if src == a else port})
+        return out
+    flows = [flow(a, b, 6.0) for a, b in RING]
+    m = context(job(dur_ms=slow_after(20, 60)), flows=flows).model
+
+    def found(p99_us):
+        m.tables["flow_timing"] = conform(pd.DataFrame(rows(p99_us)), "flow_timing")
+        return slow_link(Context(model=m, con=m.connect()))
+    # a busy host stalled one ACK of one connection on link 2-3 (one direction): a single
+    # connection's tail, not the path's
+    assert found({(2, 3, 40000, 3): 1200.0}) == []
+    # a queue at rank 3's port: both connections of its links, whichever direction waits in it
+    f = found({(2, 3, 40000, 3): 1200.0, (2, 3, 40001, 2): 900.0, (3, 0, 40000, 3): 1000.0,
+               (3, 0, 40001, 0): 1100.0})
+    assert len(f) == 1 and f[0].ranks == [3] and f[0].peer_ranks == [0, 2]
+    assert sorted(f[0].details["rtt_slow_ns"]) == [900e3, 1000e3]   # the second connection's tail
+
+
 def test_a_lossy_link_is_not_a_slow_link():
     flows = [flow(a, b, 900.0 if (a, b) == (2, 3) else 6.0, retx=40 if (a, b) == (2, 3) else 0) for a, b in RING]
     assert slow_link(context(job(), flows=flows)) == []

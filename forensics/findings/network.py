@@ -270,24 +270,37 @@ def _hosts(directory, ranks) -> list[str]:
 def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
     """Per link (unordered rank pair): the RTT statistic slow_link compares, and its name.
 
-    Best: the largest ACK RTT p99 among the link's connections (``flow_timing``, each
-    seen from one capture, with at least MIN_RTT_SAMPLES ACKs): the queue at a bottleneck
-    lengthens the tail, not the median, and only on the connections (and capture points)
-    whose segments or ACKs wait in it, so the link's worst connection is the signal.
-    Fallback (models without flow_timing): the median of the flows' mean RTT."""
+    Best: the ACK RTT p99 that two of the link's connections reach (``flow_timing``, each
+    row one direction of a connection seen from one capture, with at least MIN_RTT_SAMPLES
+    ACKs). Per connection, the largest p99 over its directions and capture points: a
+    bottleneck's queue lengthens the tail, not the median, and only of the direction (and
+    capture point) whose segments or ACKs wait in it. Per link, the second largest over its
+    connections (a link with one connection: that one): the queue delays every connection
+    through it, while one connection's tail can be a single stalled ACK (a busy host's
+    scheduler, a delayed ACK) that says nothing of the path. Fallback (models without
+    flow_timing): the median of the flows' mean RTT."""
     t = ctx.model.tables.get("flow_timing")
     if t is not None and len(t):
         t = t.dropna(subset=["rank", "peer_rank", "rtt_p99_ns"])
         t = t[(t["rank"] != t["peer_rank"]) & (t["rtt_samples"] >= MIN_RTT_SAMPLES)]
 
         if len(t):
+            src = t["saddr"].astype(str) + ":" + t["sport"].astype(str)
+            dst = t["daddr"].astype(str) + ":" + t["dport"].astype(str)
             t = t.assign(a=np.minimum(t["rank"], t["peer_rank"]).astype("int64"),
                          b=np.maximum(t["rank"], t["peer_rank"]).astype("int64"),
+                         conn=np.where(src < dst, src + " " + dst, dst + " " + src),
                          rtt=t["rtt_p99_ns"].astype("float64"), p50=t["rtt_p50_ns"].astype("float64"),
                          p90=t["rtt_p90_ns"].astype("float64"))
+            conn = t.groupby(["a", "b", "conn"]).agg(rtt=("rtt", "max"), p90=("p90", "max")).reset_index()
+            conn = conn.sort_values(["a", "b", "rtt"], ascending=[True, True, False])
+            nth = conn.groupby(["a", "b"]).cumcount()
+            size = conn.groupby(["a", "b"])["rtt"].transform("size")
+            second = conn[(nth == np.minimum(size, 2) - 1).to_numpy()].set_index(["a", "b"])
             g = t.groupby(["a", "b"])
-            return g.agg(rtt=("rtt", "max"), p50=("p50", "median"), p90=("p90", "max"),
-                         flows=("rtt", "size")).reset_index(), "ACK round-trip p99"
+            links = g.agg(p50=("p50", "median"), p90=("p90", "max"), flows=("rtt", "size"))
+            links["rtt"] = second["rtt"]
+            return links.reset_index()[["a", "b", "rtt", "p50", "p90", "flows"]], "ACK round-trip p99"
     f = ctx.table("flows").dropna(subset=["rank", "peer_rank", "rtt_mean_ns"])
     f = f[f["rank"] != f["peer_rank"]]
     if f.empty:
@@ -534,10 +547,16 @@ def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False, queued=()) 
                  f"FROM ({ft})) AND (rtt_clean_samples IS NULL OR rtt_clean_samples >= {sql_int(MIN_RTT_SAMPLES)}) "
                  "GROUP BY saddr, sport, daddr, dport) GROUP BY ALL")
     elif ack_rtt:
-        links = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
-                 "max(rtt_p99_ns) AS rtt, median(rtt_p50_ns) AS p50, count(*) AS connections FROM flow_timing "
+        # per connection (both directions, every capture point) its largest p99; per link the
+        # second largest over its connections (:func:`link_rtts`)
+        ends = "CAST(saddr AS VARCHAR) || ':' || sport", "CAST(daddr AS VARCHAR) || ':' || dport"
+        links = ("SELECT rank_a, rank_b, list_sort(list(p99), 'DESC')[least(2, count(*))] AS rtt, "
+                 "list_aggregate(flatten(list(p50s)), 'median') AS p50, sum(n) AS connections FROM ("
+                 "SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
+                 f"least({ends[0]}, {ends[1]}) AS lo, greatest({ends[0]}, {ends[1]}) AS hi, "
+                 "max(rtt_p99_ns) AS p99, list(rtt_p50_ns) AS p50s, count(*) AS n FROM flow_timing "
                  "WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rtt_p99_ns IS NOT NULL AND rank <> peer_rank "
-                 f"AND rtt_samples >= {sql_int(MIN_RTT_SAMPLES)} GROUP BY ALL")
+                 f"AND rtt_samples >= {sql_int(MIN_RTT_SAMPLES)} GROUP BY ALL) GROUP BY ALL")
     else:
         links = ("SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b, "
                  "median(rtt_mean_ns) AS rtt, CAST(NULL AS DOUBLE) AS p50, count(*) AS connections FROM flows "

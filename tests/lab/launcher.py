@@ -723,11 +723,13 @@ class Run:
             self.fault["link"] = self.link_info(r)
             self.fault.update(permille=a.loss_permille, probability=a.loss_permille / 1000.0,
                               **self.lab.loss(r, a.loss_permille, a.direction, a.loss_min_bytes))
+            self.fault["applied_ns"] = now_ns()   # the nft rules are in
         elif sc == "slow-link":
             self.sleep_until_ns(t0 + int(a.start_s * 1e9))
             self.fault["start_time_ns"] = now_ns()
             self.fault["link"] = self.link_info(r)
             self.fault.update(**self.lab.rate(r, a.rate, a.direction))
+            self.fault["applied_ns"] = now_ns()   # both tc qdiscs are in
         elif sc == "straggler":
             ev = self.wait_for(lambda: [e for e in self.events(r) if e.get("ev") == "straggle"],
                                a.start_s + 30, "the straggler to start")

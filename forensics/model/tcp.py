@@ -154,7 +154,12 @@ class Attribution:
 
     def peer_rank(self, addr: pd.Series, port: pd.Series) -> pd.Series:
         exact = self.owner(addr, port)["rank"]
-        return exact.fillna(self.rank_of_addr(addr)) if len(exact) else exact
+        if not len(exact):
+            return exact
+        by_addr = self.rank_of_addr(addr)
+        if by_addr.dtype == object:     # no address known: NaN, not objects, beside float64 NaN
+            by_addr = pd.to_numeric(by_addr, errors="coerce")
+        return exact.fillna(by_addr)
 
     def netns_fallback(self, host, netns: pd.Series) -> pd.DataFrame:
         """(pid, rank) of the only traced rank in each event's (host, netns); ``host``: one

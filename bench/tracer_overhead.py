@@ -23,7 +23,9 @@ default ``--pcap-ring on-trouble`` runs only after TCP trouble, so not on this h
 packet of the job on loopback; off-CPU and ss samples, rescans), the target is 1%, and each round also
 reports the watcher's peak memory (VmHWM, target 256 MiB) and the largest size its
 rings reached on disk (sampled every 0.5 s, target: under --ring-bytes). A watched
-clean job must write no bundle. ``--capture-arg=--no-pcap`` (or ``--no-bpf``) leaves
+clean job must write no bundle. A capture or watcher still there 180 s after its stop signal
+ends the bench with what each of its processes and threads was waiting in (and, with
+py-spy on PATH, its Python stacks); everything it started is killed. ``--capture-arg=--no-pcap`` (or ``--no-bpf``) leaves
 a part out, to see what each costs.
 """
 from __future__ import annotations
@@ -69,6 +71,42 @@ def comm_of(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text()
     except OSError:           # a short-lived child (ss, ip) already gone
         return ""
+
+
+def hung_report(pid: int) -> str:
+    """What a capture that does not stop is doing: each of its processes' and threads' state and
+    kernel wait channel, and (when py-spy is on PATH) its Python threads' stacks."""
+    lines = []
+    for p in [pid] + descendants([pid]):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            lines.append(f"pid {p} ({comm_of(p).strip()}) state {stat[0]} ppid {stat[1]}")
+            for task in sorted(Path(f"/proc/{p}/task").iterdir(), key=lambda t: int(t.name)):
+                wchan = (task / "wchan").read_text()
+                tstate = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                lines.append(f"  tid {task.name} ({(task / 'comm').read_text().strip()}) {tstate} {wchan}")
+        except OSError as e:
+            lines.append(f"pid {p}: {e}")
+    if shutil.which("py-spy"):
+        r = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+        lines.append(r.stdout + r.stderr)
+    return "\n".join(lines)
+
+
+def stop_capture(proc: subprocess.Popen, sig: int, timeout: float = 180) -> str:
+    """Signal capture and collect its stdout; a capture still there ``timeout`` s later ends the
+    bench with what it was doing (its children killed: nothing is left running)."""
+    proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        report = hung_report(proc.pid)
+        for p in [proc.pid] + descendants([proc.pid]):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        raise SystemExit(f"capture (pid {proc.pid}) did not stop within {timeout:g} s of signal {sig}:\n{report}")
 
 
 def reaped_cpu_s(pid: int) -> float:
@@ -160,8 +198,7 @@ class Capture:
         used = {"capture_cpu_s": cpu_s(self.proc.pid) - self.cpu0,
                 "bpftrace_cpu_s": (cpu_s(self.tracer) - self.tracer_cpu0) if self.tracer else None,
                 "others_cpu_s": self.others_used()}
-        self.proc.send_signal(signal.SIGINT)
-        out, _ = self.proc.communicate(timeout=300)
+        out = stop_capture(self.proc, signal.SIGINT)
         path = Path(out.strip().splitlines()[-1])
         with tarfile.open(path) as t:
             members = {m.name.split("/", 1)[1]: m for m in t.getmembers() if m.isfile()}
@@ -210,8 +247,7 @@ class Watch(Capture):
             used["peak_rss_mib"] = None
         self.stop.set()
         used["ring_max_mib"] = self.ring_max / 2 ** 20
-        self.proc.send_signal(signal.SIGTERM)
-        self.proc.communicate(timeout=300)
+        stop_capture(self.proc, signal.SIGTERM)
         used.update(colls=None, lost=None, tracer="ok", bundle=None,
                     bundles_written=len(list(self.bundles.glob("*.tar.gz"))))
         return used

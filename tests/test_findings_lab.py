@@ -28,8 +28,8 @@ VARIATIONS = {
                          "--steps", "10", "--compute-ms", "100", "--start-s", "0.8"], "straggler"),
     # the lab's default rate: a mild limiter whose queue shows only in the ACK RTT tail. It is
     # on for most of the job: started 0.8 s into a 10-step job it covered its last ~30% (less
-    # the time tc takes to apply it, longer on a busy machine), and with a tenth or less the
-    # queue no longer shows in any link's tail (seen on CI; reproduced with --start-s 1.0)
+    # the time tc takes to apply it, longer on a busy machine); on a job's last tenth the queue
+    # reaches one connection of a link at most, which slow_link rightly does not call a slow path
     "slow-link-rank3-200mbit": (["--scenario", "slow-link", "--ranks", "4", "--rank", "3", "--rate", "200mbit",
                                  "--steps", "16", "--compute-ms", "100", "--start-s", "0.4"], "slow_link"),
     # the skipping rank goes on with the next collectives: sizes disagree from #30 on

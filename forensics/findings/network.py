@@ -292,7 +292,7 @@ def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
                          conn=np.where(src < dst, src + " " + dst, dst + " " + src),
                          rtt=t["rtt_p99_ns"].astype("float64"), p50=t["rtt_p50_ns"].astype("float64"),
                          p90=t["rtt_p90_ns"].astype("float64"))
-            conn = t.groupby(["a", "b", "conn"]).agg(rtt=("rtt", "max"), p90=("p90", "max")).reset_index()
+            conn = t.groupby(["a", "b", "conn"])["rtt"].max().reset_index()
             conn = conn.sort_values(["a", "b", "rtt"], ascending=[True, True, False])
             nth = conn.groupby(["a", "b"]).cumcount()
             size = conn.groupby(["a", "b"])["rtt"].transform("size")

@@ -25,8 +25,8 @@ reports the watcher's peak memory (VmHWM, target 256 MiB) and the largest size i
 rings reached on disk (sampled every 0.5 s, target: under --ring-bytes). A watched
 clean job must write no bundle. A capture or watcher still there 180 s after its stop signal
 ends the bench with what each of its processes and threads was waiting in (and, with
-py-spy on PATH, its Python stacks); everything it started is killed. ``--capture-arg=--no-pcap`` (or ``--no-bpf``) leaves
-a part out, to see what each costs.
+py-spy on PATH, its Python stacks); everything it started is killed.
+``--capture-arg=--no-pcap`` (or ``--no-bpf``) leaves a part out, to see what each costs.
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def hung_report(pid: int) -> str:
     """What a capture that does not stop is doing: each of its processes' and threads' state and
     kernel wait channel, and (when py-spy is on PATH) its Python threads' stacks."""
     lines = []
-    for p in [pid] + descendants([pid]):
+    for p in [pid, *sorted(descendants([pid]))]:
         try:
             stat = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             lines.append(f"pid {p} ({comm_of(p).strip()}) state {stat[0]} ppid {stat[1]}")
@@ -88,8 +88,11 @@ def hung_report(pid: int) -> str:
         except OSError as e:
             lines.append(f"pid {p}: {e}")
     if shutil.which("py-spy"):
-        r = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
-        lines.append(r.stdout + r.stderr)
+        try:    # the report must not stop the kill that follows it
+            r = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=60)
+            lines.append(r.stdout + r.stderr)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            lines.append(f"py-spy dump failed: {e}")
     return "\n".join(lines)
 
 
@@ -101,7 +104,7 @@ def stop_capture(proc: subprocess.Popen, sig: int, timeout: float = 180) -> str:
         return proc.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         report = hung_report(proc.pid)
-        for p in [proc.pid] + descendants([proc.pid]):
+        for p in [proc.pid, *sorted(descendants([proc.pid]))]:
             try:
                 os.kill(p, signal.SIGKILL)
             except OSError:

@@ -32,11 +32,16 @@ PR_SET_PDEATHSIG = 1
 _libc = None
 
 
-def _prctl():
+def libc():
+    """The C library (ctypes, errno kept), loaded once."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    return _libc.prctl
+    return _libc
+
+
+def _prctl():
+    return libc().prctl
 
 
 def _child_setup(parent_pid: int):

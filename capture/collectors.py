@@ -61,7 +61,9 @@ COLLECTORS: tuple[Collector, ...] = (
     Collector("ss", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-tinp-{phase}.txt", scope="netns", tool="ss",
               doc="TCP sockets with owners and counters (retransmits)"),
     # sampled by the runner every --ss-every seconds (Capture.sample_ss), in the snapshot pool,
-    # one sample at a time; each block headed "# stallscope-sample realtime_ns=.. monotonic_ns=.."
+    # one sample at a time; each block headed "# stallscope-sample realtime_ns=.. monotonic_ns=..".
+    # Read on a netlink socket per namespace in ss's format (capture.sockdiag), ss itself only
+    # where that socket cannot be opened
     Collector("ss-series", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-series.txt", when=("continuous",),
               scope="netns", tool="ss", timeout_s=5.0, per_file_max=16 << 20,
               doc="ss -tinpe of every namespace of the job every --ss-every s: bytes moving per connection"),

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from . import __version__
 from . import bundle as bd
-from . import children, procs, stacks, torchfr, tracer
+from . import children, procs, sockdiag, stacks, torchfr, tracer
 from .offcpu import OffCpuSampler
 from .collectors import COLLECTORS, Collector
 from . import collectors as colmod
@@ -128,6 +128,9 @@ class NetNs:
     pids: list[int] = field(default_factory=list)
 
 
+SOCK_DIAG = "netlink-sock_diag"     # the ss series' "command" when read without ss (capture.sockdiag)
+
+
 def clock_sample() -> dict:
     """CLOCK_MONOTONIC and CLOCK_REALTIME read together: the tightest of three brackets."""
     best = None
@@ -208,6 +211,7 @@ class Capture:
         self.seen_sockets: dict[int, set[int]] = {}   # netns inode -> connections already looked at (refresh_ifaces)
         self.offcpu_span: list[int] | None = None     # UTC ns of the first and last off-CPU sample kept
         self.ss_busy = threading.Event()
+        self.sockdiag: dict[int, sockdiag.SockDiag | None] = {}   # netns inode -> its netlink socket (None: use ss)
         self.stacks_thread: threading.Thread | None = None
         self.stacks_cancel = threading.Event()    # set when the capture ends: an undecided auto check gives up
         # ring mode (capture.watch): the continuous collectors keep their last minutes instead of
@@ -465,12 +469,12 @@ class Capture:
                 if live is None:
                     continue
                 t_ns, t_mono = time.time_ns(), time.monotonic_ns()
-                argv = ([] if ns.own else ["nsenter", f"--net=/proc/{live}/ns/net"]) + list(c.argv)
-                rc, so, se = children.run(argv, timeout=c.timeout_s)
+                argv, rc, so, se = self._ss_text(ns, live, c)
                 if rc != 0:
                     self.record(key, status="ok" if st["samples"] else "failed", command=shlex.join(argv), rc=rc,
-                                reason=f"ss exit code {rc}" if rc is not None else
-                                f"ss still running after {c.timeout_s:g}s: killed",
+                                reason=(f"{argv[0]}: {_tail(se)}" if argv[0] == SOCK_DIAG else
+                                        f"ss exit code {rc}" if rc is not None else
+                                        f"ss still running after {c.timeout_s:g}s: killed"),
                                 stderr_tail=_tail(se))
                     continue
                 block = f"# stallscope-sample realtime_ns={t_ns} monotonic_ns={t_mono}\n".encode() + so
@@ -508,7 +512,39 @@ class Capture:
                             started_ns=st["first_ns"], ended_ns=t_ns, covered_ns=[st["first_ns"], t_ns],
                             samples=st["samples"])
         finally:
+            self._drop_sockdiag()
             self.ss_busy.clear()
+
+    def _ss_text(self, ns: NetNs, live: int, c: Collector) -> tuple[list[str], int | None, bytes, bytes]:
+        """``ss -tinpeH`` of one namespace: read on a netlink socket kept open for it
+        (capture.sockdiag: no process started, owners looked up among the job's processes
+        only), or by running ss where that socket cannot be had. Returns (what ran, rc,
+        stdout, stderr)."""
+        diag = self.sockdiag.get(ns.inode, False)
+        if diag is False:
+            try:
+                diag = sockdiag.SockDiag(None if ns.own else f"/proc/{live}/ns/net")
+            except OSError as e:
+                diag = None
+                self.notes.append(f"ss series of {ns.label}: netlink sock_diag unavailable ({e}): ss runs instead")
+            self.sockdiag[ns.inode] = diag
+        if diag is not None:
+            try:
+                return [SOCK_DIAG], 0, diag.text(ns.pids), b""
+            except OSError as e:
+                return [SOCK_DIAG], 1, b"", str(e).encode()
+        argv = ([] if ns.own else ["nsenter", f"--net=/proc/{live}/ns/net"]) + list(c.argv)
+        return (argv, *children.run(argv, timeout=c.timeout_s))
+
+    def _drop_sockdiag(self) -> None:
+        """Close the netlink sockets of namespaces no process of the job is in any more: an
+        open socket would keep a finished job's namespace alive for as long as the watcher
+        runs."""
+        live = {ns.inode for ns in list(self.netns.values()) if ns.pids}
+        for inode in [i for i in self.sockdiag if i not in live]:
+            diag = self.sockdiag.pop(inode)
+            if diag is not None:
+                diag.close()
 
     # ------------------------------------------------------------------ native stacks
     def start_native_stacks(self) -> None:
@@ -1114,8 +1150,9 @@ class Capture:
                                    "while dump-on-timeout is on, else every heartbeat timeout (minutes)")
 
     # ------------------------------------------------------------------ attachments
-    def attachment_sources(self) -> tuple[list[tuple[str, str]], list[str]]:
-        """(path, why) of files to attach, and patterns that matched nothing."""
+    def attachment_sources(self, dumps: bool = True) -> tuple[list[tuple[str, str]], list[str]]:
+        """(path, why) of files to attach, and patterns that matched nothing; ``dumps=False``:
+        without the Flight Recorder dumps (the watcher's log trigger)."""
         found, missing = [], []
         for pat in self.o.attach:
             hits = sorted(glob.glob(pat)) or ([pat] if os.path.isfile(pat) else [])
@@ -1137,8 +1174,9 @@ class Capture:
             # dumps that exist, whatever enabled them: <prefix><rank> for every prefix this torch may
             # use (TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE or the defaults); every
             # rank's <prefix><n> when the rank is unknown (capture.torchfr)
-            found += [(h, f"Flight Recorder dump of pid {pid}")
-                      for h in torchfr.dump_files(pid, e, info.rank_facts()["rank"])]
+            if dumps:
+                found += [(h, f"Flight Recorder dump of pid {pid}")
+                          for h in torchfr.dump_files(pid, e, info.rank_facts()["rank"])]
         seen, out = set(), []
         for path, why in found:
             real = os.path.realpath(path)

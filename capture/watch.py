@@ -63,6 +63,7 @@ SLOWEST_WINDOW_S = 300.0             # --hang-after auto: the slowest collective
 HANG_AFTER_FLOOR_S = 30.0
 WATCH_FLUSH_MS = 1000                # the tracer's records printed this often (capture: tracer.FLUSH_MS)
 HANG_AFTER_FACTOR = 10.0
+LOG_PATHS_EVERY_S = 10.0             # the job's log files looked for again this often (and when its processes change)
 RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
 # the tracer's events that start the packet ring (--pcap-ring on-trouble): a kernel retransmission
 # (timeout, fast retransmit, tail loss probe) or a reset sent or received
@@ -118,18 +119,21 @@ class ProgressMonitor:
         self.last_return: dict[int, int] = {}                      # pid -> t1 of its last returned call
         self.last_coll: dict[int, int] = {}                        # pid -> t0 of its last collective
         self.last_wait: dict[int, int] = {}                        # pid -> t0 of its last returned host wait
-        self.durations: collections.deque = collections.deque()    # (t1, ns): host waits after collectives
+        # (t1, ns) of host waits after collectives, the window's maximum in front: each entry is
+        # longer than every later one (one that is not can never be the slowest again), so the
+        # deque stays short where it held every wait of 5 minutes (300k at 1,000 steps/s)
+        self.durations: collections.deque = collections.deque()
         self.lines = 0
         self.trouble: list[dict] = []                              # TCP trouble events since take_trouble
 
     def poll(self) -> int:
         """Read what was spooled since the last call; returns the hot-path records read."""
-        from .tracer import PROGRESS_RE, RET_KIND
+        from .tracer import PROGRESS_RE
         segs = sorted(self.raw_dir.glob("seg-*.txt"))
         names = {p.name for p in segs}
         for gone in [n for n in self.pos if n not in names]:
             del self.pos[gone]
-        budget, recs = self.max_read, []
+        budget, found = self.max_read, []
         for p in segs:
             off = self.pos.get(p.name, 0)
             try:
@@ -148,9 +152,8 @@ class ProgressMonitor:
             budget -= cut
             data = data[:cut]
             # the hot path's records, several thousand a second: one regular-expression pass
-            # over the chunk, only the fields needed here converted (the watcher's main cost)
-            recs += [(int(k), int(t), int(kd), int(pid), int(a), int(t1))
-                     for t, k, kd, pid, a, t1 in PROGRESS_RE.findall(data)]
+            # over the chunk (the watcher's main cost), fields converted where they are used
+            found += PROGRESS_RE.findall(data)
             if b'{"ev":"tcp_' in data:
                 for line in data.split(b"\n"):
                     if line.startswith(TCP_TROUBLE) and len(self.trouble) < MAX_TROUBLE:
@@ -160,51 +163,70 @@ class ProgressMonitor:
                             pass
             if budget <= 0:
                 break
-        recs.sort()
-        for key2, tid, kind, pid, a, t1 in recs:
-            self._record(tid, key2, kind, pid, a, t1, RET_KIND)
-        self.lines += len(recs)
-        return len(recs)
+        self._records(found)
+        self.lines += len(found)
+        return len(found)
 
-    def _record(self, tid: int, key2: int, kind: int, pid: int, a: int, t1: int, ret_kind: int) -> None:
-        """One record: kind, pid, slot a (a return record's t0) and t1 of bpf/nccl.bt's tuple."""
-        if kind == ret_kind:                      # a return: (tid, t0 in slot a), t1 the key
-            entry = self.open.pop((tid, a), None)
-            if entry is None:
-                if len(self.early) < self.MAX_EARLY:
-                    self.early[(tid, a)] = key2
-                self.last_return[pid] = max(self.last_return.get(pid, 0), key2)
+    def _records(self, found: list[tuple[bytes, ...]]) -> None:
+        """A poll's records (tid, key, kind, pid, slot a, t1 of bpf/nccl.bt's tuple, as bytes),
+        in time order: the key (an entry's t0, a return record's t1), as bpftrace prints a flush
+        unsorted. A return read before its entry waits in ``early`` for it."""
+        from .tracer import RET_KIND
+        recs = sorted((int(k), t, kd, pid, a, t1) for t, k, kd, pid, a, t1 in found)
+        lc, lr, opn, early = self.last_coll, self.last_return, self.open, self.early
+        returns = self.call_returns
+        for key2, tid, kind, pid, a, t1 in recs:
+            kind = int(kind)
+            if kind == RET_KIND:                  # a return: (tid, t0 in slot a), t1 the key
+                tid, t0 = int(tid), int(a)
+                entry = opn.pop((tid, t0), None)
+                if entry is None:
+                    if len(early) < self.MAX_EARLY:
+                        early[(tid, t0)] = key2
+                    pid = int(pid)
+                    if key2 > lr.get(pid, 0):
+                        lr[pid] = key2
+                else:
+                    self._returned(entry[0], entry[1], t0, key2)
+                continue
+            if 16 <= kind < 32:                   # ncclGroupStart/End: not evidence either way
+                continue
+            pid, t0 = int(pid), key2
+            if kind < 16:
+                if t0 > lc.get(pid, -1):
+                    lc[pid] = t0
+                if not returns:                   # no return traced: the call is a launch, done
+                    continue
+            t1 = int(t1) or (early.pop((int(tid), t0), 0) if early else 0)
+            if not t1:
+                opn[(int(tid), t0)] = (pid, kind)
+            elif kind < 32:                       # a collective that returned within the flush
+                if t1 > lr.get(pid, 0):
+                    lr[pid] = t1
             else:
-                self._returned(entry[0], entry[1], a, key2)
-            return
-        if 16 <= kind < 32:                       # ncclGroupStart/End: not evidence either way
-            return
-        t0 = key2
-        if kind < 16:
-            self.last_coll[pid] = max(self.last_coll.get(pid, 0), t0)
-            if not self.call_returns:             # no return traced: the call is a launch, done
-                return
-        t1 = t1 or self.early.pop((tid, t0), 0)
-        if t1:                                    # returned within the same flush (or read before)
-            self._returned(pid, kind, t0, t1)
-        else:
-            self.open[(tid, t0)] = (pid, kind)
+                self._returned(pid, kind, t0, t1)
 
     def _returned(self, pid: int, kind: int, t0: int, t1: int) -> None:
-        self.last_return[pid] = max(self.last_return.get(pid, 0), t1)
+        if t1 > self.last_return.get(pid, 0):
+            self.last_return[pid] = t1
         if kind >= 32:                            # a host wait: what was launched before it is done
             if self.last_coll.get(pid, -1) < t0 and t1 >= t0 and self.in_flight(pid):
-                self.durations.append((t1, t1 - t0))
-            self.last_wait[pid] = max(self.last_wait.get(pid, 0), t0)
+                d, q = t1 - t0, self.durations
+                while q and q[-1][1] <= d:
+                    q.pop()
+                q.append((t1, d))
+            if t0 > self.last_wait.get(pid, 0):
+                self.last_wait[pid] = t0
 
     def in_flight(self, pid: int) -> bool:
         """A collective entered after the last host wait that returned was entered."""
         return self.last_coll.get(pid, -1) > self.last_wait.get(pid, -1)
 
     def slowest_ns(self, now_ns: int, window_s: float = SLOWEST_WINDOW_S) -> int:
-        while self.durations and self.durations[0][0] < now_ns - window_s * 1e9:
-            self.durations.popleft()
-        return max((d for _, d in self.durations), default=0)
+        q = self.durations
+        while q and q[0][0] < now_ns - window_s * 1e9:
+            q.popleft()
+        return q[0][1] if q else 0
 
     def stuck(self, now_ns: int, after_ns: int) -> list[dict]:
         """Processes with a collective in flight and nothing returned for after_ns: each with
@@ -239,10 +261,14 @@ class ProgressMonitor:
 
 
 # --------------------------------------------------------------------------- the log trigger
+# each starts with a literal, which re finds at memchr speed: an alternation, or a leading
+# character class ("[Cc]ollective"), makes re try every byte of a chatty job's logs (60x slower:
+# a third of the watcher's CPU with the lab's per-step log lines)
 LOG_PATTERNS = (
     (re.compile(rb" NCCL WARN "), "NCCL WARN"),
-    (re.compile(rb"[Ww]atchdog caught collective operation timeout|ProcessGroupNCCL.{0,80}[Tt]imeout|"
-                rb"[Cc]ollective operation timeout"), "PyTorch watchdog timeout"),
+    (re.compile(rb"ProcessGroupNCCL.{0,80}[Tt]imeout"), "PyTorch watchdog timeout"),
+    # "Watchdog caught collective operation timeout", "Collective operation timeout" ...
+    (re.compile(rb"ollective operation timeout"), "PyTorch watchdog timeout"),
 )
 
 
@@ -285,11 +311,15 @@ class LogWatch:
                 continue
             cut = data.rfind(b"\n") + 1
             self.pos[key] = start + cut
-            for line in data[:cut].splitlines():
-                for rx, what in LOG_PATTERNS:
-                    if rx.search(line):
-                        hits.append((path, what, line.decode("utf-8", "replace").strip()[:300]))
-                        break
+            data = data[:cut]
+            # a chunk at a time (a chatty job logs a line per step): the lines a pattern matched
+            found: dict[int, str] = {}
+            for rx, what in LOG_PATTERNS:
+                for m in rx.finditer(data):
+                    found.setdefault(data.rfind(b"\n", 0, m.start()) + 1, what)
+            for s0 in sorted(found):
+                line = data[s0:data.find(b"\n", s0)]
+                hits.append((path, found[s0], line.decode("utf-8", "replace").strip()[:300]))
         return hits
 
 
@@ -305,6 +335,7 @@ class Watcher(Capture):
         self.tracer_flush_ms = WATCH_FLUSH_MS
         self.monitor: ProgressMonitor | None = None
         self.logwatch = LogWatch()
+        self.logs_found: tuple[float, frozenset, list] | None = None    # (when, pids, log_paths())
         self.incident: dict | None = None           # the open incident: triggers, due time
         self.last_incident_end = -1e18              # monotonic s
         self.cleared: dict[int, int] = {}           # pid -> last_return when its hang was reported
@@ -599,7 +630,13 @@ class Watcher(Capture):
                           source="tracer"))
 
     def log_paths(self) -> list[tuple[str, str]]:
-        paths = [(p, why) for p, why in self.attachment_sources()[0] if not why.startswith("Flight Recorder")]
+        """The job's logs to tail, found again when its processes change or every
+        LOG_PATHS_EVERY_S (a log file NCCL creates later); a glob per process every 2 s was a
+        fifth of the watcher's CPU."""
+        now, pids = time.monotonic(), frozenset(self.procs)
+        if self.logs_found is not None and self.logs_found[1] == pids and now - self.logs_found[0] < LOG_PATHS_EVERY_S:
+            return self.logs_found[2]
+        paths = self.attachment_sources(dumps=False)[0]
         for pid in list(self.procs):
             for fd in (1, 2):
                 p = f"/proc/{pid}/fd/{fd}"
@@ -608,6 +645,7 @@ class Watcher(Capture):
                         paths.append((p, f"{'stdout' if fd == 1 else 'stderr'} of pid {pid}"))
                 except OSError:
                     pass
+        self.logs_found = (now, pids, paths)
         return paths
 
     def check_logs(self) -> None:

@@ -117,6 +117,24 @@ def test_without_traced_returns_a_collective_is_a_launch(tmp_path):
     assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]   # the sync after it never returned
 
 
+def test_the_slowest_collective_is_the_windows_longest_as_older_ones_expire(tmp_path):
+    """--hang-after's 10x rule: the slowest host wait after a collective in the last 5
+    minutes; a shorter wait that a longer later one hides is never needed again."""
+    raw = tmp_path / "raw"
+    m = watch.ProgressMonitor(raw)
+    lines, t = [], 10 * S
+    for i, d in enumerate((5 * S, 1 * S, 2 * S, S // 2)):   # each step: a collective, a sync of d
+        lines += [f"@e0[7, {t}]: {_rec(0, 5, a=0x55, b=i, t1=t + 1000)}",
+                  f"@e0[7, {t + 2000}]: {_rec(32, 5, a=0x77, t1=t + 2000 + d)}"]
+        t += 2000 + d + 1000
+    _segment(raw, lines)
+    m.poll()
+    assert m.slowest_ns(t) == 5 * S
+    assert len(m.durations) == 3                               # the 1 s wait can never be the slowest again
+    assert m.slowest_ns(316 * S) == 2 * S                      # the 5 s one (ended at 15 s) left the window
+    assert m.slowest_ns(t + 301 * S) == 0
+
+
 # ---------------------------------------------------------------- the log trigger
 def test_log_watch_reports_new_warn_and_watchdog_lines_only(tmp_path):
     log = tmp_path / "nccl-rank0.log"

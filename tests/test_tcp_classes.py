@@ -82,3 +82,25 @@ def test_a_rank_seen_only_in_tcp_events_gets_a_row_of_its_own():
     assert table.loc[0, "p50_ms"] == 2.0 and table.loc[0, "pid"] == "100" and table.loc[0, "host"] == "node0"
     assert pd.isna(table.loc[1, "calls"]) and pd.isna(table.loc[1, "not_completed"])
     assert int(table.loc[1, "retx_pcap"]) == 1
+
+
+def test_trouble_events_say_what_their_sql_says_flips_and_unknowns_included():
+    """The evidence's text columns are made once per distinct connection, not per event: the
+    same text as the SQL, a received reset's endpoints flipped to its sender's view, unknown
+    ports and captures "<NA>", and a packet with neither host nor capture still one packet."""
+    from forensics.findings.evidence import trouble_sql
+    rows = [tcp("retransmission", T0, frame=3), tcp("tcp_receive_reset", T0 + 1, rank=1, peer=0, source="bpf")
+            | {"capture": None, "saddr": "10.9.0.11", "sport": 50000, "daddr": "10.9.0.10", "dport": 40000},
+            tcp("tcp_send_reset", T0 + 2, source="bpf") | {"capture": None, "sport": None},
+            tcp("retransmission", T0 + 3, frame=8) | {"host": None, "capture": None},
+            tcp("fast_retransmission", T0 + 3, frame=8) | {"host": None, "capture": None}]
+    ctx = context(tcp_events=rows)
+    ev = trouble_events(ctx)
+    sql = ctx.con.execute(f"SELECT * FROM {trouble_sql()} ORDER BY timestamp_ns").df()
+    assert len(ev) == len(sql) == 4                            # the retransmission of frame 8 counts once
+    assert ev["key"].tolist() == (sql["from"] + ">" + sql["to"]).tolist()
+    assert ev["key"].tolist()[:3] == ["10.9.0.10:40000>10.9.0.11:50000"] * 2 + ["10.9.0.10:<NA>>10.9.0.11:50000"]
+    assert ev["src"].tolist() == sql["src"].tolist() == ["pcap:node0:pcap/eth0.pcap", "bpf:node0:<NA>",
+                                                         "bpf:node0:<NA>", "pcap:<NA>:<NA>"]
+    assert ev[["sender", "receiver"]].values.tolist() == sql[["sender_rank", "receiver_rank"]].values.tolist()
+    assert ev["sport"].tolist() == sql["sport"].tolist()

@@ -74,8 +74,13 @@ def rank_directory(ctx) -> dict[int, RankInfo]:
     n = ctx.table("nccl_events")
     hosts: dict[int, str] = {}
     if len(n):
-        h = n.dropna(subset=["rank"]).groupby("rank")["host"].agg(lambda s: s.mode().iat[0] if len(s.mode()) else None)
-        hosts = {int(r): v for r, v in h.items()}
+        # per rank its most frequent host (the first by name of equals, as Series.mode): counted,
+        # not a Python function per rank (512 ranks: half a second)
+        h = n.dropna(subset=["rank", "host"])[["rank", "host"]].astype({"rank": "int64", "host": str})
+        h = h.groupby(["rank", "host"]).size().reset_index(name="n")
+        h = h.sort_values(["rank", "n", "host"], ascending=[True, False, True]).drop_duplicates("rank")
+        hosts = dict.fromkeys(n["rank"].dropna().astype("int64").unique().tolist())
+        hosts.update(zip(h["rank"].tolist(), h["host"].tolist()))
     addr_parts = []
     f = ctx.table("flows")
     if len(f):
@@ -321,27 +326,52 @@ def _trouble_events(ctx, classes: tuple[str, ...]) -> pd.DataFrame:
     recv = (t["event"] == "tcp_receive_reset").to_numpy()
     r, p = t["rank"].astype("int64").to_numpy(), t["peer_rank"].astype("int64").to_numpy()
     sender, receiver = np.where(recv, p, r), np.where(recv, r, p)
-    # text as object arrays (one Python concatenation per row; numpy's char functions copy
-    # fixed-width arrays and cost several times more on 10^5-10^6 events); "<NA>" when unknown
-    def text(c: str) -> np.ndarray:
-        col = t[c]
-        if isinstance(col.dtype, pd.StringDtype):
-            return col.to_numpy(dtype=object, na_value="<NA>")
-        codes, values = pd.factorize(col)               # ports: a few distinct values, NA -> -1
-        return np.array([str(v) for v in values] + ["<NA>"], dtype=object)[codes]
-    sa, da, sp, dp = text("saddr"), text("daddr"), text("sport"), text("dport")
-    s_ep, d_ep = sa + ":" + sp, da + ":" + dp
-    src_ep, dst_ep = np.where(recv, d_ep, s_ep), np.where(recv, s_ep, d_ep)
+    # text: each column as codes into its distinct values ("<NA>" when unknown), addresses and
+    # ports each on one shared table so that the flip of a received reset is a swap of codes;
+    # the joined keys are made once per distinct combination (a few thousand connections),
+    # not once per event (10^5-10^6 at fleet scale)
+    addr, addr_txt = _codes(t["saddr"], t["daddr"])
+    port, port_txt = _codes(t["sport"], t["dport"])
+    n = len(t)
+    sa, da, sp, dp = addr[:n], addr[n:], port[:n], port[n:]
+    src_a, dst_a = np.where(recv, da, sa), np.where(recv, sa, da)
+    src_p, dst_p = np.where(recv, dp, sp), np.where(recv, sp, dp)
+    key = _joined([(src_a, addr_txt), (src_p, port_txt), (dst_a, addr_txt), (dst_p, port_txt)], (":", ">", ":"))
+    seen_by = _joined([_codes(t[c]) for c in ("source", "host", "capture")], (":", ":"))
     out = pd.DataFrame({
         "timestamp_ns": t["timestamp_ns"].astype("int64").to_numpy(), "cls": t["cls"].to_numpy(),
         "event": t["event"].to_numpy(), "sender": sender, "receiver": receiver,
         "a": np.minimum(sender, receiver), "b": np.maximum(sender, receiver),
-        "key": src_ep + ">" + dst_ep,
-        "src": text("source") + ":" + text("host") + ":" + text("capture"),
-        "saddr": np.where(recv, da, sa), "daddr": np.where(recv, sa, da),
-        "sport": np.where(recv, dp, sp), "dport": np.where(recv, sp, dp),
+        "key": key, "src": seen_by,
+        "saddr": addr_txt[src_a], "daddr": addr_txt[dst_a], "sport": port_txt[src_p], "dport": port_txt[dst_p],
     })
     return out.sort_values("timestamp_ns", kind="stable").reset_index(drop=True)
+
+
+def _codes(*cols: pd.Series) -> tuple[np.ndarray, np.ndarray]:
+    """The columns, one after the other, as codes into one table of their distinct values as
+    text (objects; the last one "<NA>", the code of a missing value): (codes, table)."""
+    both = pd.concat(cols, ignore_index=True) if len(cols) > 1 else cols[0]
+    codes, values = pd.factorize(both, use_na_sentinel=True)
+    table = np.array([str(v) for v in values] + ["<NA>"], dtype=object)
+    return np.where(codes < 0, len(values), codes), table
+
+
+def _joined(parts: list[tuple[np.ndarray, np.ndarray]], seps: tuple[str, ...]) -> np.ndarray:
+    """Per row, the parts' texts (codes into their tables) joined with seps; each distinct
+    combination is joined once."""
+    combo = np.zeros(len(parts[0][0]), dtype=np.int64)
+    for codes, table in parts:             # a dense code per combination so far: never overflows
+        combo = combo * len(table) + codes
+        _, combo = np.unique(combo, return_inverse=True)
+    uniq, first = np.unique(combo, return_index=True)
+    texts = []
+    for row in first:
+        txt = parts[0][1][parts[0][0][row]]
+        for (codes, table), sep in zip(parts[1:], seps):
+            txt += sep + table[codes[row]]
+        texts.append(txt)
+    return np.array(texts, dtype=object)[combo]
 
 
 def trouble_sql(classes=LOSS_CLASSES + ("reset",)) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 DATA_LOST, REORDERING, NOISE, FLOW_CONTROL, RESET = "data_lost", "reordering", "noise", "flow_control", "reset"
@@ -89,15 +90,29 @@ def classify(t: pd.DataFrame) -> pd.Series:
     if t.empty or not set(PACKET_KEY) <= set(t.columns):
         return cls.where(cls.notna(), None)
     framed = t["frame"].notna().to_numpy()
+    key = None
     for event, over in SUBSUMED_BY.items():
         mine = (t["event"] == event).to_numpy() & framed
         other = t["event"].isin(over).to_numpy() & framed
         if not (mine.any() and other.any()):
             continue
-        key = pd.MultiIndex.from_frame(t[list(PACKET_KEY)].astype(str))
-        gone = mine & key.isin(key[other])
+        if key is None:
+            key = packet_codes(t)
+        gone = mine & np.isin(key, key[other])
         cls = cls.where(~gone, None)
     return cls.where(cls.notna(), None)
+
+
+def packet_codes(t: pd.DataFrame) -> np.ndarray:
+    """One integer per row for its :data:`PACKET_KEY` (equal for the rows of one packet; a
+    missing host or capture equals another missing one, as ``IS NOT DISTINCT FROM``): each
+    column's distinct values numbered, the numbers combined (no text made per row)."""
+    combo = np.zeros(len(t), dtype=np.int64)
+    for c in PACKET_KEY:
+        codes, values = pd.factorize(t[c], use_na_sentinel=False)
+        combo = combo * (len(values) + 1) + codes
+        _, combo = np.unique(combo, return_inverse=True)     # dense again: never overflows
+    return combo
 
 
 def subsumed_sql(alias: str) -> str:

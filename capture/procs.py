@@ -359,9 +359,10 @@ TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1
                    6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
 
 
-def socket_inodes(pid: int) -> dict[int, int]:
-    """socket inode -> fd number of pid's open sockets."""
-    out = {}
+def socket_fds(pid: int) -> list[tuple[int, int]]:
+    """(socket inode, fd number) of each of pid's descriptors that is a socket (a socket
+    held by two descriptors: twice)."""
+    out = []
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -372,8 +373,13 @@ def socket_inodes(pid: int) -> dict[int, int]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            out[int(target[8:-1])] = int(fd)
+            out.append((int(target[8:-1]), int(fd)))
     return out
+
+
+def socket_inodes(pid: int) -> dict[int, int]:
+    """socket inode -> fd number of pid's open sockets."""
+    return dict(socket_fds(pid))
 
 
 def _addr(hexaddr: str) -> tuple[str, int]:

@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 
-from . import children
+from . import children, procs
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -99,38 +99,39 @@ def info_line(ti: dict, cong: str | None) -> str:
     printed when ss prints it (mostly: when it is not zero)."""
     g = ti.get
     o = []
+
+    def counts(*fields):
+        """``name:value`` of each field (key, or (key, name)) that is not zero."""
+        for f in fields:
+            key, name = f if isinstance(f, tuple) else (f, f)
+            if g(key):
+                o.append(f"{name}:{g(key)}")
+
+    def ms(key, name):
+        """A field in µs as ss prints it: ms, shortest form."""
+        if g(key):
+            o.append(f"{name}:{g(key) / 1000:g}")
+
     opts = g("options", 0)
-    for bit, word in ((TCPI_OPT_TIMESTAMPS, "ts"), (TCPI_OPT_SACK, "sack"), (TCPI_OPT_ECN, "ecn"),
-                      (TCPI_OPT_ECN_SEEN, "ecnseen")):
-        if opts & bit:
-            o.append(word)
+    o += [word for bit, word in ((TCPI_OPT_TIMESTAMPS, "ts"), (TCPI_OPT_SACK, "sack"), (TCPI_OPT_ECN, "ecn"),
+                                 (TCPI_OPT_ECN_SEEN, "ecnseen")) if opts & bit]
     if cong:
         o.append(cong)
     if opts & TCPI_OPT_WSCALE:
         o.append(f"wscale:{g('snd_wscale', 0)},{g('rcv_wscale', 0)}")
-    if g("rto"):
-        o.append(f"rto:{g('rto') / 1000:g}")
-    if g("backoff"):
-        o.append(f"backoff:{g('backoff')}")
+    ms("rto", "rto")
+    counts("backoff")
     if g("rtt"):
         o.append(f"rtt:{g('rtt') / 1000:g}/{g('rttvar', 0) / 1000:g}")
-    if g("ato"):
-        o.append(f"ato:{g('ato') / 1000:g}")
-    for key, name in (("snd_mss", "mss"), ("pmtu", "pmtu"), ("rcv_mss", "rcvmss"), ("advmss", "advmss"),
-                      ("snd_cwnd", "cwnd")):
-        if g(key):
-            o.append(f"{name}:{g(key)}")
+    ms("ato", "ato")
+    counts(("snd_mss", "mss"), "pmtu", ("rcv_mss", "rcvmss"), "advmss", ("snd_cwnd", "cwnd"))
     if g("snd_ssthresh") and g("snd_ssthresh") < 0xFFFF and g("snd_ssthresh") != TCP_INFINITE_SSTHRESH:
         o.append(f"ssthresh:{g('snd_ssthresh')}")
-    for key in ("bytes_sent", "bytes_retrans", "bytes_acked", "bytes_received", "segs_out", "segs_in",
-                "data_segs_out", "data_segs_in"):
-        if g(key):
-            o.append(f"{key}:{g(key)}")
+    counts("bytes_sent", "bytes_retrans", "bytes_acked", "bytes_received", "segs_out", "segs_in",
+           "data_segs_out", "data_segs_in")
     if g("rtt") and g("snd_mss") and g("snd_cwnd"):
         o.append(f"send {_bw(g('snd_cwnd') * g('snd_mss') * 8e6 / g('rtt'))}bps")
-    for key, name in (("last_data_sent", "lastsnd"), ("last_data_recv", "lastrcv"), ("last_ack_recv", "lastack")):
-        if g(key):
-            o.append(f"{name}:{g(key)}")
+    counts(("last_data_sent", "lastsnd"), ("last_data_recv", "lastrcv"), ("last_ack_recv", "lastack"))
     if g("pacing_rate") and g("pacing_rate") != U64_MAX:
         rate = f"pacing_rate {_bw(g('pacing_rate') * 8.0)}bps"
         if g("max_pacing_rate") and g("max_pacing_rate") != U64_MAX:
@@ -138,41 +139,25 @@ def info_line(ti: dict, cong: str | None) -> str:
         o.append(rate)
     if g("delivery_rate"):
         o.append(f"delivery_rate {_bw(g('delivery_rate') * 8.0)}bps")
-    for key in ("delivered", "delivered_ce"):
-        if g(key):
-            o.append(f"{key}:{g(key)}")
+    counts("delivered", "delivered_ce")
     if g("delivery_rate_app_limited"):
         o.append("app_limited")
     busy = g("busy_time", 0)
     if busy:
         o.append(f"busy:{busy // 1000}ms")
-        for key in ("rwnd_limited", "sndbuf_limited"):
-            if g(key):
-                o.append(f"{key}:{g(key) // 1000}ms({g(key) * 100.0 / busy:.1f}%)")
-    if g("unacked"):
-        o.append(f"unacked:{g('unacked')}")
+        o += [f"{key}:{g(key) // 1000}ms({g(key) * 100.0 / busy:.1f}%)"
+              for key in ("rwnd_limited", "sndbuf_limited") if g(key)]
+    counts("unacked")
     if g("retrans") or g("total_retrans"):
         o.append(f"retrans:{g('retrans', 0)}/{g('total_retrans', 0)}")
-    for key in ("lost", "sacked", "dsack_dups", "fackets"):
-        if g(key):
-            o.append(f"{key}:{g(key)}")
+    counts("lost", "sacked", "dsack_dups", "fackets")
     if g("reordering") is not None and g("reordering") != 3:
         o.append(f"reordering:{g('reordering')}")
-    if g("reord_seen"):
-        o.append(f"reord_seen:{g('reord_seen')}")
-    if g("rcv_rtt"):
-        o.append(f"rcv_rtt:{g('rcv_rtt') / 1000:g}")
-    for key in ("rcv_space", "rcv_ssthresh"):
-        if g(key):
-            o.append(f"{key}:{g(key)}")
-    if g("notsent_bytes"):
-        o.append(f"notsent:{g('notsent_bytes')}")
-    if g("min_rtt"):
-        o.append(f"minrtt:{g('min_rtt') / 1000:g}")
-    if g("rcv_ooopack"):
-        o.append(f"rcv_ooopack:{g('rcv_ooopack')}")
-    if g("snd_wnd"):
-        o.append(f"snd_wnd:{g('snd_wnd')}")
+    counts("reord_seen")
+    ms("rcv_rtt", "rcv_rtt")
+    counts("rcv_space", "rcv_ssthresh", ("notsent_bytes", "notsent"))
+    ms("min_rtt", "minrtt")
+    counts("rcv_ooopack", "snd_wnd")
     return " ".join(o)
 
 
@@ -208,16 +193,10 @@ class Owners:
             try:
                 with open(f"/proc/{pid}/comm", "rb") as fh:
                     name = fh.read().decode("utf-8", "replace").strip()
-                fds = os.listdir(f"/proc/{pid}/fd")
             except OSError:
                 continue
-            for fd in fds:
-                try:
-                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if link.startswith("socket:["):
-                    owners.setdefault(int(link[8:-1]), []).append((name, pid, int(fd)))
+            for inode, fd in procs.socket_fds(pid):
+                owners.setdefault(inode, []).append((name, pid, fd))
         self.owners = owners
 
 

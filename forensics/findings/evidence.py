@@ -30,7 +30,8 @@ import pandas as pd
 
 from ..model.nccl import world_ranks
 # tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
-from ..tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, subsumed_sql  # noqa: F401
+from ..tcp.classes import (DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, dense_codes,  # noqa: F401
+                           subsumed_sql)
 
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
@@ -360,11 +361,8 @@ def _codes(*cols: pd.Series) -> tuple[np.ndarray, np.ndarray]:
 def _joined(parts: list[tuple[np.ndarray, np.ndarray]], seps: tuple[str, ...]) -> np.ndarray:
     """Per row, the parts' texts (codes into their tables) joined with seps; each distinct
     combination is joined once."""
-    combo = np.zeros(len(parts[0][0]), dtype=np.int64)
-    for codes, table in parts:             # a dense code per combination so far: never overflows
-        combo = combo * len(table) + codes
-        _, combo = np.unique(combo, return_inverse=True)
-    uniq, first = np.unique(combo, return_index=True)
+    combo = dense_codes([(codes, len(table)) for codes, table in parts], len(parts[0][0]))
+    _, first = np.unique(combo, return_index=True)
     texts = []
     for row in first:
         txt = parts[0][1][parts[0][0][row]]

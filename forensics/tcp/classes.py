@@ -107,11 +107,21 @@ def packet_codes(t: pd.DataFrame) -> np.ndarray:
     """One integer per row for its :data:`PACKET_KEY` (equal for the rows of one packet; a
     missing host or capture equals another missing one, as ``IS NOT DISTINCT FROM``): each
     column's distinct values numbered, the numbers combined (no text made per row)."""
-    combo = np.zeros(len(t), dtype=np.int64)
+    parts = []
     for c in PACKET_KEY:
         codes, values = pd.factorize(t[c], use_na_sentinel=False)
-        combo = combo * (len(values) + 1) + codes
-        _, combo = np.unique(combo, return_inverse=True)     # dense again: never overflows
+        parts.append((codes, len(values)))
+    return dense_codes(parts, len(t))
+
+
+def dense_codes(parts: list[tuple[np.ndarray, int]], n: int) -> np.ndarray:
+    """One integer per row (of n) for its combination of the parts' codes (each part: codes
+    in 0..size-1, and size), numbered 0..k-1 over the k combinations present; renumbered
+    after each part, so the product never overflows."""
+    combo = np.zeros(n, dtype=np.int64)
+    for codes, size in parts:
+        combo = combo * size + codes
+        _, combo = np.unique(combo, return_inverse=True)
     return combo
 
 

@@ -17,7 +17,8 @@ per-pair values, the CPU the capture and bpftrace used, and the verdict
 against the 2% target.
 
 ``--watch`` (issue 13) measures the black box instead: the traced rounds run
-``python3 -m capture --watch --ring-bytes R`` (tracer ring; the packet ring, which with the
+``python3 -m capture --watch --ring-bytes R`` (the tracer in ring mode, without the collectives'
+returns unless ``--capture-arg=--call-returns``; the packet ring, which with the
 default ``--pcap-ring on-trouble`` runs only after TCP trouble, so not on this healthy job:
 ``--capture-arg=--pcap-ring=always`` measures the always-on ring, whose tcpdump taps every
 packet of the job on loopback; off-CPU and ss samples, rescans), the target is 1%, and each round also

@@ -64,9 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ss-every", type=float, default=2.0, metavar="SECONDS",
                    help="sample ss -tinpe of every namespace of the job this often (default 2; 0: only at the "
                         "start and end): bytes moving per connection over time, data stuck behind an RTO backoff")
-    p.add_argument("--no-call-returns", dest="call_returns", action="store_false",
+    p.add_argument("--no-call-returns", dest="call_returns", action="store_false", default=None,
                    help="do not trace the return of the collective calls (their t1 and rc; collectives are "
-                        "asynchronous, the return is the launch time): the leanest tracer")
+                        "asynchronous, the return is the launch time): the leanest tracer; the default of "
+                        "--watch, which asks the kernel whether a quiet thread is still inside its last "
+                        "collective instead")
+    p.add_argument("--call-returns", dest="call_returns", action="store_true", default=None,
+                   help="trace the return of the collective calls (the default, except with --watch)")
     p.add_argument("--stacks", choices=("auto", "always", "never"), default="auto",
                    help="native stacks of every traced process with eu-stack/gdb (py-spy --native for Python), "
                         "which stop each process briefly (ptrace): auto (default) only when no collective "
@@ -123,7 +127,7 @@ def options_from_args(a: argparse.Namespace) -> CaptureOptions:
     return CaptureOptions(output=a.output, duration_s=duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
                           attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress,
-                          call_returns=a.call_returns, ss_every_s=max(0.0, a.ss_every), stacks=a.stacks,
+                          call_returns=a.call_returns if a.call_returns is not None else not a.watch, ss_every_s=max(0.0, a.ss_every), stacks=a.stacks,
                           stacks_grace_s=a.stacks_grace, stacks_timeout_s=a.stacks_timeout,
                           fr_dump_wait_s=a.fr_dump_wait, watch=a.watch, ring_bytes=a.ring_bytes,
                           hang_after_s=a.hang_after, before_s=a.before, after_s=a.after, cooldown_s=a.cooldown,

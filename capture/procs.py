@@ -359,6 +359,49 @@ TCP_STATE_NAMES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1
                    6: "TIME_WAIT", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING"}
 
 
+def blocked_sp(pid: int, tid: int, samples: int = 5, gap_s: float = 0.02) -> int | None:
+    """The user stack pointer of a thread blocked in the kernel (``/proc/PID/task/TID/syscall``:
+    "nr args... sp pc", or "-1 sp pc"), sampled a few times while it reads "running"; None when
+    it kept running, is gone or may not be read (ptrace access)."""
+    import time
+    for i in range(samples):
+        text = _read(f"/proc/{pid}/task/{tid}/syscall")
+        if not text:
+            return None
+        f = text.split()
+        if f[0] != "running" and len(f) >= 3:
+            try:
+                return int(f[-2], 16)
+            except ValueError:
+                return None
+        if i + 1 < samples:
+            time.sleep(gap_s)
+    return None
+
+
+def inside_call(pid: int, tid: int, entry_sp: int, ret_addr: int) -> bool | None:
+    """Whether a thread is still inside the call it entered with the stack pointer ``entry_sp``
+    (where the call's return address ``ret_addr`` was): blocked deeper than that and the return
+    address still in its slot. False when it is back above it or the slot holds something else
+    (it returned and called elsewhere); None when it cannot be told (running, gone, no access)."""
+    sp = blocked_sp(pid, tid)
+    if sp is None or not entry_sp:
+        return None
+    if sp >= entry_sp:
+        return False
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        word = os.pread(fd, 8, entry_sp)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return len(word) == 8 and int.from_bytes(word, "little") == ret_addr
+
+
 def socket_fds(pid: int) -> list[tuple[int, int]]:
     """(socket inode, fd number) of each of pid's descriptors that is a socket (a socket
     held by two descriptors: twice)."""

@@ -187,6 +187,7 @@ class Capture:
         self.notes: list[str] = []
         self.procs: dict[int, procs.ProcInfo] = {}
         self.tracer_flush_ms = tracer.FLUSH_MS
+        self.tracer_ring = False          # capture --watch: the tracer's records in a ring (tracer.render_script)
         self.not_nccl: dict[int, tuple[int, int]] = {}   # processes seen mapping no NCCL (procs.discover)
         self.netns: dict[int, NetNs] = {}
         self.own_ns = procs.netns_inode("self")
@@ -725,8 +726,11 @@ class Capture:
             pass
         targets.fill_addresses()
         feats = tracer.KernelFeatures.probe()
+        keys = os.environ.get("BPFTRACE_MAP_KEYS_MAX", str(tracer.MAP_KEYS_MAX))
+        # ring mode needs the dump probe's attach point (the libc of this process)
+        ring = int(keys) if self.tracer_ring and targets.stop_lib and keys.isdigit() else 0
         script, blocks = tracer.render_script(targets, feats, call_returns=self.o.call_returns,
-                                              flush_ms=self.tracer_flush_ms)
+                                              flush_ms=self.tracer_flush_ms, ring=ring)
         bpf_dir = self.staging / "bpf"
         bpf_dir.mkdir(parents=True, exist_ok=True)
         script_path = bpf_dir / "nccl.generated.bt"
@@ -735,7 +739,7 @@ class Capture:
         argv = ["bpftrace", "-B", "line", str(script_path)]
         self.tracer_stderr = open(bpf_dir / "tracer.stderr.txt", "wb")
         env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
-                   BPFTRACE_MAP_KEYS_MAX=os.environ.get("BPFTRACE_MAP_KEYS_MAX", str(tracer.MAP_KEYS_MAX)))
+                   BPFTRACE_MAP_KEYS_MAX=keys)
         self.tracer_proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.tracer_stderr, env=env)
         # raw lines are spooled as they come (no parsing while the job runs) and become
         # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
@@ -745,7 +749,7 @@ class Capture:
                     started_ns=t0, files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
                     libraries=sorted(targets.nccl), cuda_libraries=sorted(set(targets.cudart) | set(targets.cuda)),
                     blocks=blocks, kernel_tracepoints=sorted(feats.tracepoints), btf=feats.btf,
-                    call_returns=self.o.call_returns)
+                    call_returns=self.o.call_returns, **({"ring_slots": ring} if ring else {}))
 
     @property
     def raw_dir(self) -> Path:

@@ -23,6 +23,7 @@ import array
 import errno
 import fcntl
 import heapq
+import itertools
 import ipaddress
 import json
 import os
@@ -119,9 +120,22 @@ MAP_DECLS = {
     "op": "@op[(int32)0, (int32)0] = ((uint64)0, 0);",
     "ep": "@ep[0] = 0;",
     "want": "@want[(uint64)0] = 0;",
+    # ring mode (capture --watch): the record ring, its count, the call state, the thread-exit queue
+    "r": f"@r[(uint64)0] = ((uint64)0, (int32)0, {_REC0[1:]};",
+    "rg": "@rg[0] = (uint64)0;",
+    "xq": "@xq[(uint64)0] = (int32)0;",
+    "xw": "@xw[0] = (uint64)0;",
+    "xr": "@xr[0] = (uint64)0;",
 }
+# @op in ring mode: (t0 of the open call or 0, its slot, pid, t0 and t1 of the last returned
+# call, the second of that return (t1 / 1e9), the longest host wait after a collective in that
+# second, and for a collective whose return is not traced the stack pointer at its entry and the
+# return address there: capture.watch asks whether the thread is still inside it)
+RING_OP_DECL = ("@op[(int32)0, (int32)0] = ((uint64)0, (uint64)0, (int32)0, (uint64)0, (uint64)0, (uint64)0, "
+                "(uint64)0, (uint64)0, (uint64)0);")
 MAP_DECL_KEYS = {"comm": "(uint64)0", "opc": "(uint64)0", "traced": "(uint64)0", "want": "(uint64)0",
-                 "e0": "(int32)0, (uint64)0", "e1": "(int32)0, (uint64)0", "op": "(int32)0, (int32)0", "ep": "0"}
+                 "e0": "(int32)0, (uint64)0", "e1": "(int32)0, (uint64)0", "op": "(int32)0, (int32)0", "ep": "0",
+                 "r": "(uint64)0", "rg": "0", "xq": "(uint64)0", "xw": "0", "xr": "0"}
 MAP_KEEP = {"ep"}   # declared and kept (the current buffer's index), not deleted after the declaration
 
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
@@ -154,7 +168,7 @@ class KernelFeatures:
     @classmethod
     def probe(cls, names=("tcp/tcp_retransmit_skb", "tcp/tcp_send_reset", "tcp/tcp_receive_reset",
                           "sock/inet_sock_set_state", "sched/sched_switch",
-                          "sched/sched_process_fork")) -> "KernelFeatures":
+                          "sched/sched_process_fork", "sched/sched_process_exit")) -> "KernelFeatures":
         feats = cls(btf=os.path.exists("/sys/kernel/btf/vmlinux"))
         root = ensure_tracefs()
         for name in names:
@@ -200,7 +214,7 @@ class TraceTargets:
             for path, syms in self.libs(kind).items():
                 wanted.setdefault(path, set()).update(syms)
         if self.stop_lib:
-            wanted.setdefault(self.stop_lib, set()).add("sched_get_priority_max")
+            wanted.setdefault(self.stop_lib, set()).update(("sched_get_priority_max", "sched_get_priority_min"))
         for path in wanted:
             try:
                 syms = exported_functions_cached(path)
@@ -228,11 +242,14 @@ def _quote_path(path: str) -> str:
     return '"' + path.replace('"', '\\"') + '"'
 
 
-def _requirement_ok(req: str, targets: TraceTargets, feats: KernelFeatures, call_returns: bool = False) -> bool:
+def _requirement_ok(req: str, targets: TraceTargets, feats: KernelFeatures, call_returns: bool = False,
+                    ring: int = 0) -> bool:
     if req.startswith("!"):
-        return not _requirement_ok(req[1:], targets, feats, call_returns)
+        return not _requirement_ok(req[1:], targets, feats, call_returns, ring)
     if req == "returns":
         return call_returns
+    if req == "ring":
+        return bool(ring)
     if req == "stop":
         return bool(targets.stop_lib and targets.capture_pid)
     if req == "hot":
@@ -292,14 +309,135 @@ def _apply_pid_filter(block: str, active: bool) -> str:
     return "\n".join(lines[:first + 1] + ["  if (@want[(uint64)pid]) {"] + body + ["  }"] + lines[last:])
 
 
+# --- the hot path's record keeping, one text per mode: flush (capture) or ring (capture --watch).
+# Classes of open calls in @op: 0 collective, 1 host wait, 2 ncclGroupEnd.
+HOT_CLASSES = {"COLL": 0, "WAIT": 1, "GROUP": 2}
+EXIT_QUEUE = 4096            # ring mode: threads that ended, waiting to be forgotten (block state)
+_X9 = ", ".join(f"$x.{i}" for i in range(9))
+
+_FLUSH_STORE = """$e = @ep[0];
+if ($e == 0) { @e0[(int32)tid, $t] = $r; @ne = count(); }
+else if ($e == 1) { @e1[(int32)tid, $t] = $r; @ne = count(); }"""
+
+_FLUSH_RETURN = """$o = @op[(int32)tid, (int32)CLS];
+if ($o.0 != 0) {
+  $t1 = nsecs;
+  $rc = (int32)retval;
+  $e = @ep[0];
+  $done = 0;
+  /* the entry's record still in the current buffer: complete it in place (an update; printing
+     a map that is only inserted into and updated is safe) */
+  if ($e == $o.1 && $e == 0) {
+    $x = @e0[(int32)tid, $o.0];
+    if ($x.1 != 0) {
+      @e0[(int32)tid, $o.0] = (X9, (uint64)$t1, $rc);
+      $done = 1;
+    }
+  }
+  if ($e == $o.1 && $e == 1) {
+    $x = @e1[(int32)tid, $o.0];
+    if ($x.1 != 0) {
+      @e1[(int32)tid, $o.0] = (X9, (uint64)$t1, $rc);
+      $done = 1;
+    }
+  }
+  if ($done == 0) {
+    /* the buffers switched since the entry: a return record, key (tid, t1), t0 in slot a */
+    $r = ((int32)255, (int32)pid, $o.0, (uint64)0, (uint64)0, (int32)0, (int32)0, (int32)0, (uint64)0,
+          (uint64)$t1, $rc);
+    if ($e == 0) { @e0[(int32)tid, $t1] = $r; @ne = count(); }
+    else if ($e == 1) { @e1[(int32)tid, $t1] = $r; @ne = count(); }
+  }
+  delete(@op[(int32)tid, (int32)CLS]);
+}""".replace("X9", _X9)
+
+# ring mode: a record goes into the next of RING slots (the oldest record is overwritten); its
+# key is the slot, t0 and tid lead the value. @rg counts the records ever made (a race between
+# two CPUs may give both the same slot: one record lost, never a wrong one)
+_RING_STORE = """$s = @rg[0];
+@rg[0] = $s + 1;
+$s = $s % RING;
+@r[$s] = ((uint64)$t, (int32)tid, """ + ", ".join(f"$r.{i}" for i in range(11)) + ");"
+
+_RING_RETURN = """$o = @op[(int32)tid, (int32)CLS];
+if ($o.0 != 0) {
+  $t1 = nsecs;
+  $rc = (int32)retval;
+  $x = @r[$o.1];
+  if ($x.0 == $o.0 && $x.1 == (int32)tid) {
+    /* the entry's record still in its slot: complete it in place */
+    @r[$o.1] = ($x.0, $x.1, """ + ", ".join(f"$x.{i}" for i in range(2, 11)) + """, (uint64)$t1, $rc);
+  } else {
+    /* the ring went round during the call: a return record, t0 in slot a */
+    $t = $t1;
+    $r = ((int32)255, (int32)pid, $o.0, (uint64)0, (uint64)0, (int32)0, (int32)0, (int32)0, (uint64)0,
+          (uint64)$t1, $rc);
+    STORE
+  }
+  $q = $t1 / 1000000000;
+  $m = $o.5 == $q ? $o.6 : (uint64)0;
+  LONGEST
+  @op[(int32)tid, (int32)CLS] = ((uint64)0, (uint64)0, (int32)pid, $o.0, (uint64)$t1, $q, $m, $o.7, $o.8);
+}"""
+
+# a host wait that began after this thread's last collective, itself entered after the wait
+# before: the slowest collective of the second (capture.watch: --hang-after's default)
+_RING_LONGEST = """$c = @op[(int32)tid, (int32)0];
+$lc = $c.0 > $c.3 ? $c.0 : $c.3;
+if ($lc > $o.3 && $lc < $o.0 && $t1 - $o.0 > $m) {
+  $m = $t1 - $o.0;
+}"""
+
+
+def hot_macros(ring: int = 0) -> dict[str, str]:
+    """The texts of the template's RECORD* and RETURN_* placeholders: flush mode (``ring`` 0,
+    the double-buffered maps printed every flush) or ring mode (``ring`` slots, see
+    bpf/README.md)."""
+    out: dict[str, str] = {}
+    if not ring:
+        out["RECORD"] = out["RECORD_LAUNCH"] = _FLUSH_STORE
+        for name, cls in HOT_CLASSES.items():
+            out[f"RECORD_OPEN_{name}"] = (_FLUSH_STORE + f"\n@op[(int32)tid, (int32){cls}] = ((uint64)$t, $e);"
+                                          "   /* in progress */")
+            out[f"RETURN_{name}"] = _FLUSH_RETURN.replace("CLS", str(cls))
+        return out
+    store = _RING_STORE.replace("RING", str(int(ring)))
+    keep = ("$p = @op[(int32)tid, (int32){cls}];\n"
+            "@op[(int32)tid, (int32){cls}] = ({first}, (int32)pid, $p.3, $p.4, $p.5, $p.6, $p.7, $p.8);")
+    out["RECORD"] = store
+    # a collective whose return is not traced: a launch, its t0 the last collective's, with the
+    # stack pointer at its entry and the return address it points to (still there while the
+    # thread is inside the call: capture.watch checks that for a hang)
+    out["RECORD_LAUNCH"] = store + "\n" + keep.format(cls=0, first="(uint64)0, (uint64)0").replace(
+        "$p.3, $p.4", "(uint64)$t, $p.4").replace("$p.7, $p.8", "$sp, *(uint64 *)$sp")
+    out["RECORD_LAUNCH"] = "$sp = (uint64)reg(\"sp\");\n" + out["RECORD_LAUNCH"]
+    for name, cls in HOT_CLASSES.items():
+        out[f"RECORD_OPEN_{name}"] = store + "\n" + keep.format(cls=cls, first="(uint64)$t, $s")
+        ret = _RING_RETURN.replace("STORE", store.replace("\n", "\n    ")).replace("CLS", str(cls))
+        out[f"RETURN_{name}"] = ret.replace("  LONGEST\n", ("  " + _RING_LONGEST.replace("\n", "\n  ") + "\n")
+                                            if name == "WAIT" else "")
+    return out
+
+
+_MACRO_LINE_RE = re.compile(r"^([ \t]*)\{(RECORD\w*|RETURN_\w+)\}[ \t]*$", re.M)
+
+
+def _expand_macros(text: str, macros: dict[str, str]) -> str:
+    """A placeholder alone on its line -> its text, every line indented as the placeholder."""
+    return _MACRO_LINE_RE.sub(lambda m: "\n".join(m.group(1) + l if l else l
+                                                  for l in macros[m.group(2)].split("\n")), text)
+
+
 def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bool = True,
-                  template: str | None = None, flush_ms: int = FLUSH_MS) -> tuple[str, list[str]]:
+                  template: str | None = None, flush_ms: int = FLUSH_MS, ring: int = 0) -> tuple[str, list[str]]:
     """The bpftrace program for this host, and the names of the blocks kept.
 
     ``call_returns``: uretprobes on the collectives too (t1 and rc of every collective
     call, completed in place in the call's record: cheap; --no-call-returns leaves them out).
-    ``flush_ms``: how often the hot-path records are printed (the watcher flushes less often:
-    each flush costs the job a fixed amount, see bpf/README.md)."""
+    ``flush_ms``: how often the hot-path records are printed (ring mode: the calls' state).
+    ``ring``: ring mode (capture --watch) with this many record slots: the records stay in the
+    kernel until the watcher asks for them (:func:`trigger_dump`), see bpf/README.md."""
+    macros = hot_macros(ring)
     text = template if template is not None else TEMPLATE.read_text()
     matches = list(_BLOCK_RE.finditer(text))
     kept_names: list[str] = []
@@ -310,7 +448,7 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
         opts = [s.split("=", 1) for s in spec]
         reqs = [v for k, v in opts if k == "requires"]
         table = next((v for k, v in opts if k == "foreach"), None)
-        if not all(_requirement_ok(r, targets, feats, call_returns) for r in reqs):
+        if not all(_requirement_ok(r, targets, feats, call_returns, ring) for r in reqs):
             continue
         tables = dict(TABLES, GROUP_RET=[r for r in GROUP if call_returns or r["FN"] == "ncclGroupEnd"],
                       GROUP_NORET=[r for r in GROUP if not (call_returns or r["FN"] == "ncclGroupEnd")])
@@ -321,6 +459,7 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
                 row["NEST_ENTER"] = "@cd[tid]++;" if row["NEST"] else ""
                 row["NEST_TEST"] = "== 1" if row["NEST"] else "== 0"
             inst = _PLACEHOLDER_RE.sub(lambda mm: str(row[mm.group(1)]) if mm.group(1) in row else mm.group(0), body)
+            inst = _expand_macros(inst, macros)
             inst = _expand_attach_points(inst, targets)
             if inst is None:
                 continue
@@ -333,7 +472,8 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
     for name in used:
         if name in MAP_DECLS:
             key = MAP_DECL_KEYS.get(name, "tid")
-            decls.append(MAP_DECLS[name] + ("" if name in MAP_KEEP else f" delete(@{name}[{key}]);"))
+            decl = RING_OP_DECL if ring and name == "op" else MAP_DECLS[name]
+            decls.append(decl + ("" if name in MAP_KEEP else f" delete(@{name}[{key}]);"))
     hot = "@e0[" in script
     clear = [f"clear(@{n});" for n in used] + (["clear(@ne);"] if "@ne = count()" in script else [])
     fill = {
@@ -346,17 +486,22 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
         "FLUSH_FINAL": ('if (@ep[0] != 2) { print(@e0); print(@e1);'
                         + (' print(@ne);' if "@ne = count()" in script else "") + " }") if hot else "",
         "STOP_POINT": targets.point("uprobe", targets.stop_lib or "", STOP_SYMBOL),
+        "DUMP_POINT": targets.point("uprobe", targets.stop_lib or "", DUMP_SYMBOL),
+        "RING": str(int(ring)),
+        "EXIT_QUEUE": str(EXIT_QUEUE),
         "CAPTURE_PID": str(targets.capture_pid or 0),
     }
     script = _PLACEHOLDER_RE.sub(lambda mm: fill.get(mm.group(1), mm.group(0)), script)
     header = ("// generated by stallscope capture from bpf/nccl.bt"
-              + ("" if call_returns else " (--no-call-returns)") + "; blocks: " + ", ".join(kept_names) + "\n")
+              + ("" if call_returns else " (--no-call-returns)") + (f" (ring mode, {ring} records)" if ring else "")
+              + "; blocks: " + ", ".join(kept_names) + "\n")
     for path, syms in sorted(targets.addrs.items()):   # what the addresses of the attach points are
         header += "".join(f"// {path}: {name} = 0x{addr:x}\n" for name, addr in sorted(syms.items()))
     return header + script, kept_names
 
 
 STOP_SYMBOL = "sched_get_priority_max"
+DUMP_SYMBOL = "sched_get_priority_min"     # ring mode: the watcher asks for the ring (block dump)
 
 
 def own_libc() -> str | None:
@@ -378,18 +523,27 @@ def trigger_stop() -> None:
     os.sched_get_priority_max(os.SCHED_OTHER)
 
 
+def trigger_dump() -> None:
+    """Ring mode: fire the dump probe (bpf/nccl.bt, block dump), which prints the record ring
+    and a ``ring_dump`` mark after it."""
+    os.sched_get_priority_min(os.SCHED_OTHER)
+
+
 def probes_expected(targets: TraceTargets) -> int:
     return sum(len(s) for s in targets.nccl.values())
 
 
 # --------------------------------------------------------------------------- output, during the capture
-HOT_TAGS = (b"@e0[", b"@e1[")   # map-dump lines of the hot path (records): the ones that may be dropped
+# map-dump lines of the hot path, the ones that may be dropped: a flush's records; ring mode's
+# records, their count and the calls' state (which the watcher reads as they come)
+HOT_TAGS = (b"@e0[", b"@e1[", b"@op[", b"@rg[")
+RING_DUMP_TAG = b'{"ev":"ring_dump"'    # a dump's end: goes with its records
 KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
 PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
 
 
 def _is_hot(line: bytes) -> bool:
-    return line[:4] in HOT_TAGS
+    return line[:4] in HOT_TAGS or line[:3] == b"@r[" or line.startswith(RING_DUMP_TAG)
 
 
 class Spool:
@@ -564,7 +718,7 @@ class Spool:
             for line in fh:
                 if _is_hot(line):
                     hot += 1
-                else:
+                elif line.strip():            # (a map's print ends with an empty line)
                     keep.append(line)
         kept = b"".join(keep)
         with open(self.raw_dir / KEEP_FILE, "ab") as fh:
@@ -610,6 +764,12 @@ def parse_record(line: bytes) -> tuple[int, int, list[int]] | None:
     return (int(m.group(2)), int(m.group(3)), f) if len(f) == 11 else None
 RET_KIND = 255   # the return record of a call (bpf/nccl.bt)
 _NE_RE = re.compile(rb"^@ne: (\d+)")
+# ring mode (capture --watch): a dump's records, (t0 or a return's t1, tid, then the 11 fields of a
+# flush's record) keyed by their slot; the count of records ever made; the calls' state (the
+# watcher's, nothing for the events)
+_RING_RE = re.compile(rb"^@r\[\d+\]: \(([-\d, ]+)\)\s*$")
+_RG_RE = re.compile(rb"^@rg\[0\]: (\d+)")
+STATE_TAG = b"@op["
 COLL_BY_KIND = {r["KIND"]: (r["OP"], r["FN"]) for r in COLLECTIVES}
 GROUP_BY_KIND = {r["KIND"]: r["FN"] for r in GROUP}
 WAIT_BY_KIND = {r["KIND"]: (r["FN"], r["OBJ"]) for r in HOST_WAITS}
@@ -692,6 +852,13 @@ class _Builder:
         self.lost_events = 0
         self.attached_probes: int | None = None
         self.other_lines: list[str] = []
+        # ring mode: (tid, key) -> (fields, the dump it was last seen in); its dumps; @rg
+        self.ring: dict[tuple[int, int], tuple[list[int], int]] = {}
+        self.dumps = 0
+        self.ring_slots: int | None = None
+        self.ring_made: int | None = None
+        self.ring_oldest: list[int] = []              # per dump: its oldest record's time
+        self._dump_oldest: int | None = None
 
     def returned(self, kind: int) -> bool | None:
         """What a record's t1/rc mean: True (the return was traced) or None (not traced)."""
@@ -720,9 +887,14 @@ class _Builder:
         if line[:1] == b"@":
             m = _REC_RE.match(line)
             if m is None:
-                m = _NE_RE.match(line)
-                if m:
+                if line[:3] == b"@r[":
+                    self.ring_record(line)
+                elif line[:4] == STATE_TAG:
+                    pass
+                elif (m := _NE_RE.match(line)):
                     self.records_made = max(self.records_made or 0, int(m.group(1)))
+                elif (m := _RG_RE.match(line)):
+                    self.ring_made = max(self.ring_made or 0, int(m.group(1)))
                 elif line.strip():
                     self.bad_lines += 1
                 return None
@@ -766,6 +938,12 @@ class _Builder:
             kind = ev.get("ev")
             if kind == "ret":
                 return "ret", ev.get("k"), ev
+            if kind == "ring_dump":           # the end of a dump: its records are those read since the last
+                self.dumps += 1
+                self.ring_slots = ev.get("slots")
+                if self._dump_oldest is not None:
+                    self.ring_oldest.append(self._dump_oldest)
+                self._dump_oldest = None
             open_kind = OPEN_KINDS.get(kind)
             if open_kind and "t1" not in ev:
                 return "entry", open_kind, ev
@@ -814,6 +992,52 @@ class _Builder:
             return (self.merge(ev, ret),)
         self.pending.setdefault(key, []).append(ev)
         return ()
+
+    def ring_record(self, line: bytes) -> None:
+        """A ring dump's record: the newest dump's copy of a record wins (it may have been completed
+        since); a record is the same in every dump it is in, or overwritten by another one."""
+        m = _RING_RE.match(line)
+        try:
+            f = [int(x) for x in m.group(1).split(b",")] if m else []
+        except ValueError:
+            f = []
+        if len(f) != 13 or f[0] <= 0:
+            if not (len(f) == 13 and f[0] == 0):   # an empty slot (the declaration's): nothing
+                self.bad_lines += 1
+            return
+        if (f[1], f[0]) not in self.ring:
+            self.records += 1
+        self.ring[(f[1], f[0])] = (f[2:], self.dumps)
+        if self._dump_oldest is None or f[0] < self._dump_oldest:
+            self._dump_oldest = f[0]
+
+    def ring_events(self):
+        """The ring's records as events, once the last dump was read. A call with no return in
+        the last dump that holds it was still inside then if that dump is the last one (the
+        hang); a call seen open only in an earlier dump had its return overwritten since:
+        unknown (t1 null, ``returned`` null), never a hang."""
+        ring, self.ring = self.ring, {}
+        last = self.dumps - 1
+        done: dict[tuple[int, int], tuple[int, int]] = {}
+        for (tid, key), (f, _) in ring.items():
+            if f[0] == RET_KIND:
+                done[(tid, f[2])] = (key, f[10])
+        for (tid, key), (f, seen) in sorted(ring.items(), key=lambda kv: kv[0][1]):
+            if f[0] == RET_KIND:
+                if (tid, f[2]) not in ring:
+                    self.orphan_returns += 1
+                continue
+            returned = self.returned(f[0])
+            if returned is None:
+                yield self.record(tid, key, f, None)
+                continue
+            ev = self.record(tid, key, f, False)
+            ret = (f[9], f[10]) if f[9] else done.get((tid, key))
+            if ret is not None:
+                ev.update(t1=ret[0], rc=ret[1], returned=True)
+            elif seen != last:
+                ev.update(returned=None)
+            yield ev
 
     def unfinished(self):
         """Calls still inside at the end (t1 null, returned false): entries without a return."""
@@ -869,7 +1093,7 @@ def _ordered(builder: _Builder, paths, window: int = REORDER_WINDOW):
                     seq += 1
                     if len(heap) > window:
                         yield heapq.heappop(heap)[2]
-    for ev in builder.unfinished():
+    for ev in itertools.chain(builder.ring_events(), builder.unfinished()):
         heapq.heappush(heap, (_time_of(ev), seq, ev))
         seq += 1
     while heap:
@@ -953,6 +1177,15 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
                "by_type": dict(sorted((k, v) for k, v in counts.items() if v))}
     if spool is not None and spool.dropped_segments:
         summary["raw_segments_dropped"] = spool.dropped_segments
+    if builder.dumps:
+        # ring mode: the hot path is complete from the oldest record of the first dump on (the
+        # records before it were overwritten), when the ring went round at all
+        wrapped = bool(builder.ring_made and builder.ring_slots and builder.ring_made > builder.ring_slots)
+        summary["ring"] = {"dumps": builder.dumps, "slots": builder.ring_slots, "records_made": builder.ring_made,
+                           "oldest_monotonic_ns": builder.ring_oldest[0] if builder.ring_oldest else None,
+                           "wrapped": wrapped}
+        if wrapped and builder.ring_oldest and span.start is not None:
+            span.start = max(span.start, builder.ring_oldest[0])
     summary["span_monotonic_ns"] = span.result()
     summary["messages"] = builder.other_lines[:20]
     return summary

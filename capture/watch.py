@@ -7,7 +7,9 @@ segments by age, tcpdump rotates through ``-C/-W`` files, the ss series and off-
 keep two files each), in a hidden staging folder in the output folder, with no end. Each
 0.2 s tick of its loop the :class:`Watcher` checks its triggers:
 
-- **hang**: :class:`ProgressMonitor` reads the tracer's spooled lines as they come; a process
+- **hang**: :class:`RingMonitor` reads the calls' state the tracer prints every second (its
+  records stay in a ring in the kernel, printed at a trigger and at the cut: bpf/README.md,
+  "Ring mode"; :class:`ProgressMonitor` reads every record where the ring cannot be used); a process
   with a collective in flight (an NCCL collective entered since its last returned host wait,
   and a call of it still open: the collective or the synchronize after it) and nothing
   returned for ``--hang-after`` (default: the larger of 30 s and 10x the slowest collective
@@ -53,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import bundle as bd
-from . import children, tracer
+from . import children, procs, tracer
 from .runner import (DISK_FULL, STAGED_MANIFEST, Capture, CaptureFailed, CaptureResult, CaptureUsageError,
                      clock_sample, fit_budget, lock_staging, ring_previous, tcpdump_files, utc_span)
 
@@ -61,10 +63,11 @@ PENDING = ".incident-pending"        # in the ring's staging folder while an inc
 TRIGGER_NAME = "stallscope.trigger"
 SLOWEST_WINDOW_S = 300.0             # --hang-after auto: the slowest collective of the last 5 minutes
 HANG_AFTER_FLOOR_S = 30.0
-WATCH_FLUSH_MS = 1000                # the tracer's records printed this often (capture: tracer.FLUSH_MS)
+WATCH_FLUSH_MS = 1000                # the tracer's call state printed this often (no ring: its records)
 HANG_AFTER_FACTOR = 10.0
 LOG_PATHS_EVERY_S = 10.0             # the job's log files looked for again this often (and when its processes change)
 RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
+RING_DUMP_WAIT_S = 10.0              # the cut waits this long for the tracer's ring dump to be spooled
 # the tracer's events that start the packet ring (--pcap-ring on-trouble): a kernel retransmission
 # (timeout, fast retransmit, tail loss probe) or a reset sent or received
 TCP_TROUBLE = (b'{"ev":"tcp_retransmit_skb"', b'{"ev":"tcp_send_reset"', b'{"ev":"tcp_receive_reset"')
@@ -126,9 +129,12 @@ class ProgressMonitor:
         self.lines = 0
         self.trouble: list[dict] = []                              # TCP trouble events since take_trouble
 
+    def scan(self, data: bytes) -> list[tuple[bytes, ...]]:
+        from .tracer import PROGRESS_RE
+        return PROGRESS_RE.findall(data)
+
     def poll(self) -> int:
         """Read what was spooled since the last call; returns the hot-path records read."""
-        from .tracer import PROGRESS_RE
         segs = sorted(self.raw_dir.glob("seg-*.txt"))
         names = {p.name for p in segs}
         for gone in [n for n in self.pos if n not in names]:
@@ -153,7 +159,7 @@ class ProgressMonitor:
             data = data[:cut]
             # the hot path's records, several thousand a second: one regular-expression pass
             # over the chunk (the watcher's main cost), fields converted where they are used
-            found += PROGRESS_RE.findall(data)
+            found += self.scan(data)
             if b'{"ev":"tcp_' in data:
                 for line in data.split(b"\n"):
                     if line.startswith(TCP_TROUBLE) and len(self.trouble) < MAX_TROUBLE:
@@ -260,6 +266,119 @@ class ProgressMonitor:
                 d.pop(p, None)
 
 
+# @op[tid, class]: (t0 of the open call or 0, slot, pid, t0 and t1 of the last return, its second,
+# the second's longest host wait after a collective, a launched collective's entry stack pointer and
+# return address); see bpf/nccl.bt, block state
+STATE_RE = re.compile(rb"^@op\[(\d+), (\d+)\]: \((\d+), \d+, (\d+), (\d+), (\d+), (\d+), (\d+), (\d+), (\d+)\)"
+                      rb"[ \t\r]*$", re.M)
+KIND_OF_CLASS = {0: 0, 1: 32, 2: 16}      # a class's kind as ProgressMonitor knows it (collective, wait, group)
+
+
+class RingMonitor(ProgressMonitor):
+    """The same questions answered from the tracer's ring mode (``capture --watch``): the
+    records stay in the kernel, and every second the tracer prints each thread's call state
+    instead (a few lines a thread, however many calls it made): its open call of each class,
+    its last returned one, and the longest host wait after a collective of that second. A
+    line replaces what the thread's class said before. ``ring_dumps`` counts the dumps of the
+    record ring read (the watcher waits for one at the cut).
+
+    Without the collectives' returns (the watcher's default: a uretprobe is the costliest part
+    of the tracer) a collective is a launch; a thread whose last call was one, in a process with
+    a collective in flight and quiet for --hang-after, is stuck when it is still inside that
+    call: ``stuck(..., inside=capture.procs.inside_call)`` asks with the stack pointer at the
+    call's entry and the return address there."""
+
+    ASK_AGAIN_S = 5.0          # a thread that could not be told (running) is asked again this much later
+
+    def __init__(self, raw_dir: Path, call_returns: bool = True, max_read: int = 16 << 20):
+        super().__init__(raw_dir, call_returns, max_read)
+        self.cls_open: dict[tuple[int, int], int] = {}     # (tid, class) -> t0 of its open call
+        self.seen_longest: dict[int, tuple[bytes, bytes]] = {}
+        self.ring_dumps = 0
+        self.launches: dict[int, tuple[int, int, int, int]] = {}   # tid -> (pid, t0, entry sp, return address)
+        self.thread_last: dict[int, int] = {}                      # tid -> its latest entry or return
+        self.asked: dict[tuple[int, int], tuple[bool | None, int]] = {}   # (tid, t0) -> (inside?, when)
+
+    def scan(self, data: bytes) -> list[tuple[bytes, ...]]:
+        from .tracer import RING_DUMP_TAG
+        self.ring_dumps += data.count(RING_DUMP_TAG)
+        return STATE_RE.findall(data)
+
+    def _records(self, found: list[tuple[bytes, ...]]) -> None:
+        lc, lr, lw, opn, cls_open = self.last_coll, self.last_return, self.last_wait, self.open, self.cls_open
+        last = self.thread_last
+        for tid, cls, t0, pid, lt0, lt1, sec, longest, sp, ret in found:
+            pid = int(pid)
+            if not pid:
+                continue
+            tid, cls, t0, lt0, lt1 = int(tid), int(cls), int(t0), int(lt0), int(lt1)
+            newest = max(t0, lt0, lt1)
+            if newest > last.get(tid, 0):
+                last[tid] = newest
+            if sp != b"0" and not self.call_returns:
+                self.launches[tid] = (pid, lt0, int(sp), int(ret))
+            prev = cls_open.get((tid, cls))
+            if prev is not None and prev != t0:
+                opn.pop((tid, prev), None)
+                del cls_open[(tid, cls)]
+            if t0:
+                opn[(tid, t0)] = (pid, KIND_OF_CLASS.get(cls, 16))
+                cls_open[(tid, cls)] = t0
+            if lt1 > lr.get(pid, 0):
+                lr[pid] = lt1
+            if cls == 0:
+                c = max(t0, lt0)
+                if c > lc.get(pid, -1):
+                    lc[pid] = c
+            elif cls == 1:
+                if lt0 > lw.get(pid, 0):
+                    lw[pid] = lt0
+                if longest != b"0" and self.seen_longest.get(tid) != (sec, longest):
+                    self.seen_longest[tid] = (sec, longest)
+                    d, q = int(longest), self.durations
+                    while q and q[-1][1] <= d:
+                        q.pop()
+                    q.append((lt1, d))
+
+    def stuck(self, now_ns: int, after_ns: int, inside=None) -> list[dict]:
+        out = super().stuck(now_ns, after_ns)
+        if inside is None:
+            return out
+        seen = {s["pid"] for s in out}
+        for tid, (pid, t0, sp, ret) in sorted(self.launches.items()):
+            if pid in seen or self.thread_last.get(tid) != t0 or not self.in_flight(pid):
+                continue                          # the thread called something since, or nothing is in flight
+            since = max(t0, self.last_return.get(pid, 0))
+            if now_ns - since < after_ns or not self._inside(inside, now_ns, pid, tid, t0, sp, ret):
+                continue
+            seen.add(pid)
+            out.append({"pid": pid, "open_since_ns": t0, "quiet_ns": now_ns - since, "kind": 0,
+                        "last_collective_ns": self.last_coll.get(pid), "tid": tid, "inside_launch": True})
+        return out
+
+    def _inside(self, inside, now_ns: int, pid: int, tid: int, t0: int, sp: int, ret: int) -> bool:
+        """inside(), remembered: a thread that returned from a launch stays returned from it; one that
+        could not be told (running) is asked again after ASK_AGAIN_S."""
+        key = (tid, t0)
+        known = self.asked.get(key)
+        if known is not None and (known[0] is False or now_ns - known[1] < self.ASK_AGAIN_S * 1e9):
+            return bool(known[0])
+        verdict = inside(pid, tid, sp, ret)
+        if len(self.asked) > 10_000:
+            self.asked.clear()
+        self.asked[key] = (verdict, now_ns)
+        return bool(verdict)
+
+    def forget(self, pids) -> None:
+        super().forget(pids)
+        opn, dead = self.open, set(pids)
+        for k in [k for k, t0 in self.cls_open.items() if (k[0], t0) not in opn]:
+            del self.cls_open[k]
+        for tid in [t for t, v in self.launches.items() if v[0] in dead]:
+            del self.launches[tid]
+            self.thread_last.pop(tid, None)
+
+
 # --------------------------------------------------------------------------- the log trigger
 # each starts with a literal, which re finds at memchr speed: an alternation, or a leading
 # character class ("[Cc]ollective"), makes re try every byte of a chatty job's logs (60x slower:
@@ -333,7 +452,9 @@ class Watcher(Capture):
         self.ring = True
         self.ring_age_s = o.before_s + o.after_s + RING_SLACK_S
         self.tracer_flush_ms = WATCH_FLUSH_MS
+        self.tracer_ring = True
         self.monitor: ProgressMonitor | None = None
+        self.stuck_kw: dict = {}
         self.logwatch = LogWatch()
         self.logs_found: tuple[float, frozenset, list] | None = None    # (when, pids, log_paths())
         self.incident: dict | None = None           # the open incident: triggers, due time
@@ -454,7 +575,13 @@ class Watcher(Capture):
     def start_tracer(self) -> None:
         super().start_tracer()
         if self.tracer_proc is not None:
-            self.monitor = ProgressMonitor(self.raw_dir, call_returns=self.o.call_returns)
+            ring = (self.collectors.get("tracer") or {}).get("ring_slots")
+            self.monitor = (RingMonitor if ring else ProgressMonitor)(self.raw_dir, call_returns=self.o.call_returns)
+            if ring and not self.o.call_returns:      # a launched collective: is the thread still inside it?
+                self.stuck_kw = {"inside": procs.inside_call}
+            if not ring:
+                self.notes.append("the tracer prints every record (no libc to attach its ring dump to): the watch "
+                                  "costs the job more")
         elif self.pcap_on_trouble:
             self.pcap_on_trouble = False
             self.notes.append("--pcap-ring on-trouble: no tracer to see TCP trouble, the packet ring runs all "
@@ -595,6 +722,7 @@ class Watcher(Capture):
                               f"last incident, not a new bundle: {trig.reason}")
             return
         self.incident = {"first": trig, "triggers": [trig], "due": now + self.o.after_s}
+        self.dump_ring()                             # the records before the trigger, before the ring goes round
         try:
             (self.staging / PENDING).write_text(json.dumps(trig.to_manifest()))
         except OSError:
@@ -612,7 +740,7 @@ class Watcher(Capture):
             self.monitor.forget(gone)
         now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         after = self.hang_after_ns(now_ns)
-        stuck = [s for s in self.monitor.stuck(now_ns, after)
+        stuck = [s for s in self.monitor.stuck(now_ns, after, **self.stuck_kw)
                  if self.cleared.get(s["pid"], -1) != self.monitor.last_return.get(s["pid"], 0)]
         if not stuck:
             return
@@ -754,6 +882,7 @@ class Watcher(Capture):
             dest.mkdir(parents=True)
             lock = lock_staging(dest)
             collectors = copy.deepcopy(self.collectors)
+            self.dump_ring(wait_s=RING_DUMP_WAIT_S)  # the records up to now
             self.flush_tcpdumps()          # the packets up to now onto the ring files
             pcap_files = self.copy_rings(dest, w0_epoch_s)
             self.staging, self.collectors, self.snapshots_started = dest, collectors, set()
@@ -796,6 +925,21 @@ class Watcher(Capture):
             self.staging, self.collectors, self.snapshots_started, self.budget, self.notes, self.futures = saved
             self.last_incident_end = time.monotonic()
             (self.staging / PENDING).unlink(missing_ok=True)
+
+    def dump_ring(self, wait_s: float = 0.0) -> bool:
+        """Ring mode: the tracer prints its record ring (its lines go to the spool's segments,
+        which the cut copies); with ``wait_s``, until the dump's end mark is spooled."""
+        mon = self.monitor
+        if not isinstance(mon, RingMonitor) or self.tracer_proc is None or self.tracer_proc.poll() is not None:
+            return False
+        mon.poll()
+        before = mon.ring_dumps
+        tracer.trigger_dump()
+        deadline = time.monotonic() + wait_s
+        while wait_s and mon.ring_dumps == before and time.monotonic() < deadline:
+            time.sleep(0.05)
+            mon.poll()
+        return mon.ring_dumps > before
 
     def copy_rings(self, dest: Path, w0: float) -> list[tuple[dict, list[Path]]]:
         """The rings' files that hold data from w0 (epoch s) on, copied into dest; the start

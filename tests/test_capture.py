@@ -249,7 +249,7 @@ def _features():
     return tracer.KernelFeatures(btf=True, tracepoints={
         "tcp/tcp_retransmit_skb": fmt_old, "tcp/tcp_send_reset": fmt_new, "tcp/tcp_receive_reset": fmt_old,
         "sock/inet_sock_set_state": fmt_old + "field:__u16 protocol;", "sched/sched_switch": "",
-        "sched/sched_process_fork": ""})
+        "sched/sched_process_fork": "", "sched/sched_process_exit": ""})
 
 
 def test_render_keeps_only_what_exists():
@@ -305,6 +305,36 @@ def test_render_call_returns_by_default():
     from capture import watch
     slow, _ = tracer.render_script(t, _features(), flush_ms=watch.WATCH_FLUSH_MS)
     assert f"interval:ms:{watch.WATCH_FLUSH_MS}\n" in slow and "interval:ms:500\n" not in slow
+
+
+def test_render_ring_mode_keeps_the_records_in_the_kernel():
+    """capture --watch: the records go into a ring (@r) that is printed only when the watcher
+    asks (the dump probe on its libc); every second the tracer prints the calls' state (@op),
+    which only the state block deletes from, just before its print."""
+    t = tracer.TraceTargets(nccl={"/a/libnccl.so.2": set(tracer.NCCL_SYMBOLS)},
+                            cudart={"/a/libcudart.so.12": set(tracer.CUDART_SYMBOLS)},
+                            stop_lib="/lib/libc.so.6", capture_pid=42)
+    script, blocks = tracer.render_script(t, _features(), flush_ms=1000, ring=4096)
+    assert {"state", "dump", "thread_exit"} <= set(blocks) and not {"flush", "stop"} & set(blocks)
+    assert "@e0" not in script and "@e1" not in script and "@ne" not in script and "print(@r)" in script
+    assert f"uprobe:/lib/libc.so.6:{tracer.DUMP_SYMBOL}\n/pid == 42/" in script
+    assert script.count("$s % 4096;") >= 3 and "(ring mode, 4096 records)" in script.splitlines()[0]
+    state = script.split("interval:ms:1000\n", 1)[1].split("\n}\n", 1)[0]
+    # @op is deleted from in the state block only, right before its print (and after its declaration)
+    assert state.count("delete(@op[") == 3 and state.rstrip().endswith("print(@op);")
+    others = [l.strip() for l in script.replace(state, "").splitlines() if "delete(@op[" in l]
+    assert len(others) == 1 and others[0].startswith(tracer.RING_OP_DECL), others
+    # a host wait's return keeps the second's longest wait after a collective; others do not
+    wait_ret = script.split("uretprobe:/a/libcudart.so.12:cudaStreamSynchronize", 1)[1].split("\n}\n", 1)[0]
+    coll_ret = script.split("uretprobe:/a/libnccl.so.2:ncclRecv", 1)[1].split("\n}\n", 1)[0]
+    assert "$lc > $o.3" in wait_ret and "$lc" not in coll_ret and "(int32)255" in coll_ret
+    # no returns traced: a collective's launch is its class's last t0
+    lean, _ = tracer.render_script(t, _features(), call_returns=False, ring=4096)
+    entry = lean.split("uprobe:/a/libnccl.so.2:ncclAllReduce", 1)[1].split("\n}\n", 1)[0]
+    assert "@op[(int32)tid, (int32)0] = ((uint64)0, (uint64)0, (int32)pid, (uint64)$t, $p.4" in entry
+    # without the libc to attach the dump to, no ring
+    t.stop_lib = None
+    assert "dump" not in tracer.render_script(t, _features(), ring=4096)[1]
 
 
 def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):
@@ -664,6 +694,43 @@ def test_postprocess_call_returns_in_place_and_across_buffers(tmp_path):
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [(e["op_count"], e["t1"], e["rc"], e["returned"]) for e in ev] == \
         [(0, 25, 0, True), (1, 31, 5, True), (2, None, None, False)]
+
+
+def _ring(key, tid, kind, pid, a=0, b=0, t1=0, rc=0, slot=None):
+    """A ring dump's line: @r[slot]: (t0 or a return's t1, tid, then a flush record's fields)."""
+    return f"@r[{key % 97 if slot is None else slot}]: ({key}, {tid}, " + _rec(kind, pid, a, b, t1=t1, rc=rc)[1:]
+
+
+def test_postprocess_ring_dumps(tmp_path):
+    """Ring mode (capture --watch): the records come in dumps, the same record in several; the
+    newest dump's copy wins; a call open in the last dump that holds it was still inside if that
+    is the last dump (the hang), unknown if a later dump no longer has it (overwritten); a
+    return record completes its entry; the tracer's span starts at the oldest record of the
+    first dump when the ring went round."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    dump1 = [_ring(100, 6, 0, 5, a=0xA, b=1),                     # collective 1, open at the first dump
+             _ring(200, 6, 0, 5, a=0xA, b=2),                     # collective 2, open, overwritten later
+             _ring(300, 7, 32, 5, a=0x77),                        # a sync whose entry is in dump 1 only
+             "@rg[0]: 5000", "", '{"ev":"ring_dump","t":350,"slots":4096}']
+    dump2 = [_ring(100, 6, 0, 5, a=0xA, b=1, t1=110, rc=0),       # collective 1, completed in place
+             _ring(400, 7, 255, 5, a=300, t1=400, rc=3),          # the sync's return record
+             _ring(500, 8, 32, 5, a=0x78),                        # a sync still inside at the end
+             _ring(600, 9, 255, 5, a=50, t1=600),                 # a return whose entry is gone
+             "@op[6, 0]: (0, 0, 5, 100, 110, 3, 0)",              # the watcher's state: no event
+             "@rg[0]: 5004", "", '{"ev":"ring_dump","t":650,"slots":4096}']
+    (raw / "keep.txt").write_text('{"ev":"tracer_start","t":10}\n')
+    (raw / "seg-000000.txt").write_text("\n".join(dump1 + dump2) + "\n")
+    summ = tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
+    hot = [(e["ev"], e["t0"], e["t1"], e["rc"], e["returned"]) for e in ev if e["ev"] in ("coll", "host_wait")]
+    assert hot == [("coll", 100, 110, 0, True), ("coll", 200, None, None, None),
+                   ("host_wait", 300, 400, 3, True), ("host_wait", 500, None, None, False)]
+    assert summ["unparsable_lines"] == 0 and summ["orphan_returns"] == 1 and summ["hot_records"] == 6
+    assert summ["lost_events"] == 0 and summ["by_type"]["ring_dump"] == 2
+    assert summ["ring"] == {"dumps": 2, "slots": 4096, "records_made": 5004, "oldest_monotonic_ns": 100,
+                            "wrapped": True}
+    assert summ["span_monotonic_ns"] == [100, 650]
 
 
 def test_attach_points_by_address(lab_lib):

@@ -135,6 +135,132 @@ def test_the_slowest_collective_is_the_windows_longest_as_older_ones_expire(tmp_
     assert m.slowest_ns(t + 301 * S) == 0
 
 
+def _op(tid, cls, pid, t0=0, last_t0=0, last_t1=0, sec=0, longest=0, sp=0, ret=0):
+    return f"@op[{tid}, {cls}]: ({t0}, 17, {pid}, {last_t0}, {last_t1}, {sec}, {longest}, {sp}, {ret})"
+
+
+def test_ring_monitor_reads_the_calls_state(tmp_path):
+    """Ring mode: the tracer prints each thread's call state every second, not its records; a
+    line replaces what its thread and class said before."""
+    raw = tmp_path / "raw"
+    m = watch.RingMonitor(raw)
+    _segment(raw, [_op(7, 0, 5, last_t0=1 * S, last_t1=1 * S + 1000),      # allreduce launched, returned
+                   _op(7, 1, 5, t0=1 * S + 2000),                           # its sync, open
+                   _op(9, 1, 6, t0=1 * S), _op(0, 0, 0),                    # pid 6 computes; the declaration
+                   "", '{"ev":"tcp_retransmit_skb","t":1,"saddr":"10.0.0.1"}'])
+    assert m.poll() == 4 and 0 not in {v[0] for v in m.open.values()}
+    assert m.stuck(3 * S, 5 * S) == []
+    stuck = m.stuck(7 * S, 5 * S)
+    assert [s["pid"] for s in stuck] == [5] and stuck[0]["last_collective_ns"] == 1 * S
+    assert [e["saddr"] for e in m.take_trouble()] == ["10.0.0.1"]
+    # the next print: the sync returned (1.5 s, the second's longest), the next collective launched
+    _segment(raw, [_op(7, 0, 5, last_t0=2 * S, last_t1=2 * S + 1000),
+                   _op(7, 1, 5, last_t0=1 * S + 2000, last_t1=int(2.5 * S), sec=2, longest=int(1.5 * S) - 2000),
+                   _op(9, 1, 6, t0=1 * S)])
+    m.poll()
+    assert m.stuck(60 * S, 5 * S) == [] and m.in_flight(5) and list(m.open.values()) == [(6, 32)]
+    assert m.slowest_ns(3 * S) == int(1.5 * S) - 2000
+    _segment(raw, [_op(7, 1, 5, t0=3 * S, last_t0=1 * S + 2000, last_t1=int(2.5 * S), sec=2,
+                       longest=int(1.5 * S) - 2000)])                    # the same second again: counted once
+    m.poll()
+    assert len(m.durations) == 1 and [s["pid"] for s in m.stuck(9 * S, 5 * S)] == [5]
+    m.forget([5])
+    assert m.stuck(9 * S, 5 * S) == [] and (7, 1) not in m.cls_open
+    # a dump's end marks are counted (the cut waits for its own)
+    _segment(raw, ["@r[3]: (1, 2, 3)", '{"ev":"ring_dump","t":9,"slots":16}'])
+    m.poll()
+    assert m.ring_dumps == 1
+
+
+def test_ring_monitor_without_traced_returns(tmp_path):
+    raw = tmp_path / "raw"
+    m = watch.RingMonitor(raw, call_returns=False)
+    _segment(raw, [_op(7, 0, 5, last_t0=1 * S, sp=0x7000, ret=0x4242), _op(7, 1, 5, t0=2 * S)])
+    m.poll()
+    assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]   # the sync after the launch never returned
+
+
+def test_ring_monitor_asks_whether_a_quiet_thread_is_inside_its_last_launch(tmp_path):
+    """Without the collectives' returns a thread blocked inside one shows no open call: its last
+    call was a launch. It is stuck when the kernel says it is still inside that call (asked with
+    the entry's stack pointer and return address), not when it returned to compute, and not
+    when it called anything since."""
+    raw = tmp_path / "raw"
+    m = watch.RingMonitor(raw, call_returns=False)
+    _segment(raw, [_op(7, 1, 5, last_t0=int(0.5 * S), last_t1=int(0.6 * S)),       # a sync before it
+                   _op(7, 0, 5, last_t0=1 * S, sp=0x7FF0, ret=0x4242),             # then a launch, quiet since
+                   _op(8, 0, 6, last_t0=1 * S, sp=0x6FF0, ret=0x4343),             # pid 6: a launch ...
+                   _op(8, 1, 6, last_t0=2 * S, last_t1=3 * S)])                    # ... and a sync after it
+    m.poll()
+    asked = []
+
+    def inside(pid, tid, sp, ret):
+        asked.append((pid, tid, sp, ret))
+        return verdict
+
+    verdict = True
+    assert m.stuck(3 * S, 5 * S, inside=inside) == [] and asked == []      # not quiet long enough: not asked
+    stuck = m.stuck(7 * S, 5 * S, inside=inside)
+    assert asked == [(5, 7, 0x7FF0, 0x4242)]                                # pid 6 is not in flight
+    assert [(s["pid"], s["tid"], s["open_since_ns"], s["kind"]) for s in stuck] == [(5, 7, 1 * S, 0)]
+    # asked again only after ASK_AGAIN_S while it is inside or cannot be told, never once it returned
+    verdict = None                                                           # running or unreadable: not a hang
+    assert m.stuck(13 * S, 5 * S, inside=inside) == [] and len(asked) == 2
+    assert m.stuck(14 * S, 5 * S, inside=inside) == [] and len(asked) == 2
+    verdict = False                                                          # it returned: compute, not a hang
+    assert m.stuck(19 * S, 5 * S, inside=inside) == [] and len(asked) == 3
+    verdict = True
+    assert m.stuck(40 * S, 5 * S, inside=inside) == [] and len(asked) == 3
+    m.asked.clear()
+    _segment(raw, [_op(7, 2, 5, last_t0=int(8.1 * S), last_t1=int(8.2 * S))])   # a group call since
+    m.poll()
+    assert m.stuck(20 * S, 5 * S, inside=inside) == []
+    m.forget([5, 6])
+    assert m.launches == {} and m.thread_last == {}
+
+
+INSIDE_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+/* blocked in read(0) inside inner(), called from outer(): prints inner's entry stack pointer and
+   return address; a line on stdin returns from inner, then deeper() blocks reading again */
+__attribute__((noinline)) void deeper(int d) { char b[256]; b[0] = 0; if (d) deeper(d - 1); else read(0, b, 1); }
+__attribute__((noinline)) void inner(void) {
+  printf("%lu %lu\n", (unsigned long)__builtin_frame_address(0) + 8, (unsigned long)__builtin_return_address(0));
+  fflush(stdout);
+  char c; read(0, &c, 1);
+}
+__attribute__((noinline)) void outer(void) { inner(); deeper(8); }
+int main(void) { outer(); return 0; }
+"""
+
+
+def test_inside_call_reads_the_threads_stack(tmp_path):
+    """capture.procs.inside_call on a real blocked process: inside the call while it blocks in it,
+    not once it returned and blocks deeper in the stack in another call."""
+    require_tool("gcc")
+    from capture import procs
+    src = tmp_path / "inside.c"
+    src.write_text(INSIDE_C)
+    exe = tmp_path / "inside"
+    subprocess.run(["gcc", "-O1", "-fno-omit-frame-pointer", "-o", str(exe), str(src)], check=True)
+    p = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        sp, ret = (int(x) for x in p.stdout.readline().split())
+        _wait_for(lambda: procs.blocked_sp(p.pid, p.pid) is not None, 10, "the helper to block")
+        assert procs.inside_call(p.pid, p.pid, sp, ret) is True
+        assert procs.inside_call(p.pid, p.pid, sp, ret + 1) is False      # another call's slot
+        p.stdin.write(b"x")
+        p.stdin.flush()
+        time.sleep(0.3)
+        assert procs.blocked_sp(p.pid, p.pid) < sp                         # deeper than the call was
+        assert procs.inside_call(p.pid, p.pid, sp, ret) is False
+    finally:
+        p.kill()
+        p.wait()
+    assert procs.inside_call(p.pid, p.pid, sp, ret) is None                # gone
+
+
 # ---------------------------------------------------------------- the log trigger
 def test_log_watch_reports_new_warn_and_watchdog_lines_only(tmp_path):
     log = tmp_path / "nccl-rank0.log"
@@ -465,9 +591,26 @@ def _check_hang_bundle(run: WatchedRun, kind: str, link: bool, tmp_path: Path):
     return m
 
 
+def _state_lines_after(ring: Path, wait_s: float) -> list[str]:
+    """The tracer's call-state lines (ring mode) spooled during the next wait_s seconds."""
+    segs = lambda: sorted((ring / "bpf" / "raw").glob("seg-*.txt"))   # noqa: E731
+    start = {p: p.stat().st_size for p in segs()}
+    time.sleep(wait_s)
+    out = []
+    for p in segs():
+        with open(p, "rb") as fh:
+            fh.seek(start.get(p, 0))
+            out += [l for l in fh.read().decode().splitlines() if l.startswith("@op[")]
+    return out
+
+
 def test_link_down_hang_under_watch(watched, tmp_path):
     run = watched["link-down-hang"]
     _check_hang_bundle(run, "hang_stuck", True, tmp_path)
+    # the job is gone: the tracer forgot its threads' call state (ring mode prints it every second)
+    time.sleep(2)
+    state = _state_lines_after(run.ring, 3)
+    assert [l for l in state if not l.endswith(", 0, 0, 0, 0, 0, 0)")] == [], state[:5]
     # SIGTERM: the watcher ends, its children stop, the rings go, no bundle of its own
     run.watcher.send_signal(signal.SIGTERM)
     assert run.watcher.wait(timeout=90) == 0, run.err.read_text()[-2000:]

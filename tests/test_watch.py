@@ -378,6 +378,82 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
             w.wait()
 
 
+FAKE_NCCL_C = r"""
+/* a libnccl with one collective: with a communicator it blocks inside the call (reading stdin),
+   as a lazy connection to a dead peer does; without one it returns at once */
+#include <stddef.h>
+#include <unistd.h>
+int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, void *comm, void *stream) {
+  char c;
+  if (comm) read(0, &c, 1);
+  return 0;
+}
+"""
+LAUNCHER_C = r"""
+#include <dlfcn.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <unistd.h>
+typedef int (*ar_t)(const void *, void *, size_t, int, int, void *, void *);
+/* argv: libnccl, inside (1: block inside the collective; 0: return, then block in main) */
+int main(int argc, char **argv) {
+  void *h = dlopen(argv[1], RTLD_NOW);
+  if (!h) return 2;
+  ar_t ar = (ar_t)dlsym(h, "ncclAllReduce");
+  char c;
+  if (read(0, &c, 1) != 1) return 3;           /* the gate: the watcher is up */
+  float x = 1;
+  ar(&x, &x, 1, 7, 0, argv[2][0] == '1' ? (void *)&x : NULL, NULL);
+  read(0, &c, 1);                              /* a data loader, say: not inside a collective */
+  return 0;
+}
+"""
+
+
+def test_a_thread_blocked_inside_a_collective_triggers_without_its_return(tmp_path):
+    """The watcher leaves the collectives' returns out: a thread blocked inside one is found by
+    its stack (still below the call's entry, the return address in place), and one that returned
+    and blocks elsewhere is not a hang."""
+    require_root()
+    require_tool("bpftrace", "gcc")
+    lib, exe = tmp_path / "lib" / "libnccl.so.2", tmp_path / "launcher"
+    lib.parent.mkdir()
+    (tmp_path / "nccl.c").write_text(FAKE_NCCL_C)
+    (tmp_path / "launcher.c").write_text(LAUNCHER_C)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "nccl.c")], check=True)
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "launcher.c"), "-ldl"], check=True)
+    procs = {mode: subprocess.Popen([str(exe), str(lib), mode], stdin=subprocess.PIPE) for mode in ("1", "0")}
+    out = tmp_path / "bundles"
+    out.mkdir()
+    w = None
+    try:
+        pids = [str(p.pid) for p in procs.values()]
+        w = _watcher(out, "--pid", pids[0], "--pid", pids[1], "--nccl-lib", str(lib), "--no-pcap",
+                     "--hang-after", "3s", "--before", "30s", "--after", "1s", log=tmp_path / "w.err")
+        _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes() or w.poll() is not None, 90,
+                  "the watcher to start")
+        assert w.poll() is None, (tmp_path / "w.err").read_text()
+        for p in procs.values():
+            p.stdin.write(b"g")
+            p.stdin.flush()
+        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        m = _manifest(bundle)
+        assert m["trigger"]["kind"] == "hang", m["trigger"]
+        assert m["trigger"]["pids"] == [procs["1"].pid], (m["trigger"], procs["0"].pid)
+        assert m["options"]["call_returns"] is False
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+        if w is not None:
+            w.terminate()
+            try:
+                w.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+
+
 def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
     """The watcher's tcpdump ring is buffered (no wake-up per packet, see capture.collectors):
     the cut flushes it, so what was sent a moment before the bundle is cut is in it."""

@@ -47,19 +47,41 @@ PEAK_BYTES = 4 * 2**30
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _private(pid: int) -> int:
+    """The pages only ``pid`` holds (a fork's own pages; those it shares copy-on-write with its
+    parent are counted there)."""
+    total = 0
+    for line in _read(f"/proc/{pid}/smaps_rollup").splitlines():
+        if line.startswith((b"Private_Clean:", b"Private_Dirty:")):
+            total += int(line.split()[1]) * 1024
+    return total
+
+
 def tree_rss(pid: int) -> int:
     """Resident bytes of ``pid`` and its descendants (the command, its fork server and
-    workers), read from /proc/PID/task/*/children: a few files, not a scan of /proc, so the
-    sampler itself stays near 1% of a core."""
-    total, todo = 0, [pid]
+    workers, the forked process that makes the report's tables beside the detectors), read
+    from /proc/PID/task/*/children: a few files, not a scan of /proc, so the sampler itself
+    stays near 1% of a core. A plain fork of the command (its child, same command line) shares
+    the command's pages: only its private ones count (smaps_rollup, read for that one process
+    only), or the model would be counted twice. The fork server's workers count whole, as
+    before."""
+    total, todo = 0, [(pid, None)]
+    cmdlines: dict[int, bytes] = {}
     while todo:
-        p = todo.pop()
+        p, parent = todo.pop()
         try:
-            with open(f"/proc/{p}/statm", "rb") as fh:
-                total += int(fh.read().split()[1]) * PAGE
+            cmdlines[p] = _read(f"/proc/{p}/cmdline")
+            if parent == pid and cmdlines[p] == cmdlines[pid]:
+                total += _private(p)
+            else:
+                total += int(_read(f"/proc/{p}/statm").split()[1]) * PAGE
             for t in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{t}/children", "rb") as fh:
-                    todo += [int(c) for c in fh.read().split()]
+                todo += [(int(c), p) for c in _read(f"/proc/{p}/task/{t}/children").split()]
         except (OSError, ValueError):
             continue
     return total

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from .findings import SCHEMA_VERSION, Context, Finding, Options, run_detectors
 from .model import Model, build_model
+from .workers import Forked
 
 FINDINGS_SCHEMA = {
     "position": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR", "confidence": "DOUBLE", "summary": "VARCHAR",
@@ -31,6 +32,9 @@ class Analysis:
     findings: list[Finding]
     problems: list[str] = field(default_factory=list)
     options: Options = field(default_factory=Options)
+    # what the renderers compute from the model alone, by name, made once (report.data.memo);
+    # ``analyze(ahead=...)`` fills it in a second process while the detectors run
+    prepared: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def top(self) -> Finding | None:
@@ -67,22 +71,44 @@ class Analysis:
 
 
 def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
-            progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None) -> Analysis:
+            progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None,
+            while_reading: Callable[[], None] | None = None,
+            ahead: Callable[[Model, Options], dict[str, Any]] | None = None) -> Analysis:
     """Model the bundles, run every detector, and store the findings next to the events.
     ``jobs``: worker processes for the per-host stage (1: this process); ``dask``: the
-    address of a Dask scheduler to run it on instead (:mod:`forensics.model.parallel`)."""
+    address of a Dask scheduler to run it on instead (:mod:`forensics.model.parallel`);
+    ``while_reading``: the caller's own preparation, done here while they read; ``ahead``:
+    what the caller will compute from the model alone (the report's per-rank tables), run
+    with ``jobs`` > 1 in a forked process beside the detectors (:class:`workers.Forked`),
+    its values in ``Analysis.prepared``; with one job the caller computes them when needed."""
     options = options or Options()
     say = progress or (lambda _msg: None)
     say(f"reading {len(paths)} bundle(s)")
-    model = build_model(list(paths), jobs=jobs, dask=dask, progress=say)
+
+    def meanwhile() -> None:
+        import duckdb  # noqa: F401 - ~0.1 s of import that Model.connect would do after the reading
+        if while_reading is not None:
+            while_reading()
+
+    model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile)
     say("building the event tables")
     con = model.connect(db)
-    say("looking for findings")
-    findings, det_problems = run_detectors(Context(model=model, con=con, options=options))
-    stored = _storable(findings, det_problems)
-    _store_findings(con, stored)
+    # forked after connect (the collectives table is made there) and never with a Dask client's
+    # threads about; the child touches only the model's frames, never the database
+    beside = Forked(ahead, model, options) if ahead is not None and jobs > 1 and not dask else None
+    try:
+        say("looking for findings")
+        findings, det_problems = run_detectors(Context(model=model, con=con, options=options))
+        stored = _storable(findings, det_problems)
+        _store_findings(con, stored)
+        prepared = beside.result() if beside is not None else None
+    except BaseException:
+        if beside is not None:
+            beside.cancel()
+        con.close()
+        raise
     return Analysis(model=model, con=con, findings=[f for f, _ in stored],
-                    problems=list(model.problems) + det_problems, options=options)
+                    problems=list(model.problems) + det_problems, options=options, prepared=prepared or {})
 
 
 def _storable(findings: list[Finding], problems: list[str]) -> list[tuple[Finding, dict]]:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import re
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -71,16 +73,78 @@ def test_dask_local_cluster_gives_the_same_tables_and_findings(one_process):
         _same(one_process, _result(HANG, dask=cluster.scheduler_address))
 
 
-def test_cli_jobs_2_writes_the_same_json_as_jobs_1(tmp_path):
+def _page(path: Path) -> str:
+    """A report without what differs between two renderings of one analysis (the CSP nonce,
+    the time it was generated)."""
+    text = path.read_text()
+    text = re.sub(r"nonce-?[=\"'A-Za-z0-9_-]*", "", text)
+    return re.sub(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}Z", "", text)
+
+
+def test_cli_jobs_2_writes_the_same_json_report_and_summary_as_jobs_1(tmp_path):
+    # with --jobs 2 the report's per-rank tables, intervals and heatmap are made in a forked
+    # process beside the detectors (report.ahead): the same report as one process makes
     outs = []
     for j in ("1", "2"):
         dest = tmp_path / f"j{j}.json"
-        code, out, err = cli("analyze", *map(str, CLEAN), "-o", str(tmp_path / f"r{j}.html"), "--json", str(dest),
-                             "--jobs", j)
+        code, out, err = cli("analyze", *map(str, HANG), "-o", str(tmp_path / f"r{j}.html"), "--json", str(dest),
+                             "--markdown", str(tmp_path / f"s{j}.md"), "--jobs", j)
         assert code in (0, 1), err
         outs.append(json.loads(dest.read_text()))
     assert outs[0] == outs[1]
-    assert "worker processes" in err                            # the progress line says how it ran
+    assert outs[0]["findings"] and "worker processes" in err    # a verdict; the progress line says how it ran
+    assert _page(tmp_path / "r1.html") == _page(tmp_path / "r2.html")
+    assert (tmp_path / "s1.md").read_text() == (tmp_path / "s2.md").read_text()
+
+
+def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
+    from forensics.report import ahead, data
+    a = analyze(HANG, jobs=2, ahead=ahead)
+    try:
+        assert {"rank_table", "intervals", "heatmap"} <= set(a.prepared)
+        made_here = data._rank_table(a.model)
+        pd.testing.assert_frame_equal(a.prepared["rank_table"], made_here)
+        assert len(made_here) == 3                               # the ranks of the three hosts
+        got = data.rank_table(a)
+        got.loc[:, "rank"] = -1                                 # a caller's copy: the kept one is unchanged
+        assert (data.rank_table(a)["rank"] >= 0).all()
+    finally:
+        a.close()
+    one = analyze(HANG, jobs=1, ahead=ahead)                    # one job: nothing made ahead
+    try:
+        assert one.prepared == {}
+    finally:
+        one.close()
+
+
+def _value_and_pid(x):
+    return x * 2, os.getpid()
+
+
+def _fails():
+    raise RuntimeError("no")
+
+
+def _sleeps():
+    time.sleep(30)
+
+
+def test_forked_computes_in_another_process_and_gives_up_on_a_failure_or_a_stuck_child():
+    from forensics.workers import Forked
+    value, pid = Forked(_value_and_pid, 21).result()
+    assert value == 42 and pid != os.getpid()
+    assert Forked(_fails).result() is None                      # the caller computes it itself
+    t0 = time.monotonic()
+    stuck = Forked(_sleeps, timeout=0.5)
+    child = stuck._pid
+    assert stuck.result() is None and time.monotonic() - t0 < 10
+    with pytest.raises(ChildProcessError):                      # killed and reaped, no zombie
+        os.waitpid(child, os.WNOHANG)
+    dropped = Forked(_sleeps)
+    child = dropped._pid
+    dropped.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child, os.WNOHANG)
 
 
 def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkeypatch):

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, env) -> int:
     from ..analysis import analyze
     from ..findings import Options
     from ..output import open_output, staged_path
-    from ..report import WRITERS
+    from ..report import WRITERS, ahead, prepare
 
     start = time.monotonic()
 
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace, env) -> int:
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
         analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
-                           jobs=jobs or 1, dask=args.dask)
+                           jobs=jobs or 1, dask=args.dask, while_reading=lambda: prepare(outs),
+                           ahead=ahead if {"html", "markdown", "perfetto"} & set(outs) else None)
         try:
             for p in analysis.problems[:20]:
                 env.warn(p)

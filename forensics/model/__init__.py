@@ -71,14 +71,14 @@ class Model:
 
 
 def build_model(paths: list[str | os.PathLike], *, skew: bool = True, jobs: int = 1, dask: str | None = None,
-                progress=None) -> Model:
+                progress=None, while_reading=None) -> Model:
     """The model of the bundles at ``paths``: the per-host stage (:func:`.hosts.read_host`)
     on ``jobs`` worker processes (1: in this process) or on the Dask cluster at ``dask``,
-    then the merge here (:mod:`.parallel`)."""
+    then the merge here (:mod:`.parallel`; ``while_reading``: see its ``read_hosts``)."""
     if not paths:
         raise InputError("no bundle given")
     from .parallel import read_hosts
-    parts = read_hosts(list(paths), skew=skew, jobs=jobs, dask=dask, progress=progress)
+    parts = read_hosts(list(paths), skew=skew, jobs=jobs, dask=dask, progress=progress, while_reading=while_reading)
     hosts = [p.bundle.host for p in parts]
     dup = {h for h in hosts if hosts.count(h) > 1}
     if dup:   # two bundles of one host (e.g. two captures): keep them apart
@@ -96,10 +96,9 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     events, packets, flows and sockets to ranks across hosts; GPU times; one communicator
     key; the collective in flight; clock skew)."""
     bundles = [p.bundle for p in parts]
-    arts = {p.bundle.host: p.arts for p in parts}
     pid_ranks = {p.bundle.host: p.pid_ranks for p in parts}
     endpoints = pd.concat([p.endpoints for p in parts], ignore_index=True)
-    ranks = pd.concat([tcp_mod.rank_table(b, pid_ranks[b.host]) for b in bundles], ignore_index=True)
+    ranks = tcp_mod.rank_table(pid_ranks)
     netns = pd.concat([p.netns for p in parts], ignore_index=True)
     attr = tcp_mod.Attribution(endpoints, ranks, netns)
 
@@ -112,10 +111,10 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
                                                                   na_position="last").reset_index(drop=True)
     tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
                                                                 na_position="last").reset_index(drop=True)
-    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, arts, pid_ranks, nccl, attr,
+    nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, nccl, attr,
                                                         {p.bundle.host: p.tables for p in parts})  # + GPU times
     # after the GPU times: those map only onto counts the tracer took from the init
-    nccl = nccl_mod.unify_comm_ids(nccl, {b.host: arts[b.host].table("nccl_debug", "nccl_comms") for b in bundles})
+    nccl = nccl_mod.unify_comm_ids(nccl, {p.bundle.host: p.comms for p in parts})
     tcp = tcp_mod.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []

@@ -300,8 +300,7 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
             "gpu_records": pd.concat(insp, ignore_index=True) if insp else pd.DataFrame()}
 
 
-def artifact_tables(bundles: list, arts_by_host: dict[str, BundleArtifacts], pid_ranks: dict[str, dict[int, int]],
-                    nccl: pd.DataFrame, attr, per_host: dict[str, dict[str, pd.DataFrame]]
+def artifact_tables(bundles: list, nccl: pd.DataFrame, attr, per_host: dict[str, dict[str, pd.DataFrame]]
                     ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """(nccl_events with GPU durations where the artefacts give them, the artefact tables) of
     every host: each host's :func:`host_tables` (``per_host``) put together, the sockets

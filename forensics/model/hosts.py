@@ -56,7 +56,9 @@ class HostPart:
     """What :func:`read_host` returns for one bundle (see the module docstring)."""
 
     bundle: Bundle                     # closed: manifest, clock, problems
-    arts: artifacts_mod.BundleArtifacts
+    comms: pd.DataFrame                # its NCCL logs' communicators (nccl_debug's nccl_comms), for
+                                       # the one communicator key; the parsed artefacts themselves stay
+                                       # in the worker (dozens of small frames: half a host's transfer)
     pid_ranks: dict[int, int]          # the one pid -> global rank rule (nccl.process_ranks)
     endpoints: pd.DataFrame            # (host, addr, port, pid): tcp.endpoint_table
     netns: pd.DataFrame                # (host, netns, pid)
@@ -70,7 +72,6 @@ class HostPart:
     def rename(self, host: str) -> None:
         """Relabel the host (two bundles of one host are kept apart as host#1, host#2)."""
         self.bundle.manifest.host = host
-        self.arts.host = host
         frames = [self.endpoints, self.netns, self.nccl, self.offcpu, self.windows, *self.tables.values(),
                   *self.pcap.packets, *self.pcap.events, *self.pcap.flows, *self.pcap.timing]
         if self.bpf_tcp is not None:
@@ -87,14 +88,15 @@ def read_host(path: str | os.PathLike, *, skew: bool = True) -> HostPart:
     try:
         events = b.read_bpf_events()
         arts = artifacts_mod.read_artifacts(b)
-        ranks = nccl_mod.process_ranks(b, events, arts.table("nccl_debug", "nccl_comms"))
+        comms = arts.table("nccl_debug", "nccl_comms")
+        ranks = nccl_mod.process_ranks(b, events, comms)
         endpoints = tcp_mod.endpoint_table(b, events)
         facts = nccl_config.host_facts(b, arts)
         pcap = scan_pcaps(b, fingerprints=skew)
     finally:
         b.close()
     flows = pd.concat(pcap.flows, ignore_index=True) if pcap.flows else None
-    return HostPart(bundle=b, arts=arts, pid_ranks=ranks, endpoints=endpoints, netns=tcp_mod.netns_pid_table(b),
+    return HostPart(bundle=b, comms=comms, pid_ranks=ranks, endpoints=endpoints, netns=tcp_mod.netns_pid_table(b),
                     nccl=nccl_mod.nccl_events(b, events, ranks), bpf_tcp=tcp_mod.bpf_tcp_frame(b, events),
                     offcpu=offcpu_mod.offcpu_samples(b, events, ranks),
                     windows=windows_mod.bundle_windows(b, events, flows),

@@ -59,7 +59,7 @@ def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
             continue
         if dt in ("Int64", "UInt64"):
             s = pd.to_numeric(s, errors="coerce") if s.dtype == object else s
-        out[c] = s.astype(dt)
+        out[c] = s if s.dtype == dt else s.astype(dt)   # the same dtype: no copy
     return pd.DataFrame(out, index=df.index, copy=False).reset_index(drop=True)
 
 

@@ -4,7 +4,7 @@ worker processes (``stallscope analyze --jobs N``), or on an existing Dask clust
 
 Each host's bundle is read, parsed and put through the TCP engine by one worker; what comes
 back is a :class:`~.hosts.HostPart` (DataFrames of flagged packets, flows, timing
-aggregates, sampled fingerprints, parsed artefacts: tens of kB to a few MB a host, never a
+aggregates, sampled fingerprints, the host's artefact tables: tens of kB to a few MB a host, never a
 per-packet table), which :func:`forensics.model.build_model` merges. The result does not
 depend on where the stage ran: the parts are returned in the order of the paths, and the
 merge is the same code in every case.
@@ -34,11 +34,14 @@ class WorkerError(StallscopeError):
 
 
 def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | None = None,
-               progress: Callable[[str], None] | None = None) -> list[HostPart]:
-    """:func:`.hosts.read_host` of every path, in the paths' order."""
+               progress: Callable[[str], None] | None = None,
+               while_reading: Callable[[], None] | None = None) -> list[HostPart]:
+    """:func:`.hosts.read_host` of every path, in the paths' order. ``while_reading``: work
+    this process does while worker processes read (imports, templates: what would otherwise
+    run alone after them); best effort, its failure is left to the later real use to report."""
     say = progress or (lambda _msg: None)
     if dask:
-        return _on_dask(dask, paths, skew, say)
+        return _on_dask(dask, paths, skew, say, while_reading)
     jobs = max(1, min(int(jobs), len(paths)))
     if jobs == 1:
         out = []
@@ -51,6 +54,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
     ex = ProcessPoolExecutor(max_workers=jobs, mp_context=workers.context())
     try:
         futs = [ex.submit(read_host, p, skew=skew) for p in paths]
+        _meanwhile(while_reading)
         pending, n = set(futs), 0
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -66,7 +70,16 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
         ex.shutdown(wait=True, cancel_futures=True)
 
 
-def _on_dask(address: str, paths: list, skew: bool, say) -> list[HostPart]:
+def _meanwhile(work: Callable[[], None] | None) -> None:
+    if work is None:
+        return
+    try:
+        work()
+    except Exception:   # noqa: BLE001 - only a head start: the real use raises and says why
+        pass
+
+
+def _on_dask(address: str, paths: list, skew: bool, say, while_reading=None) -> list[HostPart]:
     try:
         from distributed import Client
     except ImportError:
@@ -84,6 +97,7 @@ def _on_dask(address: str, paths: list, skew: bool, say) -> list[HostPart]:
         n = len(client.scheduler_info().get("workers", {}))
         say(f"reading {len(paths)} bundles on the Dask cluster at {address} ({n} workers)")
         futs = client.map(read_host, paths, skew=skew, pure=False)
+        _meanwhile(while_reading)
         parts = client.gather(futs)
     except OSError as e:
         raise InputError(f"--dask {address}: lost the cluster while reading the bundles ({e})") from None

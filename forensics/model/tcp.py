@@ -170,10 +170,10 @@ class Attribution:
         return q.merge(o, on=["host", "netns"], how="left")[["pid", "rank"]]
 
 
-def rank_table(bundle, ranks: dict[int, int]) -> pd.DataFrame:
-    """(host, pid, rank) of one bundle from :func:`.nccl.process_ranks`."""
-    r = ranks
-    return pd.DataFrame({"host": bundle.host, "pid": list(r.keys()), "rank": list(r.values())},
+def rank_table(pid_ranks: dict[str, dict[int, int]]) -> pd.DataFrame:
+    """(host, pid, rank) of every host's :func:`.nccl.process_ranks`, in one frame (one per
+    host and a concat cost ~2 ms a host: 0.1 s at 64 hosts)."""
+    return pd.DataFrame([(h, pid, rank) for h, r in pid_ranks.items() for pid, rank in r.items()],
                         columns=["host", "pid", "rank"])
 
 

@@ -22,3 +22,28 @@ def write_json(analysis, fh) -> None:
 
 
 WRITERS = {"html": html.write, "json": write_json, "markdown": markdown.write, "perfetto": perfetto.write}
+# what a writer can get ready before the analysis exists (see prepare)
+PREPARE = {"html": html.prepare}
+
+
+def ahead(model, options) -> dict:
+    """What the renderers compute from the model alone, before there are findings (the
+    per-rank table and its totals, the collectives' intervals and lanes, the heatmap: ~1 s at
+    512 ranks); ``analyze(ahead=...)`` runs this in a second process while the detectors run
+    and hands the values to the renderers through ``Analysis.prepared`` (:func:`.data.memo`)."""
+    from ..analysis import Analysis
+    a = Analysis(model=model, con=None, findings=[], options=options)
+    ranks = data.rank_table(a)
+    if len(ranks) > html.TOP_ROWS:
+        data.rank_totals(a, ranks)
+    data.intervals(a)
+    html.heatmap(a, ranks)
+    return a.prepared
+
+
+def prepare(kinds) -> None:
+    """Get the writers of ``kinds`` ready (templates compiled): done while worker processes
+    read the bundles, so that this process's own serial part after them is shorter."""
+    for kind in kinds:
+        if kind in PREPARE:
+            PREPARE[kind]()

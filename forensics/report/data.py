@@ -103,11 +103,27 @@ def with_global_rank(model, df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(comm_rank=rank, rank=g.fillna(rank).astype("Int64"))
 
 
+def memo(analysis, key: str, compute):
+    """``compute()`` made once per analysis and kept in ``analysis.prepared`` (where
+    :func:`forensics.report.ahead` may have put it already, made in another process); each
+    caller gets its own copy to change."""
+    prepared = getattr(analysis, "prepared", None)
+    if prepared is None:
+        return compute()
+    if key not in prepared:
+        prepared[key] = compute()
+    v = prepared[key]
+    return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
+
+
 def rank_table(analysis) -> pd.DataFrame:
     """One row per process, by its global rank (a rank on a sub-communicator is mapped to its
     process's world rank, the rank TCP events carry): calls, durations (p50/p99/max ms),
     lateness, TCP trouble, off-CPU time."""
-    model = analysis.model
+    return memo(analysis, "rank_table", lambda: _rank_table(analysis.model))
+
+
+def _rank_table(model) -> pd.DataFrame:
     n = model.tables["nccl_events"]
     t = model.tables["tcp_events"]
     if len(n):
@@ -125,8 +141,12 @@ def rank_table(analysis) -> pd.DataFrame:
 
 def rank_totals(analysis, ranks: pd.DataFrame) -> dict[str, Any]:
     """The per-rank table's statistics over every rank at once (the totals row of a table
-    that shows only some ranks): counts summed, percentiles over every call."""
-    model = analysis.model
+    that shows only some ranks): counts summed, percentiles over every call. ``ranks``:
+    :func:`rank_table` of the same analysis."""
+    return memo(analysis, "rank_totals", lambda: _rank_totals(analysis.model, ranks))
+
+
+def _rank_totals(model, ranks: pd.DataFrame) -> dict[str, Any]:
     if ranks.empty:
         return {}
     n = model.tables["nccl_events"]
@@ -563,6 +583,10 @@ def lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 def intervals(analysis) -> pd.DataFrame:
     """Collective intervals per (host, global rank) with the lane each occupies; a call never
     completed runs to the end of the capture (``open`` True)."""
+    return memo(analysis, "intervals", lambda: _intervals(analysis))
+
+
+def _intervals(analysis) -> pd.DataFrame:
     n = analysis.model.tables["nccl_events"]
     if n.empty:
         return n.assign(start=pd.Series(dtype="int64"), end=pd.Series(dtype="int64"), open=pd.Series(dtype=bool),

@@ -11,6 +11,7 @@ Templates (jinja2, autoescaped) live in ``templates/`` at the repository root, o
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -320,6 +321,12 @@ def _skew(rows: list[dict]) -> tuple[list[dict], int]:
     return [rows[i] for i in order[:TOP_ROWS]], len(rows) - TOP_ROWS
 
 
+def heatmap(analysis, ranks: pd.DataFrame):
+    """:func:`figures.heatmap`, made once per analysis (it needs the model alone: see
+    :func:`forensics.report.ahead`)."""
+    return data.memo(analysis, "heatmap", lambda: figures.heatmap(analysis, ranks=ranks))
+
+
 def context(analysis) -> dict[str, Any]:
     """Everything the template shows."""
     model = analysis.model
@@ -330,7 +337,7 @@ def context(analysis) -> dict[str, Any]:
     banner = serious[:3]
     notes = [f for f in findings if f.severity == "info"][:3] if not serious else []
     ranks = data.rank_table(analysis)
-    figs = [f for f in (figures.timeline(analysis, slow_ms, ranks=ranks), figures.heatmap(analysis, ranks=ranks),
+    figs = [f for f in (figures.timeline(analysis, slow_ms, ranks=ranks), heatmap(analysis, ranks),
                         figures.link_matrix(analysis), figures.nccl_tests_chart(model, findings)) if f is not None]
     plots = {f.key: _json_script(data.finite(f.spec)) for f in figs}
 
@@ -383,20 +390,37 @@ def _shell_quote(s: str) -> str:
     return shlex.quote(s)
 
 
-def render(analysis, *, with_plotly: bool = True) -> str:
+@functools.lru_cache(maxsize=4)
+def _environment(templates: str):
+    """The Jinja environment of a template folder; it keeps the compiled template (compiling
+    ``report.html.j2`` is ~0.15 s), recompiled when the file changes."""
     import jinja2
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(template_dir())), autoescape=True,
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(templates), autoescape=True,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["fmt"] = fmt
     env.filters["detail"] = lambda kv: detail(*kv)
     env.filters["utc"] = data.utc
     env.filters["pct"] = lambda v: f"{100 * float(v):.0f}%"
     env.filters["ranks"] = data.rank_ranges
+    return env
+
+
+def template():
+    return _environment(str(template_dir())).get_template(TEMPLATE)
+
+
+def prepare() -> None:
+    """What :func:`render` needs before it has an analysis: the template compiled (called
+    while worker processes read the bundles and this one waits)."""
+    template()
+
+
+def render(analysis, *, with_plotly: bool = True) -> str:
     ctx = context(analysis)
     ctx["nonce"] = secrets.token_urlsafe(18)
     ctx["plotly_js"] = Markup(plotly_js()) if (with_plotly and ctx["plots"]) else ""
     ctx["plots"] = {k: Markup(v) for k, v in ctx["plots"].items()}
-    return env.get_template(TEMPLATE).render(**ctx)
+    return template().render(**ctx)
 
 
 def write(analysis, fh) -> None:

@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import pickle
 import select
+import signal
 import sys
 import time
 
@@ -114,7 +115,7 @@ class Forked:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self._fd], [], [], left)[0]:
-                    os.kill(self._pid, 9)             # stuck: give up on it
+                    os.kill(self._pid, signal.SIGKILL)   # stuck: give up on it
                     chunks = []
                     break
                 chunk = os.read(self._fd, 1 << 20)
@@ -136,7 +137,7 @@ class Forked:
         """The value is not wanted any more (the caller failed): the child is stopped and reaped."""
         if self._pid is not None:
             try:
-                os.kill(self._pid, 9)
+                os.kill(self._pid, signal.SIGKILL)
             except OSError:
                 pass
             os.close(self._fd)

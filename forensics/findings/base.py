@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
+from ..model import derived
+
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
@@ -119,10 +121,7 @@ class Context:
         """``make()``'s result, computed once per analysis for ``key`` (a derived table
         several detectors read, e.g. the TCP trouble per link): a DataFrame comes back as
         a copy, so no detector changes another's view of it."""
-        if key not in self._memo:
-            self._memo[key] = make()
-        v = self._memo[key]
-        return v.copy() if isinstance(v, pd.DataFrame) else v
+        return derived(self._memo, key, make)
 
     def sql(self, query: str, *params):
         return self.con.execute(query, list(params) if params else None).df()

@@ -70,6 +70,16 @@ class Model:
         return con
 
 
+def derived(store: dict, key, make):
+    """``make()`` computed once for ``key`` and kept in ``store`` (the tables the detectors
+    share, ``findings.Context.memo``; the report's, ``report.data.memo``): a DataFrame or dict
+    comes back as a copy, so no reader changes another's view of it."""
+    if key not in store:
+        store[key] = make()
+    v = store[key]
+    return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
+
+
 def build_model(paths: list[str | os.PathLike], *, skew: bool = True, jobs: int = 1, dask: str | None = None,
                 progress=None, while_reading=None) -> Model:
     """The model of the bundles at ``paths``: the per-host stage (:func:`.hosts.read_host`)

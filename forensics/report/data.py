@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..model import derived
 from ..model.nccl import world_ranks
 from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of
 
@@ -108,12 +109,7 @@ def memo(analysis, key: str, compute):
     :func:`forensics.report.ahead` may have put it already, made in another process); each
     caller gets its own copy to change."""
     prepared = getattr(analysis, "prepared", None)
-    if prepared is None:
-        return compute()
-    if key not in prepared:
-        prepared[key] = compute()
-    v = prepared[key]
-    return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
+    return compute() if prepared is None else derived(prepared, key, compute)
 
 
 def rank_table(analysis) -> pd.DataFrame:

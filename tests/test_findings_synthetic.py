@@ -202,30 +202,55 @@ def test_slow_link_from_the_ack_rtt_tail_when_medians_are_alike():
 
 
 @pytest.mark.skipif("flow_timing" not in TABLES, reason="no flow_timing table")
+def _two_connections_a_link(p99_us: dict, bulk_us: dict | None = None) -> list[dict]:
+    """flow_timing of two connections a link, each seen in both directions: 20 µs tails
+    everywhere but where ``p99_us`` says ((a, b, port, sender): µs), the bulk (p90) 10 µs
+    but on the links ``bulk_us`` names ((a, b): µs, every direction of every connection)."""
+    out = []
+    for a, b in RING:
+        for port in (40000, 40001):
+            for src, dst in ((a, b), (b, a)):
+                r = timing(src, dst, p99_us.get((a, b, port, src), 20.0))
+                r["rtt_p90_ns"] = (bulk_us or {}).get((a, b), 10.0) * 1e3
+                out.append({**r, "sport": port if src == a else 50000, "dport": 50000 if src == a else port})
+    return out
+
+
+@pytest.mark.skipif("flow_timing" not in TABLES, reason="no flow_timing table")
 def test_one_connections_stalled_ack_is_not_a_slow_link_two_connections_queueing_are():
-    # two connections a link, each seen in both directions; 20 µs tails everywhere but where set
-    def rows(p99_us):
-        out = []
-        for a, b in RING:
-            for port in (40000, 40001):
-                for src, dst in ((a, b), (b, a)):
-                    r = timing(src, dst, p99_us.get((a, b, port, src), 20.0))
-                    out.append({**r, "sport": port if src == a else 50000, "dport": 50000 if src == a else port})
-        return out
     flows = [flow(a, b, 6.0) for a, b in RING]
     m = context(job(dur_ms=slow_after(20, 60)), flows=flows).model
 
-    def found(p99_us):
-        m.tables["flow_timing"] = conform(pd.DataFrame(rows(p99_us)), "flow_timing")
+    def found(p99_us, bulk_us=None):
+        m.tables["flow_timing"] = conform(pd.DataFrame(_two_connections_a_link(p99_us, bulk_us)), "flow_timing")
         return slow_link(Context(model=m, con=m.connect()))
     # a busy host stalled one ACK of one connection on link 2-3 (one direction): a single
     # connection's tail, not the path's
     assert found({(2, 3, 40000, 3): 1200.0}) == []
-    # a queue at rank 3's port: both connections of its links, whichever direction waits in it
-    f = found({(2, 3, 40000, 3): 1200.0, (2, 3, 40001, 2): 900.0, (3, 0, 40000, 3): 1000.0,
-               (3, 0, 40001, 0): 1100.0})
+    # a queue at rank 3's port: both connections of its links, whichever direction's tail
+    # shows it most, and the bulk of every direction through it waiting too
+    tails = {(2, 3, 40000, 3): 1200.0, (2, 3, 40001, 2): 900.0, (3, 0, 40000, 3): 1000.0, (3, 0, 40001, 0): 1100.0}
+    f = found(tails, {(2, 3): 400.0, (3, 0): 450.0})
     assert len(f) == 1 and f[0].ranks == [3] and f[0].peer_ranks == [0, 2]
     assert sorted(f[0].details["rtt_slow_ns"]) == [900e3, 1000e3]   # the second connection's tail
+
+
+@pytest.mark.skipif("flow_timing" not in TABLES, reason="no flow_timing table")
+def test_a_long_ack_tail_with_the_bulk_as_fast_as_elsewhere_is_not_a_slow_link():
+    # a rank behind a late peer idles, and its ACKs of the peer's first segments wait for
+    # Linux's delayed-ACK timer (~40 ms): every connection of its two links has a 44 ms p99
+    # (lab: per-host captures of a straggler, 2 cores), while their data waits no longer
+    # than on the other links: the endpoints' doing, not a slow path
+    flows = [flow(a, b, 6.0) for a, b in RING]
+    m = context(job(dur_ms=slow_after(20, 60)), flows=flows).model
+    tails = {(a, b, port, src): 44_000.0 for a, b in ((0, 1), (1, 2)) for port in (40000, 40001) for src in (a, b)}
+    m.tables["flow_timing"] = conform(pd.DataFrame(_two_connections_a_link(tails)), "flow_timing")
+    assert slow_link(Context(model=m, con=m.connect())) == []
+    # the same tails with that data held 10x longer than elsewhere: a queue on the path
+    m.tables["flow_timing"] = conform(pd.DataFrame(_two_connections_a_link(tails, {(0, 1): 100.0, (1, 2): 120.0})),
+                                      "flow_timing")
+    f = slow_link(Context(model=m, con=m.connect()))
+    assert len(f) == 1 and f[0].ranks == [1] and f[0].peer_ranks == [0, 2]
 
 
 def test_a_lossy_link_is_not_a_slow_link():

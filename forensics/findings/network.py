@@ -33,6 +33,7 @@ MAX_EVIDENCE = 20
 
 RTT_GAP = 5.0              # slow links' RTT at least this many times the others'
 RTT_MIN_EXCESS_NS = 100_000  # ... and at least 100 µs above them (µs-scale jitter is not a slow link)
+QUEUE_GAP = 2.0            # ... with their bulk data held at least this many times longer (_bulk_waits_too)
 MIN_LINKS = 3              # a link needs peers to be compared with
 MIN_RTT_SAMPLES = 20       # ACK RTTs needed before a connection's p99 means anything
 CLEAR_RTT_RATIO = 10.0     # a queue this much above the other links' needs less slowdown to be a warning
@@ -381,6 +382,27 @@ def queue_links(ctx) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for a, b in zip(cand["a"].iloc[k:], cand["b"].iloc[k:])}
 
 
+def _bulk_waits_too(ctx, slow: pd.DataFrame, fast: pd.DataFrame) -> bool:
+    """Whether the links whose ACK round-trip tail stands out also hold their data longer:
+    the clean p90 of their bulk connections (:func:`link_queue_delays`) at least QUEUE_GAP
+    times the other links'. A slow or congested path queues most segments through it; a tail
+    alone, with the bulk as fast as elsewhere, is the endpoints' doing (a receiver's delayed
+    ACK after it idled behind a late peer: ~40 ms on Linux; a busy host's scheduler), not
+    the path's. Where either side has no such figure, the tail is all there is: True."""
+    q = link_queue_delays(ctx)
+    if q.empty:
+        return True
+    q = q.set_index(["a", "b"])["q"]
+    def of(links):
+        keys = [(int(a), int(b)) for a, b in zip(links["a"], links["b"])]
+        return q.reindex(keys).dropna().to_numpy(dtype=np.float64)
+    slow_q, fast_q = of(slow), of(fast)
+    if not len(slow_q) or not len(fast_q):
+        return True
+    base = float(np.median(fast_q))
+    return float(slow_q.max()) >= QUEUE_GAP * max(base, 1.0) and float(slow_q.max()) - base >= RTT_MIN_EXCESS_NS
+
+
 @detector("slow_link")
 def slow_link(ctx: Context) -> list[Finding]:
     links, metric = link_rtts(ctx)
@@ -397,6 +419,8 @@ def slow_link(ctx: Context) -> list[Finding]:
     cand = links[(~links["lossy"].to_numpy(dtype=bool) | on_queue) & links["rtt"].notna().to_numpy()] \
         .sort_values("rtt").reset_index(drop=True)
     k = _rtt_split(cand)
+    if k is not None and not _bulk_waits_too(ctx, cand.iloc[k:], cand.iloc[:k]):
+        k = None
     # the RTT tail of the links without loss tells it when it can; else (every link's tail
     # lifted: delayed ACKs and timeouts of a busy host, drops at the slow link's own queue)
     # the links whose every connection queues

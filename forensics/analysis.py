@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .findings import SCHEMA_VERSION, Context, Finding, Options, run_detectors
+from .findings.base import prefetch
 from .model import Model, build_model
 from .workers import Forked
 
@@ -80,7 +82,10 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     ``while_reading``: the caller's own preparation, done here while they read; ``ahead``:
     what the caller will compute from the model alone (the report's per-rank tables), run
     with ``jobs`` > 1 in a forked process beside the detectors (:class:`workers.Forked`),
-    its values in ``Analysis.prepared``; with one job the caller computes them when needed."""
+    its values in ``Analysis.prepared``; with one job the caller computes them when needed.
+    With ``jobs`` > 1 the detectors' shared tables are made while DuckDB loads the events
+    on another thread (:func:`_connect`); with one job, everything after the reading runs
+    on this thread, one step after the other."""
     options = options or Options()
     say = progress or (lambda _msg: None)
     say(f"reading {len(paths)} bundle(s)")
@@ -92,13 +97,17 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
 
     model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile)
     say("building the event tables")
-    con = model.connect(db)
-    # forked after connect (the collectives table is made there) and never with a Dask client's
-    # threads about; the child touches only the model's frames, never the database
-    beside = Forked(ahead, model, options) if ahead is not None and jobs > 1 and not dask else None
+    # the second core's share after the reading: the detectors' shared tables made while
+    # DuckDB loads the event tables (it leaves the GIL), then the report's model-only tables
+    # in a forked process while the detectors run (forked after connect: the collectives
+    # table is made there; never with a Dask client's threads about; the child touches only
+    # the model's frames, never the database)
+    beside_ok = jobs > 1 and not dask
+    con, made = _connect(model, db, options, beside=beside_ok)
+    beside = Forked(ahead, model, options) if ahead is not None and beside_ok else None
     try:
         say("looking for findings")
-        findings, det_problems = run_detectors(Context(model=model, con=con, options=options))
+        findings, det_problems = run_detectors(Context(model=model, con=con, options=options, made=made))
         stored = _storable(findings, det_problems)
         _store_findings(con, stored)
         prepared = beside.result() if beside is not None else None
@@ -109,6 +118,36 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
         raise
     return Analysis(model=model, con=con, findings=[f for f, _ in stored],
                     problems=list(model.problems) + det_problems, options=options, prepared=prepared or {})
+
+
+def _connect(model: Model, db, options: Options, beside: bool) -> tuple[Any, dict]:
+    """(the DuckDB connection over the model, the detectors' shared tables made so far). With
+    ``beside``, DuckDB loads the tables on a thread while this one makes the shared tables
+    (:func:`forensics.findings.base.prefetch`): the load runs in DuckDB, outside the GIL."""
+    if not beside:
+        return model.connect(db), {}
+    box: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            box["con"] = model.connect(db)
+        except BaseException as exc:   # noqa: BLE001 - raised again on this thread below
+            box["error"] = exc
+
+    view = model.without_database_tables()   # taken before the loader may set them
+    loader = threading.Thread(target=load, name="stallscope-connect", daemon=True)
+    loader.start()
+    try:
+        made = prefetch(view, options)
+    except BaseException:
+        loader.join()
+        if "con" in box:
+            box["con"].close()
+        raise
+    loader.join()
+    if "error" in box:
+        raise box["error"]
+    return box["con"], made
 
 
 def _storable(findings: list[Finding], problems: list[str]) -> list[tuple[Finding, dict]]:

@@ -29,6 +29,8 @@ from shipped import shipped_bundle
 PER_HOST = ROOT / "tests" / "fixtures" / "bundles-per-host"
 HANG = sorted((PER_HOST / "link-down-hang-late").glob("*.tar.gz"))
 CLEAN = sorted((PER_HOST / "clean").glob("*.tar.gz"))
+# one early capture of a link-down hang: collectives, a hung communicator, retransmissions
+EARLY_HANG = sorted((ROOT / "tests" / "fixtures" / "bundles" / "link-down-hang").glob("*.tar.gz"))
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
@@ -115,6 +117,75 @@ def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
         assert one.prepared == {}
     finally:
         one.close()
+
+
+def _made_alike(a, b) -> None:
+    if isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b)
+    else:
+        assert a == b
+
+
+def test_the_detectors_shared_tables_are_made_as_the_detectors_would_make_them():
+    from forensics.findings import Context, Options
+    from forensics.findings.base import _SHARED, prefetch
+    model = build_model(EARLY_HANG)
+    made = prefetch(model, Options())
+    assert {"rank_directory", "world_rank_map", "hang_frontiers"} <= set(made)
+    trouble = [k for k in made if isinstance(k, tuple) and k[0] == "trouble_events"]
+    assert len(trouble) == 1 and len(made[trouble[0]]) > 0      # the link-down hang's retransmissions
+    assert len(made["hang_frontiers"]) == 1                      # and its hung communicator
+    con = model.connect()
+    try:
+        ctx = Context(model=model, con=con, options=Options())   # made on demand, after connect
+        for fn in _SHARED:
+            fn(ctx)
+        assert set(ctx.made) == set(made)
+        for key in made:
+            _made_alike(made[key], ctx.made[key])
+    finally:
+        con.close()
+
+
+def test_a_shared_table_that_fails_or_reads_the_database_tables_is_left_to_the_detector(monkeypatch):
+    from forensics.findings import Context, Options
+    from forensics.findings import base
+    model = build_model(EARLY_HANG)
+
+    def broken(ctx):
+        return ctx.memo("broken", lambda: 1 / 0)
+
+    def collective_count(ctx):   # collectives is made by connect(): not there to read beforehand
+        return ctx.memo("collectives", lambda: len(ctx.table("collectives")))
+
+    monkeypatch.setattr(base, "_SHARED", [broken, collective_count, *base._SHARED])
+    made = base.prefetch(model, Options())
+    assert "broken" not in made and "collectives" not in made and "rank_directory" in made
+    con = model.connect()
+    try:
+        ctx = Context(model=model, con=con, options=Options(), made=made)
+        assert collective_count(ctx) == len(model.tables["collectives"]) > 0   # the detector makes it
+    finally:
+        con.close()
+
+
+def test_duckdb_loads_on_a_thread_beside_the_shared_tables_and_its_error_is_raised_here(tmp_path):
+    import threading
+    import duckdb
+    from forensics.analysis import _connect
+    from forensics.findings import Options
+    model = build_model(EARLY_HANG)
+    con, made = _connect(model, tmp_path / "events.duckdb", Options(), beside=True)
+    try:
+        assert made and len(model.tables["collectives"]) > 0
+        for name in ("nccl_events", "tcp_events", "collectives"):
+            assert con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] == len(model.tables[name])
+    finally:
+        con.close()
+    threads = threading.active_count()
+    with pytest.raises(duckdb.Error):
+        _connect(build_model(EARLY_HANG), tmp_path / "no" / "such" / "dir.duckdb", Options(), beside=True)
+    assert threading.active_count() == threads                  # the loader thread was joined
 
 
 def _value_and_pid(x):

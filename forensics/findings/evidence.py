@@ -32,6 +32,7 @@ from ..model.nccl import world_ranks
 # tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
 from ..tcp.classes import (DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, dense_codes,  # noqa: F401
                            subsumed_sql)
+from .base import shared
 
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
@@ -70,8 +71,13 @@ class RankInfo:
         return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
 
 
+@shared
 def rank_directory(ctx) -> dict[int, RankInfo]:
     """Global rank -> host and the address its TCP connections use (the most frequent one)."""
+    return ctx.memo("rank_directory", lambda: _rank_directory(ctx))
+
+
+def _rank_directory(ctx) -> dict[int, RankInfo]:
     n = ctx.table("nccl_events")
     hosts: dict[int, str] = {}
     if len(n):
@@ -279,10 +285,15 @@ def capture_end_ns(ctx) -> int | None:
     return max(last) if last else None
 
 
+@shared
 def world_rank_map(ctx) -> pd.DataFrame:
     """(comm_id_hash, comm rank) -> global rank: a process's rank on the largest
     communicator it belongs to (the world, :func:`forensics.model.nccl.world_ranks`), so
     sub-communicators' ranks map back."""
+    return ctx.memo("world_rank_map", lambda: _world_rank_map(ctx))
+
+
+def _world_rank_map(ctx) -> pd.DataFrame:
     n = ctx.table("nccl_events").dropna(subset=["rank", "pid"])
     if n.empty:
         return pd.DataFrame(columns=["comm_id_hash", "rank", "global_rank"])
@@ -303,6 +314,7 @@ WORLD_RANK_SQL = """seen AS (
 
 # --------------------------------------------------------------------------- TCP trouble per link
 
+@shared
 def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
     """tcp_events of the given classes between two known ranks, with columns
     cls, sender, receiver (ranks: who sent the retransmission / the RST), a, b (the

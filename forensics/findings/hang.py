@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector
+from .base import Context, Finding, detector, shared
 from ..model.windows import common_end
 from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
@@ -48,6 +48,7 @@ FRONTIER_COLUMNS = ["comm_id_hash", "kind", "op_count", "op", "nranks", "members
                     "stuck_at", "first_entry_ns", "waited_ns", "last_progress_ns", "p99_ns", "nranks_claimed"]
 
 
+@shared
 def hang_frontiers(ctx) -> pd.DataFrame:
     """Per hung communicator: what kind of hang, and at which collective.
 
@@ -65,6 +66,10 @@ def hang_frontiers(ctx) -> pd.DataFrame:
     ranks behind, ``stuck_at`` {rank: first op it is stuck in}, ``members`` every rank of
     the communicator (comm ranks: 0..nranks-1, or the ranks seen when the claimed size is
     not believable, see :func:`communicator_members`; ``nranks_claimed`` is then the claim, else None)."""
+    return ctx.memo("hang_frontiers", lambda: _hang_frontiers(ctx))
+
+
+def _hang_frontiers(ctx) -> pd.DataFrame:
     n = ctx.table("nccl_events")
     capture_end = capture_end_ns(ctx)
     if n.empty or capture_end is None:

@@ -10,6 +10,7 @@ live in :mod:`forensics.model.schema`.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -27,6 +28,10 @@ from .hosts import HostPart
 from .skew import SkewEstimate, estimate_skew
 
 
+# the tables connect() makes with SQL (an empty frame until then)
+MADE_BY_CONNECT = ("collectives",)
+
+
 @dataclass
 class Model:
     tables: dict[str, pd.DataFrame]
@@ -37,6 +42,11 @@ class Model:
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.tables[name]
+
+    def without_database_tables(self) -> Model:
+        """This model less the tables :meth:`connect` makes in DuckDB (``collectives``): what
+        may be read on one thread while another connects (it sets them when done)."""
+        return dataclasses.replace(self, tables={k: v for k, v in self.tables.items() if k not in MADE_BY_CONNECT})
 
     def skew_report(self) -> str:
         if len(self.hosts) < 2:

@@ -28,15 +28,17 @@ PREPARE = {"html": html.prepare}
 
 def ahead(model, options) -> dict:
     """What the renderers compute from the model alone, before there are findings (the
-    per-rank table and its totals, the collectives' intervals and lanes, the heatmap: ~1 s at
-    512 ranks); ``analyze(ahead=...)`` runs this in a second process while the detectors run
-    and hands the values to the renderers through ``Analysis.prepared`` (:func:`.data.memo`)."""
+    per-rank table and its totals, the collectives' intervals and lanes, each communicator's
+    progress, the heatmap: ~1 s at 512 ranks); ``analyze(ahead=...)`` runs this in a second
+    process while the detectors run and hands the values to the renderers through
+    ``Analysis.prepared`` (:func:`.data.memo`)."""
     from ..analysis import Analysis
     a = Analysis(model=model, con=None, findings=[], options=options)
     ranks = data.rank_table(a)
     if len(ranks) > html.TOP_ROWS:
         data.rank_totals(a, ranks)
     data.intervals(a)
+    data.progress_of(a)
     html.heatmap(a, ranks)
     return a.prepared
 

@@ -450,6 +450,12 @@ class Progress:
     waiting_ranks: list[int] = field(default_factory=list)   # entered it, never completed
 
 
+def progress_of(analysis) -> list[Progress]:
+    """:func:`progress` of the analysis's model, made once (the timeline, the hang tables and
+    the Markdown all read it; :func:`forensics.report.ahead` makes it beside the detectors)."""
+    return memo(analysis, "progress", lambda: progress(analysis.model))
+
+
 def progress(model) -> list[Progress]:
     """Op counts per rank and the hang point of each communicator (the first collective that
     not every rank completed). Ranks are global ranks (``per_rank.comm_rank`` keeps the rank

@@ -206,7 +206,7 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
         notes.append("Hung since before the capture: the bars are each rank's state at capture (its position in "
                      "the collective sequence and where its main thread is), not calls seen starting; the onset "
                      "is not in this capture.")
-    for p in data.progress(analysis.model):
+    for p in data.progress_of(analysis):
         if p.stuck_at_ns is None:
             continue
         x = round((p.stuck_at_ns - t0) / 1e9, 6)

@@ -343,7 +343,7 @@ def context(analysis) -> dict[str, Any]:
 
     tables = _tables(analysis, ranks, findings, blamed={r for f in serious for r in f.ranks})
 
-    progress = data.progress(model)
+    progress = data.progress_of(analysis)
     stuck = [p for p in progress if p.stuck_op_count is not None]
     hang_kinds = {"hang_mismatch", "hang_stuck"}
     show_hang = bool(stuck) or any(f.kind in hang_kinds for f in findings)

@@ -111,7 +111,7 @@ def render(analysis) -> str:
             lines += [f"... and {len(ranks) - len(shown)} more ranks (the ranks blamed, then the latest, shown "
                       "first; all of them in `stallscope query`)", ""]
 
-    stuck = [p for p in data.progress(model) if p.stuck_op_count is not None]
+    stuck = [p for p in data.progress_of(analysis) if p.stuck_op_count is not None]
     if stuck:
         lines += ["## Hang point", ""]
         for p in stuck:

@@ -393,6 +393,7 @@ def _bulk_waits_too(ctx, slow: pd.DataFrame, fast: pd.DataFrame) -> bool:
     if q.empty:
         return True
     q = q.set_index(["a", "b"])["q"]
+
     def of(links):
         keys = [(int(a), int(b)) for a, b in zip(links["a"], links["b"])]
         return q.reindex(keys).dropna().to_numpy(dtype=np.float64)

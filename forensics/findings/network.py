@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector, impact_severity
+from .base import Context, Finding, detector, impact_severity, shared
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
 from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
                        Impact, clean_baselines, impact, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
@@ -328,6 +328,7 @@ def _rtt_split(cand: pd.DataFrame) -> int | None:
     return k
 
 
+@shared
 def link_queue_delays(ctx) -> pd.DataFrame:
     """Per link (a, b): ``q``, the clean ACK round-trip p90 that *every* data connection of the
     link shows (per connection the largest over the capture points that saw it, then the least
@@ -335,7 +336,12 @@ def link_queue_delays(ctx) -> pd.DataFrame:
     :mod:`forensics.model.timing`). A bottleneck's queue delays most segments of every
     connection through it; loss delays only the segments behind a hole, and
     Linux's delayed ACK (up to 40 ms for a lone small segment) only the directions that
-    carry little, which are left out (less than BULK_SHARE of the busiest connections' bytes)."""
+    carry little, which are left out (less than BULK_SHARE of the busiest connections' bytes).
+    Made once per analysis: network_loss and slow_link read it up to five times."""
+    return ctx.memo("link_queue_delays", lambda: _link_queue_delays(ctx))
+
+
+def _link_queue_delays(ctx) -> pd.DataFrame:
     t = ctx.model.tables.get("flow_timing")
     cols = ["a", "b", "q", "p50", "connections"]
     if t is None or t.empty:

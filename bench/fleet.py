@@ -1,22 +1,27 @@
 """``stallscope analyze`` at fleet scale: 8 to 64 host bundles, 8 ranks and 1M packets each.
 
     python bench/fleet.py [--hosts 8,16,32,64] [--ranks-per-host 8] [--packets 1000000]
-                          [--jobs 1,2] [--keep DIR]
+                          [--jobs 1,2] [--repeat 3] [--keep DIR]
 
 The bundles are synthesised as bench/analyze.py does (the shipped loss bundle's ranks
 replicated, one ring capture of ``--packets`` packets per host; here every host's capture
 comes from one generated packet stream, readdressed to its own ranks, so 64 hosts cost one
 generation). For each host count, the whole command ``stallscope analyze --jobs J -o
-report.html`` runs once per ``--jobs`` value, side by side on the same bundles, and the
-benchmark prints:
+report.html`` runs ``--repeat`` times per ``--jobs`` value, the values taking turns (1, 2,
+1, 2, ...) on the same bundles, so that a machine whose speed drifts (a shared VM's does, by
+up to 30% within minutes) slows both alike; the benchmark prints:
 
-* wall time (interpreter start-up, imports, model, findings and the report included) and
-  the time per host (flat from 8 to 64 hosts means the merge does not grow faster than the
-  hosts);
-* the speed-up of each ``--jobs`` over ``--jobs 1`` on the same bundles;
+* wall time, the median of the runs (interpreter start-up, imports, model, findings and the
+  report included, until the command exits) and the time per host (flat from 8 to 64 hosts
+  means the merge does not grow faster than the hosts);
+* the speed-up of each ``--jobs`` over ``--jobs 1`` on the same bundles: the ratio of the
+  medians, and the range of the ratios of the runs taken side by side;
 * peak memory: the largest sum of the resident sets of the command and its workers,
   sampled every 100 ms (``ru_maxrss`` alone would miss the workers running together);
 * the report's size.
+
+The analyzer's bytecode is compiled first (``compileall``), as an installed copy has it: with
+PYTHONDONTWRITEBYTECODE set, each command would otherwise compile it anew.
 
 Targets (issue 14), checked at the end: the per-host cost grows by at most 20% from the
 smallest to the largest host count (it may fall: start-up is a fixed cost); ``--jobs 2`` at least 1.8x ``--jobs 1``; 64 hosts under 90 s with
@@ -28,9 +33,11 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -88,23 +95,35 @@ def tree_rss(pid: int) -> int:
 
 
 def run(cmd: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak resident bytes of the process tree) of one command."""
+    """(wall seconds, peak resident bytes of the process tree) of one command: the wall time
+    from its start to its exit as the shell sees it (``wait``, not the memory sampler's 100 ms
+    ticks), the memory sampled on a thread meanwhile."""
+    err_file = tempfile.TemporaryFile()   # not a pipe: its end is when the command's helpers close it too
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    peak = 0
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
+    peak, done = [0], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            peak[0] = max(peak[0], tree_rss(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     try:
-        while proc.poll() is None:
-            peak = max(peak, tree_rss(proc.pid))
-            time.sleep(0.1)
+        proc.wait()
+        wall = time.perf_counter() - t0
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
-    wall = time.perf_counter() - t0
-    err = proc.stderr.read().decode(errors="replace")
+    finally:
+        done.set()
+        sampler.join()
+    with err_file:
+        err_file.seek(0)
+        err = err_file.read().decode(errors="replace")
     if proc.returncode not in (0, 1):      # 1: the analysis found an error (the lossy bundle: expected)
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-1500:]}")
-    return wall, peak
+    return wall, peak[0]
 
 
 def main() -> int:
@@ -113,6 +132,7 @@ def main() -> int:
     ap.add_argument("--ranks-per-host", type=int, default=8)
     ap.add_argument("--packets", type=int, default=1_000_000, help="packets per host")
     ap.add_argument("--jobs", default="1,2", help="--jobs values, comma-separated (the first is the baseline)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per --jobs value, taking turns (default 3)")
     ap.add_argument("--keep", type=Path, help="keep the bundles and reports here")
     a = ap.parse_args()
     host_counts = [int(x) for x in a.hosts.split(",")]
@@ -120,11 +140,17 @@ def main() -> int:
     src = next((ROOT / "tests" / "fixtures" / "bundles" / "loss").glob("*.tar.gz"))
     base = a.keep or Path(tempfile.mkdtemp(prefix="stallscope-bench-fleet-"))
     base.mkdir(parents=True, exist_ok=True)
-    results: dict[tuple[int, int], tuple[float, int, int]] = {}
+    # the analyzer's bytecode cached, as in an installed copy (pip compiles it; an editable
+    # install writes it on its first run): where PYTHONDONTWRITEBYTECODE is set, as on this
+    # lab's machines, every command would compile it again (~0.3 s of start-up, in both modes)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", "forensics", "capture"], cwd=ROOT, check=True,
+                   stdout=subprocess.DEVNULL)
+    results: dict[tuple[int, int], tuple[float, int, int]] = {}   # (hosts, jobs): median wall, peak, size
+    pairs: dict[tuple[int, int], list[float]] = {}                 # the side-by-side ratios to --jobs 1
     print(f"fleet: {a.ranks_per_host} ranks and {a.packets:,} packets per host; --jobs {jobs}; "
           f"{os.cpu_count()} cores")
     print(f"{'hosts':>5} {'ranks':>5} {'jobs':>4} {'wall s':>8} {'s/host':>7} {'speed-up':>8} "
-          f"{'peak MiB':>9} {'report MB':>9}")
+          f"{'side by side':>11} {'peak MiB':>9} {'report MB':>9}")
     try:
         for h in host_counts:
             d = base / f"hosts{h}"
@@ -132,16 +158,24 @@ def main() -> int:
                 shutil.rmtree(d)
             d.mkdir()
             bundles = bench_analyze.build(src, d, h * a.ranks_per_host, a.packets, h, same_packets=True)
+            walls: dict[int, list[float]] = {j: [] for j in jobs}
+            peaks: dict[int, int] = {j: 0 for j in jobs}
+            for _ in range(max(1, a.repeat)):
+                for j in jobs:
+                    cmd = [sys.executable, "-m", "forensics", "analyze", *map(str, bundles), "-o",
+                           str(d / f"report-j{j}.html"), "--force", "-q", "--jobs", str(j)]
+                    wall, peak = run(cmd)
+                    walls[j].append(wall)
+                    peaks[j] = max(peaks[j], peak)
             for j in jobs:
-                report = d / f"report-j{j}.html"
-                cmd = [sys.executable, "-m", "forensics", "analyze", *map(str, bundles), "-o", str(report),
-                       "--force", "-q", "--jobs", str(j)]
-                wall, peak = run(cmd)
-                size = report.stat().st_size
-                results[(h, j)] = (wall, peak, size)
+                wall = statistics.median(walls[j])
+                size = (d / f"report-j{j}.html").stat().st_size
+                results[(h, j)] = (wall, peaks[j], size)
+                pairs[(h, j)] = [b / w for b, w in zip(walls[jobs[0]], walls[j])]
                 speed = results[(h, jobs[0])][0] / wall
+                spread = f"{min(pairs[(h, j)]):.2f}-{max(pairs[(h, j)]):.2f}" if j != jobs[0] else ""
                 print(f"{h:>5} {h * a.ranks_per_host:>5} {j:>4} {wall:>8.1f} {wall / h:>7.2f} {speed:>7.2f}x "
-                      f"{peak / 2**20:>9.0f} {size / 1e6:>9.2f}", flush=True)
+                      f"{spread:>11} {peaks[j] / 2**20:>9.0f} {size / 1e6:>9.2f}", flush=True)
             if not a.keep:
                 shutil.rmtree(d)
     finally:
@@ -163,7 +197,7 @@ def main() -> int:
     if 2 in jobs and jobs[0] == 1:
         sp = min(results[(h, 1)][0] / results[(h, 2)][0] for h in host_counts)
         ok &= sp >= SPEEDUP_2
-        print(f"--jobs 2 vs --jobs 1: at least {sp:.2f}x at every host count "
+        print(f"--jobs 2 vs --jobs 1 (medians): at least {sp:.2f}x at every host count "
               f"(target {SPEEDUP_2}x: {'OK' if sp >= SPEEDUP_2 else 'MISSED'})")
     if (64, 2) in results:
         w = results[(64, 2)][0]

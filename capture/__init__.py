@@ -9,6 +9,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from .runner import CaptureFailed, CaptureOptions, CaptureResult, CaptureUsageError, run_capture  # noqa: E402
-
 __all__ = ["CaptureFailed", "CaptureOptions", "CaptureResult", "CaptureUsageError", "run_capture", "__version__"]
+
+
+def __getattr__(name: str):
+    """The runner's names, imported on first use: ``stallscope analyze`` and ``query`` load
+    ``capture.cli`` for their parser and need none of the capture machinery (0.1 s)."""
+    if name in __all__:
+        from . import runner
+        return getattr(runner, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

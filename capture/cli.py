@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from .bundle import parse_duration, parse_size
-from .runner import CaptureOptions
+if TYPE_CHECKING:
+    from .runner import CaptureOptions
+
+# the capture machinery (runner, tracer, bundle) is imported when a capture runs, not when
+# the parser is built: every stallscope command builds it
 
 HELP = "capture one host's evidence bundle during a hang (tracer, pcaps, counters, logs)"
 EPILOG = ("Ends after --duration or on Ctrl-C/SIGTERM and writes stallscope-<host>-<UTC>.tar.gz. "
@@ -15,6 +19,7 @@ EPILOG = ("Ends after --duration or on Ctrl-C/SIGTERM and writes stallscope-<hos
 
 
 def _size(text: str) -> int:
+    from .bundle import parse_size
     try:
         return parse_size(text)
     except ValueError as e:
@@ -22,6 +27,7 @@ def _size(text: str) -> int:
 
 
 def _duration(text: str) -> float:
+    from .bundle import parse_duration
     try:
         v = parse_duration(text)
     except ValueError as e:
@@ -123,6 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(a: argparse.Namespace) -> CaptureOptions:
+    from .runner import CaptureOptions
     duration = a.duration if a.duration is not None else (float("inf") if a.watch else 120.0)
     return CaptureOptions(output=a.output, duration_s=duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .findings import SCHEMA_VERSION, Context, Finding, Options, run_detectors
 from .findings.base import prefetch
 from .model import Model, build_model
-from .workers import Forked
+from .workers import Forked, Reading
 
 FINDINGS_SCHEMA = {
     "position": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR", "confidence": "DOUBLE", "summary": "VARCHAR",
@@ -75,11 +75,14 @@ class Analysis:
 def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
             progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None,
             while_reading: Callable[[], None] | None = None,
-            ahead: Callable[[Model, Options], dict[str, Any]] | None = None) -> Analysis:
+            ahead: Callable[[Model, Options], dict[str, Any]] | None = None,
+            reading: Reading | None = None) -> Analysis:
     """Model the bundles, run every detector, and store the findings next to the events.
-    ``jobs``: worker processes for the per-host stage (1: this process); ``dask``: the
-    address of a Dask scheduler to run it on instead (:mod:`forensics.model.parallel`);
-    ``while_reading``: the caller's own preparation, done here while they read; ``ahead``:
+    ``jobs``: processes for the per-host stage (1: this process alone); ``reading``: that
+    stage already started on ``paths`` by the caller (:class:`forensics.workers.Reading`);
+    ``dask``: the address of a Dask scheduler to run it on instead
+    (:mod:`forensics.model.parallel`); ``while_reading``: the caller's own preparation, done
+    here while the workers read; ``ahead``:
     what the caller will compute from the model alone (the report's per-rank tables), run
     with ``jobs`` > 1 in a forked process beside the detectors (:class:`workers.Forked`),
     its values in ``Analysis.prepared``; with one job the caller computes them when needed.
@@ -95,7 +98,7 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
         if while_reading is not None:
             while_reading()
 
-    model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile)
+    model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile, reading=reading)
     say("building the event tables")
     # the second core's share after the reading: the detectors' shared tables made while
     # DuckDB loads the event tables (it leaves the GIL), then the report's model-only tables

@@ -1,9 +1,10 @@
-"""How many processes read the bundles (``stallscope analyze --jobs``), and the fork server
-their workers start from (:mod:`forensics.model.parallel` runs them). Standard library only:
-the command line starts the fork server before it imports the analyzer, so the server's own
-imports (pandas, numpy, the per-host stage: most of a second) run on another core while this
-process does its own, and the first hosts do not wait for them. :class:`Forked`: the second
-core's share of the work after the reading (:func:`forensics.analysis.analyze`)."""
+"""How many processes read the bundles (``stallscope analyze --jobs``) and how
+(:class:`Reading`: this process and workers forked from a fork server, driven by
+:mod:`forensics.model.parallel`). Standard library only: the command line starts the
+reading before it imports the analyzer, so the fork server's own imports (pandas, numpy,
+the per-host stage: about 0.45 s) and the workers' first hosts run on other cores while this
+process does its imports. :class:`Forked`: the second core's share of the work after the
+reading (:func:`forensics.analysis.analyze`)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -62,12 +63,129 @@ def context():
     return ctx
 
 
-def start_early() -> None:
-    """Start the fork server now, without waiting for its imports (a pool created later
-    finds it running)."""
-    if context().get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-        forkserver.ensure_running()
+class Reading:
+    """The bundles at ``paths`` read by ``jobs`` processes: ``jobs - 1`` workers forked from
+    the fork server, and the calling process, which reads too (its hosts cost no pickling, and
+    it starts as soon as its own imports are done, where a second worker would wait for the
+    fork server's). Each reader takes the next unread host from one shared counter when it is
+    free, so the hosts spread over the readers as they go, whatever their sizes.
+
+    The command line makes it before it imports the analyzer: the workers' pool is started on
+    a thread (a worker's start waits for the fork server's imports, this process need not),
+    and the workers begin on the first hosts while this process imports. Then
+    :func:`forensics.model.parallel.read_hosts` drives it: :meth:`claim` for the calling
+    process's hosts, :meth:`finished` and :meth:`rest` for the workers', :meth:`close` always."""
+
+    def __init__(self, paths: list, jobs: int, *, skew: bool = True):
+        if jobs < 2:
+            raise ValueError("a Reading needs a worker besides this process (jobs >= 2)")
+        import threading
+        self.paths = [os.fspath(p) for p in paths]
+        self.skew = skew
+        self.jobs = jobs
+        self._ctx = context()
+        self._next = self._ctx.Value("q", 0)         # the first host no reader has taken
+        self._pool = None
+        self._futures: list = []
+        self._seen: set = set()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._starter = threading.Thread(target=self._start, name="stallscope-readers", daemon=True)
+        if self._ctx.get_start_method() == "fork":
+            self._start()        # never fork beside a thread: it is quick without a server anyway
+        else:
+            self._starter.start()
+
+    def _start(self) -> None:
+        from concurrent.futures import ProcessPoolExecutor
+        try:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs - 1, mp_context=self._ctx,
+                                             initializer=_serve, initargs=(self._next,))
+            # a task a host at most: each takes its host when a worker runs it, so the tasks
+            # left once this process has read the rest find none and return at once
+            self._futures = [self._pool.submit(_read_next, self.paths, self.skew) for _ in self.paths]
+        except BaseException as exc:   # noqa: BLE001 - no worker then: this process reads every host
+            self._error = exc
+
+    def claim(self) -> int | None:
+        """The index of the next host for the calling process to read; None when every host
+        is taken."""
+        return _take(self._next, len(self.paths))
+
+    def finished(self, wait: bool = False) -> list:
+        """(index, part) of the workers' hosts finished since the last call, at least one
+        with ``wait`` unless none is left; a worker's error (a bad bundle's InputError, a
+        dead worker's BrokenProcessPool) is raised here."""
+        from concurrent.futures import FIRST_COMPLETED
+        from concurrent.futures import wait as wait_for
+        if wait:
+            self._join()
+        elif self._starter.is_alive():
+            return []
+        left = [f for f in self._futures if f not in self._seen]
+        if not left:
+            return []
+        done = wait_for(left, timeout=None if wait else 0, return_when=FIRST_COMPLETED)[0]
+        out = []
+        for f in left:                          # in submission order
+            if f in done:
+                self._seen.add(f)
+                got = f.result()
+                if got is not None:
+                    out.append(got)
+        return out
+
+    @property
+    def error(self) -> BaseException | None:
+        """Why no worker could start (then the calling process reads every host)."""
+        self._join()
+        return self._error if not self._futures else None
+
+    def rest(self):
+        """(index, part) of every worker's host not yet handed out, as each finishes."""
+        self._join()
+        while len(self._seen) < len(self._futures):
+            yield from self.finished(wait=True)
+
+    def _join(self) -> None:
+        if self._starter.ident is not None:
+            self._starter.join()
+
+    def close(self) -> None:
+        """Stop the workers: tasks not started are cancelled, a host being read is finished and
+        dropped. The shared counter's semaphore goes with this object."""
+        if self._closed:
+            return
+        self._closed = True
+        self._join()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+_shared_next = None      # in a worker: the counter of the Reading it serves
+
+
+def _serve(counter) -> None:
+    global _shared_next
+    _shared_next = counter
+
+
+def _take(counter, n: int) -> int | None:
+    with counter.get_lock():
+        i = counter.value
+        if i >= n:
+            return None
+        counter.value = i + 1
+    return i
+
+
+def _read_next(paths: list, skew: bool):
+    """A worker's task: the next unclaimed host, read (index, part); None when none is left."""
+    i = _take(_shared_next, len(paths))
+    if i is None:
+        return None
+    from .model.hosts import read_host
+    return i, read_host(paths[i], skew=skew)
 
 
 class Forked:

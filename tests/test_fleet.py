@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
+from forensics import workers
 from forensics.analysis import analyze
 from forensics.bundle import Bundle
 from forensics.cli import Env, main
@@ -94,7 +95,7 @@ def test_cli_jobs_2_writes_the_same_json_report_and_summary_as_jobs_1(tmp_path):
         assert code in (0, 1), err
         outs.append(json.loads(dest.read_text()))
     assert outs[0] == outs[1]
-    assert outs[0]["findings"] and "worker processes" in err    # a verdict; the progress line says how it ran
+    assert outs[0]["findings"] and "on 2 processes (this one and 1 worker)" in err    # a verdict; the progress line says how it ran
     assert _page(tmp_path / "r1.html") == _page(tmp_path / "r2.html")
     assert (tmp_path / "s1.md").read_text() == (tmp_path / "s2.md").read_text()
 
@@ -227,7 +228,7 @@ def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkey
     monkeypatch.undo()
     code, _, err = cli("analyze", *map(str, CLEAN), "-o", str(tmp_path / "r.html"))
     assert code in (0, 1), err
-    assert "worker processes" not in err
+    assert "reading 4 bundle(s)" in err and "processes (this one" not in err
 
 
 def test_a_bad_bundle_on_a_worker_is_one_clear_line(tmp_path):
@@ -340,13 +341,83 @@ def test_a_five_rank_report_is_under_1_5_mb(tmp_path):
     assert dest.stat().st_size < 1.5e6
 
 
-def test_the_fork_server_starts_before_the_analyzer_is_imported():
-    # the command line starts the workers' fork server first: forensics.workers imports no
-    # pandas, so the server's imports run while the command does its own
+def test_the_workers_start_reading_before_the_analyzer_is_imported():
+    # the command line starts the reading first (forensics.workers imports no pandas): a
+    # worker takes the first host while the caller has claimed none and imported nothing
     import subprocess
     import sys
-    code = ("import sys, forensics.workers as w; w.start_early(); from multiprocessing import forkserver; "
-            "print('pandas' in sys.modules, forkserver._forkserver._forkserver_pid is not None)")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    code = ("import sys, time, forensics.workers as w\n"
+            f"r = w.Reading({[str(p) for p in HANG]!r}, 2)\n"
+            "t = time.monotonic() + 50\n"
+            "while r._next.value == 0 and time.monotonic() < t: time.sleep(0.01)\n"
+            "print('pandas' in sys.modules, r._next.value > 0)\n"
+            "r.close()\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == ["False", "True"]
+    assert p.stderr == "", p.stderr                    # closed: no worker, semaphore or warning left
+
+
+def _read_by(reading: workers.Reading) -> tuple[list[int], list[int]]:
+    """(hosts the calling process read, hosts the workers read), by index."""
+    mine, theirs = [], []
+    try:
+        while (i := reading.claim()) is not None:
+            hosts.read_host(reading.paths[i])
+            mine.append(i)
+            theirs += [j for j, _ in reading.finished()]
+        theirs += [j for j, _ in reading.rest()]
+    finally:
+        reading.close()
+    return mine, theirs
+
+
+def _taken(reading: workers.Reading) -> None:
+    """Wait until a worker has taken a host."""
+    t = time.monotonic() + 60
+    while reading._next.value == 0 and time.monotonic() < t:
+        time.sleep(0.005)
+    assert reading._next.value > 0, "no worker took a host in 60 s"
+
+
+def test_the_calling_process_and_the_workers_each_read_other_hosts():
+    reading = workers.Reading(HANG, 2)
+    _taken(reading)
+    mine, theirs = _read_by(reading)
+    assert sorted(mine + theirs) == list(range(len(HANG)))      # every host once, by one reader
+    assert 0 in theirs and mine
+
+
+def test_without_workers_the_calling_process_reads_every_host(monkeypatch):
+    import concurrent.futures
+
+    def no_pool(*a, **kw):
+        raise OSError("no processes for you")
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
+    said = []
+    from forensics.model.parallel import read_hosts
+    parts = read_hosts(HANG, jobs=2, progress=said.append)
+    assert [p.bundle.host for p in parts] == [hosts.read_host(p).bundle.host for p in HANG]
+    assert any("no worker process could start (no processes for you)" in m for m in said)
+
+
+def test_a_worker_killed_while_reading_is_one_clear_error():
+    import signal
+    from forensics.model.parallel import WorkerError, read_hosts
+    reading = workers.Reading(HANG, 2)
+    _taken(reading)
+    reading._starter.join()
+    for pid in list(reading._pool._processes):
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerError, match="a worker process died while reading the bundles"):
+        read_hosts(HANG, jobs=2, reading=reading)
+
+
+def test_a_reading_started_on_other_bundles_is_refused():
+    from forensics.model.parallel import read_hosts
+    reading = workers.Reading(HANG[:2], 2)
+    try:
+        with pytest.raises(ValueError, match="other bundles"):
+            read_hosts(HANG, jobs=2, reading=reading)
+    finally:
+        reading.close()

@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-ms", type=float, default=50.0, metavar="MS",
                    help="a collective slower than this is slow (default: 50)")
     p.add_argument("-j", "--jobs", type=int, metavar="N",
-                   help="read the bundles on N worker processes (default: this machine's cores, "
-                        "or 1 for a few small bundles)")
+                   help="read the bundles on N processes, this one and N-1 workers (default: this "
+                        "machine's cores, or 1 for a few small bundles)")
     p.add_argument("--dask", metavar="ADDRESS",
                    help="read the bundles on the Dask cluster at ADDRESS (tcp://host:8786); the bundle "
                         "paths must be readable by every worker")
@@ -63,9 +63,18 @@ def _outputs(args) -> dict[str, str]:
 def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
     from .. import workers
-    jobs = None if args.dask else (args.jobs or workers.default_jobs(args.bundles))
-    if jobs is not None and jobs > 1:
-        workers.start_early()           # its imports run while this process does its own
+    jobs = None if args.dask else min(args.jobs or workers.default_jobs(args.bundles), len(args.bundles))
+    # the worker processes start on the first bundles now, while this process imports the
+    # analyzer (most of a second); then it reads beside them
+    reading = workers.Reading(args.bundles, jobs) if jobs is not None and jobs > 1 else None
+    try:
+        return _run(args, env, outs, jobs, reading)
+    finally:
+        if reading is not None:
+            reading.close()
+
+
+def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, reading) -> int:
     from ..analysis import analyze
     from ..findings import Options
     from ..output import open_output, staged_path
@@ -81,7 +90,7 @@ def run(args: argparse.Namespace, env) -> int:
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
         analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
-                           jobs=jobs or 1, dask=args.dask, while_reading=lambda: prepare(outs),
+                           jobs=jobs or 1, dask=args.dask, reading=reading, while_reading=lambda: prepare(outs),
                            ahead=ahead if {"html", "markdown", "perfetto"} & set(outs) else None)
         try:
             for p in analysis.problems[:20]:

@@ -91,14 +91,16 @@ def derived(store: dict, key, make):
 
 
 def build_model(paths: list[str | os.PathLike], *, skew: bool = True, jobs: int = 1, dask: str | None = None,
-                progress=None, while_reading=None) -> Model:
+                progress=None, while_reading=None, reading=None) -> Model:
     """The model of the bundles at ``paths``: the per-host stage (:func:`.hosts.read_host`)
-    on ``jobs`` worker processes (1: in this process) or on the Dask cluster at ``dask``,
-    then the merge here (:mod:`.parallel`; ``while_reading``: see its ``read_hosts``)."""
+    on ``jobs`` processes (1: this one alone; more: this one and ``jobs - 1`` workers) or on
+    the Dask cluster at ``dask``, then the merge here (:mod:`.parallel`; ``while_reading``,
+    ``reading``: see its ``read_hosts``)."""
     if not paths:
         raise InputError("no bundle given")
     from .parallel import read_hosts
-    parts = read_hosts(list(paths), skew=skew, jobs=jobs, dask=dask, progress=progress, while_reading=while_reading)
+    parts = read_hosts(list(paths), skew=skew, jobs=jobs, dask=dask, progress=progress, while_reading=while_reading,
+                       reading=reading)
     hosts = [p.bundle.host for p in parts]
     dup = {h for h in hosts if hosts.count(h) > 1}
     if dup:   # two bundles of one host (e.g. two captures): keep them apart

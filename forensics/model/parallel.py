@@ -1,8 +1,8 @@
-"""Where the per-host stage (:func:`.hosts.read_host`) runs: in this process, on a pool of
-worker processes (``stallscope analyze --jobs N``), or on an existing Dask cluster
-(``--dask ADDRESS``).
+"""Where the per-host stage (:func:`.hosts.read_host`) runs: in this process, in this process
+and a pool of worker processes (``stallscope analyze --jobs N``: N readers in all), or on an
+existing Dask cluster (``--dask ADDRESS``).
 
-Each host's bundle is read, parsed and put through the TCP engine by one worker; what comes
+Each host's bundle is read, parsed and put through the TCP engine by one reader; what comes
 back is a :class:`~.hosts.HostPart` (DataFrames of flagged packets, flows, timing
 aggregates, sampled fingerprints, the host's artefact tables: tens of kB to a few MB a host, never a
 per-packet table), which :func:`forensics.model.build_model` merges. The result does not
@@ -10,7 +10,8 @@ depend on where the stage ran: the parts are returned in the order of the paths,
 merge is the same code in every case.
 
 Workers start from a fork server that has imported the analyzer once (no interpreter
-start-up per host). As with any multiprocessing, a script that calls ``analyze(jobs=N)``
+start-up per host); the readers take the hosts one at a time from a shared counter
+(:class:`forensics.workers.Reading`). As with any multiprocessing, a script that calls ``analyze(jobs=N)``
 guards its top level with ``if __name__ == "__main__":``. A Dask worker reads the bundle at the path given, so the paths must
 be ones every worker sees (a shared filesystem); they are made absolute first.
 """
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
@@ -35,39 +35,56 @@ class WorkerError(StallscopeError):
 
 def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | None = None,
                progress: Callable[[str], None] | None = None,
-               while_reading: Callable[[], None] | None = None) -> list[HostPart]:
-    """:func:`.hosts.read_host` of every path, in the paths' order. ``while_reading``: work
-    this process does while worker processes read (imports, templates: what would otherwise
-    run alone after them); best effort, its failure is left to the later real use to report."""
+               while_reading: Callable[[], None] | None = None,
+               reading: workers.Reading | None = None) -> list[HostPart]:
+    """:func:`.hosts.read_host` of every path, in the paths' order. With ``jobs`` > 1, this
+    process and ``jobs - 1`` worker processes read them (:class:`forensics.workers.Reading`;
+    ``reading``: one already started on these paths, by the command line). ``while_reading``:
+    work this process does once its share is read, while the workers finish theirs (imports,
+    templates: what would otherwise run alone after them); best effort, its failure is left
+    to the later real use to report."""
     say = progress or (lambda _msg: None)
     if dask:
         return _on_dask(dask, paths, skew, say, while_reading)
+    if reading is not None and (reading.paths != [os.fspath(p) for p in paths] or reading.skew != skew):
+        raise ValueError("the reading given was started on other bundles")
     jobs = max(1, min(int(jobs), len(paths)))
-    if jobs == 1:
+    if jobs == 1 and reading is None:
         out = []
         for i, p in enumerate(paths, 1):
             out.append(read_host(p, skew=skew))
             if len(paths) > 1:
                 say(f"host {i}/{len(paths)} read: {out[-1].bundle.host}")
         return out
-    say(f"reading {len(paths)} bundles on {jobs} worker processes")
-    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=workers.context())
+    reading = reading or workers.Reading(paths, jobs, skew=skew)
+    workers_n = reading.jobs - 1
+    say(f"reading {len(paths)} bundles on {reading.jobs} processes (this one and {workers_n} "
+        f"worker{'s' if workers_n > 1 else ''})")
+    parts: list[HostPart | None] = [None] * len(paths)
+    n = 0
+
+    def got(i: int, part: HostPart) -> None:
+        nonlocal n
+        parts[i] = part
+        n += 1
+        say(f"host {n}/{len(paths)} read: {part.bundle.host}")
+
     try:
-        futs = [ex.submit(read_host, p, skew=skew) for p in paths]
-        _meanwhile(while_reading)
-        pending, n = set(futs), 0
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                part = f.result()   # the first bad bundle stops the rest (its InputError is the message)
-                n += 1
-                say(f"host {n}/{len(paths)} read: {part.bundle.host}")
-        return [f.result() for f in futs]
+        while (i := reading.claim()) is not None:
+            got(i, read_host(paths[i], skew=skew))
+            for j, part in reading.finished():   # the first bad bundle stops the rest
+                got(j, part)
+        if reading.error is not None:
+            say(f"no worker process could start ({reading.error}): this process read every bundle")
+        _meanwhile(while_reading)                # the workers may still read their last hosts
+        for j, part in reading.rest():
+            got(j, part)
     except BrokenProcessPool as e:
         raise WorkerError(f"a worker process died while reading the bundles ({e}); "
                           "retry with fewer --jobs (memory?) or --jobs 1") from None
     finally:
-        ex.shutdown(wait=True, cancel_futures=True)
+        reading.close()
+    return parts
 
 
 def _meanwhile(work: Callable[[], None] | None) -> None:

@@ -146,7 +146,6 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "compileall", "-q", "forensics", "capture"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
     results: dict[tuple[int, int], tuple[float, int, int]] = {}   # (hosts, jobs): median wall, peak, size
-    pairs: dict[tuple[int, int], list[float]] = {}                 # the side-by-side ratios to --jobs 1
     print(f"fleet: {a.ranks_per_host} ranks and {a.packets:,} packets per host; --jobs {jobs}; "
           f"{os.cpu_count()} cores")
     print(f"{'hosts':>5} {'ranks':>5} {'jobs':>4} {'wall s':>8} {'s/host':>7} {'speed-up':>8} "
@@ -171,9 +170,9 @@ def main() -> int:
                 wall = statistics.median(walls[j])
                 size = (d / f"report-j{j}.html").stat().st_size
                 results[(h, j)] = (wall, peaks[j], size)
-                pairs[(h, j)] = [b / w for b, w in zip(walls[jobs[0]], walls[j])]
+                ratios = [b / w for b, w in zip(walls[jobs[0]], walls[j])]   # the runs side by side
                 speed = results[(h, jobs[0])][0] / wall
-                spread = f"{min(pairs[(h, j)]):.2f}-{max(pairs[(h, j)]):.2f}" if j != jobs[0] else ""
+                spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if j != jobs[0] else ""
                 print(f"{h:>5} {h * a.ranks_per_host:>5} {j:>4} {wall:>8.1f} {wall / h:>7.2f} {speed:>7.2f}x "
                       f"{spread:>11} {peaks[j] / 2**20:>9.0f} {size / 1e6:>9.2f}", flush=True)
             if not a.keep:

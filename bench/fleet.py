@@ -16,6 +16,11 @@ up to 30% within minutes) slows both alike; the benchmark prints:
   means the merge does not grow faster than the hosts);
 * the speed-up of each ``--jobs`` over ``--jobs 1`` on the same bundles: the ratio of the
   medians, and the range of the ratios of the runs taken side by side;
+* CPU seconds (user and system, the command and the processes it waited for: its workers,
+  its forked helper) and the cores kept busy (CPU over wall): the speed-up of ``--jobs 2`` is
+  the ratio of the CPU work of the two modes times the ratio of their cores busy, printed
+  for each host count with its ceiling (both cores busy from start to exit), so that a miss
+  says whether the second process adds work or leaves a core idle;
 * peak memory: the largest sum of the resident sets of the command and its workers,
   sampled every 100 ms (``ru_maxrss`` alone would miss the workers running together);
 * the report's size.
@@ -70,13 +75,14 @@ def _private(pid: int) -> int:
 
 
 def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and its descendants (the command, its fork server and
-    workers, the forked process that makes the report's tables beside the detectors), read
-    from /proc/PID/task/*/children: a few files, not a scan of /proc, so the sampler itself
-    stays near 1% of a core. A plain fork of the command (its child, same command line) shares
-    the command's pages: only its private ones count (smaps_rollup, read for that one process
-    only), or the model would be counted twice. The fork server's workers count whole, as
-    before."""
+    """Resident bytes of ``pid`` and its descendants (the command, its workers, the forked
+    process that makes the report's tables beside the detectors; a fork server and its workers
+    where the workers are not forked from the command), read from /proc/PID/task/*/children: a
+    few files, not a scan of /proc, so the sampler itself stays near 1% of a core. A plain fork
+    of the command (its child, same command line: its workers, its helper) shares the
+    command's pages: only its private ones count (smaps_rollup, read for that one process
+    only), or the imports and the model would be counted twice. A fork server's workers count
+    whole."""
     total, todo = 0, [(pid, None)]
     cmdlines: dict[int, bytes] = {}
     while todo:
@@ -94,10 +100,12 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def run(cmd: list[str]) -> tuple[float, int]:
-    """(wall seconds, peak resident bytes of the process tree) of one command: the wall time
-    from its start to its exit as the shell sees it (``wait``, not the memory sampler's 100 ms
-    ticks), the memory sampled on a thread meanwhile."""
+def run(cmd: list[str]) -> tuple[float, int, float]:
+    """(wall seconds, peak resident bytes of the process tree, CPU seconds) of one command: the
+    wall time from its start to its exit as the shell sees it (``wait``, not the memory
+    sampler's 100 ms ticks), the memory sampled on a thread meanwhile, the CPU time (user and
+    system) of the command and of every process it waited for (its forked workers, the
+    process that makes the report's tables): ``wait4``'s resource usage."""
     err_file = tempfile.TemporaryFile()   # not a pipe: its end is when the command's helpers close it too
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err_file, start_new_session=True)
@@ -110,8 +118,9 @@ def run(cmd: list[str]) -> tuple[float, int]:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     try:
-        proc.wait()
+        _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)
         raise
@@ -123,7 +132,7 @@ def run(cmd: list[str]) -> tuple[float, int]:
         err = err_file.read().decode(errors="replace")
     if proc.returncode not in (0, 1):      # 1: the analysis found an error (the lossy bundle: expected)
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-1500:]}")
-    return wall, peak[0]
+    return wall, peak[0], usage.ru_utime + usage.ru_stime
 
 
 def main() -> int:
@@ -145,11 +154,11 @@ def main() -> int:
     # lab's machines, every command would compile it again (~0.3 s of start-up, in both modes)
     subprocess.run([sys.executable, "-m", "compileall", "-q", "forensics", "capture"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
-    results: dict[tuple[int, int], tuple[float, int, int]] = {}   # (hosts, jobs): median wall, peak, size
+    results: dict[tuple[int, int], tuple[float, int, int, float]] = {}   # (hosts, jobs): median wall, peak, size, CPU
     print(f"fleet: {a.ranks_per_host} ranks and {a.packets:,} packets per host; --jobs {jobs}; "
           f"{os.cpu_count()} cores")
     print(f"{'hosts':>5} {'ranks':>5} {'jobs':>4} {'wall s':>8} {'s/host':>7} {'speed-up':>8} "
-          f"{'side by side':>11} {'peak MiB':>9} {'report MB':>9}")
+          f"{'side by side':>11} {'CPU s':>7} {'busy':>5} {'peak MiB':>9} {'report MB':>9}")
     try:
         for h in host_counts:
             d = base / f"hosts{h}"
@@ -158,23 +167,26 @@ def main() -> int:
             d.mkdir()
             bundles = bench_analyze.build(src, d, h * a.ranks_per_host, a.packets, h, same_packets=True)
             walls: dict[int, list[float]] = {j: [] for j in jobs}
+            cpus: dict[int, list[float]] = {j: [] for j in jobs}
             peaks: dict[int, int] = {j: 0 for j in jobs}
             for _ in range(max(1, a.repeat)):
                 for j in jobs:
                     cmd = [sys.executable, "-m", "forensics", "analyze", *map(str, bundles), "-o",
                            str(d / f"report-j{j}.html"), "--force", "-q", "--jobs", str(j)]
-                    wall, peak = run(cmd)
+                    wall, peak, cpu = run(cmd)
                     walls[j].append(wall)
+                    cpus[j].append(cpu)
                     peaks[j] = max(peaks[j], peak)
             for j in jobs:
-                wall = statistics.median(walls[j])
+                wall, cpu = statistics.median(walls[j]), statistics.median(cpus[j])
                 size = (d / f"report-j{j}.html").stat().st_size
-                results[(h, j)] = (wall, peaks[j], size)
+                results[(h, j)] = (wall, peaks[j], size, cpu)
                 ratios = [b / w for b, w in zip(walls[jobs[0]], walls[j])]   # the runs side by side
                 speed = results[(h, jobs[0])][0] / wall
                 spread = f"{min(ratios):.2f}-{max(ratios):.2f}" if j != jobs[0] else ""
                 print(f"{h:>5} {h * a.ranks_per_host:>5} {j:>4} {wall:>8.1f} {wall / h:>7.2f} {speed:>7.2f}x "
-                      f"{spread:>11} {peaks[j] / 2**20:>9.0f} {size / 1e6:>9.2f}", flush=True)
+                      f"{spread:>11} {cpu:>7.1f} {cpu / wall:>5.2f} {peaks[j] / 2**20:>9.0f} {size / 1e6:>9.2f}",
+                      flush=True)
             if not a.keep:
                 shutil.rmtree(d)
     finally:
@@ -198,6 +210,11 @@ def main() -> int:
         ok &= sp >= SPEEDUP_2
         print(f"--jobs 2 vs --jobs 1 (medians): at least {sp:.2f}x at every host count "
               f"(target {SPEEDUP_2}x: {'OK' if sp >= SPEEDUP_2 else 'MISSED'})")
+        for h in host_counts:
+            (w1, *_, c1), (w2, *_, c2) = results[(h, 1)], results[(h, 2)]
+            print(f"  {h} hosts: {w1 / w2:.2f}x = {c1 / c2:.3f} (CPU work of --jobs 1 over --jobs 2's) "
+                  f"x {(c2 / w2) / (c1 / w1):.2f} (cores busy, {c2 / w2:.2f} over {c1 / w1:.2f}); with both "
+                  f"cores busy from start to exit, at most {2 * c1 / c2:.2f}x")
     if (64, 2) in results:
         w = results[(64, 2)][0]
         ok &= w < WALL_64_S

@@ -1,19 +1,24 @@
 """How many processes read the bundles (``stallscope analyze --jobs``) and how
-(:class:`Reading`: this process and workers forked from a fork server, driven by
-:mod:`forensics.model.parallel`). Standard library only: the command line starts the
-reading before it imports the analyzer, so the fork server's own imports (pandas, numpy,
-the per-host stage: about 0.45 s) and the workers' first hosts run on other cores while this
-process does its imports. :class:`Forked`: the second core's share of the work after the
-reading (:func:`forensics.analysis.analyze`)."""
+(:class:`Reading`: this process and workers, driven by :mod:`forensics.model.parallel`).
+Standard library only until a reading starts. On Linux, in a process with no other thread,
+the workers are forked from this one once it has imported the per-host stage (pandas,
+numpy: about 0.3 s it would spend anyway), with those imports frozen out of the garbage
+collector's reach so that neither process copies the pages they share; elsewhere a fork
+server imports them once for every worker, while this process does its own imports on
+another core. :class:`Forked`: the second core's share of the work after the reading
+(:func:`forensics.analysis.analyze`)."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
 import select
 import signal
 import sys
+import threading
 import time
+import warnings
 
 # below this much bundle data in all, worker processes cost more than they save (a pool's
 # start is ~0.3 s; a host of 1M packets is ~15 MB compressed and ~1 s to read)
@@ -52,9 +57,14 @@ def _size(paths: list) -> int:
 
 
 def context():
-    """A fork server that has imported the analyzer (workers start in milliseconds, and no
-    thread of this process is forked); plain fork when the main program cannot be imported
-    again by the workers (a script read from standard input)."""
+    """Where the workers come from. A fork of this process (nothing to import again, no server
+    process) where that is safe: Linux, and no other Python thread that could hold a lock
+    across the fork (numpy's BLAS threads are fork-aware). Otherwise a fork server that has
+    imported the per-host stage (no thread of this process is forked), or a plain fork when the
+    main program cannot be imported again by the fork server (a script read from standard
+    input)."""
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
     main = getattr(sys.modules.get("__main__"), "__file__", None)
     if main is not None and not os.path.isfile(main):
         return multiprocessing.get_context("fork")
@@ -64,22 +74,24 @@ def context():
 
 
 class Reading:
-    """The bundles at ``paths`` read by ``jobs`` processes: ``jobs - 1`` workers forked from
-    the fork server, and the calling process, which reads too (its hosts cost no pickling, and
-    it starts as soon as its own imports are done, where a second worker would wait for the
-    fork server's). Each reader takes the next unread host from one shared counter when it is
-    free, so the hosts spread over the readers as they go, whatever their sizes.
+    """The bundles at ``paths`` read by ``jobs`` processes: ``jobs - 1`` workers and the
+    calling process, which reads too (its hosts cost no pickling). Each reader takes the next
+    unread host from one shared counter when it is free, so the hosts spread over the readers
+    as they go, whatever their sizes.
 
-    The command line makes it before it imports the analyzer: the workers' pool is started on
-    a thread (a worker's start waits for the fork server's imports, this process need not),
-    and the workers begin on the first hosts while this process imports. Then
-    :func:`forensics.model.parallel.read_hosts` drives it: :meth:`claim` for the calling
-    process's hosts, :meth:`finished` and :meth:`rest` for the workers', :meth:`close` always."""
+    The command line makes it before it imports the analyzer. Forked workers (:func:`context`)
+    start at once: this process imports the per-host stage, freezes what it has imported out of
+    the collector's reach (``gc.freeze``: a collection in either process would otherwise write
+    to every object of pandas and numpy and copy the page it lies on) and forks; :meth:`close`
+    thaws them. With a fork server, the pool is started on a thread instead (a worker's start
+    waits for the server's imports, this process need not), and the workers begin on the first
+    hosts while this process imports. Then :func:`forensics.model.parallel.read_hosts` drives
+    it: :meth:`claim` for the calling process's hosts, :meth:`finished` and :meth:`rest` for
+    the workers', :meth:`close` always."""
 
     def __init__(self, paths: list, jobs: int, *, skew: bool = True):
         if jobs < 2:
             raise ValueError("a Reading needs a worker besides this process (jobs >= 2)")
-        import threading
         self.paths = [os.fspath(p) for p in paths]
         self.skew = skew
         self.jobs = jobs
@@ -90,11 +102,29 @@ class Reading:
         self._seen: set = set()
         self._error: BaseException | None = None
         self._closed = False
+        self._frozen = False
         self._starter = threading.Thread(target=self._start, name="stallscope-readers", daemon=True)
         if self._ctx.get_start_method() == "fork":
-            self._start()        # never fork beside a thread: it is quick without a server anyway
+            self._fork()
         else:
             self._starter.start()
+
+    def _fork(self) -> None:
+        """The workers forked now, on this thread (never beside another thread): after the
+        per-host stage's imports, which the workers then share with this process."""
+        try:
+            for name in PRELOAD:
+                __import__(name)
+        except ImportError:
+            pass                 # the workers' first host says what is missing, as one line
+        if gc.get_freeze_count() == 0:    # what a caller froze itself stays frozen at close
+            gc.freeze()
+            self._frozen = True
+        with warnings.catch_warnings():
+            # Python 3.12+ warns of any other OS thread at a fork: here that is numpy's BLAS
+            # pool, which stops itself around a fork (pthread_atfork)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._start()
 
     def _start(self) -> None:
         from concurrent.futures import ProcessPoolExecutor
@@ -102,7 +132,8 @@ class Reading:
             self._pool = ProcessPoolExecutor(max_workers=self.jobs - 1, mp_context=self._ctx,
                                              initializer=_serve, initargs=(self._next,))
             # a task a host at most: each takes its host when a worker runs it, so the tasks
-            # left once this process has read the rest find none and return at once
+            # left once this process has read the rest find none and return at once (the first
+            # submit forks the workers, with the fork context)
             self._futures = [self._pool.submit(_read_next, self.paths, self.skew) for _ in self.paths]
         except BaseException as exc:   # noqa: BLE001 - no worker then: this process reads every host
             self._error = exc
@@ -153,13 +184,18 @@ class Reading:
 
     def close(self) -> None:
         """Stop the workers: tasks not started are cancelled, a host being read is finished and
-        dropped. The shared counter's semaphore goes with this object."""
+        dropped; the objects frozen for the fork are the collector's again. The shared
+        counter's semaphore goes with this object."""
         if self._closed:
             return
         self._closed = True
         self._join()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if self._frozen:
+                gc.unfreeze()
 
 
 _shared_next = None      # in a worker: the counter of the Reading it serves

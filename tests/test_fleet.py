@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -341,21 +342,43 @@ def test_a_five_rank_report_is_under_1_5_mb(tmp_path):
     assert dest.stat().st_size < 1.5e6
 
 
-def test_the_workers_start_reading_before_the_analyzer_is_imported():
-    # the command line starts the reading first (forensics.workers imports no pandas): a
-    # worker takes the first host while the caller has claimed none and imported nothing
+def _first_host_taken(setup: str) -> list[str]:
+    """In a fresh process: ``setup``, then a Reading of the hang set; once a worker has taken
+    the first host: whether pandas and the analyzer were imported, the start method, and
+    whether the collector holds frozen objects before and after :meth:`Reading.close`."""
     import subprocess
-    import sys
-    code = ("import sys, time, forensics.workers as w\n"
+    code = ("import gc, sys, time, forensics.workers as w\n"
+            f"{setup}\n"
             f"r = w.Reading({[str(p) for p in HANG]!r}, 2)\n"
             "t = time.monotonic() + 50\n"
             "while r._next.value == 0 and time.monotonic() < t: time.sleep(0.01)\n"
-            "print('pandas' in sys.modules, r._next.value > 0)\n"
-            "r.close()\n")
+            "print('pandas' in sys.modules, 'forensics.analysis' in sys.modules, r._next.value > 0,\n"
+            "      r._ctx.get_start_method(), gc.get_freeze_count() > 0, end=' ')\n"
+            "r.close()\n"
+            "print(gc.get_freeze_count() > 0)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert p.stdout.split() == ["False", "True"]
     assert p.stderr == "", p.stderr                    # closed: no worker, semaphore or warning left
+    return p.stdout.split()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_forked_workers_start_before_the_analyzer_is_imported_and_share_its_frozen_imports():
+    # the command line starts the reading first: with no other thread, the workers are forked
+    # once the per-host stage is imported, its objects frozen for the fork, thawed at close
+    assert _first_host_taken("") == ["True", "False", "True", "fork", "True", "False"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_what_the_caller_froze_itself_stays_frozen_after_the_reading():
+    assert _first_host_taken("gc.freeze()")[-3:] == ["fork", "True", "True"]
+
+
+def test_beside_a_thread_a_fork_server_starts_the_workers_before_pandas_is_imported():
+    # another thread could hold a lock across a fork: the fork server imports the per-host
+    # stage instead, while this process has imported nothing (forensics.workers needs no pandas)
+    setup = "import threading; e = threading.Event(); threading.Thread(target=e.wait, daemon=True).start()"
+    assert _first_host_taken(setup) == ["False", "False", "True", "forkserver", "False", "False"]
 
 
 def _read_by(reading: workers.Reading) -> tuple[list[int], list[int]]:
@@ -406,7 +429,7 @@ def test_a_worker_killed_while_reading_is_one_clear_error():
     from forensics.model.parallel import WorkerError, read_hosts
     reading = workers.Reading(HANG, 2)
     _taken(reading)
-    reading._starter.join()
+    reading._join()
     for pid in list(reading._pool._processes):
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="a worker process died while reading the bundles"):

@@ -9,8 +9,9 @@ per-packet table), which :func:`forensics.model.build_model` merges. The result 
 depend on where the stage ran: the parts are returned in the order of the paths, and the
 merge is the same code in every case.
 
-Workers start from a fork server that has imported the analyzer once (no interpreter
-start-up per host); the readers take the hosts one at a time from a shared counter
+The workers are forked from this process once it has imported the per-host stage (on Linux,
+with no other thread about), or from a fork server that has imported it once: no interpreter
+start-up per host either way; the readers take the hosts one at a time from a shared counter
 (:class:`forensics.workers.Reading`). As with any multiprocessing, a script that calls ``analyze(jobs=N)``
 guards its top level with ``if __name__ == "__main__":``. A Dask worker reads the bundle at the path given, so the paths must
 be ones every worker sees (a shared filesystem); they are made absolute first.

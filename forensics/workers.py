@@ -110,8 +110,9 @@ class Reading:
             self._starter.start()
 
     def _fork(self) -> None:
-        """The workers forked now, on this thread (never beside another thread): after the
-        per-host stage's imports, which the workers then share with this process."""
+        """The workers forked now, on this thread, after the per-host stage's imports, which the
+        workers then share with this process (:func:`context` picks a fork where no other
+        thread runs, or where the main program cannot start a fork server)."""
         try:
             for name in PRELOAD:
                 __import__(name)

@@ -124,8 +124,9 @@ MAP_DECLS = {
     "r": f"@r[(uint64)0] = ((uint64)0, (int32)0, {_REC0[1:]};",
     "rg": "@rg[0] = (uint64)0;",
     "xq": "@xq[(uint64)0] = (int32)0;",
-    "xw": "@xw[0] = (uint64)0;",
-    "xr": "@xr[0] = (uint64)0;",
+    "xw": "@xw[(uint64)0] = (uint64)0;",
+    "xr": "@xr[(uint64)0] = (uint64)0;",
+    "xc": "@xc[0] = (uint64)0;",
 }
 # @op in ring mode: (t0 of the open call or 0, its slot, pid, t0 and t1 of the last returned
 # call, the second of that return (t1 / 1e9), the longest host wait after a collective in that
@@ -135,7 +136,8 @@ RING_OP_DECL = ("@op[(int32)0, (int32)0] = ((uint64)0, (uint64)0, (int32)0, (uin
                 "(uint64)0, (uint64)0, (uint64)0);")
 MAP_DECL_KEYS = {"comm": "(uint64)0", "opc": "(uint64)0", "traced": "(uint64)0", "want": "(uint64)0",
                  "e0": "(int32)0, (uint64)0", "e1": "(int32)0, (uint64)0", "op": "(int32)0, (int32)0", "ep": "0",
-                 "r": "(uint64)0", "rg": "0", "xq": "(uint64)0", "xw": "0", "xr": "0"}
+                 "r": "(uint64)0", "rg": "0", "xq": "(uint64)0", "xw": "(uint64)0", "xr": "(uint64)0",
+                 "xc": "0"}
 MAP_KEEP = {"ep"}   # declared and kept (the current buffer's index), not deleted after the declaration
 
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
@@ -158,12 +160,23 @@ def ensure_tracefs() -> str | None:
     return TRACEFS[0] if os.path.isdir(os.path.join(TRACEFS[0], "events")) else None
 
 
+def possible_cpus(path: str = "/sys/devices/system/cpu/possible") -> int:
+    """How many CPU numbers the kernel may give (bpftrace's cpu is below it): the highest in
+    the possible list ("0-3,8-11") plus one, which counts CPUs offline or not yet plugged."""
+    try:
+        text = Path(path).read_text()
+        return max(int(part.split("-")[-1]) for part in text.strip().split(",")) + 1
+    except (OSError, ValueError):
+        return os.cpu_count() or 1
+
+
 @dataclass
 class KernelFeatures:
     """What the running kernel offers the tracer: tracepoints with their fields, BTF."""
 
     tracepoints: dict[str, str] = field(default_factory=dict)  # "tcp/tcp_send_reset" -> format text
     btf: bool = False
+    cpus: int = field(default_factory=lambda: possible_cpus())   # CPU numbers run 0 .. cpus-1
 
     @classmethod
     def probe(cls, names=("tcp/tcp_retransmit_skb", "tcp/tcp_send_reset", "tcp/tcp_receive_reset",
@@ -312,7 +325,7 @@ def _apply_pid_filter(block: str, active: bool) -> str:
 # --- the hot path's record keeping, one text per mode: flush (capture) or ring (capture --watch).
 # Classes of open calls in @op: 0 collective, 1 host wait, 2 ncclGroupEnd.
 HOT_CLASSES = {"COLL": 0, "WAIT": 1, "GROUP": 2}
-EXIT_QUEUE = 4096            # ring mode: threads that ended, waiting to be forgotten (block state)
+EXIT_QUEUE = 4096            # ring mode: threads that ended on a CPU, waiting to be forgotten (block state)
 _X9 = ", ".join(f"$x.{i}" for i in range(9))
 
 _FLUSH_STORE = """$e = @ep[0];
@@ -489,6 +502,7 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
         "DUMP_POINT": targets.point("uprobe", targets.stop_lib or "", DUMP_SYMBOL),
         "RING": str(int(ring)),
         "EXIT_QUEUE": str(EXIT_QUEUE),
+        "NCPU": str(max(1, feats.cpus)),
         "CAPTURE_PID": str(targets.capture_pid or 0),
     }
     script = _PLACEHOLDER_RE.sub(lambda mm: fill.get(mm.group(1), mm.group(0)), script)

@@ -252,6 +252,17 @@ def _features():
         "sched/sched_process_fork": "", "sched/sched_process_exit": ""})
 
 
+def test_possible_cpus_counts_the_highest_cpu_number(tmp_path):
+    """bpftrace's cpu runs up to the highest possible CPU number, offline ones too."""
+    f = tmp_path / "possible"
+    for text, want in (("0-1\n", 2), ("0-3,8-11\n", 12), ("0\n", 1), ("5\n", 6)):
+        f.write_text(text)
+        assert tracer.possible_cpus(str(f)) == want, text
+    f.write_text("garbage")
+    assert tracer.possible_cpus(str(f)) == (os.cpu_count() or 1)
+    assert tracer.possible_cpus(str(tmp_path / "absent")) == (os.cpu_count() or 1)
+
+
 def test_render_keeps_only_what_exists():
     t = tracer.TraceTargets(nccl={"/opt/a/libnccl.so.2": {"ncclAllReduce", "ncclCommInitRank", "ncclSend"}})
     script, blocks = tracer.render_script(t, _features(), call_returns=False)
@@ -322,6 +333,14 @@ def test_render_ring_mode_keeps_the_records_in_the_kernel():
     state = script.split("interval:ms:1000\n", 1)[1].split("\n}\n", 1)[0]
     # @op is deleted from in the state block only, right before its print (and after its declaration)
     assert state.count("delete(@op[") == 3 and state.rstrip().endswith("print(@op);")
+    # threads that ended queue per CPU (one writer a queue); the state block goes round the CPUs
+    feats = _features()
+    assert f"@xc[0] = ($q + 1) % {feats.cpus};" in state
+    ended = script.split("tracepoint:sched:sched_process_exit", 1)[1].split("\n}\n", 1)[0]
+    assert "$q = (uint64)cpu;" in ended and "@xw[$q] = $i + 1;" in ended and "@xw[0]" not in script
+    wide = tracer.render_script(t, tracer.KernelFeatures(btf=True, tracepoints=feats.tracepoints, cpus=96),
+                                flush_ms=1000, ring=4096)[0]
+    assert "@xc[0] = ($q + 1) % 96;" in wide
     others = [l.strip() for l in script.replace(state, "").splitlines() if "delete(@op[" in l]
     assert len(others) == 1 and others[0].startswith(tracer.RING_OP_DECL), others
     # a host wait's return keeps the second's longest wait after a collective; others do not

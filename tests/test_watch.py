@@ -454,6 +454,102 @@ def test_a_thread_blocked_inside_a_collective_triggers_without_its_return(tmp_pa
                 w.wait()
 
 
+THREADS_C = r"""
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <unistd.h>
+typedef int (*ar_t)(const void *, void *, size_t, int, int, void *, void *);
+static ar_t ar;
+static pthread_barrier_t bar;
+static void *body(void *a) {
+  float x = 1;
+  ar(&x, &x, 1, 7, 0, NULL, NULL);             /* returns at once: the thread has call state */
+  pthread_barrier_wait(&bar);
+  pause();
+  return a;
+}
+/* argv: libnccl, threads. Each thread makes one collective call; once they all have, the
+   process exits and its threads end together, on every CPU */
+int main(int argc, char **argv) {
+  void *h = dlopen(argv[1], RTLD_NOW);
+  if (!h) return 2;
+  ar = (ar_t)dlsym(h, "ncclAllReduce");
+  int n = atoi(argv[2]);
+  char c;
+  if (read(0, &c, 1) != 1) return 3;           /* the gate: the tracer is up */
+  pthread_barrier_init(&bar, NULL, n + 1);
+  for (int i = 0; i < n; i++) { pthread_t t; pthread_create(&t, NULL, body, NULL); }
+  pthread_barrier_wait(&bar);
+  usleep(1200000);                             /* one state print with all of them */
+  exit(0);
+}
+"""
+
+
+def test_threads_that_end_together_are_all_forgotten(tmp_path):
+    """Ring mode: the tracer forgets the call state of every thread that ends, also when a
+    process's threads end at the same moment on all CPUs (the exit queue is per CPU: with one
+    count shared by all CPUs, one of two threads that ended at once was lost and its state
+    stayed for good)."""
+    require_root()
+    require_tool("bpftrace", "gcc")
+    lib, exe = tmp_path / "lib" / "libnccl.so.2", tmp_path / "threads"
+    lib.parent.mkdir()
+    (tmp_path / "nccl.c").write_text(FAKE_NCCL_C)
+    (tmp_path / "threads.c").write_text(THREADS_C)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "nccl.c")], check=True)
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "threads.c"), "-ldl", "-lpthread"], check=True)
+    n = 48
+    procs = [subprocess.Popen([str(exe), str(lib), str(n)], stdin=subprocess.PIPE) for _ in range(3)]
+    pids = [p.pid for p in procs]
+    t = tracer.TraceTargets(nccl={str(lib): {"ncclAllReduce"}}, want_pids=pids, traced_pids=pids,
+                            stop_lib=tracer.own_libc(), capture_pid=os.getpid())
+    t.fill_addresses()
+    feats = tracer.KernelFeatures.probe()
+    script, blocks = tracer.render_script(t, feats, call_returns=False, flush_ms=1000, ring=4096)
+    assert "thread_exit" in blocks and f"% {feats.cpus};" in script
+    (tmp_path / "gen.bt").write_text(script)
+    out = tmp_path / "bt.out"
+    with open(out, "wb") as fh:
+        bt = subprocess.Popen(["bpftrace", "-B", "line", str(tmp_path / "gen.bt")], stdout=fh,
+                              stderr=subprocess.STDOUT, env=dict(os.environ, BPFTRACE_MAP_KEYS_MAX="16384"))
+    try:
+        _wait_for(lambda: b"tracer_start" in out.read_bytes() or bt.poll() is not None, 60, "bpftrace to start")
+        assert bt.poll() is None, out.read_text()[-2000:]
+        for p in procs:
+            p.stdin.write(b"g")
+            p.stdin.flush()
+        for p in procs:
+            assert p.wait(timeout=30) == 0
+
+        def ours_printed(wait_s: float) -> list[str]:
+            """The state lines of our threads that the tracer prints (every second) in wait_s."""
+            size = out.stat().st_size
+            time.sleep(wait_s)
+            new = out.read_bytes()[size:].decode(errors="replace").splitlines()
+            return [l for l in new if l.startswith("@op[") and any(f", {p}, " in l for p in pids)]
+
+        text = out.read_text(errors="replace")
+        assert all(f", {pid}, " in text for pid in pids), "every process's threads had call state"
+        assert len({l.split("]")[0] for l in text.splitlines() if l.startswith("@op[")}) >= 3 * n
+        # the state block forgets up to 32 threads a second
+        deadline = time.monotonic() + 3 * n / 32 + 10
+        stale = ours_printed(2.5)
+        while stale and time.monotonic() < deadline:
+            stale = ours_printed(2.5)
+        assert bt.poll() is None, out.read_text()[-2000:]
+        assert stale == [], stale[:5]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        bt.terminate()
+        bt.wait(timeout=30)
+
+
 def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
     """The watcher's tcpdump ring is buffered (no wake-up per packet, see capture.collectors):
     the cut flushes it, so what was sent a moment before the bundle is cut is in it."""

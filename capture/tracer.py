@@ -176,7 +176,7 @@ class KernelFeatures:
 
     tracepoints: dict[str, str] = field(default_factory=dict)  # "tcp/tcp_send_reset" -> format text
     btf: bool = False
-    cpus: int = field(default_factory=lambda: possible_cpus())   # CPU numbers run 0 .. cpus-1
+    cpus: int = field(default_factory=possible_cpus)   # CPU numbers run 0 .. cpus-1
 
     @classmethod
     def probe(cls, names=("tcp/tcp_retransmit_skb", "tcp/tcp_send_reset", "tcp/tcp_receive_reset",

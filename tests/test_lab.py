@@ -340,9 +340,12 @@ def test_loss_shows_retransmissions_on_the_lossy_link_only(sc_loss):
                          "ip.dst", "tcp.dstport", "tcp.len", "tcp.flags.str")
     data = [x for x in ours if int(x[5]) > 0 and "29500" not in (x[2], x[4])]
     assert not data, (retrans, ours)
-    # and no retransmission happened before the fault started
-    first = [float(x[0]) for r in (1, 2, 3) for x in tshark_fields(pc(r), "tcp.analysis.retransmission",
-                                                                      "frame.time_epoch")]
+    # and no data was sent twice before the fault started; left out as above: the store's
+    # handshakes and segments without payload (a FIN of a bootstrap connection closed at start
+    # up, its ACK late from a busy peer, is probed again, nothing lost)
+    first = [float(x[0]) for r in (1, 2, 3)
+             for x in tshark_fields(pc(r), "tcp.analysis.retransmission && tcp.len > 0 && tcp.port != 29500",
+                                    "frame.time_epoch")]
     assert first and min(first) * 1e9 >= f["start_time_ns"] - 1e6
 
 

@@ -470,8 +470,8 @@ static void *body(void *a) {
   pause();
   return a;
 }
-/* argv: libnccl, threads. Each thread makes one collective call; once they all have, the
-   process exits and its threads end together, on every CPU */
+/* argv: libnccl, threads[, stay]. Each thread makes one collective call; once they all have,
+   the process exits and its threads end together, on every CPU (with "stay": it never ends) */
 int main(int argc, char **argv) {
   void *h = dlopen(argv[1], RTLD_NOW);
   if (!h) return 2;
@@ -482,6 +482,7 @@ int main(int argc, char **argv) {
   pthread_barrier_init(&bar, NULL, n + 1);
   for (int i = 0; i < n; i++) { pthread_t t; pthread_create(&t, NULL, body, NULL); }
   pthread_barrier_wait(&bar);
+  if (argc > 3) pause();
   usleep(1200000);                             /* one state print with all of them */
   exit(0);
 }
@@ -504,7 +505,10 @@ def test_threads_that_end_together_are_all_forgotten(tmp_path):
     n = 48
     procs = [subprocess.Popen([str(exe), str(lib), str(n)], stdin=subprocess.PIPE) for _ in range(3)]
     pids = [p.pid for p in procs]
-    t = tracer.TraceTargets(nccl={str(lib): {"ncclAllReduce"}}, want_pids=pids, traced_pids=pids,
+    # one that stays: its thread's state is printed throughout (the tracer did not just stop)
+    stays = subprocess.Popen([str(exe), str(lib), "1", "stay"], stdin=subprocess.PIPE)
+    t = tracer.TraceTargets(nccl={str(lib): {"ncclAllReduce"}}, want_pids=pids + [stays.pid],
+                            traced_pids=pids + [stays.pid],
                             stop_lib=tracer.own_libc(), capture_pid=os.getpid())
     t.fill_addresses()
     feats = tracer.KernelFeatures.probe()
@@ -518,18 +522,20 @@ def test_threads_that_end_together_are_all_forgotten(tmp_path):
     try:
         _wait_for(lambda: b"tracer_start" in out.read_bytes() or bt.poll() is not None, 60, "bpftrace to start")
         assert bt.poll() is None, out.read_text()[-2000:]
-        for p in procs:
+        for p in procs + [stays]:
             p.stdin.write(b"g")
             p.stdin.flush()
         for p in procs:
             assert p.wait(timeout=30) == 0
 
         def ours_printed(wait_s: float) -> list[str]:
-            """The state lines of our threads that the tracer prints (every second) in wait_s."""
+            """The state lines of the ended threads that the tracer prints (every second) in
+            wait_s; the one that stays is in them."""
             size = out.stat().st_size
             time.sleep(wait_s)
-            new = out.read_bytes()[size:].decode(errors="replace").splitlines()
-            return [l for l in new if l.startswith("@op[") and any(f", {p}, " in l for p in pids)]
+            new = [l for l in out.read_bytes()[size:].decode(errors="replace").splitlines() if l.startswith("@op[")]
+            assert any(f", {stays.pid}, " in l for l in new), (bt.poll(), new[:3])
+            return [l for l in new if any(f", {p}, " in l for p in pids)]
 
         text = out.read_text(errors="replace")
         assert all(f", {pid}, " in text for pid in pids), "every process's threads had call state"
@@ -542,7 +548,7 @@ def test_threads_that_end_together_are_all_forgotten(tmp_path):
         assert bt.poll() is None, out.read_text()[-2000:]
         assert stale == [], stale[:5]
     finally:
-        for p in procs:
+        for p in procs + [stays]:
             if p.poll() is None:
                 p.kill()
                 p.wait()

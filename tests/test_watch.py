@@ -410,18 +410,25 @@ int main(int argc, char **argv) {
 """
 
 
+def _fake_nccl_and(tmp_path: Path, name: str, source: str, *libs: str) -> tuple[Path, Path]:
+    """(FAKE_NCCL_C built as lib/libnccl.so.2, the program ``source`` built as ``name``, which
+    dlopens it) under tmp_path."""
+    lib, exe = tmp_path / "lib" / "libnccl.so.2", tmp_path / name
+    lib.parent.mkdir()
+    (tmp_path / "nccl.c").write_text(FAKE_NCCL_C)
+    (tmp_path / f"{name}.c").write_text(source)
+    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "nccl.c")], check=True)
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / f"{name}.c"), "-ldl", *libs], check=True)
+    return lib, exe
+
+
 def test_a_thread_blocked_inside_a_collective_triggers_without_its_return(tmp_path):
     """The watcher leaves the collectives' returns out: a thread blocked inside one is found by
     its stack (still below the call's entry, the return address in place), and one that returned
     and blocks elsewhere is not a hang."""
     require_root()
     require_tool("bpftrace", "gcc")
-    lib, exe = tmp_path / "lib" / "libnccl.so.2", tmp_path / "launcher"
-    lib.parent.mkdir()
-    (tmp_path / "nccl.c").write_text(FAKE_NCCL_C)
-    (tmp_path / "launcher.c").write_text(LAUNCHER_C)
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "nccl.c")], check=True)
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "launcher.c"), "-ldl"], check=True)
+    lib, exe = _fake_nccl_and(tmp_path, "launcher", LAUNCHER_C)
     procs = {mode: subprocess.Popen([str(exe), str(lib), mode], stdin=subprocess.PIPE) for mode in ("1", "0")}
     out = tmp_path / "bundles"
     out.mkdir()
@@ -496,12 +503,7 @@ def test_threads_that_end_together_are_all_forgotten(tmp_path):
     stayed for good)."""
     require_root()
     require_tool("bpftrace", "gcc")
-    lib, exe = tmp_path / "lib" / "libnccl.so.2", tmp_path / "threads"
-    lib.parent.mkdir()
-    (tmp_path / "nccl.c").write_text(FAKE_NCCL_C)
-    (tmp_path / "threads.c").write_text(THREADS_C)
-    subprocess.run(["gcc", "-O1", "-shared", "-fPIC", "-o", str(lib), str(tmp_path / "nccl.c")], check=True)
-    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "threads.c"), "-ldl", "-lpthread"], check=True)
+    lib, exe = _fake_nccl_and(tmp_path, "threads", THREADS_C, "-lpthread")
     n = 48
     procs = [subprocess.Popen([str(exe), str(lib), str(n)], stdin=subprocess.PIPE) for _ in range(3)]
     pids = [p.pid for p in procs]

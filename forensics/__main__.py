@@ -1,3 +1,3 @@
-from forensics.cli import main
+from forensics.cli import console
 
-raise SystemExit(main())
+console()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass, field
 from typing import TextIO
@@ -50,6 +51,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, env: Env | None = None) -> int:
+    """Run the command line ``argv``; its exit code."""
+    return _dispatch(argv, env)[0]
+
+
+def console() -> None:
+    """The ``stallscope`` program (and ``python -m forensics``): :func:`main`, then the process
+    ends. After a command whose module sets ``EXIT_AT_ONCE`` (its outputs written and closed,
+    its worker processes reaped: ``analyze``, ``query``), and with no other thread left (a Dask
+    client's, say), the interpreter's teardown is skipped once the standard streams are
+    flushed: freeing an analysis object by object costs 0.1 s at 8 hosts and 0.5 s at 64,
+    for nothing (mypy ends the same way)."""
+    code, command = _dispatch(None, None)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):     # a closed pipe: nothing more can be said there
+            pass
+    if getattr(command, "EXIT_AT_ONCE", False) and threading.active_count() == 1:
+        os._exit(code)
+    sys.exit(code)
+
+
+def _dispatch(argv: list[str] | None, env: Env | None) -> tuple[int, object]:
+    """(the exit code, the command module that ran; None when the arguments were refused)."""
     env = env or Env()
     try:
         parser = build_parser()
@@ -64,21 +89,22 @@ def main(argv: list[str] | None = None, env: Env | None = None) -> int:
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=env.stderr)
-            return ExitCode.BAD_INPUT
-        return int(exc.code or 0)
+            return ExitCode.BAD_INPUT, None
+        return int(exc.code or 0), None
+    command = args._command
     try:
-        return int(args._command.run(args, env))
+        return int(command.run(args, env)), command
     except StallscopeError as exc:
         print(f"stallscope: error: {exc}", file=env.stderr)
-        return int(exc.exit_code)
+        return int(exc.exit_code), command
     except KeyboardInterrupt:
         print("stallscope: interrupted", file=env.stderr)
-        return 130
+        return 130, command
     except BrokenPipeError:
-        return ExitCode.OK
+        return ExitCode.OK, command
     except Exception as exc:  # a bug: one line for the user, the trace on request
         if env.debug:
             traceback.print_exc(file=env.stderr)
         print(f"stallscope: internal error: {type(exc).__name__}: {exc} "
               "(set STALLSCOPE_DEBUG=1 for the traceback)", file=env.stderr)
-        return 70
+        return 70, command

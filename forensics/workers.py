@@ -9,7 +9,6 @@ another core. :class:`Forked`: the second core's share of the work after the rea
 (:func:`forensics.analysis.analyze`)."""
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import pickle
@@ -19,6 +18,9 @@ import sys
 import threading
 import time
 import warnings
+from contextlib import ExitStack
+
+from . import heap
 
 # below this much bundle data in all, worker processes cost more than they save (a pool's
 # start is ~0.3 s; a host of 1M packets is ~15 MB compressed and ~1 s to read)
@@ -80,10 +82,11 @@ class Reading:
     as they go, whatever their sizes.
 
     The command line makes it before it imports the analyzer. Forked workers (:func:`context`)
-    start at once: this process imports the per-host stage, freezes what it has imported out of
-    the collector's reach (``gc.freeze``: a collection in either process would otherwise write
-    to every object of pandas and numpy and copy the page it lies on) and forks; :meth:`close`
-    thaws them. With a fork server, the pool is started on a thread instead (a worker's start
+    start at once: this process imports the per-host stage, settles what it has imported out of
+    the collector's reach (:func:`forensics.heap.settle`: a collection in either process would
+    otherwise write to every object of pandas and numpy and copy the page it lies on) and
+    forks; :meth:`close` ends that scope (the thaw is left to an outer one, the command
+    line's, where there is one). With a fork server, the pool is started on a thread instead (a worker's start
     waits for the server's imports, this process need not), and the workers begin on the first
     hosts while this process imports. Then :func:`forensics.model.parallel.read_hosts` drives
     it: :meth:`claim` for the calling process's hosts, :meth:`finished` and :meth:`rest` for
@@ -102,7 +105,7 @@ class Reading:
         self._seen: set = set()
         self._error: BaseException | None = None
         self._closed = False
-        self._frozen = False
+        self._heap = ExitStack()                       # the heap.steady scope of a fork
         self._starter = threading.Thread(target=self._start, name="stallscope-readers", daemon=True)
         if self._ctx.get_start_method() == "fork":
             self._fork()
@@ -118,9 +121,8 @@ class Reading:
                 __import__(name)
         except ImportError:
             pass                 # the workers' first host says what is missing, as one line
-        if gc.get_freeze_count() == 0:    # what a caller froze itself stays frozen at close
-            gc.freeze()
-            self._frozen = True
+        self._heap.enter_context(heap.steady())   # what a caller froze itself stays frozen
+        heap.settle()
         with warnings.catch_warnings():
             # Python 3.12+ warns of any other OS thread at a fork: here that is numpy's BLAS
             # pool, which stops itself around a fork (pthread_atfork)
@@ -185,7 +187,8 @@ class Reading:
 
     def close(self) -> None:
         """Stop the workers: tasks not started are cancelled, a host being read is finished and
-        dropped; the objects frozen for the fork are the collector's again. The shared
+        dropped; the objects settled for the fork are the collector's again (unless an outer
+        :func:`forensics.heap.steady` scope holds them). The shared
         counter's semaphore goes with this object."""
         if self._closed:
             return
@@ -195,8 +198,7 @@ class Reading:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
         finally:
-            if self._frozen:
-                gc.unfreeze()
+            self._heap.close()
 
 
 _shared_next = None      # in a worker: the counter of the Reading it serves

@@ -155,3 +155,32 @@ def test_python_dash_m_entry_point():
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "duplicate_ack" in proc.stdout
+
+
+def _console(argv: list[str]) -> subprocess.CompletedProcess:
+    """The ``stallscope`` program (``forensics.cli.console``) in a fresh process, stdout a pipe
+    (block-buffered), with an atexit handler that says whether the interpreter's teardown ran."""
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: sys.stderr.write('TEARDOWN\\n'))\n"
+            "from forensics.cli import console\n"
+            f"sys.argv = ['stallscope'] + {argv!r}\n"
+            "console()\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_analyze_ends_without_the_interpreters_teardown_its_output_flushed(tmp_path):
+    from shipped import shipped
+    out = tmp_path / "r.html"
+    p = _console(["analyze", str(shipped("loss")), "-o", str(out), "--json", str(tmp_path / "f.json")])
+    assert p.returncode == 1, p.stderr                  # the loss bundle has an error finding
+    assert "TEARDOWN" not in p.stderr
+    assert p.stdout.startswith("verdict: ") and f"html: {out}" in p.stdout   # written before the exit
+    assert out.read_text().rstrip().endswith("</html>")
+    assert (tmp_path / "f.json").read_text().rstrip().endswith("}")
+
+
+def test_other_commands_and_refused_arguments_end_as_usual():
+    p = _console(["tcp", str(DUPACK)])
+    assert p.returncode == 0 and "duplicate_ack" in p.stdout and "TEARDOWN" in p.stderr
+    p = _console(["analyze"])
+    assert p.returncode == 2 and "TEARDOWN" in p.stderr

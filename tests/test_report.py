@@ -478,3 +478,27 @@ def test_progress_names_global_ranks_and_survives_an_unknown_nranks():
     assert {x.comm_id_hash for x in data.progress(ctx.model)} == {"0xc0ffee", "0xbeef"}
     t = data.rank_table(SimpleNamespace(model=ctx.model, findings=[])).set_index("rank")
     assert t["calls"].to_dict() == {0: 5, 1: 8, 2: 5, 3: 11}   # sizes from the ranks seen; rank 1 skipped 3
+
+
+def test_plot_json_writes_nan_and_infinities_as_null_and_leaves_the_rest_as_dumped():
+    import numpy as np
+    from forensics.report.html import _json_script, _plot_json
+    clean = {"data": [{"x": [0.5, 1.0], "y": [1, 2], "name": "a</script>"}]}
+    assert _plot_json(clean) == _json_script(clean)
+    odd = {"data": [{"x": [float("nan"), 1.0, float("inf")], "y": (np.float64("-inf"), 2)}]}
+    assert json.loads(_plot_json(odd)) == {"data": [{"x": [None, 1.0, None], "y": [None, 2]}]}
+
+
+def test_every_tcp_marker_has_its_hover_text_a_missing_number_written_as_a_dash():
+    # the reset bundle's first resets come before any collective, on the store's connection:
+    # no collective, no op count; their text must still be whole (it was null, or "<NA>")
+    from forensics.report import figures
+    a = run_analysis([bundle("reset")])
+    try:
+        fig = figures.timeline(a, a.options.slow_ms)
+    finally:
+        a.close()
+    texts = [t for tr in fig.spec["data"] if "hovertext" in tr for t in tr["hovertext"]]
+    assert texts and all(isinstance(t, str) and "NA" not in t and "nan" not in t for t in texts)
+    assert any(t.endswith(" · - #- done") for t in texts)          # outside any collective
+    assert any(" · ALL_REDUCE #" in t for t in texts)

@@ -17,6 +17,7 @@ from ..errors import ExitCode, InputError
 from ..output import check_output
 
 POSITIONAL_REST = "bundles"   # positionals after an option join this list (see cli.main)
+EXIT_AT_ONCE = True          # nothing to tear down after run (see cli.console)
 HELP = "analyze one or more hosts' bundles: ranked findings and a self-contained HTML report"
 DEFAULT_REPORT = "stallscope-report.html"
 
@@ -62,16 +63,19 @@ def _outputs(args) -> dict[str, str]:
 
 def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
-    from .. import workers
+    from .. import heap, workers
     jobs = None if args.dask else min(args.jobs or workers.default_jobs(args.bundles), len(args.bundles))
-    # the worker processes start on the first bundles now, while this process imports the
-    # analyzer (most of a second); then it reads beside them
-    reading = workers.Reading(args.bundles, jobs) if jobs is not None and jobs > 1 else None
-    try:
-        return _run(args, env, outs, jobs, reading)
-    finally:
-        if reading is not None:
-            reading.close()
+    # what the analysis keeps until the report is written is settled out of the garbage
+    # collector's reach as it is made (forensics.heap)
+    with heap.steady():
+        # the worker processes start on the first bundles now, while this process imports the
+        # analyzer (most of a second); then it reads beside them
+        reading = workers.Reading(args.bundles, jobs) if jobs is not None and jobs > 1 else None
+        try:
+            return _run(args, env, outs, jobs, reading)
+        finally:
+            if reading is not None:
+                reading.close()
 
 
 def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, reading) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 from ..errors import ExitCode, InputError
 
 POSITIONAL_REST = "inputs"   # positionals after an option join this list (see cli.main)
+EXIT_AT_ONCE = True         # nothing to tear down after run (see cli.console)
 HELP = "run SQL over the event tables of bundles (or a saved events.duckdb)"
 DB_SUFFIXES = (".duckdb", ".db", ".ddb")
 

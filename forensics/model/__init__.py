@@ -17,6 +17,7 @@ from itertools import combinations
 
 import pandas as pd
 
+from .. import heap
 from ..bundle import Bundle
 from ..errors import InputError
 from . import artifacts as artifacts_mod
@@ -110,7 +111,9 @@ def build_model(paths: list[str | os.PathLike], *, skew: bool = True, jobs: int 
             if h in dup:
                 seen[h] = seen.get(h, 0) + 1
                 p.rename(f"{h}#{seen[h]}")
-    return _build(parts, skew=skew)
+    model = _build(parts, skew=skew)
+    heap.settle()     # the model lives as long as the analysis (see forensics.heap)
+    return model
 
 
 def _build(parts: list[HostPart], skew: bool) -> Model:

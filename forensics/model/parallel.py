@@ -23,7 +23,7 @@ from pathlib import Path
 from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
-from .. import workers
+from .. import heap, workers
 from ..errors import InputError, StallscopeError
 from .hosts import HostPart, read_host
 
@@ -43,7 +43,8 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
     ``reading``: one already started on these paths, by the command line). ``while_reading``:
     work this process does once its share is read, while the workers finish theirs (imports,
     templates: what would otherwise run alone after them); best effort, its failure is left
-    to the later real use to report."""
+    to the later real use to report. Each part is settled out of the garbage collector's
+    reach as it comes (:func:`forensics.heap.settle`, in the caller's ``heap.steady`` scope)."""
     say = progress or (lambda _msg: None)
     if dask:
         return _on_dask(dask, paths, skew, say, while_reading)
@@ -54,6 +55,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
         out = []
         for i, p in enumerate(paths, 1):
             out.append(read_host(p, skew=skew))
+            heap.settle()             # kept until the merge: no full collection walks it again
             if len(paths) > 1:
                 say(f"host {i}/{len(paths)} read: {out[-1].bundle.host}")
         return out
@@ -67,6 +69,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
     def got(i: int, part: HostPart) -> None:
         nonlocal n
         parts[i] = part
+        heap.settle()
         n += 1
         say(f"host {n}/{len(paths)} read: {part.bundle.host}")
 
@@ -117,6 +120,7 @@ def _on_dask(address: str, paths: list, skew: bool, say, while_reading=None) -> 
         futs = client.map(read_host, paths, skew=skew, pure=False)
         _meanwhile(while_reading)
         parts = client.gather(futs)
+        heap.settle()
     except OSError as e:
         raise InputError(f"--dask {address}: lost the cluster while reading the bundles ({e})") from None
     finally:

@@ -47,6 +47,21 @@ def esc(v: Any) -> str:
     return html.escape("-" if missing else str(v), quote=False)
 
 
+def int_text(s: pd.Series, missing: str) -> pd.Series:
+    """Whole numbers as text, ``missing`` where there is none (pandas 3 keeps a missing value
+    missing through ``astype(str)``; older pandas writes "<NA>")."""
+    v = pd.to_numeric(s, errors="coerce").astype("Int64")
+    return v.astype(str).astype(object).where(v.notna().to_numpy(), missing)
+
+
+def esc_each(s: pd.Series) -> pd.Series:
+    """:func:`esc` of every value of ``s``, worked out once per distinct value (a few hundred
+    addresses and names among thousands of markers)."""
+    codes, uniq = pd.factorize(s)                  # missing values: code -1
+    table = np.array([esc(u) for u in uniq] + ["-"], dtype=object)
+    return pd.Series(table[codes], index=s.index)
+
+
 @dataclass
 class Figure:
     key: str                 # element id suffix
@@ -186,13 +201,13 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
             notes.append(f"{total} TCP events; {len(tcp)} drawn (every reset, an even sample of the rest).")
         for c, g in tcp.groupby("cls", sort=True):
             symbol, color = MARKERS[c]
-            text = ("<b>" + g["event"].map(esc) + "</b> (" + g["source"].map(esc) + ")<br>"
-                    + g["saddr"].map(esc) + ":" + g["sport"].astype("Int64").astype(str) + " → "
-                    + g["daddr"].map(esc) + ":" + g["dport"].astype("Int64").astype(str)
-                    + "<br>rank " + g["rank"].astype("Int64").astype(str) + " → "
-                    + g["peer_rank"].astype("Int64").astype(str).replace("<NA>", "?") + " · "
-                    + g["coll_op"].map(esc) + " #"
-                    + g["coll_op_count"].astype("Int64").astype(str).replace("<NA>", "-")
+            text = ("<b>" + esc_each(g["event"]) + "</b> (" + esc_each(g["source"]) + ")<br>"
+                    + esc_each(g["saddr"]) + ":" + int_text(g["sport"], "-") + " → "
+                    + esc_each(g["daddr"]) + ":" + int_text(g["dport"], "-")
+                    + "<br>rank " + int_text(g["rank"], "?") + " → "
+                    + int_text(g["peer_rank"], "?") + " · "
+                    + esc_each(g["coll_op"]) + " #"
+                    + int_text(g["coll_op_count"], "-")
                     + np.where(g["coll_in_flight"].fillna(False).astype(bool), " in flight", " done"))
             traces.append({"type": "scatter", "mode": "markers", "name": esc(c),
                            "x": ((g["timestamp_ns"].astype("int64") - t0) / 1e9).round(6).tolist(),

@@ -176,6 +176,15 @@ def _json_script(obj: Any) -> str:
         .replace("\u2029", "\\u2029")
 
 
+def _plot_json(spec: Any) -> str:
+    """:func:`_json_script` of a figure, NaN and infinities as null: the whole spec is walked
+    (:func:`data.finite`: 0.04 s of the 0.055 s at 512 ranks) only when the plain dump finds one."""
+    try:
+        return _json_script(spec)
+    except ValueError:               # "Out of range float values are not JSON compliant"
+        return _json_script(data.finite(spec))
+
+
 def _first(flags) -> Any:
     """An ``order`` for :func:`frame_table`: the flagged rows first, the rest as they come."""
     flags = np.asarray(list(flags), dtype=bool)
@@ -339,7 +348,7 @@ def context(analysis) -> dict[str, Any]:
     ranks = data.rank_table(analysis)
     figs = [f for f in (figures.timeline(analysis, slow_ms, ranks=ranks), heatmap(analysis, ranks),
                         figures.link_matrix(analysis), figures.nccl_tests_chart(model, findings)) if f is not None]
-    plots = {f.key: _json_script(data.finite(f.spec)) for f in figs}
+    plots = {f.key: _plot_json(f.spec) for f in figs}
 
     tables = _tables(analysis, ranks, findings, blamed={r for f in serious for r in f.ranks})
 

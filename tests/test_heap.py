@@ -1,0 +1,109 @@
+"""forensics.heap: what an analysis keeps is settled out of the garbage collector's reach
+inside a ``heap.steady`` scope (the command line's), and handed back when the scope ends;
+outside a scope nothing changes. The collector's state is per process: every test starts
+with nothing frozen and leaves nothing frozen."""
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from forensics import heap
+from forensics.model import build_model
+from shipped import shipped
+
+
+@pytest.fixture(autouse=True)
+def _thawed():
+    if gc.get_freeze_count():
+        pytest.skip("this process holds frozen objects already: the tests need a thawed collector")
+    yield
+    gc.unfreeze()
+
+
+class _Cycle:
+    def __init__(self):
+        self.me = self
+
+
+def _tracked(obj) -> bool:
+    """Whether the collector walks ``obj`` (frozen objects are in no generation)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_outside_a_scope_settle_leaves_the_collector_alone():
+    kept = _Cycle()
+    assert heap.settle() is False
+    assert gc.get_freeze_count() == 0 and _tracked(kept)
+
+
+def test_settled_objects_are_out_of_reach_until_the_outermost_scope_ends():
+    with heap.steady():
+        kept = _Cycle()
+        assert heap.settle() is True
+        assert not _tracked(kept)
+        with heap.steady():            # the reading's own scope, inside the command line's
+            later = _Cycle()
+            heap.settle()
+        assert not _tracked(later)     # the inner end thaws nothing
+        young = _Cycle()
+        assert _tracked(young)         # made after the last settle: collected as usual
+    assert gc.get_freeze_count() == 0
+    assert _tracked(kept) and _tracked(later)
+
+
+def test_a_scope_entered_with_the_callers_frozen_objects_freezes_and_thaws_nothing():
+    theirs = _Cycle()
+    gc.freeze()
+    with heap.steady():
+        ours = _Cycle()
+        assert heap.settle() is False
+        assert _tracked(ours)
+    assert not _tracked(theirs)        # still frozen: the caller's to thaw
+
+
+def test_a_scope_thaws_even_when_its_body_fails():
+    with pytest.raises(RuntimeError):
+        with heap.steady():
+            heap.settle()
+            raise RuntimeError("boom")
+    assert gc.get_freeze_count() == 0
+
+
+def test_the_model_and_the_hosts_parts_are_settled_in_a_scope_only():
+    bundle = shipped("loss")
+    model = build_model([bundle])
+    try:
+        assert gc.get_freeze_count() == 0 and _tracked(model.tables["nccl_events"])
+    finally:
+        del model
+    with heap.steady():
+        model = build_model([bundle])
+        events = model.tables["nccl_events"]
+        assert not _tracked(events) and not _tracked(model)
+        assert len(events)
+    assert _tracked(events)
+
+
+def test_the_analyze_command_settles_and_thaws(tmp_path):
+    # in a fresh process: the command's scope settles the model while it runs and hands every
+    # object back at its end (a library caller's process is left as it was)
+    code = ("import gc, sys\n"
+            "import forensics.model as m\n"
+            "from forensics.cli import main\n"
+            "seen = []\n"
+            "build = m.build_model\n"
+            "def spy(*a, **k):\n"
+            "    model = build(*a, **k)\n"
+            "    seen.append(gc.get_freeze_count() > 0 and all(o is not model for o in gc.get_objects()))\n"
+            "    return model\n"
+            "m.build_model = spy\n"
+            "import forensics.analysis as an; an.build_model = spy\n"
+            f"rc = main(['analyze', {str(shipped('loss'))!r}, '-o', {str(tmp_path / 'r.html')!r}, '-q'])\n"
+            "print(rc, seen, gc.get_freeze_count())\n")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[-2].split(" ", 1)[1] == "[True] 0"

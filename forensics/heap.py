@@ -3,8 +3,9 @@
 An analysis keeps millions of objects that CPython's collector tracks until it ends (the
 hosts' parts, then the model's tables: object columns, which numpy walks element by element
 for the collector) while it makes and drops pandas objects by the thousand. Every full
-collection walks all of it again: at 64 hosts, 12 full collections cost the analyzing
-process about 1 s, most of it in the merge and the detectors, which no other core shares.
+collection walks all of it again: at 64 hosts with ``--jobs 2``, 12 full collections cost the
+analyzing process 1.0 s, and the merge alone 0.4 s of its 1.8 s, which no other core shares.
+Settled as below, one full collection is left (0.01 s) and all collections take 0.24 s.
 
 Within :func:`steady`, :func:`settle` puts what exists at that moment out of the collector's
 reach (``gc.freeze``: the permanent generation, which collections skip); the end of the

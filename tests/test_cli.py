@@ -177,6 +177,11 @@ def test_analyze_ends_without_the_interpreters_teardown_its_output_flushed(tmp_p
     assert p.stdout.startswith("verdict: ") and f"html: {out}" in p.stdout   # written before the exit
     assert out.read_text().rstrip().endswith("</html>")
     assert (tmp_path / "f.json").read_text().rstrip().endswith("}")
+    # with a worker process: its pool's threads are gone by then, so the exit is as quick
+    hosts = sorted((FIXTURES / "bundles-per-host" / "clean").glob("*.tar.gz"))
+    p = _console(["analyze", *map(str, hosts), "-o", str(tmp_path / "r2.html"), "-q", "--jobs", "2"])
+    assert p.returncode == 0, p.stderr
+    assert "TEARDOWN" not in p.stderr and p.stdout.startswith("verdict: No problem found")
 
 
 def test_other_commands_and_refused_arguments_end_as_usual():

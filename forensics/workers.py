@@ -83,14 +83,14 @@ class Reading:
 
     The command line makes it before it imports the analyzer. Forked workers (:func:`context`)
     start at once: this process imports the per-host stage, settles what it has imported out of
-    the collector's reach (:func:`forensics.heap.settle`: a collection in either process would
-    otherwise write to every object of pandas and numpy and copy the page it lies on) and
-    forks; :meth:`close` ends that scope (the thaw is left to an outer one, the command
-    line's, where there is one). With a fork server, the pool is started on a thread instead (a worker's start
-    waits for the server's imports, this process need not), and the workers begin on the first
-    hosts while this process imports. Then :func:`forensics.model.parallel.read_hosts` drives
-    it: :meth:`claim` for the calling process's hosts, :meth:`finished` and :meth:`rest` for
-    the workers', :meth:`close` always."""
+    the collector's reach in a :func:`forensics.heap.steady` scope (a collection in either
+    process would otherwise write to every object of pandas and numpy and copy the page it
+    lies on) and forks; :meth:`close` ends the scope, which thaws them unless an outer scope
+    (the command line's) holds them. With a fork server, the pool is started on a thread
+    instead (a worker's start waits for the server's imports, this process need not), and the
+    workers begin on the first hosts while this process imports. Then
+    :func:`forensics.model.parallel.read_hosts` drives it: :meth:`claim` for the calling
+    process's hosts, :meth:`finished` and :meth:`rest` for the workers', :meth:`close` always."""
 
     def __init__(self, paths: list, jobs: int, *, skew: bool = True):
         if jobs < 2:

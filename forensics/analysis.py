@@ -72,10 +72,33 @@ class Analysis:
         self.con.close()
 
 
+@dataclass(frozen=True)
+class Ahead:
+    """A step of what a renderer computes from the model alone (``run(analysis)`` fills
+    ``analysis.prepared``, see :func:`forensics.report.data.memo`), made before there are
+    findings; ``needs``: the steps whose values it reads. ``analyze(ahead=[...])`` runs the
+    steps in a forked process beside the detectors, in order, and makes the last ones itself,
+    from the end, once its detectors are done (:func:`_gather_ahead`): the costliest first."""
+
+    name: str
+    run: Callable[["Analysis"], Any]
+    needs: tuple[str, ...] = ()
+
+
+def ahead_values(model: Model, options: Options, steps) -> Any:
+    """(step name, the ``prepared`` entries it made) for each of ``steps`` in turn, made on
+    the model alone (no findings, no database): what the forked process sends."""
+    a = Analysis(model=model, con=None, findings=[], options=options)
+    for step in steps:
+        before = set(a.prepared)
+        step.run(a)
+        yield step.name, {k: v for k, v in a.prepared.items() if k not in before}
+
+
 def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
             progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None,
             while_reading: Callable[[], None] | None = None,
-            ahead: Callable[[Model, Options], dict[str, Any]] | None = None,
+            ahead: list[Ahead] | None = None,
             reading: Reading | None = None) -> Analysis:
     """Model the bundles, run every detector, and store the findings next to the events.
     ``jobs``: processes for the per-host stage (1: this process alone); ``reading``: that
@@ -83,9 +106,10 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     ``dask``: the address of a Dask scheduler to run it on instead
     (:mod:`forensics.model.parallel`); ``while_reading``: the caller's own preparation, done
     here while the workers read; ``ahead``:
-    what the caller will compute from the model alone (the report's per-rank tables), run
-    with ``jobs`` > 1 in a forked process beside the detectors (:class:`workers.Forked`),
-    its values in ``Analysis.prepared``; with one job the caller computes them when needed.
+    the steps of what the caller will compute from the model alone (the report's per-rank
+    tables, :class:`Ahead`), run with ``jobs`` > 1 in a forked process beside the detectors
+    (:class:`workers.Forked`) and shared out at the end (:func:`_gather_ahead`), their values
+    in ``Analysis.prepared``; with one job the caller computes them when needed.
     With ``jobs`` > 1 the detectors' shared tables are made while DuckDB loads the events
     on another thread (:func:`_connect`); with one job, everything after the reading runs
     on this thread, one step after the other."""
@@ -107,13 +131,13 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     # the model's frames, never the database)
     beside_ok = jobs > 1 and not dask
     con, made = _connect(model, db, options, beside=beside_ok)
-    beside = Forked(ahead, model, options) if ahead is not None and beside_ok else None
+    beside = Forked(ahead_values, model, options, ahead, stream=True) if ahead and beside_ok else None
     try:
         say("looking for findings")
         findings, det_problems = run_detectors(Context(model=model, con=con, options=options, made=made))
         stored = _storable(findings, det_problems)
         _store_findings(con, stored)
-        prepared = beside.result() if beside is not None else None
+        prepared = _gather_ahead(beside, ahead, model, options) if beside is not None else None
     except BaseException:
         if beside is not None:
             beside.cancel()
@@ -121,6 +145,42 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
         raise
     return Analysis(model=model, con=con, findings=[f for f, _ in stored],
                     problems=list(model.problems) + det_problems, options=options, prepared=prepared or {})
+
+
+def _gather_ahead(beside: Forked, steps: list[Ahead], model: Model, options: Options) -> dict[str, Any]:
+    """The ``prepared`` entries of every step. The child makes them in order and sends each as
+    it is made; this process, its detectors done, takes the last step not yet made whose needs
+    have come, except the one the child is on (the first it has not sent), again and again,
+    and waits for the child only when there is none. The child is stopped once every step is
+    made; the steps it did not send, should it fail, are made here."""
+    view = Analysis(model=model, con=None, findings=[], options=options)   # what the child sees
+    done: set[str] = set()
+    sent = 0                                      # steps the child has sent: it is on steps[sent]
+
+    def take(items) -> None:
+        nonlocal sent
+        for name, values in items:
+            for k, v in values.items():
+                view.prepared.setdefault(k, v)
+            done.add(name)
+            sent += 1
+
+    while beside.running:
+        take(beside.received())
+        if len(done) == len(steps):
+            break
+        left = [s for i, s in enumerate(steps) if s.name not in done and i != sent]
+        mine = next((s for s in reversed(left) if all(n in done for n in s.needs)), None)
+        if mine is None:
+            take(beside.received(wait=True))
+            continue
+        mine.run(view)
+        done.add(mine.name)
+    beside.cancel()
+    for step in steps:                            # what a failed child did not send
+        if step.name not in done:
+            step.run(view)
+    return view.prepared
 
 
 def _connect(model: Model, db, options: Options, beside: bool) -> tuple[Any, dict]:

@@ -103,7 +103,7 @@ def test_cli_jobs_2_writes_the_same_json_report_and_summary_as_jobs_1(tmp_path):
 
 def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
     from forensics.report import ahead, data
-    a = analyze(HANG, jobs=2, ahead=ahead)
+    a = analyze(HANG, jobs=2, ahead=ahead())
     try:
         assert {"rank_table", "intervals", "heatmap"} <= set(a.prepared)
         made_here = data._rank_table(a.model)
@@ -114,7 +114,7 @@ def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
         assert (data.rank_table(a)["rank"] >= 0).all()
     finally:
         a.close()
-    one = analyze(HANG, jobs=1, ahead=ahead)                    # one job: nothing made ahead
+    one = analyze(HANG, jobs=1, ahead=ahead())                  # one job: nothing made ahead
     try:
         assert one.prepared == {}
     finally:
@@ -218,6 +218,64 @@ def test_forked_computes_in_another_process_and_gives_up_on_a_failure_or_a_stuck
     dropped.cancel()
     with pytest.raises(ChildProcessError):
         os.waitpid(child, os.WNOHANG)
+
+
+def _items_then_fails(n):
+    for i in range(n):
+        yield i, os.getpid()
+    raise RuntimeError("no")
+
+
+def _slow_items(n, pause):
+    for i in range(n):
+        time.sleep(pause)
+        yield i
+
+
+def test_forked_streams_items_as_they_are_made_and_keeps_them_when_the_child_fails():
+    from forensics.workers import Forked
+    f = Forked(_items_then_fails, 3, stream=True)
+    got = []
+    while f.running:
+        got += f.received(wait=True)
+    assert [i for i, _ in got] == [0, 1, 2] and all(pid != os.getpid() for _, pid in got)
+    assert f.result() is None                                  # it failed: no value
+    slow = Forked(_slow_items, 3, 0.5, stream=True)
+    assert slow.received() == []                               # nothing yet: no wait
+    assert slow.received(wait=True) == [0]                     # at least one with a wait
+    slow.cancel()
+    assert not slow.running and slow.received(wait=True) == []
+
+
+def _step(name, delay=0.0):
+    def run(a):
+        if delay:
+            time.sleep(delay)
+        a.prepared[name] = (name, os.getpid())
+    return run
+
+
+def test_the_last_report_steps_are_made_here_once_the_detectors_are_done(tmp_path):
+    # the child makes the steps in order, slowly; this process takes the last ones from the
+    # end (their needs come first), never the one the child is on, and stops the child once
+    # every step is made: all steps made once, the first ones there, the last ones here
+    from forensics.analysis import Ahead, _gather_ahead, ahead_values
+    from forensics.findings import Options
+    from forensics.workers import Forked
+    model = build_model(EARLY_HANG)
+    steps = [Ahead("a", _step("a", 0.8)), Ahead("b", _step("b", 0.8)), Ahead("c", _step("c"), ("a",)),
+             Ahead("d", _step("d"), ("b",)), Ahead("e", _step("e"))]
+    child = Forked(ahead_values, model, Options(), steps, stream=True)
+    prepared = _gather_ahead(child, steps, model, Options())
+    assert not child.running
+    where = {k: pid == os.getpid() for k, (_, pid) in prepared.items()}
+    assert set(where) == {"a", "b", "c", "d", "e"}
+    # the child is on a: e, then b (not a, the child's), then d (b made), then c once a came
+    assert not where["a"] and all(where[k] for k in "bcde")
+    # a child that fails at once: every step made here, in order
+    broken = Forked(_items_then_fails, 0, stream=True)
+    prepared = _gather_ahead(broken, steps[2:3] + steps[4:], model, Options())
+    assert set(prepared) == {"c", "e"} and all(pid == os.getpid() for _, pid in prepared.values())
 
 
 def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkeypatch):

@@ -95,7 +95,7 @@ def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, 
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
         analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
                            jobs=jobs or 1, dask=args.dask, reading=reading, while_reading=lambda: prepare(outs),
-                           ahead=ahead if {"html", "markdown", "perfetto"} & set(outs) else None)
+                           ahead=ahead() if {"html", "markdown", "perfetto"} & set(outs) else None)
         try:
             for p in analysis.problems[:20]:
                 env.warn(p)

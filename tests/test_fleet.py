@@ -247,6 +247,25 @@ def test_forked_streams_items_as_they_are_made_and_keeps_them_when_the_child_fai
     assert not slow.running and slow.received(wait=True) == []
 
 
+def _big_then_when(n):
+    yield b"x" * n
+    yield time.monotonic()
+
+
+def test_a_streaming_child_goes_on_while_this_process_reads_nothing():
+    # items larger than a pipe holds: the child spools them and is done long before this
+    # process, busy with its own work (the detectors), reads anything
+    from forensics.workers import Forked
+    f = Forked(_big_then_when, 8 << 20, stream=True)
+    time.sleep(1.5)
+    t = time.monotonic()
+    got = []
+    while f.running:
+        got += f.received(wait=True)
+    assert len(got) == 2 and len(got[0]) == 8 << 20
+    assert got[1] < t                                          # made before anything was read
+
+
 def _step(name, delay=0.0):
     def run(a):
         if delay:

@@ -15,6 +15,7 @@ import pickle
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -251,7 +252,6 @@ class Forked:
         self._status: int | None = None
         if not hasattr(os, "fork"):
             return
-        import tempfile
         try:
             spool = tempfile.TemporaryFile()
         except OSError:
@@ -322,7 +322,7 @@ class Forked:
             at, n = int.from_bytes(self._buf[:8], "little"), int.from_bytes(self._buf[8:16], "little")
             del self._buf[:16]
             try:
-                out.append(pickle.loads(os.pread(self._spool.fileno(), n, at)))
+                out.append(pickle.loads(_pread_all(self._spool.fileno(), n, at)))
             except Exception:                         # noqa: BLE001 - the caller makes it then
                 pass
         return out
@@ -346,3 +346,15 @@ class Forked:
             self._spool.close()
             os.waitpid(self._pid, 0)
             self._pid = None
+
+
+def _pread_all(fd: int, n: int, at: int) -> bytes:
+    """``n`` bytes of ``fd`` from offset ``at`` (``os.pread`` may return fewer)."""
+    parts, got = [], 0
+    while got < n:
+        chunk = os.pread(fd, n - got, at + got)
+        if not chunk:
+            raise EOFError(f"spool ends {n - got} bytes short")
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)

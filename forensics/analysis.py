@@ -78,17 +78,23 @@ class Ahead:
     ``analysis.prepared``, see :func:`forensics.report.data.memo`), made before there are
     findings; ``needs``: the steps whose values it reads. ``analyze(ahead=[...])`` runs the
     steps in a forked process beside the detectors, in order, and makes the last ones itself,
-    from the end, once its detectors are done (:func:`_gather_ahead`): the costliest first."""
+    from the end, once its detectors are done (:func:`_gather_ahead`; list the long steps first)."""
 
     name: str
     run: Callable[["Analysis"], Any]
     needs: tuple[str, ...] = ()
 
 
+def _model_only(model: Model, options: Options) -> Analysis:
+    """An analysis of the model alone (no findings, no database): what :class:`Ahead` steps
+    run on, in the child and here alike."""
+    return Analysis(model=model, con=None, findings=[], options=options)
+
+
 def ahead_values(model: Model, options: Options, steps) -> Any:
     """(step name, the ``prepared`` entries it made) for each of ``steps`` in turn, made on
     the model alone (no findings, no database): what the forked process sends."""
-    a = Analysis(model=model, con=None, findings=[], options=options)
+    a = _model_only(model, options)
     for step in steps:
         before = set(a.prepared)
         step.run(a)
@@ -153,7 +159,7 @@ def _gather_ahead(beside: Forked, steps: list[Ahead], model: Model, options: Opt
     have come, except the one the child is on (the first it has not sent), again and again,
     and waits for the child only when there is none. The child is stopped once every step is
     made; the steps it did not send, should it fail, are made here."""
-    view = Analysis(model=model, con=None, findings=[], options=options)   # what the child sees
+    view = _model_only(model, options)            # as the child sees it
     done: set[str] = set()
     sent = 0                                      # steps the child has sent: it is on steps[sent]
 

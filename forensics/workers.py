@@ -244,7 +244,6 @@ class Forked:
 
     def __init__(self, fn, *args, timeout: float = 60.0, stream: bool = False):
         self.timeout = timeout
-        self.stream = stream
         self._pid: int | None = None
         self._fd: int | None = None
         self._spool = None
@@ -342,10 +341,7 @@ class Forked:
                 os.kill(self._pid, signal.SIGKILL)
             except OSError:
                 pass
-            os.close(self._fd)
-            self._spool.close()
-            os.waitpid(self._pid, 0)
-            self._pid = None
+            self._reap()
 
 
 def _pread_all(fd: int, n: int, at: int) -> bytes:

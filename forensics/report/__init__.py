@@ -42,8 +42,9 @@ def ahead() -> list:
     communicator's progress, the heatmap: ~1.5 s at 512 ranks); ``analyze(ahead=ahead())``
     makes them in a second process while the detectors run, the last ones in this process
     once the detectors are done, and hands the values to the renderers through
-    ``Analysis.prepared`` (:func:`.data.memo`). Costliest first, so that the steps left at
-    the end are the short ones."""
+    ``Analysis.prepared`` (:func:`.data.memo`). The long ones first (at 512 ranks: the rank
+    table 0.8 s, its totals 0.35 s; intervals, progress and heatmap 0.07-0.17 s each), so that
+    the steps left at the end are short."""
     from ..analysis import Ahead
     return [Ahead("rank_table", data.rank_table), Ahead("rank_totals", _rank_totals, ("rank_table",)),
             Ahead("intervals", data.intervals), Ahead("progress", data.progress_of),

@@ -30,7 +30,7 @@ FINDINGS_SCHEMA = {
 @dataclass
 class Analysis:
     model: Model
-    con: Any                                   # duckdb connection: the event tables + findings
+    con: Any                                   # model.database.EventDatabase: the event tables + findings
     findings: list[Finding]
     problems: list[str] = field(default_factory=list)
     options: Options = field(default_factory=Options)
@@ -116,22 +116,22 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     tables, :class:`Ahead`), run with ``jobs`` > 1 in a forked process beside the detectors
     (:class:`workers.Forked`) and shared out at the end (:func:`_gather_ahead`), their values
     in ``Analysis.prepared``; with one job the caller computes them when needed.
-    With ``jobs`` > 1 the detectors' shared tables are made while DuckDB loads the events
-    on another thread (:func:`_connect`); with one job, everything after the reading runs
-    on this thread, one step after the other."""
+    The in-memory database loads its event tables only if a query needs them; with ``jobs`` > 1
+    and a database file (``db``), the detectors' shared tables are made while DuckDB loads
+    them on another thread (:func:`_connect`)."""
     options = options or Options()
     say = progress or (lambda _msg: None)
     say(f"reading {len(paths)} bundle(s)")
 
     def meanwhile() -> None:
-        import duckdb  # noqa: F401 - ~0.1 s of import that Model.connect would do after the reading
+        import duckdb  # noqa: F401 - 0.05 s of import that Model.connect would do after the reading
         if while_reading is not None:
             while_reading()
 
     model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile, reading=reading)
     say("building the event tables")
     # the second core's share after the reading: the detectors' shared tables made while
-    # DuckDB loads the event tables (it leaves the GIL), then the report's model-only tables
+    # DuckDB loads a database file (it leaves the GIL), then the report's model-only tables
     # in a forked process while the detectors run (forked after connect: the collectives
     # table is made there; never with a Dask client's threads about; the child touches only
     # the model's frames, never the database)
@@ -190,10 +190,12 @@ def _gather_ahead(beside: Forked, steps: list[Ahead], model: Model, options: Opt
 
 
 def _connect(model: Model, db, options: Options, beside: bool) -> tuple[Any, dict]:
-    """(the DuckDB connection over the model, the detectors' shared tables made so far). With
-    ``beside``, DuckDB loads the tables on a thread while this one makes the shared tables
-    (:func:`forensics.findings.base.prefetch`): the load runs in DuckDB, outside the GIL."""
-    if not beside:
+    """(the DuckDB connection over the model, the detectors' shared tables made so far). An
+    in-memory database loads its event tables only when queried (:mod:`.model.database`).
+    A database file is loaded whole now: with ``beside``, on a thread while this one makes
+    the shared tables (:func:`forensics.findings.base.prefetch`; the load runs in DuckDB,
+    outside the GIL)."""
+    if not beside or db is None:
         return model.connect(db), {}
     box: dict[str, Any] = {}
 
@@ -235,8 +237,8 @@ def _storable(findings: list[Finding], problems: list[str]) -> list[tuple[Findin
 
 def _store_findings(con, stored: list[tuple[Finding, dict]]) -> None:
     cols = ", ".join(f'"{c}" {t}' for c, t in FINDINGS_SCHEMA.items())
-    con.execute(f"CREATE OR REPLACE TABLE findings ({cols})")
+    con.store(f"CREATE OR REPLACE TABLE findings ({cols})")   # the event tables stay unloaded
     for i, (f, j) in enumerate(stored):
-        con.execute("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        con.store("INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [i + 1, f.kind, f.severity, f.confidence, f.summary, j["ranks"], j["hosts"], j["peer_ranks"],
                      json.dumps(j["links"]), json.dumps(j["evidence"]), f.sql, f.action])

@@ -1,9 +1,9 @@
 """How many processes read the bundles (``stallscope analyze --jobs``) and how
 (:class:`Reading`: this process and workers, driven by :mod:`forensics.model.parallel`).
 Standard library only until a reading starts. On Linux, in a process with no other thread,
-the workers are forked from this one once it has imported the per-host stage (pandas,
-numpy: about 0.3 s it would spend anyway), with those imports frozen out of the garbage
-collector's reach so that neither process copies the pages they share; elsewhere a fork
+the workers are forked from this one at once, before it imports the per-host stage (pandas,
+numpy: about 0.3 s), and each imports it on its own core while this process does the same:
+no page of theirs is shared, so neither process copies one on a write; elsewhere a fork
 server imports them once for every worker, while this process does its own imports on
 another core. :class:`Forked`: the second core's share of the work after the reading
 (:func:`forensics.analysis.analyze`)."""
@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 import warnings
-from contextlib import ExitStack
 
 from . import heap
 
@@ -27,7 +26,7 @@ from . import heap
 # start is ~0.3 s; a host of 1M packets is ~15 MB compressed and ~1 s to read)
 POOL_MIN_BYTES = 32 * 2**20
 
-# what the fork server imports once for every worker it forks
+# what a worker imports before its first host (a fork server: once, for every worker it forks)
 PRELOAD = ["forensics.model.hosts", "forensics.tcp", "pandas", "numpy"]
 
 
@@ -60,12 +59,11 @@ def _size(paths: list) -> int:
 
 
 def context():
-    """Where the workers come from. A fork of this process (nothing to import again, no server
-    process) where that is safe: Linux, and no other Python thread that could hold a lock
-    across the fork (numpy's BLAS threads are fork-aware). Otherwise a fork server that has
-    imported the per-host stage (no thread of this process is forked), or a plain fork when the
-    main program cannot be imported again by the fork server (a script read from standard
-    input)."""
+    """Where the workers come from. A fork of this process (no server process) where that is
+    safe: Linux, and no other Python thread that could hold a lock across the fork (numpy's
+    BLAS threads are fork-aware). Otherwise a fork server that has imported the per-host stage
+    (no thread of this process is forked), or a plain fork when the main program cannot be
+    imported again by the fork server (a script read from standard input)."""
     if sys.platform.startswith("linux") and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
     main = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -82,14 +80,14 @@ class Reading:
     unread host from one shared counter when it is free, so the hosts spread over the readers
     as they go, whatever their sizes.
 
-    The command line makes it before it imports the analyzer. Forked workers (:func:`context`)
-    start at once: this process imports the per-host stage, settles what it has imported out of
-    the collector's reach in a :func:`forensics.heap.steady` scope (a collection in either
-    process would otherwise write to every object of pandas and numpy and copy the page it
-    lies on) and forks; :meth:`close` ends the scope, which thaws them unless an outer scope
-    (the command line's) holds them. With a fork server, the pool is started on a thread
-    instead (a worker's start waits for the server's imports, this process need not), and the
-    workers begin on the first hosts while this process imports. Then
+    The command line makes it before it imports the analyzer, and the workers start at once:
+    forked (:func:`context`) before this process imports the per-host stage, each imports it
+    itself on its own core (a fork after the imports leaves the second core idle while this
+    process imports, then costs both processes a copy of every shared page they write: 0.1-0.9 s
+    more at 8 hosts, measured side by side, with the allocator keeping its freed memory); with
+    a fork server, the pool is started on a thread
+    instead (a worker's start waits for the server's imports, this process need not). Either
+    way the workers begin on the first hosts while this process imports. Then
     :func:`forensics.model.parallel.read_hosts` drives it: :meth:`claim` for the calling
     process's hosts, :meth:`finished` and :meth:`rest` for the workers', :meth:`close` always."""
 
@@ -106,7 +104,6 @@ class Reading:
         self._seen: set = set()
         self._error: BaseException | None = None
         self._closed = False
-        self._heap = ExitStack()                       # the heap.steady scope of a fork
         self._starter = threading.Thread(target=self._start, name="stallscope-readers", daemon=True)
         if self._ctx.get_start_method() == "fork":
             self._fork()
@@ -114,19 +111,11 @@ class Reading:
             self._starter.start()
 
     def _fork(self) -> None:
-        """The workers forked now, on this thread, after the per-host stage's imports, which the
-        workers then share with this process (:func:`context` picks a fork where no other
-        thread runs, or where the main program cannot start a fork server)."""
-        try:
-            for name in PRELOAD:
-                __import__(name)
-        except ImportError:
-            pass                 # the workers' first host says what is missing, as one line
-        self._heap.enter_context(heap.steady())   # what a caller froze itself stays frozen
-        heap.settle()
+        """The workers forked now, on this thread (:func:`context` picks a fork where no
+        other thread runs, or where the main program cannot start a fork server)."""
         with warnings.catch_warnings():
-            # Python 3.12+ warns of any other OS thread at a fork: here that is numpy's BLAS
-            # pool, which stops itself around a fork (pthread_atfork)
+            # Python 3.12+ warns of any other OS thread at a fork: a caller that imported numpy
+            # has its BLAS pool, which stops itself around a fork (pthread_atfork)
             warnings.simplefilter("ignore", DeprecationWarning)
             self._start()
 
@@ -188,26 +177,30 @@ class Reading:
 
     def close(self) -> None:
         """Stop the workers: tasks not started are cancelled, a host being read is finished and
-        dropped; the objects settled for the fork are the collector's again (unless an outer
-        :func:`forensics.heap.steady` scope holds them). The shared
-        counter's semaphore goes with this object."""
+        dropped. The shared counter's semaphore goes with this object."""
         if self._closed:
             return
         self._closed = True
         self._join()
-        try:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-        finally:
-            self._heap.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 _shared_next = None      # in a worker: the counter of the Reading it serves
 
 
 def _serve(counter) -> None:
+    """A worker's start: the counter kept, the allocator told to keep what it frees (see
+    :func:`forensics.heap.keep_freed_memory`; a forked worker has it already), the per-host
+    stage imported (a forked worker has not; a fork server's has, at no cost here)."""
     global _shared_next
     _shared_next = counter
+    heap.keep_freed_memory()
+    try:
+        for name in PRELOAD:
+            __import__(name)
+    except ImportError:
+        pass                 # the worker's first host says what is missing, as one line
 
 
 def _take(counter, n: int) -> int | None:

@@ -338,3 +338,53 @@ def test_collective_in_flight_compares_integer_nanoseconds():
     assert out["coll_op_count"].tolist()[:3] == [0, 0, 1] and pd.isna(out["coll_op_count"].iat[3])
     # at the end: still in flight; 1 ns later: not; a collective without an end: in flight; before any: unknown
     assert out["coll_in_flight"].tolist()[:3] == [True, False, True] and pd.isna(out["coll_in_flight"].iat[3])
+
+
+# --------------------------------------------------------------------------- the database
+
+def _rows(con, table: str) -> int:
+    return con.store(f'SELECT count(*) FROM "{table}"').fetchone()[0]
+
+
+@needs_bundles
+def test_an_in_memory_database_loads_its_event_tables_at_the_first_query_only():
+    """connect() loads nccl_events (collectives is made from it) and leaves the other event
+    tables to the first statement that could read them; store() writes beside them unloaded;
+    what a query then reads is every row of the model's frames."""
+    m = build_model([shipped("loss")])
+    con = m.connect()
+    try:
+        assert not con.loaded
+        assert _rows(con, "nccl_events") == len(m["nccl_events"]) > 0
+        assert _rows(con, "collectives") == len(m["collectives"]) > 0          # made at connect, in SQL
+        assert _rows(con, "tcp_events") == 0 < len(m["tcp_events"])            # not loaded yet
+        con.store("CREATE TABLE findings_like (x INTEGER)")
+        con.store("INSERT INTO findings_like VALUES (?)", [1])
+        assert not con.loaded
+        got = con.execute("SELECT count(*), count(DISTINCT rank) FROM tcp_events").fetchone()
+        assert con.loaded
+        assert got == (len(m["tcp_events"]), m["tcp_events"]["rank"].nunique())
+        for table, df in m.tables.items():
+            assert _rows(con, table) == len(df), table
+        assert con.execute("SELECT x FROM findings_like").fetchall() == [(1,)]
+    finally:
+        con.close()
+
+
+@needs_bundles
+def test_a_database_file_is_written_whole_and_any_connection_attribute_loads_first(tmp_path):
+    import duckdb
+    m = build_model([shipped("loss")])
+    path = tmp_path / "m.duckdb"
+    con = m.connect(path)
+    assert con.loaded
+    con.close()
+    with duckdb.connect(str(path), read_only=True) as disk:
+        for table, df in m.tables.items():
+            assert disk.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] == len(df), table
+    lazy = m.connect()
+    try:
+        n = lazy.sql("SELECT count(*) FROM packets").fetchall()[0][0]   # the connection's own API
+        assert lazy.loaded and n == len(m["packets"]) > 0
+    finally:
+        lazy.close()

@@ -64,6 +64,7 @@ def _outputs(args) -> dict[str, str]:
 def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
     from .. import heap, workers
+    heap.keep_freed_memory()      # before the workers fork: they inherit it
     jobs = None if args.dask else min(args.jobs or workers.default_jobs(args.bundles), len(args.bundles))
     # what the analysis keeps until the report is written is settled out of the garbage
     # collector's reach as it is made (forensics.heap)

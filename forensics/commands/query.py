@@ -77,7 +77,9 @@ def _connect(sources: list[str], db: str | None, env):
         env.warn(p)
     if len(model.hosts) > 1:
         env.warn(model.skew_report())
-    return model.connect(db)
+    con = model.connect(db)
+    con.load()        # now: what fails here is the model, not the statement
+    return con
 
 
 def _is_duckdb(p: Path) -> bool:

@@ -24,7 +24,7 @@ from . import artifacts as artifacts_mod
 from . import nccl as nccl_mod
 from . import timing as timing_mod
 from . import tcp as tcp_mod
-from .schema import SCHEMAS, TABLES
+from .schema import SCHEMAS
 from .hosts import HostPart
 from .skew import SkewEstimate, estimate_skew
 
@@ -62,22 +62,11 @@ class Model:
         return "\n".join(lines)
 
     def connect(self, path: str | os.PathLike | None = None):
-        """A DuckDB connection holding every table (written to ``path`` when given)."""
-        import duckdb
-        con = duckdb.connect(str(path) if path else ":memory:")
-        for name in TABLES:
-            cols = ", ".join(f'"{c}" {t}' for c, t in SCHEMAS[name].items())
-            con.execute(f'CREATE OR REPLACE TABLE "{name}" ({cols})')
-            if name == "collectives":
-                continue
-            df = self.tables[name]
-            if len(df):
-                con.register("_df", df)
-                names = ", ".join(f'"{c}"' for c in SCHEMAS[name])
-                con.execute(f'INSERT INTO "{name}" SELECT {names} FROM _df')
-                con.unregister("_df")
-        con.execute(f"INSERT INTO collectives {nccl_mod.COLLECTIVES_SQL}")
-        self.tables["collectives"] = con.execute("SELECT * FROM collectives ORDER BY comm_id_hash, op_count").df()
+        """A DuckDB connection over every table (:class:`.database.EventDatabase`): in memory,
+        the event tables loaded at the first query that could read them; written whole to
+        ``path`` when given. Sets ``collectives``, which it makes in SQL."""
+        from .database import connect
+        con, self.tables["collectives"] = connect(self.tables, str(path) if path else None)
         return con
 
 

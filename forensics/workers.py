@@ -9,6 +9,7 @@ another core. :class:`Forked`: the second core's share of the work after the rea
 (:func:`forensics.analysis.analyze`)."""
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import pickle
@@ -192,7 +193,8 @@ _shared_next = None      # in a worker: the counter of the Reading it serves
 def _serve(counter) -> None:
     """A worker's start: the counter kept, the allocator told to keep what it frees (see
     :func:`forensics.heap.keep_freed_memory`; a forked worker has it already), the per-host
-    stage imported (a forked worker has not; a fork server's has, at no cost here)."""
+    stage imported (a forked worker has not; a fork server's has, at no cost here) and frozen
+    out of the garbage collector's reach (the worker ends with the reading)."""
     global _shared_next
     _shared_next = counter
     heap.keep_freed_memory()
@@ -201,6 +203,7 @@ def _serve(counter) -> None:
             __import__(name)
     except ImportError:
         pass                 # the worker's first host says what is missing, as one line
+    gc.freeze()              # the imports, for the worker's life: no full collection walks them
 
 
 def _take(counter, n: int) -> int | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +13,14 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+
+def run_python(code: str, timeout: float) -> subprocess.CompletedProcess:
+    """``code`` run by a fresh interpreter in the repository root (a process of its own: its
+    imports, its collector, its allocator); one that fails fails the test, with its stderr."""
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, p.stderr
+    return p
 
 
 def require_root() -> None:

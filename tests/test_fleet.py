@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 from forensics import workers
 from forensics.analysis import analyze
 from forensics.bundle import Bundle
@@ -423,7 +423,6 @@ def _first_host_taken(setup: str) -> list[str]:
     """In a fresh process: ``setup``, then a Reading of the hang set; once a worker has taken
     the first host: whether pandas and the analyzer were imported, the start method, and
     whether the collector holds frozen objects before and after :meth:`Reading.close`."""
-    import subprocess
     code = ("import gc, sys, time, forensics.workers as w\n"
             f"{setup}\n"
             f"r = w.Reading({[str(p) for p in HANG]!r}, 2)\n"
@@ -433,8 +432,7 @@ def _first_host_taken(setup: str) -> list[str]:
             "      r._ctx.get_start_method(), gc.get_freeze_count() > 0, end=' ')\n"
             "r.close()\n"
             "print(gc.get_freeze_count() > 0)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    p = run_python(code, timeout=120)
     assert p.stderr == "", p.stderr                    # closed: no worker, semaphore or warning left
     return p.stdout.split()
 

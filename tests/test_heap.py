@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import gc
 import platform
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import run_python
 from forensics import heap
 from forensics.model import build_model
 from shipped import shipped
@@ -105,8 +103,7 @@ def test_the_analyze_command_settles_and_thaws(tmp_path):
             "import forensics.analysis as an; an.build_model = spy\n"
             f"rc = main(['analyze', {str(shipped('loss'))!r}, '-o', {str(tmp_path / 'r.html')!r}, '-q'])\n"
             "print(rc, seen, gc.get_freeze_count())\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr
+    p = run_python(code, timeout=300)
     assert p.stdout.split("\n")[-2].split(" ", 1)[1] == "[True] 0"
 
 
@@ -124,7 +121,6 @@ def test_keep_freed_memory_spares_the_page_faults_of_the_next_allocation(kept):
             "f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
             "touch()\n"
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)\n")
-    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
+    p = run_python(code, timeout=60)
     faults = int(p.stdout)
     assert (faults < 200) if kept else (faults > 1000), faults     # 80 MB is 20,480 pages

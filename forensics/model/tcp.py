@@ -137,22 +137,21 @@ class Attribution:
             self.netns_owner = npids[n == 1].drop_duplicates(["host", "netns"])[["host", "netns", "pid", "rank"]]
         else:
             self.netns_owner = pd.DataFrame(columns=["host", "netns", "pid", "rank"])
-        # the lookup tables as the queries below join them (prepared once, not per query)
+        # the lookup tables as the queries below read them (prepared once, not per query)
         e = self.endpoints.astype({"addr": str})
-        self._endpoints = e.assign(port=pd.to_numeric(e["port"]))
-        self._addr_rank = self.addr_rank.astype({"addr": str})
+        self._endpoints = _Table(e.assign(port=pd.to_numeric(e["port"])), ("pid", "rank"), by_port=True)
+        self._addr_rank = _Table(self.addr_rank.astype({"addr": str}), ("rank",), by_port=False)
 
-    def owner(self, addr: pd.Series, port: pd.Series) -> pd.DataFrame:
-        """(pid, rank) owning each (addr, port); NA where unknown."""
-        q = pd.DataFrame({"addr": addr.astype(str).to_numpy(), "port": pd.to_numeric(port).to_numpy()})
-        m = q.merge(self._endpoints, on=["addr", "port"], how="left")
-        return m[["pid", "rank"]]
+    def owner(self, addr, port: pd.Series) -> pd.DataFrame:
+        """(pid, rank) owning each (addr, port); NA where unknown. ``addr``: a column, or its
+        :class:`Addresses` when several lookups read it."""
+        return self._endpoints.find(Addresses.of(addr), port)
 
-    def rank_of_addr(self, addr: pd.Series) -> pd.Series:
-        q = pd.DataFrame({"addr": addr.astype(str).to_numpy()})
-        return q.merge(self._addr_rank, on="addr", how="left")["rank"]
+    def rank_of_addr(self, addr) -> pd.Series:
+        return self._addr_rank.find(Addresses.of(addr))["rank"]
 
-    def peer_rank(self, addr: pd.Series, port: pd.Series) -> pd.Series:
+    def peer_rank(self, addr, port: pd.Series) -> pd.Series:
+        addr = Addresses.of(addr)
         exact = self.owner(addr, port)["rank"]
         if not len(exact):
             return exact
@@ -168,6 +167,58 @@ class Attribution:
         q = pd.DataFrame({"host": host, "netns": pd.to_numeric(netns, errors="coerce").to_numpy()})
         o = self.netns_owner.assign(netns=pd.to_numeric(self.netns_owner["netns"], errors="coerce"))
         return q.merge(o, on=["host", "netns"], how="left")[["pid", "rank"]]
+
+
+class Addresses:
+    """An address column as codes into its distinct values (as text, as the lookup tables
+    hold them): made once, then each lookup matches the few distinct addresses, not every
+    row (10^5-10^6 flagged packets at fleet scale, a few hundred addresses)."""
+
+    __slots__ = ("codes", "uniques")
+
+    def __init__(self, addr):
+        self.codes, self.uniques = pd.factorize(pd.Series(addr).astype(str), use_na_sentinel=False)
+
+    @classmethod
+    def of(cls, addr) -> "Addresses":
+        return addr if isinstance(addr, cls) else cls(addr)
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def ids(self, vocabulary: pd.Index) -> np.ndarray:
+        """Each row's position in ``vocabulary`` (-1: not there)."""
+        return vocabulary.get_indexer(self.uniques)[self.codes]
+
+
+_PORTS = 65537     # port keys: 0-65535, and one for an unknown port
+
+
+def _port_keys(port) -> np.ndarray:
+    p = pd.to_numeric(pd.Series(port), errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+    return np.where(np.isnan(p), _PORTS - 1, p).astype("int64")
+
+
+class _Table:
+    """A one-to-one lookup on ``addr`` (and ``port``) of a frame with unique keys: what a left
+    join on those keys gives for the ``values`` columns, NA where a key is not there."""
+
+    def __init__(self, frame: pd.DataFrame, values: tuple[str, ...], by_port: bool):
+        self.by_port = by_port
+        self.vocabulary = pd.Index(pd.unique(frame["addr"]))
+        key = self.vocabulary.get_indexer(frame["addr"]).astype("int64")
+        if by_port:
+            key = key * _PORTS + _port_keys(frame["port"])
+        first = ~pd.Index(key).duplicated()          # one row a key (a join would repeat the rows)
+        self.keys = pd.Index(key[first])
+        self.values = {c: frame[c].array[first] for c in values}
+
+    def find(self, addr: Addresses, port=None) -> pd.DataFrame:
+        key = addr.ids(self.vocabulary).astype("int64")
+        if self.by_port:
+            key = np.where(key >= 0, key * _PORTS + _port_keys(port), -1)
+        at = self.keys.get_indexer(key)
+        return pd.DataFrame({c: pd.api.extensions.take(v, at, allow_fill=True) for c, v in self.values.items()})
 
 
 def rank_table(pid_ranks: dict[str, dict[int, int]]) -> pd.DataFrame:
@@ -271,20 +322,22 @@ def attribute_pcaps(parts: list, attr: Attribution) -> tuple[pd.DataFrame, pd.Da
     # packets
     if packets_parts:
         pk = pd.concat(packets_parts, ignore_index=True)
-        pk["src_rank"] = attr.owner(pk["src"], pk["sport"])["rank"].to_numpy()
+        src = Addresses(pk["src"])
+        pk["src_rank"] = attr.owner(src, pk["sport"])["rank"].to_numpy()
         pk["dst_rank"] = attr.peer_rank(pk["dst"], pk["dport"]).to_numpy()
-        pk["src_rank"] = pk["src_rank"].fillna(pd.Series(attr.rank_of_addr(pk["src"]).to_numpy()))
+        pk["src_rank"] = pk["src_rank"].fillna(pd.Series(attr.rank_of_addr(src).to_numpy()))
         packets = conform(pk, "packets")
     else:
         packets = empty("packets")
     # tcp events from verdicts: the packet's sender owns the event
     if event_parts:
         e = pd.concat(event_parts, ignore_index=True)
-        own = attr.owner(e["src"], e["sport"])
+        src = Addresses(e["src"])
+        own = attr.owner(src, e["sport"])
         ev = pd.DataFrame({"timestamp_ns": e["timestamp_ns"], "event": e["event"], "source": "pcap",
                            "saddr": e["src"], "daddr": e["dst"], "sport": e["sport"], "dport": e["dport"],
                            "state": None, "host": e["host"], "pid": own["pid"].to_numpy(),
-                           "rank": own["rank"].fillna(pd.Series(attr.rank_of_addr(e["src"]).to_numpy())).to_numpy(),
+                           "rank": own["rank"].fillna(pd.Series(attr.rank_of_addr(src).to_numpy())).to_numpy(),
                            "peer_rank": attr.peer_rank(e["dst"], e["dport"]).to_numpy(),
                            "capture": e["capture"], "stream": e["stream"], "frame": e["frame"]})
         pcap_events = conform(ev, "tcp_events")
@@ -293,11 +346,12 @@ def attribute_pcaps(parts: list, attr: Attribution) -> tuple[pd.DataFrame, pd.Da
     # flows
     if flow_parts:
         fl = pd.concat(flow_parts, ignore_index=True)
-        o = attr.owner(fl["orig_addr"], fl["orig_port"])
-        r = attr.owner(fl["resp_addr"], fl["resp_port"])
+        orig, resp = Addresses(fl["orig_addr"]), Addresses(fl["resp_addr"])
+        o = attr.owner(orig, fl["orig_port"])
+        r = attr.owner(resp, fl["resp_port"])
         fl["pid"], fl["peer_pid"] = o["pid"].to_numpy(), r["pid"].to_numpy()
-        fl["rank"] = o["rank"].fillna(pd.Series(attr.rank_of_addr(fl["orig_addr"]).to_numpy())).to_numpy()
-        fl["peer_rank"] = r["rank"].fillna(pd.Series(attr.rank_of_addr(fl["resp_addr"]).to_numpy())).to_numpy()
+        fl["rank"] = o["rank"].fillna(pd.Series(attr.rank_of_addr(orig).to_numpy())).to_numpy()
+        fl["peer_rank"] = r["rank"].fillna(pd.Series(attr.rank_of_addr(resp).to_numpy())).to_numpy()
         flows = conform(fl, "flows")
     else:
         flows = empty("flows")

@@ -15,10 +15,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .findings import SCHEMA_VERSION, Context, Finding, Options, run_detectors
+from .beside import Ahead, Detect, Workspace, child_values, share_out
+from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, detectors, gather, queries, run_detectors
 from .findings.base import prefetch
 from .model import Model, build_model
 from .workers import Forked, Reading
+
+__all__ = ["Ahead", "Analysis", "analyze"]
 
 FINDINGS_SCHEMA = {
     "position": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR", "confidence": "DOUBLE", "summary": "VARCHAR",
@@ -72,33 +75,10 @@ class Analysis:
         self.con.close()
 
 
-@dataclass(frozen=True)
-class Ahead:
-    """A step of what a renderer computes from the model alone (``run(analysis)`` fills
-    ``analysis.prepared``, see :func:`forensics.report.data.memo`), made before there are
-    findings; ``needs``: the steps whose values it reads. ``analyze(ahead=[...])`` runs the
-    steps in a forked process beside the detectors, in order, and makes the last ones itself,
-    from the end, once its detectors are done (:func:`_gather_ahead`; list the long steps first)."""
-
-    name: str
-    run: Callable[["Analysis"], Any]
-    needs: tuple[str, ...] = ()
-
-
 def _model_only(model: Model, options: Options) -> Analysis:
-    """An analysis of the model alone (no findings, no database): what :class:`Ahead` steps
-    run on, in the child and here alike."""
+    """An analysis of the model alone (no findings, no database): what the report's
+    :class:`Ahead` steps run on, in the child and here alike."""
     return Analysis(model=model, con=None, findings=[], options=options)
-
-
-def ahead_values(model: Model, options: Options, steps) -> Any:
-    """(step name, the ``prepared`` entries it made) for each of ``steps`` in turn, made on
-    the model alone (no findings, no database): what the forked process sends."""
-    a = _model_only(model, options)
-    for step in steps:
-        before = set(a.prepared)
-        step.run(a)
-        yield step.name, {k: v for k, v in a.prepared.items() if k not in before}
 
 
 def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
@@ -113,8 +93,8 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     (:mod:`forensics.model.parallel`); ``while_reading``: the caller's own preparation, done
     here while the workers read; ``ahead``:
     the steps of what the caller will compute from the model alone (the report's per-rank
-    tables, :class:`Ahead`), run with ``jobs`` > 1 in a forked process beside the detectors
-    (:class:`workers.Forked`) and shared out at the end (:func:`_gather_ahead`), their values
+    tables, :class:`Ahead`). With ``jobs`` > 1 the detectors and those steps are shared
+    between this process and a forked copy of it (:mod:`forensics.beside`), the steps' values
     in ``Analysis.prepared``; with one job the caller computes them when needed.
     The in-memory database loads its event tables only if a query needs them; with ``jobs`` > 1
     and a database file (``db``), the detectors' shared tables are made while DuckDB loads
@@ -131,62 +111,45 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile, reading=reading)
     say("building the event tables")
     # the second core's share after the reading: the detectors' shared tables made while
-    # DuckDB loads a database file (it leaves the GIL), then the report's model-only tables
-    # in a forked process while the detectors run (forked after connect: the collectives
-    # table is made there; never with a Dask client's threads about; the child touches only
-    # the model's frames, never the database)
+    # DuckDB loads a database file (it leaves the GIL), then the detectors and the report's
+    # model-only tables shared with a forked copy of this process (_beside)
     beside_ok = jobs > 1 and not dask
     con, made = _connect(model, db, options, beside=beside_ok)
-    beside = Forked(ahead_values, model, options, ahead, stream=True) if ahead and beside_ok else None
     try:
         say("looking for findings")
-        findings, det_problems = run_detectors(Context(model=model, con=con, options=options, made=made))
+        if beside_ok:
+            (findings, det_problems), prepared = _beside(model, con, options, made, ahead or [])
+        else:
+            findings, det_problems = run_detectors(Context(model=model, con=con, options=options, made=made))
+            prepared = {}
         stored = _storable(findings, det_problems)
         _store_findings(con, stored)
-        prepared = _gather_ahead(beside, ahead, model, options) if beside is not None else None
     except BaseException:
-        if beside is not None:
-            beside.cancel()
         con.close()
         raise
     return Analysis(model=model, con=con, findings=[f for f, _ in stored],
-                    problems=list(model.problems) + det_problems, options=options, prepared=prepared or {})
+                    problems=list(model.problems) + det_problems, options=options, prepared=prepared)
 
 
-def _gather_ahead(beside: Forked, steps: list[Ahead], model: Model, options: Options) -> dict[str, Any]:
-    """The ``prepared`` entries of every step. The child makes them in order and sends each as
-    it is made; this process, its detectors done, takes the last step not yet made whose needs
-    have come, except the one the child is on (the first it has not sent), again and again,
-    and waits for the child only when there is none. The child is stopped once every step is
-    made; the steps it did not send, should it fail, are made here."""
-    view = _model_only(model, options)            # as the child sees it
-    done: set[str] = set()
-    sent = 0                                      # steps the child has sent: it is on steps[sent]
-
-    def take(items) -> None:
-        nonlocal sent
-        for name, values in items:
-            for k, v in values.items():
-                view.prepared.setdefault(k, v)
-            done.add(name)
-            sent += 1
-
-    while beside.running:
-        take(beside.received())
-        if len(done) == len(steps):
-            break
-        left = [s for i, s in enumerate(steps) if s.name not in done and i != sent]
-        mine = next((s for s in reversed(left) if all(n in done for n in s.needs)), None)
-        if mine is None:
-            take(beside.received(wait=True))
-            continue
-        mine.run(view)
-        done.add(mine.name)
-    beside.cancel()
-    for step in steps:                            # what a failed child did not send
-        if step.name not in done:
-            step.run(view)
-    return view.prepared
+def _beside(model: Model, con, options: Options, made: dict, ahead: list[Ahead]):
+    """((findings, problems), the report steps' ``prepared`` values), made by this process
+    and a forked copy of it (:mod:`forensics.beside`): the child the detectors that need no
+    database, then the report steps, from the front; this process the detectors that query,
+    then the rest from the end. Forked after the connection is made (``collectives`` is made
+    there), never with a Dask client's threads about; the child touches only the model's
+    frames."""
+    steps = [Detect(name) for name in detectors() if not queries(name)] + list(ahead)
+    here = [Detect(name) for name in detectors() if queries(name)]
+    child = Workspace(_model_only(model, options), Context(model=model, con=NO_DATABASE, options=options,
+                                                           made=dict(made)))
+    beside = Forked(child_values, child, steps, stream=True)
+    ws = Workspace(_model_only(model, options), Context(model=model, con=con, options=options, made=made))
+    try:
+        values = share_out(beside, steps, ws, first=here)
+    except BaseException:
+        beside.cancel()
+        raise
+    return gather({name: values[name] for name in detectors()}), ws.analysis.prepared
 
 
 def _connect(model: Model, db, options: Options, beside: bool) -> tuple[Any, dict]:

@@ -274,27 +274,73 @@ def _step(name, delay=0.0):
     return run
 
 
-def test_the_last_report_steps_are_made_here_once_the_detectors_are_done(tmp_path):
+def _workspace(model, con=None):
+    from forensics.analysis import _model_only
+    from forensics.beside import Workspace
+    from forensics.findings import NO_DATABASE, Context, Options
+    return Workspace(_model_only(model, Options()), Context(model=model, con=con or NO_DATABASE))
+
+
+def test_the_last_report_steps_are_made_here_once_this_process_is_free(tmp_path):
     # the child makes the steps in order, slowly; this process takes the last ones from the
     # end (their needs come first), never the one the child is on, and stops the child once
     # every step is made: all steps made once, the first ones there, the last ones here
-    from forensics.analysis import Ahead, _gather_ahead, ahead_values
-    from forensics.findings import Options
+    from forensics.beside import Ahead, child_values, share_out
     from forensics.workers import Forked
     model = build_model(EARLY_HANG)
     steps = [Ahead("a", _step("a", 0.8)), Ahead("b", _step("b", 0.8)), Ahead("c", _step("c"), ("a",)),
              Ahead("d", _step("d"), ("b",)), Ahead("e", _step("e"))]
-    child = Forked(ahead_values, model, Options(), steps, stream=True)
-    prepared = _gather_ahead(child, steps, model, Options())
+    child = Forked(child_values, _workspace(model), steps, stream=True)
+    here = _workspace(model)
+    values = share_out(child, steps, here)
     assert not child.running
+    prepared = here.analysis.prepared
+    assert set(values) == set(prepared) == {"a", "b", "c", "d", "e"}
     where = {k: pid == os.getpid() for k, (_, pid) in prepared.items()}
-    assert set(where) == {"a", "b", "c", "d", "e"}
     # the child is on a: e, then b (not a, the child's), then d (b made), then c once a came
     assert not where["a"] and all(where[k] for k in "bcde")
     # a child that fails at once: every step made here, in order
     broken = Forked(_items_then_fails, 0, stream=True)
-    prepared = _gather_ahead(broken, steps[2:3] + steps[4:], model, Options())
-    assert set(prepared) == {"c", "e"} and all(pid == os.getpid() for _, pid in prepared.values())
+    here = _workspace(model)
+    share_out(broken, steps[2:3] + steps[4:], here)
+    assert set(here.analysis.prepared) == {"c", "e"}
+    assert all(pid == os.getpid() for _, pid in here.analysis.prepared.values())
+
+
+def _probe(name, pause=0.0, query=False, fail=False):
+    def detect(ctx):
+        time.sleep(pause)
+        if query:
+            ctx.sql("SELECT 1")
+        if fail:
+            raise ValueError("broken on purpose")
+        from forensics.findings import Finding
+        return [Finding(kind=name, severity="info", confidence=1.0, summary=name, details={"pid": os.getpid()})]
+    return detect
+
+
+def test_the_detectors_are_shared_with_the_child_and_those_that_query_made_here(monkeypatch):
+    # the child never uses the database: a detector declared to query is made here first; one
+    # that queries anyway is handed back (not a failure); a failing one is one problem line
+    from forensics.analysis import _beside
+    from forensics.findings import Options, base
+    monkeypatch.setattr(base, "_DETECTORS", {
+        "slow": _probe("slow", pause=0.6), "asks": _probe("asks", query=True),
+        "declared": _probe("declared", pause=1.2, query=True), "broken": _probe("broken", fail=True),
+        "quick": _probe("quick")})
+    monkeypatch.setattr(base, "_QUERIES", {"declared"})
+    model = build_model(EARLY_HANG)
+    con = model.connect()
+    try:
+        # while this process makes declared, the child makes slow, hands asks back (it
+        # queries), fails on broken and makes quick; then this process makes asks
+        (found, problems), prepared = _beside(model, con, Options(), {}, [])
+    finally:
+        con.close()
+    where = {f.kind: f.details["pid"] == os.getpid() for f in found}
+    assert where == {"slow": False, "asks": True, "declared": True, "quick": False}
+    assert [f.kind for f in found] == ["asks", "declared", "quick", "slow"]        # order(), whoever made them
+    assert problems == ["detector broken failed: ValueError: broken on purpose"] and prepared == {}
 
 
 def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkeypatch):

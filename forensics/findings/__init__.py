@@ -4,7 +4,8 @@ This file only imports the detector modules (each registers itself with
 :func:`forensics.findings.base.detector`); see :mod:`forensics.findings.base`.
 """
 from .base import (  # noqa: F401
-    SCHEMA_VERSION, Context, Finding, Options, detector, detectors, order, run_detectors,
+    NO_DATABASE, SCHEMA_VERSION, Context, Finding, NeedsDatabase, Options, detector, detectors, gather, order,
+    queries, run_detector, run_detectors,
 )
 
 # detector modules, imported for their registration (add one line per module)

@@ -130,19 +130,46 @@ class Context:
 
 Detector = Callable[[Context], list[Finding]]
 _DETECTORS: dict[str, Detector] = {}
+_QUERIES: set[str] = set()       # the detectors that may query the database (Context.sql)
 
 
-def detector(name: str) -> Callable[[Detector], Detector]:
+def detector(name: str, *, queries: bool = False) -> Callable[[Detector], Detector]:
+    """Register a detector. ``queries``: it may run SQL (:meth:`Context.sql`), so it runs
+    where the database is (not in a forked process beside the others, see
+    :mod:`forensics.beside`)."""
     def register(fn: Detector) -> Detector:
         if name in _DETECTORS:
             raise ValueError(f"detector {name!r} registered twice")
         _DETECTORS[name] = fn
+        if queries:
+            _QUERIES.add(name)
         return fn
     return register
 
 
 def detectors() -> dict[str, Detector]:
     return dict(_DETECTORS)
+
+
+def queries(name: str) -> bool:
+    """Whether the detector ``name`` was declared to query the database."""
+    return name in _QUERIES
+
+
+class NeedsDatabase(Exception):
+    """A detector read the database where there is none (:data:`NO_DATABASE`): it is run
+    again where there is one, not reported as failed."""
+
+
+class _NoDatabase:
+    """``Context.con`` of a process without the database (a fork must not touch DuckDB's
+    connection): any use raises :class:`NeedsDatabase`."""
+
+    def __getattr__(self, name: str):
+        raise NeedsDatabase(name)
+
+
+NO_DATABASE = _NoDatabase()
 
 
 # the derived tables several detectors share that need the model's frames alone, never the
@@ -184,13 +211,30 @@ def order(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=key)
 
 
-def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
-    """Every registered detector on ``ctx``: (findings most important first, problems)."""
+def run_detector(name: str, ctx: Context) -> tuple[list[Finding], list[str]]:
+    """(findings, problems) of the detector ``name`` on ``ctx``: one that fails costs only
+    its own findings, and says why as a problem line (:class:`NeedsDatabase` goes through)."""
+    try:
+        return list(_DETECTORS[name](ctx)), []
+    except NeedsDatabase:
+        raise
+    except Exception as exc:   # one broken detector must not cost the others' findings
+        return [], [f"detector {name} failed: {type(exc).__name__}: {exc}"]
+
+
+def gather(results: dict[str, tuple[list[Finding], list[str]]]) -> tuple[list[Finding], list[str]]:
+    """(findings most important first, problems) of every registered detector's
+    :func:`run_detector` result, by name: the same wherever and in whatever order each ran
+    (ties in :func:`order` keep the registry's order)."""
     found: list[Finding] = []
     problems: list[str] = []
-    for name, fn in _DETECTORS.items():
-        try:
-            found.extend(fn(ctx))
-        except Exception as exc:   # one broken detector must not cost the others' findings
-            problems.append(f"detector {name} failed: {type(exc).__name__}: {exc}")
+    for name in _DETECTORS:
+        f, p = results[name]
+        found.extend(f)
+        problems.extend(p)
     return order(found), problems
+
+
+def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
+    """Every registered detector on ``ctx``: (findings most important first, problems)."""
+    return gather({name: run_detector(name, ctx) for name in _DETECTORS})

@@ -380,7 +380,7 @@ def _stuck_socket_ranks(ctx, members: set[int]) -> list[int]:
 
 # --------------------------------------------------------------------------- the verdicts
 
-@detector("hang_state")
+@detector("hang_state", queries=True)
 def hang_state(ctx: Context) -> list[Finding]:
     """Hangs from the state at capture, when the tracer did not see them happen (it attached
     after the ranks entered the collectives they hang in, or it did not run)."""
@@ -397,14 +397,14 @@ def logged_resets(ctx) -> list[Finding]:
     """A reset that broke the ring before the capture, from NCCL's own WARN lines, when the
     packets show none (the capture started after it; the ranks may have exited since, their
     logs attached): the rank that logged "Connection reset by peer" names the sender."""
-    t = trouble_events(ctx)
-    if len(t) and (t["cls"] == "reset").any():
-        return []   # on the wire: connection_reset (network.py) judges it from the packets
     directory = rank_directory(ctx)
     w = _reset_warnings(ctx, set(_rank_addresses(ctx).values()) | set(directory))
     w = w[w["how"] == 0] if len(w) else w
     if w.empty:
         return []
+    t = trouble_events(ctx)   # only now: the TCP trouble of a fleet is made once, where the network detectors run
+    if len(t) and (t["cls"] == "reset").any():
+        return []   # on the wire: connection_reset (network.py) judges it from the packets
     w0 = w.iloc[0]
     snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
     links = w[["peer_rank", "rank"]].drop_duplicates()

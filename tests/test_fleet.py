@@ -69,6 +69,20 @@ def test_worker_processes_give_the_same_tables_and_findings(one_process):
     assert len(one_process[1]["tcp_events"]) > 0 and len(one_process[1]["flows"]) > 0
 
 
+@pytest.mark.parametrize("scenario", ["loss", "slow-link", "reset", "straggler", "mismatch-hang"])
+def test_findings_made_beside_are_those_one_process_makes(scenario):
+    # with two jobs the network detectors run in the forked child, the state detector here
+    # and the rest wherever the two meet: every finding and problem the same, in order
+    paths = sorted((ROOT / "tests" / "fixtures" / "bundles" / scenario).glob("*.tar.gz"))
+    one, two = analyze(paths, jobs=1), analyze(paths, jobs=2)
+    try:
+        assert one.findings, scenario                               # a verdict to compare
+        assert json.dumps(one.to_json(), sort_keys=True) == json.dumps(two.to_json(), sort_keys=True)
+    finally:
+        one.close()
+        two.close()
+
+
 def test_dask_local_cluster_gives_the_same_tables_and_findings(one_process):
     distributed = pytest.importorskip("distributed", reason="dask.distributed is not installed")
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",

@@ -388,3 +388,34 @@ def test_a_database_file_is_written_whole_and_any_connection_attribute_loads_fir
         assert lazy.loaded and n == len(m["packets"]) > 0
     finally:
         lazy.close()
+
+
+def test_attribution_lookups_give_what_left_joins_on_the_text_keys_give():
+    # the lookups match each address column's distinct values (model.tcp.Addresses), not its
+    # rows: the same pid and rank as a left join of (addr, port) on the endpoint table, NA
+    # where unknown: an unknown address or port, a missing port, a fractional port, a port out
+    # of range, an ambiguous key
+    from forensics.model.tcp import Addresses, Attribution
+    endpoints = pd.DataFrame({"host": ["a", "a", "b", "b", "b", "c"],
+                              "addr": ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.9", "10.0.0.3"],
+                              "port": [5000, 5001, 6000, 6000, None, 7000],
+                              "pid": [11, 12, 21, 22, 31, 41]})
+    ranks = pd.DataFrame({"host": ["a", "a", "b", "b", "c"], "pid": [11, 12, 21, 31, 41], "rank": [0, 1, 2, 3, 4]})
+    attr = Attribution(endpoints, ranks, pd.DataFrame(columns=["host", "netns", "pid"]))
+    addr = pd.Series(["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.9", "10.0.0.3", "10.0.0.3", "10.0.0.7",
+                      "10.0.0.1", "10.0.0.3"], dtype="str")
+    port = pd.Series([5001.0, 5000.0, 6000.0, np.nan, 7000.0, 7001.0, 5000.0, 70000.0, 7000.5])
+    q = pd.DataFrame({"addr": addr.astype(str).to_numpy(), "port": pd.to_numeric(port).to_numpy()})
+    e = attr.endpoints.astype({"addr": str})
+    joined = q.merge(e.assign(port=pd.to_numeric(e["port"])), on=["addr", "port"], how="left")
+    got = attr.owner(addr, port)
+    pd.testing.assert_frame_equal(got, joined[["pid", "rank"]])
+    # 10.0.0.2:6000 is claimed by two processes and the endpoint without a port is left out
+    # by the table itself; the rest of the misses: unknown port or address, not a port number
+    assert got["rank"].fillna(-1).tolist() == [1, 0, -1, -1, 4, -1, -1, -1, -1]
+    by_addr = q[["addr"]].merge(attr.addr_rank.astype({"addr": str}), on="addr", how="left")["rank"]
+    pd.testing.assert_series_equal(attr.rank_of_addr(Addresses(addr)), by_addr)
+    # one factorized column serves every lookup on it
+    keys = Addresses(addr)
+    pd.testing.assert_frame_equal(attr.owner(keys, port), got)
+    pd.testing.assert_series_equal(attr.peer_rank(keys, port), attr.peer_rank(addr, port))

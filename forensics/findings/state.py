@@ -402,7 +402,9 @@ def logged_resets(ctx) -> list[Finding]:
     w = w[w["how"] == 0] if len(w) else w
     if w.empty:
         return []
-    t = trouble_events(ctx)   # only now: the TCP trouble of a fleet is made once, where the network detectors run
+    # only now: the TCP trouble per link is the costliest shared table, made where the
+    # network detectors run (forensics.beside)
+    t = trouble_events(ctx)
     if len(t) and (t["cls"] == "reset").any():
         return []   # on the wire: connection_reset (network.py) judges it from the packets
     w0 = w.iloc[0]

@@ -183,20 +183,21 @@ class Addresses:
     def of(cls, addr) -> "Addresses":
         return addr if isinstance(addr, cls) else cls(addr)
 
-    def __len__(self) -> int:
-        return len(self.codes)
-
     def ids(self, vocabulary: pd.Index) -> np.ndarray:
         """Each row's position in ``vocabulary`` (-1: not there)."""
         return vocabulary.get_indexer(self.uniques)[self.codes]
 
 
-_PORTS = 65537     # port keys: 0-65535, and one for an unknown port
+_PORTS = 65537     # port keys: 0-65535, and one for an unknown port (NA matches NA, as in a join)
 
 
-def _port_keys(port) -> np.ndarray:
+def _keys(address_ids: np.ndarray, port) -> np.ndarray:
+    """One integer a (address, port) key; -1 (no match) for an address not in the table or a
+    port that is no port number."""
     p = pd.to_numeric(pd.Series(port), errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
-    return np.where(np.isnan(p), _PORTS - 1, p).astype("int64")
+    valid = (p >= 0) & (p < _PORTS - 1) & (p == np.floor(p))
+    p = np.where(np.isnan(p), _PORTS - 1, np.where(valid, p, -1)).astype("int64")
+    return np.where((address_ids >= 0) & (p >= 0), address_ids * _PORTS + p, -1)
 
 
 class _Table:
@@ -208,15 +209,16 @@ class _Table:
         self.vocabulary = pd.Index(pd.unique(frame["addr"]))
         key = self.vocabulary.get_indexer(frame["addr"]).astype("int64")
         if by_port:
-            key = key * _PORTS + _port_keys(frame["port"])
-        first = ~pd.Index(key).duplicated()          # one row a key (a join would repeat the rows)
+            key = _keys(key, frame["port"])
+        # one row a key (a join would repeat the rows); none for a key no query can have
+        first = ~pd.Index(key).duplicated() & (key >= 0)
         self.keys = pd.Index(key[first])
         self.values = {c: frame[c].array[first] for c in values}
 
     def find(self, addr: Addresses, port=None) -> pd.DataFrame:
         key = addr.ids(self.vocabulary).astype("int64")
         if self.by_port:
-            key = np.where(key >= 0, key * _PORTS + _port_keys(port), -1)
+            key = _keys(key, port)
         at = self.keys.get_indexer(key)
         return pd.DataFrame({c: pd.api.extensions.take(v, at, allow_fill=True) for c, v in self.values.items()})
 

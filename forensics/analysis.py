@@ -38,7 +38,8 @@ class Analysis:
     problems: list[str] = field(default_factory=list)
     options: Options = field(default_factory=Options)
     # what the renderers compute from the model alone, by name, made once (report.data.memo);
-    # ``analyze(ahead=...)`` fills it in a second process while the detectors run
+    # ``analyze(ahead=..., jobs>1)`` fills it, this process and a forked one sharing the steps
+    # with the detectors (forensics.beside)
     prepared: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

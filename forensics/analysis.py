@@ -104,18 +104,28 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     say = progress or (lambda _msg: None)
     say(f"reading {len(paths)} bundle(s)")
 
+    opening: list[_Opening] = []
+
     def meanwhile() -> None:
         import duckdb  # noqa: F401 - 0.05 s of import that Model.connect would do after the reading
+        opening.append(_Opening(db))          # made on a thread during the merge
         if while_reading is not None:
             while_reading()
 
-    model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile, reading=reading)
-    say("building the event tables")
-    # the second core's share after the reading: the detectors' shared tables made while
-    # DuckDB loads a database file (it leaves the GIL), then the detectors and the report's
-    # model-only tables shared with a forked copy of this process (_beside)
+    # the second core's share after the reading: the database opened while this thread merges
+    # the hosts (with workers only), the detectors' shared tables made while DuckDB loads a
+    # database file (it leaves the GIL), then the detectors and the report's model-only
+    # tables shared with a forked copy of this process (_beside)
     beside_ok = jobs > 1 and not dask
-    con, made = _connect(model, db, options, beside=beside_ok)
+    try:
+        model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile,
+                            reading=reading)
+        say("building the event tables")
+        con, made = _connect(model, db, options, beside=beside_ok, opened=opening[0].take() if opening else None)
+    except BaseException:
+        for o in opening:
+            o.close()
+        raise
     try:
         say("looking for findings")
         if beside_ok:
@@ -153,19 +163,48 @@ def _beside(model: Model, con, options: Options, made: dict, ahead: list[Ahead])
     return gather({name: values[name] for name in detectors()}), ws.analysis.prepared
 
 
-def _connect(model: Model, db, options: Options, beside: bool) -> tuple[Any, dict]:
+class _Opening:
+    """The database of ``db`` opened, its tables created empty
+    (:func:`.model.database.open_database`), on a thread while this one goes on (the merge:
+    DuckDB leaves the GIL, so the second core makes it)."""
+
+    def __init__(self, db):
+        from .model.database import open_database
+        self._box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                self._box["con"] = open_database(str(db) if db else None)
+            except BaseException:   # noqa: BLE001 - opened again where it is used, which says why
+                pass
+
+        self._thread = threading.Thread(target=run, name="stallscope-open", daemon=True)
+        self._thread.start()
+
+    def take(self):
+        """The connection (now the caller's), or None where it could not be made."""
+        self._thread.join()
+        return self._box.pop("con", None)
+
+    def close(self) -> None:
+        con = self.take()
+        if con is not None:
+            con.close()
+
+
+def _connect(model: Model, db, options: Options, beside: bool, opened=None) -> tuple[Any, dict]:
     """(the DuckDB connection over the model, the detectors' shared tables made so far). An
     in-memory database loads its event tables only when queried (:mod:`.model.database`).
     A database file is loaded whole now: with ``beside``, on a thread while this one makes
     the shared tables (:func:`forensics.findings.base.prefetch`; the load runs in DuckDB,
-    outside the GIL)."""
+    outside the GIL). ``opened``: the database opened already (:class:`_Opening`)."""
     if not beside or db is None:
-        return model.connect(db), {}
+        return model.connect(db, opened=opened), {}
     box: dict[str, Any] = {}
 
     def load() -> None:
         try:
-            box["con"] = model.connect(db)
+            box["con"] = model.connect(db, opened=opened)
         except BaseException as exc:   # noqa: BLE001 - raised again on this thread below
             box["error"] = exc
 

@@ -580,3 +580,30 @@ def test_a_reading_started_on_other_bundles_is_refused():
             read_hosts(HANG, jobs=2, reading=reading)
     finally:
         reading.close()
+
+
+def test_with_workers_the_database_is_opened_during_the_merge_and_written_whole(tmp_path, monkeypatch):
+    # the tables are created on a thread while the hosts are merged (analysis._Opening), and
+    # that connection is the one filled: a database file with every row
+    import duckdb
+    from forensics import analysis
+    opened = []
+
+    class Spy(analysis._Opening):
+        def take(self):
+            con = super().take()
+            opened.append(con)
+            return con
+
+    monkeypatch.setattr(analysis, "_Opening", Spy)
+    path = tmp_path / "m.duckdb"
+    a = analyze(HANG, jobs=2, db=path)
+    try:
+        assert len(opened) == 1 and opened[0] is not None and a.con._con is opened[0]
+        tables = {k: len(v) for k, v in a.model.tables.items()}
+    finally:
+        a.close()
+    with duckdb.connect(str(path), read_only=True) as disk:
+        for table, n in tables.items():
+            assert disk.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] == n, table
+    assert tables["tcp_events"] > 0 and tables["sockets"] > 0            # rows to compare

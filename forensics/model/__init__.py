@@ -61,12 +61,13 @@ class Model:
                              f"from {s.matched_segments} common segments ({s.status})")
         return "\n".join(lines)
 
-    def connect(self, path: str | os.PathLike | None = None):
+    def connect(self, path: str | os.PathLike | None = None, opened=None):
         """A DuckDB connection over every table (:class:`.database.EventDatabase`): in memory,
         the event tables loaded at the first query that could read them; written whole to
-        ``path`` when given. Sets ``collectives``, which it makes in SQL."""
+        ``path`` when given. Sets ``collectives``, which it makes in SQL. ``opened``: the
+        database of ``path`` opened already (:func:`.database.open_database`)."""
         from .database import connect
-        con, self.tables["collectives"] = connect(self.tables, str(path) if path else None)
+        con, self.tables["collectives"] = connect(self.tables, str(path) if path else None, opened=opened)
         return con
 
 

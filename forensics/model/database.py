@@ -70,16 +70,31 @@ class EventDatabase:
         self.close()
 
 
-def connect(tables: dict[str, pd.DataFrame], path: str | None = None) -> tuple[EventDatabase, pd.DataFrame]:
-    """(the database over ``tables``, the ``collectives`` table it made). ``path``: a DuckDB
-    file, loaded whole now; None: in memory, the event tables loaded when first queried."""
+def open_database(path: str | None = None):
+    """A DuckDB connection (``path``: a file; None: in memory) with every table of the model
+    created, empty: what :func:`connect` fills. Needs no table, so it can be made before the
+    model (on a thread: DuckDB leaves the GIL)."""
     import duckdb
     con = duckdb.connect(path or ":memory:")
     try:
-        pending = {}
         for name in TABLES:
             cols = ", ".join(f'"{c}" {t}' for c, t in SCHEMAS[name].items())
             con.execute(f'CREATE OR REPLACE TABLE "{name}" ({cols})')
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def connect(tables: dict[str, pd.DataFrame], path: str | None = None,
+            opened=None) -> tuple[EventDatabase, pd.DataFrame]:
+    """(the database over ``tables``, the ``collectives`` table it made). ``path``: a DuckDB
+    file, loaded whole now; None: in memory, the event tables loaded when first queried.
+    ``opened``: :func:`open_database` of that ``path`` made already (it is used, then owned)."""
+    con = opened if opened is not None else open_database(path)
+    try:
+        pending = {}
+        for name in TABLES:
             df = tables.get(name)
             if name == "collectives" or df is None or not len(df):
                 continue

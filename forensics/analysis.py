@@ -104,11 +104,11 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     say = progress or (lambda _msg: None)
     say(f"reading {len(paths)} bundle(s)")
 
-    opening: list[_Opening] = []
+    opening: list[_OnThread] = []
 
     def meanwhile() -> None:
         import duckdb  # noqa: F401 - 0.05 s of import that Model.connect would do after the reading
-        opening.append(_Opening(db))          # made on a thread during the merge
+        opening.append(_opening(db))          # made on a thread during the merge
         if while_reading is not None:
             while_reading()
 
@@ -121,10 +121,10 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
         model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile,
                             reading=reading)
         say("building the event tables")
-        con, made = _connect(model, db, options, beside=beside_ok, opened=opening[0].take() if opening else None)
+        con, made = _connect(model, db, options, beside=beside_ok, opened=_opened(opening.pop()) if opening else None)
     except BaseException:
         for o in opening:
-            o.close()
+            o.discard()
         raise
     try:
         say("looking for findings")
@@ -163,33 +163,50 @@ def _beside(model: Model, con, options: Options, made: dict, ahead: list[Ahead])
     return gather({name: values[name] for name in detectors()}), ws.analysis.prepared
 
 
-class _Opening:
-    """The database of ``db`` opened, its tables created empty
-    (:func:`.model.database.open_database`), on a thread while this one goes on (the merge:
-    DuckDB leaves the GIL, so the second core makes it)."""
+class _OnThread:
+    """``fn(*args, **kwargs)`` computed on a thread while this one goes on (DuckDB's work: it
+    leaves the GIL, so the second core does it). :meth:`result` is its value, or its error
+    raised here; :meth:`discard` drops a connection it made, for a caller that failed."""
 
-    def __init__(self, db):
-        from .model.database import open_database
+    def __init__(self, name: str, fn: Callable[..., Any], *args, **kwargs):
         self._box: dict[str, Any] = {}
 
         def run() -> None:
             try:
-                self._box["con"] = open_database(str(db) if db else None)
-            except BaseException:   # noqa: BLE001 - opened again where it is used, which says why
-                pass
+                self._box["value"] = fn(*args, **kwargs)
+            except BaseException as exc:   # noqa: BLE001 - raised again on the caller's thread
+                self._box["error"] = exc
 
-        self._thread = threading.Thread(target=run, name="stallscope-open", daemon=True)
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
         self._thread.start()
 
-    def take(self):
-        """The connection (now the caller's), or None where it could not be made."""
+    def result(self) -> Any:
         self._thread.join()
-        return self._box.pop("con", None)
+        if "error" in self._box:
+            raise self._box.pop("error")
+        return self._box.pop("value")
 
-    def close(self) -> None:
-        con = self.take()
+    def discard(self) -> None:
+        self._thread.join()
+        con = self._box.pop("value", None)
         if con is not None:
             con.close()
+
+
+def _opening(db) -> _OnThread:
+    """The database of ``db`` opened and its tables created empty
+    (:func:`.model.database.open_database`) on a thread, while this one merges the hosts."""
+    from .model.database import open_database
+    return _OnThread("stallscope-open", open_database, str(db) if db else None)
+
+
+def _opened(opening: _OnThread):
+    """The connection :func:`_opening` made (now the caller's), or None where it failed: it is
+    opened again where it is used, which says why."""
+    try:
+        return opening.result()
+    except Exception:   # noqa: BLE001 - see above
+        return None
 
 
 def _connect(model: Model, db, options: Options, beside: bool, opened=None) -> tuple[Any, dict]:
@@ -197,31 +214,17 @@ def _connect(model: Model, db, options: Options, beside: bool, opened=None) -> t
     in-memory database loads its event tables only when queried (:mod:`.model.database`).
     A database file is loaded whole now: with ``beside``, on a thread while this one makes
     the shared tables (:func:`forensics.findings.base.prefetch`; the load runs in DuckDB,
-    outside the GIL). ``opened``: the database opened already (:class:`_Opening`)."""
+    outside the GIL). ``opened``: the database opened already (:func:`_opening`)."""
     if not beside or db is None:
         return model.connect(db, opened=opened), {}
-    box: dict[str, Any] = {}
-
-    def load() -> None:
-        try:
-            box["con"] = model.connect(db, opened=opened)
-        except BaseException as exc:   # noqa: BLE001 - raised again on this thread below
-            box["error"] = exc
-
     view = model.without_database_tables()   # taken before the loader may set them
-    loader = threading.Thread(target=load, name="stallscope-connect", daemon=True)
-    loader.start()
+    loader = _OnThread("stallscope-connect", model.connect, db, opened=opened)
     try:
         made = prefetch(view, options)
     except BaseException:
-        loader.join()
-        if "con" in box:
-            box["con"].close()
+        loader.discard()
         raise
-    loader.join()
-    if "error" in box:
-        raise box["error"]
-    return box["con"], made
+    return loader.result(), made
 
 
 def _storable(findings: list[Finding], problems: list[str]) -> list[tuple[Finding, dict]]:

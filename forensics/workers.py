@@ -86,9 +86,9 @@ class Reading:
     itself on its own core (a fork after the imports leaves the second core idle while this
     process imports, then costs both processes a copy of every shared page they write: 0.1-0.9 s
     more at 8 hosts, measured side by side, with the allocator keeping its freed memory); with
-    a fork server, the pool is started on a thread
-    instead (a worker's start waits for the server's imports, this process need not). Either
-    way the workers begin on the first hosts while this process imports. Then
+    a fork server, the pool is started on a thread instead (a worker's start waits for the
+    server's imports, this process need not). Either way the workers begin on the first hosts
+    while this process imports. Then
     :func:`forensics.model.parallel.read_hosts` drives it: :meth:`claim` for the calling
     process's hosts, :meth:`finished` and :meth:`rest` for the workers', :meth:`close` always."""
 

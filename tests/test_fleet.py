@@ -583,19 +583,19 @@ def test_a_reading_started_on_other_bundles_is_refused():
 
 
 def test_with_workers_the_database_is_opened_during_the_merge_and_written_whole(tmp_path, monkeypatch):
-    # the tables are created on a thread while the hosts are merged (analysis._Opening), and
+    # the tables are created on a thread while the hosts are merged (analysis._opening), and
     # that connection is the one filled: a database file with every row
     import duckdb
     from forensics import analysis
     opened = []
+    take = analysis._opened
 
-    class Spy(analysis._Opening):
-        def take(self):
-            con = super().take()
-            opened.append(con)
-            return con
+    def spy(opening):
+        con = take(opening)
+        opened.append(con)
+        return con
 
-    monkeypatch.setattr(analysis, "_Opening", Spy)
+    monkeypatch.setattr(analysis, "_opened", spy)
     path = tmp_path / "m.duckdb"
     a = analyze(HANG, jobs=2, db=path)
     try:
@@ -607,3 +607,24 @@ def test_with_workers_the_database_is_opened_during_the_merge_and_written_whole(
         for table, n in tables.items():
             assert disk.execute(f'SELECT count(*) FROM "{table}"').fetchone()[0] == n, table
     assert tables["tcp_events"] > 0 and tables["sockets"] > 0            # rows to compare
+
+
+def test_work_on_a_thread_gives_its_value_raises_its_error_here_and_closes_what_is_dropped():
+    from forensics.analysis import _OnThread, _opened
+
+    class Con:
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    def fails():
+        raise OSError("cannot open")
+
+    assert _OnThread("t", lambda a, b=0: a + b, 1, b=2).result() == 3
+    with pytest.raises(OSError, match="cannot open"):
+        _OnThread("t", fails).result()
+    assert _opened(_OnThread("t", fails)) is None                # opened again where it is used
+    con = Con()
+    _OnThread("t", lambda: con).discard()
+    assert con.closed

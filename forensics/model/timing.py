@@ -30,6 +30,7 @@ import pandas as pd
 
 from ..tcp.verdicts import VERDICT_BITS
 from .nccl import conform, empty
+from .tcp import Addresses
 
 IDLE_NS = 10_000_000      # a longer gap between two data segments of a connection is idle time
 # a data segment that tells of a hole in the connection's sequence space: the ACKs of the
@@ -74,9 +75,10 @@ def flow_timing(attr, parts: list[pd.DataFrame]) -> pd.DataFrame:
     if not parts:
         return empty("flow_timing")
     df = pd.concat(parts, ignore_index=True)
-    own = attr.owner(df["saddr"], df["sport"])
+    src = Addresses(df["saddr"])                 # one factorization for both lookups
+    own = attr.owner(src, df["sport"])
     df["pid"] = own["pid"].to_numpy()
-    df["rank"] = own["rank"].fillna(pd.Series(attr.rank_of_addr(df["saddr"]).to_numpy())).to_numpy()
+    df["rank"] = own["rank"].fillna(pd.Series(attr.rank_of_addr(src).to_numpy())).to_numpy()
     df["peer_rank"] = attr.peer_rank(df["daddr"], df["dport"]).to_numpy()
     return conform(df, "flow_timing")
 

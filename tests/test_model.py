@@ -404,7 +404,8 @@ def test_attribution_lookups_give_what_left_joins_on_the_text_keys_give():
     attr = Attribution(endpoints, ranks, pd.DataFrame(columns=["host", "netns", "pid"]))
     addr = pd.Series(["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.9", "10.0.0.3", "10.0.0.3", "10.0.0.7",
                       "10.0.0.1", "10.0.0.3"], dtype="str")
-    port = pd.Series([5001.0, 5000.0, 6000.0, np.nan, 7000.0, 7001.0, 5000.0, 70000.0, 7000.5])
+    # 72537 = 65537 + 7000: out of range, it would alias 10.0.0.3:7000 as a key
+    port = pd.Series([5001.0, 5000.0, 6000.0, np.nan, 7000.0, 7001.0, 5000.0, 72537.0, 7000.5])
     q = pd.DataFrame({"addr": addr.astype(str).to_numpy(), "port": pd.to_numeric(port).to_numpy()})
     e = attr.endpoints.astype({"addr": str})
     joined = q.merge(e.assign(port=pd.to_numeric(e["port"])), on=["addr", "port"], how="left")

@@ -69,11 +69,15 @@ def test_worker_processes_give_the_same_tables_and_findings(one_process):
     assert len(one_process[1]["tcp_events"]) > 0 and len(one_process[1]["flows"]) > 0
 
 
-@pytest.mark.parametrize("scenario", ["loss", "slow-link", "reset", "straggler", "mismatch-hang"])
+@pytest.mark.parametrize("scenario", [
+    # one capture that saw the fault
+    "bundles/loss", "bundles/slow-link", "bundles/reset", "bundles/straggler", "bundles/mismatch-hang",
+    # one capture per host, started seconds apart during the hang or on a healthy job still running
+    "bundles-per-host/clean", "bundles-per-host/gpu-hang-late", "bundles-per-host/mismatch-hang-late"])
 def test_findings_made_beside_are_those_one_process_makes(scenario):
     # with two jobs the network detectors run in the forked child, the state detector here
     # and the rest wherever the two meet: every finding and problem the same, in order
-    paths = sorted((ROOT / "tests" / "fixtures" / "bundles" / scenario).glob("*.tar.gz"))
+    paths = sorted((ROOT / "tests" / "fixtures" / scenario).glob("*.tar.gz"))
     one, two = analyze(paths, jobs=1), analyze(paths, jobs=2)
     try:
         assert one.findings, scenario                               # a verdict to compare

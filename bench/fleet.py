@@ -23,7 +23,14 @@ up to 30% within minutes) slows both alike; the benchmark prints:
   says whether the second process adds work or leaves a core idle;
 * peak memory: the largest sum of the resident sets of the command and its workers,
   sampled every 100 ms (``ru_maxrss`` alone would miss the workers running together);
-* the report's size.
+* the report's size;
+* the machine's own ceiling, a round after each turn of the runs, on the same bundles: the
+  per-host stage (two hosts, after a warm-up host) read by one process alone and by two at
+  once: twice the work in the slower one's time is the most that two processes can give on
+  this machine before anything ``--jobs 2`` itself costs (a VM's two cores need not each run
+  at one's speed: shared caches, the host's load, its page faults); each speed-up is also
+  printed as a share of it, so that a miss says whether the code or the machine stops it
+  (``--no-ceiling``: not measured).
 
 The analyzer's bytecode is compiled first (``compileall``), as an installed copy has it: with
 PYTHONDONTWRITEBYTECODE set, each command would otherwise compile it anew.
@@ -135,6 +142,67 @@ def run(cmd: list[str]) -> tuple[float, int, float]:
     return wall, peak[0], usage.ru_utime + usage.ru_stime
 
 
+# one reader of the per-host stage: warmed up on its first bundle (imports done, heap grown, as
+# a worker is after its first host), then, on a line from the bench, it times the rest
+READER = """
+import sys, time
+from forensics import heap
+heap.keep_freed_memory()
+from forensics.model.hosts import read_host
+read_host(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+t = time.perf_counter()
+for p in sys.argv[2:]:
+    read_host(p)
+print(f"{time.perf_counter() - t:.6f}", flush=True)
+"""
+
+
+def readers_at_once(groups: list[list[Path]]) -> list[float]:
+    """Seconds each of ``len(groups)`` warmed-up readers took for its bundles after the first,
+    all started together (:data:`READER`)."""
+    procs = [subprocess.Popen([sys.executable, "-c", READER, *map(str, g)], cwd=ROOT, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for g in groups]
+
+    def said(i: int) -> str:
+        line = procs[i].stdout.readline().strip()
+        if not line:      # it ended: its error is on stderr
+            raise SystemExit(f"a reader failed on {', '.join(map(str, groups[i]))}")
+        return line
+
+    try:
+        for i in range(len(procs)):
+            if said(i) != "ready":
+                raise SystemExit(f"a reader said {said(i)!r}, not ready")
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        times = [float(said(i)) for i in range(len(procs))]
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    finally:
+        for p in procs:
+            p.wait()
+    return times
+
+
+def ceiling_round(bundles: list[Path]) -> tuple[float, float]:
+    """One round of the machine's ceiling: (one reader's seconds alone, the slower of two
+    readers' seconds at once) for the same work, two hosts a reader after a warm-up host. Twice
+    the work in the pair's time, over the lone reader's, is the most that two processes can give
+    the per-host stage on this machine, apart from anything ``--jobs 2`` itself costs (a
+    worker's imports and warm-up, the parts passed back, the serial merge and report): two
+    processes on a VM's two cores need not each run at one's speed (shared caches, the host's
+    own load and clocks, its page faults)."""
+    if len(bundles) < 6:
+        raise SystemExit("the machine's ceiling needs at least 6 host bundles")
+    alone = readers_at_once([bundles[0:3]])[0]
+    return alone, max(readers_at_once([bundles[0:3], bundles[3:6]]))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hosts", default="8,16,32,64", help="host counts, comma-separated")
@@ -143,6 +211,8 @@ def main() -> int:
     ap.add_argument("--jobs", default="1,2", help="--jobs values, comma-separated (the first is the baseline)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per --jobs value, taking turns (default 3)")
     ap.add_argument("--keep", type=Path, help="keep the bundles and reports here")
+    ap.add_argument("--no-ceiling", action="store_true",
+                    help="do not measure the machine's two-reader ceiling beside the runs")
     a = ap.parse_args()
     host_counts = [int(x) for x in a.hosts.split(",")]
     jobs = [int(x) for x in a.jobs.split(",")]
@@ -155,6 +225,7 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "compileall", "-q", "forensics", "capture"], cwd=ROOT, check=True,
                    stdout=subprocess.DEVNULL)
     results: dict[tuple[int, int], tuple[float, int, int, float]] = {}   # (hosts, jobs): median wall, peak, size, CPU
+    ceilings: dict[int, float] = {}      # hosts: the machine's two-reader ceiling, beside its runs
     print(f"fleet: {a.ranks_per_host} ranks and {a.packets:,} packets per host; --jobs {jobs}; "
           f"{os.cpu_count()} cores")
     print(f"{'hosts':>5} {'ranks':>5} {'jobs':>4} {'wall s':>8} {'s/host':>7} {'speed-up':>8} "
@@ -169,6 +240,7 @@ def main() -> int:
             walls: dict[int, list[float]] = {j: [] for j in jobs}
             cpus: dict[int, list[float]] = {j: [] for j in jobs}
             peaks: dict[int, int] = {j: 0 for j in jobs}
+            rounds: list[tuple[float, float]] = []
             for _ in range(max(1, a.repeat)):
                 for j in jobs:
                     cmd = [sys.executable, "-m", "forensics", "analyze", *map(str, bundles), "-o",
@@ -177,6 +249,8 @@ def main() -> int:
                     walls[j].append(wall)
                     cpus[j].append(cpu)
                     peaks[j] = max(peaks[j], peak)
+                if not a.no_ceiling:
+                    rounds.append(ceiling_round(bundles))
             for j in jobs:
                 wall, cpu = statistics.median(walls[j]), statistics.median(cpus[j])
                 size = (d / f"report-j{j}.html").stat().st_size
@@ -187,6 +261,12 @@ def main() -> int:
                 print(f"{h:>5} {h * a.ranks_per_host:>5} {j:>4} {wall:>8.1f} {wall / h:>7.2f} {speed:>7.2f}x "
                       f"{spread:>11} {cpu:>7.1f} {cpu / wall:>5.2f} {peaks[j] / 2**20:>9.0f} {size / 1e6:>9.2f}",
                       flush=True)
+            if rounds:
+                alone, pair = (statistics.median(r[k] for r in rounds) for k in (0, 1))
+                ceilings[h] = 2 * alone / pair
+                print(f"{'':>5} the machine's ceiling beside these runs: {ceilings[h]:.2f}x (two hosts read by one "
+                      f"warmed-up reader in {alone:.2f} s, by the slower of two at once in {pair:.2f} s; "
+                      f"medians of {len(rounds)})", flush=True)
             if not a.keep:
                 shutil.rmtree(d)
     finally:
@@ -214,7 +294,9 @@ def main() -> int:
             (w1, *_, c1), (w2, *_, c2) = results[(h, 1)], results[(h, 2)]
             print(f"  {h} hosts: {w1 / w2:.2f}x = {c1 / c2:.3f} (CPU work of --jobs 1 over --jobs 2's) "
                   f"x {(c2 / w2) / (c1 / w1):.2f} (cores busy, {c2 / w2:.2f} over {c1 / w1:.2f}); with both "
-                  f"cores busy from start to exit, at most {2 * c1 / c2:.2f}x")
+                  f"cores busy from start to exit, at most {2 * c1 / c2:.2f}x"
+                  + (f"; {w1 / w2 / ceilings[h]:.0%} of the machine's two-reader ceiling ({ceilings[h]:.2f}x)"
+                     if h in ceilings else ""))
     if (64, 2) in results:
         w = results[(64, 2)][0]
         ok &= w < WALL_64_S

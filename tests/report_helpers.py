@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import tarfile
 from dataclasses import dataclass
@@ -19,6 +20,13 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "build" / "test-artifacts"
 PAYLOAD = "<script>window.__pwned=1</script>"
 PAYLOAD_IMG = "\"><img src=x onerror=\"window.__pwned=2\">"
 PAYLOAD_MD = "| **bold** [link](javascript:alert(1)) `tick`"
+
+
+def comparable(text: str) -> str:
+    """A rendered report without what differs between two renderings of one analysis (the CSP
+    nonce, the time it was generated)."""
+    text = re.sub(r"nonce-?[=\"'A-Za-z0-9_-]*", "", text)
+    return re.sub(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}Z", "", text)
 
 
 @dataclass

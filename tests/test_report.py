@@ -17,7 +17,8 @@ from forensics.report import html as html_report
 from forensics.report import markdown as md_report
 from forensics.report import perfetto, write_json
 from tests.report_helpers import (
-    PAYLOAD, PAYLOAD_IMG, PAYLOAD_MD, SCENARIOS, analyze, bundle, copy_report, hostile_bundle, validate_trace,
+    PAYLOAD, PAYLOAD_IMG, PAYLOAD_MD, SCENARIOS, analyze, bundle, comparable, copy_report, hostile_bundle,
+    validate_trace,
 )
 
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles")
@@ -320,6 +321,40 @@ def test_perfetto_with_constructed_findings(built):
     doc = perfetto.trace(built)
     assert validate_trace(doc) == []
     assert doc["otherData"]["verdict"].startswith("rank 2 on")
+
+
+def test_a_compiled_template_is_kept_for_the_next_run_and_renders_the_same(built, tmp_path, monkeypatch):
+    """The second run takes the templates from the bytecode cache instead of compiling them,
+    and the report is the same; a cache that cannot be written costs only the compiling."""
+    import jinja2
+    compiled: list[str] = []
+    compile_ = jinja2.Environment.compile
+
+    def counting(self, source, name=None, *args, **kwargs):
+        compiled.append(name)
+        return compile_(self, source, name, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+    folder = str(html_report.template_dir())
+    pages = []
+    broken = tmp_path / "not-a-folder"                      # neither readable nor writable as a cache
+    broken.write_text("")
+    for cache in (tmp_path / "cache", tmp_path / "cache", broken):
+        if cache != broken:
+            cache.mkdir(exist_ok=True)
+        html_report._environment.cache_clear()            # a new process, as far as Jinja knows
+        env = html_report._environment(folder, str(cache))
+        monkeypatch.setattr(html_report, "template", lambda env=env: env.get_template(html_report.TEMPLATE))
+        pages.append(comparable(html_report.render(built)))
+        if len(pages) == 1:
+            assert {html_report.TEMPLATE, "table.html.j2"} <= set(compiled)
+            assert len(list(cache.iterdir())) == 2         # both kept
+            first = len(compiled)
+        elif len(pages) == 2:
+            assert len(compiled) == first, compiled[first:]   # nothing compiled again
+    html_report._environment.cache_clear()
+    assert pages[0] == pages[1] == pages[2]
+    assert len(compiled) == 2 * first                     # the broken cache: compiled again, no error
 
 
 def test_templates_ship_with_the_package():

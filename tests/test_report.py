@@ -325,7 +325,8 @@ def test_perfetto_with_constructed_findings(built):
 
 def test_a_compiled_template_is_kept_for_the_next_run_and_renders_the_same(built, tmp_path, monkeypatch):
     """The second run takes the templates from the bytecode cache instead of compiling them,
-    and the report is the same; a cache that cannot be written costs only the compiling."""
+    and the report is the same; a damaged entry, or a cache that cannot be read or written,
+    costs only the compiling."""
     import jinja2
     compiled: list[str] = []
     compile_ = jinja2.Environment.compile
@@ -336,25 +337,34 @@ def test_a_compiled_template_is_kept_for_the_next_run_and_renders_the_same(built
 
     monkeypatch.setattr(jinja2.Environment, "compile", counting)
     folder = str(html_report.template_dir())
-    pages = []
+    cache = tmp_path / "cache"
+    cache.mkdir()
     broken = tmp_path / "not-a-folder"                      # neither readable nor writable as a cache
     broken.write_text("")
-    for cache in (tmp_path / "cache", tmp_path / "cache", broken):
-        if cache != broken:
-            cache.mkdir(exist_ok=True)
+
+    def run(where: Path) -> str:
         html_report._environment.cache_clear()            # a new process, as far as Jinja knows
-        env = html_report._environment(folder, str(cache))
-        monkeypatch.setattr(html_report, "template", lambda env=env: env.get_template(html_report.TEMPLATE))
-        pages.append(comparable(html_report.render(built)))
-        if len(pages) == 1:
-            assert {html_report.TEMPLATE, "table.html.j2"} <= set(compiled)
-            assert len(list(cache.iterdir())) == 2         # both kept
-            first = len(compiled)
-        elif len(pages) == 2:
-            assert len(compiled) == first, compiled[first:]   # nothing compiled again
-    html_report._environment.cache_clear()
-    assert pages[0] == pages[1] == pages[2]
-    assert len(compiled) == 2 * first                     # the broken cache: compiled again, no error
+        env = html_report._environment(folder, str(where))
+        monkeypatch.setattr(html_report, "template", lambda: env.get_template(html_report.TEMPLATE))
+        return comparable(html_report.render(built))
+
+    try:
+        pages = [run(cache)]
+        assert {html_report.TEMPLATE, "table.html.j2"} <= set(compiled)
+        kept = list(cache.iterdir())
+        assert len(kept) == 2                              # both kept
+        first = len(compiled)
+        pages.append(run(cache))
+        assert len(compiled) == first, compiled[first:]   # nothing compiled again
+        for entry in kept:                                # damaged past Jinja's own header check
+            entry.write_bytes(jinja2.bccache.bc_magic + b"garbage!")
+        pages.append(run(cache))
+        assert len(compiled) == 2 * first                 # compiled again, no error
+        pages.append(run(broken))
+        assert len(compiled) == 3 * first                 # the broken cache: compiled again, no error
+    finally:
+        html_report._environment.cache_clear()
+    assert pages[0] == pages[1] == pages[2] == pages[3]
 
 
 def test_templates_ship_with_the_package():

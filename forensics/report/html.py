@@ -412,7 +412,7 @@ def bytecode_cache(directory: str | None = None):
         def load_bytecode(self, bucket) -> None:
             try:
                 super().load_bytecode(bucket)
-            except (OSError, EOFError, ValueError):
+            except Exception:   # noqa: BLE001 - unreadable or damaged (Jinja checks only some of it)
                 bucket.reset()
 
         def dump_bytecode(self, bucket) -> None:

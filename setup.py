@@ -10,7 +10,8 @@ setup(
     ext_modules=[
         Extension(
             "forensics.native._tcpkernel",
-            sources=["forensics/native/tcpkernel.c", "forensics/native/walk.c", "forensics/native/csvfmt.c"],
+            sources=["forensics/native/tcpkernel.c", "forensics/native/walk.c", "forensics/native/csvfmt.c",
+                     "forensics/native/logscan.c"],
             extra_compile_args=["-O2", "-std=c99", "-Wall", "-Wextra", "-Wno-unused-parameter"],
         )
     ]

@@ -243,6 +243,14 @@ def dumps_manifest(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=1, sort_keys=False, default=str) + "\n").encode()
 
 
+def timezone_facts() -> dict:
+    """This host's time zone (the job's logs print local times without a zone): its name and
+    its offset east of UTC now, in seconds."""
+    import time
+    t = time.localtime()
+    return {"name": t.tm_zone, "utc_offset_s": int(t.tm_gmtoff)}
+
+
 def boot_id() -> str | None:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -400,5 +408,5 @@ def gz_ok(path: Path) -> bool:
 
 __all__ = ["Budget", "parse_size", "parse_duration", "choose_output", "write_archive", "commit_archive",
            "file_entries", "archive_bound", "tar_total_bytes", "gzip_bound", "truncate_file", "utc_stamp",
-           "short_host", "boot_id", "dumps_manifest", "write_capped", "stream_copy", "SCHEMA_VERSION",
+           "short_host", "boot_id", "timezone_facts", "dumps_manifest", "write_capped", "stream_copy", "SCHEMA_VERSION",
            "MIN_BUDGET"]

@@ -86,6 +86,10 @@ COLLECTORS: tuple[Collector, ...] = (
               doc="kernel log tail and NVIDIA XID lines"),
     Collector("ib-counters", func="ib_counters", out="ib/{phase}", doc="perfquery or sysfs InfiniBand counters",
               optional="no InfiniBand/RoCE devices"),
+    # the ports' state and rate as the operator reads them (a port Down or Polling, a link at a
+    # lower rate): beside the counters, outside ib/ (that folder is the counters' tree)
+    Collector("ibstat", argv=("ibstat",), out="sys/ibstat-{phase}.txt", tool="ibstat", timeout_s=20.0,
+              optional="no InfiniBand/RoCE devices", doc="ibstat: each IB/RoCE port's state, physical state, rate"),
     # NCCL >= 2.24: skipped (with the reason) when the job's libnccl has no RAS or nothing
     # answers on NCCL_RAS_ADDR (default localhost:28028) in the job's network namespace
     Collector("ncclras", func="ncclras", out="sys/host/ncclras-{phase}.txt", tool="ncclras", timeout_s=30.0,

@@ -27,6 +27,7 @@ import re
 import shlex
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -44,6 +45,9 @@ from . import collectors as colmod
 STDERR_TAIL = 2000
 TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
 LOG_CAP = 256 * 1024
+
+
+JOB_OUTPUT_TAIL = 64 << 20       # of a traced process's stdout/stderr file, the last part attached
 
 
 class CaptureUsageError(ValueError):
@@ -1171,6 +1175,16 @@ class Capture:
             def resolve(p):
                 base = p if p.startswith("/") else os.path.join(cwd, p)
                 return base if os.path.exists(os.path.dirname(base) or "/") else root + p
+            # the job's own output, where its stdout or stderr is a file (a launcher's log, a Slurm
+            # job's output file): watchdog timeouts and NCCL WARN lines land there; read through
+            # /proc/PID/fd, so a file of another mount namespace is found too
+            for fd in (1, 2):
+                link = f"/proc/{pid}/fd/{fd}"
+                try:
+                    if stat.S_ISREG(os.stat(link).st_mode):
+                        found.append((link, f"{'stdout' if fd == 1 else 'stderr'} of pid {pid} ({os.readlink(link)})"))
+                except OSError:
+                    pass
             dbg = e.get("NCCL_DEBUG_FILE")
             if dbg:
                 pat = resolve(dbg.replace("%h", "*").replace("%p", str(pid)))
@@ -1183,7 +1197,11 @@ class Capture:
                           for h in torchfr.dump_files(pid, e, info.rank_facts()["rank"])]
         seen, out = set(), []
         for path, why in found:
-            real = os.path.realpath(path)
+            try:
+                st = os.stat(path)
+                real = (st.st_dev, st.st_ino)      # the same file through /proc/PID/fd and its own path
+            except OSError:
+                real = os.path.realpath(path)
             if real not in seen:
                 seen.add(real)
                 out.append((path, why))
@@ -1212,6 +1230,10 @@ class Capture:
                 with open(path, "rb") as fh:
                     head = fh.read(4096)
                 name = os.path.basename(path)
+                job_output = why.startswith(("stdout of pid", "stderr of pid"))
+                if job_output:                     # /proc/PID/fd/N: named after the stream, pid and file
+                    target = os.path.basename(why.split("(", 1)[1].rstrip(")")) if "(" in why else "out"
+                    name = f"job-{why.split()[0]}-{why.split()[3]}-{target}"
                 if head[:1] == b"\x80" or "nccl_trace_rank" in name or why.startswith("Flight Recorder"):
                     folder = "flight-recorder"
                 elif b"nccl-tests" in head or b"Avg bus bandwidth" in head or b"# nThread" in head:
@@ -1223,7 +1245,16 @@ class Capture:
                 while dst.exists():
                     dst = self.staging / folder / f"{i}-{name}"
                     i += 1
-                data = Path(path).read_bytes()
+                if job_output:
+                    # the job's own output may be gigabytes: its last part is what tells the stall
+                    with open(path, "rb") as fh:
+                        size = os.fstat(fh.fileno()).st_size
+                        fh.seek(max(0, size - JOB_OUTPUT_TAIL))
+                        data = fh.read(JOB_OUTPUT_TAIL)
+                    if size > JOB_OUTPUT_TAIL:
+                        notes.append(f"{path} ({why}): its last {JOB_OUTPUT_TAIL >> 20} MiB of {size} bytes attached")
+                else:
+                    data = Path(path).read_bytes()
                 if folder == "flight-recorder":
                     grant = self.budget.take(len(data) + 1024, "attach")
                     if grant < len(data) + 1024:
@@ -1402,6 +1433,7 @@ class Capture:
             "tool": "stallscope", "tool_version": __version__,
             "host": self.host, "hostname": os.uname().nodename, "boot_id": bd.boot_id(),
             "kernel": os.uname().release, "machine": os.uname().machine,
+            "timezone": bd.timezone_facts(),
             "started_ns": self.started_ns, "ended_ns": ended_ns,
             "partial": partial,
             "clock": "bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",

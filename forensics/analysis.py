@@ -52,6 +52,9 @@ class Analysis:
         if serious:
             return serious[0].summary
         n = len(self.model["nccl_events"])
+        caps = self.model.captures
+        if n == 0 and caps and all(c.get("kind") == "loose" for c in caps):
+            return _logs_verdict(self.model)
         if n == 0:
             from .findings.base import Context
             from .findings.state import state_verdict
@@ -69,11 +72,23 @@ class Analysis:
             "verdict": self.verdict(),
             "findings": [f.to_json() for f in self.findings],
             "capture": {"hosts": self.model.captures, "clock_skew": [s.__dict__ for s in self.model.skew],
-                        "problems": self.problems},
+                        "problems": self.problems, "notes": list(getattr(self.model, "notes", []))},
         }
 
     def close(self) -> None:
         self.con.close()
+
+
+def _logs_verdict(model: Model) -> str:
+    """One sentence when the logs alone hold no problem: what they cover."""
+    t = model.tables
+    read = sum(len(c.get("files_read") or []) for c in model.captures)
+    coll = t.get("coll_log_ops")
+    ranks = int(coll["rank"].nunique()) if coll is not None and len(coll) else 0
+    what = (f"; their COLL lines reach each of {ranks} ranks' last launched collective" if ranks else "")
+    return (f"No failure in the {read} log file(s) read: no NCCL WARN line, PyTorch watchdog timeout or failed "
+            f"process{what}. Logs alone cannot show a slow link or a straggler: capture during the incident "
+            "(stallscope capture) for those.")
 
 
 def _model_only(model: Model, options: Options) -> Analysis:
@@ -82,13 +97,14 @@ def _model_only(model: Model, options: Options) -> Analysis:
     return Analysis(model=model, con=None, findings=[], options=options)
 
 
-def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, db: str | os.PathLike | None = None,
+def analyze(paths, *, options: Options | None = None, db: str | os.PathLike | None = None,
             progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None,
             while_reading: Callable[[], None] | None = None,
             ahead: list[Ahead] | None = None,
             reading: Reading | None = None) -> Analysis:
-    """Model the bundles, run every detector, and store the findings next to the events.
-    ``jobs``: processes for the per-host stage (1: this process alone); ``reading``: that
+    """Model the inputs, run every detector, and store the findings next to the events.
+    ``paths``: what the user gave (bundles, log files, folders, archives: :mod:`forensics.intake`)
+    or an :class:`~forensics.intake.Intake` made of it already. ``jobs``: processes for the per-host stage (1: this process alone); ``reading``: that
     stage already started on ``paths`` by the caller (:class:`forensics.workers.Reading`);
     ``dask``: the address of a Dask scheduler to run it on instead
     (:mod:`forensics.model.parallel`); ``while_reading``: the caller's own preparation, done
@@ -102,7 +118,17 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     them on another thread (:func:`_connect`)."""
     options = options or Options()
     say = progress or (lambda _msg: None)
-    say(f"reading {len(paths)} bundle(s)")
+    from .intake import Intake, gather
+    intake = paths if isinstance(paths, Intake) else gather(list(paths))
+    try:
+        return _analyze(intake, options, db, say, jobs, dask, while_reading, ahead, reading)
+    finally:
+        if intake is not paths:
+            intake.close()
+
+
+def _analyze(intake, options: Options, db, say, jobs: int, dask, while_reading, ahead, reading) -> Analysis:
+    say("reading " + intake.describe())
 
     opening: list[_OnThread] = []
 
@@ -118,7 +144,7 @@ def analyze(paths: list[str | os.PathLike], *, options: Options | None = None, d
     # tables shared with a forked copy of this process (_beside)
     beside_ok = jobs > 1 and not dask
     try:
-        model = build_model(list(paths), jobs=jobs, dask=dask, progress=say, while_reading=meanwhile,
+        model = build_model(intake, jobs=jobs, dask=dask, progress=say, while_reading=meanwhile,
                             reading=reading)
         say("building the event tables")
         con, made = _connect(model, db, options, beside=beside_ok, opened=_opened(opening.pop()) if opening else None)

@@ -3,18 +3,10 @@
 A bundle is a ``stallscope-<host>-<UTC>.tar.gz`` (or that archive unpacked into a
 folder) holding ``manifest.json`` and the collectors' files (see DESIGN.md). It is
 untrusted input: it may come from a broken node, a truncated copy, or someone else.
-An archive is therefore unpacked by hand, never with ``tarfile.extract*``:
-
-- only regular files and folders are accepted; a symlink, hardlink, device node, FIFO
-  or sparse member makes the whole archive refused (``InputError``), before any of its
-  bytes are written;
-- member names must be relative, without ``..``, NUL or backslash tricks, and land
-  inside the destination folder (checked after normalisation);
-- files are created with ``O_EXCL | O_NOFOLLOW``, and the bytes actually read are
-  counted against a per-member and a total cap (decompression bombs: a header's size
-  field is not trusted), plus a cap on the number of members;
-- a corrupt or truncated gzip/tar stream gives one clear line, and the partly
-  unpacked folder is removed.
+An archive is unpacked by :func:`forensics.archive.unpack_archive`, never with
+``tarfile.extract*``: a link, device, FIFO or sparse member, a name that climbs out, a
+member or a total over its cap (decompression bombs) refuse the whole archive with one
+line (``InputError``), and the partly unpacked folder is removed.
 
 A bundle that unpacks but is partly broken (missing pcap, truncated events file, failed
 collector, missing clock samples, manifest fields of the wrong type) still loads; each
@@ -26,28 +18,23 @@ and holds the nearest sample's offset beyond the first and last.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
 import shutil
 import stat
-import tarfile
 import tempfile
-import zlib
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from .archive import MAX_MEMBER_BYTES, MAX_MEMBERS, MAX_TOTAL_BYTES, safe_relpath, unpack_archive
 from .errors import InputError
+from .layout import BUNDLE_NAME_RE, bundle_name, find_root, regular as _regular
 
 SUPPORTED_SCHEMA = 1
-MAX_MEMBER_BYTES = 8 << 30       # one file inside a bundle (pcaps are capped by --max-bytes anyway)
-MAX_TOTAL_BYTES = 32 << 30       # everything unpacked from one archive
-MAX_MEMBERS = 200_000
-_CHUNK = 1 << 20
 
 
 # --------------------------------------------------------------------------- records
@@ -170,132 +157,6 @@ class ClockMap:
 
     def offset_at(self, monotonic_ns: int) -> int:
         return int(self.to_utc(np.array([monotonic_ns]))[0]) - int(monotonic_ns)
-
-
-# --------------------------------------------------------------------------- safe unpacking
-
-_BAD_NAME = re.compile(r"[\x00]")
-
-
-def _safe_relpath(name: str) -> PurePosixPath:
-    """The member name as a relative path that stays inside the destination, or raise."""
-    if not name or _BAD_NAME.search(name):
-        raise InputError(f"refusing archive member with an empty or NUL name: {name!r}")
-    if name.startswith("/") or name.startswith("\\") or re.match(r"^[A-Za-z]:", name):
-        raise InputError(f"refusing archive member with an absolute path: {name!r}")
-    parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
-    if any(p == ".." for p in parts):
-        raise InputError(f"refusing archive member that climbs out of the bundle: {name!r}")
-    if not parts:
-        raise InputError(f"refusing archive member with an empty name: {name!r}")
-    return PurePosixPath(*parts)
-
-
-def _member_kind(m: tarfile.TarInfo) -> str:
-    if m.issym():
-        return "symbolic link"
-    if m.islnk():
-        return "hard link"
-    if m.ischr() or m.isblk():
-        return "device node"
-    if m.isfifo():
-        return "FIFO"
-    if m.issparse():
-        return "sparse file"
-    if m.isdir():
-        return "dir"
-    if m.isreg():
-        return "file"
-    return f"member of type {m.type!r}"
-
-
-def unpack_archive(path: Path, dest: Path, *, max_member_bytes: int = MAX_MEMBER_BYTES,
-                   max_total_bytes: int = MAX_TOTAL_BYTES, max_members: int = MAX_MEMBERS) -> None:
-    """Unpack a .tar.gz/.tar into the empty folder ``dest`` with the rules of the module
-    docstring. Raises ``InputError`` (one line); ``dest`` may then hold a partial tree,
-    which the caller removes."""
-    dest = dest.resolve()
-    total = 0
-    count = 0
-    label = path.name
-    try:
-        with open(path, "rb") as raw:
-            head = raw.read(2)
-            raw.seek(0)
-            # GzipFile (not tarfile's own r|gz) checks the trailer's CRC and length
-            stream = gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else raw
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                for m in tar:
-                    count += 1
-                    if count > max_members:
-                        raise InputError(f"{label}: more than {max_members} archive members; refusing (not a bundle?)")
-                    kind = _member_kind(m)
-                    try:
-                        rel = _safe_relpath(m.name)
-                    except InputError as e:
-                        raise InputError(f"{label}: {e}") from None
-                    if kind not in ("file", "dir"):
-                        raise InputError(f"{label}: refusing {kind} {m.name!r} in the archive "
-                                         "(a bundle holds only regular files and folders)")
-                    target = dest.joinpath(*rel.parts)
-                    # normalised above; this is the belt to those braces
-                    if os.path.commonpath([str(dest), str(target)]) != str(dest):
-                        raise InputError(f"{label}: refusing archive member outside the bundle: {m.name!r}")
-                    _mkdirs(dest, rel.parts if kind == "dir" else rel.parts[:-1])
-                    if kind == "dir":
-                        continue
-                    if m.size > max_member_bytes:
-                        raise InputError(f"{label}: member {m.name!r} is {m.size} bytes, over the "
-                                         f"{max_member_bytes}-byte limit per file")
-                    src = tar.extractfile(m)
-                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-                    written = 0
-                    with os.fdopen(fd, "wb") as out:
-                        while True:
-                            chunk = src.read(_CHUNK)
-                            if not chunk:
-                                break
-                            written += len(chunk)
-                            total += len(chunk)
-                            if written > max_member_bytes:
-                                raise InputError(f"{label}: member {m.name!r} exceeds the {max_member_bytes}-byte "
-                                                 "limit per file")
-                            if total > max_total_bytes:
-                                raise InputError(f"{label}: unpacks to more than {max_total_bytes} bytes; "
-                                                 "refusing (decompression bomb?)")
-                            out.write(chunk)
-                    if written != m.size:
-                        raise InputError(f"{label}: member {m.name!r} is cut short (archive truncated)")
-            # past the end-of-archive blocks: the rest must still decompress (a cut
-            # trailer means a truncated copy, even when every member came out whole)
-            while stream.read(_CHUNK):
-                pass
-    except InputError:
-        raise
-    except FileExistsError as e:
-        raise InputError(f"{label}: archive member {e.filename!r} appears twice or collides with a folder") from None
-    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile, OSError) as e:
-        what = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if isinstance(e, (EOFError, zlib.error, gzip.BadGzipFile)) or "end of file" in what.lower() or "unexpected end" in what.lower():
-            raise InputError(f"{label}: corrupt or truncated archive ({what})") from None
-        if isinstance(e, OSError) and not isinstance(e, (tarfile.TarError,)) and e.filename:
-            raise InputError(f"{label}: cannot unpack: {e.strerror or what}") from None
-        raise InputError(f"{label}: not a readable tar.gz bundle ({what})") from None
-    if count == 0:
-        raise InputError(f"{label}: empty archive")
-
-
-def _mkdirs(dest: Path, parts: tuple[str, ...]) -> None:
-    cur = dest
-    for p in parts:
-        cur = cur / p
-        try:
-            st = os.lstat(cur)
-        except FileNotFoundError:
-            os.mkdir(cur, 0o755)
-            continue
-        if not stat.S_ISDIR(st.st_mode):   # a file or link where a folder is needed
-            raise InputError(f"archive member path {cur.relative_to(dest)!s} is both a file and a folder")
 
 
 # --------------------------------------------------------------------------- manifest parsing
@@ -422,7 +283,7 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
 
 # --------------------------------------------------------------------------- the bundle
 
-_NAME_RE = re.compile(r"^stallscope-(?P<host>.+?)-(?P<stamp>\d{8}T\d{6}Z)(?:-\d+)?(?:\.tar\.gz|\.tgz|\.tar)?$")
+_NAME_RE = BUNDLE_NAME_RE
 
 
 class EventLog(list):
@@ -493,7 +354,7 @@ class Bundle:
 
     @classmethod
     def _load(cls, src: Path, folder: Path, tmp: Path | None) -> "Bundle":
-        root = _find_root(folder)
+        root = find_root(folder)
         if root is None:
             raise InputError(f"{src}: not a stallscope bundle (no manifest.json, bpf/ or pcap/ inside)")
         problems: list[str] = []
@@ -537,7 +398,7 @@ class Bundle:
         """A regular file inside the bundle (never through a symlink), or None."""
         self._check_open()
         try:
-            parts = _safe_relpath(rel).parts
+            parts = safe_relpath(rel).parts
         except InputError:
             return None
         p = self.root.joinpath(*parts)
@@ -732,28 +593,9 @@ def _event_defect(obj: dict) -> str | None:
     return None
 
 
-def _regular(p: Path) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(p).st_mode)
-    except OSError:
-        return False
-
-
-def _find_root(folder: Path) -> Path | None:
-    """The bundle's top folder: ``folder`` itself or its single sub-folder."""
-    def looks(d: Path) -> bool:
-        return _regular(d / "manifest.json") or (d / "bpf").is_dir() or (d / "pcap").is_dir()
-    if looks(folder):
-        return folder
-    subs = [d for d in folder.iterdir() if d.is_dir() and not d.is_symlink()]
-    if len(subs) == 1 and looks(subs[0]):
-        return subs[0]
-    return None
-
-
 def open_bundle(path: str | os.PathLike, **kw) -> Bundle:
     return Bundle.open(path, **kw)
 
 
-__all__ = ["Bundle", "Manifest", "ClockSample", "ClockMap", "ProcessInfo", "SocketInfo", "CollectorStatus",
+__all__ = ["bundle_name", "find_root", "Bundle", "Manifest", "ClockSample", "ClockMap", "ProcessInfo", "SocketInfo", "CollectorStatus",
            "NetnsInfo", "FileEntry", "open_bundle", "unpack_archive", "parse_manifest"]

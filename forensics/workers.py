@@ -43,9 +43,20 @@ def default_jobs(paths: list | None = None) -> int:
     return cores
 
 
+def source_keys(paths: list) -> list:
+    """The sources as a reading keeps them: paths as strings, loose evidence as it is
+    (:class:`forensics.intake.LooseSet`, plain data that pickles)."""
+    return [os.fspath(p) if isinstance(p, (str, bytes, os.PathLike)) else p for p in paths]
+
+
 def _size(paths: list) -> int:
     total = 0
     for p in paths:
+        if not isinstance(p, (str, bytes, os.PathLike)):
+            total += getattr(p, "size", 0)        # loose evidence knows its size
+            if total >= POOL_MIN_BYTES:
+                break
+            continue
         try:
             if os.path.isdir(p):
                 total += sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(p) for f in fs
@@ -95,7 +106,7 @@ class Reading:
     def __init__(self, paths: list, jobs: int, *, skew: bool = True):
         if jobs < 2:
             raise ValueError("a Reading needs a worker besides this process (jobs >= 2)")
-        self.paths = [os.fspath(p) for p in paths]
+        self.paths = source_keys(paths)
         self.skew = skew
         self.jobs = jobs
         self._ctx = context()

@@ -29,7 +29,7 @@ from fuzz.targets import ALL_TARGETS, PWNED, TARGETS, Workdir, malicious_pickle
 EXAMPLES = int(os.environ.get("STALLSCOPE_FUZZ_EXAMPLES", "10000"))
 # deeper paths cost 2-60 ms an input: fewer of them (each still well past a thousand but the model)
 DEEP = {"ib_counters_tree": max(1, EXAMPLES // 5), "bundle_archive": max(1, EXAMPLES // 5),
-        "bpf_events_model": max(1, EXAMPLES // 40)}
+        "bpf_events_model": max(1, EXAMPLES // 40), "loose_archive": max(1, EXAMPLES // 10)}
 HYPO = settings(max_examples=max(1, EXAMPLES // 20), deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz"

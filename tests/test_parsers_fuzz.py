@@ -34,6 +34,8 @@ SOURCES = {
     "native_stacks": ["native_stacks/eu-stack_pause.txt", "native_stacks/gdb_pause.txt"],
     "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
     "proc_threads": ["proc_threads/python_poll_recv_end.json"],
+    "torch_elastic": ["torch_elastic/childfailed.log"],
+    "ib_status": ["ib_status/ibstat_one_down.txt", "ib_status/ibstatus.txt", "ib_status/ibv_devinfo_v.txt"],
 }
 LINES = {name: [ln for f in files for ln in (P / f).read_bytes().splitlines()] for name, files in SOURCES.items()}
 PICKLES = [(P / "flight_recorder" / n).read_bytes() for n in ("nccl_trace_rank_0", "proto5_nccl_trace_rank_1",

@@ -1,5 +1,8 @@
-"""``stallscope analyze BUNDLE ...``: findings and the incident report; thin over
+"""``stallscope analyze INPUT ...``: findings and the incident report; thin over
 :func:`forensics.analysis.analyze` and the renderers of :mod:`forensics.report`.
+
+Inputs are bundles, or whatever else the incident left (job logs, folders of them, archives,
+nccl-tests output, ``ibstat``), mixed freely (:mod:`forensics.intake`).
 
 Every output is checked before the (possibly long) analysis starts, so an existing
 file is refused at once; files are written through :func:`forensics.output.open_output`
@@ -18,12 +21,16 @@ from ..output import check_output
 
 POSITIONAL_REST = "bundles"   # positionals after an option join this list (see cli.main)
 EXIT_AT_ONCE = True          # nothing to tear down after run (see cli.console)
-HELP = "analyze one or more hosts' bundles: ranked findings and a self-contained HTML report"
+HELP = ("analyze bundles and/or the job's own logs, nccl-tests output, ibstat (files, folders, archives): "
+        "ranked findings and a self-contained HTML report")
 DEFAULT_REPORT = "stallscope-report.html"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("bundles", nargs="+", metavar="BUNDLE", help="bundles (tar.gz or unpacked folder), one per host")
+    p.add_argument("bundles", nargs="+", metavar="INPUT",
+                   help="bundles (tar.gz or unpacked folder, one per host), and/or loose evidence: job logs "
+                        "(slurm-*.out, torchrun logs, NCCL_DEBUG_FILE), nccl-tests output, ibstat / ibv_devinfo, "
+                        "folders of them (walked), archives of them (tar, tar.gz, zip, gz)")
     p.add_argument("-o", "--output", metavar="REPORT.html", default=DEFAULT_REPORT,
                    help=f"HTML report (default: ./{DEFAULT_REPORT})")
     p.add_argument("--json", metavar="FILE", help="findings as JSON (DESIGN.md contract; '-' for stdout)")
@@ -64,22 +71,27 @@ def _outputs(args) -> dict[str, str]:
 def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
     from .. import heap, workers
+    from ..intake import gather
     heap.keep_freed_memory()      # before the workers fork: they inherit it
-    jobs = None if args.dask else min(args.jobs or workers.default_jobs(args.bundles), len(args.bundles))
-    # what the analysis keeps until the report is written is settled out of the garbage
-    # collector's reach as it is made (forensics.heap)
-    with heap.steady():
-        # the worker processes start on the first bundles now, while this process imports the
-        # analyzer (most of a second); then it reads beside them
-        reading = workers.Reading(args.bundles, jobs) if jobs is not None and jobs > 1 else None
-        try:
-            return _run(args, env, outs, jobs, reading)
-        finally:
-            if reading is not None:
-                reading.close()
+    # what was given sorted out (standard library only: archives of logs unpacked, folders walked)
+    with gather(args.bundles) as intake:
+        jobs = None if args.dask else args.jobs or workers.default_jobs(intake.sources(workers.default_jobs()))
+        sources = intake.sources(jobs or 1)
+        jobs = None if jobs is None else min(jobs, len(sources))
+        # what the analysis keeps until the report is written is settled out of the garbage
+        # collector's reach as it is made (forensics.heap)
+        with heap.steady():
+            # the worker processes start on the first bundles now, while this process imports the
+            # analyzer (most of a second); then it reads beside them
+            reading = workers.Reading(sources, jobs) if jobs is not None and jobs > 1 else None
+            try:
+                return _run(args, env, outs, jobs, reading, intake)
+            finally:
+                if reading is not None:
+                    reading.close()
 
 
-def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, reading) -> int:
+def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, reading, intake) -> int:
     from ..analysis import analyze
     from ..findings import Options
     from ..output import open_output, staged_path
@@ -94,7 +106,7 @@ def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, 
     # the database is built next to its final name and moved there at the end: an existing
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
-        analysis = analyze(args.bundles, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
+        analysis = analyze(intake, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
                            jobs=jobs or 1, dask=args.dask, reading=reading, while_reading=lambda: prepare(outs),
                            ahead=ahead() if {"html", "markdown", "perfetto"} & set(outs) else None)
         try:

@@ -1,6 +1,7 @@
 """``stallscope query BUNDLE_OR_DB ... "SQL"``: SQL over the event tables.
 
-Bundles (tar.gz or unpacked folders; several hosts at once) are modelled first
+Bundles (tar.gz or unpacked folders; several hosts at once) and loose evidence (job logs,
+nccl-tests output, ibstat; files, folders, archives) are modelled first
 (:func:`forensics.model.build_model`); a saved ``.duckdb`` file is opened read-only.
 ``--db FILE`` keeps the built model for later queries. Output: an aligned table, or
 ``--csv`` / ``--json`` (one JSON array of objects).
@@ -16,13 +17,14 @@ from ..errors import ExitCode, InputError
 
 POSITIONAL_REST = "inputs"   # positionals after an option join this list (see cli.main)
 EXIT_AT_ONCE = True         # nothing to tear down after run (see cli.console)
-HELP = "run SQL over the event tables of bundles (or a saved events.duckdb)"
+HELP = "run SQL over the event tables of bundles and logs (or a saved events.duckdb)"
 DB_SUFFIXES = (".duckdb", ".db", ".ddb")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("inputs", nargs="+", metavar="BUNDLE_OR_DB",
-                   help="bundles (tar.gz or folder) or one saved .duckdb, followed by the SQL")
+                   help="bundles (tar.gz or folder) and/or loose evidence (logs, folders, archives), or one "
+                        "saved .duckdb, followed by the SQL")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     fmt.add_argument("--json", action="store_true", help="print a JSON array of row objects")
@@ -75,7 +77,7 @@ def _connect(sources: list[str], db: str | None, env):
     model = build_model(sources)
     for p in model.problems:
         env.warn(p)
-    if len(model.hosts) > 1:
+    if len(model.captures) > 1:
         env.warn(model.skew_report())
     con = model.connect(db)
     con.load()        # now: what fails here is the model, not the statement

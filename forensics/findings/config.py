@@ -179,8 +179,9 @@ def _env(row) -> dict:
 def detect(ctx: Context) -> list[Finding]:
     cfg = ctx.model.tables.get("nccl_config")
     hf = ctx.model.tables.get("host_facts")
+    logged = logged_failures(ctx)
     if cfg is None or cfg.empty:
-        return []
+        return logged
     hf = hf if hf is not None else pd.DataFrame(columns=["host", "ib_present", "ib_devices", "nvidia_peermem"])
     c = cfg.merge(hf[["host", "ib_present", "ib_devices", "nvidia_peermem"]].rename(
         columns={"ib_devices": "host_ib_devices"}), on="host", how="left")
@@ -198,6 +199,33 @@ def detect(ctx: Context) -> list[Finding]:
     out += _versions(c)
     out += _env_rules(c)
     out += _transport_statement(c)
+    return logged + out
+
+
+def logged_failures(ctx: Context) -> list[Finding]:
+    """NCCL's WARN lines about the setup (:mod:`forensics.model.nccl_errors`): memory it could
+    not register (memlock), IB devices it could not open, shared memory, foreign connections,
+    a bootstrap or topology the ranks disagree on; one finding per class, naming the hosts and
+    the check to run there."""
+    from ..model.nccl_errors import CLASS_BY_NAME
+    from . import warns
+    rows = warns.rows_of(ctx, warns.classes_of("misconfiguration"))
+    out = []
+    total = len(warns.job_hosts(ctx))
+    for cls, g in rows.groupby("class", sort=False):
+        c = CLASS_BY_NAME[cls]
+        hosts = sorted(set(g["host"].dropna().astype(str)))
+        first = bool(g["first"].fillna(False).any())
+        since_ns, src = warns.since(g)
+        out.append(Finding(
+            kind="misconfiguration", severity="error", confidence=0.8,
+            summary=(f"{c.meaning[0].upper() + c.meaning[1:]}, on {warns.hosts_text(hosts, total)}: "
+                     f"\"{str(g.iloc[0]['message'])[:160]}\" ({len(g)} line(s), first on {warns.first_text(g)}"
+                     + (", the first failure in the logs" if first else "") + ")."),
+            ranks=warns.ranks_of_hosts(ctx, hosts), hosts=hosts, evidence=warns.evidence(g), sql=warns.sql([cls]),
+            action=f"Check on {', '.join(hosts[:3]) or 'the hosts'}: {c.action}",
+            score=warns.FIRST_FAILURE_SCORE if first else warns.LOG_FINDING_SCORE, since_ns=since_ns,
+            since_source=src, details={"rule": f"logged_{cls}", "lines": int(len(g)), "first_failure": first}))
     return out
 
 

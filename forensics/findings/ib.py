@@ -1,4 +1,15 @@
-"""``ib_errors``: InfiniBand / RoCE port counters that moved during the capture.
+"""``ib_errors``: InfiniBand / RoCE failures: NCCL's IB errors, ports down, counters that moved.
+
+Three sources, one kind:
+
+- NCCL's own WARN lines (:mod:`.warns`): completion errors with their ``ibv_wc_status`` decoded
+  (transport retries exceeded: the link or the peer went away; local protection: GPUDirect
+  RDMA; a flush: a consequence of an earlier error), async events (port error, a fatal HCA
+  error), libfabric (EFA) completion errors; how many hosts report them, the peer they point at,
+  and the first in time against the cascade after it;
+- port state (``ib_ports``: ibstat, ibstatus, ibv_devinfo): a port down, or slower than its
+  host's other ports;
+- the port counters during a capture (below).
 
 NCCL over IB/RoCE bypasses the kernel TCP stack, so the port counters are the network
 evidence there. The ``ib_counters`` table already carries each counter's delta (start ->
@@ -12,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..model.nccl_errors import CLASS_BY_NAME, IB_STATUS, IB_STATUS_ACTION
+from . import warns
 from .base import Context, Finding, detector
 from .evidence import sql_int, sql_str
 
@@ -24,6 +37,140 @@ MAX_EVIDENCE = 20
 
 @detector("ib_errors")
 def ib_errors(ctx: Context) -> list[Finding]:
+    return logged_ib_errors(ctx) + port_state(ctx) + counter_errors(ctx)
+
+
+def logged_ib_errors(ctx: Context) -> list[Finding]:
+    """One finding per IB failure the logs report: completion errors grouped by status (causes
+    before flushes), async events, libfabric errors."""
+    rows = warns.rows_of(ctx, warns.classes_of("ib_errors"))
+    if rows.empty:
+        return []
+    out = []
+    total = len(warns.job_hosts(ctx))
+    comp = rows[rows["class"] == "ib_completion"]
+    for st, g in comp.groupby(pd.to_numeric(comp["ib_status"], errors="coerce").fillna(-1), sort=False):
+        out.append(_completion_finding(ctx, int(st), g, total))
+    for cls in ("ib_async", "ofi_completion", "ib_fatal_followup"):
+        g = rows[rows["class"] == cls]
+        if len(g):
+            out.append(_class_finding(ctx, cls, g, total))
+    return out
+
+
+def _completion_finding(ctx, st: int, g: pd.DataFrame, total: int) -> Finding:
+    name, meaning, follows = IB_STATUS.get(st, ("unknown status", "an IB completion status this table does not know",
+                                                False))
+    b = warns.blame(g)
+    sides = g["ib_side"].dropna().value_counts()
+    side_txt = f" ({', '.join(f'{k} {v}' for k, v in sides.items())})" if len(sides) else ""
+    where = ""
+    if b.shared and b.side == "peer":
+        where = f", all to peers on {b.shared}"
+    elif b.shared and b.side == "reporter" and b.peer_hosts:
+        where = f", all from {b.shared} (to {warns.hosts_text(b.peer_hosts)})"
+    devices = sorted(set(g["ib_device"].dropna().astype(str)))
+    dev_txt = f" on {', '.join(devices[:3])}" if devices else ""
+    first = bool(g["first"].fillna(False).any())
+    status = f"status {st} ({name}: {meaning})" if st >= 0 else "an error"
+    summary = (f"IB completion errors, {status}, on {warns.hosts_text(b.hosts, total)}{where}{side_txt}{dev_txt}: "
+               f"{len(g)} line(s), first on {warns.first_text(g)}"
+               + (" - the first failure in the logs" if first else "") + warns.cascade_text(ctx, g) + ".")
+    blamed = [b.shared] if b.shared else (b.hosts if len(b.hosts) == 1 else b.hosts)
+    since_ns, src = warns.since(g)
+    return Finding(
+        kind="ib_errors", severity="warning" if follows and not first else "error",
+        confidence=0.85 if not follows else 0.6, summary=summary, ranks=warns.ranks_of_hosts(ctx, blamed),
+        hosts=blamed, links=[{"host": h, "peer_host": p} for h, p in
+                             g[["host", "peer_host"]].drop_duplicates().head(warns.MAX_ROWS).itertuples(index=False)],
+        evidence=warns.evidence(g), sql=warns.sql(["ib_completion"], f" AND ib_status = {int(st)}" if st >= 0 else ""),
+        action=IB_STATUS_ACTION.get(st, "check the ports of both ends (ibstat, the port counters) and dmesg")
+        + (f"; on {b.shared} first" if b.shared else ""),
+        score=warns.FIRST_FAILURE_SCORE if first else (warns.LOG_FINDING_SCORE if not follows else 1e5),
+        since_ns=since_ns, since_source=src,
+        details={"ib_status": st, "ib_status_name": name, "lines": int(len(g)), "hosts": b.hosts,
+                 "peer_hosts": b.peer_hosts, "first_failure": first, "consequence": follows})
+
+
+def _class_finding(ctx, cls: str, g: pd.DataFrame, total: int) -> Finding:
+    c = CLASS_BY_NAME[cls]
+    hosts = sorted(set(g["host"].dropna().astype(str)))
+    first = bool(g["first"].fillna(False).any())
+    msg = str(g.iloc[0]["message"])[:160]
+    summary = (f"{c.meaning[0].upper() + c.meaning[1:]} on {warns.hosts_text(hosts, total)}: \"{msg}\" "
+               f"({len(g)} line(s), first on {warns.first_text(g)}"
+               + (", the first failure in the logs" if first else "") + ")" + warns.cascade_text(ctx, g) + ".")
+    since_ns, src = warns.since(g)
+    return Finding(
+        kind="ib_errors", severity="warning" if c.cascade and not first else "error",
+        confidence=0.8 if not c.cascade else 0.5, summary=summary, ranks=warns.ranks_of_hosts(ctx, hosts),
+        hosts=hosts, evidence=warns.evidence(g), sql=warns.sql([cls]), action=c.action,
+        score=warns.FIRST_FAILURE_SCORE if first else (warns.LOG_FINDING_SCORE if not c.cascade else 1e5),
+        since_ns=since_ns, since_source=src, details={"class": cls, "lines": int(len(g)), "first_failure": first})
+
+
+def port_state(ctx: Context) -> list[Finding]:
+    """A port that is down, or slower than its host's other ports (``ib_ports``)."""
+    p = ctx.model.tables.get("ib_ports")
+    if p is None or p.empty:
+        return []
+    p = p.drop_duplicates(["host", "device", "port"], keep="last")
+    out = []
+    used = _nccl_devices(ctx)
+    state = p["state"].astype("string").str.upper().fillna("")
+    down = p[state.isin(["DOWN", "INIT", "ARMED", "NOP"]) | p["phys_state"].astype("string").isin(
+        ["Disabled", "Polling", "Sleep", "LinkErrorRecovery", "PortConfigurationTraining"]).fillna(False)
+        .to_numpy()]
+    for (host, ), g in down.groupby(["host"], sort=True):
+        ports = [f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
+                 + (f" ({r.phys_state})" if isinstance(r.phys_state, str) else "") for r in g.itertuples(index=False)]
+        in_use = [r.device for r in g.itertuples(index=False) if (host, r.device) in used or (None, r.device) in used]
+        summary = (f"{host}: InfiniBand {'port' if len(ports) == 1 else 'ports'} not active: {'; '.join(ports)}"
+                   + (f"; NCCL uses {', '.join(sorted(set(in_use)))}" if in_use else "") + " (ibstat).")
+        out.append(Finding(
+            kind="ib_errors", severity="error" if in_use or state[g.index].eq("DOWN").any() else "warning",
+            confidence=0.9, summary=summary, ranks=warns.ranks_of_hosts(ctx, [host]), hosts=[host],
+            evidence=warns.evidence(g, ["host", "device", "port", "state", "phys_state", "rate_gbps", "link_layer",
+                                        "tool", "artifact", "log_line"]),
+            sql=(f"SELECT host, device, port, state, phys_state, rate_gbps, link_layer, tool, artifact FROM ib_ports "
+                 f"WHERE host = {sql_str(host)} AND (upper(state) <> 'ACTIVE' OR phys_state <> 'LinkUp')"),
+            action=(f"On {host}: the cable and transceiver of the port, the switch port (its logs, its counters), "
+                    "`ibstat` again (a port stuck in Polling sees no peer; Disabled was turned off); drain the host "
+                    "until the port is Active/LinkUp"),
+            score=warns.LOG_FINDING_SCORE, details={"ports": ports}))
+    # degraded: a port well below the fastest port of its host (or of the job)
+    act = p[state.eq("ACTIVE").to_numpy() & p["rate_gbps"].notna().to_numpy()]
+    if len(act) > 1:
+        best = float(act["rate_gbps"].max())
+        slow = act[act["rate_gbps"] < best / 1.9]
+        for r in slow.itertuples(index=False):
+            out.append(Finding(
+                kind="ib_errors", severity="warning", confidence=0.8,
+                summary=(f"{r.host}: {r.device} port {r.port} is up at {r.rate_gbps:g} Gb/s, under half the "
+                         f"{best:g} Gb/s of the other ports: a degraded link (fewer lanes or a lower speed "
+                         "negotiated)."),
+                ranks=warns.ranks_of_hosts(ctx, [r.host]), hosts=[r.host],
+                evidence=warns.evidence(pd.DataFrame([r._asdict()]), ["host", "device", "port", "state", "rate_gbps",
+                                                                      "width", "speed", "artifact"]),
+                sql=f"SELECT host, device, port, state, rate_gbps, width, speed FROM ib_ports ORDER BY rate_gbps",
+                action=f"On {r.host}: reseat or replace the cable/transceiver of {r.device}; check the switch port's "
+                       "negotiated width and speed", score=1e5, details={"rate_gbps": r.rate_gbps, "best_gbps": best}))
+    return out
+
+
+def _nccl_devices(ctx) -> set:
+    cfg = ctx.model.tables.get("nccl_config")
+    out = set()
+    if cfg is None or cfg.empty:
+        return out
+    for h, devs in zip(cfg["host"], cfg["ib_devices"]):
+        for d in str(devs).split(",") if isinstance(devs, str) else []:
+            out.add((h if isinstance(h, str) else None, d.split(":")[0]))
+    return out
+
+
+def counter_errors(ctx: Context) -> list[Finding]:
+    """One finding per port whose problem counters moved during the capture."""
     ib = ctx.table("ib_counters")
     if ib.empty:
         return []

@@ -49,11 +49,12 @@ def _records(df: pd.DataFrame, n: int = 20) -> list[dict]:
 def detect(ctx: Context) -> list[Finding]:
     runs = ctx.model.tables.get("nccl_tests_runs")
     rows = ctx.model.tables.get("nccl_tests")
-    if runs is None or runs.empty or rows is None or rows.empty:
+    if runs is None or runs.empty:
         return []
-    out = _below_peers(runs, rows)
-    out += _below_expectation(ctx, runs, rows)
-    out += _wrong_results(runs)
+    out = _wrong_results(runs)
+    if rows is None or rows.empty:
+        return out
+    out = _below_peers(runs, rows) + _below_expectation(ctx, runs, rows) + out
     return out
 
 
@@ -108,7 +109,9 @@ def _transport_of(ctx: Context, host: str, artifact: str) -> str | None:
     if cfg is None or cfg.empty:
         return None
     c = cfg[cfg["host"] == host]
-    own = c[c["artifact"].fillna("").str.split(",").map(lambda a: artifact in a)]
+    # the run's own NCCL lines first (they name the hosts the benchmark ran on, which may
+    # not be the capture's name for its own host), then the host's processes
+    own = cfg[cfg["artifact"].fillna("").str.split(",").map(lambda a: artifact in a)]
     for df in (own, c):
         t = df["transport"].dropna()
         if len(t):
@@ -166,12 +169,19 @@ def _wrong_results(runs: pd.DataFrame) -> list[Finding]:
                | (runs["failures"].fillna(0) > 0)]
     if bad.empty:
         return []
+    text = next((t for t in bad["failure_text"] if isinstance(t, str) and t), None)
+    why = ""
+    if text:
+        from ..model.nccl_errors import CLASS_BY_NAME, classify
+        cls = classify(pd.Series([text])).iloc[0]
+        why = f": \"{text[:200]}\"" + (f" ({CLASS_BY_NAME[cls].meaning})" if cls in CLASS_BY_NAME else "")
+    hosts = sorted(set(bad["host"].dropna().astype(str)))
     return [Finding(
         kind="nccl_tests_bandwidth", severity="error", confidence=0.9,
         summary=(f"nccl-tests reported wrong results or failures in {len(bad)} run(s) "
-                 f"({', '.join(sorted(set(bad['host'])))}): {int(bad['wrong_total'].fillna(0).sum())} wrong values, "
-                 f"{int(bad['failures'].fillna(0).sum())} failure line(s)."),
-        hosts=sorted(set(bad["host"])), evidence=_records(bad),
+                 f"({', '.join(hosts)}): {int(bad['wrong_total'].fillna(0).sum())} wrong values, "
+                 f"{int(bad['failures'].fillna(0).sum())} failure line(s){why}."),
+        hosts=hosts, evidence=_records(bad),
         sql=RUNS_SQL.replace("avg_busbw_gbps", "avg_busbw_gbps, wrong_total, out_of_bounds, failures, failure_text")
         + "WHERE wrong_total > 0 OR out_of_bounds > 0 OR failures > 0",
         action="treat the node as faulty until a rerun is clean: data corruption or a failing GPU/NIC",

@@ -385,11 +385,15 @@ def hang_state(ctx: Context) -> list[Finding]:
     """Hangs from the state at capture, when the tracer did not see them happen (it attached
     after the ranks entered the collectives they hang in, or it did not run)."""
     from .hang import hang_frontiers
+    from .socket_errors import socket_failures
+    from .timeouts import watchdog_hangs
     if len(hang_frontiers(ctx)):
         return []   # the tracer saw the hang: hang_mismatch / hang_stuck judge it from the calls
     out = late_hang_findings(ctx)
+    if not any(f.kind in ("hang_mismatch", "hang_stuck") for f in out):
+        out += watchdog_hangs(ctx)   # the job's own logs: PyTorch's watchdog judged it
     if not any(f.kind == "connection_reset" for f in out):
-        out += logged_resets(ctx)
+        out += logged_resets(ctx) or socket_failures(ctx)
     return out
 
 

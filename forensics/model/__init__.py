@@ -21,6 +21,7 @@ from .. import heap
 from ..bundle import Bundle
 from ..errors import InputError
 from . import artifacts as artifacts_mod
+from . import logs as logs_mod
 from . import nccl as nccl_mod
 from . import timing as timing_mod
 from . import tcp as tcp_mod
@@ -40,6 +41,7 @@ class Model:
     problems: list[str] = field(default_factory=list)
     skew: list[SkewEstimate] = field(default_factory=list)
     captures: list[dict] = field(default_factory=list)   # per bundle: what was captured (capture_summary)
+    notes: list[str] = field(default_factory=list)        # how the logs were read (their times' zone, ...)
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.tables[name]
@@ -50,7 +52,7 @@ class Model:
         return dataclasses.replace(self, tables={k: v for k, v in self.tables.items() if k not in MADE_BY_CONNECT})
 
     def skew_report(self) -> str:
-        if len(self.hosts) < 2:
+        if len(self.captures) < 2:
             return "clock skew between hosts: n/a (one bundle)"
         lines = []
         for s in self.skew:
@@ -81,17 +83,30 @@ def derived(store: dict, key, make):
     return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
 
 
-def build_model(paths: list[str | os.PathLike], *, skew: bool = True, jobs: int = 1, dask: str | None = None,
+def build_model(inputs, *, skew: bool = True, jobs: int = 1, dask: str | None = None,
                 progress=None, while_reading=None, reading=None) -> Model:
-    """The model of the bundles at ``paths``: the per-host stage (:func:`.hosts.read_host`)
-    on ``jobs`` processes (1: this one alone; more: this one and ``jobs - 1`` workers) or on
-    the Dask cluster at ``dask``, then the merge here (:mod:`.parallel`; ``while_reading``,
-    ``reading``: see its ``read_hosts``)."""
-    if not paths:
-        raise InputError("no bundle given")
-    from .parallel import read_hosts
-    parts = read_hosts(list(paths), skew=skew, jobs=jobs, dask=dask, progress=progress, while_reading=while_reading,
-                       reading=reading)
+    """The model of ``inputs``: the paths the user gave (bundles, log files, folders, archives:
+    sorted out by :func:`forensics.intake.gather`) or an :class:`~forensics.intake.Intake`
+    already made (its caller closes it). The per-host stage (:func:`.hosts.read_host`) runs on
+    ``jobs`` processes (1: this one alone; more: this one and ``jobs - 1`` workers) or on the
+    Dask cluster at ``dask``, then the merge here (:mod:`.parallel`; ``while_reading``,
+    ``reading``: see its ``read_hosts``). InputError when nothing given can be read."""
+    from ..intake import Intake, gather
+    own = not isinstance(inputs, Intake)
+    intake = gather(list(inputs)) if own else inputs
+    try:
+        from .parallel import read_hosts
+        sources = intake.sources(jobs if not dask else 1)
+        if reading is not None:
+            sources = reading.paths
+        parts = read_hosts(sources, skew=skew, jobs=jobs, dask=dask, progress=progress,
+                           while_reading=while_reading, reading=reading)
+    finally:
+        if own:
+            intake.close()
+    from ..loose import merge, nothing_read
+    parts = merge(parts)
+    nothing_read(parts)
     hosts = [p.bundle.host for p in parts]
     dup = {h for h in hosts if hosts.count(h) > 1}
     if dup:   # two bundles of one host (e.g. two captures): keep them apart
@@ -136,6 +151,8 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     if skew and len(bundles) > 1:
         estimates = _skew(parts, endpoints)
     skew_df = pd.DataFrame([s.__dict__ for s in estimates], columns=list(SCHEMAS["clock_skew"]))
+    captures = [capture_summary(b) for b in bundles]
+    notes = logs_mod.attribute(artifact_tabs, captures)      # log lines' hosts, ranks, times across files
     problems = [(b.host, str(b.source), p) for b in bundles for p in b.problems]
     tables = {
         "nccl_events": nccl, "tcp_events": tcp, "packets": packets, "flows": flows, "collectives": nccl_mod.empty("collectives"),
@@ -146,14 +163,23 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
         "flow_timing": timing,
         "capture_windows": nccl_mod.concat([p.windows for p in parts], "capture_windows"),
     }
-    return Model(tables=tables, hosts=[b.host for b in bundles], problems=[f"{h}: {p}" for h, _, p in problems],
-                 skew=estimates, captures=[capture_summary(b) for b in bundles])
+    hosts = [b.host for b in bundles if getattr(b, "loose", None) is None]
+    if len(hosts) < len(bundles):   # loose evidence: the hosts its lines name
+        hosts += [h for h in logs_mod.job_hosts(tables) if h not in hosts]
+    return Model(tables=tables, hosts=hosts, problems=[f"{h}: {p}" for h, _, p in problems],
+                 skew=estimates, captures=captures, notes=notes)
 
 
 def capture_summary(b: Bundle) -> dict:
     """What one bundle holds and lacks: collectors with status and reason, time covered,
-    processes, partial-capture flags; the report's capture section and --json "capture"."""
+    processes, partial-capture flags; the report's capture section and --json "capture".
+    Loose evidence: the files read and by what, the files not read and why, the kinds of
+    evidence absent and what that limits (:meth:`forensics.loose.LooseBundle.summary`)."""
     m = b.manifest
+    if getattr(b, "loose", None) is not None:
+        return {"host": b.host, "bundle": b.loose.label, **b.summary(), "problems": list(b.problems),
+                "collectors": [], "processes": [], "started_ns": None, "ended_ns": None}
+    tz = m.raw.get("timezone") if isinstance(m.raw, dict) else None
     return {
         "host": b.host, "bundle": str(b.source), "schema_version": m.schema_version,
         "tool_version": m.tool_version, "kernel": m.kernel, "started_ns": m.started_ns, "ended_ns": m.ended_ns,
@@ -167,6 +193,7 @@ def capture_summary(b: Bundle) -> dict:
                        "cmdline": " ".join(p.cmdline), "libnccl": list(p.libnccl)} for p in m.processes],
         "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),
         "problems": list(b.problems),
+        **({"timezone": tz} if isinstance(tz, dict) else {}),
     }
 
 

@@ -33,22 +33,25 @@ import pandas as pd
 
 from ..errors import InputError
 from ..parsers import registry
-from ..parsers.registry import SNIFF_BYTES, ParseResult
+from ..parsers.registry import ParseResult, looks_binary
+from ..parsers.text import LogText
 from .nccl import concat, conform, empty
 
 WARNINGS_PER_FILE = 5
-# parsers tried, in order, on files under logs/ (content decides)
-LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug")
+# parsers tried on files under logs/ and on loose evidence (content decides: every text parser
+# whose markers the file holds, or the one structured format its first bytes show)
+LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug",
+               "torch_watchdog", "torch_elastic", "ib_status")
+# loose evidence may also be what a capture would have put in its own folders
+LOOSE_PARSERS = LOG_PARSERS + ("ib_counters", "ss", "native_stacks", "ncclras")
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
-                   "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads")
+                   "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
+                   "process_exits", "ib_ports")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
-# NCCL_DEBUG=INFO with COLL logs a line per call: the model takes calls from the tracer and
-# needs only the init/WARN lines, so COLL lines are blanked (line numbers kept) before parsing
-COLL_LINE_RE = re.compile(rb"(?m)^[^\n]*NCCL INFO \w+: opCount [^\n]*$")
 
 
 @dataclass
@@ -80,9 +83,12 @@ class _Job:
     path: Path
     parsers: tuple[str, ...]         # run each (the folder says what the file is)
     sniffed: tuple[str, ...] = ()    # then the first of these whose sniffer accepts the file
+    content: bool = False            # instead: every parser of ``sniffed`` whose content claims it
 
 
 def _jobs(bundle) -> list[_Job]:
+    if getattr(bundle, "loose", None) is not None:      # loose evidence: typed by content alone
+        return [_Job(rel, path, (), LOOSE_PARSERS, content=True) for rel, path in bundle.loose_files()]
     jobs = []
     for folder, name in FOLDER_PARSERS.items():
         if (bundle.root / folder).is_dir():
@@ -93,9 +99,10 @@ def _jobs(bundle) -> list[_Job]:
                 if registry.known(own):
                     jobs.append(_Job(rel, path, (own,), extra))
     if (bundle.root / "logs").is_dir():
-        jobs += [_Job(rel, path, (), LOG_PARSERS) for rel, path in bundle.files("logs/**/*")]
+        jobs += [_Job(rel, path, (), LOG_PARSERS, content=True) for rel, path in bundle.files("logs/**/*")]
     if (bundle.root / "sys").is_dir():
         jobs += [_Job(rel, path, ("ss",)) for rel, path in bundle.files("sys/**/ss*")]
+        jobs += [_Job(rel, path, ("ib_status",)) for rel, path in bundle.files("sys/**/ibstat*")]
         if registry.known("ncclras"):
             jobs += [_Job(rel, path, ("ncclras",)) for rel, path in bundle.files("sys/**/ncclras*")]
     if (bundle.root / "proc").is_dir() and registry.known("proc_threads"):
@@ -104,7 +111,10 @@ def _jobs(bundle) -> list[_Job]:
 
 
 def read_artifacts(bundle) -> BundleArtifacts:
+    """Every artefact of ``bundle`` parsed once (module docstring); what a loose set's files
+    were read by, or why not, is noted on the bundle (``read_by``, ``not_read``)."""
     arts = BundleArtifacts(bundle.host)
+    loose = getattr(bundle, "loose", None) is not None
     for job in _jobs(bundle):
         rel, path = job.rel, job.path
         try:
@@ -114,28 +124,35 @@ def read_artifacts(bundle) -> BundleArtifacts:
         if size == 0:
             if rel.startswith("logs/") and "nccl" in Path(rel).name.lower():
                 arts.empty_logs.append(rel)
+            elif loose:
+                bundle.not_read[rel] = "empty file"
             elif not rel.startswith(("logs/", "sys/")):
                 bundle.problems.append(f"{rel}: empty file")
             continue
         try:
-            data, _ = registry.read_source(path)
+            text = LogText.open(path, rel)
         except InputError as e:
-            bundle.problems.append(str(e))
+            if loose:
+                bundle.not_read[rel] = str(e).split(": ", 1)[-1]
+            else:
+                bundle.problems.append(str(e))
             continue
-        head = data[:SNIFF_BYTES]
-        chosen = list(job.parsers)
-        for name in job.sniffed:
-            if _sniff(registry.get(name), head):
-                chosen.append(name)
-                if name != "nccl_tests":    # one format per file, but nccl-tests output may carry NCCL lines
-                    break
-        if "nccl_debug" in chosen:
-            from .state import coll_positions
-            arts.coll_positions.append((rel, coll_positions(data)))
-        for name in chosen:
-            res = _parse(registry.get(name), COLL_LINE_RE.sub(b"", data) if name == "nccl_debug" else data, rel,
-                         bundle)
-            arts.results.setdefault(name, []).append((rel, res))
+        try:
+            chosen = _chosen(job, text)
+            if loose:
+                if chosen:
+                    bundle.read_by[rel] = chosen
+                else:
+                    bundle.not_read[rel] = ("binary data no parser recognises" if looks_binary(text.head())
+                                            else "no parser recognises its content (no NCCL, PyTorch, nccl-tests or "
+                                                 "InfiniBand output in it)")
+            for name in chosen:
+                res = _parse(registry.get(name), text, rel, bundle)
+                arts.results.setdefault(name, []).append((rel, res))
+                if name == "nccl_debug":
+                    arts.coll_positions.append((rel, _positions(res)))
+        finally:
+            text.close()
     if (bundle.root / "ib").is_dir() and any(True for _ in bundle.files("ib/**/*")):
         # the ib/ folder is one tree (start/end snapshots of every port): parsed once, for the
         # ib_counters table and the host facts both
@@ -150,6 +167,51 @@ def read_artifacts(bundle) -> BundleArtifacts:
     return arts
 
 
+def _chosen(job: _Job, text: LogText) -> list[str]:
+    """The parsers that read one file: the job's own, then by content. A structured format
+    (JSON, a pickle) is one file's only format; any number of text parsers may share a log (a
+    job's output holds NCCL lines, watchdog timeouts and an nccl-tests run together)."""
+    chosen = list(job.parsers)
+    head = text.head()
+    if job.content:
+        binary = looks_binary(head)
+        cands = [registry.get(n) for n in job.sniffed if registry.known(n)]
+        if not binary:   # every text parser's markers and needles found in one pass over the file
+            text.first([m for p in cands for m in getattr(p, "MARKERS", ()) + getattr(p, "NEEDLES", ())])
+        structured = [p for p in cands if p.STRUCTURED and _sniff(p, head)]
+        if structured:
+            return chosen + [structured[0].NAME]
+        if not binary:
+            chosen += [p.NAME for p in cands if not p.STRUCTURED and _claims(p, text) and p.NAME not in chosen]
+        return chosen
+    for name in job.sniffed:
+        if _sniff(registry.get(name), head):
+            chosen.append(name)
+            if name != "nccl_tests":    # one format per file, but nccl-tests output may carry NCCL lines
+                break
+    return chosen
+
+
+def _claims(parser, text: LogText) -> bool:
+    try:
+        return bool(parser.claims(text))
+    except Exception:   # a sniffer bug must not stop the others
+        return False
+
+
+def _positions(res: ParseResult) -> pd.DataFrame:
+    """The last COLL line of each (host, pid, comm) of one NCCL log (``nccl_coll_last``), in the
+    columns :func:`.state.coll_log_table` reads."""
+    t = res.tables.get("nccl_coll_last")
+    if t is None or t.empty:
+        return pd.DataFrame(columns=["log_host", "log_pid", "comm_ptr", "last_op_count", "last_op", "last_count",
+                                     "nranks", "lines", "last_line", "last_ts", "ctx_clock"])
+    return pd.DataFrame({"log_host": t["host"], "log_pid": t["pid"], "comm_ptr": t["comm"],
+                         "last_op_count": t["op_count"], "last_op": t["op"], "last_count": t["count"],
+                         "nranks": t["nranks"], "lines": t["lines"], "last_line": t["line"], "last_ts": t["ts"],
+                         "ctx_clock": t["ctx_clock"]})
+
+
 def _sniff(parser, head: bytes) -> bool:
     try:
         return bool(parser.sniff(head))
@@ -157,9 +219,14 @@ def _sniff(parser, head: bytes) -> bool:
         return False
 
 
-def _parse(parser, data: bytes, rel: str, bundle) -> ParseResult:
+def _parse(parser, text: LogText, rel: str, bundle) -> ParseResult:
     try:
-        res = parser.parse_bytes(data, rel)
+        if parser.NAME == "nccl_debug":
+            res = parser.parse_text(text, rel, coll="positions")
+        elif hasattr(parser, "parse_text"):
+            res = parser.parse_text(text, rel)
+        else:
+            res = parser.parse_bytes(bytes(text.data), rel)
     except Exception as exc:   # parsers promise not to raise; if one does, it is a warning, not a crash
         msg = f"{rel}: {parser.NAME} parser failed: {type(exc).__name__}: {exc}"
         bundle.problems.append(msg)
@@ -228,16 +295,34 @@ def attribute_sockets(df: pd.DataFrame, attr) -> pd.DataFrame:
     return conform(df, "sockets")
 
 
+FAILURE_HOST_RE = re.compile(r"^\s*(?:\.\.\s*)?(?P<host>[^\s:]+?)(?: pid \d+)?: Test (?:NCCL |CUDA )?(?:failure|timeout)")
+
+
+def _tests_host(bundle, rel: str, devs, failures: list) -> str:
+    """The host an nccl-tests run is reported under: the capture's; for loose output, the host
+    its failure line or its ranks name (rank 0's), else a label made from the file."""
+    if getattr(bundle, "loose", None) is None:
+        return bundle.host
+    for f in failures or []:
+        if (m := FAILURE_HOST_RE.search(str(f))):
+            return m["host"]
+    if devs is not None and len(devs) and devs["host"].notna().any():
+        d = devs.dropna(subset=["host"]).sort_values("rank", kind="stable")
+        return str(d["host"].iloc[0])
+    return f"unknown:{rel}"
+
+
 def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows, runs = [], []
     for rel, res in arts.of("nccl_tests"):
         t = res.tables.get("nccl_tests")
         devs = res.tables.get("nccl_tests_devices")
         f = res.facts
+        host = _tests_host(bundle, rel, devs, f.get("failures"))
         if t is not None and len(t):
-            rows.append(t.assign(host=bundle.host, artifact=rel))
+            rows.append(t.assign(host=host, artifact=rel))
         tests = list(dict.fromkeys([x for x in (t["test"].dropna().unique() if t is not None and len(t) else [])]))
-        if not tests and f.get("avg_busbw_gbps") is None:
+        if not tests and f.get("avg_busbw_gbps") is None and not f.get("failures"):
             continue
         for test in tests or [None]:
             sub = t[t["test"] == test] if test is not None else t.iloc[0:0]
@@ -249,7 +334,7 @@ def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.D
                 avg = f.get("avg_busbw_gbps")
             hosts = sorted(set(devs["host"].dropna())) if devs is not None and len(devs) else []
             runs.append({
-                "host": bundle.host, "artifact": rel, "test": test, "version": f.get("version"),
+                "host": host, "artifact": rel, "test": test, "version": f.get("version"),
                 "ranks": int(devs["rank"].nunique()) if devs is not None and len(devs) else None,
                 "nodes": len(hosts) or None, "test_hosts": ",".join(hosts) or None,
                 "gpus": ",".join(sorted(set(devs["gpu"].dropna()))) if devs is not None and len(devs) else None,
@@ -265,6 +350,20 @@ def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.D
             })
     tests = conform(pd.concat(rows, ignore_index=True), "nccl_tests") if rows else empty("nccl_tests")
     return tests, conform(pd.DataFrame(runs), "nccl_tests_runs") if runs else empty("nccl_tests_runs")
+
+
+def log_table(bundle, arts: BundleArtifacts, parser: str, table: str, name: str) -> pd.DataFrame:
+    """One log parser's rows as the model table ``name``: the file (``artifact``), its line
+    (``log_line``), the capture that holds it (``node``; NA for loose evidence). Hosts, pids and
+    ranks the lines do not name are joined across files later (:mod:`.logs`)."""
+    df = arts.table(parser, table)
+    if df.empty:
+        return empty(name)
+    df = df.rename(columns={"line": "log_line"})
+    df["node"] = None if getattr(bundle, "loose", None) is not None else bundle.host
+    if "host" not in df.columns:
+        df["host"] = pd.NA
+    return conform(df, name)
 
 
 # --------------------------------------------------------------------------- IB counters
@@ -291,6 +390,9 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
     cfg, warns = nccl_config.config_tables(b, arts, ranks)
     insp = [r for r in (gpu_times.inspector_records(b, arts), gpu_times.profiler_records(b, arts)) if len(r)]
     return {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": host_facts,
+            "watchdog_events": log_table(b, arts, "torch_watchdog", "watchdog", "watchdog_events"),
+            "process_exits": log_table(b, arts, "torch_elastic", "process_exits", "process_exits"),
+            "ib_ports": log_table(b, arts, "ib_status", "ib_ports", "ib_ports"),
             "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
             "ib_counters": ib_counters_table(b, arts), "coll_log_ops": state.coll_log_table(b, arts, cfg),
             "sockets": sockets_table(b, arts, ranks),

@@ -70,21 +70,27 @@ class HostPart:
     pcap: PcapPart
 
     def rename(self, host: str) -> None:
-        """Relabel the host (two bundles of one host are kept apart as host#1, host#2)."""
+        """Relabel the host (two bundles of one host are kept apart as host#1, host#2): every
+        row the capture host labels (``host``, and ``node`` where a row's own host differs)."""
+        old = self.bundle.manifest.host
         self.bundle.manifest.host = host
         frames = [self.endpoints, self.netns, self.nccl, self.offcpu, self.windows, *self.tables.values(),
                   *self.pcap.packets, *self.pcap.events, *self.pcap.flows, *self.pcap.timing]
         if self.bpf_tcp is not None:
             frames.append(self.bpf_tcp)
         for df in frames:
-            if "host" in df.columns:
+            if "node" in df.columns:     # a log's rows: their own host where the line named one
+                df["node"] = df["node"].mask(df["node"].astype("string") == old, host)
+                df["host"] = df["host"].mask(df["host"].astype("string") == old, host)
+            elif "host" in df.columns:
                 df["host"] = host
 
 
-def read_host(path: str | os.PathLike, *, skew: bool = True) -> HostPart:
-    """The per-host stage for one bundle (tar.gz or folder); raises InputError when the
-    path is no bundle. Runs in a worker process as well as in the caller's."""
-    b = Bundle.open(path)
+def read_host(path, *, skew: bool = True) -> HostPart:
+    """The per-host stage for one bundle (tar.gz or folder), or for loose evidence (a
+    :class:`~forensics.intake.LooseSet`, read as :class:`~forensics.loose.LooseBundle`); raises
+    InputError when the path is no bundle. Runs in a worker process as well as in the caller's."""
+    b = open_source(path)
     try:
         events = b.read_bpf_events()
         arts = artifacts_mod.read_artifacts(b)
@@ -101,6 +107,14 @@ def read_host(path: str | os.PathLike, *, skew: bool = True) -> HostPart:
                     offcpu=offcpu_mod.offcpu_samples(b, events, ranks),
                     windows=windows_mod.bundle_windows(b, events, flows),
                     tables=artifacts_mod.host_tables(b, arts, ranks, facts), pcap=pcap)
+
+
+def open_source(source) -> Bundle:
+    """The bundle at a path, or loose evidence as a pseudo-bundle."""
+    if isinstance(source, (str, bytes, os.PathLike)):
+        return Bundle.open(source)
+    from ..loose import LooseBundle
+    return LooseBundle(source)
 
 
 class _Fingerprints:

@@ -56,28 +56,45 @@ def _attachment_pids(bundle) -> dict[str, int]:
 
 
 def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(``nccl_config``, ``nccl_warnings``) of one bundle or loose set.
+
+    A log process is keyed by the host its own lines name and its pid (a log merged from many
+    hosts reuses pids). It is the manifest's process of that pid when the file is that
+    process's alone (its lines name one host), or its host is the capture's, or its rank agrees
+    with the manifest's; then its row is the capture's (``host``: the capture's name, the one
+    the tracer, the stacks and the sockets use; ``log_host``: its own). Otherwise it is a
+    process the capture did not see: ``host`` is its own (NA when its lines name none: the model
+    joins it across files, :mod:`.logs`). ``node``: the capture that holds the evidence (NA for
+    loose evidence)."""
+    node = None if getattr(bundle, "loose", None) is not None else bundle.host
     by_pid = {p.pid: p for p in bundle.manifest.processes}
     by_rank = {p.rank: p for p in bundle.manifest.processes if p.rank is not None}
     attach = _attachment_pids(bundle)
     rings = arts.table("nccl_debug", "nccl_rings")
     chans = arts.table("nccl_debug", "nccl_channels")
     warns = arts.table("nccl_debug", "nccl_warnings")
-    rows: dict[int | str, dict] = {}
-    log_pid_to_pid: dict[tuple[str, int], int] = {}    # (artifact, log pid) -> manifest pid
+    world = _log_world_ranks(arts.table("nccl_debug", "nccl_comms"))
+    rows: dict[tuple, dict] = {}
+    pmap: dict[tuple[str, str, int], tuple] = {}    # (artifact, log host, log pid) -> row key
     for rel, res in arts.of("nccl_debug"):
-        for key, lp in (res.facts.get("processes") or {}).items():
-            lpid = lp.get("pid")
-            log_rank = _world_rank(lp)
+        procs = res.facts.get("processes") or {}
+        one_host = len({lp.get("host") for lp in procs.values()}) <= 1
+        for lp in procs.values():
+            lpid, lhost = lp.get("pid"), lp.get("host") or ""
+            log_rank = world.get((lhost, lpid), _world_rank(lp))
             m = by_pid.get(lpid)
+            if m is not None and not (one_host or lhost in ("", node) or m.rank is None
+                                      or (log_rank is not None and m.rank == log_rank)):
+                m = None                     # the same pid on another host of a merged log
             if m is None and rel in attach:
                 m = by_pid.get(attach[rel])
-            if m is None and log_rank is not None:
+            if m is None and log_rank is not None and one_host:
                 m = by_rank.get(log_rank)
-            pid = m.pid if m is not None else lpid
-            log_pid_to_pid[(rel, lpid)] = pid
-            row = rows.setdefault(pid, {"pid": pid})
+            key = (node, m.pid) if m is not None else (lhost or None, lpid)
+            pmap[(rel, lhost, lpid)] = key
+            row = rows.setdefault(key, {"pid": key[1], "host": key[0], "node": node})
             row.setdefault("artifacts", []).append(rel)
-            row["log_host"] = row.get("log_host") or (lp.get("host") or None)
+            row["log_host"] = row.get("log_host") or (lhost or None)
             row["log_pid"] = lpid
             row["nccl_version"] = row.get("nccl_version") or lp.get("version") or res.facts.get("nccl_version")
             row["transport"] = row.get("transport") or lp.get("transport")
@@ -90,6 +107,8 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
                 row["socket_ifaces"] = ",".join(d["name"] for d in socks)
                 row["socket_addrs"] = ",".join(d["address"] for d in socks)
             row["oob_iface"] = row.get("oob_iface") or lp.get("oob_interface")
+            if lp.get("oob_address"):
+                row["oob_addr"] = row.get("oob_addr") or lp.get("oob_address")
             row["interfaces"] = ",".join(lp.get("interfaces") or []) or row.get("interfaces")
             if lp.get("gdr") is not None:
                 row["gdr"] = bool(lp["gdr"]) or bool(row.get("gdr"))
@@ -102,39 +121,52 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
             if log_rank is not None:
                 row["log_rank"] = log_rank
     for p in bundle.manifest.processes:
-        if p.pid in rows or _is_nccl_process(p):
-            row = rows.setdefault(p.pid, {"pid": p.pid})
+        key = (node, p.pid)
+        if key in rows or _is_nccl_process(p):
+            row = rows.setdefault(key, {"pid": p.pid, "host": node, "node": node})
             row["in_manifest"] = True
             row["local_rank"], row["world_size"] = p.local_rank, p.world_size
             row["libnccl"] = ",".join(p.libnccl) or None
             row["netns"] = p.netns
             row["manifest_env"] = _env_of(p)
     if not rows:
-        return empty("nccl_config"), _warnings(bundle, warns, log_pid_to_pid, ranks)
+        return empty("nccl_config"), _warnings(bundle, warns, pmap, rows, ranks, node)
 
-    ch = _channel_summary(chans, log_pid_to_pid)
-    rg = _ring_summary(rings, log_pid_to_pid)
-    wn = _warn_counts(warns, log_pid_to_pid)
+    ch = _channel_summary(chans, pmap)
+    rg = _ring_summary(rings, pmap)
+    wn = _warn_counts(warns, pmap)
     out = []
-    for pid, r in rows.items():
+    for key, r in rows.items():
         env = dict(r.get("log_env") or {})
         env.update(r.get("manifest_env") or {})        # the process's own environment wins
         logged = bool(r.get("artifacts"))
-        r["host"] = bundle.host
-        r["rank"] = ranks.get(pid, r.get("log_rank"))
+        in_capture = key[0] == node and node is not None and r.get("in_manifest")
+        r["rank"] = ranks.get(r["pid"], r.get("log_rank")) if in_capture or key[0] == node else r.get("log_rank")
         r["env"] = json.dumps(env, sort_keys=True)
         r["artifact"] = ",".join(r.pop("artifacts", [])) or None
         r["source"] = "log+manifest" if logged and r.get("in_manifest") else ("log" if logged else "manifest")
-        r.update(ch.get(pid, {}))
-        r.update(rg.get(pid, {}))
-        r["warnings"] = wn.get(pid, 0)
+        r.update(ch.get(key, {}))
+        r.update(rg.get(key, {}))
+        r["warnings"] = wn.get(key, 0)
         if r.get("transport") is None and r.get("channel_transports"):
             nets = [t for t in r["channel_transports"].split(",") if t.startswith("NET/")]
             if nets:
                 r["transport"] = "IB" if any(t.startswith("NET/IB") for t in nets) else nets[0][4:]
         out.append(r)
     cfg = conform(pd.DataFrame(out), "nccl_config").sort_values(["host", "rank", "pid"], na_position="last")
-    return cfg.reset_index(drop=True), _warnings(bundle, warns, log_pid_to_pid, ranks)
+    return cfg.reset_index(drop=True), _warnings(bundle, warns, pmap, rows, ranks, node)
+
+
+def _log_world_ranks(comms: pd.DataFrame) -> dict[tuple[str, int], int]:
+    """(log host, log pid) -> the process's rank on its largest communicator (its world rank,
+    as :func:`.nccl.process_ranks` has it), from its Init lines."""
+    if comms is None or comms.empty:
+        return {}
+    c = comms.assign(_n=pd.to_numeric(comms["nranks"], errors="coerce").fillna(-1),
+                     _r=pd.to_numeric(comms["rank"], errors="coerce"), _p=pd.to_numeric(comms["pid"], errors="coerce"),
+                     _h=comms["host"].astype("string").fillna("")).dropna(subset=["_r", "_p"])
+    c = c.sort_values(["_h", "_p", "_n"], kind="stable").drop_duplicates(["_h", "_p"], keep="last")
+    return {(h, int(p)): int(r) for h, p, r in zip(c["_h"], c["_p"], c["_r"])}
 
 
 def _world_rank(lp: dict):
@@ -144,54 +176,71 @@ def _world_rank(lp: dict):
     return rk[0] if len(set(rk)) == 1 else (min(rk) if rk else None)
 
 
-def _pid_col(df: pd.DataFrame, log_pid_to_pid: dict) -> pd.Series:
-    keys = list(zip(df["artifact"], pd.to_numeric(df["pid"], errors="coerce")))
-    return pd.Series([log_pid_to_pid.get((a, int(p)) if p == p else None, p) for a, p in keys], index=df.index)
+def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
+    """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
+    hosts = df["host"].astype("string").fillna("")
+    pids = pd.to_numeric(df["pid"], errors="coerce")
+    return pd.Series([pmap.get((a, h, int(p)) if p == p else None, (h or None, p))
+                      for a, h, p in zip(df["artifact"], hosts, pids)], index=df.index, dtype=object)
 
 
 def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
     if chans.empty:
         return {}
-    c = chans.assign(mpid=_pid_col(chans, pmap))
+    c = chans.assign(key=_keys(chans, pmap))
     c["kind"] = c["transport"].fillna("?") + c["net"].map(lambda n: f"/{n}" if isinstance(n, str) else "")
     out = {}
-    for pid, g in c.groupby("mpid"):
-        out[int(pid)] = {"channel_transports": ",".join(sorted(set(g["kind"]))),
-                         "net_channels": int(g.loc[g["transport"] == "NET", "channel"].nunique()),
-                         "gdr_channels": int(g["gdrdma"].fillna(False).astype(bool).sum())}
+    for key, g in c.groupby("key", sort=False):
+        out[key] = {"channel_transports": ",".join(sorted(set(g["kind"]))),
+                    "net_channels": int(g.loc[g["transport"] == "NET", "channel"].nunique()),
+                    "gdr_channels": int(g["gdrdma"].fillna(False).astype(bool).sum())}
         if g["gdrdma"].fillna(False).astype(bool).any():
-            out[int(pid)]["gdr"] = True
+            out[key]["gdr"] = True
     return out
 
 
 def _ring_summary(rings: pd.DataFrame, pmap: dict) -> dict:
     if rings.empty:
         return {}
-    r = rings.assign(mpid=_pid_col(rings, pmap))
+    r = rings.assign(key=_keys(rings, pmap))
     out = {}
-    for pid, g in r.groupby("mpid"):
+    for key, g in r.groupby("key", sort=False):
         ring = g[g["kind"] == "ring"].sort_values("channel")
-        out[int(pid)] = {"ring_channels": int(ring["channel"].nunique()),
-                         "tree_channels": int(g.loc[g["kind"].isin(["tree", "trees"]), "channel"].nunique()),
-                         "ring_prev": ring["prev"].iloc[0] if len(ring) else None,
-                         "ring_next": ring["next"].iloc[0] if len(ring) else None}
+        out[key] = {"ring_channels": int(ring["channel"].nunique()),
+                    "tree_channels": int(g.loc[g["kind"].isin(["tree", "trees"]), "channel"].nunique()),
+                    "ring_prev": ring["prev"].iloc[0] if len(ring) else None,
+                    "ring_next": ring["next"].iloc[0] if len(ring) else None}
     return out
 
 
 def _warn_counts(warns: pd.DataFrame, pmap: dict) -> dict:
     if warns.empty:
         return {}
-    return {int(k): int(v) for k, v in warns.assign(mpid=_pid_col(warns, pmap)).groupby("mpid").size().items()}
+    return {k: int(v) for k, v in warns.assign(key=_keys(warns, pmap)).groupby("key", sort=False).size().items()}
 
 
-def _warnings(bundle, warns: pd.DataFrame, pmap: dict, ranks: dict) -> pd.DataFrame:
+def _warnings(bundle, warns: pd.DataFrame, pmap: dict, rows: dict, ranks: dict, node) -> pd.DataFrame:
+    """``nccl_warnings`` of one bundle: each line's own host (the one its prefix names; NA where
+    it names none: joined across files by the model), its process and rank where known, the
+    capture that holds it (``node``), and its class (:mod:`.nccl_errors`)."""
     if warns.empty:
         return empty("nccl_warnings")
+    from .nccl_errors import classify
     w = warns.rename(columns={"line": "log_line"}).copy()
+    keys = _keys(warns, pmap)
     w["log_pid"] = w["pid"]
-    w["pid"] = _pid_col(warns, pmap)
-    w["host"] = bundle.host
-    w["rank"] = pd.to_numeric(w["pid"], errors="coerce").map(ranks)
+    w["log_host"] = w["host"].astype("string").replace("", pd.NA)
+    w["pid"] = [k[1] for k in keys]
+    w["node"] = node
+    # the capture's own processes keep the capture's name (their rows join the tracer's);
+    # every other line keeps the host it names
+    own = [k[0] == node and node is not None for k in keys]
+    w["host"] = w["log_host"].fillna(pd.Series([node if o else (k[0] or None) for o, k in zip(own, keys)],
+                                               index=w.index, dtype="string"))
+    w["rank"] = [(ranks.get(k[1]) if o else None) for o, k in zip(own, keys)]
+    w["rank"] = pd.to_numeric(w["rank"], errors="coerce").astype("Float64").fillna(
+        pd.Series([rows.get(k, {}).get("log_rank") for k in keys], index=w.index, dtype="Float64"))
+    w["class"] = classify(w["message"])
     return conform(w, "nccl_warnings")
 
 

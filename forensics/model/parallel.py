@@ -48,7 +48,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
     say = progress or (lambda _msg: None)
     if dask:
         return _on_dask(dask, paths, skew, say, while_reading)
-    if reading is not None and (reading.paths != [os.fspath(p) for p in paths] or reading.skew != skew):
+    if reading is not None and (reading.paths != workers.source_keys(paths) or reading.skew != skew):
         raise ValueError("the reading given was started on other bundles")
     jobs = max(1, min(int(jobs), len(paths)))
     if jobs == 1 and reading is None:
@@ -57,7 +57,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
             out.append(read_host(p, skew=skew))
             heap.settle()             # kept until the merge: no full collection walks it again
             if len(paths) > 1:
-                say(f"host {i}/{len(paths)} read: {out[-1].bundle.host}")
+                say(f"host {i}/{len(paths)} read: {_name(out[-1])}")
         return out
     reading = reading or workers.Reading(paths, jobs, skew=skew)
     workers_n = reading.jobs - 1
@@ -71,7 +71,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
         parts[i] = part
         heap.settle()
         n += 1
-        say(f"host {n}/{len(paths)} read: {part.bundle.host}")
+        say(f"host {n}/{len(paths)} read: {_name(part)}")
 
     try:
         while (i := reading.claim()) is not None:
@@ -91,6 +91,11 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
     return parts
 
 
+def _name(part: HostPart) -> str:
+    loose = getattr(part.bundle, "loose", None)
+    return loose.name if loose is not None else part.bundle.host
+
+
 def _meanwhile(work: Callable[[], None] | None) -> None:
     if work is None:
         return
@@ -101,6 +106,14 @@ def _meanwhile(work: Callable[[], None] | None) -> None:
 
 
 def _on_dask(address: str, paths: list, skew: bool, say, while_reading=None) -> list[HostPart]:
+    """The bundles read on the cluster, loose evidence here (its unpacked files are this
+    machine's), in the order given."""
+    local = {i: p for i, p in enumerate(paths) if not isinstance(p, (str, os.PathLike))}
+    if local:
+        bundles = [p for i, p in enumerate(paths) if i not in local]
+        got = iter(_on_dask(address, bundles, skew, say, while_reading) if bundles else [])
+        mine = {i: read_host(p, skew=skew) for i, p in local.items()}
+        return [mine[i] if i in mine else next(got) for i in range(len(paths))]
     try:
         from distributed import Client
     except ImportError:

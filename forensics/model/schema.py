@@ -114,12 +114,32 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "warnings": "INTEGER",           # NCCL WARN lines
         "env": "VARCHAR",                # JSON {NCCL_*/TORCH_*: value}: the process env, else the log's "set by environment"
         "log_host": "VARCHAR", "log_pid": "INTEGER", "log_rank": "INTEGER", "netns": "VARCHAR", "artifact": "VARCHAR",
+        "node": "VARCHAR",               # the capture that holds the evidence (NULL: loose evidence)
+        "oob_addr": "VARCHAR",           # NET/IB's out-of-band address (the host's address on its IB-side interface)
     },
-    # NCCL WARN lines of the NCCL_DEBUG logs
+    # NCCL WARN lines of the NCCL_DEBUG logs (bundles' and loose ones; forensics/model/logs.py joins them)
     "nccl_warnings": {
-        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "log_pid": "INTEGER", "tid": "INTEGER",
-        "dev": "INTEGER", "ts": "VARCHAR", "src_file": "VARCHAR", "src_line": "INTEGER", "func": "VARCHAR",
+        "host": "VARCHAR",               # the host the line names (its prefix), else its rank's or its process's
+        "pid": "INTEGER", "rank": "INTEGER", "log_pid": "INTEGER", "tid": "INTEGER",
+        "dev": "INTEGER",                # the CUDA device of the logging thread (not a rank)
+        "ts": "VARCHAR", "src_file": "VARCHAR", "src_line": "INTEGER", "func": "VARCHAR",
         "message": "VARCHAR", "peer": "VARCHAR", "ib_status": "INTEGER", "artifact": "VARCHAR", "log_line": "BIGINT",
+        "node": "VARCHAR",               # the capture holding the log (NULL: loose evidence)
+        "log_host": "VARCHAR",           # the host the prefix names, as printed (NULL: none)
+        "class": "VARCHAR",              # forensics/model/nccl_errors.py: ib_completion, socket_closed, ...
+        "cascade": "BOOLEAN",            # a consequence of an earlier failure (a flush, a proxy, a closed peer)
+        "first": "BOOLEAN",              # the job's first failure (nccl_errors.first_failures)
+        "time_ns": "BIGINT",             # UTC, from the line's time (NCCL >= 2.26, or its launcher's)
+        "time_source": "VARCHAR",        # nccl | launcher: which clock time_ns came from
+        "peer_addr": "VARCHAR", "peer_port": "INTEGER",
+        "peer_host": "VARCHAR",          # the host the peer address belongs to (its NCCL lines, or the name printed)
+        "peer_rank": "INTEGER",
+        "ib_status_name": "VARCHAR",     # IB work completion status (ibv_wc_status), decoded
+        "ib_opcode": "INTEGER", "vendor_err": "INTEGER",
+        "ib_side": "VARCHAR",            # Send | Recv | Flush: the NCCL request that failed
+        "local_gid": "VARCHAR", "remote_gid": "VARCHAR", "ib_device": "VARCHAR",
+        "ctx_rank": "INTEGER",           # the rank a launcher's tag names (srun --label, [1,N]<stdout>, [rankN]:)
+        "ctx_clock": "VARCHAR",          # the launcher's or shipper's time on the line, as printed
     },
     # one row per bundle: what the host has (IB, interfaces, GPUDirect module, XIDs)
     "host_facts": {
@@ -205,6 +225,39 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "comm_id": "VARCHAR",            # NCCL's commId (Init lines): the cross-host communicator key
         "comm_rank": "INTEGER", "nranks": "INTEGER", "last_op_count": "BIGINT", "last_op": "VARCHAR",
         "last_count": "BIGINT", "lines": "BIGINT", "artifact": "VARCHAR",
+        "node": "VARCHAR",               # the capture holding the log (NULL: loose evidence)
+        "log_host": "VARCHAR",           # the host the COLL lines name
+        "last_line": "BIGINT",           # the line of the last COLL line in its log
+        "last_ts": "VARCHAR",            # its NCCL time (>= 2.26 with INFO times), as printed
+        "ctx_clock": "VARCHAR",          # its launcher's time, as printed
+        "time_ns": "BIGINT",             # UTC of the last COLL line, where its log gives times (model/logs.py)
+    },
+    # PyTorch ProcessGroupNCCL lines (parsers/torch_watchdog.py): watchdog timeouts, the work each
+    # rank was in, NCCL errors, dump signals; host and pid joined across files (model/logs.py)
+    "watchdog_events": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR",
+        "pg_id": "INTEGER", "pg_guid": "VARCHAR", "pg_desc": "VARCHAR",
+        "seq_num": "BIGINT",             # PyTorch's SeqNum of the work (Flight Recorder's collective_seq_id)
+        "op_type": "VARCHAR", "op": "VARCHAR", "numel_in": "BIGINT", "numel_out": "BIGINT", "timeout_ms": "BIGINT",
+        "ran_for_ms": "BIGINT", "last_enqueued": "BIGINT", "last_completed": "BIGINT",
+        "peer_rank": "INTEGER",          # the rank a dump signal names (it timed out first)
+        "wait_ms": "BIGINT", "error": "VARCHAR", "nccl_version": "VARCHAR", "message": "VARCHAR",
+        "log_time": "VARCHAR",           # c10's "MMDD HH:MM:SS.frac", as printed
+        "ctx_rank": "INTEGER", "ctx_host": "VARCHAR", "ctx_clock": "VARCHAR",
+        "time_ns": "BIGINT", "time_source": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # processes torchrun reported failed or killed (parsers/torch_elastic.py)
+    "process_exits": {
+        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "local_rank": "INTEGER", "kind": "VARCHAR",
+        "exitcode": "INTEGER", "signal": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "error_file": "VARCHAR",
+        "traceback": "VARCHAR", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
+    "ib_ports": {
+        "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",
+        "rate_gbps": "DOUBLE", "width": "VARCHAR", "speed": "VARCHAR", "link_layer": "VARCHAR", "tool": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # per thread of the traced processes at the start and end of the capture (/proc/PID/task)
     "threads": {

@@ -174,6 +174,117 @@ def csv_rows(columns: list[tuple[np.ndarray, str, int]], strings: list[str],
         yield out[:n].tobytes()
 
 
+class CollCols(ctypes.Structure):
+    _fields_ = [(name, _P) for name in (
+        "start", "pre", "ts_len", "host_off", "host_len", "host_hash", "pid", "tid", "dev", "op_off", "op_len",
+        "op_hash", "op_count", "sendbuff", "recvbuff", "count", "datatype", "red_op", "root", "comm", "nranks",
+        "stream")]
+
+
+COLL_DTYPES = {
+    "start": np.int64, "pre": np.int64, "ts_len": np.int32, "host_off": np.int64, "host_len": np.int32,
+    "host_hash": np.uint64, "pid": np.int64, "tid": np.int64, "dev": np.int32, "op_off": np.int64,
+    "op_len": np.int32, "op_hash": np.uint64, "op_count": np.uint64, "sendbuff": np.uint64, "recvbuff": np.uint64,
+    "count": np.int64, "datatype": np.int32, "red_op": np.int32, "root": np.int64, "comm": np.uint64,
+    "nranks": np.int32, "stream": np.uint64,
+}
+
+_lib.logscan_coll.restype = _I64
+_lib.logscan_coll.argtypes = [_P, _I64, _I64, ctypes.POINTER(CollCols), _I64, _P, _I64, ctypes.POINTER(_I64),
+                              ctypes.POINTER(_I64)]
+_lib.logscan_hits.restype = _I64
+_lib.logscan_hits.argtypes = [_P, _I64, _I64, ctypes.c_char_p, _I64, _P, _I64, ctypes.POINTER(_I64)]
+_lib.logscan_spans.restype = _I64
+_lib.logscan_spans.argtypes = [_P, _I64, _P, _I64, _P, _P, _P]
+
+
+def coll_chunks(buf, length: int, columns=tuple(COLL_DTYPES), chunk: int = 1 << 16):
+    """NCCL_DEBUG COLL lines of ``buf`` (bytes, mmap: anything with the buffer protocol),
+    parsed by ``logscan.c`` a chunk at a time: yields ``(columns, other)``, ``columns`` the
+    wanted ones of ``COLL_DTYPES`` for up to ``chunk`` lines (views of buffers reused by the
+    next chunk: aggregate or copy them first), ``other`` the offsets of the "NCCL INFO "
+    lines in the same stretch that are not COLL lines (or not in the form C reads)."""
+    addr = _buffer_address(buf)
+    cols = {k: np.empty(chunk, COLL_DTYPES[k]) for k in columns}
+    other = np.empty(chunk, np.int64)
+    c = CollCols(**{k: _ptr(v) for k, v in cols.items()})
+    pos, nxt, n_other = 0, _I64(0), _I64(0)
+    while pos < length:
+        n = _lib.logscan_coll(addr, length, pos, ctypes.byref(c), chunk, _ptr(other), chunk, ctypes.byref(n_other),
+                              ctypes.byref(nxt))
+        if n or n_other.value:
+            yield {k: v[:n] for k, v in cols.items()}, other[:n_other.value]
+        if nxt.value <= pos:
+            break
+        pos = nxt.value
+
+
+_lib.logscan_count.restype = None
+_lib.logscan_count.argtypes = [_P, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64)]
+
+
+def line_count(buf, length: int) -> tuple[int, int]:
+    """(lines, lines holding more than blanks) of ``buf``."""
+    n, full = _I64(0), _I64(0)
+    if length:
+        _lib.logscan_count(_buffer_address(buf), length, ctypes.byref(n), ctypes.byref(full))
+    return n.value, full.value
+
+
+_lib.logscan_presence.restype = ctypes.c_int
+_lib.logscan_presence.argtypes = [_P, _I64, ctypes.c_char_p, _P, _P, ctypes.c_int32, _P]
+
+
+def first_offsets(buf, length: int, needles: list[bytes]) -> list[int]:
+    """The first offset of each needle in ``buf`` (-1: absent), found in one pass (at most 64
+    needles per pass; each of 2 bytes or more)."""
+    out: list[int] = []
+    for k in range(0, len(needles), 64):
+        part = needles[k:k + 64]
+        blob = b"".join(part)
+        off = np.cumsum([0] + [len(x) for x in part[:-1]]).astype(np.int64)
+        lens = np.array([len(x) for x in part], np.int32)
+        first = np.full(len(part), -1, np.int64)
+        if length and _lib.logscan_presence(_buffer_address(buf), length, blob, _ptr(off), _ptr(lens), len(part),
+                                            _ptr(first)) < 0:
+            raise ValueError("first_offsets: bad needles")
+        out += [int(x) for x in first]
+    return out
+
+
+def line_hits(buf, length: int, needle: bytes, chunk: int = 1 << 14, start: int = 0) -> np.ndarray:
+    """Offsets of the first ``needle`` in each line that holds one, in file order (from byte
+    ``start``: the needle's first offset, where known)."""
+    addr = _buffer_address(buf)
+    parts, pos, nxt = [], max(0, start), _I64(0)
+    while pos < length:
+        out = np.empty(chunk, np.int64)
+        n = _lib.logscan_hits(addr, length, pos, needle, len(needle), _ptr(out), chunk, ctypes.byref(nxt))
+        parts.append(out[:n])
+        if nxt.value <= pos:
+            break
+        pos = nxt.value
+        chunk = min(chunk * 4, 1 << 22)
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def line_spans(buf, length: int, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(start, end, 1-based line number) of the lines holding the sorted offsets ``pos``."""
+    pos = np.ascontiguousarray(pos, np.int64)
+    start, end, line = (np.empty(len(pos), np.int64) for _ in range(3))
+    if len(pos) and _lib.logscan_spans(_buffer_address(buf), length, _ptr(pos), len(pos), _ptr(start), _ptr(end),
+                                       _ptr(line)) < 0:
+        raise ValueError("line_spans: offsets must be sorted and inside the buffer")
+    return start, end, line
+
+
+def _buffer_address(buf) -> int:
+    """The address of a read-only buffer's bytes (bytes, bytearray, mmap, memoryview), for C
+    that only reads them; the caller keeps ``buf`` alive for the call."""
+    view = np.frombuffer(buf, np.uint8)
+    return view.ctypes.data if len(view) else 0
+
+
 FORMAT_PCAP = 1
 FORMAT_PCAPNG = 2
 

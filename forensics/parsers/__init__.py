@@ -7,6 +7,7 @@ and content) or :func:`get` (by name).
 from . import (  # noqa: F401  (imported for their registration)
     flight_recorder,
     ib_counters,
+    ib_status,
     native_stacks,
     nccl_debug,
     nccl_inspector,
@@ -16,6 +17,7 @@ from . import (  # noqa: F401  (imported for their registration)
     proc_threads,
     pyspy,
     ss,
+    torch_elastic,
     torch_watchdog,
 )
 from .registry import ParseResult, get, parse_file, parse_tree, parsers, select  # noqa: F401

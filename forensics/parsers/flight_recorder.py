@@ -141,6 +141,7 @@ def _jsonish(v):
 
 
 class FlightRecorderParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "flight_recorder"
     DESCRIPTION = "PyTorch Flight Recorder dump (restricted pickle, or JSON)"
     GLOBS = ("flight-recorder/*", "flight-recorder/**/*", "nccl_trace_rank_*", "*fr_dump*")

@@ -212,6 +212,7 @@ def _value(text: str) -> tuple[int | None, bool]:
 
 
 class IbCountersParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "ib_counters"
     DESCRIPTION = "InfiniBand/RoCE port counters: perfquery (-x) text, sysfs listings or a sysfs tree copy"
     GLOBS = ("ib/*", "ib/**/*", "*perfquery*", "*ib_counters*")

@@ -80,6 +80,7 @@ VERSION_SUFFIX_RE = re.compile(r"@{1,2}[A-Za-z_][\w.]*$")
 
 
 class NativeStacksParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "native_stacks"
     DESCRIPTION = "native stacks (eu-stack, gdb thread apply all bt, py-spy --native) with capture's header"
     GLOBS = ("stacks/native-*", "*native-stacks*")

@@ -43,6 +43,23 @@ Tables (every table also has ``line``: 1-based line number in the file):
     (int), func (str, NCCL >= 2.30.7), message, peer (str: the peer named in socket/IB
     errors), ib_status (int: IB work completion status in completion errors).
 
+``nccl_warnings`` also: peer_addr (str: the peer's address or host name without the port),
+    peer_port (int), ib_opcode, ib_len, vendor_err (int), ib_side (Send|Recv), local_gid,
+    remote_gid (str), ib_device (str: the HCA a completion error names): the fields of IB
+    completion errors in all their wordings.
+``nccl_coll_last`` -- with ``coll="positions"`` instead of ``nccl_coll``'s rows: the last COLL
+    line of each (host, pid, comm), by opCount, and how many there were: host, pid, tid, dev,
+    comm, op, op_name, op_count, count, datatype, nranks, lines, line (of the last one), ts.
+
+Every table of lines has the launcher context of its lines (:mod:`.lines`): ctx_rank,
+ctx_local_rank, ctx_host, ctx_pid (int/str), ctx_clock (str as printed).
+
+Lines are found without a Python loop over the log (:mod:`.text`): COLL lines are parsed into
+columns by ``logscan.c`` (a line in another form, e.g. an upper-case pointer, goes through the
+regular expressions below instead), every other NCCL line is located by its marker and only
+those lines are decoded. A WARN line hard-wrapped by a terminal (exactly as long as a common
+terminal width, followed by a line with no NCCL prefix) is joined with its continuation.
+
 Facts: ``nccl_version`` (first seen), ``versions`` (all distinct), ``other_lines``
 (count of non-NCCL lines), ``processes`` keyed ``"host:pid"`` with host, pid, version,
 transport (IB|Socket|plugin from ``Using network``, else inferred from NET lines),
@@ -55,9 +72,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
-from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
+from . import lines as lines_mod
+from .registry import Parser, WarningLog, looks_binary, register
+from .text import LogText
 
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
@@ -107,8 +127,24 @@ GDR_RE = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled)\b")
 ENV_RE = re.compile(r"^(?P<var>NCCL_\w+) set (?:by environment )?to (?P<val>.*?)\s*$")
 NCHANNELS_RE = re.compile(r"^(?P<n>\d+) coll channels\b")
 ERROR_RETURN_RE = re.compile(r"^\S+:\d+ (?:\(\w+\) )?-> \d+")
-PEER_RE = re.compile(r"\bpeer (?P<peer>[^\s,]+)")
-IB_STATUS_RE = re.compile(r"\bwith (?:error |status=)(?:[A-Za-z_]+\()?(?P<st>\d+)")
+PEER_RE = re.compile(r"\b(?:peer|from|to) (?P<peer>[^\s,]*<\d+>)|\bpeer (?P<peer2>[^\s,]+)")
+IB_STATUS_RE = re.compile(r"\bwith (?:error |status=)(?:[A-Za-z_ ]+\()?(?P<st>\d+)")
+# an IB completion error in every wording (NCCL 2.3 to 2.30, the HPC-X IB plugin): "with error 12,
+# opcode 0, len 0, vendor err 129 (Send)", "with status=12 opcode=0 len=0 vendor err 129 (Recv)",
+# "status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=N vendor_err=129 req_type=Send",
+# then RoCE GIDs ("remoteGids" has no space from 2.20) and the HCA ("hca mlx5_2", 2.22+)
+IB_COMPLETION_RE = re.compile(
+    r"with (?:error (?P<st_a>\d+),? opcode (?P<op_a>-?\d+),? len (?P<len_a>-?\d+),? vendor err (?P<ve_a>\d+)"
+    r"|status=(?:(?P<stname>[A-Z_]+)\()?(?P<st_b>\d+)\)?,? opcode=(?:(?P<opname>[A-Z_]+)\()?(?P<op_b>-?\d+)\)?,?"
+    r"(?: len=(?P<len_b>-?\d+)| reqSize=(?P<rs>-?\d+))?,? vendor[ _]err[ =](?P<ve_b>\d+))"
+    r"(?: \((?P<req_a>\w+)\)| req_type=(?P<req_b>\w+))?(?:\s+localGid (?P<lgid>\S+))?(?: remoteGids? ?(?P<rgid>\S+))?"
+    r"(?:\s+hca (?P<hca>\S+))?")
+# an IB async event names its device and port: "NET/IB : mlx5_0:1 Got async event : port error"
+IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
+PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
+WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256})
+# needles of the NCCL lines other than INFO (INFO lines come from the COLL scanner's "other")
+NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version")
 INFO_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
 
 OPS = {
@@ -134,13 +170,18 @@ def _int(v):
     return None if v is None else int(v)
 
 
+# the launcher context of a line (lines.Context.as_row)
+CTX = {"ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}
+
+
 class NcclDebugParser(Parser):
+    NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
     NAME = "nccl_debug"
     DESCRIPTION = "NCCL_DEBUG log: init/transport/channel lines, COLL lines, WARN lines"
     GLOBS = ("logs/*", "logs/**/*", "*.nccl.log", "nccl_debug*", "nccl*.log")
     SCHEMAS = {
         "nccl_log_lines": {"line": "int", "ts": "str", "ts_local": "time", "host": "str", "pid": "int",
-                           "tid": "int", "dev": "int", "level": "str", "kind": "str", "message": "str"},
+                           "tid": "int", "dev": "int", "level": "str", "kind": "str", "message": "str", **CTX},
         "nccl_coll": {"line": "int", "ts": "str", "ts_local": "time", "host": "str", "pid": "int",
                       "tid": "int", "dev": "int", "op": "str", "op_name": "str", "op_count": "int",
                       "sendbuff": "str", "recvbuff": "str", "count": "int", "datatype": "int",
@@ -149,7 +190,7 @@ class NcclDebugParser(Parser):
         "nccl_comms": {"line": "int", "host": "str", "pid": "int", "tid": "int", "dev": "int",
                        "func": "str", "comm": "str", "rank": "int", "nranks": "int", "cuda_dev": "int",
                        "nvml_dev": "int", "bus_id": "str", "comm_id": "str", "parent": "str",
-                       "status": "str"},
+                       "status": "str", **CTX},
         "nccl_channels": {"line": "int", "host": "str", "pid": "int", "tid": "int", "dev": "int",
                           "channel": "int", "conn_index": "int", "src_rank": "int", "src_dev": "str",
                           "dst_rank": "int", "dst_dev": "str", "direction": "str", "via": "str",
@@ -159,8 +200,15 @@ class NcclDebugParser(Parser):
                        "down": "str", "order": "str", "nchannels": "int"},
         "nccl_warnings": {"line": "int", "ts": "str", "ts_local": "time", "host": "str", "pid": "int",
                           "tid": "int", "dev": "int", "src_file": "str", "src_line": "int",
-                          "func": "str", "message": "str", "peer": "str", "ib_status": "int"},
+                          "func": "str", "message": "str", "peer": "str", "ib_status": "int", "peer_addr": "str",
+                          "peer_port": "int", "ib_opcode": "int", "ib_len": "int", "vendor_err": "int",
+                          "ib_side": "str", "local_gid": "str", "remote_gid": "str", "ib_device": "str", **CTX},
+        "nccl_coll_last": {"line": "int", "ts": "str", "host": "str", "pid": "int", "tid": "int", "dev": "int",
+                           "comm": "str", "op": "str", "op_name": "str", "op_count": "int", "count": "int",
+                           "datatype": "int", "nranks": "int", "lines": "int", **CTX},
     }
+
+    MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT")
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
@@ -169,47 +217,59 @@ class NcclDebugParser(Parser):
             or any(ln.startswith("NCCL version ") for ln in lines)
 
     @classmethod
+    def claims(cls, text: LogText) -> bool:
+        """A log anywhere in which an NCCL line stands (a job's output: NCCL's lines may start
+        after megabytes of other output)."""
+        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
+
+    @classmethod
     def parse_bytes(cls, data: bytes, label: str):
+        return cls.parse_text(LogText.of(data, label), label)
+
+    @classmethod
+    def parse_text(cls, text: LogText, label: str, coll: str = "rows"):
+        """Parse one log. ``coll``: ``"rows"`` (a ``nccl_coll`` row per COLL line) or
+        ``"positions"`` (``nccl_coll_last``: the last line of each process and communicator,
+        what the model reads; a log of millions of COLL lines costs no row per line)."""
         log = WarningLog(label)
         facts: dict = {"nccl_version": None, "versions": [], "other_lines": 0, "processes": {}}
-        if not data.strip():
+        if text.size == 0 or text.blank():
             log.add(None, "empty file")
             return cls.result(label, {}, facts, log)
-        if looks_binary(data):
+        if looks_binary(text.head()):
             log.add(None, "binary data, not an NCCL_DEBUG text log")
             return cls.result(label, {}, facts, log)
 
-        # One pass over the lines, a regular expression or two for each line that mentions
-        # NCCL: what a pandas string method does inside too, without its fixed cost per call
-        # (a fuzz input parses in ~3 ms, not ~19; a 152,000-line COLL log in 5 s, not 9)
-        lines = split_lines(decode_text(data))
-        n_lines = 0
+        # COLL lines in C; every other NCCL line located by its marker, decoded and read here
+        c_rows, c_last, other = _scan_coll(text, coll)
         rows: list[_Line] = []
-        bare: list[tuple[int, str]] = []           # (line, version): "NCCL version x" without a prefix
+        bare: list[tuple[int, str, str]] = []           # (line, version, prefix): "NCCL version x" without a prefix
         n_mentions = 0
-        for ln, text in enumerate(lines, 1):
-            if text.strip():
-                n_lines += 1
-            if "NCCL" not in text:
+        for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
+            if "NCCL" not in line:
                 continue
-            g = LINE_RE.search(text)
+            g = LINE_RE.search(line)
             if g is None:
-                if (v := VERSION_RE.search(text)) is not None:
-                    bare.append((ln, v["version"]))
-                elif MENTION_RE.search(text):
+                if (v := VERSION_RE.search(line)) is not None:
+                    bare.append((ln, v["version"], line[:v.start()]))
+                elif MENTION_RE.search(line):
                     n_mentions += 1
-                    log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {text[:120]!r}")
+                    log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
                 continue
-            rows.append(_Line(ln, g))
-        facts["other_lines"] = n_lines - len(rows) - len(bare) - n_mentions
+            r = _Line(ln, g, line[:g.start()])
+            if r.level == "WARN" and len(line) in WRAP_WIDTHS:
+                r.msg = _unwrap(text, end, r.msg)
+            rows.append(r)
+        n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
+        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - n_mentions - n_coll)
 
-        if not rows:
-            for _, v in bare:
+        if not rows and not n_coll:
+            for _, v, _ in bare:
                 _add_version(facts, v)
             if not bare:
                 log.add(None, "no NCCL_DEBUG lines found")
-            bv = [{"line": ln, "level": "VERSION", "kind": "version", "message": "NCCL version " + v}
-                  for ln, v in bare]
+            bv = [{"line": ln, "level": "VERSION", "kind": "version", "message": "NCCL version " + v,
+                   **lines_mod.context(pre).as_row()} for ln, v, pre in bare]
             return cls.result(label, {"nccl_log_lines": bv}, facts, log)
         if any(r.ts is not None for r in rows):
             # naive local time, as printed (NCCL >= 2.26): one vectorised parse for the log
@@ -220,27 +280,19 @@ class NcclDebugParser(Parser):
         info = [r for r in rows if r.level == "INFO"]
         tables: dict = {}
 
-        # --- COLL lines (issued collectives), then Init START/COMPLETE lines
-        coll = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log)
+        # --- COLL lines the C scanner left (another form), then Init START/COMPLETE lines
+        coll_py = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log)
         comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log)
-        if coll:
-            t = _table(BASE, coll)
-            t["op"] = [op_enum(n) for n in t["op_name"]]
-            t["op_count"] = [int(h, 16) for h in t["op_count"]]
-            for k in ("count", "datatype", "red_op", "root", "nranks"):
-                t[k] = [int(v) for v in t[k]]
-            for k in ("sendbuff", "recvbuff"):
-                t[k] = [None if v == "(nil)" else v for v in t[k]]
-            types = [DATATYPES.get(d, (None, None)) for d in t["datatype"]]
-            t["datatype_name"] = [name for name, _ in types]
-            t["bytes"] = [n * size if size is not None else None for n, (_, size) in zip(t["count"], types)]
-            t["red_op_name"] = [RED_OPS.get(o, "premulsum") for o in t["red_op"]]
-            t["peer"] = [root if op in ("SEND", "RECV") else None for op, root in zip(t["op"], t["root"])]
-            tables["nccl_coll"] = t
+        py = _coll_columns(coll_py) if coll_py else None
+        if coll == "rows":
+            tables["nccl_coll"] = _concat_rows([c_rows, py])
+        else:
+            tables["nccl_coll_last"] = _last_positions([c_last, py])
         if comms:
             t = _table(("line", "host", "pid", "tid", "dev"), comms)
             for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
                 t[k] = [_int(v) for v in t[k]]
+            t.update(_contexts([r for r, _ in comms]))
             tables["nccl_comms"] = t
 
         # --- Channel connection lines, ring order, rings and trees (a line is one of them)
@@ -291,17 +343,22 @@ class NcclDebugParser(Parser):
             t["src_line"] = [_int(r.src[1]) for r in warns]
             t["func"] = [r.src[2] for r in warns]
             t["message"] = [r.msg for r in warns]
-            t["peer"] = [(m["peer"] if (m := PEER_RE.search(r.msg)) else None) for r in warns]
-            t["ib_status"] = [(_int(m["st"]) if (m := IB_STATUS_RE.search(r.msg)) else None) for r in warns]
+            t["peer"] = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(r.msg)) else None) for r in warns]
+            t.update(_peer_parts(t["peer"]))
+            t.update(_ib_fields([r.msg for r in warns]))
+            t.update(_contexts(warns))
             tables["nccl_warnings"] = t
 
         # --- Per-process facts from the remaining INFO lines
         procs: dict = facts["processes"]
 
         def proc(r: _Line) -> dict:
-            key = f"{r.host}:{r.pid}"
+            return proc_of(r.host, r.pid)
+
+        def proc_of(host: str, pid: int) -> dict:
+            key = f"{host}:{pid}"
             if key not in procs:
-                procs[key] = {"host": r.host, "pid": r.pid, "version": None,
+                procs[key] = {"host": host, "pid": pid, "version": None,
                               "transport": None, "ib_devices": [], "oob_interface": None,
                               "oob_address": None, "socket_interfaces": [], "interfaces": [],
                               "gdr": None, "nchannels": None, "env": {}, "ranks": {}, "comm_ids": []}
@@ -309,6 +366,12 @@ class NcclDebugParser(Parser):
 
         for r in rows:
             proc(r)
+        for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
+            if t is not None and len(t):
+                for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
+                    key = f"{host}:{pid}"
+                    if key not in procs:
+                        proc_of(host, int(pid))
         for r in info:
             if r.kind != "other":
                 continue
@@ -350,7 +413,7 @@ class NcclDebugParser(Parser):
                 r.kind = "topology"
             elif ERROR_RETURN_RE.match(text):
                 r.kind = "error_return"
-        for _, v in bare:
+        for _, v, _ in bare:
             _add_version(facts, v)
         if bare and len(procs) == 1:
             only = next(iter(procs.values()))
@@ -389,14 +452,19 @@ class NcclDebugParser(Parser):
         t["level"] = [r.level for r in rows]
         t["kind"] = [r.kind for r in rows]
         t["message"] = [r.msg for r in rows]
-        if bare:   # the bare version lines too, in file order
-            for ln, v in bare:
-                for col in t.values():
-                    col.append(None)
-                t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
-                t["message"][-1] = "NCCL version " + v
-            order = sorted(range(len(t["line"])), key=t["line"].__getitem__)
-            t = {k: [col[i] for i in order] for k, col in t.items()}
+        t.update(_contexts(rows))
+        for ln, v, pre in bare:   # the bare version lines too
+            ctx = lines_mod.context(pre).as_row()
+            for k, col in t.items():
+                col.append(ctx.get(k))
+            t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
+            t["message"][-1] = "NCCL version " + v
+        t = pd.DataFrame(t)
+        if coll == "rows" and len(tables["nccl_coll"]):
+            c = tables["nccl_coll"]
+            cl = c[[k for k in list(BASE) + ["message"] + list(CTX) if k in c]].assign(level="INFO", kind="coll")
+            t = pd.concat([t[~t["line"].isin(cl["line"])], cl], ignore_index=True) if len(t) else cl
+        t = t.sort_values("line", kind="stable").reset_index(drop=True)
         tables["nccl_log_lines"] = t
         return cls.result(label, tables, facts, log)
 
@@ -407,10 +475,11 @@ VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\
 
 class _Line:
     """One line with the NCCL prefix: its fields, and the kind of line it turns out to be."""
-    __slots__ = ("line", "src", "ts", "ts_local", "host", "pid", "tid", "dev", "level", "msg", "kind")
+    __slots__ = ("line", "src", "ts", "ts_local", "host", "pid", "tid", "dev", "level", "msg", "kind", "pre")
 
-    def __init__(self, line: int, g: re.Match):
+    def __init__(self, line: int, g: re.Match, pre: str = ""):
         self.line = line
+        self.pre = pre                       # the text before the NCCL prefix (launcher tags)
         self.ts, self.ts_local, self.host, self.level = g["ts"], None, g["host"], g["level"]
         # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
         self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
@@ -454,5 +523,232 @@ def _add_version(facts: dict, version: str) -> None:
     if version not in facts["versions"]:
         facts["versions"].append(version)
 
+
+# --------------------------------------------------------------------------- COLL lines, in C
+
+_COLL_ROW_COLS = ("start", "pre", "ts_len", "host_off", "host_len", "host_hash", "pid", "tid", "dev", "op_off",
+                  "op_len", "op_hash", "op_count", "sendbuff", "recvbuff", "count", "datatype", "red_op", "root",
+                  "comm", "nranks", "stream")
+_COLL_LAST_COLS = ("start", "pre", "ts_len", "host_off", "host_len", "host_hash", "pid", "tid", "dev", "op_off",
+                   "op_len", "op_hash", "op_count", "count", "datatype", "comm", "nranks")
+_K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
+
+
+def _scan_coll(text: LogText, mode: str):
+    """(COLL rows as a DataFrame or None, the last line per process and communicator as a
+    DataFrame or None, offsets of the other "NCCL INFO " lines) of ``text``."""
+    from ..native import coll_chunks
+    others, parts = [], []
+    cols = _COLL_ROW_COLS if mode == "rows" else _COLL_LAST_COLS
+    for chunk, other in coll_chunks(text.data, text.size, cols):
+        others.append(other.copy())
+        if len(chunk["start"]):
+            parts.append({k: v.copy() for k, v in chunk.items()} if mode == "rows" else _last_of(chunk))
+    other = np.concatenate(others) if others else np.empty(0, np.int64)
+    if not parts:
+        return (_coll_frame(text, None) if mode == "rows" else None), (None if mode == "rows" else None), other
+    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    if mode == "rows":
+        return _coll_frame(text, merged), None, other
+    return None, _positions_frame(text, _last_of(merged) if len(parts) > 1 else merged), other
+
+
+def _last_of(c: dict) -> dict:
+    """The row of the largest opCount (the later line on a tie) of each (host, pid, comm), with
+    ``lines``: how many rows each had (summed over chunks already aggregated)."""
+    h = c["host_hash"] ^ (c["pid"].astype(np.uint64) * _K1) ^ (c["comm"] * _K2)
+    order = np.lexsort((c["start"], c["op_count"], h))
+    hs = h[order]
+    first = np.r_[True, hs[1:] != hs[:-1]]
+    last = np.r_[hs[1:] != hs[:-1], True]
+    n = c["lines"] if "lines" in c else np.ones(len(h), np.int64)
+    counts = np.add.reduceat(n[order], np.flatnonzero(first))
+    pick = order[last]
+    out = {k: v[pick] for k, v in c.items() if k != "lines"}
+    out["lines"] = counts
+    return out
+
+
+def _strings(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """The text at (offset, length) of each row, decoded once per distinct ``key`` (a hash)."""
+    if not len(key):
+        return np.empty(0, object)
+    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    vals = np.array([text.text(int(off[i]), int(off[i] + ln[i])) for i in first], dtype=object)
+    return vals[inv]
+
+
+def _pointers(v: np.ndarray) -> np.ndarray:
+    """glibc's %p of each pointer ("(nil)" for 0 becomes NA)."""
+    uniq, inv = np.unique(v, return_inverse=True)
+    txt = np.array([None if u == 0 else f"0x{int(u):x}" for u in uniq], dtype=object)
+    return txt[inv]
+
+
+def _coll_frame(text: LogText, c: dict | None) -> pd.DataFrame:
+    """``nccl_coll`` rows of the C scanner's columns (``None``: an empty frame)."""
+    if c is None or not len(c["start"]):
+        return pd.DataFrame(columns=list(NcclDebugParser.SCHEMAS["nccl_coll"]))
+    start, end, line = text.line_numbers_and_ends(c["start"])
+    op_name = _strings(text, c["op_off"], c["op_len"], c["op_hash"])
+    df = pd.DataFrame({
+        "line": line, "ts": _ts_texts(text, c), "host": _strings(text, c["host_off"], c["host_len"], c["host_hash"]),
+        "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "op_name": op_name,
+        "op_count": c["op_count"].astype(object), "sendbuff": _pointers(c["sendbuff"]),
+        "recvbuff": _pointers(c["recvbuff"]), "count": c["count"], "datatype": c["datatype"], "red_op": c["red_op"],
+        "root": c["root"], "comm": _pointers(c["comm"]), "nranks": c["nranks"], "stream": _pointers(c["stream"])})
+    df["comm"] = df["comm"].fillna("(nil)")
+    df["stream"] = df["stream"].fillna("(nil)")
+    df["message"] = [text.text(int(a), int(b)).rstrip() for a, b in zip(c["op_off"], end)]
+    return _coll_derived(df)
+
+
+def _ts_texts(text: LogText, c: dict) -> np.ndarray:
+    out = np.full(len(c["start"]), None, dtype=object)
+    for i in np.flatnonzero(c["ts_len"] > 0):
+        out[i] = text.text(int(c["pre"][i]) + 1, int(c["pre"][i] + c["ts_len"][i]) - 1)
+    return out
+
+
+def _coll_derived(df: pd.DataFrame) -> pd.DataFrame:
+    """op, datatype_name, bytes, red_op_name, peer and ts_local of COLL rows."""
+    ops = {n: op_enum(n) for n in df["op_name"].unique()}
+    df["op"] = df["op_name"].map(ops)
+    dt = pd.to_numeric(df["datatype"], errors="coerce")
+    df["datatype_name"] = dt.map({k: v[0] for k, v in DATATYPES.items()})
+    # Python ints: a count of 20 digits times the element size must not pass through float
+    df["bytes"] = [int(n) * DATATYPES[int(d)][1] if pd.notna(d) and int(d) in DATATYPES and pd.notna(n) else None
+                   for n, d in zip(df["count"].tolist(), dt.tolist())]
+    red = pd.to_numeric(df["red_op"], errors="coerce")
+    df["red_op_name"] = red.map(RED_OPS).where(red.isna() | red.isin(list(RED_OPS)), "premulsum")
+    df["peer"] = df["root"].where(df["op"].isin(["SEND", "RECV"]))
+    if "ts" in df and df["ts"].notna().any():
+        df["ts_local"] = pd.to_datetime(df["ts"].astype("string").str.replace("_", " "), errors="coerce",
+                                        format="mixed")
+    return df
+
+
+def _positions_frame(text: LogText, c: dict) -> pd.DataFrame:
+    """``nccl_coll_last`` of the aggregated C columns, with the line numbers, times and
+    launcher contexts of those last lines."""
+    order = np.argsort(c["start"], kind="stable")
+    c = {k: v[order] for k, v in c.items()}
+    _, _, line = text.line_numbers_and_ends(c["start"])
+    df = pd.DataFrame({
+        "line": line, "ts": _ts_texts(text, c), "host": _strings(text, c["host_off"], c["host_len"], c["host_hash"]),
+        "pid": c["pid"], "tid": c["tid"], "dev": c["dev"],
+        "op_name": _strings(text, c["op_off"], c["op_len"], c["op_hash"]), "op_count": c["op_count"].astype(object),
+        "count": c["count"], "datatype": c["datatype"], "comm": _pointers(c["comm"]), "nranks": c["nranks"],
+        "lines": c["lines"]})
+    df["comm"] = df["comm"].fillna("(nil)")
+    df["op"] = df["op_name"].map(op_enum)
+    ctx = [lines_mod.context(text.text(int(a), int(b))).as_row() for a, b in zip(c["start"], c["pre"])]
+    return pd.concat([df, pd.DataFrame(ctx, index=df.index)], axis=1)
+
+
+def _coll_columns(pairs: list[tuple["_Line", re.Match]]) -> pd.DataFrame:
+    """COLL rows the regular expression read (lines not in the form the C scanner reads)."""
+    t = _table(BASE, pairs)
+    df = pd.DataFrame(t)
+    df["message"] = [r.msg for r, _ in pairs]
+    df["op_count"] = [int(h, 16) for h in df["op_count"]]
+    for k in ("count", "datatype", "red_op", "root", "nranks"):
+        df[k] = [int(v) for v in df[k]]
+    for k in ("sendbuff", "recvbuff"):
+        df[k] = [None if v == "(nil)" else v for v in df[k]]
+    df = pd.concat([df, pd.DataFrame(_contexts([r for r, _ in pairs]), index=df.index)], axis=1)
+    return _coll_derived(df)
+
+
+def _concat_rows(parts: list) -> pd.DataFrame:
+    parts = [p for p in parts if p is not None and len(p)]
+    if not parts:
+        return pd.DataFrame(columns=list(NcclDebugParser.SCHEMAS["nccl_coll"]))
+    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return df.sort_values("line", kind="stable").reset_index(drop=True)
+
+
+def _last_positions(parts: list) -> pd.DataFrame:
+    """``nccl_coll_last`` of the C scanner's aggregate and any COLL rows read here."""
+    parts = [p for p in parts if p is not None and len(p)]
+    if not parts:
+        return pd.DataFrame(columns=list(NcclDebugParser.SCHEMAS["nccl_coll_last"]))
+    df = pd.concat([p.assign(lines=p["lines"] if "lines" in p else 1) for p in parts], ignore_index=True)
+    key = ["host", "pid", "comm"]
+    lines = df.groupby(key, dropna=False)["lines"].transform("sum")
+    df = df.assign(lines=lines, _oc=pd.to_numeric(df["op_count"], errors="coerce"))
+    df = df.sort_values(["_oc", "line"], kind="stable").drop_duplicates(key, keep="last")
+    return df.drop(columns="_oc").sort_values("line", kind="stable").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- the other lines
+
+def text_lines(text: LogText) -> int:
+    """Lines holding more than blanks."""
+    from ..native import line_count
+    return line_count(text.data, text.size)[1]
+
+
+def _unwrap(text: LogText, end: int, msg: str) -> str:
+    """A WARN message hard-wrapped by a terminal, joined with its continuation lines (up to 3:
+    while each is as long as the wrap, and none is an NCCL line of its own)."""
+    for nxt in text.following(end, 3):
+        if not nxt.strip() or LINE_RE.search(nxt) or "NCCL " in nxt:
+            break
+        msg += nxt.rstrip()
+        if len(nxt) not in WRAP_WIDTHS:
+            break
+    return msg
+
+
+_CTX_CACHE: dict[str, dict] = {}
+
+
+def _contexts(rows: list) -> dict[str, list]:
+    """The launcher context columns of ``rows`` (:func:`.lines.context` of each one's prefix;
+    the same prefix text is read once)."""
+    out: dict[str, list] = {k: [] for k in lines_mod.NO_CONTEXT.as_row()}
+    for r in rows:
+        pre = r.pre
+        ctx = _CTX_CACHE.get(pre)
+        if ctx is None:
+            ctx = lines_mod.context(pre).as_row()
+            if len(_CTX_CACHE) > 50_000:
+                _CTX_CACHE.clear()
+            _CTX_CACHE[pre] = ctx
+        for k, v in ctx.items():
+            out[k].append(v)
+    return out
+
+
+def _peer_parts(peers: list) -> dict[str, list]:
+    addrs, ports = [], []
+    for p in peers:
+        m = PEER_ADDR_RE.match(p) if isinstance(p, str) else None
+        addrs.append(m["addr"] if m else None)
+        port = (m["port"] or m["port2"]) if m else None
+        ports.append(int(port) if port else None)
+    return {"peer_addr": addrs, "peer_port": ports}
+
+
+def _ib_fields(msgs: list[str]) -> dict[str, list]:
+    """The fields of IB completion errors in every wording, and the device an async event
+    names (None where a line has none)."""
+    keys = ("ib_status", "ib_opcode", "ib_len", "vendor_err", "ib_side", "local_gid", "remote_gid", "ib_device")
+    out: dict[str, list] = {k: [] for k in keys}
+    for msg in msgs:
+        row = dict.fromkeys(keys)
+        if "completion" in msg and (m := IB_COMPLETION_RE.search(msg)):
+            row.update(ib_status=_int(m["st_a"] or m["st_b"]), ib_opcode=_int(m["op_a"] or m["op_b"]),
+                       ib_len=_int(m["len_a"] or m["len_b"] or m["rs"]), vendor_err=_int(m["ve_a"] or m["ve_b"]),
+                       ib_side=m["req_a"] or m["req_b"], local_gid=m["lgid"], remote_gid=m["rgid"],
+                       ib_device=m["hca"])
+        elif (m := IB_STATUS_RE.search(msg)):
+            row["ib_status"] = _int(m["st"])
+        if row["ib_device"] is None and (d := IB_DEV_PORT_RE.search(msg)):
+            row["ib_device"] = d["dev"]
+        for k in keys:
+            out[k].append(row[k])
+    return out
 
 register(NcclDebugParser)

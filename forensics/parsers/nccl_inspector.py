@@ -50,6 +50,7 @@ def _num(v, kind=float):
 
 
 class NcclInspectorParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "nccl_inspector"
     DESCRIPTION = "NCCL Inspector plugin JSONL (per-collective bus bandwidth and exec time)"
     GLOBS = ("logs/nccl-inspector*/*", "nccl-inspector*/*", "*inspector*/*.log", "*-pid*.log")

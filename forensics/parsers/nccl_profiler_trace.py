@@ -47,6 +47,7 @@ def _repair(line: str) -> str:
 
 
 class NcclProfilerTraceParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "nccl_profiler_trace"
     DESCRIPTION = "NCCL example profiler plugin Chrome trace (b/e events per collective, proxy op, net step)"
     GLOBS = ("logs/nccl-profile*", "nccl-profile*/*", "*nccl_profile*", "*nccl-profile*")

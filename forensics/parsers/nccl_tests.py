@@ -39,7 +39,10 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
+
 from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
+from .text import LogText
 
 OMPI_TAG_RE = re.compile(r"^(?:.*?\d{4})?\[\d+,\d+\]<std(?:out|err)>:")
 RANK_TAG_RE = re.compile(r"\[\d+\]")
@@ -63,6 +66,10 @@ SIDE_NAMES = {"time": "time_us", "algbw": "algbw_gbps", "busbw": "busbw_gbps", "
               "wrong": "wrong", "error": "wrong"}
 
 
+REGION_MIN_BYTES = 16 << 20
+HEADER_RE = re.compile(r"^\s*#?\s*size\s+count\s+type\b")
+
+
 def _num(tok: str) -> float | None:
     if tok in ("N/A", "-", ""):
         return None
@@ -82,16 +89,37 @@ class NcclTestsParser(Parser):
                                "device": "int", "bus_id": "str", "gpu": "str"},
     }
 
+    MARKERS = (b"# nThread", b"nccl-tests version", b"# Avg bus bandwidth", b"# Out of bounds values",
+               b"Test NCCL failure", b"Test CUDA failure", b": Test failure", b"Collective test starting")
+
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         t = head.decode("utf-8", "replace")
         if re.search(r"(?m)^(?:\S*\]:?)?#\s*(?:nThread \d|nccl-tests version|Collective test starting"
-                     r"|\s*size\s+count\s+type)", t):
+                     r"|\s*size\s+count\s+type|Avg bus bandwidth|Out of bounds values)", t):
             return True
         return t.lstrip().startswith("{") and '"results"' in t and ('"nccl_version"' in t or '"experiment_name"' in t)
 
     @classmethod
-    def parse_bytes(cls, data: bytes, label: str):
+    def claims(cls, text: LogText) -> bool:
+        """An nccl-tests run anywhere in a log (a job's output, a summary pasted alone)."""
+        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
+
+    @classmethod
+    def parse_text(cls, text: LogText, label: str):
+        """A large log is read around its nccl-tests lines only (a run is a few hundred lines)."""
+        if text.size <= REGION_MIN_BYTES:
+            return cls.parse_bytes(bytes(text.data), label)
+        hits = text.lines_with(cls.MARKERS + (b"#       size", b"#  Rank"))
+        if not len(hits):
+            return cls.parse_bytes(b"", label)
+        a, b = max(0, int(hits.start[0]) - (64 << 10)), min(text.size, int(hits.end[-1]) + (256 << 10))
+        lines = text.region(a, b)
+        first = int(text.line_numbers(np.array([a]))[0]) if a else 1
+        return cls.parse_bytes("\n".join(lines).encode(), label, first_line=first)
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, label: str, first_line: int = 1):
         log = WarningLog(label)
         facts = {"tests": [], "version": None, "git_hash": None, "nccl_headers": None, "nccl_library": None,
                  "config": {}, "hosts": [], "ranks": 0, "devices": 0, "avg_busbw_gbps": None,
@@ -108,7 +136,7 @@ class NcclTestsParser(Parser):
         if text.lstrip().startswith("{"):
             rows, devices = _parse_json(text, facts, log, default_test)
         else:
-            rows, devices = _parse_text(text, facts, log, default_test)
+            rows, devices = _parse_text(text, facts, log, default_test, first_line)
         facts["hosts"] = sorted({d["host"] for d in devices if d.get("host")})
         facts["ranks"] = len({d["rank"] for d in devices if d.get("rank") is not None})
         facts["devices"] = len(devices)
@@ -133,11 +161,11 @@ def _layout_from_header(tokens: list[str]) -> tuple[list[str], list[list[str]], 
     return keys, sides, trailing
 
 
-def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | None):
+def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | None, first_line: int = 1):
     rows, devices = [], []
     test = default_test
     layout = None
-    for ln, raw in enumerate(split_lines(text), 1):
+    for ln, raw in enumerate(split_lines(text), first_line):
         line = OMPI_TAG_RE.sub("", raw).strip()
         line = re.sub(r"^\[\d+\]\s*", "", line)
         if not line:
@@ -179,6 +207,9 @@ def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | Non
             continue
         if FAIL_RE.search(line):
             facts["failures"].append(line)
+            continue
+        if HEADER_RE.match(line):              # a column header printed without its "#"
+            layout = _layout_from_header(line.lstrip("#").split())
             continue
         tokens = RANK_TAG_RE.sub(" ", line).split()
         if not tokens or not tokens[0].isdigit():

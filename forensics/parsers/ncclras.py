@@ -112,6 +112,7 @@ NO_COMMS = "No communicator data collected!"
 
 
 class NcclRasParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "ncclras"
     DESCRIPTION = "NCCL RAS status (ncclras -v): job summary, communicators, missing/dead ranks, mismatches"
     GLOBS = ("sys/**/ncclras*", "*ncclras*")

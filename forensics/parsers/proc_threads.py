@@ -34,6 +34,7 @@ def _str(v):
 
 
 class ProcThreadsParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "proc_threads"
     DESCRIPTION = "capture's per-thread /proc samples: state, syscall, the sockets each thread waits on"
     GLOBS = ("proc/*threads*.json", "proc/**/*threads*.json")

@@ -51,6 +51,7 @@ STATUSES = {"idle": (False, False), "active": (True, False), "active+gil": (True
 
 
 class PySpyParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "pyspy"
     DESCRIPTION = "py-spy dump (text or --json): per-thread Python stacks"
     GLOBS = ("stacks/*", "stacks/**/*", "*py-spy*", "*pyspy*")

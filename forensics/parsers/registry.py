@@ -220,11 +220,21 @@ class Parser:
     DESCRIPTION: str = ""
     GLOBS: tuple[str, ...] = ()          # paths inside a bundle, e.g. "logs/*.log"
     SCHEMAS: dict[str, dict[str, str]] = {}
+    # a structured format (JSON, a pickle) is a whole file; a text format's lines can stand
+    # anywhere in a job's log, among other formats' lines
+    STRUCTURED: bool = False
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         """Whether the first bytes of a file look like this format."""
         return False
+
+    @classmethod
+    def claims(cls, text) -> bool:
+        """Whether this parser has something to read in a text log (a :class:`.text.LogText`):
+        by default its first bytes decide (:meth:`sniff`); a text format whose lines may stand
+        anywhere in a job's output looks for its markers in the whole file."""
+        return cls.sniff(text.head())
 
     @classmethod
     def parse(cls, source: Source) -> ParseResult:

@@ -125,6 +125,7 @@ def parse_info(info: str) -> dict:
 
 
 class SsParser(Parser):
+    STRUCTURED = True     # a whole file of its own format
     NAME = "ss"
     DESCRIPTION = "ss -tinp socket snapshot: per-socket TCP state, retransmits and owning pid"
     GLOBS = ("sys/ss*", "sys/**/ss*", "ss-*.txt", "ss_*.txt", "ss.txt")

@@ -1,58 +1,87 @@
-"""PyTorch ProcessGroupNCCL watchdog lines in training logs (timeouts, exceptions, FR dumps).
+"""PyTorch ProcessGroupNCCL lines in a job's output: watchdog timeouts, NCCL errors, dumps.
 
-c10 log prefix ``[rank<N>]:[<E|W|I><MMDD> <HH:MM:SS.ns> <file>:<line>]`` (older:
-``[E ProcessGroupNCCL.cpp:458]``), anywhere in the line (launchers and line numbers
-may precede it). Messages read:
+c10 log prefix ``[rank<N>]:[<E|W|I|F><MMDD> <HH:MM:SS.ns> <file>:<line>]`` (older:
+``[E ProcessGroupNCCL.cpp:458]``, ``[E ProcessGroupNCCL.hpp:...]``), anywhere in the line:
+launchers, line numbers and progress bars may precede it (their tags are read by
+:mod:`.lines`). Messages read (PyTorch 1.8 to 2.x):
 
-- ``[Rank r] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…,
-  OpType=…, [NumelIn=…, NumelOut=…,] Timeout(ms)=…) ran for … milliseconds before
-  timing out.`` (also inside ``Process group watchdog thread terminated with exception:``)
-- ``[PG <tag> Rank r] Exception (either an error or timeout) detected by watchdog at
-  work: <seq>, last enqueued NCCL work: <n>, last completed NCCL work: <n>.``
-- ``… timed out after waiting for <ms>ms flight recorder dumps to finish.``
-- dump signals from another rank, the teardown messages, and the watchdog-stuck
-  (heartbeat) message.
+- ``[Rank r] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=…, OpType=…,
+  [NumelIn=…, NumelOut=…,] Timeout(ms)=…) ran for … milliseconds before timing out.``;
+  PyTorch < 1.10 prints no SeqNum (``WorkNCCL(OpType=…, Timeout(ms)=…)``); also inside
+  ``Process group watchdog thread terminated with exception:`` and ``what():``;
+- ``[PG <tag> Rank r] Exception (either an error or timeout) detected by watchdog at work:
+  <seq>, last enqueued NCCL work: <n>, last completed NCCL work: <n>.`` and ``Timeout at
+  NCCL work: …`` (the same three numbers);
+- ``NCCL error in: <file>:<line>, <error>, NCCL version <v>`` / ``NCCL error: <error>, NCCL
+  version <v>`` (DistBackendError, the watchdog's own), the ``ncclRemoteError: …`` explanation
+  line after it, and the ``Last error:`` line after that (NCCL's last WARN, without its prefix);
+- a dump signal ``from rank N`` (rank N timed out first), the watchdog stuck (heartbeat),
+  ``… flight recorder dumps to finish``, the teardown, ``NCCL communicator was aborted``;
+- the c10d store's ``store->get(...) got error`` while exchanging the ncclUniqueId.
 
-The PG tag forms: ``PG 1``, ``PG ID 0 PG GUID 0(default_pg)``, none. SeqNum is the
-Flight Recorder ``collective_seq_id`` of that PG. A line naming ``WorkNCCL(`` whose
-fields do not parse is warned about; other log lines are ignored.
+The PG tag forms: ``PG 1``, ``PG ID 0 PG GUID 0(default_pg)``, none. SeqNum is the Flight
+Recorder ``collective_seq_id`` of that PG. A line hard-wrapped by a terminal is joined with
+the lines after it when they complete it. A line naming ``WorkNCCL(`` whose fields do not
+parse even then is warned about; other log lines are ignored.
 
 Table ``watchdog`` (one row per recognised line):
-    line (int), kind (timeout|exception|terminated|fr_dump_wait|dump_signal|teardown|
-    watchdog_stuck), severity (E|W|I|F), log_time (str ``MMDD HH:MM:SS.frac``), src_file
-    (str), src_line (int), rank (int: from ``[rankN]`` or ``[Rank N]``), pg_id (int),
-    pg_guid (str), pg_desc (str), seq_num (int), op_type (str as printed, e.g.
-    ALLREDUCE, _REDUCE_SCATTER_BASE), op (str: ALL_REDUCE, REDUCE_SCATTER, …), numel_in,
-    numel_out, timeout_ms, ran_for_ms (int), last_enqueued, last_completed (int),
-    peer_rank (int: the rank named by a dump signal), wait_ms (int: FR dump wait),
-    message (str).
+    line (int), kind (timeout|exception|terminated|nccl_error|last_error|fr_dump_wait|
+    dump_signal|teardown|watchdog_stuck|aborted|store_error), severity (E|W|I|F), log_time
+    (str ``MMDD HH:MM:SS.frac``), src_file (str), src_line (int), rank (int: from ``[rankN]``
+    or ``[Rank N]``), pg_id (int), pg_guid (str), pg_desc (str), seq_num (int), op_type (str as
+    printed, e.g. ALLREDUCE, _REDUCE_SCATTER_BASE), op (str: ALL_REDUCE, REDUCE_SCATTER, …),
+    numel_in, numel_out, timeout_ms, ran_for_ms (int), last_enqueued, last_completed (int),
+    peer_rank (int: the rank named by a dump signal), wait_ms (int: FR dump wait), error (str:
+    NCCL's error text), nccl_version (str), message (str), and the launcher context
+    (ctx_rank, ctx_local_rank, ctx_host, ctx_pid, ctx_clock: :mod:`.lines`).
 
-Facts: timeouts ({rank: seq_num} of the first timeout per rank), ranks (sorted).
+Facts: timeouts ({rank: seq_num} of the first timeout per rank), ranks (sorted),
+nccl_version (the first an error line names).
 """
 from __future__ import annotations
 
 import re
 
-from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
+from . import lines as lines_mod
+from .registry import Parser, WarningLog, looks_binary, register
+from .text import LogText
 
 PREFIX_RE = re.compile(r"(?:\[rank(?P<prank>\d+)\]:)?\[(?P<sev>[EWIF])(?P<date>\d{3,4})? ?(?P<time>[\d:.]+)? ?"
                        r"(?P<file>[\w.]+\.(?:cpp|cc|hpp|h|py)):(?P<srcline>\d+)\] ?(?P<msg>.*)$")
 PG_TAG_RE = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)(?: PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)]*)\))?)? )?"
                        r"Rank (?P<rank>\d+)\]")
-WORK_RE = re.compile(r"WorkNCCL\((?P<fields>.*)\)\s+ran for (?P<ran>\d+) milliseconds")
+WORK_RE = re.compile(r"WorkNCCL\((?P<fields>.*?)\)\s+ran for (?P<ran>\d+) milliseconds")
 FIELD_RE = re.compile(r"(?P<k>[A-Za-z]+(?:\(ms\))?)=(?P<v>[^,]+?)(?=,|$)")
-EXC_RE = re.compile(r"detected by watchdog at work: (?P<seq>-?\d+), last enqueued NCCL work: (?P<enq>-?\d+), "
-                    r"last completed NCCL work: (?P<done>-?\d+)")
+# "detected by watchdog at work: 7753, last enqueued NCCL work: 7755, last completed NCCL work: 7752."
+# (2.4-2.6), "Timeout at NCCL work: ..." (2.2-2.6), "failure detected by watchdog at work sequence id: 493
+# PG status: last enqueued work: 493, last completed work: 492" (2.6+)
+EXC_RE = re.compile(r"(?:detected by watchdog at work(?: sequence id)?|Timeout at NCCL work):? (?P<seq>-?\d+),?"
+                    r"(?: PG status:)? last enqueued (?:NCCL )?work: (?P<enq>-?\d+), last completed (?:NCCL )?work: "
+                    r"(?P<done>-?\d+)")
+NCCL_ERROR_RE = re.compile(r"NCCL error(?: in: (?P<where>[^,]+),| ?:)? ?(?P<err>.*?)(?:, NCCL version "
+                           r"(?P<version>[\w.+-]+))?\s*$")
+NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)"
+                          r"Error): (?P<text>.*)$")
 FR_WAIT_RE = re.compile(r"timed out after waiting for (?P<ms>\d+)ms flight recorder dumps")
-DUMP_SIGNAL_RE = re.compile(r"(?:dump signal|flight recorder dump signal).*?(?:from rank|rank) (?P<peer>\d+)", re.I)
-STUCK_RE = re.compile(r"watchdog got stuck for (?P<s>\d+) seconds|Heartbeat monitor timed out", re.I)
+DUMP_SIGNAL_RE = re.compile(r"(?:dump signal|flight recorder dump signal|global timeout).*?(?:from rank|rank) "
+                            r"(?P<peer>\d+)", re.I)
+DUMP_ANY_RE = re.compile(r"(?:Received|Observed) a (?:dump signal|flight recorder dump signal|global timeout)", re.I)
+STUCK_RE = re.compile(r"watchdog got stuck for (?P<s>\d+) seconds|Heartbeat monitor timed out"
+                      r"|[Ww]atchdog (?:thread )?(?:is )?(?:stuck|hang)", re.I)
 TEARDOWN_RE = re.compile(r"Some NCCL operations have failed or timed out|taking the entire process down")
+ABORTED_RE = re.compile(r"NCCL communicator was aborted(?: on rank (?P<rank>\d+))?|ncclCommAbort", re.I)
+STORE_RE = re.compile(r"store->get\((?P<key>[^)]*)\) got error: (?P<err>.*)$|ncclUniqueId from \[(?P<root>\d+)\]")
 OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BASE": "ALL_GATHER",
-            "ALLGATHER_COALESCED": "ALL_GATHER", "REDUCE_SCATTER": "REDUCE_SCATTER",
-            "_REDUCE_SCATTER_BASE": "REDUCE_SCATTER", "REDUCE_SCATTER_TENSOR_COALESCED": "REDUCE_SCATTER",
-            "BROADCAST": "BROADCAST", "REDUCE": "REDUCE", "SEND": "SEND", "RECV": "RECV", "RECVANYSOURCE": "RECV",
-            "ALLTOALL": "ALL_TO_ALL", "ALLTOALL_BASE": "ALL_TO_ALL", "BARRIER": "BARRIER", "GATHER": "GATHER",
-            "SCATTER": "SCATTER", "COALESCED": "COALESCED"}
+            "ALLGATHER_COALESCED": "ALL_GATHER", "ALLGATHER_INTO_TENSOR_COALESCED": "ALL_GATHER",
+            "REDUCE_SCATTER": "REDUCE_SCATTER", "_REDUCE_SCATTER_BASE": "REDUCE_SCATTER",
+            "REDUCE_SCATTER_TENSOR_COALESCED": "REDUCE_SCATTER", "BROADCAST": "BROADCAST", "REDUCE": "REDUCE",
+            "SEND": "SEND", "RECV": "RECV", "RECVANYSOURCE": "RECV", "ALLTOALL": "ALL_TO_ALL",
+            "ALLTOALL_BASE": "ALL_TO_ALL", "BARRIER": "BARRIER", "GATHER": "GATHER", "SCATTER": "SCATTER",
+            "COALESCED": "COALESCED", "ALLREDUCE_COALESCED": "ALL_REDUCE"}
+# literal markers of the lines read (each found with memmem, :mod:`.text`)
+NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"nccl", b"light recorder",
+           b"eartbeat", b"dump signal", b"global timeout", b"Last error")
+WRAP_JOIN = 4            # lines after a cut one that may complete it
 
 
 def _int(v):
@@ -63,48 +92,68 @@ def _int(v):
 
 
 class TorchWatchdogParser(Parser):
+    NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
     NAME = "torch_watchdog"
-    DESCRIPTION = "PyTorch ProcessGroupNCCL watchdog timeout/exception lines"
+    DESCRIPTION = "PyTorch ProcessGroupNCCL watchdog timeouts, NCCL errors and dump lines"
     GLOBS = ("logs/*", "logs/**/*")
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught")
     SCHEMAS = {"watchdog": {
         "line": "int", "kind": "str", "severity": "str", "log_time": "str", "src_file": "str", "src_line": "int",
         "rank": "int", "pg_id": "int", "pg_guid": "str", "pg_desc": "str", "seq_num": "int", "op_type": "str",
         "op": "str", "numel_in": "int", "numel_out": "int", "timeout_ms": "int", "ran_for_ms": "int",
-        "last_enqueued": "int", "last_completed": "int", "peer_rank": "int", "wait_ms": "int", "message": "str"}}
+        "last_enqueued": "int", "last_completed": "int", "peer_rank": "int", "wait_ms": "int", "error": "str",
+        "nccl_version": "str", "message": "str", "ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str",
+        "ctx_pid": "int", "ctx_clock": "str"}}
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         t = head.decode("utf-8", "replace")
-        return bool(re.search(r"ProcessGroupNCCL\.cpp:\d+\]|Watchdog caught collective operation timeout", t))
+        return bool(re.search(r"ProcessGroupNCCL\.(?:cpp|hpp):\d+\]|Watchdog caught collective operation timeout", t))
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
 
     @classmethod
     def parse_bytes(cls, data: bytes, label: str):
+        return cls.parse_text(LogText.of(data, label), label)
+
+    @classmethod
+    def parse_text(cls, text: LogText, label: str):
         log = WarningLog(label)
-        facts = {"timeouts": {}, "ranks": []}
-        if not data.strip():
+        facts: dict = {"timeouts": {}, "ranks": [], "nccl_version": None}
+        if text.size == 0 or text.blank():
             log.add(None, "empty file")
             return cls.result(label, {}, facts, log)
-        if looks_binary(data):
+        if looks_binary(text.head()):
             log.add(None, "binary data, not a text log")
             return cls.result(label, {}, facts, log)
         rows = []
-        for ln, raw in enumerate(split_lines(decode_text(data)), 1):
-            if "WorkNCCL" not in raw and "watchdog" not in raw.lower() and "flight recorder" not in raw.lower() \
-                    and "ProcessGroupNCCL" not in raw:
+        for ln, raw, end in text.iter(text.lines_with(NEEDLES)):
+            row = _parse_line(raw, ln, log, text, end)
+            if row is None:
                 continue
-            row = _parse_line(raw, ln, log)
-            if row is not None:
-                rows.append(row)
+            if row["kind"] == "last_error_head":
+                # NCCL's last WARN text stands on the next line(s), without a prefix
+                following = [x for x in text.following(end, 3) if x.strip()]
+                if following:
+                    rows.append({**row, "kind": "last_error", "error": following[0].strip(),
+                                 "message": following[0].strip()})
+                continue
+            rows.append(row)
         for r in rows:
             if r["kind"] == "timeout" and r.get("rank") is not None and r.get("seq_num") is not None:
                 facts["timeouts"].setdefault(r["rank"], r["seq_num"])
+            if r.get("nccl_version") and facts["nccl_version"] is None:
+                facts["nccl_version"] = r["nccl_version"]
         facts["ranks"] = sorted({r["rank"] for r in rows if r.get("rank") is not None})
         if not rows:
             log.add(None, "no watchdog lines found")
         return cls.result(label, {"watchdog": rows}, facts, log)
 
 
-def _parse_line(raw: str, ln: int, log: WarningLog) -> dict | None:
+def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> dict | None:
+    raw = lines_mod.ANSI_RE.sub("", raw)
     m = PREFIX_RE.search(raw)
     row: dict = {"line": ln}
     if m:
@@ -112,10 +161,13 @@ def _parse_line(raw: str, ln: int, log: WarningLog) -> dict | None:
         row.update(severity=m["sev"], src_file=m["file"], src_line=int(m["srcline"]),
                    log_time=f"{m['date']} {m['time']}" if m["date"] and m["time"] else None,
                    rank=_int(m["prank"]))
+        pre = raw[:m.start()]
     else:
         msg = raw.strip()
-        if msg.startswith("what():"):
-            msg = msg[len("what():"):].strip()
+        pre = ""
+        if (w := msg.find("what():")) >= 0:
+            pre, msg = msg[:w], msg[w + len("what():"):].strip()
+    row.update({k: v for k, v in lines_mod.context(pre).as_row().items() if v is not None})
     row["message"] = msg.strip()
     if (t := PG_TAG_RE.search(msg)):
         row["pg_id"] = _int(t["pg"])
@@ -123,8 +175,16 @@ def _parse_line(raw: str, ln: int, log: WarningLog) -> dict | None:
         row["rank"] = row.get("rank") if row.get("rank") is not None else _int(t["rank"])
     if "WorkNCCL(" in msg:
         w = WORK_RE.search(msg)
+        if w is None:                                 # a line hard-wrapped by a terminal
+            joined = msg
+            for nxt in text.following(end, WRAP_JOIN):
+                joined += nxt.rstrip("\n")
+                if (w := WORK_RE.search(joined)) is not None:
+                    msg = joined
+                    row["message"] = msg.strip()
+                    break
         fields = {f["k"]: f["v"].strip() for f in FIELD_RE.finditer(w["fields"])} if w else {}
-        if not w or "SeqNum" not in fields or _int(fields.get("SeqNum")) is None:
+        if not w or ("SeqNum" in fields and _int(fields["SeqNum"]) is None) or "OpType" not in fields:
             log.add(ln, f"unreadable WorkNCCL(...) description: {raw.strip()[:160]!r}")
             return None
         row["kind"] = "terminated" if "watchdog thread terminated" in msg else "timeout"
@@ -139,8 +199,19 @@ def _parse_line(raw: str, ln: int, log: WarningLog) -> dict | None:
             row["rank"] = int(r[1])
         return row
     if (e := EXC_RE.search(msg)):
-        row.update(kind="exception", seq_num=int(e["seq"]), last_enqueued=int(e["enq"]),
-                   last_completed=int(e["done"]))
+        enq, done = int(e["enq"]), int(e["done"])
+        # 2.3 can print an uninitialised "last completed" (larger than anything enqueued)
+        row.update(kind="exception", seq_num=int(e["seq"]), last_enqueued=enq,
+                   last_completed=done if done <= max(enq, int(e["seq"])) else None)
+        return row
+    if "NCCL error" in msg and (e := NCCL_ERROR_RE.search(msg[msg.index("NCCL error"):])):
+        row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=e["version"])
+        return row
+    if (c := NCCL_CODE_RE.search(msg)):
+        row.update(kind="nccl_error", error=f"{c['code']}: {c['text'].strip()}")
+        return row
+    if msg.rstrip().endswith("Last error:"):
+        row["kind"] = "last_error_head"
         return row
     if (f := FR_WAIT_RE.search(msg)):
         row.update(kind="fr_dump_wait", wait_ms=int(f["ms"]))
@@ -148,11 +219,22 @@ def _parse_line(raw: str, ln: int, log: WarningLog) -> dict | None:
     if (d := DUMP_SIGNAL_RE.search(msg)):
         row.update(kind="dump_signal", peer_rank=int(d["peer"]))
         return row
+    if DUMP_ANY_RE.search(msg):
+        row["kind"] = "dump_signal"
+        return row
     if STUCK_RE.search(msg):
         row["kind"] = "watchdog_stuck"
         return row
     if TEARDOWN_RE.search(msg):
         row["kind"] = "teardown"
+        return row
+    if (a := ABORTED_RE.search(msg)) and ("ProcessGroupNCCL" in raw or "aborted" in msg):
+        row["kind"] = "aborted"
+        if row.get("rank") is None and a["rank"]:
+            row["rank"] = int(a["rank"])
+        return row
+    if (s := STORE_RE.search(msg)):
+        row.update(kind="store_error", error=(s["err"] or "").strip() or None)
         return row
     return None
 

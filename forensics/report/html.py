@@ -242,9 +242,35 @@ def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[s
                                           "misconfiguration finding names, or whose log has WARN lines.")
     warn = data.optional_table(model, "nccl_warnings")
     if warn is not None:
-        tables["nccl_warnings"] = frame_table("nccl_warnings", "NCCL WARN lines", warn, limit=100,
-                                              columns=["host", "rank", "pid", "ts", "func", "message", "artifact",
-                                                       "log_line"])
+        hl = warn["first"].fillna(False).astype(bool).tolist() if "first" in warn else None
+        tables["nccl_warnings"] = frame_table(
+            "nccl_warnings", "NCCL WARN lines", warn, limit=100, highlight=hl,
+            columns=["host", "rank", "pid", "ts", "class", "ib_status_name", "peer_host", "message", "artifact",
+                     "log_line"],
+            intro="Each line's host is the one its own prefix names (else its rank's). Highlighted: the job's "
+                  "first failure; the class says what the message means (forensics/model/nccl_errors.py).")
+    wd = data.optional_table(model, "watchdog_events")
+    if wd is not None:
+        tables["watchdog_events"] = frame_table(
+            "watchdog_events", "PyTorch watchdog lines", wd, limit=100,
+            columns=["host", "rank", "pg_id", "kind", "seq_num", "op", "numel_in", "last_enqueued", "last_completed",
+                     "ran_for_ms", "error", "artifact", "log_line"],
+            intro="SeqNum is PyTorch's number of the collective in its process group (Flight Recorder's "
+                  "collective_seq_id), not NCCL's opCount.")
+    ex = data.optional_table(model, "process_exits")
+    if ex is not None:
+        tables["process_exits"] = frame_table(
+            "process_exits", "Processes torchrun reported failed or stopped", ex,
+            columns=["host", "rank", "local_rank", "pid", "kind", "exitcode", "signal", "time", "traceback",
+                     "artifact"])
+    ports = data.optional_table(model, "ib_ports")
+    if ports is not None:
+        st = ports["state"].astype("string").str.upper().fillna("")
+        tables["ib_ports"] = frame_table(
+            "ib_ports", "InfiniBand / RoCE ports (ibstat, ibv_devinfo)", ports,
+            highlight=(st != "ACTIVE").tolist(),
+            columns=["host", "device", "port", "state", "phys_state", "rate_gbps", "width", "speed", "link_layer",
+                     "tool", "artifact"])
     runs = data.optional_table(model, "nccl_tests_runs")
     if runs is not None:
         tables["nccl_tests_runs"] = frame_table("nccl_tests_runs", "nccl-tests runs", runs)
@@ -388,6 +414,10 @@ def context(analysis) -> dict[str, Any]:
         "figures": figs, "plots": plots, "tables": tables,
         "show_hang": show_hang, "stuck": stuck, "hang_tables": hang_tables,
         "captures": captures, "capture_hosts": capture_hosts, "hosts_left": hosts_left,
+        "notes": list(getattr(model, "notes", [])),
+        "logs_only": bool(model.captures) and all(c.get("kind") == "loose" for c in model.captures),
+        "nwarn": len(model.tables.get("nccl_warnings", ())),
+        "nwatchdog": len(model.tables.get("watchdog_events", ())),
         "skew": skew, "skew_left": skew_left, "problems": analysis.problems,
         "duration_sources": data.DURATION_SOURCES, "bundles": bundles,
         "query_target": " ".join(_shell_quote(b) for b in bundles) or "BUNDLE",

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from forensics.errors import InputError
+
 from . import mutate as mu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,6 +265,27 @@ def check_archive(data: bytes, work: Workdir) -> None:
             raise ContractViolation(f"unpack folder left behind: {[x.name for x in left]}")
 
 
+def check_loose_archive(data: bytes, work: Workdir) -> None:
+    """A damaged archive of loose evidence: sorted out by the intake (what it cannot unpack is
+    a note, an archive that yields nothing a one-line error), nothing left behind once closed."""
+    from forensics.intake import gather
+    from forensics.archive import Budget
+    unpack = work.path / "loose"
+    unpack.mkdir(exist_ok=True)
+    arc = work.file("logs.tar.gz" if data[:2] == b"\x1f\x8b" else "logs.zip", data)
+    try:
+        with gather([arc], workdir=unpack, budget=Budget.of(8 << 20)) as intake:
+            for n in (intake.loose.not_read if intake.loose else ()):
+                _one_line("not read", n.reason)
+    except InputError as e:
+        _one_line("intake error", str(e))
+    left = list(unpack.iterdir())
+    if left:
+        for x in left:
+            shutil.rmtree(x, ignore_errors=True)
+        raise ContractViolation(f"unpack folder left behind: {[x.name for x in left]}")
+
+
 # ------------------------------------------------------------------ generators
 
 def gen_text(json_docs: bool = False, whole: float = 0.35):
@@ -362,6 +385,31 @@ def gen_archive(rng: random.Random, t: Target) -> bytes:
 
 
 @functools.lru_cache(maxsize=None)
+def _small_log_tar() -> bytes:
+    """A folder of two job logs as an uncompressed tar (loose evidence, no bundle)."""
+    import io
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, src in (("run/rank0.log", "parsers/torch_watchdog/watchdog.log"),
+                          ("run/nccl.log", "parsers/nccl_debug/nccl_debug_warn.log")):
+            data = (FIXTURES / src).read_bytes()[:4096]
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=None)
+def _small_log_zip() -> bytes:
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("logs/rank1.log", (FIXTURES / "parsers/torch_watchdog/watchdog.log").read_bytes()[:4096])
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=None)
 def _small_tar() -> bytes:
     """A small bundle as an uncompressed tar: the manifest and events of a shipped one."""
     import io
@@ -415,6 +463,8 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     _text_target("proc_threads", "parsers/proc_threads", (), json_docs=True),
     _text_target("native_stacks", "parsers/native_stacks"),
     _text_target("ncclras", "parsers/ncclras"),
+    _text_target("torch_elastic", "parsers/torch_elastic"),
+    _text_target("ib_status", "parsers/ib_status"),
 ]}
 
 # slower, deeper paths: fuzzed with fewer inputs (their inputs are counted separately)
@@ -425,6 +475,8 @@ DEEP_TARGETS: dict[str, Target] = {t.name: t for t in [
            doc="events.jsonl through build_model (NCCL calls, TCP events, attribution)"),
     Target("bundle_archive", lambda: [_small_tar()], gen_archive, check_archive,
            doc="Bundle.open on damaged tar / tar.gz"),
+    Target("loose_archive", lambda: [_small_log_tar(), _small_log_zip()], gen_archive, check_loose_archive,
+           doc="intake.gather on damaged tar / tar.gz / zip of loose logs"),
 ]}
 
 ALL_TARGETS = {**TARGETS, **DEEP_TARGETS}

@@ -1,0 +1,167 @@
+"""Reading job logs: MB/s per core beside ``grep -c NCCL`` on the same file, in one run.
+
+    python bench/logs.py [--mb 512] [--ranks 64] [--runs 3] [--dir /tmp/stallscope-bench-logs]
+
+Builds (once, under --dir) what a big job leaves: every rank's output merged into one file by
+the launcher (``srun --label`` tags, NCCL_DEBUG=INFO with a COLL line per collective among
+training progress lines), a hang at the end (rank 37 stops launching while the others time
+out in PyTorch's watchdog), and the same lines as one file per rank. Then, each tool pinned to
+one core and timed end to end as a command, start-up included, taking turns:
+
+* ``grep -c NCCL`` on the merged file (a lower bound: reading the bytes once);
+* the log reading alone: the per-host stage of ``stallscope analyze`` on the merged file
+  (``forensics.model.hosts.read_host`` of the loose file, one process): MB/s per core;
+* ``stallscope analyze --jobs 1`` on the merged file, end to end: seconds, and whether its
+  verdict names the rank that is behind;
+* ``stallscope analyze --jobs 2`` on the per-rank files (the files spread over two readers).
+
+Targets (issue 35): >= 100 MB/s per core; the merged 512 MB log analyzed in under 10 s, the
+lagging rank named.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEHIND = 37
+TARGET_MBPS, TARGET_S = 100.0, 10.0
+
+
+def pinned(cmd: list[str]) -> list[str]:
+    return (["taskset", "-c", "0"] + cmd) if shutil.which("taskset") else cmd
+
+
+def generate(folder: Path, mb: int, ranks: int, seed: int = 1) -> tuple[Path, list[Path]]:
+    """The merged log (about ``mb`` MiB) and the per-rank files holding the same lines."""
+    merged = folder / f"slurm-merged-{mb}mb-{ranks}r.out"
+    per_rank = folder / f"per-rank-{mb}mb-{ranks}r"
+    if merged.exists() and per_rank.is_dir():
+        return merged, sorted(per_rank.iterdir())
+    rng = random.Random(seed)
+    per_rank.mkdir(parents=True, exist_ok=True)
+    hosts = [f"gpu-node{h:03d}" for h in range((ranks + 7) // 8)]
+    pids = {r: 31000 + 17 * r for r in range(ranks)}
+    comm = {r: f"0x55d4{r:04x}a0c0" for r in range(ranks)}
+    files = {r: open(per_rank / f"rank{r:03d}.log", "wb") for r in range(ranks)}
+    out = open(merged, "wb")
+
+    def emit(r: int, text: str) -> int:
+        data = f"{r}: {text}\n".encode()
+        out.write(data)
+        files[r].write(data[len(f"{r}: "):])
+        return len(data)
+
+    size = 0
+    for r in range(ranks):
+        h, p = hosts[r // 8], pids[r]
+        size += emit(r, f"{h}:{p}:{p} [{r % 8}] NCCL INFO NCCL version 2.21.5+cuda12.4")
+        size += emit(r, f"{h}:{p}:{p} [{r % 8}] NCCL INFO ncclCommInitRank comm {comm[r]} rank {r} nranks {ranks} "
+                        f"cudaDev {r % 8} nvmlDev {r % 8} busId {r % 8 + 1}8000 commId 0x7d1e2f3a4b5c6d7e - Init COMPLETE")
+    target = mb << 20
+    op = [0] * ranks
+    stop = target - (ranks * 600)
+    while size < stop:
+        r = rng.randrange(ranks)
+        h, p = hosts[r // 8], pids[r]
+        if rng.random() < 0.45:
+            op[r] += 1
+            size += emit(r, f"{h}:{p}:{p + 3} [{r % 8}] NCCL INFO AllReduce: opCount {op[r]:x} sendbuff 0x7f3a4c000000 "
+                            f"recvbuff 0x7f3a4c000000 count 1048576 datatype 7 op 0 root 0 comm {comm[r]} "
+                            f"[nranks={ranks}] stream 0x55d4a1b2c3d0")
+        else:
+            size += emit(r, f"Epoch 3:  {rng.randrange(100)}%|#####     | {rng.randrange(10000)}/10000 "
+                            f"[12:34<15:20, 5.97it/s, loss={rng.random() * 3:.3f}, grad_norm={rng.random():.4f}]")
+    # the hang: every rank but BEHIND launches one more collective and times out in it
+    top = max(op)
+    seq = 4000 + top
+    for r in range(ranks):
+        if r == BEHIND % ranks:
+            continue
+        h, p = hosts[r // 8], pids[r]
+        emit(r, f"{h}:{p}:{p + 3} [{r % 8}] NCCL INFO AllReduce: opCount {top + 1:x} sendbuff 0x7f3a4c000000 "
+                f"recvbuff 0x7f3a4c000000 count 1048576 datatype 7 op 0 root 0 comm {comm[r]} [nranks={ranks}] "
+                f"stream 0x55d4a1b2c3d0")
+        emit(r, f"[rank{r}]:[E1128 03:14:{r % 60:02d}.123456789 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught "
+                f"collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1048576, "
+                f"NumelOut=1048576, Timeout(ms)=600000) ran for 600{r % 100:03d} milliseconds before timing out.")
+    out.close()
+    for f in files.values():
+        f.close()
+    return merged, sorted(per_rank.iterdir())
+
+
+def timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    dt = time.perf_counter() - t0
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(cmd[:4])} ...: exit {p.returncode}\n{p.stderr[-2000:]}")
+    return dt, p.stdout + p.stderr
+
+
+READ_ONLY = """
+import sys, time
+t0 = time.perf_counter()
+from forensics.intake import gather
+from forensics.model.hosts import read_host
+with gather([sys.argv[1]]) as intake:
+    part = read_host(intake.sources(1)[0])
+print(time.perf_counter() - t0)
+"""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=512)
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=Path("/tmp/stallscope-bench-logs"))
+    a = ap.parse_args(argv)
+    a.dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    merged, per_rank = generate(a.dir, a.mb, a.ranks)
+    mib = merged.stat().st_size / 2 ** 20
+    print(f"inputs: {merged} ({mib:.0f} MiB, {a.ranks} ranks), {len(per_rank)} per-rank files "
+          f"(made in {time.perf_counter() - t0:.1f} s)")
+    py = sys.executable
+    cli = [py, "-m", "forensics"]
+    grep, read, e2e, jobs2 = [], [], [], []
+    verdict = ""
+    subprocess.run(["cat", str(merged)], stdout=subprocess.DEVNULL)      # into the page cache
+    for i in range(a.runs):
+        grep.append(timed(pinned(["grep", "-c", "NCCL", str(merged)]))[0])
+        read.append(float(timed(pinned([py, "-c", READ_ONLY, str(merged)]))[1].strip().splitlines()[-1]))
+        dt, out = timed(pinned(cli + ["analyze", str(merged), "--jobs", "1", "-q", "-o", str(a.dir / "r1.html"),
+                                      "--force"]))
+        e2e.append(dt)
+        verdict = next((ln for ln in out.splitlines() if ln.startswith("verdict:")), "")
+        jobs2.append(timed(cli + ["analyze", *map(str, per_rank), "--jobs", "2", "-q", "-o", str(a.dir / "r2.html"),
+                                  "--force"])[0])
+    med = statistics.median
+    print(f"\n{'':42s} {'median':>8s} {'MiB/s':>8s}   runs")
+    print(f"{'grep -c NCCL (one core)':42s} {med(grep):7.2f}s {mib / med(grep):8.0f}   "
+          + " ".join(f"{x:.2f}" for x in grep))
+    print(f"{'reading the merged log (one core)':42s} {med(read):7.2f}s {mib / med(read):8.0f}   "
+          + " ".join(f"{x:.2f}" for x in read))
+    print(f"{'analyze --jobs 1, merged log, end to end':42s} {med(e2e):7.2f}s {mib / med(e2e):8.0f}   "
+          + " ".join(f"{x:.2f}" for x in e2e))
+    print(f"{'analyze --jobs 2, per-rank files':42s} {med(jobs2):7.2f}s {mib / med(jobs2):8.0f}   "
+          + " ".join(f"{x:.2f}" for x in jobs2))
+    print(f"\nreading: {mib / med(read):.0f} MiB/s per core (target >= {TARGET_MBPS:.0f}), "
+          f"{med(read) / med(grep):.1f}x grep's time; end to end {med(e2e):.1f} s (target < {TARGET_S:.0f} s)")
+    named = f"rank {BEHIND}" in verdict
+    print(f"{verdict}\nthe lagging rank {BEHIND} named: {'yes' if named else 'NO'}")
+    ok = mib / med(read) >= TARGET_MBPS and med(e2e) < TARGET_S and named
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""``gpu_error``: a GPU, its driver or its memory failed the job, from what the logs and host say.
+
+- NCCL's CUDA failures (:mod:`forensics.model.nccl_errors`): out of memory while NCCL allocates
+  its buffers; a kernel fault, an ECC or NVLink error; a driver, NVML or P2P setup failure;
+- PyTorch's watchdog stuck (its heartbeat monitor): a CUDA or NCCL call blocked the watchdog
+  thread itself for minutes, which a hung GPU or driver does;
+- NVIDIA Xid lines in a captured host's kernel log (``host_facts``).
+
+Each names the host and the ranks on it, and the check to run there.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from ..model.nccl_errors import CLASS_BY_NAME
+from . import warns
+from .base import Context, Finding, detector
+
+STUCK_SQL = ("SELECT host, rank, pid, kind, time_ns, message, artifact, log_line FROM watchdog_events "
+             "WHERE kind = 'watchdog_stuck' ORDER BY time_ns NULLS LAST, rank")
+
+
+@detector("gpu_error")
+def gpu_error(ctx: Context) -> list[Finding]:
+    return _cuda_failures(ctx) + _watchdog_stuck(ctx) + _xids(ctx)
+
+
+def _cuda_failures(ctx: Context) -> list[Finding]:
+    rows = warns.rows_of(ctx, warns.classes_of("gpu_error"))
+    out = []
+    total = len(warns.job_hosts(ctx))
+    for cls, g in rows.groupby("class", sort=False):
+        c = CLASS_BY_NAME[cls]
+        hosts = sorted(set(g["host"].dropna().astype(str)))
+        ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()}) or \
+            warns.ranks_of_hosts(ctx, hosts)
+        first = bool(g["first"].fillna(False).any())
+        devs = sorted({int(d) for d in pd.to_numeric(g.get("dev"), errors="coerce").dropna()}) if "dev" in g else []
+        since_ns, src = warns.since(g)
+        out.append(Finding(
+            kind="gpu_error", severity="error", confidence=0.85,
+            summary=(f"{c.meaning[0].upper() + c.meaning[1:]}: \"{str(g.iloc[0]['message'])[:140]}\" on "
+                     f"{warns.hosts_text(hosts, total)}"
+                     + (f", rank {ranks[0]}" if len(ranks) == 1 else f", ranks {', '.join(map(str, ranks[:6]))}"
+                        if ranks else "")
+                     + (f" (CUDA device {devs[0]})" if len(devs) == 1 else "")
+                     + (" - the first failure in the logs" if first else "") + "."),
+            ranks=ranks, hosts=hosts, evidence=warns.evidence(g), sql=warns.sql([cls]),
+            action=f"On {', '.join(hosts[:3]) or 'that host'}: {c.action}",
+            score=warns.FIRST_FAILURE_SCORE if first else warns.LOG_FINDING_SCORE, since_ns=since_ns, since_source=src,
+            details={"class": cls, "lines": int(len(g)), "first_failure": first}))
+    return out
+
+
+def _watchdog_stuck(ctx: Context) -> list[Finding]:
+    wd = ctx.model.tables.get("watchdog_events")
+    if wd is None or wd.empty:
+        return []
+    g = wd[wd["kind"] == "watchdog_stuck"]
+    if g.empty:
+        return []
+    ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})
+    hosts = sorted({h for h in g["host"].dropna().astype(str) if not h.startswith("unknown:")})
+    t = pd.to_numeric(g["time_ns"], errors="coerce")
+    who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks[:6]))}") if ranks else \
+        "a rank"
+    return [Finding(
+        kind="gpu_error", severity="error", confidence=0.7,
+        summary=(f"PyTorch's watchdog got stuck on {who}" + (f" ({', '.join(hosts[:3])})" if hosts else "")
+                 + ": a CUDA or NCCL call blocked its own thread (\"" + str(g.iloc[0]["message"])[:120]
+                 + "\"): suspect that rank's GPU or driver."),
+        ranks=ranks, hosts=hosts, evidence=warns.evidence(g, ["host", "rank", "pid", "kind", "time_ns", "message",
+                                                             "artifact", "log_line"]),
+        sql=STUCK_SQL,
+        action=(f"On {', '.join(hosts[:2]) or 'its host'}: nvidia-smi (a GPU at 100% with no progress, or not "
+                "answering), dmesg for NVIDIA Xid lines, the process's native stack (py-spy dump --native) to see "
+                "the blocking call; drain the GPU if it does not recover"),
+        score=warns.LOG_FINDING_SCORE, since_ns=int(t.min()) if t.notna().any() else None,
+        since_source="PyTorch watchdog heartbeat line" if t.notna().any() else None,
+        details={"rule": "watchdog_stuck", "lines": int(len(g))})]
+
+
+def _xids(ctx: Context) -> list[Finding]:
+    hf = ctx.model.tables.get("host_facts")
+    if hf is None or hf.empty or "xid_count" not in hf:
+        return []
+    bad = hf[pd.to_numeric(hf["xid_count"], errors="coerce").fillna(0) > 0]
+    out = []
+    for r in bad.itertuples(index=False):
+        out.append(Finding(
+            kind="gpu_error", severity="error", confidence=0.8,
+            summary=f"{r.host}: {int(r.xid_count)} NVIDIA Xid line(s) in the kernel log, first: \"{str(r.xid_first)[:160]}\".",
+            ranks=warns.ranks_of_hosts(ctx, [r.host]), hosts=[r.host],
+            evidence=[{"host": r.host, "xid_count": int(r.xid_count), "xid_first": r.xid_first}],
+            sql=f"SELECT host, xid_count, xid_first FROM host_facts WHERE xid_count > 0",
+            action=(f"On {r.host}: look the Xid up (NVIDIA's Xid table: 13/31/43 application or kernel faults, "
+                    "48/63/64/94/95 memory ECC, 74 NVLink, 79 the GPU fell off the bus); drain the GPU on a "
+                    "hardware Xid"),
+            score=warns.LOG_FINDING_SCORE, details={"rule": "xid"}))
+    return out

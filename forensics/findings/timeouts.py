@@ -1,0 +1,237 @@
+"""Hangs from PyTorch's watchdog lines: what the job's own logs say when nothing was captured.
+
+PyTorch's ProcessGroupNCCL watchdog judges a collective hung when it is still pending after its
+timeout, and says which one: each rank's ``WorkNCCL(SeqNum=n, OpType, NumelIn, ...)``, its
+process group, the last work it enqueued and completed (``watchdog_events``, joined to hosts by
+:mod:`forensics.model.logs`). Per process group, :func:`watchdog_hangs` reads:
+
+- **a collective mismatch**: ranks timed out at the same SeqNum with a different OpType or
+  element count (a BROADCAST against an ALLREDUCE: the ranks took different code paths), as
+  PyTorch's Flight Recorder analyzer reports it from dumps;
+- **ranks behind**: the ranks that never reached SeqNum n (their last enqueued work is lower,
+  or their logs hold no timeout while the others' do) against the ranks waiting in n;
+- **every rank stuck in n**: the collective itself stalled: a peer's GPU, its process or the
+  network; the job's first NCCL failure (an IB or socket error) names it where the logs hold one.
+
+``seq`` is the SeqNum (PyTorch's numbering; no opCount is known from these lines), ``since_ns``
+the earliest rank's timeout line time less how long it had waited (``ran for``): when that
+collective was enqueued, to the second. The detector that owns the hang kinds,
+:func:`forensics.findings.state.hang_state`, calls this when no capture judged the hang itself.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from . import warns
+from .base import Finding
+
+TIMEOUT_KINDS = ("timeout", "terminated")
+MAX_EVIDENCE = 20
+SQL = ("SELECT host, rank, pg_id, kind, seq_num, op, numel_in, numel_out, last_enqueued, last_completed, ran_for_ms, "
+       "time_ns, artifact, log_line FROM watchdog_events WHERE kind IN ('timeout', 'terminated', 'exception', "
+       "'dump_signal') ORDER BY pg_id, rank, seq_num")
+
+
+def watchdog_hangs(ctx) -> list[Finding]:
+    wd = ctx.model.tables.get("watchdog_events")
+    if wd is None or wd.empty:
+        return []
+    rows = wd[wd["kind"].isin(TIMEOUT_KINDS + ("exception",))].dropna(subset=["rank"])
+    if rows.empty or not rows["kind"].isin(TIMEOUT_KINDS).any():
+        return []
+    out = []
+    for pg, g in _groups(rows).items():
+        f = _judge(ctx, pg, g, wd)
+        if f is not None:
+            out.append(f)
+    return out
+
+
+def _groups(rows: pd.DataFrame) -> dict:
+    """Rows by process group: a timeout line without a PG tag takes the PG its rank's exception
+    line names for the same SeqNum (else the only PG the logs name, else the default)."""
+    rows = rows.assign(_r=rows["rank"].astype("int64"), _s=pd.to_numeric(rows["seq_num"], errors="coerce"))
+    tagged = rows.dropna(subset=["pg_id"])
+    by = {(r, s): int(p) for r, s, p in zip(tagged["_r"], tagged["_s"], tagged["pg_id"])}
+    pgs = sorted({int(p) for p in tagged["pg_id"]})
+    default = pgs[0] if len(pgs) == 1 else 0
+    pg = [int(p) if pd.notna(p) else by.get((r, s), default) for p, r, s in zip(rows["pg_id"], rows["_r"], rows["_s"])]
+    rows = rows.assign(_pg=pg)
+    return {p: g for p, g in rows.groupby("_pg")}
+
+
+def _world(ctx) -> list[int]:
+    """The job's ranks the logs know (their NCCL Init lines)."""
+    cfg = ctx.model.tables.get("nccl_config")
+    if cfg is None or cfg.empty:
+        return []
+    return sorted({int(r) for r in pd.to_numeric(cfg["rank"], errors="coerce").dropna()})
+
+
+def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
+    to = g[g["kind"].isin(TIMEOUT_KINDS)]
+    if to.empty:
+        return None
+    seqs = pd.to_numeric(to["seq_num"], errors="coerce")
+    n = int(seqs.mode().iloc[0]) if seqs.notna().any() else None
+    timed = sorted(set(to["_r"]))
+    # each rank's position: the last work it enqueued (at least the one it timed out in)
+    pos: dict[int, int] = {}
+    for r, s in zip(to["_r"], seqs):
+        if pd.notna(s):
+            pos[r] = max(pos.get(r, -1), int(s))
+    exc = g[g["kind"] == "exception"]
+    for r, e in zip(exc["_r"], pd.to_numeric(exc["last_enqueued"], errors="coerce")):
+        if pd.notna(e):
+            pos[r] = max(pos.get(r, -1), int(e))
+    world = _world(ctx) if pg == 0 or g["_pg"].nunique() == 1 else []
+    members = sorted(set(timed) | set(pos) | set(world))
+    behind = sorted(r for r in members if n is not None and r in pos and pos[r] < n)
+    silent = sorted(r for r in world if r not in pos and r not in timed)        # logged, never timed out
+    dir_hosts = _rank_hosts(wd, ctx)
+    since_ns = _since(to)
+    ran = pd.to_numeric(to["ran_for_ms"], errors="coerce").max()
+    pg_txt = f"process group {pg}"
+    op = _op_at(to, n)
+    what = f"collective SeqNum {n}" + (f" ({op})" if op else "") if n is not None else "a collective"
+    evidence = _evidence(g, wd)
+    details = {"pg_id": pg, "seq": n, "op": op, "timed_out_ranks": timed, "positions": {str(k): v for k, v in
+                                                                                          pos.items()}}
+    common = dict(seq=n, op_count=None, since_ns=since_ns,
+                  since_source="PyTorch watchdog: its timeout line's time less the time the work had run"
+                  if since_ns else None, evidence=evidence, sql=SQL)
+    # 1. the same SeqNum, different collectives
+    sig = _signatures(to, n)
+    if sig is not None:
+        odd, majority, calls = sig
+        others = sorted(set(calls) - set(odd))
+        mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
+        return Finding(
+            kind="hang_mismatch", severity="error", confidence=0.9,
+            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)} while "
+                     f"{_ranks(others)} called {majority}; every one timed out after {_secs(ran)}."),
+            ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
+            action=(f"Find why {_ranks(odd)} issued a different collective at this step (a data-dependent branch, "
+                    "uneven buckets or batches): every rank must issue the same collectives in the same order."),
+            score=1e6 + (ran or 0) / 1e3, details={**details, "calls": {str(k): v for k, v in calls.items()}},
+            **common)
+    # 2. ranks that never reached n
+    lagging = behind or (silent if timed else [])
+    if lagging and n is not None:
+        how = ("its last enqueued work is " + ", ".join(f"rank {r}: {pos[r]}" for r in behind[:4])) if behind else \
+            "its log holds no watchdog timeout: it never enqueued it, or waits outside NCCL"
+        waiting = sorted(r for r in members if r not in lagging)
+        return Finding(
+            kind="hang_mismatch", severity="error", confidence=0.85 if behind else 0.7,
+            summary=(f"Hung: {_ranks(lagging)}{_hosts_of(lagging, dir_hosts)} never reached {what} of {pg_txt} "
+                     f"({how}); {_ranks(waiting)} timed out waiting in it after {_secs(ran)}."),
+            ranks=lagging, hosts=_host_list(lagging, dir_hosts), peer_ranks=waiting,
+            action=(f"Find where {_ranks(lagging)} went instead: its stack (py-spy dump), the last lines of its own "
+                    "output (an exception swallowed on that rank, a data-dependent branch, uneven batches, early "
+                    "stopping); the waiting ranks are healthy."),
+            score=1e6 + (ran or 0) / 1e3, details={**details, "behind": lagging, "waiting": waiting}, **common)
+    # 3. every rank inside n: what stalled it
+    first = warns.rows_of(ctx, [c for c in _cause_classes()])
+    first = first[first["first"].fillna(False).astype(bool)] if len(first) else first
+    dump = wd[(wd["kind"] == "dump_signal") & wd["peer_rank"].notna()]
+    cause, blamed = "", []
+    if len(first):
+        f0 = first.iloc[0]
+        cause = (f"; the first failure in the logs: {f0['class'].replace('_', ' ')} on {f0['host']}"
+                 + (f" at {warns.utc_clock(f0['time_ns'])}" if pd.notna(f0["time_ns"]) else "")
+                 + f" (\"{str(f0['message'])[:100]}\")")
+        blamed = warns.ranks_of_hosts(ctx, [f0["host"]]) if isinstance(f0["host"], str) else []
+    elif len(dump):
+        r0 = int(dump["peer_rank"].mode().iloc[0])
+        cause = f"; rank {r0}'s watchdog fired first (the dump signals name it)"
+    hosts = sorted({h for h in (first["host"].head(1) if len(first) else []) if isinstance(h, str)})
+    return Finding(
+        kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,
+        summary=(f"Hung: every rank of {pg_txt} that logged ({_ranks(timed)}) timed out in {what} after "
+                 f"{_secs(ran)}: the collective itself stalled (a peer's GPU or process, or the network){cause}."),
+        ranks=blamed, hosts=hosts or _host_list(blamed, dir_hosts), peer_ranks=sorted(set(timed) - set(blamed)),
+        action=("Find the first error of the job: the NCCL WARN lines (IB or socket errors name the link and the "
+                "peer), dmesg on each host (Xid, NIC resets), the ranks' stacks; then restart without the host at "
+                "fault."), score=1e6 + (ran or 0) / 1e3, details=details, **common)
+
+
+def _cause_classes() -> list[str]:
+    from ..model.nccl_errors import CLASSES
+    return [c.name for c in CLASSES if c.kind != "none"]
+
+
+def _signatures(to: pd.DataFrame, n) -> tuple[list[int], str, dict[int, str]] | None:
+    """(odd ranks, the majority's call, every rank's call) when the ranks' timeouts at SeqNum n
+    name different collectives (op type or element count); None when they agree."""
+    if n is None:
+        return None
+    at = to[pd.to_numeric(to["seq_num"], errors="coerce") == n].drop_duplicates("_r", keep="first")
+    if len(at) < 2:
+        return None
+    sig = at["op_type"].astype("string").fillna("?") + pd.Series(
+        [f" of {int(x)} elements" if pd.notna(x) else "" for x in pd.to_numeric(at["numel_in"], errors="coerce")],
+        index=at.index, dtype="string")
+    counts = sig.value_counts()
+    if len(counts) < 2:
+        return None
+    odd_sigs = set(counts.index) if counts.iat[0] == counts.iat[1] else set(counts.index[1:])
+    calls = {int(r): str(s) for r, s in zip(at["_r"], sig)}
+    odd = sorted(r for r, s in calls.items() if s in odd_sigs)
+    return odd, str(counts.index[0]), calls
+
+
+def _op_at(to: pd.DataFrame, n) -> str | None:
+    at = to[pd.to_numeric(to["seq_num"], errors="coerce") == n] if n is not None else to
+    ops = at["op"].dropna().astype(str)
+    return ops.mode().iloc[0] if len(ops) else None
+
+
+def _since(to: pd.DataFrame) -> int | None:
+    t = pd.to_numeric(to["time_ns"], errors="coerce") - pd.to_numeric(to["ran_for_ms"], errors="coerce").fillna(0) * 1e6
+    return int(t.min()) if t.notna().any() else None
+
+
+def _rank_hosts(wd: pd.DataFrame, ctx) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for h, rs in warns.host_ranks(ctx).items():
+        for r in rs:
+            out.setdefault(r, h)
+    for r, h in zip(pd.to_numeric(wd["rank"], errors="coerce"), wd["host"]):
+        if pd.notna(r) and isinstance(h, str) and not h.startswith("unknown:"):
+            out.setdefault(int(r), h)
+    return out
+
+
+def _host_list(ranks: list[int], hosts: dict[int, str]) -> list[str]:
+    return sorted({hosts[r] for r in ranks if r in hosts})
+
+
+def _hosts_of(ranks: list[int], hosts: dict[int, str]) -> str:
+    hs = _host_list(ranks, hosts)
+    return f" (on {', '.join(hs[:4])}{' ...' if len(hs) > 4 else ''})" if hs else ""
+
+
+def _ranks(ranks: list[int]) -> str:
+    if not ranks:
+        return "no rank"
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    return f"ranks {shown}"
+
+
+def _secs(ms) -> str:
+    if ms is None or pd.isna(ms):
+        return "its timeout"
+    s = float(ms) / 1e3
+    return f"{s / 60:.0f} min" if s >= 120 else f"{s:.0f} s"
+
+
+def _evidence(g: pd.DataFrame, wd: pd.DataFrame) -> list[dict]:
+    rows = pd.concat([g, wd[wd["kind"] == "dump_signal"]], ignore_index=True)
+    cols = ["host", "rank", "pg_id", "kind", "seq_num", "op", "numel_in", "last_enqueued", "last_completed",
+            "ran_for_ms", "time_ns", "artifact", "log_line"]
+    return warns.evidence(rows.sort_values(["rank", "kind"], kind="stable"), cols, MAX_EVIDENCE)
+
+
+__all__ = ["watchdog_hangs"]

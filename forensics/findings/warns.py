@@ -1,0 +1,161 @@
+"""NCCL's WARN lines as evidence: what the detectors that read them share (no detector here).
+
+The model classifies every WARN line (:mod:`forensics.model.nccl_errors`: its class, the
+finding kind it feeds, whether it is a consequence of an earlier failure, the job's first
+failure) and joins it to its host, rank and peer across files (:mod:`forensics.model.logs`).
+The detector that owns each kind reads its classes through :func:`rows_of` and phrases them
+with the helpers below: how many hosts report it, the peer they point at, the first failure in
+time against the cascade that follows it, the lines as evidence rows and the SQL that returns
+them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..model.nccl_errors import CLASSES
+from .evidence import sql_list
+
+FIRST_FAILURE_SCORE = 3e6     # the job's first failure: above the hang (1e6 + s) and the reset (2e6) it causes
+LOG_FINDING_SCORE = 1.5e6     # an error logged by the job, not its first failure
+MAX_ROWS = 20
+EVIDENCE_COLS = ["host", "rank", "pid", "time_ns", "class", "ib_status", "ib_status_name", "peer", "peer_host",
+                 "message", "artifact", "log_line"]
+
+
+def classes_of(kind: str) -> list[str]:
+    return [c.name for c in CLASSES if c.kind == kind]
+
+
+def rows_of(ctx, classes: list[str]) -> pd.DataFrame:
+    """The ``nccl_warnings`` rows of ``classes``, first failure first, then in time and line order."""
+    w = ctx.table("nccl_warnings") if "nccl_warnings" in ctx.model.tables else pd.DataFrame()
+    if w.empty or "class" not in w:
+        return pd.DataFrame(columns=EVIDENCE_COLS)
+    w = w[w["class"].isin(classes)]
+    if w.empty:
+        return w
+    return w.assign(_f=~w["first"].fillna(False).astype(bool), _t=pd.to_numeric(w["time_ns"], errors="coerce")) \
+        .sort_values(["_f", "_t", "artifact", "log_line"], kind="stable", na_position="last") \
+        .drop(columns=["_f", "_t"])
+
+
+def job_hosts(ctx) -> list[str]:
+    """Every host the evidence names (the logs' and the captures')."""
+    hosts = set(getattr(ctx.model, "hosts", []) or [])
+    for name in ("nccl_config", "nccl_warnings", "watchdog_events"):
+        t = ctx.model.tables.get(name)
+        if t is not None and len(t):
+            hosts |= {h for h in t["host"].dropna().astype(str) if not h.startswith("unknown:")}
+    return sorted(hosts)
+
+
+def host_ranks(ctx) -> dict[str, list[int]]:
+    """host -> the global ranks the evidence places there."""
+    out: dict[str, set] = {}
+    for name in ("nccl_config", "watchdog_events", "nccl_warnings"):
+        t = ctx.model.tables.get(name)
+        if t is None or t.empty:
+            continue
+        for h, r in zip(t["host"], pd.to_numeric(t["rank"], errors="coerce")):
+            if isinstance(h, str) and pd.notna(r):
+                out.setdefault(h, set()).add(int(r))
+    return {h: sorted(r) for h, r in out.items()}
+
+
+def hosts_text(hosts: list[str], of: int | None = None, limit: int = 4) -> str:
+    shown = ", ".join(hosts[:limit]) + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
+    n = f"{len(hosts)} of {of} hosts" if of and of > len(hosts) else f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
+    return f"{n} ({shown})" if hosts else "no host"
+
+
+@dataclass
+class Blame:
+    """Where a set of failing (reporter, peer) pairs points: the endpoint they all share."""
+
+    hosts: list[str]
+    peer_hosts: list[str]
+    shared: str | None          # the one host every pair touches, when there is one
+    side: str                   # "peer": every reporter names it; "reporter": it reports to every peer; "" else
+
+
+def blame(rows: pd.DataFrame) -> Blame:
+    """The shared endpoint of the rows' (host, peer_host) pairs: many hosts reporting one peer
+    point at that peer (or its link); one host reporting many peers points at itself."""
+    hosts = sorted({h for h in rows["host"].dropna().astype(str)})
+    peers = sorted({p for p in rows["peer_host"].dropna().astype(str)} - set()) if "peer_host" in rows else []
+    pairs = [(h, p) for h, p in zip(rows["host"], rows.get("peer_host", pd.Series(index=rows.index, dtype=object)))
+             if isinstance(h, str) and isinstance(p, str)]
+    if pairs:
+        common = set(pairs[0])
+        for pr in pairs[1:]:
+            common &= set(pr)
+        if len(common) == 1:
+            shared = next(iter(common))
+            side = "peer" if all(p == shared for _, p in pairs) and len({h for h, _ in pairs}) > 1 else \
+                "reporter" if all(h == shared for h, _ in pairs) else "peer" if all(p == shared for _, p in pairs) \
+                else ""
+            return Blame(hosts, peers, shared, side)
+    if len(hosts) == 1:
+        return Blame(hosts, peers, hosts[0], "reporter")
+    return Blame(hosts, peers, None, "")
+
+
+def first_text(rows: pd.DataFrame) -> str:
+    """The first line of ``rows`` as "host at HH:MM:SS UTC" (or "host, its log's first")."""
+    r = rows.iloc[0]
+    when = utc_clock(r.get("time_ns"))
+    return f"{r['host']}" + (f" at {when}" if when else "")
+
+
+def utc_clock(ns) -> str | None:
+    if ns is None or pd.isna(ns):
+        return None
+    return pd.Timestamp(int(ns), unit="ns", tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def since(rows: pd.DataFrame) -> tuple[int | None, str | None]:
+    """The earliest time of the rows and what it comes from."""
+    t = pd.to_numeric(rows.get("time_ns"), errors="coerce") if len(rows) else pd.Series(dtype=float)
+    if t is None or t.isna().all():
+        return None, None
+    i = t.idxmin()
+    src = rows.loc[i].get("time_source") if "time_source" in rows else None
+    return int(t.loc[i]), f"log line times ({src or 'log'})"
+
+
+def cascade_text(ctx, rows: pd.DataFrame) -> str:
+    """How many other WARN lines, on how many hosts, followed the first failure."""
+    w = ctx.table("nccl_warnings") if "nccl_warnings" in ctx.model.tables else pd.DataFrame()
+    if w.empty or rows.empty:
+        return ""
+    later = w[~w.index.isin(rows.index) & w["class"].ne("other")]
+    if later.empty:
+        return ""
+    hosts = later["host"].dropna().nunique()
+    return f"; {len(later)} other WARN line(s) on {hosts} host(s) follow (proxy errors, closed connections, flushes)"
+
+
+def evidence(rows: pd.DataFrame, cols: list[str] | None = None, limit: int = MAX_ROWS) -> list[dict]:
+    cols = [c for c in (cols or EVIDENCE_COLS) if c in rows.columns]
+    out = []
+    for rec in rows[cols].head(limit).to_dict("records"):
+        out.append({k: (None if v is None or (not isinstance(v, str) and pd.isna(v)) else v) for k, v in rec.items()})
+    return out
+
+
+def sql(classes: list[str], extra: str = "") -> str:
+    return (f"SELECT host, rank, pid, time_ns, class, ib_status, ib_status_name, peer, peer_host, message, artifact, "
+            f"log_line FROM nccl_warnings WHERE class IN ({sql_list(classes)}){extra} "
+            f"ORDER BY NOT coalesce(\"first\", false), time_ns NULLS LAST, artifact, log_line LIMIT {MAX_ROWS}")
+
+
+def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
+    hr = host_ranks(ctx)
+    return sorted({r for h in hosts for r in hr.get(h, [])})
+
+
+__all__ = ["Blame", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of", "evidence",
+           "first_text", "host_ranks", "hosts_text", "job_hosts", "ranks_of_hosts", "rows_of", "since", "sql",
+           "utc_clock"]

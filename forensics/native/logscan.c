@@ -1,0 +1,352 @@
+/*
+ * Byte-level scanning of text logs: the part of reading a log that touches every byte.
+ *
+ * A merged job log is mostly lines no parser wants (progress bars, the application's own
+ * output); the NCCL_DEBUG COLL lines, one per collective call, are the rest. Python reads
+ * neither line by line: memmem finds the lines holding a marker (logscan_hits), their
+ * bounds and line numbers come from one pass (logscan_spans), and COLL lines are parsed
+ * here into columns (logscan_coll). Only the few remaining lines reach Python's regular
+ * expressions (forensics/parsers/scan.py).
+ *
+ * Lines end at "\n", "\r\n" or a lone "\r" (progress bars rewrite their line with "\r"),
+ * as forensics.parsers.registry.split_lines counts them.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "logscan.h"
+
+static inline int is_term(uint8_t c) { return c == '\n' || c == '\r'; }
+static inline int is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static inline int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+static inline int is_word(uint8_t c) {
+    return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+static inline int hexval(uint8_t c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static uint64_t fnv1a(const uint8_t *p, int64_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+/* a column the caller asked for (NULL: not wanted) */
+#define SET(col, i, v) do { if (o->col) o->col[i] = (v); } while (0)
+
+static int64_t line_start(const uint8_t *buf, int64_t pos) {
+    while (pos > 0 && !is_term(buf[pos - 1])) pos--;
+    return pos;
+}
+
+static int64_t line_end(const uint8_t *buf, int64_t len, int64_t pos) {
+    while (pos < len && !is_term(buf[pos])) pos++;
+    return pos;
+}
+
+/* A cursor over one line's bytes [p, end). Each reader returns 0 on a mismatch. */
+typedef struct {
+    const uint8_t *buf;
+    int64_t p, end;
+} cur;
+
+static int lit(cur *c, const char *s) {
+    int64_t n = (int64_t)strlen(s);
+    if (c->end - c->p < n || memcmp(c->buf + c->p, s, (size_t)n) != 0) return 0;
+    c->p += n;
+    return 1;
+}
+
+/* \d+ into a signed value of at most 18 digits (a longer number goes to Python's path) */
+static int dec(cur *c, int64_t *v, int allow_minus) {
+    int neg = 0, n = 0;
+    int64_t x = 0;
+    if (allow_minus && c->p < c->end && c->buf[c->p] == '-') {
+        neg = 1;
+        c->p++;
+    }
+    while (c->p < c->end && is_digit(c->buf[c->p])) {
+        if (++n > 18) return 0;
+        x = x * 10 + (c->buf[c->p++] - '0');
+    }
+    if (!n) return 0;
+    *v = neg ? -x : x;
+    return 1;
+}
+
+/* [0-9a-fA-F]+ of at most 16 digits */
+static int hex(cur *c, uint64_t *v) {
+    int n = 0, d;
+    uint64_t x = 0;
+    while (c->p < c->end && (d = hexval(c->buf[c->p])) >= 0) {
+        if (++n > 16) return 0;
+        x = (x << 4) | (uint64_t)d;
+        c->p++;
+    }
+    if (!n) return 0;
+    *v = x;
+    return 1;
+}
+
+/* A pointer token as glibc's %p prints it: "(nil)" or "0x" and lower-case hex without
+ * leading zeros, followed by a space or the line's end. Anything else (Python's path
+ * keeps such a token as printed) is a mismatch. */
+static int ptr(cur *c, uint64_t *v) {
+    if (lit(c, "(nil)")) {
+        *v = 0;
+    } else {
+        if (!lit(c, "0x")) return 0;
+        int64_t s = c->p;
+        if (c->p < c->end && c->buf[c->p] == '0') return 0;
+        for (int64_t i = s; i < c->end && !is_space(c->buf[i]); i++)
+            if (c->buf[i] >= 'A' && c->buf[i] <= 'F') return 0;
+        if (!hex(c, v)) return 0;
+    }
+    return c->p == c->end || is_space(c->buf[c->p]);
+}
+
+/* The "host:pid:tid [dev] " before "NCCL INFO " at h, read backwards (the first match of
+ * forensics.parsers.nccl_debug.LINE_RE on such a line). */
+static int prefix(const uint8_t *buf, int64_t ls, int64_t h, coll_cols *o, int64_t i) {
+    int64_t q = h;
+    if (q - ls < 2 || buf[q - 1] != ' ' || buf[q - 2] != ']') return 0;
+    q -= 2;                                  /* at ']' */
+    int64_t de = q;
+    while (q > ls && is_digit(buf[q - 1])) q--;
+    if (q == de || q - 1 < ls || buf[q - 1] != '[' || de - q > 9) return 0;
+    int32_t dev = 0;
+    for (int64_t k = q; k < de; k++) dev = dev * 10 + (buf[k] - '0');
+    q--;                                     /* at '[' */
+    if (q - 1 < ls || buf[q - 1] != ' ') return 0;
+    q--;                                     /* at the space after tid */
+    int64_t te = q;
+    while (q > ls && is_digit(buf[q - 1])) q--;
+    if (q == te || te - q > 18 || q - 1 < ls || buf[q - 1] != ':') return 0;
+    int64_t tid = 0;
+    for (int64_t k = q; k < te; k++) tid = tid * 10 + (buf[k] - '0');
+    q--;                                     /* at ':' */
+    int64_t pe = q;
+    while (q > ls && is_digit(buf[q - 1])) q--;
+    if (q == pe || pe - q > 18 || q - 1 < ls || buf[q - 1] != ':') return 0;
+    int64_t pid = 0;
+    for (int64_t k = q; k < pe; k++) pid = pid * 10 + (buf[k] - '0');
+    q--;                                     /* at ':' */
+    int64_t he = q;
+    while (q > ls && !is_space(buf[q - 1]) && buf[q - 1] != ':') q--;
+    int64_t hs = q;
+    /* an NCCL >= 2.26 time "[%F %T] " just before the host */
+    int64_t pre = hs;
+    int32_t tslen = 0;
+    int64_t r = hs;
+    if (r - 1 >= ls && buf[r - 1] == ' ') r--;
+    if (r - 1 >= ls && buf[r - 1] == ']') {
+        int64_t b = r - 1;
+        int64_t lim = b - 80 < ls ? ls : b - 80;
+        while (b > lim && buf[b] != '[') b--;
+        if (buf[b] == '[' && b + 1 < r - 1) {
+            uint8_t f = buf[b + 1];
+            if (is_digit(f) || (f >= 'A' && f <= 'Z')) {
+                pre = b;
+                tslen = (int32_t)(r - b);
+            }
+        }
+    }
+    SET(pre, i, pre);
+    SET(ts_len, i, tslen);
+    SET(host_off, i, hs);
+    SET(host_len, i, (int32_t)(he - hs));
+    SET(host_hash, i, fnv1a(buf + hs, he - hs));
+    SET(pid, i, pid);
+    SET(tid, i, tid);
+    SET(dev, i, dev);
+    return 1;
+}
+
+/* "<Op>: opCount <hex> sendbuff <p> recvbuff <p> count <n> datatype <n> op <n> root <n>
+ *  comm <p> [nranks=<n>] stream <p>" after "NCCL INFO ", then only blanks to the line end. */
+static int fields(const uint8_t *buf, int64_t s, int64_t e, coll_cols *o, int64_t i) {
+    cur c = {buf, s, e};
+    int64_t v;
+    uint64_t u;
+    int64_t os = c.p;
+    while (c.p < c.end && is_word(buf[c.p])) c.p++;
+    if (c.p == os) return 0;
+    SET(op_off, i, os);
+    SET(op_len, i, (int32_t)(c.p - os));
+    SET(op_hash, i, fnv1a(buf + os, c.p - os));
+    if (!lit(&c, ": opCount ") || !hex(&c, &u)) return 0;
+    SET(op_count, i, u);
+    if (!lit(&c, " sendbuff ") || !ptr(&c, &u)) return 0;
+    SET(sendbuff, i, u);
+    if (!lit(&c, " recvbuff ") || !ptr(&c, &u)) return 0;
+    SET(recvbuff, i, u);
+    if (!lit(&c, " count ") || !dec(&c, &v, 0)) return 0;
+    SET(count, i, v);
+    if (!lit(&c, " datatype ") || !dec(&c, &v, 0) || v > 0x7fffffff) return 0;
+    SET(datatype, i, (int32_t)v);
+    if (!lit(&c, " op ") || !dec(&c, &v, 0) || v > 0x7fffffff) return 0;
+    SET(red_op, i, (int32_t)v);
+    if (!lit(&c, " root ") || !dec(&c, &v, 1)) return 0;
+    SET(root, i, v);
+    if (!lit(&c, " comm ") || !ptr(&c, &u)) return 0;
+    SET(comm, i, u);
+    if (!lit(&c, " [nranks=") || !dec(&c, &v, 0) || v > 0x7fffffff || !lit(&c, "]")) return 0;
+    SET(nranks, i, (int32_t)v);
+    if (!lit(&c, " stream ") || !ptr(&c, &u)) return 0;
+    SET(stream, i, u);
+    while (c.p < c.end && is_space(buf[c.p])) c.p++;
+    return c.p == c.end;
+}
+
+int64_t logscan_coll(const uint8_t *buf, int64_t len, int64_t from, coll_cols *out, int64_t cap,
+                     int64_t *other, int64_t other_cap, int64_t *n_other, int64_t *next) {
+    static const char needle[] = "NCCL INFO ";
+    const int64_t nl = (int64_t)sizeof(needle) - 1;
+    int64_t n = 0, p = from;
+    *n_other = 0;
+    while (n < cap && *n_other < other_cap && p < len) {
+        const uint8_t *hit = memmem(buf + p, (size_t)(len - p), needle, (size_t)nl);
+        if (!hit) {
+            p = len;
+            break;
+        }
+        int64_t h = hit - buf;
+        int64_t ls = line_start(buf, h);
+        int64_t le = line_end(buf, len, h + nl);
+        if (prefix(buf, ls, h, out, n) && fields(buf, h + nl, le, out, n)) {
+            coll_cols *o = out;
+            SET(start, n, ls);
+            n++;
+        } else {
+            other[(*n_other)++] = h;     /* any other INFO line: Python's regular expressions */
+        }
+        p = le;
+    }
+    *next = p;
+    return n;
+}
+
+int64_t logscan_hits(const uint8_t *buf, int64_t len, int64_t from, const uint8_t *needle, int64_t nlen,
+                     int64_t *out, int64_t cap, int64_t *next) {
+    int64_t n = 0, p = from;
+    if (nlen <= 0) {
+        *next = len;
+        return 0;
+    }
+    while (n < cap && p < len) {
+        const uint8_t *hit = memmem(buf + p, (size_t)(len - p), needle, (size_t)nlen);
+        if (!hit) {
+            p = len;
+            break;
+        }
+        int64_t h = hit - buf;
+        int64_t le = line_end(buf, len, h + nlen);
+        out[n++] = h;
+        p = le;   /* one hit per line */
+    }
+    *next = p;
+    return n;
+}
+
+/* Line terminators in [a, b): "\n", "\r\n" (one) and a lone "\r". */
+static int64_t count_lines(const uint8_t *buf, int64_t len, int64_t a, int64_t b) {
+    int64_t n = 0;
+    const uint8_t *p = buf + a, *e = buf + b;
+    while (p < e && (p = memchr(p, '\n', (size_t)(e - p))) != NULL) {
+        n++;
+        p++;
+    }
+    p = buf + a;
+    while (p < e && (p = memchr(p, '\r', (size_t)(e - p))) != NULL) {
+        int64_t k = p - buf;
+        if (k + 1 >= len || buf[k + 1] != '\n') n++;
+        p++;
+    }
+    return n;
+}
+
+int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64_t n, int64_t *start,
+                      int64_t *end, int64_t *line) {
+    int64_t cursor = 0, lines = 1;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t q = pos[i];
+        if (q < cursor || q > len) return -1;   /* positions must be sorted and inside */
+        int64_t ls = line_start(buf, q);
+        if (ls > cursor) {
+            lines += count_lines(buf, len, cursor, ls);
+            cursor = ls;
+        } else if (ls < cursor) {
+            return -1;
+        }
+        start[i] = ls;
+        end[i] = line_end(buf, len, q);
+        line[i] = lines;
+    }
+    return n;
+}
+
+/* Lines in the buffer (the last one counts without its terminator) and how many of them hold
+ * something other than blanks. */
+void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *nonblank) {
+    int64_t n = 0, full = 0;
+    int any = 0;
+    for (int64_t i = 0; i < len; i++) {
+        uint8_t c = buf[i];
+        if (c == '\n' || c == '\r') {
+            if (c == '\r' && i + 1 < len && buf[i + 1] == '\n') i++;
+            n++;
+            full += any;
+            any = 0;
+        } else if (!any && !is_space(c)) {
+            any = 1;
+        }
+    }
+    if (len > 0 && !is_term(buf[len - 1])) {
+        n++;
+        full += any;
+    }
+    *lines = n;
+    *nonblank = full;
+}
+
+/* The first offset of each of up to 64 needles (of 2 bytes or more) in one pass: a table of
+ * their first two bytes rejects almost every position with one lookup. first[i] = -1 where
+ * needle i does not occur. Returns 0, or -1 on bad arguments. */
+int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
+                     const int32_t *nlen, int32_t n, int64_t *first) {
+    if (n <= 0 || n > 64) return -1;
+    uint64_t *tab = calloc(65536, sizeof(uint64_t));
+    if (!tab) return -1;
+    int32_t left = 0;
+    for (int32_t i = 0; i < n; i++) {
+        first[i] = -1;
+        if (nlen[i] < 2) continue;
+        const uint8_t *nd = needles + off[i];
+        tab[((uint32_t)nd[0] << 8) | nd[1]] |= 1ULL << i;
+        left++;
+    }
+    for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
+        uint32_t key = ((uint32_t)buf[p] << 8) | buf[p + 1];
+        uint64_t m = tab[key];
+        while (m) {
+            int i = __builtin_ctzll(m);
+            m &= m - 1;
+            if (p + nlen[i] <= len && memcmp(buf + p, needles + off[i], (size_t)nlen[i]) == 0) {
+                first[i] = p;
+                tab[key] &= ~(1ULL << i);
+                left--;
+            }
+        }
+    }
+    free(tab);
+    return 0;
+}

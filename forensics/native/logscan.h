@@ -1,0 +1,42 @@
+#ifndef STALLSCOPE_LOGSCAN_H
+#define STALLSCOPE_LOGSCAN_H
+#include <stdint.h>
+
+/* Columns of NCCL_DEBUG COLL lines, one entry per line (see logscan.c). Text fields are
+ * given as (offset, length) into the buffer plus a 64-bit hash, so the caller decodes
+ * each distinct value once. */
+typedef struct {
+    int64_t *start;      /* offset of the line's first byte */
+    int64_t *pre;        /* offset of the NCCL prefix: its "[time] " when present, else the host */
+    int32_t *ts_len;     /* length of that "[time]" (0: none) */
+    int64_t *host_off;
+    int32_t *host_len;
+    uint64_t *host_hash;
+    int64_t *pid;
+    int64_t *tid;
+    int32_t *dev;
+    int64_t *op_off;
+    int32_t *op_len;
+    uint64_t *op_hash;
+    uint64_t *op_count;
+    uint64_t *sendbuff;  /* pointers: "(nil)" is 0 */
+    uint64_t *recvbuff;
+    int64_t *count;
+    int32_t *datatype;
+    int32_t *red_op;
+    int64_t *root;
+    uint64_t *comm;
+    int32_t *nranks;     /* -1: no "[nranks=N]" */
+    uint64_t *stream;
+} coll_cols;
+
+int64_t logscan_coll(const uint8_t *buf, int64_t len, int64_t from, coll_cols *out, int64_t cap,
+                     int64_t *other, int64_t other_cap, int64_t *n_other, int64_t *next);
+int64_t logscan_hits(const uint8_t *buf, int64_t len, int64_t from, const uint8_t *needle, int64_t nlen,
+                     int64_t *out, int64_t cap, int64_t *next);
+int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64_t n, int64_t *start,
+                      int64_t *end, int64_t *line);
+void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *nonblank);
+int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
+                     const int32_t *nlen, int32_t n, int64_t *first);
+#endif

@@ -1,0 +1,211 @@
+"""InfiniBand/RoCE port state: ``ibstat``, ``ibstatus``, ``ibv_devinfo [-v]`` output, sysfs files.
+
+The port counters (:mod:`.ib_counters`) say what went wrong on a link; these say whether the
+link is up at all, and at what rate. Formats (infiniband-diags, rdma-core):
+
+- ``ibstat``: ``CA 'mlx5_0'`` then, per port, ``Port 1:`` with ``State: Active``, ``Physical
+  state: LinkUp``, ``Rate: 200``, ``Base lid``, ``SM lid``, ``Port GUID``, ``Link layer:
+  InfiniBand`` (tab-indented); ``ibstat mlx5_0 1`` prints the port block alone after ``CA:``;
+- ``ibstatus``: ``Infiniband device 'mlx5_0' port 1 status:`` then ``state: 4: ACTIVE``,
+  ``phys state: 5: LinkUp``, ``rate: 200 Gb/sec (4X HDR)``, ``link_layer: InfiniBand``;
+- ``ibv_devinfo``: ``hca_id: mlx5_0``, ``port: 1``, ``state: PORT_ACTIVE (4)``,
+  ``link_layer: Ethernet``; with ``-v`` also ``active_width: 4X (2)``, ``active_speed: 25.0
+  Gbps (32)``, ``phys_state: LINK_UP (5)``;
+- sysfs (``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}`` as ``grep
+  . …`` prints them): ``…/mlx5_0/ports/1/state:4: ACTIVE``.
+
+Lines may carry a launcher's or pdsh's tag (``node7: CA 'mlx5_0'``): the host it names is the
+port's host (:mod:`.lines`); otherwise the model gives the file's host.
+
+Table ``ib_ports`` (one row per device and port): line (int, of its first line), tool (ibstat|
+ibstatus|ibv_devinfo|sysfs), host (str: the tag's, NA without one), device (str), port (int),
+state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…), phys_state (LinkUp|Polling|Disabled|Sleep|
+PortConfigurationTraining|LinkErrorRecovery|PhyTest|…), rate_gbps (float), width (str, e.g.
+4X), speed (str, e.g. HDR or "25.0 Gbps"), link_layer (InfiniBand|Ethernet), lid, sm_lid (str),
+guid (str), firmware (str), ca_type (str).
+"""
+from __future__ import annotations
+
+import re
+
+from . import lines as lines_mod
+from .registry import Parser, WarningLog, looks_binary, register
+from .text import LogText
+
+STATES = {"0": "NOP", "1": "DOWN", "2": "INIT", "3": "ARMED", "4": "ACTIVE", "5": "ACTIVE_DEFER"}
+PHYS = {"0": "NoChange", "1": "Sleep", "2": "Polling", "3": "Disabled", "4": "PortConfigurationTraining",
+        "5": "LinkUp", "6": "LinkErrorRecovery", "7": "PhyTest"}
+PHYS_NAMES = {v.lower(): v for v in PHYS.values()} | {"link_up": "LinkUp", "linkup": "LinkUp",
+                                                      "port_configuration_training": "PortConfigurationTraining",
+                                                      "link_error_recovery": "LinkErrorRecovery", "phy_test": "PhyTest"}
+
+CA_RE = re.compile(r"\bCA:? '(?P<dev>[^']+)'")
+IBSTATUS_RE = re.compile(r"Infiniband device '(?P<dev>[^']+)' port (?P<port>\d+) status:")
+HCA_RE = re.compile(r"\bhca_id:\s*(?P<dev>\S+)")
+PORT_RE = re.compile(r"^\s*(?:Port (?P<p1>\d+):|port:\s*(?P<p2>\d+))\s*$")
+KV_RE = re.compile(r"^\s*(?P<k>[A-Za-z][A-Za-z _]*?)\s*:\s*(?P<v>.*?)\s*$")
+SYSFS_RE = re.compile(r"/(?:sys/class/infiniband/)?(?P<dev>[\w-]+)/ports/(?P<port>\d+)/(?P<attr>state|phys_state|rate"
+                      r"|link_layer|lid|sm_lid)\s*:\s*(?P<v>.*?)\s*$")
+RATE_RE = re.compile(r"(?P<g>[\d.]+)\s*(?:Gb/sec|Gbps|Gb/s)?(?:\s*\((?P<w>\d+X)\s*(?P<s>\w+)\))?", re.I)
+NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/")
+
+
+def _state(v: str) -> str:
+    """ACTIVE, DOWN, ... from "Active", "4: ACTIVE", "PORT_ACTIVE (4)"."""
+    v = v.strip()
+    if (m := re.match(r"^(\d):\s*(\w+)", v)):
+        return m[2].upper()
+    if (m := re.match(r"^PORT_(\w+)", v)):
+        return m[1].upper()
+    return v.split()[0].upper() if v else v
+
+
+def _phys(v: str) -> str:
+    v = v.strip()
+    if (m := re.match(r"^(\d):\s*(\w+)", v)):
+        return PHYS_NAMES.get(m[2].lower(), m[2])
+    word = re.split(r"\s|\(", v)[0] if v else v
+    return PHYS_NAMES.get(word.lower(), word)
+
+
+def _rate(v: str) -> tuple[float | None, str | None, str | None]:
+    m = RATE_RE.match(v.strip())
+    if not m:
+        return None, None, None
+    try:
+        return float(m["g"]), m["w"], m["s"]
+    except ValueError:
+        return None, m["w"], m["s"]
+
+
+class IbStatusParser(Parser):
+    NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
+    NAME = "ib_status"
+    DESCRIPTION = "InfiniBand/RoCE port state: ibstat, ibstatus, ibv_devinfo, sysfs port files"
+    GLOBS = ("ib/ibstat*", "ib/ibv_devinfo*", "ib/ibstatus*")
+    MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:")
+    SCHEMAS = {"ib_ports": {
+        "line": "int", "tool": "str", "host": "str", "device": "str", "port": "int", "state": "str",
+        "phys_state": "str", "rate_gbps": "float", "width": "str", "speed": "str", "link_layer": "str",
+        "lid": "str", "sm_lid": "str", "guid": "str", "firmware": "str", "ca_type": "str"}}
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        return bool(re.search(rb"CA:? '[^']+'|Infiniband device '[^']+' port \d+ status|hca_id:\s*\S+"
+                              rb"|/ports/\d+/(?:state|phys_state):", head))
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, label: str):
+        return cls.parse_text(LogText.of(data, label), label)
+
+    @classmethod
+    def parse_text(cls, text: LogText, label: str):
+        log = WarningLog(label)
+        if text.size == 0 or text.blank() or looks_binary(text.head()):
+            log.add(None, "empty file" if text.size == 0 or text.blank() else "binary data, not ibstat output")
+            return cls.result(label, {}, {}, log)
+        hits = text.lines_with(NEEDLES)
+        if not len(hits):
+            log.add(None, "no InfiniBand port status found")
+            return cls.result(label, {}, {}, log)
+        # the stretch from the first device line to a little past the last one holds every block
+        first_line = int(hits.line[0])
+        body = text.region(int(hits.start[0]), int(hits.end[-1]) + 8192)
+        rows = _parse_lines(body, first_line)
+        if not rows:
+            log.add(None, "no InfiniBand port status found")
+        return cls.result(label, {"ib_ports": rows}, {}, log)
+
+
+def _parse_lines(body: list[str], first_line: int) -> list[dict]:
+    rows: dict[tuple, dict] = {}
+    dev = tool = ca = None
+    port = None
+    host = None
+
+    def cur() -> dict | None:
+        if dev is None or port is None:
+            return None
+        key = (host, dev, port)
+        if key not in rows:
+            rows[key] = {"line": ln, "tool": tool, "host": host, "device": dev, "port": port, **ca}
+        return rows[key]
+
+    for i, raw in enumerate(body):
+        ln = first_line + i
+        raw = lines_mod.ANSI_RE.sub("", raw)
+        if (m := SYSFS_RE.search(raw)):
+            h = lines_mod.context(raw[:m.start()]).host
+            key = (h, m["dev"], int(m["port"]))
+            r = rows.setdefault(key, {"line": ln, "tool": "sysfs", "host": h, "device": m["dev"], "port": int(m["port"])})
+            _set(r, m["attr"], m["v"])
+            continue
+        if (m := IBSTATUS_RE.search(raw)):
+            host = lines_mod.context(raw[:m.start()]).host
+            dev, port, tool, ca = m["dev"], int(m["port"]), "ibstatus", {}
+            cur()
+            continue
+        if (m := CA_RE.search(raw)):
+            host = lines_mod.context(raw[:m.start()]).host
+            dev, port, tool, ca = m["dev"], None, "ibstat", {}
+            continue
+        if (m := HCA_RE.search(raw)):
+            host = lines_mod.context(raw[:m.start()]).host
+            dev, port, tool, ca = m["dev"], None, "ibv_devinfo", {}
+            continue
+        if dev is None:
+            continue
+        stripped = re.sub(r"^\S+: (?=\s)", "", raw) if host else raw      # pdsh's "node7: " before the tabs
+        if (m := PORT_RE.match(stripped)):
+            port = int(m["p1"] or m["p2"])
+            cur()
+            continue
+        m = KV_RE.match(stripped)
+        if m is None:
+            continue
+        k, v = m["k"].strip().lower(), m["v"]
+        if port is None:                         # a device-level field
+            if k == "ca type":
+                ca["ca_type"] = v
+            elif k in ("firmware version", "fw_ver"):
+                ca["firmware"] = v
+            elif tool == "ibstat" and k in ("state", "physical state", "rate"):
+                port = 1                         # "ibstat mlx5_0 1": the port block alone
+                _set(cur(), k, v)
+            continue
+        r = cur()
+        if r is not None:
+            _set(r, k, v)
+    return list(rows.values())
+
+
+def _set(r: dict | None, k: str, v: str) -> None:
+    if r is None:
+        return
+    if k == "state":
+        r["state"] = _state(v)
+    elif k in ("physical state", "phys state", "phys_state"):
+        r["phys_state"] = _phys(v)
+    elif k == "rate":
+        r["rate_gbps"], w, s = _rate(v)
+        r["width"] = r.get("width") or w
+        r["speed"] = r.get("speed") or s
+    elif k in ("link layer", "link_layer"):
+        r["link_layer"] = v.split()[0] if v.split() else None
+    elif k in ("base lid", "port_lid", "lid"):
+        r["lid"] = v
+    elif k in ("sm lid", "sm_lid"):
+        r["sm_lid"] = v
+    elif k in ("port guid", "default gid"):
+        r["guid"] = v
+    elif k == "active_width" and v.split():
+        r["width"] = v.split()[0]
+    elif k == "active_speed":
+        r["speed"] = re.sub(r"\s*\(\d+\)$", "", v)
+
+
+register(IbStatusParser)

@@ -1,0 +1,202 @@
+"""A text log's bytes and the line selection every text parser shares.
+
+Job logs are the largest artefacts an incident leaves (every rank's stdout merged by the
+launcher, NCCL INFO with a line per collective) and mostly hold lines no parser wants. A
+parser therefore never walks a log line by line in Python: :class:`LogText` finds the lines
+that hold one of its literal markers with ``memmem`` (``forensics/native/logscan.c``), gets
+their bounds and line numbers in one pass, and decodes only those. The file is mapped, not
+read: a 512 MB log costs no copy.
+
+Line numbers are 1-based and count ``\\n``, ``\\r\\n`` and a lone ``\\r`` (a progress
+bar's rewrite) as line ends, as :func:`.registry.split_lines` does.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from ..errors import InputError
+from .registry import SNIFF_BYTES, decode_text, read_source
+
+MAP_MIN_BYTES = 1 << 20       # smaller files are read (a map costs more than it saves)
+_NON_BLANK = re.compile(rb"\S")
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Selected lines of a :class:`LogText`, in file order: byte bounds and line numbers."""
+
+    start: np.ndarray
+    end: np.ndarray
+    line: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @classmethod
+    def none(cls) -> "Lines":
+        e = np.empty(0, np.int64)
+        return cls(e, e, e)
+
+
+class LogText:
+    """The bytes of one text log (``bytes`` or a read-only map of the file)."""
+
+    def __init__(self, data, label: str):
+        self.data = data
+        self.label = label
+        self.size = len(data)
+        self._first: dict[bytes, int] = {}        # needle -> its first offset (-1: absent)
+
+    @classmethod
+    def of(cls, data, label: str) -> "LogText":
+        return data if isinstance(data, LogText) else cls(data, label)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, label: str | None = None) -> "LogText":
+        """Map (or, when small, read) the regular file at ``path``; InputError if unreadable."""
+        label = label or str(path)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+        try:
+            st = os.fstat(fd)
+            if not _regular(st.st_mode):
+                raise InputError(f"{path}: not a regular file (FIFO, device or socket); not read")
+            if st.st_size < MAP_MIN_BYTES:
+                os.close(fd)
+                fd = -1
+                data, _ = read_source(path)
+                return cls(data, label)
+            return cls(mmap.mmap(fd, 0, access=mmap.ACCESS_READ), label)
+        except OSError as e:
+            raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
+        finally:
+            if fd >= 0:
+                os.close(fd)
+
+    # ---- whole-file questions
+    def head(self, n: int = SNIFF_BYTES) -> bytes:
+        return bytes(self.data[:n])
+
+    def blank(self) -> bool:
+        return _NON_BLANK.search(self.data) is None
+
+    def first(self, needles: Iterable[bytes]) -> dict[bytes, int]:
+        """The first offset of each needle (-1: absent); the ones not asked before are found
+        together in one pass over the bytes (``logscan.c``), then remembered."""
+        needles = [n for n in dict.fromkeys(needles) if n]
+        todo = [n for n in needles if n not in self._first]
+        if todo:
+            from ..native import first_offsets
+            short = [n for n in todo if len(n) < 2]
+            for n in short:
+                self._first[n] = self.data.find(n)
+            long = [n for n in todo if len(n) >= 2]
+            if long:
+                self._first.update(zip(long, first_offsets(self.data, self.size, long)))
+        return {n: self._first[n] for n in needles}
+
+    def holds(self, needle: bytes) -> bool:
+        return self.first([needle])[needle] >= 0
+
+    def holds_any(self, needles: Iterable[bytes]) -> bool:
+        return any(v >= 0 for v in self.first(needles).values())
+
+    # ---- line selection
+    def lines_with(self, needles: Iterable[bytes], also: Iterable[np.ndarray] = ()) -> Lines:
+        """The lines holding any of ``needles`` (and the lines at the offsets ``also``)."""
+        from ..native import line_hits, line_spans
+        firsts = self.first(needles)
+        hits = [line_hits(self.data, self.size, n, start=at) for n, at in firsts.items() if at >= 0]
+        hits += [np.asarray(a, np.int64) for a in also]
+        hits = [h for h in hits if len(h)]
+        if not hits:
+            return Lines.none()
+        pos = np.concatenate(hits)
+        pos.sort(kind="stable")
+        start, end, line = line_spans(self.data, self.size, pos)
+        keep = np.ones(len(start), bool)
+        keep[1:] = start[1:] != start[:-1]         # one entry per line
+        return Lines(start[keep], end[keep], line[keep])
+
+    def line_numbers(self, offsets: np.ndarray) -> np.ndarray:
+        """The 1-based line number of each sorted byte offset."""
+        return self.line_numbers_and_ends(offsets)[2]
+
+    def line_numbers_and_ends(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(line start, line end, 1-based line number) of each sorted byte offset."""
+        from ..native import line_spans
+        return line_spans(self.data, self.size, np.asarray(offsets, np.int64))
+
+    def text(self, start: int, end: int) -> str:
+        """Decoded bytes (undecodable ones as U+FFFD; a byte-order mark at the file's start dropped)."""
+        return decode_text(bytes(self.data[start:end]))
+
+    def iter(self, lines: Lines) -> Iterator[tuple[int, str, int]]:
+        """(line number, text, end offset) of each selected line."""
+        for ln, text, _, e in self.iter_spans(lines):
+            yield ln, text, e
+
+    def iter_spans(self, lines: Lines) -> Iterator[tuple[int, str, int, int]]:
+        """(line number, text, start offset, end offset) of each selected line."""
+        data = self.data
+        for s, e, ln in zip(lines.start.tolist(), lines.end.tolist(), lines.line.tolist()):
+            yield ln, decode_text(bytes(data[s:e])), s, e
+
+    def following(self, end: int, n: int, limit: int = 64 << 10) -> list[str]:
+        """Up to ``n`` lines after the line ending at byte ``end`` (for wrapped lines and
+        blocks that continue below their marker), read from at most ``limit`` bytes."""
+        stop = min(self.size, end + limit)
+        chunk = bytes(self.data[end:stop])
+        if chunk.startswith(b"\r\n"):
+            chunk = chunk[2:]
+        elif chunk[:1] in (b"\n", b"\r"):
+            chunk = chunk[1:]
+        else:
+            return []                              # the end of the file
+        parts = re.split(rb"\r\n|\r|\n", chunk)
+        if stop < self.size:
+            parts = parts[:-1]                     # cut by the limit
+        return [decode_text(p) for p in parts[:n]]
+
+    def preceding(self, start: int, n: int, limit: int = 64 << 10) -> list[str]:
+        """Up to ``n`` lines before the line starting at byte ``start``, nearest last."""
+        lo = max(0, start - limit)
+        chunk = bytes(self.data[lo:start])
+        if chunk.endswith(b"\r\n"):
+            chunk = chunk[:-2]
+        elif chunk[-1:] in (b"\n", b"\r"):
+            chunk = chunk[:-1]
+        else:
+            return []                              # the start of the file
+        parts = re.split(rb"\r\n|\r|\n", chunk)
+        if lo > 0:
+            parts = parts[1:]                      # cut by the limit
+        return [decode_text(p) for p in parts[-n:]] if n else []
+
+    def region(self, a: int, b: int) -> list[str]:
+        """The lines between byte offsets ``a`` and ``b`` (widened to whole lines)."""
+        a = max(0, a)
+        b = min(self.size, b)
+        while a > 0 and self.data[a - 1:a] not in (b"\n", b"\r"):
+            a -= 1
+        return re.split(r"\r\n|\r|\n", decode_text(bytes(self.data[a:b])))
+
+    def close(self) -> None:
+        if isinstance(self.data, mmap.mmap):
+            self.data.close()
+
+
+def _regular(mode: int) -> bool:
+    import stat
+    return stat.S_ISREG(mode)
+
+
+__all__ = ["LogText", "Lines", "MAP_MIN_BYTES"]

@@ -1,0 +1,157 @@
+"""torchrun (torch.distributed.elastic) reports of the job's processes: who failed, where, how.
+
+When a worker dies, torchrun's agent logs it and, as it exits, prints a summary naming every
+failed process with the host it ran on, its global and local rank, exit code and pid:
+
+    torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+    ============================================================
+    train.py FAILED
+    ------------------------------------------------------------
+    Failures:
+    [1]:
+      time      : 2024-03-05_10:11:12
+      host      : node-7.cluster
+      rank      : 13 (local_rank: 5)
+      exitcode  : -6 (pid: 41234)
+      error_file: <N/A>
+      traceback : Signal 6 (SIGABRT) received by PID 41234
+    ------------------------------------------------------------
+    Root Cause (first observed failure):
+    [0]:
+      ...
+
+(torch 1.9+; the same fields in every version since). The agent's own lines:
+``failed (exitcode: -6) local_rank: 0 (pid: 41234) of binary: ...`` and ``Sending process 41234
+closing signal SIGTERM`` (with Python logging, c10 or ``[default0]:`` prefixes, all skipped by
+searching). These tie global ranks to hosts and pids when no NCCL line does, and tell the first
+process that died from the ones torchrun killed after it.
+
+Table ``process_exits`` (one row per process a summary or agent line names):
+    line (int), kind (root_cause|failure|agent_failed|sigterm), time (str as printed), host
+    (str), rank (int: global), local_rank (int), exitcode (int), pid (int), signal (str:
+    SIGABRT, SIGKILL, ... from a negative exit code or the traceback line), error_file (str),
+    traceback (str: its first line), and the launcher context (ctx_rank, ctx_local_rank,
+    ctx_host, ctx_pid, ctx_clock).
+"""
+from __future__ import annotations
+
+import re
+import signal
+
+from . import lines as lines_mod
+from .registry import Parser, WarningLog, looks_binary, register
+from .text import LogText
+
+FIELD_RE = re.compile(r"\b(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s*(?P<value>.*?)\s*$")
+RANK_RE = re.compile(r"^(?P<rank>-?\d+)\s*\(local_rank:\s*(?P<local>-?\d+)\)")
+EXIT_RE = re.compile(r"^(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
+AGENT_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
+SIGTERM_RE = re.compile(r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
+SIGNAL_IN_TEXT_RE = re.compile(r"Signal (?P<n>\d+) \((?P<name>SIG[A-Z]+)\)")
+NEEDLES = (b"exitcode", b"closing signal")
+
+
+def _int(v):
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def signal_name(code: int | None) -> str | None:
+    """The signal of a negative exit code (-6: SIGABRT), as torchrun reports them."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class TorchElasticParser(Parser):
+    NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
+    NAME = "torch_elastic"
+    DESCRIPTION = "torchrun's failure summary and agent lines: the failed processes' hosts, ranks, exit codes"
+    GLOBS = ("logs/*", "logs/**/*")
+    MARKERS = (b"ChildFailedError", b"exitcode  :", b"exitcode :", b"(exitcode: ", b"closing signal")
+    SCHEMAS = {"process_exits": {
+        "line": "int", "kind": "str", "time": "str", "host": "str", "rank": "int", "local_rank": "int",
+        "exitcode": "int", "pid": "int", "signal": "str", "error_file": "str", "traceback": "str",
+        "ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}}
+
+    @classmethod
+    def sniff(cls, head: bytes) -> bool:
+        return b"ChildFailedError" in head or bool(re.search(rb"exitcode\s*:\s*-?\d+ \(pid:", head))
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, label: str):
+        return cls.parse_text(LogText.of(data, label), label)
+
+    @classmethod
+    def parse_text(cls, text: LogText, label: str):
+        log = WarningLog(label)
+        if text.size == 0 or text.blank() or looks_binary(text.head()):
+            log.add(None, "empty file" if text.size == 0 or text.blank() else "binary data, not a text log")
+            return cls.result(label, {}, {}, log)
+        rows = []
+        for ln, line, start, end in text.iter_spans(text.lines_with(NEEDLES)):
+            line = lines_mod.ANSI_RE.sub("", line)
+            if (m := AGENT_RE.search(line)):
+                code = int(m["code"])
+                rows.append({"line": ln, "kind": "agent_failed", "exitcode": code, "local_rank": int(m["local"]),
+                             "pid": int(m["pid"]), "signal": signal_name(code),
+                             **lines_mod.context(line[:m.start()]).as_row()})
+            elif (m := SIGTERM_RE.search(line)):
+                rows.append({"line": ln, "kind": "sigterm", "pid": int(m["pid"]), "signal": m["sig"],
+                             **lines_mod.context(line[:m.start()]).as_row()})
+            elif (f := FIELD_RE.search(line)) and f["key"] == "exitcode":
+                rows.append(_block(text, ln, line, start, end, f))
+        if not rows:
+            log.add(None, "no torchrun failure report found")
+        return cls.result(label, {"process_exits": rows}, {}, log)
+
+
+def _block(text: LogText, ln: int, line: str, start: int, end: int, f: re.Match) -> dict:
+    """One ``[i]:`` entry of the summary around its exitcode line: time, host and rank above
+    it, error_file and traceback below, and whether it is under ``Root Cause``."""
+    row: dict = {"line": ln, "kind": "failure", **lines_mod.context(line[:f.start()]).as_row()}
+    fields = {}
+    above = text.preceding(start, 8)
+    for prev in reversed(above):
+        g = FIELD_RE.search(lines_mod.ANSI_RE.sub("", prev))
+        if g is None or g["key"] in fields or g["key"] == "exitcode":
+            if "Root Cause" in prev:
+                row["kind"] = "root_cause"
+                break
+            if g is None and re.search(r"\[\d+\]:\s*$|^[=-]{10,}", prev.strip()):
+                break
+            continue
+        fields[g["key"]] = g["value"]
+    for nxt in text.following(end, 3):
+        g = FIELD_RE.search(lines_mod.ANSI_RE.sub("", nxt))
+        if g is None or g["key"] in ("time", "host", "rank", "exitcode"):
+            break
+        fields[g["key"]] = g["value"]
+    if row["kind"] == "failure" and any("Root Cause" in p for p in above[-10:]):
+        row["kind"] = "root_cause"
+    if (m := EXIT_RE.match(f["value"])):
+        row["exitcode"], row["pid"] = int(m["code"]), int(m["pid"])
+        row["signal"] = signal_name(row["exitcode"])
+    if (m := RANK_RE.match(fields.get("rank", ""))):
+        row["rank"], row["local_rank"] = int(m["rank"]), int(m["local"])
+    row["time"] = fields.get("time")
+    row["host"] = fields.get("host") or None
+    err = fields.get("error_file")
+    row["error_file"] = None if err in (None, "<N/A>", "") else err
+    tb = fields.get("traceback")
+    row["traceback"] = tb
+    if row.get("signal") is None and tb and (s := SIGNAL_IN_TEXT_RE.search(tb)):
+        row["signal"] = s["name"]
+    return row
+
+
+register(TorchElasticParser)

@@ -1,0 +1,54 @@
+"""InfiniBand port state: ibstat, ibstatus, ibv_devinfo -v, sysfs lines, pdsh-tagged lines."""
+from __future__ import annotations
+
+import pandas as pd
+
+from conftest import FIXTURES
+from forensics.parsers.ib_status import IbStatusParser
+
+D = FIXTURES / "parsers" / "ib_status"
+
+
+def ports(name: str) -> pd.DataFrame:
+    r = IbStatusParser.parse(D / name)
+    assert r.warnings == []
+    return r.tables["ib_ports"]
+
+
+def test_ibstat_both_ports_and_the_down_one():
+    p = ports("ibstat_one_down.txt")
+    assert p[["device", "port", "state", "phys_state", "rate_gbps", "link_layer"]].values.tolist() == [
+        ["mlx5_0", 1, "ACTIVE", "LinkUp", 400.0, "InfiniBand"], ["mlx5_1", 1, "DOWN", "Polling", 10.0, "InfiniBand"]]
+    assert p["firmware"].tolist() == ["28.39.1002"] * 2 and p["ca_type"].tolist() == ["MT4129"] * 2
+    assert p["tool"].unique().tolist() == ["ibstat"] and p["host"].isna().all()
+    assert p["line"].tolist() == [8, 25]
+
+
+def test_ibstatus_states_rates_and_widths():
+    p = ports("ibstatus.txt")
+    assert p[["device", "state", "phys_state", "rate_gbps", "width", "speed"]].values.tolist() == [
+        ["mlx5_2", "ACTIVE", "LinkUp", 200.0, "4X", "HDR"], ["mlx5_3", "DOWN", "Disabled", 10.0, "4X", "SDR"]]
+
+
+def test_ibv_devinfo_verbose_roce_port():
+    p = ports("ibv_devinfo_v.txt")
+    (r,) = p.to_dict("records")
+    assert (r["device"], r["port"], r["state"], r["phys_state"], r["link_layer"], r["width"], r["speed"]) == \
+        ("mlx5_4", 1, "ACTIVE", "LinkUp", "Ethernet", "4X", "25.0 Gbps")
+    assert r["firmware"] == "22.36.1010"
+
+
+def test_pdsh_tags_name_each_ports_host_and_sysfs_lines_read():
+    text = ("gpu-a01: CA 'mlx5_0'\ngpu-a01: \tPort 1:\ngpu-a01: \t\tState: Active\ngpu-a01: \t\tPhysical state: LinkUp\n"
+            "gpu-a02: CA 'mlx5_0'\ngpu-a02: \tPort 1:\ngpu-a02: \t\tState: Down\ngpu-a02: \t\tPhysical state: Disabled\n"
+            "/sys/class/infiniband/mlx5_9/ports/1/state:1: DOWN\n/sys/class/infiniband/mlx5_9/ports/1/rate:100 Gb/sec "
+            "(4X EDR)\n")
+    p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
+    got = {(h if isinstance(h, str) else None, d, s) for h, d, s in zip(p["host"], p["device"], p["state"])}
+    assert got == {("gpu-a01", "mlx5_0", "ACTIVE"), ("gpu-a02", "mlx5_0", "DOWN"), (None, "mlx5_9", "DOWN")}
+    assert p.loc[p["device"] == "mlx5_9", "rate_gbps"].tolist() == [100.0]
+
+
+def test_text_without_ports_warns_and_binary_is_refused():
+    assert "no InfiniBand port status" in IbStatusParser.parse(b"hello\nworld\n").warnings[0]
+    assert "binary" in IbStatusParser.parse(bytes(range(256)) * 8).warnings[0]

@@ -841,3 +841,34 @@ def test_tracer_span_from_its_marks_else_its_events_and_in_utc(tmp_path):
     samples = [{"monotonic_ns": 0, "realtime_ns": 10**18}, {"monotonic_ns": 1000, "realtime_ns": 10**18 + 1003}]
     assert utc_span(samples, [100, 900]) == [10**18 + 100, 10**18 + 903]
     assert utc_span(samples, None) is None and utc_span([], [1, 2]) is None
+
+
+def test_the_jobs_own_output_file_is_attached_and_read_as_its_log(tmp_path):
+    """A traced process whose stderr is a file (a launcher's log): its tail comes along
+    (named after the stream and pid), with the host's zone in the manifest; analyze reads
+    the watchdog timeout in it."""
+    from capture import CaptureOptions, run_capture
+    import io
+    out = tmp_path / "slurm-77.out"
+    line = ("[rank3]:[E1128 03:14:07.123456789 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, Timeout(ms)=600000) ran "
+            "for 600020 milliseconds before timing out.\n")
+    out.write_text("epoch 1\n" + line)
+    with open(out, "ab") as fh:
+        target = subprocess.Popen(["sleep", "30"], stdout=fh, stderr=fh,
+                                  env={"RANK": "3", "WORLD_SIZE": "8", "NCCL_SOCKET_IFNAME": "lo"})
+    try:
+        res = run_capture(CaptureOptions(output=str(tmp_path / "b"), duration_s=1.0, bpf=False, pcap=False,
+                                         pids=[target.pid], progress="lines"), stderr=io.StringIO())
+    finally:
+        target.kill()
+        target.wait()
+    m = _check_bundle(res.path)
+    files = [f["path"] for f in m["files"] if f["path"].startswith("logs/job-")]
+    assert files == [f"logs/job-stdout-{target.pid}-slurm-77.out"], files     # stdout and stderr: one file, once
+    src = m["collectors"]["attachments:end"]["sources"]
+    assert any(s["why"].startswith(f"stdout of pid {target.pid}") for s in src)
+    assert isinstance(m["timezone"]["utc_offset_s"], int) and m["timezone"]["name"]
+    from forensics.model import build_model
+    wd = build_model([res.path]).tables["watchdog_events"]
+    assert wd["rank"].tolist() == [3] and wd["seq_num"].tolist() == [5]

@@ -242,7 +242,7 @@ def job_hosts(tables: dict[str, pd.DataFrame]) -> list[str]:
 
 def _clock_texts(tables) -> list[str]:
     out: list[str] = []
-    for name, cols in (("nccl_warnings", ("ts", "ctx_clock")), ("watchdog_events", ("ctx_clock",)),
+    for name, cols in (("nccl_warnings", ("ts", "ctx_clock")), ("watchdog_events", ("log_time", "ctx_clock")),
                        ("process_exits", ("time",)), ("coll_log_ops", ("last_ts", "ctx_clock"))):
         t = tables.get(name)
         if t is None or t.empty:

@@ -251,7 +251,7 @@ class NcclDebugParser(Parser):
             g = LINE_RE.search(line)
             if g is None:
                 if (v := VERSION_RE.search(line)) is not None:
-                    bare.append((ln, v["version"], line[:v.start()]))
+                    bare.append((ln, v["version"], line[:v.start() + 1]))
                 elif MENTION_RE.search(line):
                     n_mentions += 1
                     log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")

@@ -1,0 +1,89 @@
+"""Log lines joined across files (forensics/model/logs.py): hosts, ranks, pids, times, first failure."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from forensics.analysis import analyze
+from forensics.model import build_model
+from synthetic_bundle import make_bundle
+
+INIT = "{h}:{p}:{p} [{d}] NCCL INFO comm 0x{c:x} rank {r} nranks 4 cudaDev {d} nvmlDev {d} busId 1000 commId 0xfeed - Init COMPLETE\n"
+SOCK = "{h}:{p}:{p} [{d}] NCCL INFO NET/Socket : Using [0]eth0:{ip}<0>\n"
+WATCHDOG = ("[rank{r}]:[E1128 03:14:0{r}.123456789 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=77, OpType=ALLREDUCE, NumelIn=8, NumelOut=8, Timeout(ms)=60000) ran "
+            "for 60010 milliseconds before timing out.\n")
+HOSTS = {0: ("node-a", 101, "10.9.0.1"), 1: ("node-a", 102, "10.9.0.1"), 2: ("node-b", 201, "10.9.0.2"),
+         3: ("node-b", 202, "10.9.0.2")}
+
+
+def _init_lines() -> str:
+    return "".join(INIT.format(h=h, p=p, d=r % 2, c=0x5000 + r, r=r) + SOCK.format(h=h, p=p, d=r % 2, ip=ip)
+                   for r, (h, p, ip) in HOSTS.items())
+
+
+def test_rows_without_a_host_take_their_ranks_host_from_other_files(tmp_path):
+    (tmp_path / "nccl.log").write_text(_init_lines())
+    (tmp_path / "stderr.log").write_text("".join(WATCHDOG.format(r=r) for r in (0, 2, 3)))
+    (tmp_path / "orphan.log").write_text(WATCHDOG.format(r=9))
+    m = build_model([tmp_path])
+    wd = m.tables["watchdog_events"]
+    got = dict(zip(wd["rank"], wd["host"]))
+    assert got == {0: "node-a", 2: "node-b", 3: "node-b", 9: f"unknown:{tmp_path}/orphan.log"}
+    assert dict(zip(wd["rank"], wd["pid"]))[2] == 201
+    assert m.hosts == ["node-a", "node-b"]                  # the job's hosts, not the laptop's
+    assert any("read as UTC" in n for n in m.notes) and any("year" in n for n in m.notes)
+    t = wd.loc[wd["rank"] == 2, "time_ns"].iloc[0]         # c10's time, to the second (no year: this one)
+    assert pd.Timestamp(int(t), unit="ns").strftime("%m-%d %H:%M:%S.%f") == "11-28 03:14:02.000000"
+
+
+def test_warn_lines_keep_their_own_host_in_a_bundle_and_name_the_peer(tmp_path):
+    """An attached log merged from three hosts: each WARN line's host is the one it names, not
+    the capture's; the peer address maps to its host and rank through the NET/Socket lines."""
+    log = _init_lines() + "".join(
+        f"\n{h}:{p}:{p + 9} [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer "
+        f"10.9.0.2<4{r}321>\n" for r, (h, p, _) in HOSTS.items() if h == "node-a")
+    b = make_bundle(tmp_path, "capture-host", [], {"logs/job.log": log})
+    m = build_model([b])
+    w = m.tables["nccl_warnings"]
+    assert set(w["host"]) == {"node-a"} and set(w["node"]) == {"capture-host"}
+    assert set(w["peer_host"]) == {"node-b"} and set(w["class"]) == {"socket_closed"}
+    assert sorted(w["rank"].tolist()) == [0, 1]
+
+
+def test_the_first_failure_is_the_earliest_cause_not_its_cascade(tmp_path):
+    lines = _init_lines() + (
+        "\n[2026-03-30 17:02:50] node-b:201:299 [0] transport/net_ib.cc:2244 NCCL WARN NET/IB: Got completion from "
+        "peer 10.9.0.1<5000> with status=5 opcode=0 len=0 vendor err 249 (Recv) hca mlx5_0\n"
+        "\n[2026-03-30 17:02:44] node-a:101:199 [0] transport/net_ib.cc:2244 NCCL WARN NET/IB: Got completion from "
+        "peer 10.9.0.2<5001> with status=12 opcode=0 len=0 vendor err 129 (Send) hca mlx5_0\n"
+        "\n[2026-03-30 17:02:43] node-b:202:298 [1] proxy.cc:1519 NCCL WARN [Proxy Service 3] Failed to execute "
+        "operation Connect from rank 3, retcode 3\n")
+    (tmp_path / "all.log").write_text(lines)
+    a = analyze([tmp_path / "all.log"])
+    w = a.model.tables["nccl_warnings"].set_index("ib_status")
+    first = a.model.tables["nccl_warnings"]
+    first = first[first["first"].fillna(False).astype(bool)]
+    assert first["host"].tolist() == ["node-a"] and first["ib_status"].tolist() == [12]
+    assert bool(w.loc[5, "cascade"]) and w.loc[12, "ib_status_name"] == "RETRY_EXC_ERR"
+    top = a.findings[0]
+    assert top.kind == "ib_errors" and top.details["ib_status"] == 12 and top.details["first_failure"]
+    assert "node-b" in top.summary and top.since_ns == int(pd.Timestamp("2026-03-30 17:02:44").value)
+    flush = next(f for f in a.findings if f.kind == "ib_errors" and f.details.get("ib_status") == 5)
+    assert flush.severity == "warning"
+    a.close()
+
+
+def test_log_times_are_read_in_the_capture_hosts_zone(tmp_path):
+    log = _init_lines() + ("\n[2026-03-30 19:02:44] node-a:101:199 [0] misc/socket.cc:49 NCCL WARN socketProgress: "
+                           "Connection closed by remote peer 10.9.0.2<4321>\n")
+    b = make_bundle(tmp_path, "node-a", [], {"logs/job.log": log})
+    man = json.loads((b / "manifest.json").read_text())
+    man["timezone"] = {"name": "CEST", "utc_offset_s": 7200}
+    (b / "manifest.json").write_text(json.dumps(man))
+    m = build_model([b])
+    t = int(m.tables["nccl_warnings"]["time_ns"].iloc[0])
+    assert t == int(pd.Timestamp("2026-03-30 17:02:44").value)
+    assert any("zone (CEST)" in n for n in m.notes)

@@ -69,9 +69,9 @@ class Finding:
     # slowness findings: the share of the job's collective time their slow collectives explain
     # (evidence.impact); the severity follows it (impact_severity) and so does the order
     impact_share: float | None = None
-    # hangs (docs/DESIGN.md, "The findings contract"): the collective as NCCL counts it (opCount)
-    # and as PyTorch does (SeqNum, Flight Recorder's collective_seq_id), and since when (UTC ns),
-    # from which evidence (a log-only hang has a SeqNum and no opCount)
+    # hangs and failures: the collective as NCCL counts it (opCount) and as PyTorch does (SeqNum,
+    # Flight Recorder's collective_seq_id), and since when (UTC ns), from which evidence (a hang
+    # known from the logs alone has a SeqNum and no opCount); None where the evidence does not say
     op_count: int | None = None
     seq: int | None = None
     since_ns: int | None = None

@@ -33,7 +33,17 @@ ACTIONS = {
 
 def socket_failures(ctx) -> list[Finding]:
     rows = warns.rows_of(ctx, list(CLASSES))
+    # a connection to the reporter's own host is NCCL's own plumbing (its proxy thread, a local
+    # rank): no link between hosts failed there
+    rows = rows[rows["peer_host"].isna() | (rows["peer_host"].astype("string") != rows["host"].astype("string"))] \
+        if len(rows) else rows
     if rows.empty:
+        return []
+    # lines that only follow another class's first failure (the proxy giving up after a memlock
+    # error, peers closing after a rank died of a CUDA fault) are its cascade, not a finding
+    w = ctx.table("nccl_warnings")
+    first_elsewhere = w["first"].fillna(False).astype(bool) & ~w["class"].isin(CLASSES)
+    if first_elsewhere.any() and rows["cascade"].fillna(True).astype(bool).all():
         return []
     total = len(warns.job_hosts(ctx))
     peers = rows["peer_host"].dropna().astype(str)

@@ -421,9 +421,11 @@ def logged_resets(ctx) -> list[Finding]:
                "lines." + ONSET_UNKNOWN)
     sql = f"""SELECT rank, host, pid, message, peer FROM nccl_warnings
 WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
+    from .warns import hosts_of_ranks
     return [Finding(
         kind="connection_reset", severity="error", confidence=0.75, summary=summary, ranks=[snd],
-        hosts=[directory[snd].host] if snd in directory and directory[snd].host else [], peer_ranks=[rcv],
+        hosts=[directory[snd].host] if snd in directory and directory[snd].host else hosts_of_ranks(ctx, [snd]),
+        peer_ranks=[rcv],
         links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=_evidence(ctx, sql), sql=sql,
         score=2e6,
         action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "

@@ -118,8 +118,13 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     # 2. ranks that never reached n
     lagging = behind or (silent if timed else [])
     if lagging and n is not None:
-        how = ("its last enqueued work is " + ", ".join(f"rank {r}: {pos[r]}" for r in behind[:4])) if behind else \
-            "its log holds no watchdog timeout: it never enqueued it, or waits outside NCCL"
+        if len(behind) == 1:
+            how = f"its last enqueued work is SeqNum {pos[behind[0]]}"
+        elif behind:
+            how = "last enqueued: " + ", ".join(f"rank {r} SeqNum {pos[r]}" for r in behind[:4])
+        else:
+            how = ("no watchdog timeout in " + ("its" if len(lagging) == 1 else "their")
+                   + " logs: never enqueued, or waiting outside NCCL")
         waiting = sorted(r for r in members if r not in lagging)
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.85 if behind else 0.7,

@@ -151,11 +151,17 @@ def sql(classes: list[str], extra: str = "") -> str:
             f"ORDER BY NOT coalesce(\"first\", false), time_ns NULLS LAST, artifact, log_line LIMIT {MAX_ROWS}")
 
 
+def hosts_of_ranks(ctx, ranks) -> list[str]:
+    """The hosts the evidence places ``ranks`` on."""
+    want = {int(r) for r in ranks}
+    return sorted(h for h, rs in host_ranks(ctx).items() if want & set(rs))
+
+
 def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
     hr = host_ranks(ctx)
     return sorted({r for h in hosts for r in hr.get(h, [])})
 
 
 __all__ = ["Blame", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of", "evidence",
-           "first_text", "host_ranks", "hosts_text", "job_hosts", "ranks_of_hosts", "rows_of", "since", "sql",
+           "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "ranks_of_hosts", "rows_of", "since", "sql",
            "utc_clock"]

@@ -25,6 +25,7 @@ failure, the peer's host and rank, the IB status's name.
 """
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -102,7 +103,7 @@ def directory(tables: dict[str, pd.DataFrame]) -> Directory:
         d.add(own, row.log_pid if pd.notna(row.log_pid) else row.pid, row.rank)
         if _s(row.host) and _s(row.host) != own:
             d.add(row.host, row.pid, row.rank)
-        for col in ("socket_addrs", "oob_addr"):
+        for col in ("socket_addrs", "oob_addr", "bootstrap_addr"):
             for a in _s(getattr(row, col)).split(","):
                 if a.strip():
                     d.addr.setdefault(a.strip(), (own, int(row.rank) if pd.notna(row.rank) else None))
@@ -117,8 +118,12 @@ def directory(tables: dict[str, pd.DataFrame]) -> Directory:
             h = short_host(h)
         d.add(h, row.pid, row.rank)
     # a line with both an NCCL host prefix and a launcher's rank tag: that tag is that host's
+    # (and a launcher's address, Ray's ip=, that host's address)
     w = tables.get("nccl_warnings", pd.DataFrame())
     if len(w):
+        for h, ip in set(zip(w["log_host"], w["ctx_host"])):
+            if isinstance(h, str) and isinstance(ip, str) and (ip.replace(".", "").isdigit() or ":" in ip):
+                d.addr.setdefault(ip, (h, None))
         pairs = w.dropna(subset=["log_host", "ctx_rank"])
         for h, r in set(zip(pairs["log_host"], pairs["ctx_rank"])):
             if int(r) not in d.hosts_of_rank:
@@ -196,12 +201,15 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
     texts = _clock_texts(tables)
     clocks = Clocks.of(captures, texts)
     notes = list(clocks.notes) if texts else []
-    w = tables.get("nccl_warnings")
-    if w is not None and len(w):
-        tables["nccl_warnings"] = _warnings(w, d, clocks)
     wd = tables.get("watchdog_events")
     if wd is not None and len(wd):
         tables["watchdog_events"] = _watchdog(wd, d, clocks)
+    w = tables.get("nccl_warnings")
+    quoted = _quoted_warnings(tables, w)
+    if len(quoted):
+        w = quoted if w is None or w.empty else pd.concat([w, quoted], ignore_index=True)
+    if w is not None and len(w):
+        tables["nccl_warnings"] = _warnings(w, d, clocks)
     ex = tables.get("process_exits")
     if ex is not None and len(ex):
         known = {short_host(h) for h in d.hosts}
@@ -267,6 +275,45 @@ def _fill_hosts(df: pd.DataFrame, d: Directory) -> pd.Series:
     host = host.fillna(df["artifact"].map(one).astype("string"))
     host = host.fillna(df["node"].astype("string"))
     return host.fillna(UNKNOWN + df["artifact"].astype("string"))
+
+
+NCCL_TESTS_FAILURE_RE = re.compile(r"Test NCCL failure \S+ '(?P<err>[^']*?)(?: / (?P<last>[^']*))?'")
+
+
+def _quoted_warnings(tables: dict, w: pd.DataFrame | None) -> pd.DataFrame:
+    """NCCL's last WARN as others quote it, without its prefix: after PyTorch's ``Last error:``
+    and in nccl-tests' ``Test NCCL failure ... 'error / last error'``; rows of ``nccl_warnings``
+    (``src_file`` says who quoted it) unless the log holds that WARN line itself."""
+    from ..parsers.nccl_debug import ib_fields, peer_fields
+    rows = []
+    wd = tables.get("watchdog_events")
+    if wd is not None and len(wd):
+        for r in wd[wd["kind"] == "last_error"].itertuples(index=False):
+            if isinstance(r.error, str) and r.error.strip():
+                rows.append({"host": r.host, "rank": r.rank, "pid": r.pid, "message": r.error.strip(),
+                             "src_file": "PyTorch Last error", "artifact": r.artifact, "log_line": r.log_line,
+                             "node": r.node, "ctx_clock": r.ctx_clock})
+    runs = tables.get("nccl_tests_runs")
+    if runs is not None and len(runs):
+        for r in runs.itertuples(index=False):
+            m = NCCL_TESTS_FAILURE_RE.search(r.failure_text) if isinstance(r.failure_text, str) else None
+            if m and m["last"] and m["last"].strip():
+                rows.append({"host": r.host, "message": m["last"].strip(), "src_file": "nccl-tests",
+                             "artifact": r.artifact, "node": None})
+    if not rows:
+        return pd.DataFrame()
+    q = pd.DataFrame(rows)
+    if w is not None and len(w):
+        have = set(w["message"].dropna().astype(str))
+        q = q[~q["message"].isin(have)]
+    if q.empty:
+        return q
+    msgs = q["message"].astype(str).tolist()
+    for k, v in {**ib_fields(msgs), **peer_fields(msgs)}.items():
+        q[k] = v
+    q["log_host"] = q["host"]
+    q["class"] = nccl_errors.classify(q["message"])
+    return conform(q, "nccl_warnings")
 
 
 def _warnings(w: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:

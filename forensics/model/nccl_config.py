@@ -109,6 +109,8 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
             row["oob_iface"] = row.get("oob_iface") or lp.get("oob_interface")
             if lp.get("oob_address"):
                 row["oob_addr"] = row.get("oob_addr") or lp.get("oob_address")
+            if lp.get("bootstrap_address"):
+                row["bootstrap_addr"] = row.get("bootstrap_addr") or lp.get("bootstrap_address")
             row["interfaces"] = ",".join(lp.get("interfaces") or []) or row.get("interfaces")
             if lp.get("gdr") is not None:
                 row["gdr"] = bool(lp["gdr"]) or bool(row.get("gdr"))

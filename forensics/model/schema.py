@@ -116,6 +116,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "log_host": "VARCHAR", "log_pid": "INTEGER", "log_rank": "INTEGER", "netns": "VARCHAR", "artifact": "VARCHAR",
         "node": "VARCHAR",               # the capture that holds the evidence (NULL: loose evidence)
         "oob_addr": "VARCHAR",           # NET/IB's out-of-band address (the host's address on its IB-side interface)
+        "bootstrap_addr": "VARCHAR",     # the address NCCL's bootstrap uses ("Bootstrap : Using eth0:10.0.0.4<0>")
     },
     # NCCL WARN lines of the NCCL_DEBUG logs (bundles' and loose ones; forensics/model/logs.py joins them)
     "nccl_warnings": {
@@ -138,7 +139,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "ib_opcode": "INTEGER", "vendor_err": "INTEGER",
         "ib_side": "VARCHAR",            # Send | Recv | Flush: the NCCL request that failed
         "local_gid": "VARCHAR", "remote_gid": "VARCHAR", "ib_device": "VARCHAR",
-        "ctx_rank": "INTEGER",           # the rank a launcher's tag names (srun --label, [1,N]<stdout>, [rankN]:)
+        "ctx_rank": "INTEGER",           # the rank a launcher's tag names ([1,N]<stdout>, [rankN]:)
+        "ctx_host": "VARCHAR",           # the host (or address) a launcher's or shipper's tag names
         "ctx_clock": "VARCHAR",          # the launcher's or shipper's time on the line, as printed
     },
     # one row per bundle: what the host has (IB, interfaces, GPUDirect module, XIDs)

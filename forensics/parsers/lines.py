@@ -127,6 +127,23 @@ def context(prefix: str) -> Context:
                    tags=tuple(tags))
 
 
+# the tags a line may start with, in any number and order (strip_tags)
+_LEADING_TAG = re.compile(
+    r"\s*(?:\[pod/[^\]\s]+\]|\[default\d+\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
+    r"|\((?:[A-Za-z_][\w.:-]* )?pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)|\d{1,6}:(?=\s)|" + _ISO + r"|" + _CTIME
+    + r"|" + _HOSTNAME + r" >>|\[[^\]]{0,40}\d{2}:\d{2}:\d{2}[^\]]{0,20}\])\s*")
+
+
+def strip_tags(text: str) -> tuple[str, str]:
+    """(the launcher tags a line starts with, the rest): what another tool quoted after its own
+    tags (NCCL's last error after ``Last error:``), read as the quoted text alone."""
+    text = ANSI_RE.sub("", text)
+    end = 0
+    while (m := _LEADING_TAG.match(text, end)) and m.end() > end:
+        end = m.end()
+    return text[:end], text[end:]
+
+
 # --------------------------------------------------------------------------- times
 
 _ISO_RE = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[T _](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?\s?(Z|UTC|[+-]\d\d:?\d\d)?$")
@@ -181,4 +198,4 @@ def _zoned(dt: datetime, zone: str | None) -> datetime:
     return dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
 
 
-__all__ = ["Context", "NO_CONTEXT", "PREFIXES", "Prefix", "clock", "context", "has_year", "ANSI_RE"]
+__all__ = ["Context", "NO_CONTEXT", "PREFIXES", "Prefix", "clock", "context", "has_year", "strip_tags", "ANSI_RE"]

@@ -66,7 +66,8 @@ transport (IB|Socket|plugin from ``Using network``, else inferred from NET lines
 ib_devices ([{index, name, port, link_layer}]), oob_interface, oob_address,
 socket_interfaces ([{index, name, address}]), interfaces (names), gdr (True if any
 GPU Direct RDMA Enabled or GDRDMA channel, False if only Disabled, else None),
-nchannels (int), env ({NCCL_*: value}), ranks ({comm pointer: rank}), comm_ids.
+nchannels (int), env ({NCCL_*: value}), ranks ({comm pointer: rank}), comm_ids, bootstrap_address
+(the address of ``Bootstrap : Using <if>:<addr>``).
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ IB_DEV_RE = re.compile(r"\[(?P<index>\d+)\](?P<name>[^\s:\[\]]+):(?P<port>\d+)(?
 NET_SOCKET_RE = re.compile(r"^NET/Socket ?: Using (?P<devs>.+)$")
 SOCK_DEV_RE = re.compile(r"\[(?P<index>\d+)\](?P<name>[^\s:\[\]]+):(?P<addr>\S+?)<\d+>")
 USING_NET_RE = re.compile(r"^Using network (?P<net>\S+)")
+BOOTSTRAP_RE = re.compile(r"^Bootstrap ?: Using (?P<iface>[^\s:]+):(?P<addr>\S+?)<\d+>")
 GDR_RE = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled)\b")
 ENV_RE = re.compile(r"^(?P<var>NCCL_\w+) set (?:by environment )?to (?P<val>.*?)\s*$")
 NCHANNELS_RE = re.compile(r"^(?P<n>\d+) coll channels\b")
@@ -345,7 +347,7 @@ class NcclDebugParser(Parser):
             t["message"] = [r.msg for r in warns]
             t["peer"] = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(r.msg)) else None) for r in warns]
             t.update(_peer_parts(t["peer"]))
-            t.update(_ib_fields([r.msg for r in warns]))
+            t.update(ib_fields([r.msg for r in warns]))
             t.update(_contexts(warns))
             tables["nccl_warnings"] = t
 
@@ -361,7 +363,8 @@ class NcclDebugParser(Parser):
                 procs[key] = {"host": host, "pid": pid, "version": None,
                               "transport": None, "ib_devices": [], "oob_interface": None,
                               "oob_address": None, "socket_interfaces": [], "interfaces": [],
-                              "gdr": None, "nchannels": None, "env": {}, "ranks": {}, "comm_ids": []}
+                              "gdr": None, "nchannels": None, "env": {}, "ranks": {}, "comm_ids": [],
+                              "bootstrap_address": None}
             return procs[key]
 
         for r in rows:
@@ -399,6 +402,9 @@ class NcclDebugParser(Parser):
             elif (g := USING_NET_RE.match(text)):
                 r.kind = "net"
                 p["transport"] = g["net"]
+            elif (g := BOOTSTRAP_RE.match(text)):
+                r.kind = "net"
+                p["bootstrap_address"] = p["bootstrap_address"] or g["addr"]
             elif (g := GDR_RE.search(text)):
                 r.kind = "gdr"
                 p["gdr"] = True if g["state"] == "Enabled" or p["gdr"] else False
@@ -721,6 +727,12 @@ def _contexts(rows: list) -> dict[str, list]:
     return out
 
 
+def peer_fields(msgs: list[str]) -> dict[str, list]:
+    """``peer`` (as printed), ``peer_addr`` and ``peer_port`` of each WARN message."""
+    peers = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(x)) else None) for x in msgs]
+    return {"peer": peers, **_peer_parts(peers)}
+
+
 def _peer_parts(peers: list) -> dict[str, list]:
     addrs, ports = [], []
     for p in peers:
@@ -731,7 +743,7 @@ def _peer_parts(peers: list) -> dict[str, list]:
     return {"peer_addr": addrs, "peer_port": ports}
 
 
-def _ib_fields(msgs: list[str]) -> dict[str, list]:
+def ib_fields(msgs: list[str]) -> dict[str, list]:
     """The fields of IB completion errors in every wording, and the device an async event
     names (None where a line has none)."""
     keys = ("ib_status", "ib_opcode", "ib_len", "vendor_err", "ib_side", "local_gid", "remote_gid", "ib_device")

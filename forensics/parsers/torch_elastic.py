@@ -100,6 +100,9 @@ class TorchElasticParser(Parser):
         rows = []
         for ln, line, start, end in text.iter_spans(text.lines_with(NEEDLES)):
             line = lines_mod.ANSI_RE.sub("", line)
+            if ("(exitcode:" in line and not AGENT_RE.search(line)) or \
+                    ("closing signal" in line and not SIGTERM_RE.search(line)) or line.rstrip().endswith("Sending"):
+                line = _unwrapped(text, end, line)      # hard-wrapped by a terminal: joined with what follows
             if (m := AGENT_RE.search(line)):
                 code = int(m["code"])
                 rows.append({"line": ln, "kind": "agent_failed", "exitcode": code, "local_rank": int(m["local"]),
@@ -108,11 +111,22 @@ class TorchElasticParser(Parser):
             elif (m := SIGTERM_RE.search(line)):
                 rows.append({"line": ln, "kind": "sigterm", "pid": int(m["pid"]), "signal": m["sig"],
                              **lines_mod.context(line[:m.start()]).as_row()})
-            elif (f := FIELD_RE.search(line)) and f["key"] == "exitcode":
+            elif (f := FIELD_RE.search(line)) and f["key"] == "exitcode" and EXIT_RE.match(f["value"]):
                 rows.append(_block(text, ln, line, start, end, f))
         if not rows:
             log.add(None, "no torchrun failure report found")
         return cls.result(label, {"process_exits": rows}, {}, log)
+
+
+def _unwrapped(text: LogText, end: int, line: str) -> str:
+    """A line and up to two after it joined (no separator: a terminal's hard wrap cuts mid-word)
+    when that completes an agent line."""
+    joined = line
+    for nxt in text.following(end, 2):
+        joined += nxt
+        if AGENT_RE.search(joined) or SIGTERM_RE.search(joined):
+            return joined
+    return line
 
 
 def _block(text: LogText, ln: int, line: str, start: int, end: int, f: re.Match) -> dict:

@@ -135,10 +135,12 @@ class TorchWatchdogParser(Parser):
                 continue
             if row["kind"] == "last_error_head":
                 # NCCL's last WARN text stands on the next line(s), without a prefix
-                following = [x for x in text.following(end, 3) if x.strip()]
+                following = [x for x in text.following(end, 3) if lines_mod.strip_tags(x)[1].strip()]
                 if following:
-                    rows.append({**row, "kind": "last_error", "error": following[0].strip(),
-                                 "message": following[0].strip()})
+                    tags, quoted = lines_mod.strip_tags(following[0])
+                    ctx = {k: v for k, v in lines_mod.context(tags).as_row().items() if v is not None}
+                    rows.append({**row, **ctx, "kind": "last_error", "error": quoted.strip(),
+                                 "message": quoted.strip()})
                 continue
             rows.append(row)
         for r in rows:

@@ -55,10 +55,17 @@ def render(analysis) -> str:
     findings = analysis.findings
     lines = ["# stallscope: " + text(analysis.verdict()), ""]
     lines.append(f"- hosts: {', '.join(text(h) for h in model.hosts)}")
-    secs = f" ({span.seconds:.1f} s)" if span.seconds is not None else ""
-    lines.append(f"- captured: {data.utc(span.start_ns)} to {data.utc(span.end_ns)}{secs}")
-    lines.append(f"- {len(model.tables['nccl_events'])} NCCL calls, {len(model.tables['tcp_events'])} TCP events, "
-                 f"{len(findings)} finding{'' if len(findings) == 1 else 's'}")
+    loose = [c for c in model.captures if c.get("kind") == "loose"]
+    nf = f"{len(findings)} finding{'' if len(findings) == 1 else 's'}"
+    if loose and len(loose) == len(model.captures):     # the logs alone
+        read = sum(len(c.get("files_read") or []) for c in loose)
+        lines.append(f"- from the logs alone: {read} file(s) read, {len(model.tables['nccl_warnings'])} NCCL WARN "
+                     f"lines, {len(model.tables.get('watchdog_events', ()))} PyTorch watchdog lines, {nf}")
+    else:
+        secs = f" ({span.seconds:.1f} s)" if span.seconds is not None else ""
+        lines.append(f"- captured: {data.utc(span.start_ns)} to {data.utc(span.end_ns)}{secs}")
+        lines.append(f"- {len(model.tables['nccl_events'])} NCCL calls, {len(model.tables['tcp_events'])} TCP "
+                     f"events, {nf}")
     lines.append("")
     if findings:
         lines += ["## Findings", ""]
@@ -126,6 +133,13 @@ def render(analysis) -> str:
 
     lines += ["## Capture", ""]
     for c in data.capture_view(analysis):
+        if c.get("kind") == "loose":
+            lines.append(f"- loose evidence: {len(c['files_read'])} file(s) read"
+                         + (f", {len(c['not_read'])} not read" if c["not_read"] else "")
+                         + "; absent: " + ", ".join(text(a["evidence"]) for a in c["absent"]))
+            for nr in c["not_read"][:10]:
+                lines.append(f"  - not read: {code(nr['path'])}: {text(nr['reason'])}")
+            continue
         counts = ", ".join(f"{n} {s}" for s, n in c["status_counts"].items())
         secs = f" ({c['seconds']:.1f} s)" if c["seconds"] is not None else ""
         partial = " **partial capture**" if c.get("partial") else ""
@@ -136,6 +150,8 @@ def render(analysis) -> str:
     for s in data.skew_rows(analysis):
         lines.append(f"- clock skew {text(s['host_b'])} - {text(s['host_a'])}: {text(s['skew_ms'])} ms "
                      f"({text(s['status'])})")
+    for n in getattr(model, "notes", []):
+        lines.append(f"- {text(n)}")
     if analysis.problems:
         lines += ["", f"Problems met ({len(analysis.problems)}):", ""]
         lines += [f"- {text(p)}" for p in analysis.problems[:20]]

@@ -21,7 +21,6 @@ lagging rank named.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import statistics

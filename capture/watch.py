@@ -764,15 +764,8 @@ class Watcher(Capture):
         now, pids = time.monotonic(), frozenset(self.procs)
         if self.logs_found is not None and self.logs_found[1] == pids and now - self.logs_found[0] < LOG_PATHS_EVERY_S:
             return self.logs_found[2]
+        # --attach's files, NCCL_DEBUG_FILE and the processes' stdout/stderr files, each once
         paths = self.attachment_sources(dumps=False)[0]
-        for pid in list(self.procs):
-            for fd in (1, 2):
-                p = f"/proc/{pid}/fd/{fd}"
-                try:
-                    if stat.S_ISREG(os.stat(p).st_mode):
-                        paths.append((p, f"{'stdout' if fd == 1 else 'stderr'} of pid {pid}"))
-                except OSError:
-                    pass
         self.logs_found = (now, pids, paths)
         return paths
 

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path

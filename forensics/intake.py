@@ -122,13 +122,20 @@ class Intake:
 
 
 def gather(paths: list[str | os.PathLike], *, budget: archive.Budget | None = None,
-           workdir: str | os.PathLike | None = None) -> Intake:
+           workdir: str | os.PathLike | None = None, exclude: list[str | os.PathLike] = ()) -> Intake:
     """Sort ``paths`` into bundles and loose evidence (module docstring). Raises InputError
     (one line) for a path that does not exist or is a special file; archives are unpacked
-    below ``workdir`` (default: the system's temporary folder)."""
+    below ``workdir`` (default: the system's temporary folder). ``exclude``: files that are
+    not evidence wherever they are met (this run's own outputs, written into a folder given)."""
     if not paths:
         raise InputError("nothing to analyze: give bundles, log files or folders")
     walk = _Walk(budget or archive.Budget.of(_budget_from_env()), workdir)
+    for x in exclude:
+        try:
+            st = os.stat(x)
+            walk.seen[(st.st_dev, st.st_ino)] = "this run's own output"
+        except OSError:
+            pass
     try:
         for p in paths:
             walk.top(Path(p))
@@ -265,6 +272,8 @@ class _Walk:
     def file(self, path: Path, rel: str, st: os.stat_result, depth: int, given: bool = False) -> None:
         key = (st.st_dev, st.st_ino)
         if key in self.seen:
+            if self.seen[key] == "this run's own output":
+                return
             if not given:
                 self.not_read.append(NotRead(rel, f"the same file as {self.seen[key]} (a link): read once"))
             return

@@ -132,7 +132,7 @@ def nothing_read(parts: list) -> None:
     why = [f"{rel} ({reason})" for b in loose for rel, reason in sorted(b.not_read.items())]
     shown = "; ".join(why[:3]) + (f"; and {len(why) - 3} more" if len(why) > 3 else "")
     raise InputError("nothing stallscope can read: no bundle, and no file holds NCCL, PyTorch, nccl-tests or "
-                     f"InfiniBand output" + (f": {shown}" if shown else ""))
+                     "InfiniBand output" + (f": {shown}" if shown else ""))
 
 
 __all__ = ["LooseBundle", "is_pcap", "merge", "nothing_read", "ABSENT"]

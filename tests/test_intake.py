@@ -5,42 +5,21 @@ import gzip
 import io
 import json
 import os
-import signal
 import tarfile
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from conftest import FIXTURES
 from forensics.archive import Budget
-from forensics.cli import Env, main
 from forensics.errors import InputError
 from forensics.intake import gather
 from shipped import shipped
+from test_hardening import cli, time_limit
 
 WATCHDOG = (FIXTURES / "parsers" / "torch_watchdog" / "watchdog.log").read_bytes()
 WARN = (FIXTURES / "parsers" / "nccl_debug" / "nccl_debug_warn.log").read_bytes()
-
-
-def cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    rc = main(list(argv), Env(stdout=out, stderr=err, debug=False))
-    return rc, out.getvalue(), err.getvalue()
-
-
-@contextmanager
-def time_limit(seconds: float):
-    def boom(*_):
-        raise TimeoutError(f"took over {seconds}s (blocked on a special file?)")
-    old = signal.signal(signal.SIGALRM, boom)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def test_special_files_given_are_refused_with_one_line_and_never_read(tmp_path):

@@ -134,3 +134,31 @@ def test_sample(sample, tmp_path):
     if "exit" in exp:
         assert rc == exp["exit"], doc["verdict"]
     con.close()
+
+
+ARCHIVES = (".gz", ".tgz", ".zip", ".bz2", ".xz", ".tar")
+ATTACHED = [s for s in SAMPLES if not any(p.name.endswith(ARCHIVES) for p in s.rglob("*"))]
+
+
+@pytest.mark.parametrize("sample", ATTACHED, ids=[s.name for s in ATTACHED])
+def test_sample_attached_to_a_capture(sample, tmp_path):
+    """The same files attached to a capture (``stallscope capture --attach``: copied under logs/)
+    give the same findings: each line's host is the one it names, not the capture's."""
+    from synthetic_bundle import make_bundle
+    exp = json.loads((sample / "expect.json").read_text())
+    files = {f"logs/{p.relative_to(sample).as_posix().replace('/', '_')}": p for p in sorted(sample.rglob("*"))
+             if p.is_file() and p.name not in ("expect.json",)}
+    b = make_bundle(tmp_path, "capture-node", [], files)
+    out, err = io.StringIO(), io.StringIO()
+    js = tmp_path / "f.json"
+    rc = main(["analyze", str(b), "-o", str(tmp_path / "r.html"), "--json", str(js), "-q", "--jobs", "1"],
+              Env(stdout=out, stderr=err, debug=True))
+    assert rc in (0, 1), err.getvalue()
+    findings = json.loads(js.read_text())["findings"]
+    for want in exp.get("findings", []):
+        assert any(_finding_matches(f, want) for f in findings), \
+            (want, [{k: f[k] for k in ("kind", "severity", "ranks", "hosts", "seq", "summary")} for f in findings])
+    for kind in exp.get("absent", []):
+        assert not any(f["kind"] == kind for f in findings), [f["summary"] for f in findings if f["kind"] == kind]
+    if "exit" in exp:
+        assert rc == exp["exit"]

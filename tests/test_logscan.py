@@ -1,13 +1,11 @@
 """The C log scanner against the regular expressions it stands in for (forensics/native/logscan.c)."""
 from __future__ import annotations
 
-import re
-
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from forensics.native import coll_chunks, first_offsets, line_count, line_hits, line_spans
+from forensics.native import first_offsets, line_count, line_hits, line_spans
 from forensics.parsers.nccl_debug import COLL_RE, LINE_RE, NcclDebugParser
 from forensics.parsers.registry import split_lines
 from forensics.parsers.text import LogText

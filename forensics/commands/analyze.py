@@ -74,7 +74,8 @@ def run(args: argparse.Namespace, env) -> int:
     from ..intake import gather
     heap.keep_freed_memory()      # before the workers fork: they inherit it
     # what was given sorted out (standard library only: archives of logs unpacked, folders walked)
-    with gather(args.bundles) as intake:
+    mine = [v for v in outs.values() if v != "-"] + ([args.db] if args.db else [])
+    with gather(args.bundles, exclude=mine) as intake:
         jobs = None if args.dask else args.jobs or workers.default_jobs(intake.sources(workers.default_jobs()))
         sources = intake.sources(jobs or 1)
         jobs = None if jobs is None else min(jobs, len(sources))

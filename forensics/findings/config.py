@@ -207,26 +207,10 @@ def logged_failures(ctx: Context) -> list[Finding]:
     not register (memlock), IB devices it could not open, shared memory, foreign connections,
     a bootstrap or topology the ranks disagree on; one finding per class, naming the hosts and
     the check to run there."""
-    from ..model.nccl_errors import CLASS_BY_NAME
     from . import warns
     rows = warns.rows_of(ctx, warns.classes_of("misconfiguration"))
-    out = []
-    total = len(warns.job_hosts(ctx))
-    for cls, g in rows.groupby("class", sort=False):
-        c = CLASS_BY_NAME[cls]
-        hosts = sorted(set(g["host"].dropna().astype(str)))
-        first = bool(g["first"].fillna(False).any())
-        since_ns, src = warns.since(g)
-        out.append(Finding(
-            kind="misconfiguration", severity="error", confidence=0.8,
-            summary=(f"{c.meaning[0].upper() + c.meaning[1:]}, on {warns.hosts_text(hosts, total)}: "
-                     f"\"{str(g.iloc[0]['message'])[:160]}\" ({len(g)} line(s), first on {warns.first_text(g)}"
-                     + (", the first failure in the logs" if first else "") + ")."),
-            ranks=warns.ranks_of_hosts(ctx, hosts), hosts=hosts, evidence=warns.evidence(g), sql=warns.sql([cls]),
-            action=f"Check on {', '.join(hosts[:3]) or 'the hosts'}: {c.action}",
-            score=warns.FIRST_FAILURE_SCORE if first else warns.LOG_FINDING_SCORE, since_ns=since_ns,
-            since_source=src, details={"rule": f"logged_{cls}", "lines": int(len(g)), "first_failure": first}))
-    return out
+    return [warns.class_finding(ctx, "misconfiguration", cls, g, confidence=0.8, severity="error")
+            for cls, g in rows.groupby("class", sort=False)]
 
 
 def _socket_with_ib(c: pd.DataFrame) -> list[Finding]:

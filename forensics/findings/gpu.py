@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..model.nccl_errors import CLASS_BY_NAME
 from . import warns
 from .base import Context, Finding, detector
 
@@ -28,27 +27,12 @@ def gpu_error(ctx: Context) -> list[Finding]:
 def _cuda_failures(ctx: Context) -> list[Finding]:
     rows = warns.rows_of(ctx, warns.classes_of("gpu_error"))
     out = []
-    total = len(warns.job_hosts(ctx))
     for cls, g in rows.groupby("class", sort=False):
-        c = CLASS_BY_NAME[cls]
-        hosts = sorted(set(g["host"].dropna().astype(str)))
-        ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()}) or \
-            warns.ranks_of_hosts(ctx, hosts)
-        first = bool(g["first"].fillna(False).any())
-        devs = sorted({int(d) for d in pd.to_numeric(g.get("dev"), errors="coerce").dropna()}) if "dev" in g else []
-        since_ns, src = warns.since(g)
-        out.append(Finding(
-            kind="gpu_error", severity="error", confidence=0.85,
-            summary=(f"{c.meaning[0].upper() + c.meaning[1:]}: \"{str(g.iloc[0]['message'])[:140]}\" on "
-                     f"{warns.hosts_text(hosts, total)}"
-                     + (f", rank {ranks[0]}" if len(ranks) == 1 else f", ranks {', '.join(map(str, ranks[:6]))}"
-                        if ranks else "")
-                     + (f" (CUDA device {devs[0]})" if len(devs) == 1 else "")
-                     + (" - the first failure in the logs" if first else "") + "."),
-            ranks=ranks, hosts=hosts, evidence=warns.evidence(g), sql=warns.sql([cls]),
-            action=f"On {', '.join(hosts[:3]) or 'that host'}: {c.action}",
-            score=warns.FIRST_FAILURE_SCORE if first else warns.LOG_FINDING_SCORE, since_ns=since_ns, since_source=src,
-            details={"class": cls, "lines": int(len(g)), "first_failure": first}))
+        ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})
+        devs = sorted({int(d) for d in pd.to_numeric(g["dev"], errors="coerce").dropna()})
+        detail = ((f", rank {ranks[0]}" if len(ranks) == 1 else f", ranks {', '.join(map(str, ranks[:6]))}")
+                  if ranks else "") + (f" (CUDA device {devs[0]})" if len(devs) == 1 else "")
+        out.append(warns.class_finding(ctx, "gpu_error", cls, g, confidence=0.85, detail=detail, severity="error"))
     return out
 
 
@@ -92,7 +76,7 @@ def _xids(ctx: Context) -> list[Finding]:
             summary=f"{r.host}: {int(r.xid_count)} NVIDIA Xid line(s) in the kernel log, first: \"{str(r.xid_first)[:160]}\".",
             ranks=warns.ranks_of_hosts(ctx, [r.host]), hosts=[r.host],
             evidence=[{"host": r.host, "xid_count": int(r.xid_count), "xid_first": r.xid_first}],
-            sql=f"SELECT host, xid_count, xid_first FROM host_facts WHERE xid_count > 0",
+            sql="SELECT host, xid_count, xid_first FROM host_facts WHERE xid_count > 0",
             action=(f"On {r.host}: look the Xid up (NVIDIA's Xid table: 13/31/43 application or kernel faults, "
                     "48/63/64/94/95 memory ECC, 74 NVLink, 79 the GPU fell off the bus); drain the GPU on a "
                     "hardware Xid"),

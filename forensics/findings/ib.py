@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..model.nccl_errors import CLASS_BY_NAME, IB_STATUS, IB_STATUS_ACTION
+from ..model.nccl_errors import IB_STATUS, IB_STATUS_ACTION
 from . import warns
 from .base import Context, Finding, detector
 from .evidence import sql_int, sql_str
@@ -54,7 +54,7 @@ def logged_ib_errors(ctx: Context) -> list[Finding]:
     for cls in ("ib_async", "ofi_completion", "ib_fatal_followup"):
         g = rows[rows["class"] == cls]
         if len(g):
-            out.append(_class_finding(ctx, cls, g, total))
+            out.append(warns.class_finding(ctx, "ib_errors", cls, g, confidence=0.8))
     return out
 
 
@@ -90,23 +90,6 @@ def _completion_finding(ctx, st: int, g: pd.DataFrame, total: int) -> Finding:
         since_ns=since_ns, since_source=src,
         details={"ib_status": st, "ib_status_name": name, "lines": int(len(g)), "hosts": b.hosts,
                  "peer_hosts": b.peer_hosts, "first_failure": first, "consequence": follows})
-
-
-def _class_finding(ctx, cls: str, g: pd.DataFrame, total: int) -> Finding:
-    c = CLASS_BY_NAME[cls]
-    hosts = sorted(set(g["host"].dropna().astype(str)))
-    first = bool(g["first"].fillna(False).any())
-    msg = str(g.iloc[0]["message"])[:160]
-    summary = (f"{c.meaning[0].upper() + c.meaning[1:]} on {warns.hosts_text(hosts, total)}: \"{msg}\" "
-               f"({len(g)} line(s), first on {warns.first_text(g)}"
-               + (", the first failure in the logs" if first else "") + ")" + warns.cascade_text(ctx, g) + ".")
-    since_ns, src = warns.since(g)
-    return Finding(
-        kind="ib_errors", severity="warning" if c.cascade and not first else "error",
-        confidence=0.8 if not c.cascade else 0.5, summary=summary, ranks=warns.ranks_of_hosts(ctx, hosts),
-        hosts=hosts, evidence=warns.evidence(g), sql=warns.sql([cls]), action=c.action,
-        score=warns.FIRST_FAILURE_SCORE if first else (warns.LOG_FINDING_SCORE if not c.cascade else 1e5),
-        since_ns=since_ns, since_source=src, details={"class": cls, "lines": int(len(g)), "first_failure": first})
 
 
 def port_state(ctx: Context) -> list[Finding]:
@@ -153,7 +136,7 @@ def port_state(ctx: Context) -> list[Finding]:
                 ranks=warns.ranks_of_hosts(ctx, [r.host]), hosts=[r.host],
                 evidence=warns.evidence(pd.DataFrame([r._asdict()]), ["host", "device", "port", "state", "rate_gbps",
                                                                       "width", "speed", "artifact"]),
-                sql=f"SELECT host, device, port, state, rate_gbps, width, speed FROM ib_ports ORDER BY rate_gbps",
+                sql="SELECT host, device, port, state, rate_gbps, width, speed FROM ib_ports ORDER BY rate_gbps",
                 action=f"On {r.host}: reseat or replace the cable/transceiver of {r.device}; check the switch port's "
                        "negotiated width and speed", score=1e5, details={"rate_gbps": r.rate_gbps, "best_gbps": best}))
     return out

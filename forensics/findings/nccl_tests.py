@@ -12,10 +12,13 @@ Over ``nccl_tests`` (every result row) and ``nccl_tests_runs`` (one row per file
   bounded by the node's network bandwidth (``nics x line rate``; busbw is normalised
   so that a ring's per-link traffic equals it, see nccl-tests' PERFORMANCE.md).
   :data:`EXPECTED_EFFICIENCY` is the fraction of that bound a healthy fabric reaches
-  at >= 64 MiB messages; below it the run is flagged. The link rate is the fastest
-  active IB/RoCE port of the host (``host_facts.ib_rate_gbps``, sysfs ``rate``); for
-  NET/Socket no NIC speed is captured, so only the peer comparison applies. Single-node
-  runs (NVLink/PCIe bound, unknown here) are compared with peers only.
+  at >= 64 MiB messages; below it the run is flagged, the ratio stated. The link rate is
+  the fastest active IB/RoCE port of the host (``host_facts.ib_rate_gbps``, sysfs ``rate``),
+  else of the ports ``ibstat`` / ``ibv_devinfo`` list for the run's hosts (``ib_ports``: the
+  logs an engineer has, without a capture); the transport is NCCL's own (its init lines),
+  else the ports' link layer. For NET/Socket no NIC speed is known, so only the peer
+  comparison applies. Single-node runs (NVLink/PCIe bound, unknown here) are compared with
+  peers only.
 - **wrong results**: ``#wrong`` > 0 or an out-of-bounds/failed footer: an error.
 
 | transport | link | bound (GB/s) | expected >= |
@@ -122,20 +125,40 @@ def _transport_of(ctx: Context, host: str, artifact: str) -> str | None:
     return None
 
 
-def _below_expectation(ctx: Context, runs: pd.DataFrame, rows: pd.DataFrame) -> list[Finding]:
+def _link_rate(ctx: Context, host: str, test_hosts) -> tuple[float, int, str | None] | None:
+    """(fastest active port's rate in Gb/s, active ports, their link layer) of the run's host:
+    the capture's sysfs facts, else the ports ibstat / ibv_devinfo listed for its hosts."""
     hf = ctx.model.tables.get("host_facts")
-    if hf is None or hf.empty:
-        return []
+    h = hf[hf["host"] == host] if hf is not None and len(hf) else pd.DataFrame()
+    if len(h) and pd.notna(h["ib_rate_gbps"].iloc[0]):
+        nics = h["ib_ports_active"].iloc[0]
+        return float(h["ib_rate_gbps"].iloc[0]), int(nics) if pd.notna(nics) and nics > 0 else 1, None
+    ports = ctx.model.tables.get("ib_ports")
+    if ports is None or ports.empty:
+        return None
+    hosts = {host, *[x for x in str(test_hosts or "").split(",") if x]}
+    act = ports[ports["state"].astype("string").str.upper().eq("ACTIVE").fillna(False).to_numpy()
+                & ports["rate_gbps"].notna().to_numpy()]
+    mine = act[act["host"].isin(hosts)]
+    act = mine if len(mine) else act
+    if act.empty:
+        return None
+    first = act[act["host"] == act["host"].iloc[0]].drop_duplicates(["device", "port"])
+    ll = first["link_layer"].dropna().astype(str)
+    return float(first["rate_gbps"].max()), len(first), ("RoCE" if len(ll) and (ll == "Ethernet").all() else "IB")
+
+
+def _below_expectation(ctx: Context, runs: pd.DataFrame, rows: pd.DataFrame) -> list[Finding]:
     out = []
     for r in runs[runs["nodes"].fillna(0) > 1].itertuples(index=False):
-        transport = _transport_of(ctx, r.host, r.artifact)
-        eff = EXPECTED_EFFICIENCY.get(transport or "")
-        h = hf[hf["host"] == r.host]
-        if eff is None or h.empty or pd.isna(h["ib_rate_gbps"].iloc[0]):
+        link = _link_rate(ctx, r.host, r.test_hosts)
+        if link is None:
             continue
-        rate = float(h["ib_rate_gbps"].iloc[0])
-        nics = h["ib_ports_active"].iloc[0]
-        nics = int(nics) if pd.notna(nics) and nics > 0 else 1
+        rate, nics, layer = link
+        transport = _transport_of(ctx, r.host, r.artifact) or layer
+        eff = EXPECTED_EFFICIENCY.get(transport or "")
+        if eff is None:
+            continue
         bound = nics * rate / 8
         big = rows[(rows["host"] == r.host) & (rows["artifact"] == r.artifact) & (rows["test"] == r.test)
                    & (rows["size_bytes"] >= LARGE_BYTES)]
@@ -155,12 +178,17 @@ def _below_expectation(ctx: Context, runs: pd.DataFrame, rows: pd.DataFrame) -> 
             sql=(f"SELECT t.host, t.test, t.size_bytes, t.placement, t.busbw_gbps, h.ib_rate_gbps, h.ib_ports_active "
                  f"FROM nccl_tests t JOIN host_facts h USING (host) WHERE t.test = {sql_str(r.test)} "
                  f"AND t.host = {sql_str(r.host)} "
+                 f"AND t.size_bytes >= {LARGE_BYTES} ORDER BY t.size_bytes DESC") if layer is None else
+                (f"SELECT t.host, t.test, t.size_bytes, t.placement, t.busbw_gbps, "
+                 f"(SELECT max(rate_gbps) FROM ib_ports WHERE upper(state) = 'ACTIVE') AS port_rate_gbps "
+                 f"FROM nccl_tests t WHERE t.test = {sql_str(r.test)} AND t.host = {sql_str(r.host)} "
                  f"AND t.size_bytes >= {LARGE_BYTES} ORDER BY t.size_bytes DESC"),
             action="check GDR and channel count in the NCCL init lines, the IB counters of every port, the link "
                    "rate/width of each HCA and the switch; compare hosts pairwise to find the slow node",
             score=float(1 - best / bound) * 3,
             details={"rule": "below_expectation", "busbw_gbps": best, "bound_gbps": bound, "transport": transport,
-                     "ports": nics, "rate_gbps": rate, "efficiency_expected": eff}))
+                     "ports": nics, "rate_gbps": rate, "efficiency_expected": eff, "ratio": best / bound,
+                     "rate_source": "sysfs" if layer is None else "ibstat"}))
     return out
 
 

@@ -11,8 +11,6 @@ address-level reset logic (:func:`forensics.findings.state.logged_resets`) judge
 """
 from __future__ import annotations
 
-import pandas as pd
-
 from . import warns
 from .base import Finding
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..model.nccl_errors import CLASSES
+from .base import Finding
 from .evidence import sql_list
 
 FIRST_FAILURE_SCORE = 3e6     # the job's first failure: above the hang (1e6 + s) and the reset (2e6) it causes
@@ -157,11 +158,36 @@ def hosts_of_ranks(ctx, ranks) -> list[str]:
     return sorted(h for h, rs in host_ranks(ctx).items() if want & set(rs))
 
 
+def class_finding(ctx, kind: str, cls: str, g: pd.DataFrame, *, confidence: float, detail: str = "",
+                  severity: str | None = None) -> Finding:
+    """The finding of one WARN class's lines ``g`` (:data:`forensics.model.nccl_errors.CLASSES`):
+    its meaning, the hosts and the count, the first line (and whether it is the job's first
+    failure), the class's check on those hosts; ``detail``: what the detector adds after the
+    hosts (a rank, a device). A consequence of an earlier failure is a warning unless it is the
+    first failure itself."""
+    from ..model.nccl_errors import CLASS_BY_NAME
+    c = CLASS_BY_NAME[cls]
+    hosts = sorted(set(g["host"].dropna().astype(str)))
+    ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()}) or ranks_of_hosts(ctx, hosts)
+    first = bool(g["first"].fillna(False).any())
+    since_ns, src = since(g)
+    summary = (f"{c.meaning[0].upper() + c.meaning[1:]}, on {hosts_text(hosts, len(job_hosts(ctx)))}{detail}: "
+               f"\"{str(g.iloc[0]['message'])[:160]}\" ({len(g)} line(s), first on {first_text(g)}"
+               + (", the first failure in the logs" if first else "") + ")" + cascade_text(ctx, g) + ".")
+    return Finding(
+        kind=kind, severity=severity or ("warning" if c.cascade and not first else "error"),
+        confidence=confidence if not c.cascade else min(confidence, 0.5), summary=summary, ranks=ranks, hosts=hosts,
+        evidence=evidence(g), sql=sql([cls]), action=f"On {', '.join(hosts[:3]) or 'the hosts'}: {c.action}",
+        score=FIRST_FAILURE_SCORE if first else (LOG_FINDING_SCORE if not c.cascade else 1e5), since_ns=since_ns,
+        since_source=src, details={"rule": f"logged_{cls}", "class": cls, "lines": int(len(g)),
+                                   "first_failure": first})
+
+
 def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
     hr = host_ranks(ctx)
     return sorted({r for h in hosts for r in hr.get(h, [])})
 
 
-__all__ = ["Blame", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of", "evidence",
+__all__ = ["Blame", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of", "evidence",
            "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "ranks_of_hosts", "rows_of", "since", "sql",
            "utc_clock"]

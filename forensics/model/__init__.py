@@ -19,7 +19,6 @@ import pandas as pd
 
 from .. import heap
 from ..bundle import Bundle
-from ..errors import InputError
 from . import artifacts as artifacts_mod
 from . import logs as logs_mod
 from . import nccl as nccl_mod

@@ -92,12 +92,13 @@ def _jobs(bundle) -> list[_Job]:
     jobs = []
     for folder, name in FOLDER_PARSERS.items():
         if (bundle.root / folder).is_dir():
-            # a benchmark's output carries its NCCL_DEBUG lines too
-            extra = ("nccl_debug",) if name == "nccl_tests" else ()
+            # a benchmark's output carries NCCL_DEBUG lines too, an attached job log anything
+            content = name == "nccl_tests"
+            extra = tuple(p for p in LOG_PARSERS if p != name) if content else ()
             for rel, path in bundle.files(f"{folder}/**/*"):
                 own = "native_stacks" if folder == "stacks" and NATIVE_STACKS_RE.search(rel) else name
                 if registry.known(own):
-                    jobs.append(_Job(rel, path, (own,), extra))
+                    jobs.append(_Job(rel, path, (own,), extra, content=content))
     if (bundle.root / "logs").is_dir():
         jobs += [_Job(rel, path, (), LOG_PARSERS, content=True) for rel, path in bundle.files("logs/**/*")]
     if (bundle.root / "sys").is_dir():
@@ -138,6 +139,9 @@ def read_artifacts(bundle) -> BundleArtifacts:
                 bundle.problems.append(str(e))
             continue
         try:
+            if loose and _stallscope_output(text.head()):
+                bundle.not_read[rel] = "a report stallscope wrote (not evidence)"
+                continue
             chosen = _chosen(job, text)
             if loose:
                 if chosen:
@@ -165,6 +169,15 @@ def read_artifacts(bundle) -> BundleArtifacts:
                                f"({', '.join(arts.empty_logs[:4])}{', ...' if len(arts.empty_logs) > 4 else ''}); "
                                "the capture's byte budget or the job left nothing in them")
     return arts
+
+
+OWN_OUTPUT_RE = re.compile(rb'<meta name="generator" content="stallscope|\A# stallscope: |\A\{\s*"schema_version": \d+,'
+                           rb'\s*"verdict":|"displayTimeUnit".*stallscope')
+
+
+def _stallscope_output(head: bytes) -> bool:
+    """An HTML report, Markdown summary, findings JSON or Perfetto trace of stallscope's own."""
+    return OWN_OUTPUT_RE.search(head[:4096]) is not None
 
 
 def _chosen(job: _Job, text: LogText) -> list[str]:
@@ -299,13 +312,14 @@ FAILURE_HOST_RE = re.compile(r"^\s*(?:\.\.\s*)?(?P<host>[^\s:]+?)(?: pid \d+)?: 
 
 
 def _tests_host(bundle, rel: str, devs, failures: list) -> str:
-    """The host an nccl-tests run is reported under: the capture's; for loose output, the host
-    its failure line or its ranks name (rank 0's), else a label made from the file."""
-    if getattr(bundle, "loose", None) is None:
-        return bundle.host
+    """The host an nccl-tests run is reported under: the one its failure line names (nccl-tests
+    prints the failing host), else the capture's, else (loose output) the host of its rank 0,
+    else a label made from the file."""
     for f in failures or []:
         if (m := FAILURE_HOST_RE.search(str(f))):
             return m["host"]
+    if getattr(bundle, "loose", None) is None:
+        return bundle.host
     if devs is not None and len(devs) and devs["host"].notna().any():
         d = devs.dropna(subset=["host"]).sort_values("rank", kind="stable")
         return str(d["host"].iloc[0])

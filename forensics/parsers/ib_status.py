@@ -29,8 +29,8 @@ from __future__ import annotations
 import re
 
 from . import lines as lines_mod
-from .registry import Parser, WarningLog, looks_binary, register
-from .text import LogText
+from .registry import WarningLog, register
+from .text import LogText, TextParser
 
 STATES = {"0": "NOP", "1": "DOWN", "2": "INIT", "3": "ARMED", "4": "ACTIVE", "5": "ACTIVE_DEFER"}
 PHYS = {"0": "NoChange", "1": "Sleep", "2": "Polling", "3": "Disabled", "4": "PortConfigurationTraining",
@@ -78,7 +78,7 @@ def _rate(v: str) -> tuple[float | None, str | None, str | None]:
         return None, m["w"], m["s"]
 
 
-class IbStatusParser(Parser):
+class IbStatusParser(TextParser):
     NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
     NAME = "ib_status"
     DESCRIPTION = "InfiniBand/RoCE port state: ibstat, ibstatus, ibv_devinfo, sysfs port files"
@@ -95,18 +95,9 @@ class IbStatusParser(Parser):
                               rb"|/ports/\d+/(?:state|phys_state):", head))
 
     @classmethod
-    def claims(cls, text: LogText) -> bool:
-        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
-
-    @classmethod
-    def parse_bytes(cls, data: bytes, label: str):
-        return cls.parse_text(LogText.of(data, label), label)
-
-    @classmethod
     def parse_text(cls, text: LogText, label: str):
         log = WarningLog(label)
-        if text.size == 0 or text.blank() or looks_binary(text.head()):
-            log.add(None, "empty file" if text.size == 0 or text.blank() else "binary data, not ibstat output")
+        if cls.unreadable(text, log, "ibstat output"):
             return cls.result(label, {}, {}, log)
         hits = text.lines_with(NEEDLES)
         if not len(hits):

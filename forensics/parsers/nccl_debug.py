@@ -77,8 +77,8 @@ import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
-from .registry import Parser, WarningLog, looks_binary, register
-from .text import LogText
+from .registry import WarningLog, register
+from .text import LogText, TextParser
 
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
@@ -176,7 +176,7 @@ def _int(v):
 CTX = {"ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}
 
 
-class NcclDebugParser(Parser):
+class NcclDebugParser(TextParser):
     NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
     NAME = "nccl_debug"
     DESCRIPTION = "NCCL_DEBUG log: init/transport/channel lines, COLL lines, WARN lines"
@@ -219,27 +219,13 @@ class NcclDebugParser(Parser):
             or any(ln.startswith("NCCL version ") for ln in lines)
 
     @classmethod
-    def claims(cls, text: LogText) -> bool:
-        """A log anywhere in which an NCCL line stands (a job's output: NCCL's lines may start
-        after megabytes of other output)."""
-        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
-
-    @classmethod
-    def parse_bytes(cls, data: bytes, label: str):
-        return cls.parse_text(LogText.of(data, label), label)
-
-    @classmethod
     def parse_text(cls, text: LogText, label: str, coll: str = "rows"):
         """Parse one log. ``coll``: ``"rows"`` (a ``nccl_coll`` row per COLL line) or
         ``"positions"`` (``nccl_coll_last``: the last line of each process and communicator,
         what the model reads; a log of millions of COLL lines costs no row per line)."""
         log = WarningLog(label)
         facts: dict = {"nccl_version": None, "versions": [], "other_lines": 0, "processes": {}}
-        if text.size == 0 or text.blank():
-            log.add(None, "empty file")
-            return cls.result(label, {}, facts, log)
-        if looks_binary(text.head()):
-            log.add(None, "binary data, not an NCCL_DEBUG text log")
+        if cls.unreadable(text, log, "an NCCL_DEBUG text log"):
             return cls.result(label, {}, facts, log)
 
         # COLL lines in C; every other NCCL line located by its marker, decoded and read here

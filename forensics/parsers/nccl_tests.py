@@ -41,8 +41,8 @@ import re
 
 import numpy as np
 
-from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
-from .text import LogText
+from .registry import WarningLog, decode_text, looks_binary, register, split_lines
+from .text import LogText, TextParser
 
 OMPI_TAG_RE = re.compile(r"^(?:.*?\d{4})?\[\d+,\d+\]<std(?:out|err)>:")
 RANK_TAG_RE = re.compile(r"\[\d+\]")
@@ -76,7 +76,7 @@ def _num(tok: str) -> float | None:
     return float(tok)        # raises ValueError on junk; the caller warns
 
 
-class NcclTestsParser(Parser):
+class NcclTestsParser(TextParser):
     NAME = "nccl_tests"
     DESCRIPTION = "nccl-tests stdout (all versions) and its -J JSON output"
     GLOBS = ("nccl-tests/*", "nccl-tests/**/*", "*_perf*.txt", "*_perf*.log", "*_perf*.json")
@@ -99,11 +99,6 @@ class NcclTestsParser(Parser):
                      r"|\s*size\s+count\s+type|Avg bus bandwidth|Out of bounds values)", t):
             return True
         return t.lstrip().startswith("{") and '"results"' in t and ('"nccl_version"' in t or '"experiment_name"' in t)
-
-    @classmethod
-    def claims(cls, text: LogText) -> bool:
-        """An nccl-tests run anywhere in a log (a job's output, a summary pasted alone)."""
-        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
 
     @classmethod
     def parse_text(cls, text: LogText, label: str):

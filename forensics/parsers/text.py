@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..errors import InputError
-from .registry import SNIFF_BYTES, decode_text, read_source
+from .registry import SNIFF_BYTES, Parser, WarningLog, decode_text, looks_binary, read_source
 
 MAP_MIN_BYTES = 1 << 20       # smaller files are read (a map costs more than it saves)
 _NON_BLANK = re.compile(rb"\S")
@@ -194,9 +194,42 @@ class LogText:
             self.data.close()
 
 
+class TextParser(Parser):
+    """A text format whose lines may stand anywhere in a job's log, among other formats' lines
+    and megabytes of the job's own output. It reads a :class:`LogText`: ``MARKERS`` (literal
+    bytes) say whether the file holds anything of it at all (:meth:`claims`, answered for every
+    parser in one pass), ``NEEDLES`` which lines to read (:meth:`LogText.lines_with`)."""
+
+    MARKERS: tuple[bytes, ...] = ()
+    NEEDLES: tuple[bytes, ...] = ()
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, label: str):
+        return cls.parse_text(LogText.of(data, label), label)
+
+    @classmethod
+    def parse_text(cls, text: LogText, label: str):  # pragma: no cover - each format's own
+        raise NotImplementedError
+
+    @staticmethod
+    def unreadable(text: LogText, log: WarningLog, what: str) -> bool:
+        """True, with the warning said, for an empty or binary file (``what``: the format)."""
+        if text.size == 0 or text.blank():
+            log.add(None, "empty file")
+            return True
+        if looks_binary(text.head()):
+            log.add(None, f"binary data, not {what}")
+            return True
+        return False
+
+
 def _regular(mode: int) -> bool:
     import stat
     return stat.S_ISREG(mode)
 
 
-__all__ = ["LogText", "Lines", "MAP_MIN_BYTES"]
+__all__ = ["LogText", "Lines", "MAP_MIN_BYTES", "TextParser"]

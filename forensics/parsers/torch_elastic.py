@@ -39,8 +39,8 @@ import re
 import signal
 
 from . import lines as lines_mod
-from .registry import Parser, WarningLog, looks_binary, register
-from .text import LogText
+from .registry import WarningLog, register
+from .text import LogText, TextParser
 
 FIELD_RE = re.compile(r"\b(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s*(?P<value>.*?)\s*$")
 RANK_RE = re.compile(r"^(?P<rank>-?\d+)\s*\(local_rank:\s*(?P<local>-?\d+)\)")
@@ -68,7 +68,7 @@ def signal_name(code: int | None) -> str | None:
         return f"signal {-code}"
 
 
-class TorchElasticParser(Parser):
+class TorchElasticParser(TextParser):
     NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
     NAME = "torch_elastic"
     DESCRIPTION = "torchrun's failure summary and agent lines: the failed processes' hosts, ranks, exit codes"
@@ -84,18 +84,9 @@ class TorchElasticParser(Parser):
         return b"ChildFailedError" in head or bool(re.search(rb"exitcode\s*:\s*-?\d+ \(pid:", head))
 
     @classmethod
-    def claims(cls, text: LogText) -> bool:
-        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
-
-    @classmethod
-    def parse_bytes(cls, data: bytes, label: str):
-        return cls.parse_text(LogText.of(data, label), label)
-
-    @classmethod
     def parse_text(cls, text: LogText, label: str):
         log = WarningLog(label)
-        if text.size == 0 or text.blank() or looks_binary(text.head()):
-            log.add(None, "empty file" if text.size == 0 or text.blank() else "binary data, not a text log")
+        if cls.unreadable(text, log, "a text log"):
             return cls.result(label, {}, {}, log)
         rows = []
         for ln, line, start, end in text.iter_spans(text.lines_with(NEEDLES)):

@@ -43,8 +43,8 @@ from __future__ import annotations
 import re
 
 from . import lines as lines_mod
-from .registry import Parser, WarningLog, looks_binary, register
-from .text import LogText
+from .registry import WarningLog, register
+from .text import LogText, TextParser
 
 PREFIX_RE = re.compile(r"(?:\[rank(?P<prank>\d+)\]:)?\[(?P<sev>[EWIF])(?P<date>\d{3,4})? ?(?P<time>[\d:.]+)? ?"
                        r"(?P<file>[\w.]+\.(?:cpp|cc|hpp|h|py)):(?P<srcline>\d+)\] ?(?P<msg>.*)$")
@@ -91,7 +91,7 @@ def _int(v):
         return None
 
 
-class TorchWatchdogParser(Parser):
+class TorchWatchdogParser(TextParser):
     NEEDLES = NEEDLES       # the lines it reads (besides MARKERS: whether it reads the file at all)
     NAME = "torch_watchdog"
     DESCRIPTION = "PyTorch ProcessGroupNCCL watchdog timeouts, NCCL errors and dump lines"
@@ -111,22 +111,10 @@ class TorchWatchdogParser(Parser):
         return bool(re.search(r"ProcessGroupNCCL\.(?:cpp|hpp):\d+\]|Watchdog caught collective operation timeout", t))
 
     @classmethod
-    def claims(cls, text: LogText) -> bool:
-        return cls.sniff(text.head()) or text.holds_any(cls.MARKERS)
-
-    @classmethod
-    def parse_bytes(cls, data: bytes, label: str):
-        return cls.parse_text(LogText.of(data, label), label)
-
-    @classmethod
     def parse_text(cls, text: LogText, label: str):
         log = WarningLog(label)
         facts: dict = {"timeouts": {}, "ranks": [], "nccl_version": None}
-        if text.size == 0 or text.blank():
-            log.add(None, "empty file")
-            return cls.result(label, {}, facts, log)
-        if looks_binary(text.head()):
-            log.add(None, "binary data, not a text log")
+        if cls.unreadable(text, log, "a text log"):
             return cls.result(label, {}, facts, log)
         rows = []
         for ln, raw, end in text.iter(text.lines_with(NEEDLES)):

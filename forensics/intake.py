@@ -44,6 +44,7 @@ class LooseFile:
     rel: str
     path: str
     size: int
+    order: int = 0        # its place in the walk (the order one process reads the files in)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class LooseSet:
     not_read: tuple[NotRead, ...] = ()
     part: int = 1
     parts: int = 1
+    given: tuple[str, ...] = ()      # the paths the user gave that hold it (what `query` takes again)
 
     @property
     def size(self) -> int:
@@ -144,7 +146,8 @@ def gather(paths: list[str | os.PathLike], *, budget: archive.Budget | None = No
         raise
     loose = None
     if walk.files or walk.not_read:
-        loose = LooseSet(LOOSE_LABEL, tuple(walk.files), tuple(walk.not_read))
+        given = tuple(str(p) for p in paths if str(p) not in walk.bundles)
+        loose = LooseSet(LOOSE_LABEL, tuple(walk.files), tuple(walk.not_read), given=given)
     return Intake(bundles=walk.bundles, loose=loose, workdir=walk.tmp)
 
 
@@ -283,7 +286,7 @@ class _Walk:
             return
         kind = archive.container_kind(path)
         if kind is None:
-            self.files.append(LooseFile(rel, str(path), st.st_size))
+            self.files.append(LooseFile(rel, str(path), st.st_size, len(self.files)))
             return
         if kind == "tar" and (bundle_name(path.name) or archive.tar_looks_like_bundle(path)):
             self.bundles.append(str(path))

@@ -101,15 +101,28 @@ def merge(parts: list) -> list:
         b.problems.extend(s.bundle.problems)
         b._pcaps.extend(s.bundle._pcaps)
     b.loose = LooseSet(b.loose.label, tuple(f for s in shares for f in s.bundle.loose.files),
-                       tuple(n for s in shares for n in s.bundle.loose.not_read))
+                       tuple(n for s in shares for n in s.bundle.loose.not_read), given=b.loose.given)
+
+    # rows in the order one process reads them: file by file in the order the files were found
+    order = {f.rel: i for i, f in enumerate(sorted(b.loose.files, key=lambda f: f.order))}
 
     def cat(frames):
         frames = [f for f in frames if f is not None and len(f.columns)]
-        return pd.concat(frames, ignore_index=True) if frames else None
+        if not frames:
+            return None
+        df = pd.concat(frames, ignore_index=True)
+        if "artifact" in df.columns and len(df):
+            pos = df["artifact"].astype("string").fillna("").str.split(",").str[0].map(order).fillna(len(order))
+            df = df.iloc[pos.to_numpy().argsort(kind="stable")].reset_index(drop=True)
+        return df
     first.comms = cat([s.comms for s in shares])
     first.tables = {k: cat([s.tables.get(k) for s in shares]) if any(
         s.tables.get(k) is not None and len(s.tables[k]) for s in shares) else first.tables[k]
         for k in first.tables}
+    cfg = first.tables.get("nccl_config")
+    if cfg is not None and len(cfg):      # config_tables' own order, over every share's processes
+        first.tables["nccl_config"] = cfg.sort_values(["host", "rank", "pid"], na_position="last", kind="stable") \
+            .reset_index(drop=True)
     for attr in ("packets", "events", "flows", "timing"):
         setattr(first.pcap, attr, [x for s in shares for x in getattr(s.pcap, attr)])
     prints = [s.pcap.fingerprints for s in shares if s.pcap.fingerprints is not None]

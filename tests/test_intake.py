@@ -183,3 +183,31 @@ def test_budget_parsing_and_bad_value():
         finally:
             del os.environ["STALLSCOPE_UNPACK_BYTES"]
     assert Budget.of(8 << 20).member_cap == 4 << 20
+
+
+def test_loose_files_split_over_jobs_give_the_same_analysis(tmp_path, monkeypatch):
+    """--jobs 2 reads the loose files in two shares (two processes); merged back, the tables
+    and findings equal one process's."""
+    import forensics.intake as intake_mod
+    from forensics.analysis import analyze
+    monkeypatch.setattr(intake_mod, "SPLIT_MIN_BYTES", 0)
+    sample = FIXTURES / "logs" / "21-debug-file-ib-retry-exc"
+    with gather([sample]) as intake:
+        assert [s.parts for s in intake.sources(2) if not isinstance(s, str)] == [2, 2]
+
+    def run(jobs):
+        a = analyze([sample], jobs=jobs)
+        try:
+            doc = a.to_json()
+            tables = {k: a.model.tables[k].sort_values(list(a.model.tables[k].columns)[:3], kind="stable")
+                      .reset_index(drop=True) for k in ("nccl_warnings", "nccl_config")}
+            return doc, tables
+        finally:
+            a.close()
+    one, t1 = run(1)
+    two, t2 = run(2)
+    assert json.dumps(one["findings"], sort_keys=True) == json.dumps(two["findings"], sort_keys=True)
+    for k in t1:
+        assert t1[k].astype(str).equals(t2[k].astype(str)), k
+    (c1,), (c2,) = one["capture"]["hosts"], two["capture"]["hosts"]
+    assert sorted(f["path"] for f in c1["files_read"]) == sorted(f["path"] for f in c2["files_read"])

@@ -161,3 +161,26 @@ def test_empty_and_binary_inputs_warn():
     r = NcclDebugParser.parse(bytes(range(256)) * 4)
     assert len(r.warnings) == 1 and "binary" in r.warnings[0]
     assert all(len(t) == 0 for t in r.tables.values())
+
+
+def test_warn_lines_pasted_without_their_host_prefix_are_still_warn_lines():
+    data = (b"[0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote peer node2<4321>\n"
+            b"[3] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<5000> with error 12, "
+            b"opcode 0, len 0, vendor err 129\n")
+    r = NcclDebugParser.parse(data)
+    w = r.tables["nccl_warnings"]
+    assert r.warnings == [] and w["dev"].tolist() == [0, 3] and w["pid"].isna().all()
+    assert w["ib_status"].tolist()[1] == 12 and w["peer"].tolist()[0] == "node2<4321>"
+    assert r.facts["processes"] == {}
+
+
+def test_launcher_tags_before_a_bare_version_line_and_the_warn_lines():
+    data = (b"Fri Aug 11 12:31:45 2023[1,0]<stdout>:NCCL version 2.18.3+cuda12.1\n"
+            b"Fri Aug 11 12:31:46 2023[1,3]<stdout>:gpu7:11:12 [0] misc/socket.cc:49 NCCL WARN socketProgress: "
+            b"Connection closed by remote peer gpu8<55693>\n")
+    r = NcclDebugParser.parse(data)
+    assert r.facts["nccl_version"] == "2.18.3+cuda12.1"
+    w = r.tables["nccl_warnings"].iloc[0]
+    assert (w["host"], w["ctx_rank"], w["ctx_clock"]) == ("gpu7", 3, "Fri Aug 11 12:31:46 2023")
+    lines = r.tables["nccl_log_lines"]
+    assert lines.loc[lines["level"] == "VERSION", "ctx_rank"].tolist() == [0]

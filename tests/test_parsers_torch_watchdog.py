@@ -48,3 +48,23 @@ def test_dump_signal_and_stuck_lines_and_malformed_work():
     assert w["kind"].tolist() == ["dump_signal", "watchdog_stuck"]
     assert w.iloc[0]["peer_rank"] == 5 and w.iloc[1]["severity"] == "F"
     assert len(r.warnings) == 1 and ":3:" in r.warnings[0] and "WorkNCCL" in r.warnings[0]
+
+
+def test_newer_status_lines_nccl_errors_last_error_and_old_version_codes():
+    text = ("[rank2]:[E109 22:46:25.933593122 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure "
+            "detected by watchdog at work sequence id: 493 PG status: last enqueued work: 493, last completed work: 492\n"
+            "[rank1]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank 1] Timeout at NCCL "
+            "work: 6463, last enqueued NCCL work: 6463, last completed NCCL work: 76280750235782912.\n"
+            "RuntimeError: NCCL error in: ../torch/lib/c10d/ProcessGroupNCCL.cpp:825, unhandled system error, NCCL "
+            "version 21.1.4\n"
+            "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.\n"
+            "Last error:\n"
+            "[pod/w-1/main] NET/IB : Got completion from peer 10.1.2.3<41234> with error 12, opcode 0, len 0, vendor err 129\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["kind"].tolist() == ["exception", "exception", "nccl_error", "nccl_error", "last_error"]
+    e = w.iloc[0]
+    assert (e["rank"], e["seq_num"], e["last_enqueued"], e["last_completed"]) == (2, 493, 493, 492)
+    assert pd.isna(w.iloc[1]["last_completed"])           # an uninitialised value (2.3) is no position
+    assert w.iloc[2]["nccl_version"] == "2.11.4" and w.iloc[2]["error"] == "unhandled system error"
+    last = w.iloc[4]
+    assert last["error"].startswith("NET/IB : Got completion") and last["ctx_host"] == "w-1"

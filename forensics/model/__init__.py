@@ -176,7 +176,9 @@ def capture_summary(b: Bundle) -> dict:
     evidence absent and what that limits (:meth:`forensics.loose.LooseBundle.summary`)."""
     m = b.manifest
     if getattr(b, "loose", None) is not None:
-        return {"host": b.host, "bundle": b.loose.label, **b.summary(), "problems": list(b.problems),
+        return {"host": b.host, "bundle": " ".join(b.loose.given) or b.loose.label, "given": list(b.loose.given),
+                **b.summary(),
+                "problems": list(b.problems),
                 "collectors": [], "processes": [], "started_ns": None, "ended_ns": None}
     tz = m.raw.get("timezone") if isinstance(m.raw, dict) else None
     return {

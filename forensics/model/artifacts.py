@@ -6,18 +6,23 @@ registry (:mod:`forensics.parsers`) assigns by folder and content; :func:`artifa
 turns all bundles' artefacts into the tables ``nccl_config``, ``nccl_warnings``,
 ``host_facts`` (:mod:`.nccl_config`), ``fr_entries``, ``fr_pg_status`` and the GPU
 durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``nccl_tests_runs``,
-``stacks`` and ``sockets``.
+``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits`` and
+``ib_ports`` (:func:`log_table`; joined across files by :mod:`.logs`).
 
 Where a parser looks:
 
-- ``logs/**``: by content (NCCL_DEBUG logs, Inspector JSONL, profiler traces, nccl-tests
-  output, Flight Recorder dumps, py-spy dumps attached there); other files (dmesg,
-  tcpdump's stderr) are left to their own readers;
-- ``nccl-tests/**`` nccl-tests output (and the NCCL_DEBUG lines a benchmark run prints
-  into it), ``flight-recorder/**``, ``stacks/**``, ``sys/**/ss*``: by folder.
+- ``logs/**`` (and loose evidence, :mod:`forensics.loose`): by content. A structured file
+  (Inspector JSONL, a profiler trace, a Flight Recorder dump, a py-spy dump) is read by the one
+  parser its first bytes show; a text log by every text parser whose markers stand anywhere in
+  it (a job's output holds NCCL lines, watchdog timeouts, torchrun's summary, an nccl-tests run
+  together; :class:`forensics.parsers.text.TextParser`). Other files (dmesg, tcpdump's stderr)
+  are left to their own readers; a loose file nobody claims is listed as not read, with why;
+- ``nccl-tests/**`` nccl-tests output (and, by content, the other text formats in it),
+  ``flight-recorder/**``, ``stacks/**``, ``sys/**/ss*``, ``sys/**/ibstat*``: by folder.
 
-NCCL_DEBUG logs are parsed without their COLL lines (one per call: a 200k-call log costs
-seconds to parse, and calls come from the tracer); their line numbers are kept.
+NCCL_DEBUG logs are parsed with their COLL lines reduced to the last one of each process and
+communicator (``nccl_coll_last``: one line per call, millions in a big log; calls come from the
+tracer); their line numbers are kept.
 
 A bundle without these folders costs one directory listing. Everything a parser
 warns about becomes a line of the bundle's problems (host-prefixed by the model), at

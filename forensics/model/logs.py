@@ -228,6 +228,11 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         t = clocks.utc_ns(co["last_ts"].astype("string").str.replace("_", " ", regex=False), co["node"])
         co["time_ns"] = t.fillna(clocks.utc_ns(co["ctx_clock"], co["node"]))
         tables["coll_log_ops"] = conform(co, "coll_log_ops")
+    cfg = tables.get("nccl_config")
+    if cfg is not None and len(cfg) and cfg["host"].isna().any():
+        cfg = cfg.copy()
+        cfg["host"] = _fill_hosts(cfg.assign(artifact=cfg["artifact"].astype("string").str.split(",").str[0]), d)
+        tables["nccl_config"] = conform(cfg, "nccl_config")
     ib = tables.get("ib_ports")
     if ib is not None and len(ib):
         ib = ib.copy()

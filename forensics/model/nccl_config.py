@@ -78,6 +78,12 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
     pmap: dict[tuple[str, str, int], tuple] = {}    # (artifact, log host, log pid) -> row key
     for rel, res in arts.of("nccl_debug"):
         procs = res.facts.get("processes") or {}
+        if not procs and res.facts.get("nccl_version"):
+            # a log whose only NCCL line is the bare version line (rank 0's stdout before 2.22):
+            # the version is still the job's
+            rows.setdefault(("version", rel), {"pid": None, "host": None, "node": node, "artifacts": [rel],
+                                               "nccl_version": res.facts["nccl_version"]})
+            continue
         one_host = len({lp.get("host") for lp in procs.values()}) <= 1
         for lp in procs.values():
             lpid, lhost = lp.get("pid"), lp.get("host") or ""

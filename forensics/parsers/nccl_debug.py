@@ -90,6 +90,9 @@ LINE_RE = re.compile(
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)$"
 )
 VERSION_RE = re.compile(r"(?:^|[\s\]>:])NCCL version (?P<version>\d+\.\d+\.\d+\S*)")
+# a WARN line pasted without its host:pid:tid (users strip hosts from the logs they post)
+HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
+                              r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 
 COLL_HEAD_RE = re.compile(r"^\w+: opCount ")
@@ -240,6 +243,8 @@ class NcclDebugParser(TextParser):
             if g is None:
                 if (v := VERSION_RE.search(line)) is not None:
                     bare.append((ln, v["version"], line[:v.start() + 1]))
+                elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
+                    rows.append(_Line(ln, h, line[:h.start()]))
                 elif MENTION_RE.search(line):
                     n_mentions += 1
                     log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
@@ -354,7 +359,8 @@ class NcclDebugParser(TextParser):
             return procs[key]
 
         for r in rows:
-            proc(r)
+            if r.pid is not None:
+                proc(r)
         for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
             if t is not None and len(t):
                 for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
@@ -472,12 +478,13 @@ class _Line:
     def __init__(self, line: int, g: re.Match, pre: str = ""):
         self.line = line
         self.pre = pre                       # the text before the NCCL prefix (launcher tags)
-        self.ts, self.ts_local, self.host, self.level = g["ts"], None, g["host"], g["level"]
+        fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
+        self.ts, self.ts_local, self.host, self.level = fields.get("ts"), None, fields.get("host") or "", g["level"]
         # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
         self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
         # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
         # turns out-of-range values into NA)
-        self.pid, self.tid, self.dev = int(g["pid"]), int(g["tid"]), _int(g["dev"])
+        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(g["dev"])
         self.msg = g["msg"].rstrip()
         self.kind = "other"
 

@@ -142,6 +142,14 @@ class TorchWatchdogParser(TextParser):
         return cls.result(label, {"watchdog": rows}, facts, log)
 
 
+def _version(v: str | None) -> str | None:
+    """PyTorch before its fix for NCCL >= 2.9's version code printed 2.11.4 as "21.1.4": read
+    back as NCCL's own."""
+    if v and (m := re.fullmatch(r"2(\d)\.(\d)\.(\d+)", v)):
+        return f"2.{m[1]}{m[2]}.{m[3]}"
+    return v
+
+
 def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> dict | None:
     raw = lines_mod.ANSI_RE.sub("", raw)
     m = PREFIX_RE.search(raw)
@@ -195,7 +203,7 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
                    last_completed=done if done <= max(enq, int(e["seq"])) else None)
         return row
     if "NCCL error" in msg and (e := NCCL_ERROR_RE.search(msg[msg.index("NCCL error"):])):
-        row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=e["version"])
+        row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=_version(e["version"]))
         return row
     if (c := NCCL_CODE_RE.search(msg)):
         row.update(kind="nccl_error", error=f"{c['code']}: {c['text'].strip()}")

@@ -394,7 +394,7 @@ def context(analysis) -> dict[str, Any]:
         links.append(records_table(f"links-{i}", "links", j["links"], TOP_ROWS,
                                    note=(f"first {TOP_ROWS} of {len(j['links'])} links (all in --json)"
                                          if len(j["links"]) > TOP_ROWS else "")))
-    bundles = [c.get("bundle", "") for c in model.captures]
+    bundles = [x for c in model.captures for x in (c.get("given") or [c.get("bundle", "")])]
     captures, capture_hosts, hosts_left = _capture_hosts(
         data.capture_view(analysis), {h for f in serious for h in f.hosts})
     skew, skew_left = _skew(data.skew_rows(analysis))
@@ -409,7 +409,7 @@ def context(analysis) -> dict[str, Any]:
         "banner": banner, "info_notes": notes, "findings": findings, "evidence": evidence, "links": links,
         "hosts": model.hosts, "hosts_text": hosts_text, "span": span,
         "start_utc": data.utc(span.start_ns), "end_utc": data.utc(span.end_ns),
-        "nranks": len(ranks), "ncalls": len(model.tables["nccl_events"]),
+        "nranks": len(ranks) or _log_ranks(model), "ncalls": len(model.tables["nccl_events"]),
         "ntcp": len(model.tables["tcp_events"]), "slow_ms": slow_ms,
         "figures": figs, "plots": plots, "tables": tables,
         "show_hang": show_hang, "stuck": stuck, "hang_tables": hang_tables,
@@ -422,6 +422,12 @@ def context(analysis) -> dict[str, Any]:
         "duration_sources": data.DURATION_SOURCES, "bundles": bundles,
         "query_target": " ".join(_shell_quote(b) for b in bundles) or "BUNDLE",
     }
+
+
+def _log_ranks(model) -> int:
+    """The ranks the logs know (their NCCL Init lines), when no NCCL call was traced."""
+    cfg = model.tables.get("nccl_config")
+    return int(pd.to_numeric(cfg["rank"], errors="coerce").nunique()) if cfg is not None and len(cfg) else 0
 
 
 def _shell_quote(s: str) -> str:

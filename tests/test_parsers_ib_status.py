@@ -52,3 +52,12 @@ def test_pdsh_tags_name_each_ports_host_and_sysfs_lines_read():
 def test_text_without_ports_warns_and_binary_is_refused():
     assert "no InfiniBand port status" in IbStatusParser.parse(b"hello\nworld\n").warnings[0]
     assert "binary" in IbStatusParser.parse(bytes(range(256)) * 8).warnings[0]
+
+
+def test_states_are_read_by_their_number_whatever_the_words():
+    text = ("/sys/class/infiniband/mlx5_5/ports/1/phys_state:7: Phy Test\n"
+            "hca_id:\tmlx5_6\n\t\tport:\t1\n\t\t\tstate:\t\t\tPORT_INIT (2)\n"
+            "\t\t\tphys_state:\t\tPORT_CONFIGURATION TRAINNING (4)\n")
+    p = IbStatusParser.parse(text.encode()).tables["ib_ports"].set_index("device")
+    assert p.loc["mlx5_5", "phys_state"] == "PhyTest"
+    assert (p.loc["mlx5_6", "state"], p.loc["mlx5_6", "phys_state"]) == ("INIT", "PortConfigurationTraining")

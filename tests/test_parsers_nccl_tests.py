@@ -113,3 +113,19 @@ def test_malformed_rows_warn():
     assert len(r.warnings) == 2 and ":13:" in r.warnings[0] and ":14:" in r.warnings[1]
     assert any(w.startswith("<bytes>:1: invalid JSON") for w in NcclTestsParser.parse(b"{truncated json").warnings)
     assert NcclTestsParser.parse(b"").warnings == ["<bytes>: empty file"]
+
+
+def test_nccl_tests_1x_layout_without_marks_and_in_milliseconds():
+    """nccl-tests 1.x (2017-18): no "#" before the parameter and summary lines, a "res" column,
+    times in ms (kept in us here)."""
+    text = ("nThread 1 nGpus 2 minBytes 8 maxBytes 1048576 step: 2(factor) warmup iters: 5 iters: 20 validation: 1\n"
+            "Using devices\n"
+            "       size         count    type   redop     time   algbw   busbw     res     time   algbw   busbw     res\n"
+            "        (B)    (elements)                     (ms)  (GB/s)  (GB/s)             (ms)  (GB/s)  (GB/s)\n"
+            "     1048576        262144   float     sum    0.105    9.99    9.99    0e+00    0.104   10.08   10.08    0e+00\n"
+            " Out of bounds values : 0 OK\n"
+            " Avg bus bandwidth    : 5.0175\n")
+    r = NcclTestsParser.parse(text.encode())
+    t = r.tables["nccl_tests"]
+    assert r.warnings == [] and t["time_us"].tolist() == [105.0, 104.0] and t["busbw_gbps"].tolist() == [9.99, 10.08]
+    assert (r.facts["avg_busbw_gbps"], r.facts["out_of_bounds"], r.facts["config"]["nGpus"]) == (5.0175, 0, 2)

@@ -163,8 +163,12 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
         "capture_windows": nccl_mod.concat([p.windows for p in parts], "capture_windows"),
     }
     hosts = [b.host for b in bundles if getattr(b, "loose", None) is None]
-    if len(hosts) < len(bundles):   # loose evidence: the hosts its lines name
+    if len(hosts) < len(bundles):   # loose evidence: the hosts its lines name, file by file
         hosts += [h for h in logs_mod.job_hosts(tables) if h not in hosts]
+        named = logs_mod.file_hosts(tables)
+        for c in captures:
+            for f in c.get("files_read") or []:
+                f["hosts"] = named.get(f["path"], [])
     return Model(tables=tables, hosts=hosts, problems=[f"{h}: {p}" for h, _, p in problems],
                  skew=estimates, captures=captures, notes=notes)
 

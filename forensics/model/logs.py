@@ -241,6 +241,21 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
     return notes
 
 
+def file_hosts(tables: dict[str, pd.DataFrame]) -> dict[str, list[str]]:
+    """file -> the hosts its rows name (loose evidence is grouped by them in the report)."""
+    out: dict[str, set] = {}
+    for name in ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "ib_ports", "coll_log_ops",
+                 "nccl_tests_runs"):
+        t = tables.get(name)
+        if t is None or t.empty or "artifact" not in t:
+            continue
+        for art, h in zip(t["artifact"].astype("string"), t["host"].astype("string")):
+            if isinstance(art, str) and isinstance(h, str):
+                for a in art.split(","):
+                    out.setdefault(a, set()).add(h)
+    return {a: sorted(h) for a, h in out.items()}
+
+
 def job_hosts(tables: dict[str, pd.DataFrame]) -> list[str]:
     """The hosts the logs name (the job's own, not ``unknown:`` labels), sorted."""
     out = set()
@@ -365,4 +380,4 @@ def _watchdog(wd: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     return conform(wd, "watchdog_events")
 
 
-__all__ = ["Clocks", "Directory", "attribute", "directory", "job_hosts", "short_host", "UNKNOWN"]
+__all__ = ["Clocks", "Directory", "attribute", "directory", "file_hosts", "job_hosts", "short_host", "UNKNOWN"]

@@ -51,19 +51,21 @@ NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/")
 
 
 def _state(v: str) -> str:
-    """ACTIVE, DOWN, ... from "Active", "4: ACTIVE", "PORT_ACTIVE (4)"."""
+    """ACTIVE, DOWN, ... from "Active", "4: ACTIVE", "PORT_ACTIVE (4)" (the number decides)."""
     v = v.strip()
-    if (m := re.match(r"^(\d):\s*(\w+)", v)):
-        return m[2].upper()
+    if (m := re.match(r"^(\d):", v) or re.search(r"\((\d)\)\s*$", v)) and m[1] in STATES:
+        return STATES[m[1]]
     if (m := re.match(r"^PORT_(\w+)", v)):
         return m[1].upper()
     return v.split()[0].upper() if v else v
 
 
 def _phys(v: str) -> str:
+    """LinkUp, Polling, ... from "LinkUp", "5: LinkUp", "LINK_UP (5)", the kernel's "7: Phy Test"
+    and ibv_devinfo's "PORT_CONFIGURATION TRAINNING (4)" (the number decides)."""
     v = v.strip()
-    if (m := re.match(r"^(\d):\s*(\w+)", v)):
-        return PHYS_NAMES.get(m[2].lower(), m[2])
+    if (m := re.match(r"^(\d):", v) or re.search(r"\((\d)\)\s*$", v)) and m[1] in PHYS:
+        return PHYS[m[1]]
     word = re.split(r"\s|\(", v)[0] if v else v
     return PHYS_NAMES.get(word.lower(), word)
 

@@ -63,7 +63,10 @@ FAIL_RE = re.compile(r"Test (?:NCCL )?failure|Test timeout|Test CUDA failure")
 CMD_RE = re.compile(r"(?:^|[\s/])(?P<name>\w+_perf)(?:_mpi)?\b")
 STAMP_RE = re.compile(r"^\d{4}-\d\d-\d\d$")
 SIDE_NAMES = {"time": "time_us", "algbw": "algbw_gbps", "busbw": "busbw_gbps", "#wrong": "wrong",
-              "wrong": "wrong", "error": "wrong"}
+              "wrong": "wrong", "error": "wrong", "res": "wrong"}
+# nccl-tests 1.x printed its parameter and summary lines without the "#" of 2.x
+UNMARKED_RE = re.compile(r"^(?:nThread \d|Using devices|Out of bounds values|Avg bus bandwidth|Rank\s+\d+\s)")
+MS_UNITS_RE = re.compile(r"^#?\s*\(B\)\s+\(elements\).*\(ms\)")
 
 
 REGION_MIN_BYTES = 16 << 20
@@ -160,10 +163,16 @@ def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | Non
     rows, devices = [], []
     test = default_test
     layout = None
+    scale = 1.0                      # nccl-tests 1.x timed in ms: its times are kept in us
     for ln, raw in enumerate(split_lines(text), first_line):
         line = OMPI_TAG_RE.sub("", raw).strip()
         line = re.sub(r"^\[\d+\]\s*", "", line)
         if not line:
+            continue
+        if UNMARKED_RE.match(line):
+            line = "# " + line
+        if MS_UNITS_RE.match(line):
+            scale = 1000.0
             continue
         if line.startswith("#"):
             body = line.lstrip("#").strip()
@@ -218,6 +227,8 @@ def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | Non
             log.add(ln, f"{parsed}: {line[:120]!r}")
             continue
         key, sides, stamp = parsed
+        if scale != 1.0:
+            sides = [{k: (v * scale if k == "time_us" and v is not None else v) for k, v in s.items()} for s in sides]
         if test and test not in facts["tests"]:
             facts["tests"].append(test)
         for placement, vals in zip(("out", "in"), sides):

@@ -58,6 +58,7 @@ bench: debs venv
 	$(PY) bench/pcap_throughput.py
 	$(PY) bench/analyze.py
 	$(PY) bench/fleet.py
+	$(PY) bench/logs.py
 	if [ "$$(id -u)" = 0 ]; then $(PY) bench/tracer_overhead.py; else echo "bench/tracer_overhead.py: needs root (skipped)"; fi
 
 # the long fuzz run (issue 7): FUZZ_EXAMPLES inputs per target, over FUZZ_JOBS processes;

@@ -50,6 +50,25 @@ def test_dump_signal_and_stuck_lines_and_malformed_work():
     assert len(r.warnings) == 1 and ":3:" in r.warnings[0] and "WorkNCCL" in r.warnings[0]
 
 
+def test_dump_signal_carries_the_ranks_own_positions():
+    """2.5+ dump signals say where this rank is; "from this local rank" names no peer."""
+    text = ("3: [rank3]:[E1112 09:40:46.021102764 ProcessGroupNCCL.cpp:1398] [PG ID 0 PG GUID 0(default_pg) Rank 3] "
+            "Received a dump signal due to a collective timeout from  rank 1 and we will try our best to dump the "
+            "debug info. Last enqueued NCCL work: 2740, last completed NCCL work: 2740.This is most likely caused\n"
+            "1: [rank1]:[E1112 09:40:45.189650217 ProcessGroupNCCL.cpp:1398] [PG ID 0 PG GUID 0(default_pg) Rank 1] "
+            "Received a dump signal due to a collective timeout from this local rank and we will try our best to "
+            "dump the debug info. Last enqueued NCCL work: 2741, last completed NCCL work: 2740.\n"
+            "[rank0]:[E1112 09:40:46.020961538 ProcessGroupNCCL.cpp:1349] [PG ID 0 PG GUID 0(default_pg) Rank 0] Observed "
+            "flight recorder dump signal from another rank via TCPStore.\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["kind"].tolist() == ["dump_signal"] * 3
+    assert w["rank"].tolist() == [3, 1, 0]
+    assert w.iloc[0]["peer_rank"] == 1 and pd.isna(w.iloc[1]["peer_rank"]) and pd.isna(w.iloc[2]["peer_rank"])
+    assert (w.iloc[0]["last_enqueued"], w.iloc[0]["last_completed"]) == (2740, 2740)
+    assert (w.iloc[1]["last_enqueued"], w.iloc[1]["last_completed"]) == (2741, 2740)
+    assert pd.isna(w.iloc[2]["last_enqueued"])
+
+
 def test_newer_status_lines_nccl_errors_last_error_and_old_version_codes():
     text = ("[rank2]:[E109 22:46:25.933593122 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure "
             "detected by watchdog at work sequence id: 493 PG status: last enqueued work: 493, last completed work: 492\n"

@@ -36,7 +36,9 @@ def watchdog_hangs(ctx) -> list[Finding]:
     wd = ctx.model.tables.get("watchdog_events")
     if wd is None or wd.empty:
         return []
-    rows = wd[wd["kind"].isin(TIMEOUT_KINDS + ("exception",))].dropna(subset=["rank"])
+    # a dump signal with the rank's own last enqueued work places a rank that never timed out
+    dumps = (wd["kind"] == "dump_signal") & pd.to_numeric(wd["last_enqueued"], errors="coerce").notna()
+    rows = wd[wd["kind"].isin(TIMEOUT_KINDS + ("exception",)) | dumps].dropna(subset=["rank"])
     if rows.empty or not rows["kind"].isin(TIMEOUT_KINDS).any():
         return []
     out = []
@@ -80,7 +82,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     for r, s in zip(to["_r"], seqs):
         if pd.notna(s):
             pos[r] = max(pos.get(r, -1), int(s))
-    exc = g[g["kind"] == "exception"]
+    exc = g[g["kind"].isin(("exception", "dump_signal"))]
     for r, e in zip(exc["_r"], pd.to_numeric(exc["last_enqueued"], errors="coerce")):
         if pd.notna(e):
             pos[r] = max(pos.get(r, -1), int(e))

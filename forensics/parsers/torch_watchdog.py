@@ -15,7 +15,8 @@ launchers, line numbers and progress bars may precede it (their tags are read by
 - ``NCCL error in: <file>:<line>, <error>, NCCL version <v>`` / ``NCCL error: <error>, NCCL
   version <v>`` (DistBackendError, the watchdog's own), the ``ncclRemoteError: …`` explanation
   line after it, and the ``Last error:`` line after that (NCCL's last WARN, without its prefix);
-- a dump signal ``from rank N`` (rank N timed out first), the watchdog stuck (heartbeat),
+- a dump signal ``from rank N`` (rank N timed out first) with, since 2.5, this rank's own
+  ``Last enqueued NCCL work: E, last completed NCCL work: C``; the watchdog stuck (heartbeat),
   ``… flight recorder dumps to finish``, the teardown, ``NCCL communicator was aborted``;
 - the c10d store's ``store->get(...) got error`` while exchanging the ncclUniqueId.
 
@@ -65,7 +66,9 @@ NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:Remote|System|Internal|UnhandledCu
 FR_WAIT_RE = re.compile(r"timed out after waiting for (?P<ms>\d+)ms flight recorder dumps")
 DUMP_SIGNAL_RE = re.compile(r"(?:dump signal|flight recorder dump signal|global timeout).*?(?:from rank|rank) "
                             r"(?P<peer>\d+)", re.I)
-DUMP_ANY_RE = re.compile(r"(?:Received|Observed) a (?:dump signal|flight recorder dump signal|global timeout)", re.I)
+DUMP_WORK_RE = re.compile(r"Last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)")
+DUMP_ANY_RE = re.compile(r"(?:Received|Observed) (?:a )?(?:dump signal|flight recorder dump signal|global timeout)",
+                         re.I)
 STUCK_RE = re.compile(r"watchdog got stuck for (?P<s>\d+) seconds|Heartbeat monitor timed out"
                       r"|[Ww]atchdog (?:thread )?(?:is )?(?:stuck|hang)", re.I)
 TEARDOWN_RE = re.compile(r"Some NCCL operations have failed or timed out|taking the entire process down")
@@ -214,11 +217,13 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
     if (f := FR_WAIT_RE.search(msg)):
         row.update(kind="fr_dump_wait", wait_ms=int(f["ms"]))
         return row
-    if (d := DUMP_SIGNAL_RE.search(msg)):
-        row.update(kind="dump_signal", peer_rank=int(d["peer"]))
-        return row
-    if DUMP_ANY_RE.search(msg):
+    if (d := DUMP_SIGNAL_RE.search(msg)) or DUMP_ANY_RE.search(msg):
         row["kind"] = "dump_signal"
+        if d is not None:
+            row["peer_rank"] = int(d["peer"])
+        # 2.5+: this rank's own positions in the PG when the dump was asked for
+        if (w := DUMP_WORK_RE.search(msg)):
+            row.update(last_enqueued=int(w["enq"]), last_completed=int(w["done"]))
         return row
     if STUCK_RE.search(msg):
         row["kind"] = "watchdog_stuck"

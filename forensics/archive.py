@@ -53,7 +53,7 @@ def safe_relpath(name: str) -> PurePosixPath:
         raise InputError(f"refusing archive member with an absolute path: {name!r}")
     parts = [p for p in name.replace("\\", "/").split("/") if p not in ("", ".")]
     if any(p == ".." for p in parts):
-        raise InputError(f"refusing archive member that climbs out of the bundle: {name!r}")
+        raise InputError(f"refusing archive member that climbs out of its archive: {name!r}")
     if not parts:
         raise InputError(f"refusing archive member with an empty name: {name!r}")
     return PurePosixPath(*parts)

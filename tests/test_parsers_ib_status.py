@@ -61,3 +61,27 @@ def test_states_are_read_by_their_number_whatever_the_words():
     p = IbStatusParser.parse(text.encode()).tables["ib_ports"].set_index("device")
     assert p.loc["mlx5_5", "phys_state"] == "PhyTest"
     assert (p.loc["mlx5_6", "state"], p.loc["mlx5_6", "phys_state"]) == ("INIT", "PortConfigurationTraining")
+
+
+def test_blocks_in_a_merged_job_log_end_at_the_jobs_own_output():
+    """ibstat run at the job's start and again at its end, 200 KB of training output between:
+    the output's own "State:" and "Rate:" lines are not the port's, and both blocks are read
+    (the stretch between them is not decoded)."""
+    block = (D / "ibstat_one_down.txt").read_text().split("CA 'mlx5_1'")[0]
+    noise = "".join(f"step {i} loss 2.31\n" for i in range(12000))
+    text = (block + "State: evaluating\nRate: 3.2 it/s\n\tLink layer: none\n" + noise
+            + block.replace("mlx5_0", "mlx5_4").replace("Rate: 400", "Rate: 200") + "Rate: 9 it/s\n")
+    assert len(noise) > 2 * (64 << 10)
+    r = IbStatusParser.parse(text.encode())
+    p = r.tables["ib_ports"]
+    assert p[["device", "state", "rate_gbps", "link_layer"]].values.tolist() == [
+        ["mlx5_0", "ACTIVE", 400.0, "InfiniBand"], ["mlx5_4", "ACTIVE", 200.0, "InfiniBand"]]
+    assert p["line"].tolist()[0] == 8 and p["line"].tolist()[1] > 12000
+
+
+def test_ibstat_ca_port_prints_its_block_unindented():
+    text = ("CA: 'mlx5_0'\nPort 1:\nState: Down\nPhysical state: Polling\nRate: 10\nBase lid: 65535\n"
+            "Link layer: InfiniBand\nepoch 3 done\nState: fine\n")
+    p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
+    assert p[["device", "port", "state", "phys_state", "rate_gbps", "lid"]].values.tolist() == [
+        ["mlx5_0", 1, "DOWN", "Polling", 10.0, "65535"]]

@@ -184,3 +184,18 @@ def test_launcher_tags_before_a_bare_version_line_and_the_warn_lines():
     assert (w["host"], w["ctx_rank"], w["ctx_clock"]) == ("gpu7", 3, "Fri Aug 11 12:31:46 2023")
     lines = r.tables["nccl_log_lines"]
     assert lines.loc[lines["level"] == "VERSION", "ctx_rank"].tolist() == [0]
+
+
+def test_launcher_tags_on_coll_lines_are_tags_not_times_on_both_paths():
+    """A COLL line the C scanner reads and one it leaves to the regular expressions (an
+    upper-case pointer) give the same time and launcher context: "[Rank 3] " is a tag."""
+    line = ("{pre}node1:100:200 [0] NCCL INFO AllReduce: opCount {oc} sendbuff {sb} recvbuff 0x7f10 count 1024 "
+            "datatype 7 op 0 root 0 comm 0x55aa [nranks=8] stream 0x99\n")
+    for pre, ts, rank in (("[Rank 3] ", None, 3), ("[3] ", None, None),
+                          ("[2025-08-12 01:37:03] ", "2025-08-12 01:37:03", None)):
+        text = line.format(pre=pre, oc="1a", sb="0x7f00") + line.format(pre=pre, oc="1b", sb="0x7F00")
+        t = NcclDebugParser.parse(text.encode()).tables
+        ll = t["nccl_log_lines"]
+        assert [None if pd.isna(v) else v for v in ll["ts"]] == [ts, ts], pre
+        assert [None if pd.isna(v) else int(v) for v in ll["ctx_rank"]] == [rank, rank], pre
+        assert t["nccl_coll"]["op_count"].tolist() == [0x1a, 0x1b]

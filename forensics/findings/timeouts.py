@@ -235,7 +235,9 @@ def _secs(ms) -> str:
 
 
 def _evidence(g: pd.DataFrame, wd: pd.DataFrame) -> list[dict]:
-    rows = pd.concat([g, wd[wd["kind"] == "dump_signal"]], ignore_index=True)
+    # the dump signals that name a rank, besides those already in g (the ones that place one)
+    extra = wd[(wd["kind"] == "dump_signal") & ~wd.index.isin(g.index)]
+    rows = pd.concat([g, extra], ignore_index=True)
     cols = ["host", "rank", "pg_id", "kind", "seq_num", "op", "numel_in", "last_enqueued", "last_completed",
             "ran_for_ms", "time_ns", "artifact", "log_line"]
     return warns.evidence(rows.sort_values(["rank", "kind"], kind="stable"), cols, MAX_EVIDENCE)

@@ -85,7 +85,7 @@ def blame(rows: pd.DataFrame) -> Blame:
     """The shared endpoint of the rows' (host, peer_host) pairs: many hosts reporting one peer
     point at that peer (or its link); one host reporting many peers points at itself."""
     hosts = sorted({h for h in rows["host"].dropna().astype(str)})
-    peers = sorted({p for p in rows["peer_host"].dropna().astype(str)} - set()) if "peer_host" in rows else []
+    peers = sorted({p for p in rows["peer_host"].dropna().astype(str)}) if "peer_host" in rows else []
     pairs = [(h, p) for h, p in zip(rows["host"], rows.get("peer_host", pd.Series(index=rows.index, dtype=object)))
              if isinstance(h, str) and isinstance(p, str)]
     if pairs:
@@ -104,7 +104,7 @@ def blame(rows: pd.DataFrame) -> Blame:
 
 
 def first_text(rows: pd.DataFrame) -> str:
-    """The first line of ``rows`` as "host at HH:MM:SS UTC" (or "host, its log's first")."""
+    """The first line of ``rows`` as "host at HH:MM:SS UTC" (just "host" when it has no time)."""
     r = rows.iloc[0]
     when = utc_clock(r.get("time_ns"))
     return f"{r['host']}" + (f" at {when}" if when else "")

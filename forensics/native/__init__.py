@@ -1,9 +1,11 @@
-"""ctypes bindings to the compiled kernels (``walk.c`` and ``tcpkernel.c``).
+"""ctypes bindings to the compiled kernels (``walk.c``, ``tcpkernel.c``, ``csvfmt.c``,
+``logscan.c``).
 
 The shared library is built by ``pip install`` (setup.py) as the extension
 ``forensics.native._tcpkernel``; it has no Python API, so it is loaded with
-ctypes and fed numpy arrays. Only the two sequential parts of the engine live
-there: walking capture records and the per-flow TCP state machine.
+ctypes and fed numpy arrays. Only the parts that touch every record or byte live
+there: walking capture records, the per-flow TCP state machine, formatting CSV,
+and scanning text logs (marker lines, line bounds, NCCL COLL lines into columns).
 """
 from __future__ import annotations
 

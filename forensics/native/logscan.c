@@ -6,7 +6,7 @@
  * neither line by line: memmem finds the lines holding a marker (logscan_hits), their
  * bounds and line numbers come from one pass (logscan_spans), and COLL lines are parsed
  * here into columns (logscan_coll). Only the few remaining lines reach Python's regular
- * expressions (forensics/parsers/scan.py).
+ * expressions (forensics/parsers/text.py).
  *
  * Lines end at "\n", "\r\n" or a lone "\r" (progress bars rewrite their line with "\r"),
  * as forensics.parsers.registry.split_lines counts them.
@@ -116,6 +116,18 @@ static int ptr(cur *c, uint64_t *v) {
 
 /* The "host:pid:tid [dev] " before "NCCL INFO " at h, read backwards (the first match of
  * forensics.parsers.nccl_debug.LINE_RE on such a line). */
+
+/* Whether t[0..n) is the time NCCL >= 2.26 prints in brackets, as LINE_RE in
+ * parsers/nccl_debug.py reads it: "YYYY-MM-DD" then ' ', 'T' or '_' then anything, or
+ * "Mon ..." ending in a digit. Launcher tags ("[3]", "[Rank 3]") are not times. */
+static int is_nccl_time(const uint8_t *t, int64_t n) {
+    if (n >= 11 && is_digit(t[0]) && is_digit(t[1]) && is_digit(t[2]) && is_digit(t[3]) && t[4] == '-'
+        && is_digit(t[5]) && is_digit(t[6]) && t[7] == '-' && is_digit(t[8]) && is_digit(t[9])
+        && (t[10] == ' ' || t[10] == 'T' || t[10] == '_'))
+        return 1;
+    return n >= 5 && t[0] >= 'A' && t[0] <= 'Z' && t[1] >= 'a' && t[1] <= 'z' && t[2] >= 'a' && t[2] <= 'z'
+        && t[3] == ' ' && is_digit(t[n - 1]);
+}
 static int prefix(const uint8_t *buf, int64_t ls, int64_t h, coll_cols *o, int64_t i) {
     int64_t q = h;
     if (q - ls < 2 || buf[q - 1] != ' ' || buf[q - 2] != ']') return 0;
@@ -152,12 +164,9 @@ static int prefix(const uint8_t *buf, int64_t ls, int64_t h, coll_cols *o, int64
         int64_t b = r - 1;
         int64_t lim = b - 80 < ls ? ls : b - 80;
         while (b > lim && buf[b] != '[') b--;
-        if (buf[b] == '[' && b + 1 < r - 1) {
-            uint8_t f = buf[b + 1];
-            if (is_digit(f) || (f >= 'A' && f <= 'Z')) {
-                pre = b;
-                tslen = (int32_t)(r - b);
-            }
+        if (buf[b] == '[' && is_nccl_time(buf + b + 1, r - 1 - (b + 1))) {
+            pre = b;
+            tslen = (int32_t)(r - b);
         }
     }
     SET(pre, i, pre);

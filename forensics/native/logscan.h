@@ -26,7 +26,7 @@ typedef struct {
     int32_t *red_op;
     int64_t *root;
     uint64_t *comm;
-    int32_t *nranks;     /* -1: no "[nranks=N]" */
+    int32_t *nranks;     /* "[nranks=N]" (a line without it is not read here) */
     uint64_t *stream;
 } coll_cols;
 

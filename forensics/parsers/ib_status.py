@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from . import lines as lines_mod
 from .registry import WarningLog, register
 from .text import LogText, TextParser
@@ -48,6 +50,12 @@ SYSFS_RE = re.compile(r"/(?:sys/class/infiniband/)?(?P<dev>[\w-]+)/ports/(?P<por
                       r"|link_layer|lid|sm_lid)\s*:\s*(?P<v>.*?)\s*$")
 RATE_RE = re.compile(r"(?P<g>[\d.]+)\s*(?:Gb/sec|Gbps|Gb/s)?(?:\s*\((?P<w>\d+X)\s*(?P<s>\w+)\))?", re.I)
 NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/")
+# what ibstat prints; "ibstat CA port" prints them unindented (every other block line is indented)
+IBSTAT_KEYS = frozenset({"ca type", "number of ports", "firmware version", "hardware version", "node guid",
+                         "system image guid", "state", "physical state", "rate", "base lid", "lmc", "sm lid",
+                         "capability mask", "port guid", "link layer"})
+CLUSTER_GAP = 64 << 10      # device lines further apart than this are read as separate stretches
+BLOCK_TAIL = 8192           # a block's lines after its last device line (ibv_devinfo -v: ~60 lines)
 
 
 def _state(v: str) -> str:
@@ -105,19 +113,27 @@ class IbStatusParser(TextParser):
         if not len(hits):
             log.add(None, "no InfiniBand port status found")
             return cls.result(label, {}, {}, log)
-        # the stretch from the first device line to a little past the last one holds every block
-        first_line = int(hits.line[0])
-        body = text.region(int(hits.start[0]), int(hits.end[-1]) + 8192)
-        rows = _parse_lines(body, first_line)
+        # each stretch of device lines, to a little past its last one, holds its blocks: a merged
+        # job log with ibstat near its start and its end is not decoded whole
+        rows: dict[tuple, dict] = {}
+        cut = np.flatnonzero(hits.start[1:] - hits.end[:-1] > CLUSTER_GAP) + 1
+        for a, b in zip(np.r_[0, cut], np.r_[cut, len(hits.start)]):
+            body = text.region(int(hits.start[a]), int(hits.end[b - 1]) + BLOCK_TAIL)
+            _parse_lines(body, int(hits.line[a]), rows)
+        rows = list(rows.values())
         if not rows:
             log.add(None, "no InfiniBand port status found")
         return cls.result(label, {"ib_ports": rows}, {}, log)
 
 
-def _parse_lines(body: list[str], first_line: int) -> list[dict]:
-    rows: dict[tuple, dict] = {}
+def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict]) -> None:
+    """Add the ports of the lines ``body`` (the first numbered ``first_line``) to ``rows``, keyed
+    (host, device, port). A block's lines are indented (``ibstat CA port`` prints its own
+    unindented); its first other line ends it, so the job's output after it is not read as
+    the port's fields."""
     dev = tool = ca = None
     port = None
+    indented = False
     host = None
 
     def cur() -> dict | None:
@@ -140,27 +156,38 @@ def _parse_lines(body: list[str], first_line: int) -> list[dict]:
         if (m := IBSTATUS_RE.search(raw)):
             host = lines_mod.context(raw[:m.start()]).host
             dev, port, tool, ca = m["dev"], int(m["port"]), "ibstatus", {}
+            indented = False
             cur()
             continue
         if (m := CA_RE.search(raw)):
             host = lines_mod.context(raw[:m.start()]).host
             dev, port, tool, ca = m["dev"], None, "ibstat", {}
+            indented = False
             continue
         if (m := HCA_RE.search(raw)):
             host = lines_mod.context(raw[:m.start()]).host
             dev, port, tool, ca = m["dev"], None, "ibv_devinfo", {}
+            indented = False
             continue
         if dev is None:
             continue
         stripped = re.sub(r"^\S+: (?=\s)", "", raw) if host else raw      # pdsh's "node7: " before the tabs
+        if not stripped.strip():
+            continue
         if (m := PORT_RE.match(stripped)):
             port = int(m["p1"] or m["p2"])
             cur()
             continue
         m = KV_RE.match(stripped)
-        if m is None:
+        k = m["k"].strip().lower() if m else ""
+        if stripped[0].isspace():
+            indented = True
+        elif indented or not (m and tool == "ibstat" and k in IBSTAT_KEYS):
+            dev = None                           # the job's own output again
             continue
-        k, v = m["k"].strip().lower(), m["v"]
+        if m is None:                            # ibv_devinfo -v's GID and flag lines
+            continue
+        v = m["v"]
         if port is None:                         # a device-level field
             if k == "ca type":
                 ca["ca_type"] = v
@@ -173,7 +200,6 @@ def _parse_lines(body: list[str], first_line: int) -> list[dict]:
         r = cur()
         if r is not None:
             _set(r, k, v)
-    return list(rows.values())
 
 
 def _set(r: dict | None, k: str, v: str) -> None:

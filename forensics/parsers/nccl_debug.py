@@ -545,7 +545,7 @@ def _scan_coll(text: LogText, mode: str):
             parts.append({k: v.copy() for k, v in chunk.items()} if mode == "rows" else _last_of(chunk))
     other = np.concatenate(others) if others else np.empty(0, np.int64)
     if not parts:
-        return (_coll_frame(text, None) if mode == "rows" else None), (None if mode == "rows" else None), other
+        return (_coll_frame(text, None) if mode == "rows" else None), None, other
     merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     if mode == "rows":
         return _coll_frame(text, merged), None, other
@@ -599,6 +599,7 @@ def _coll_frame(text: LogText, c: dict | None) -> pd.DataFrame:
     df["comm"] = df["comm"].fillna("(nil)")
     df["stream"] = df["stream"].fillna("(nil)")
     df["message"] = [text.text(int(a), int(b)).rstrip() for a, b in zip(c["op_off"], end)]
+    df = pd.concat([df, pd.DataFrame(_c_contexts(text, c), index=df.index)], axis=1)
     return _coll_derived(df)
 
 
@@ -641,8 +642,7 @@ def _positions_frame(text: LogText, c: dict) -> pd.DataFrame:
         "lines": c["lines"]})
     df["comm"] = df["comm"].fillna("(nil)")
     df["op"] = df["op_name"].map(op_enum)
-    ctx = [lines_mod.context(text.text(int(a), int(b))).as_row() for a, b in zip(c["start"], c["pre"])]
-    return pd.concat([df, pd.DataFrame(ctx, index=df.index)], axis=1)
+    return pd.concat([df, pd.DataFrame(_c_contexts(text, c), index=df.index)], axis=1)
 
 
 def _coll_columns(pairs: list[tuple["_Line", re.Match]]) -> pd.DataFrame:
@@ -704,11 +704,20 @@ _CTX_CACHE: dict[str, dict] = {}
 
 
 def _contexts(rows: list) -> dict[str, list]:
-    """The launcher context columns of ``rows`` (:func:`.lines.context` of each one's prefix;
-    the same prefix text is read once)."""
+    """The launcher context columns of ``rows`` (lines read by the regular expressions)."""
+    return _contexts_of(r.pre for r in rows)
+
+
+def _c_contexts(text: LogText, c: dict) -> dict[str, list]:
+    """The launcher context columns of lines the C scanner read: the text from each line's
+    start to its NCCL prefix (``pre``), as :func:`_contexts` reads it for the other lines."""
+    return _contexts_of("" if a == b else text.text(int(a), int(b)) for a, b in zip(c["start"], c["pre"]))
+
+
+def _contexts_of(prefixes) -> dict[str, list]:
+    """:func:`.lines.context` of each prefix text, as columns; the same text is read once."""
     out: dict[str, list] = {k: [] for k in lines_mod.NO_CONTEXT.as_row()}
-    for r in rows:
-        pre = r.pre
+    for pre in prefixes:
         ctx = _CTX_CACHE.get(pre)
         if ctx is None:
             ctx = lines_mod.context(pre).as_row()

@@ -272,6 +272,7 @@ static char g_fr_dump_path[4096], g_fr_pipe_path[4096];
 static int64_t g_pg_enqueued = -1, g_pg_started = -1, g_pg_completed = -1;
 static const char *g_fr_dtype = "Float";
 static cudaEvent_t g_fr_pending_start;
+static uint64_t g_fr_pending_created; /* when work_pre ran: the entry's time_created_ns */
 static int g_fr_main_line;
 
 static const char *env_first(const char *a, const char *b) {
@@ -318,14 +319,20 @@ static void fr_init(const char *dtype) {
   }
 }
 
-/* Before a collective is enqueued: its start event (torch records it on the NCCL stream first). */
+/* Before a collective is enqueued: its creation time and start event. torch creates the
+ * entry (initWork) and records the start on the NCCL stream before the launch, so the stream
+ * can never run the collective before the entry exists. */
 static void work_pre(void) {
-  if (!g_fr_max || !g_fr_timing) return;
-  cudaEvent_t e;
-  cudaEventCreateWithFlags(&e, cudaEventDefault);
-  cudaEventRecord(e, g_stream);
+  if (!g_fr_max) return;
+  uint64_t created = now_ns();
+  cudaEvent_t e = NULL;
+  if (g_fr_timing) {
+    cudaEventCreateWithFlags(&e, cudaEventDefault);
+    cudaEventRecord(e, g_stream);
+  }
   pthread_mutex_lock(&g_wmu);
-  g_fr_pending_start = e;
+  g_fr_pending_created = created;
+  if (e) g_fr_pending_start = e;
   pthread_mutex_unlock(&g_wmu);
 }
 
@@ -342,7 +349,8 @@ static void fr_record(uint64_t seq, const char *type, size_t in, size_t out, con
   memset(e, 0, sizeof(*e));
   e->id = g_fr_id++;
   e->seq = seq;
-  e->created_ns = now_ns();
+  e->created_ns = g_fr_pending_created ? g_fr_pending_created : now_ns();
+  g_fr_pending_created = 0;
   e->pname = !strcmp(type, "ALLREDUCE") ? "nccl:all_reduce" : !strcmp(type, "BROADCAST") ? "nccl:broadcast"
            : !strcmp(type, "_ALLGATHER_BASE") ? "nccl:_allgather_base"
            : !strcmp(type, "_REDUCE_SCATTER_BASE") ? "nccl:_reduce_scatter_base" : "nccl:unknown";

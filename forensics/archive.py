@@ -91,12 +91,11 @@ def make_dirs(dest: Path, parts: tuple[str, ...]) -> None:
             raise InputError(f"archive member path {cur.relative_to(dest)!s} is both a file and a folder")
 
 
-def _target(dest: Path, rel: PurePosixPath, label: str, name: str) -> Path:
+def _inside(dest: Path, rel: PurePosixPath) -> Path | None:
+    """``dest``/``rel``, or None when it would leave ``dest`` (normalised by safe_relpath;
+    this is the belt to those braces)."""
     target = dest.joinpath(*rel.parts)
-    # normalised by safe_relpath; this is the belt to those braces
-    if os.path.commonpath([str(dest), str(target)]) != str(dest):
-        raise InputError(f"{label}: refusing archive member outside the bundle: {name!r}")
-    return target
+    return target if os.path.commonpath([str(dest), str(target)]) == str(dest) else None
 
 
 def _create(target: Path):
@@ -134,7 +133,9 @@ def unpack_archive(path: Path, dest: Path, *, max_member_bytes: int = MAX_MEMBER
                     if kind not in ("file", "dir"):
                         raise InputError(f"{label}: refusing {kind} {m.name!r} in the archive "
                                          "(a bundle holds only regular files and folders)")
-                    target = _target(dest, rel, label, m.name)
+                    target = _inside(dest, rel)
+                    if target is None:
+                        raise InputError(f"{label}: refusing archive member outside the bundle: {m.name!r}")
                     make_dirs(dest, rel.parts if kind == "dir" else rel.parts[:-1])
                     if kind == "dir":
                         continue
@@ -351,8 +352,8 @@ def _write(src, name: str, dest: Path, budget: Budget, out: Unpacked, declared: 
     except InputError as e:
         out.notes.append((name, str(e).replace("refusing archive member", "not unpacked: member")))
         return
-    target = dest.joinpath(*rel.parts)
-    if os.path.commonpath([str(dest), str(target)]) != str(dest):
+    target = _inside(dest, rel)
+    if target is None:
         out.notes.append((name, "not unpacked: its path leaves the archive's folder"))
         return
     try:

@@ -282,7 +282,6 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
 
 # --------------------------------------------------------------------------- the bundle
 
-_NAME_RE = BUNDLE_NAME_RE
 
 
 class EventLog(list):
@@ -309,6 +308,8 @@ class EventLog(list):
 class Bundle:
     """An opened bundle. Use as a context manager (or call :meth:`close`) so the
     temporary folder an archive was unpacked into is removed."""
+
+    loose = None     # the LooseSet a forensics.loose.LooseBundle reads; a capture's bundle has none
 
     def __init__(self, source: Path, root: Path, manifest: Manifest, problems: list[str],
                  tmpdir: Path | None = None):
@@ -357,7 +358,7 @@ class Bundle:
         if root is None:
             raise InputError(f"{src}: not a stallscope bundle (no manifest.json, bpf/ or pcap/ inside)")
         problems: list[str] = []
-        m = _NAME_RE.match(src.name) or _NAME_RE.match(root.name)
+        m = BUNDLE_NAME_RE.match(src.name) or BUNDLE_NAME_RE.match(root.name)
         fallback_host = m.group("host") if m else (src.name.split(".")[0] or "host")
         mpath = root / "manifest.json"
         raw: Any = {}
@@ -392,6 +393,11 @@ class Bundle:
     @property
     def host(self) -> str:
         return self.manifest.host
+
+    @property
+    def node(self) -> str | None:
+        """The host this bundle captured; None for loose evidence (its lines name their hosts)."""
+        return None if self.loose is not None else self.host
 
     def path(self, rel: str) -> Path | None:
         """A regular file inside the bundle (never through a symlink), or None."""

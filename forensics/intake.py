@@ -152,13 +152,14 @@ def gather(paths: list[str | os.PathLike], *, budget: archive.Budget | None = No
 
 
 def _budget_from_env() -> int:
-    """``STALLSCOPE_UNPACK_BYTES`` (bytes, or with a K/M/G suffix), else archive.LOOSE_BUDGET."""
-    v = os.environ.get("STALLSCOPE_UNPACK_BYTES", "").strip().upper()
+    """``STALLSCOPE_UNPACK_BYTES`` (a size as capture's --max-bytes takes it: 2G, 500M, bytes),
+    else archive.LOOSE_BUDGET."""
+    from capture.bundle import parse_size       # stdlib only, as the capture side must be
+    v = os.environ.get("STALLSCOPE_UNPACK_BYTES", "").strip()
     if not v:
         return archive.LOOSE_BUDGET
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(v[-1:], 1)
     try:
-        return max(0, int(float(v.rstrip("KMG")) * mult))
+        return parse_size(v)
     except ValueError:
         raise InputError(f"STALLSCOPE_UNPACK_BYTES={v!r} is not a size (e.g. 2G)") from None
 
@@ -288,10 +289,8 @@ class _Walk:
         if kind is None:
             self.files.append(LooseFile(rel, str(path), st.st_size, len(self.files)))
             return
-        if kind == "tar" and (bundle_name(path.name) or archive.tar_looks_like_bundle(path)):
-            self.bundles.append(str(path))
-            return
-        if bundle_name(path.name):       # named like a bundle: its reader says what is wrong with it
+        # named like a bundle (its reader says what is wrong with it, if anything), or laid out like one
+        if bundle_name(path.name) or (kind == "tar" and archive.tar_looks_like_bundle(path)):
             self.bundles.append(str(path))
             return
         if depth >= MAX_NESTING:
@@ -302,8 +301,7 @@ class _Walk:
     def unpack(self, path: Path, rel: str, kind: str, depth: int, given: bool = False) -> None:
         if self.tmp is None:
             self.tmp = Path(tempfile.mkdtemp(prefix="stallscope-loose-", dir=self.workdir))
-        dest = self.tmp / str(len(list(self.tmp.iterdir())))
-        dest.mkdir()
+        dest = Path(tempfile.mkdtemp(dir=self.tmp))
         got = archive.unpack_loose(path, dest, self.budget, kind)
         if given and not got.files and got.notes:
             # an archive the user named that yields nothing at all: bad input, said at once
@@ -312,9 +310,8 @@ class _Walk:
             self.not_read.append(NotRead(f"{rel}:{member}" if member else rel, note))
         if not got.files and not got.notes:
             self.not_read.append(NotRead(rel, "an empty archive"))
-        root_rel = rel
         for name in sorted(os.listdir(dest)):
-            self.entry(dest / name, f"{root_rel}:{name}", depth + 1)
+            self.entry(dest / name, f"{rel}:{name}", depth + 1)
 
 
 __all__ = ["Intake", "LooseFile", "LooseSet", "NotRead", "gather", "LOOSE_LABEL"]

@@ -18,8 +18,6 @@ from typing import Iterator
 from .bundle import Bundle, EventLog, Manifest
 from .intake import LooseSet
 
-PCAP_MAGIC = (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1", b"\xa1\xb2\x3c\x4d", b"\x0a\x0d\x0d\x0a")
-
 # what each kind of evidence a bundle has, and loose evidence lacks, would have told
 ABSENT = {
     "packets": "no retransmission, reset or slow-link verdict from the wire",
@@ -29,11 +27,14 @@ ABSENT = {
 
 
 def is_pcap(path: str | Path) -> bool:
+    """Whether the file starts with a magic number the capture reader knows (pcap, pcapng)."""
+    from .pcap.reader import FORMATS
     try:
         with open(path, "rb") as fh:
-            return fh.read(4) in PCAP_MAGIC
+            head = fh.read(4)
     except OSError:
         return False
+    return len(head) == 4 and int.from_bytes(head, "little") in FORMATS
 
 
 class LooseBundle(Bundle):

@@ -14,6 +14,7 @@ import pandas as pd
 
 from . import warns
 from .base import Context, Finding, detector
+from .evidence import ranks_text
 
 STUCK_SQL = ("SELECT host, rank, pid, kind, time_ns, message, artifact, log_line FROM watchdog_events "
              "WHERE kind = 'watchdog_stuck' ORDER BY time_ns NULLS LAST, rank")
@@ -30,8 +31,7 @@ def _cuda_failures(ctx: Context) -> list[Finding]:
     for cls, g in rows.groupby("class", sort=False):
         ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})
         devs = sorted({int(d) for d in pd.to_numeric(g["dev"], errors="coerce").dropna()})
-        detail = ((f", rank {ranks[0]}" if len(ranks) == 1 else f", ranks {', '.join(map(str, ranks[:6]))}")
-                  if ranks else "") + (f" (CUDA device {devs[0]})" if len(devs) == 1 else "")
+        detail = (f", {ranks_text(ranks)}" if ranks else "") + (f" (CUDA device {devs[0]})" if len(devs) == 1 else "")
         out.append(warns.class_finding(ctx, "gpu_error", cls, g, confidence=0.85, detail=detail, severity="error"))
     return out
 
@@ -46,8 +46,7 @@ def _watchdog_stuck(ctx: Context) -> list[Finding]:
     ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})
     hosts = sorted({h for h in g["host"].dropna().astype(str) if not h.startswith("unknown:")})
     t = pd.to_numeric(g["time_ns"], errors="coerce")
-    who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks[:6]))}") if ranks else \
-        "a rank"
+    who = ranks_text(ranks) if ranks else "a rank"
     return [Finding(
         kind="gpu_error", severity="error", confidence=0.7,
         summary=(f"PyTorch's watchdog got stuck on {who}" + (f" ({', '.join(hosts[:3])})" if hosts else "")

@@ -76,13 +76,12 @@ def _completion_finding(ctx, st: int, g: pd.DataFrame, total: int) -> Finding:
     summary = (f"IB completion errors, {status}, on {warns.hosts_text(b.hosts, total)}{where}{side_txt}{dev_txt}: "
                f"{len(g)} line(s), first on {warns.first_text(g)}"
                + (" - the first failure in the logs" if first else "") + warns.cascade_text(ctx, g) + ".")
-    blamed = [b.shared] if b.shared else (b.hosts if len(b.hosts) == 1 else b.hosts)
+    blamed = [b.shared] if b.shared else b.hosts
     since_ns, src = warns.since(g)
     return Finding(
         kind="ib_errors", severity="warning" if follows and not first else "error",
         confidence=0.85 if not follows else 0.6, summary=summary, ranks=warns.ranks_of_hosts(ctx, blamed),
-        hosts=blamed, links=[{"host": h, "peer_host": p} for h, p in
-                             g[["host", "peer_host"]].drop_duplicates().head(warns.MAX_ROWS).itertuples(index=False)],
+        hosts=blamed, links=warns.links(g),
         evidence=warns.evidence(g), sql=warns.sql(["ib_completion"], f" AND ib_status = {int(st)}" if st >= 0 else ""),
         action=IB_STATUS_ACTION.get(st, "check the ports of both ends (ibstat, the port counters) and dmesg")
         + (f"; on {b.shared} first" if b.shared else ""),
@@ -123,7 +122,7 @@ def port_state(ctx: Context) -> list[Finding]:
                     "until the port is Active/LinkUp"),
             score=warns.LOG_FINDING_SCORE, details={"ports": ports}))
     # degraded: a port well below the fastest port of its host (or of the job)
-    act = p[state.eq("ACTIVE").to_numpy() & p["rate_gbps"].notna().to_numpy()]
+    act = active_ports(p)
     if len(act) > 1:
         best = float(act["rate_gbps"].max())
         slow = act[act["rate_gbps"] < best / 1.9]
@@ -140,6 +139,12 @@ def port_state(ctx: Context) -> list[Finding]:
                 action=f"On {r.host}: reseat or replace the cable/transceiver of {r.device}; check the switch port's "
                        "negotiated width and speed", score=1e5, details={"rate_gbps": r.rate_gbps, "best_gbps": best}))
     return out
+
+
+def active_ports(ports: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``ib_ports`` that are ACTIVE with a known rate."""
+    active = ports["state"].astype("string").str.upper().eq("ACTIVE").fillna(False).to_numpy()
+    return ports[active & ports["rate_gbps"].notna().to_numpy()]
 
 
 def _nccl_devices(ctx) -> set:

@@ -137,8 +137,8 @@ def _link_rate(ctx: Context, host: str, test_hosts) -> tuple[float, int, str | N
     if ports is None or ports.empty:
         return None
     hosts = {host, *[x for x in str(test_hosts or "").split(",") if x]}
-    act = ports[ports["state"].astype("string").str.upper().eq("ACTIVE").fillna(False).to_numpy()
-                & ports["rate_gbps"].notna().to_numpy()]
+    from .ib import active_ports
+    act = active_ports(ports)
     mine = act[act["host"].isin(hosts)]
     act = mine if len(mine) else act
     if act.empty:

@@ -64,8 +64,7 @@ def socket_failures(ctx) -> list[Finding]:
         kind="connection_reset", severity="error", confidence=0.75 if gone else 0.55, summary=summary,
         ranks=warns.ranks_of_hosts(ctx, blamed), hosts=blamed,
         peer_ranks=warns.ranks_of_hosts(ctx, reporters),
-        links=[{"host": h, "peer_host": p} for h, p in
-               rows[["host", "peer_host"]].drop_duplicates().head(warns.MAX_ROWS).itertuples(index=False)],
+        links=warns.links(rows),
         evidence=warns.evidence(rows), sql=warns.sql(list(CLASSES)),
         action=(f"Look at {gone} first: " if gone else "") + ACTIONS.get(cls, ACTIONS["socket_other"]),
         score=warns.FIRST_FAILURE_SCORE if first else 2e6, since_ns=since_ns, since_source=src,

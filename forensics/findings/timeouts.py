@@ -24,6 +24,7 @@ import pandas as pd
 
 from . import warns
 from .base import Finding
+from .evidence import ranks_text
 
 TIMEOUT_KINDS = ("timeout", "terminated")
 MAX_EVIDENCE = 20
@@ -90,7 +91,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     members = sorted(set(timed) | set(pos) | set(world))
     behind = sorted(r for r in members if n is not None and r in pos and pos[r] < n)
     silent = sorted(r for r in world if r not in pos and r not in timed)        # logged, never timed out
-    dir_hosts = _rank_hosts(wd, ctx)
+    dir_hosts = _rank_hosts(ctx)
     since_ns = _since(to)
     ran = pd.to_numeric(to["ran_for_ms"], errors="coerce").max()
     pg_txt = f"process group {pg}"
@@ -111,9 +112,9 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9,
             summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)} while "
-                     f"{_ranks(others)} called {majority}; every one timed out after {_secs(ran)}."),
+                     f"{ranks_text(others)} called {majority}; every one timed out after {_secs(ran)}."),
             ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
-            action=(f"Find why {_ranks(odd)} issued a different collective at this step (a data-dependent branch, "
+            action=(f"Find why {ranks_text(odd)} issued a different collective at this step (a data-dependent branch, "
                     "uneven buckets or batches): every rank must issue the same collectives in the same order."),
             score=1e6 + (ran or 0) / 1e3, details={**details, "calls": {str(k): v for k, v in calls.items()}},
             **common)
@@ -130,12 +131,12 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         waiting = sorted(r for r in members if r not in lagging)
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.85 if behind else 0.7,
-            summary=(f"Hung: {_ranks(lagging)}{_hosts_of(lagging, dir_hosts)} never reached {what} of {pg_txt} "
-                     f"({how}); {_ranks(waiting)} timed out waiting in it after {_secs(ran)}."),
+            summary=(f"Hung: {ranks_text(lagging)}{_hosts_of(lagging, dir_hosts)} never reached {what} of {pg_txt} "
+                     f"({how}); {ranks_text(waiting)} timed out waiting in it after {_secs(ran)}."),
             ranks=lagging, hosts=_host_list(lagging, dir_hosts), peer_ranks=waiting,
-            action=(f"Find where {_ranks(lagging)} went instead: its stack (py-spy dump), the last lines of its own "
-                    "output (an exception swallowed on that rank, a data-dependent branch, uneven batches, early "
-                    "stopping); the waiting ranks are healthy."),
+            action=(f"Find where {ranks_text(lagging)} went instead: its stack (py-spy dump), the last lines "
+                    "of its own output (an exception swallowed on that rank, a data-dependent branch, uneven "
+                    "batches, early stopping); the waiting ranks are healthy."),
             score=1e6 + (ran or 0) / 1e3, details={**details, "behind": lagging, "waiting": waiting}, **common)
     # 3. every rank inside n: what stalled it
     first = warns.rows_of(ctx, [c for c in _cause_classes()])
@@ -154,7 +155,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     hosts = sorted({h for h in (first["host"].head(1) if len(first) else []) if isinstance(h, str)})
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,
-        summary=(f"Hung: every rank of {pg_txt} that logged ({_ranks(timed)}) timed out in {what} after "
+        summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(timed)}) timed out in {what} after "
                  f"{_secs(ran)}: the collective itself stalled (a peer's GPU or process, or the network){cause}."),
         ranks=blamed, hosts=hosts or _host_list(blamed, dir_hosts), peer_ranks=sorted(set(timed) - set(blamed)),
         action=("Find the first error of the job: the NCCL WARN lines (IB or socket errors name the link and the "
@@ -198,14 +199,12 @@ def _since(to: pd.DataFrame) -> int | None:
     return int(t.min()) if t.notna().any() else None
 
 
-def _rank_hosts(wd: pd.DataFrame, ctx) -> dict[int, str]:
+def _rank_hosts(ctx) -> dict[int, str]:
+    """rank -> the first host the evidence places it on (:func:`.warns.host_ranks`)."""
     out: dict[int, str] = {}
     for h, rs in warns.host_ranks(ctx).items():
         for r in rs:
             out.setdefault(r, h)
-    for r, h in zip(pd.to_numeric(wd["rank"], errors="coerce"), wd["host"]):
-        if pd.notna(r) and isinstance(h, str) and not h.startswith("unknown:"):
-            out.setdefault(int(r), h)
     return out
 
 
@@ -216,15 +215,6 @@ def _host_list(ranks: list[int], hosts: dict[int, str]) -> list[str]:
 def _hosts_of(ranks: list[int], hosts: dict[int, str]) -> str:
     hs = _host_list(ranks, hosts)
     return f" (on {', '.join(hs[:4])}{' ...' if len(hs) > 4 else ''})" if hs else ""
-
-
-def _ranks(ranks: list[int]) -> str:
-    if not ranks:
-        return "no rank"
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    shown = ", ".join(str(r) for r in ranks[:8]) + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
-    return f"ranks {shown}"
 
 
 def _secs(ms) -> str:

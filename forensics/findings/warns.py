@@ -43,13 +43,11 @@ def rows_of(ctx, classes: list[str]) -> pd.DataFrame:
 
 
 def job_hosts(ctx) -> list[str]:
-    """Every host the evidence names (the logs' and the captures')."""
-    hosts = set(getattr(ctx.model, "hosts", []) or [])
-    for name in ("nccl_config", "nccl_warnings", "watchdog_events"):
-        t = ctx.model.tables.get(name)
-        if t is not None and len(t):
-            hosts |= {h for h in t["host"].dropna().astype(str) if not h.startswith("unknown:")}
-    return sorted(hosts)
+    """Every host the evidence names: the captures' and those of the processes, WARN lines and
+    watchdog lines in the logs."""
+    from ..model.logs import job_hosts as log_hosts
+    named = log_hosts(ctx.model.tables, ("nccl_config", "nccl_warnings", "watchdog_events"))
+    return sorted(set(getattr(ctx.model, "hosts", []) or []) | set(named))
 
 
 def host_ranks(ctx) -> dict[str, list[int]]:
@@ -138,6 +136,12 @@ def cascade_text(ctx, rows: pd.DataFrame) -> str:
     return f"; {len(later)} other WARN line(s) on {hosts} host(s) follow (proxy errors, closed connections, flushes)"
 
 
+def links(rows: pd.DataFrame) -> list[dict]:
+    """The distinct (host, peer_host) pairs of WARN rows, as a finding's ``links``."""
+    pairs = rows[["host", "peer_host"]].drop_duplicates().head(MAX_ROWS)
+    return [{"host": h, "peer_host": p} for h, p in pairs.itertuples(index=False)]
+
+
 def evidence(rows: pd.DataFrame, cols: list[str] | None = None, limit: int = MAX_ROWS) -> list[dict]:
     cols = [c for c in (cols or EVIDENCE_COLS) if c in rows.columns]
     out = []
@@ -188,6 +192,6 @@ def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
     return sorted({r for h in hosts for r in hr.get(h, [])})
 
 
-__all__ = ["Blame", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of", "evidence",
-           "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "ranks_of_hosts", "rows_of", "since", "sql",
-           "utc_clock"]
+__all__ = ["Blame", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
+           "evidence", "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "links",
+           "ranks_of_hosts", "rows_of", "since", "sql", "utc_clock"]

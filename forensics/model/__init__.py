@@ -162,7 +162,7 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
         "flow_timing": timing,
         "capture_windows": nccl_mod.concat([p.windows for p in parts], "capture_windows"),
     }
-    hosts = [b.host for b in bundles if getattr(b, "loose", None) is None]
+    hosts = [b.host for b in bundles if b.loose is None]
     if len(hosts) < len(bundles):   # loose evidence: the hosts its lines name, file by file
         hosts += [h for h in logs_mod.job_hosts(tables) if h not in hosts]
         named = logs_mod.file_hosts(tables)
@@ -179,7 +179,7 @@ def capture_summary(b: Bundle) -> dict:
     Loose evidence: the files read and by what, the files not read and why, the kinds of
     evidence absent and what that limits (:meth:`forensics.loose.LooseBundle.summary`)."""
     m = b.manifest
-    if getattr(b, "loose", None) is not None:
+    if b.loose is not None:
         return {"host": b.host, "bundle": " ".join(b.loose.given) or b.loose.label, "given": list(b.loose.given),
                 **b.summary(),
                 "problems": list(b.problems),

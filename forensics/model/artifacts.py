@@ -92,7 +92,7 @@ class _Job:
 
 
 def _jobs(bundle) -> list[_Job]:
-    if getattr(bundle, "loose", None) is not None:      # loose evidence: typed by content alone
+    if bundle.loose is not None:      # loose evidence: typed by content alone
         return [_Job(rel, path, (), LOOSE_PARSERS, content=True) for rel, path in bundle.loose_files()]
     jobs = []
     for folder, name in FOLDER_PARSERS.items():
@@ -120,7 +120,7 @@ def read_artifacts(bundle) -> BundleArtifacts:
     """Every artefact of ``bundle`` parsed once (module docstring); what a loose set's files
     were read by, or why not, is noted on the bundle (``read_by``, ``not_read``)."""
     arts = BundleArtifacts(bundle.host)
-    loose = getattr(bundle, "loose", None) is not None
+    loose = bundle.loose is not None
     for job in _jobs(bundle):
         rel, path = job.rel, job.path
         try:
@@ -323,7 +323,7 @@ def _tests_host(bundle, rel: str, devs, failures: list) -> str:
     for f in failures or []:
         if (m := FAILURE_HOST_RE.search(str(f))):
             return m["host"]
-    if getattr(bundle, "loose", None) is None:
+    if bundle.loose is None:
         return bundle.host
     if devs is not None and len(devs) and devs["host"].notna().any():
         d = devs.dropna(subset=["host"]).sort_values("rank", kind="stable")
@@ -379,7 +379,7 @@ def log_table(bundle, arts: BundleArtifacts, parser: str, table: str, name: str)
     if df.empty:
         return empty(name)
     df = df.rename(columns={"line": "log_line"})
-    df["node"] = None if getattr(bundle, "loose", None) is not None else bundle.host
+    df["node"] = bundle.node
     if "host" not in df.columns:
         df["host"] = pd.NA
     return conform(df, name)

@@ -137,8 +137,7 @@ def directory(tables: dict[str, pd.DataFrame]) -> Directory:
 class Clocks:
     """How log times become UTC: each capture's zone offset, the year for times without one."""
 
-    offsets: dict[str | None, int]      # node -> seconds east of UTC (None: loose evidence)
-    default_offset: int
+    offsets: dict[str | None, int]      # node -> seconds east of UTC (others, loose evidence: UTC)
     year: int
     notes: list[str]
 
@@ -166,7 +165,7 @@ class Clocks:
         else:
             notes.append("log times without a zone are read as UTC (no capture recorded the hosts' zone)")
         notes.append(f"times without a year (PyTorch's c10 log prefix) are read in {year}: {why}")
-        return cls(offsets, 0, year, notes)
+        return cls(offsets, year, notes)
 
     def utc_ns(self, texts: pd.Series, nodes: pd.Series) -> pd.Series:
         """UTC ns of each printed time (NA where unreadable), read in its node's zone."""
@@ -189,7 +188,7 @@ class Clocks:
         if dt is None:
             return None
         if dt.tzinfo is None:
-            off = self.offsets.get(node, self.default_offset)
+            off = self.offsets.get(node, 0)
             return int((dt.replace(tzinfo=timezone.utc).timestamp() - off) * 1e9)
         return int(dt.timestamp() * 1e9)
 
@@ -221,9 +220,7 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
     co = tables.get("coll_log_ops")
     if co is not None and len(co):
         co = co.copy()
-        co["rank"] = co["rank"].fillna(pd.Series([d.rank_of.get((h, int(p))) if isinstance(h, str) and pd.notna(p)
-                                                  else None for h, p in zip(co["log_host"], co["log_pid"])],
-                                                 index=co.index, dtype="Float64"))
+        co["rank"] = co["rank"].fillna(_process_ranks(co, d))
         co["host"] = _fill_hosts(co, d)
         t = clocks.utc_ns(co["last_ts"].astype("string").str.replace("_", " ", regex=False), co["node"])
         co["time_ns"] = t.fillna(clocks.utc_ns(co["ctx_clock"], co["node"]))
@@ -241,11 +238,14 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
     return notes
 
 
+# the log tables whose rows carry a host (after :func:`attribute`)
+HOSTED_TABLES = ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "ib_ports", "coll_log_ops")
+
+
 def file_hosts(tables: dict[str, pd.DataFrame]) -> dict[str, list[str]]:
     """file -> the hosts its rows name (loose evidence is grouped by them in the report)."""
     out: dict[str, set] = {}
-    for name in ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "ib_ports", "coll_log_ops",
-                 "nccl_tests_runs"):
+    for name in HOSTED_TABLES + ("nccl_tests_runs",):
         t = tables.get(name)
         if t is None or t.empty or "artifact" not in t:
             continue
@@ -256,10 +256,10 @@ def file_hosts(tables: dict[str, pd.DataFrame]) -> dict[str, list[str]]:
     return {a: sorted(h) for a, h in out.items()}
 
 
-def job_hosts(tables: dict[str, pd.DataFrame]) -> list[str]:
-    """The hosts the logs name (the job's own, not ``unknown:`` labels), sorted."""
+def job_hosts(tables: dict[str, pd.DataFrame], names: tuple[str, ...] = HOSTED_TABLES) -> list[str]:
+    """The hosts the log tables ``names`` name (the job's own, not ``unknown:`` labels), sorted."""
     out = set()
-    for name in ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "ib_ports", "coll_log_ops"):
+    for name in names:
         t = tables.get(name)
         if t is not None and len(t) and "host" in t:
             out |= {h for h in t["host"].dropna().astype(str) if h and not h.startswith(UNKNOWN)}
@@ -279,6 +279,12 @@ def _clock_texts(tables) -> list[str]:
             if c in t:
                 out += [str(x).replace("_", " ") for x in t[c].dropna().unique()[:2000]]
     return out
+
+
+def _process_ranks(df: pd.DataFrame, d: Directory) -> pd.Series:
+    """The rank NCCL's Init lines give each row's process (``log_host``, ``log_pid``), NA if none."""
+    return pd.Series([d.rank_of.get((h, int(p))) if isinstance(h, str) and pd.notna(p) else None
+                      for h, p in zip(df["log_host"], df["log_pid"])], index=df.index, dtype="Float64")
 
 
 def _fill_hosts(df: pd.DataFrame, d: Directory) -> pd.Series:
@@ -338,9 +344,7 @@ def _quoted_warnings(tables: dict, w: pd.DataFrame | None) -> pd.DataFrame:
 
 def _warnings(w: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     w = w.copy()
-    w["rank"] = w["rank"].fillna(pd.Series(
-        [d.rank_of.get((h, int(p))) if isinstance(h, str) and pd.notna(p) else None
-         for h, p in zip(w["log_host"], w["log_pid"])], index=w.index, dtype="Float64"))
+    w["rank"] = w["rank"].fillna(_process_ranks(w, d))
     w["rank"] = w["rank"].fillna(w["ctx_rank"])
     w["host"] = _fill_hosts(w, d)
     t = clocks.utc_ns(w["ts"], w["node"])

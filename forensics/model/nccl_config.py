@@ -66,7 +66,7 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
     process the capture did not see: ``host`` is its own (NA when its lines name none: the model
     joins it across files, :mod:`.logs`). ``node``: the capture that holds the evidence (NA for
     loose evidence)."""
-    node = None if getattr(bundle, "loose", None) is not None else bundle.host
+    node = bundle.node
     by_pid = {p.pid: p for p in bundle.manifest.processes}
     by_rank = {p.rank: p for p in bundle.manifest.processes if p.rank is not None}
     attach = _attachment_pids(bundle)
@@ -87,7 +87,7 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
         one_host = len({lp.get("host") for lp in procs.values()}) <= 1
         for lp in procs.values():
             lpid, lhost = lp.get("pid"), lp.get("host") or ""
-            log_rank = world.get((lhost, lpid), _world_rank(lp))
+            log_rank = world.get((lhost, lpid))
             m = by_pid.get(lpid)
             if m is not None and not (one_host or lhost in ("", node) or m.rank is None
                                       or (log_rank is not None and m.rank == log_rank)):
@@ -175,13 +175,6 @@ def _log_world_ranks(comms: pd.DataFrame) -> dict[tuple[str, int], int]:
                      _h=comms["host"].astype("string").fillna("")).dropna(subset=["_r", "_p"])
     c = c.sort_values(["_h", "_p", "_n"], kind="stable").drop_duplicates(["_h", "_p"], keep="last")
     return {(h, int(p)): int(r) for h, p, r in zip(c["_h"], c["_p"], c["_r"])}
-
-
-def _world_rank(lp: dict):
-    """A log process's rank: the one all its communicators agree on, else the smallest (a
-    fallback key only; :func:`.nccl.process_ranks` picks the largest communicator's)."""
-    rk = [r for r in (lp.get("ranks") or {}).values() if r is not None]
-    return rk[0] if len(set(rk)) == 1 else (min(rk) if rk else None)
 
 
 def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:

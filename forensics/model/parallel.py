@@ -92,7 +92,7 @@ def read_hosts(paths: list, *, skew: bool = True, jobs: int = 1, dask: str | Non
 
 
 def _name(part: HostPart) -> str:
-    loose = getattr(part.bundle, "loose", None)
+    loose = part.bundle.loose
     return loose.name if loose is not None else part.bundle.host
 
 

@@ -40,7 +40,7 @@ def coll_log_table(bundle, arts, cfg: pd.DataFrame) -> pd.DataFrame:
         pos = pos.merge(c, on=["log_host", "log_pid", "comm_ptr"], how="left")
         pos["nranks"] = pd.to_numeric(pos["nranks"], errors="coerce").fillna(
             pd.to_numeric(pos["init_nranks"], errors="coerce"))
-    node = None if getattr(bundle, "loose", None) is not None else bundle.host
+    node = bundle.node
     pos["node"] = node
     pos["host"], pos["pid"], pos["rank"] = pos["log_host"].replace("", pd.NA), pos["log_pid"], pd.NA
     if cfg is not None and len(cfg):

@@ -92,6 +92,8 @@ class Context:
 
 
 NO_CONTEXT = Context()
+# the parser-table types of :meth:`Context.as_row`'s columns
+CONTEXT_COLUMNS = {"ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}
 
 
 def context(prefix: str) -> Context:
@@ -198,4 +200,5 @@ def _zoned(dt: datetime, zone: str | None) -> datetime:
     return dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
 
 
-__all__ = ["Context", "NO_CONTEXT", "PREFIXES", "Prefix", "clock", "context", "has_year", "strip_tags", "ANSI_RE"]
+__all__ = ["CONTEXT_COLUMNS", "Context", "NO_CONTEXT", "PREFIXES", "Prefix", "clock", "context", "has_year",
+           "strip_tags", "ANSI_RE"]

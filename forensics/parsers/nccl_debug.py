@@ -176,7 +176,7 @@ def _int(v):
 
 
 # the launcher context of a line (lines.Context.as_row)
-CTX = {"ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}
+CTX = lines_mod.CONTEXT_COLUMNS
 
 
 class NcclDebugParser(TextParser):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -67,7 +68,7 @@ class LogText:
             raise InputError(f"{path}: cannot read: {e.strerror or e}") from None
         try:
             st = os.fstat(fd)
-            if not _regular(st.st_mode):
+            if not stat.S_ISREG(st.st_mode):
                 raise InputError(f"{path}: not a regular file (FIFO, device or socket); not read")
             if st.st_size < MAP_MIN_BYTES:
                 os.close(fd)
@@ -102,9 +103,6 @@ class LogText:
             if long:
                 self._first.update(zip(long, first_offsets(self.data, self.size, long)))
         return {n: self._first[n] for n in needles}
-
-    def holds(self, needle: bytes) -> bool:
-        return self.first([needle])[needle] >= 0
 
     def holds_any(self, needles: Iterable[bytes]) -> bool:
         return any(v >= 0 for v in self.first(needles).values())
@@ -225,11 +223,6 @@ class TextParser(Parser):
             log.add(None, f"binary data, not {what}")
             return True
         return False
-
-
-def _regular(mode: int) -> bool:
-    import stat
-    return stat.S_ISREG(mode)
 
 
 __all__ = ["LogText", "Lines", "MAP_MIN_BYTES", "TextParser"]

@@ -77,7 +77,7 @@ class TorchElasticParser(TextParser):
     SCHEMAS = {"process_exits": {
         "line": "int", "kind": "str", "time": "str", "host": "str", "rank": "int", "local_rank": "int",
         "exitcode": "int", "pid": "int", "signal": "str", "error_file": "str", "traceback": "str",
-        "ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}}
+        **lines_mod.CONTEXT_COLUMNS}}
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:

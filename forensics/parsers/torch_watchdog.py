@@ -105,8 +105,7 @@ class TorchWatchdogParser(TextParser):
         "rank": "int", "pg_id": "int", "pg_guid": "str", "pg_desc": "str", "seq_num": "int", "op_type": "str",
         "op": "str", "numel_in": "int", "numel_out": "int", "timeout_ms": "int", "ran_for_ms": "int",
         "last_enqueued": "int", "last_completed": "int", "peer_rank": "int", "wait_ms": "int", "error": "str",
-        "nccl_version": "str", "message": "str", "ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str",
-        "ctx_pid": "int", "ctx_clock": "str"}}
+        "nccl_version": "str", "message": "str", **lines_mod.CONTEXT_COLUMNS}}
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:

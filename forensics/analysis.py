@@ -18,6 +18,7 @@ from typing import Any, Callable
 from .beside import Ahead, Detect, Workspace, child_values, share_out
 from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, detectors, gather, queries, run_detectors
 from .findings.base import prefetch
+from .findings.contract import complete
 from .model import Model, build_model
 from .workers import Forked, Reading
 
@@ -50,7 +51,11 @@ class Analysis:
         """One sentence: the most important finding, or what was (not) seen."""
         serious = [f for f in self.findings if f.severity in ("error", "warning")]
         if serious:
-            return serious[0].summary
+            return serious[0].headline or serious[0].summary
+        failed = [p for p in self.problems if p.startswith("detector ")]
+        if failed:   # never a clean bill of health over a check that did not run
+            return (f"No finding, but {len(failed)} detector(s) failed ({failed[0]}): this analysis is "
+                    "incomplete; see the capture section.")
         n = len(self.model["nccl_events"])
         caps = self.model.captures
         if n == 0 and caps and all(c.get("kind") == "loose" for c in caps):
@@ -156,6 +161,7 @@ def _analyze(intake, options: Options, db, say, jobs: int, dask, while_reading, 
         say("looking for findings")
         if beside_ok:
             (findings, det_problems), prepared = _beside(model, con, options, made, ahead or [])
+            findings = complete(Context(model=model, con=con, options=options, made=made), findings)
         else:
             findings, det_problems = run_detectors(Context(model=model, con=con, options=options, made=made))
             prepared = {}

@@ -49,7 +49,12 @@ def test_top_finding_names_the_faulted_rank_and_cause(scenario):
     assert top.ranks == sorted(t["fault"]["ranks"]), top.summary
     # the summary is one readable sentence that names the rank
     assert f"rank {t['fault']['ranks'][0]}" in top.summary and "\n" not in top.summary
-    assert a.verdict() == top.summary
+    # the verdict is the top finding's headline: one line naming the rank and its own host
+    # (the name its process uses, not the capture's), at most 200 characters
+    assert a.verdict() == top.headline and len(top.headline) <= 200, top.headline
+    r = t["fault"]["ranks"][0]
+    host = next(x["host"] for x in t["ranks"] if x["rank"] == r)
+    assert f"rank {r} ({host})" in top.headline and host in top.hosts, (top.headline, top.hosts)
 
 
 @needs_bundles

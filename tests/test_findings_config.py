@@ -61,7 +61,9 @@ def test_shipped_bundles_raise_no_config_warning(scenario):
 def test_socket_transport_with_ib_devices_is_a_warning(tmp_path):
     a = analyze([lab_bundle(tmp_path, extra=IB_FILES)])
     (f,) = _rule(a, "socket_with_ib")
-    assert f.severity == "warning" and f.ranks == [0, 1, 2, 3] and f.hosts == ["node"]
+    assert f.severity == "warning" and f.ranks == [0, 1, 2, 3] and f.nodes == ["node"]
+    # the ranks by their own names (NCCL's log prefix), the capture that held them in nodes
+    assert f.hosts == ["node0", "node1", "node2", "node3"]
     assert "NCCL_IB_DISABLE=1" in f.summary and "mlx4_0,mlx5_0" in f.summary
     assert _sql_rows(a, f) == 4
     a.close()

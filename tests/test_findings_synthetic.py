@@ -701,3 +701,33 @@ def test_a_finding_that_does_not_serialize_becomes_a_problem_and_the_rest_are_st
     _store_findings(ctx.con, stored)
     assert ctx.con.execute("SELECT position, kind, ranks, evidence FROM findings").fetchall() == \
         [(1, "straggler", [3], '[{"op_count": 4, "late_ms": 1.5}]')]
+
+
+# ---- issue 36: a link that drops is a fault whatever it costs today ---------------------------
+
+def _lossy_fast_job(data_packets: int):
+    """A fast job (every collective 5 ms) whose rank 1 resends 3 segments inside each of 30
+    collectives, on its links to ranks 0 and 2, each link carrying ``data_packets`` segments."""
+    rows = [tcp(T0 + k * 100 * MS + 2 * MS + i * 100_000, 1, peer) for k in range(10, 40) for peer in (0, 2)
+            for i in range(3)]
+    ctx = context(job(), rows)
+    ft = [{"host": "node1", "capture": "ns-r1", "saddr": addr(1), "sport": 40001, "daddr": addr(p),
+           "dport": 50000 + p, "data_packets": data_packets, "data_bytes": data_packets * 1448, "rank": 1,
+           "peer_rank": p, "pid": 101} for p in (0, 2)]
+    ctx.model.tables["flow_timing"] = conform(pd.DataFrame(ft), "flow_timing")
+    return ctx, rows
+
+
+def test_a_lossy_link_that_costs_little_is_a_warning_with_its_rate():
+    from forensics.findings.network import link_loss_rates
+    ctx, rows = _lossy_fast_job(data_packets=4000)           # 90 of 4000: 2.2% per link
+    rates = link_loss_rates(ctx)
+    assert rates["lossy"].all() and sorted(rates["lost"]) == [90, 90]
+    (f,) = network_loss(ctx)
+    assert f.severity == "warning" and f.ranks == [1] and f.peer_ranks == [0, 2]
+    assert "90 of 4000 data segments (2.2%)" in f.summary and "2.2%" in f.headline
+    assert f.since_ns == min(r["timestamp_ns"] for r in rows) and f.since_source == "packets"
+    # its twin: the same 90 resent segments among 400,000 (0.02%) are no fault of the link
+    ctx, _ = _lossy_fast_job(data_packets=400_000)
+    (f,) = network_loss(ctx)
+    assert f.severity == "info" and "data segments" not in f.summary

@@ -86,7 +86,8 @@ CASES.update({
 })
 for _name, _args, _kinds, _link in (
         ("clean", ["--scenario", "clean"], None, False),
-        ("loss", ["--scenario", "loss", "--rank", "2", "--loss-permille", "50", "--start-s", "1"],
+        # 2.5% random loss on one host's interface (issue 36): a warning at least, never a green screen
+        ("loss", ["--scenario", "loss", "--rank", "2", "--loss-permille", "25", "--start-s", "1"],
          ("network_loss",), True),
         ("slow-link", ["--scenario", "slow-link", "--rank", "3", "--rate", "30mbit", "--start-s", "1"],
          ("slow_link",), True),
@@ -248,6 +249,7 @@ def check_verdict(name: str, res: Result, top, findings) -> None:
         return
     assert top is not None, describe(findings)
     assert top.kind in case.kinds, describe(findings)
+    assert top.severity in ("warning", "error"), describe(findings)
     want = fault["ranks"]
     named = set(top.ranks)
     if case.link and fault.get("link"):
@@ -276,6 +278,29 @@ def test_late_capture_verdict(runs, case):
     if top is not None and top.kind.startswith("hang") or top is not None and top.kind == "connection_reset":
         if case.endswith("-no-bpf") or case.endswith("-neither") or case.endswith("-logs"):
             assert "before the capture" in top.summary or "before the capture" in verdict, top.summary
+    if CASES[case].kinds is not None and top.kind.startswith("hang"):
+        check_contract(res, top, verdict, dated=not case.endswith("-neither"))
+
+
+def check_contract(res: Result, top, verdict: str, dated: bool) -> None:
+    """Issue 36's first screen on a late capture: the verdict is the headline (at most 200
+    characters) and names the rank with its own host; ``hosts`` holds that host; ``since_ns``
+    is within 3 s of the lab's onset; ``op_count`` is the first collective not every rank
+    completed (the lab counts completed ops per rank from 0). ``dated``: the capture holds
+    Flight Recorder dumps or COLL lines (without either, the onset may stay unknown, but a
+    date given must still be right)."""
+    truth = res.truth
+    r = truth["fault"]["ranks"][0]
+    host = next(x["host"] for x in truth["ranks"] if x["rank"] == r)
+    assert verdict == top.headline and len(verdict) <= 200, verdict
+    assert f"rank {r} ({host})" in verdict and host in top.hosts, (verdict, top.hosts)
+    if dated or top.since_ns is not None:
+        assert top.since_ns is not None and abs(top.since_ns - truth["onset_ns"]) <= 3e9, \
+            (top.since_ns, truth["onset_ns"], top.since_source)
+        assert top.since_source and top.since_precision_ns
+    if dated:
+        assert top.op_count == min(truth["ops_completed"]), (top.op_count, truth["ops_completed"], top.summary)
+        assert top.seq == top.op_count + 1   # Flight Recorder's collective_seq_id counts from 1
 
 
 # ------------------------------------------------------------------ issue 12: one capture per host
@@ -291,6 +316,9 @@ def test_per_host_capture_verdict(runs, case):
     assert all(c["stopped_ns"] < job_end for c in res.truth["captures"]), res.truth["captures"]
     top, findings, _ = findings_of(res)
     check_verdict(case, res, top, findings)
+    if top is not None and CASES[case].kinds is not None:
+        hosts = {x["rank"]: x["host"] for x in res.truth["ranks"]}
+        assert set(top.hosts) & {hosts[r] for r in res.truth["fault"]["ranks"]}, (top.hosts, top.headline)
 
 
 @pytest.mark.root

@@ -32,6 +32,7 @@ IMPACT_INFO_SHARE = 0.02        # the slow collectives explain less than this of
 IMPACT_FEW_SHARE = 0.05         # ... or less than this with fewer than IMPACT_FEW_COLLECTIVES of them: info
 IMPACT_FEW_COLLECTIVES = 5
 IMPACT_ERROR_SHARE = 0.25       # a quarter of the job's collective time or more: error
+HEADLINE_CHARS = 200
 STOPS_JOB_SCORE = 1e6           # hangs score 1e6 + seconds, a reset that broke collectives 2e6: first
 
 
@@ -76,6 +77,14 @@ class Finding:
     seq: int | None = None
     since_ns: int | None = None
     since_source: str | None = None
+    since_precision_ns: int | None = None    # how well since_ns is known (forensics.findings.onset)
+    # the verdict in one line of at most HEADLINE_CHARS: what happened, to which rank on which
+    # host, since when (the report's first screen; the summary keeps every number)
+    headline: str = ""
+    # the capture nodes of the blamed ranks, where they differ from the ranks' own host names
+    nodes: list[str] = field(default_factory=list)
+    # what raised or lowered the confidence, in one line
+    confidence_note: str = ""
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:
@@ -243,5 +252,8 @@ def gather(results: dict[str, tuple[list[Finding], list[str]]]) -> tuple[list[Fi
 
 
 def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
-    """Every registered detector on ``ctx``: (findings most important first, problems)."""
-    return gather({name: run_detector(name, ctx) for name in _DETECTORS})
+    """Every registered detector on ``ctx``: (findings most important first, problems), the
+    findings' contract completed (:func:`forensics.findings.contract.complete`)."""
+    from .contract import complete
+    found, problems = gather({name: run_detector(name, ctx) for name in _DETECTORS})
+    return complete(ctx, found), problems

@@ -111,13 +111,6 @@ def _max_channels(v, env):
         if n is not None and n <= 2 else None
 
 
-def _debug_subsys(v, env):
-    subs = {s.strip().upper() for s in v.split(",")}
-    if str(env.get("NCCL_DEBUG", "")).upper() in ("INFO", "TRACE") and subs & {"COLL", "ALL"}:
-        return "logs a line per collective call (NCCL_DEBUG=INFO with COLL): host overhead on every call"
-    return None
-
-
 ENV_RULES: tuple[EnvRule, ...] = (
     EnvRule("NCCL_P2P_DISABLE", "warning", lambda v, e: "disables NVLink/PCIe peer-to-peer between GPUs of a node "
             "(traffic goes through host memory)" if _truthy(v) else None,
@@ -139,7 +132,7 @@ ENV_RULES: tuple[EnvRule, ...] = (
     EnvRule("NCCL_DEBUG", "warning", lambda v, e: "TRACE logging on every call (heavy overhead)"
             if str(v).strip().upper() == "TRACE" else None,
             "use NCCL_DEBUG=WARN (or INFO for init only) in production"),
-    EnvRule("NCCL_DEBUG_SUBSYS", "info", _debug_subsys, "drop COLL from NCCL_DEBUG_SUBSYS outside debugging", 0.5),
+    # NCCL_DEBUG_SUBSYS=COLL is never advised against: its lines place and date hangs (findings/state.py)
     EnvRule("TORCH_NCCL_BLOCKING_WAIT", "info", lambda v, e: "makes the host block (and spin) in every wait"
             if _truthy(v) else None, "unset TORCH_NCCL_BLOCKING_WAIT; the watchdog handles timeouts", 0.5),
 )

@@ -73,7 +73,8 @@ class RankInfo:
 
 @shared
 def rank_directory(ctx) -> dict[int, RankInfo]:
-    """Global rank -> host and the address its TCP connections use (the most frequent one)."""
+    """Global rank -> host (its own name where the logs say it, else its capture's) and the
+    address its TCP connections use (the most frequent one)."""
     return ctx.memo("rank_directory", lambda: _rank_directory(ctx))
 
 
@@ -104,7 +105,11 @@ def _rank_directory(ctx) -> dict[int, RankInfo]:
             top = a.groupby(["rank", "addr"]).size().reset_index(name="n").sort_values(["rank", "n"],
                                                                                       ascending=[True, False])
             addrs = dict(zip(top.drop_duplicates("rank")["rank"], top.drop_duplicates("rank")["addr"]))
-    return {r: RankInfo(hosts.get(r), addrs.get(r)) for r in sorted(set(hosts) | set(addrs))}
+    # a rank's own host name (NCCL's log prefix) over the capture's: several ranks' pods or
+    # namespaces captured on one node keep their names (findings.contract.rank_hosts)
+    from .contract import rank_hosts
+    own = {r: h for r, (h, _) in rank_hosts(ctx).items() if h}
+    return {r: RankInfo(own.get(r) or hosts.get(r), addrs.get(r)) for r in sorted(set(hosts) | set(addrs))}
 
 
 def label(directory: dict[int, RankInfo], rank) -> str:

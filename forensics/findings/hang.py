@@ -291,8 +291,14 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
             if frames:
                 summary = summary[:-1] + f"; rank {r}'s stack: {' <- '.join(frames[:3])}."
         evidence = _last_ops_rows(last, names, waiting)
+        since = h.last_progress_ns if pd.notna(h.last_progress_ns) else h.first_entry_ns
         out.append(Finding(
             kind="hang_mismatch", severity="error", confidence=0.6 if untraced else 0.9, summary=summary,
+            confidence_note=("lower: some ranks had no traced call (were they captured?)" if untraced else
+                             "the tracer saw every rank's calls: who entered the collective and who did not"),
+            headline="Hang: {who} never entered " + f"{h.op} #{n}" + "; {peers} wait in it ({since})",
+            op_count=n, since_ns=int(since), since_source=TRACER_SOURCE,
+            since_precision_ns=_precision(h),
             ranks=g_missing, hosts=sorted({directory[r].host for r in g_missing if r in directory and
                                           directory[r].host}),
             peer_ranks=g_waiting, evidence=evidence, sql=_last_ops_sql(comm, waiting), score=1e6 + h.waited_ns / 1e9,
@@ -489,6 +495,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
     first_reset = int(resets["timestamp_ns"].min()) if len(resets) else None
     first_loss = int(loss["timestamp_ns"].min()) if len(loss) else None
     links, peers, ranks, confidence = [], [], [], 0.55
+    note = "lower: the hang is certain, TCP shows no cause"
     if first_reset is not None and (first_loss is None or first_reset <= first_loss):
         r0 = resets.iloc[0]
         snd, rcv = int(r0["sender"]), int(r0["receiver"])
@@ -507,7 +514,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         action = ("Find who reset the connection: firewall/conntrack rules (nft/iptables REJECT, conntrack "
                   "table full), a NIC or host reboot, a process on that host closing its socket; NCCL cannot "
                   "recover a reset socket: restart the job from the last checkpoint.")
-        confidence = 0.85
+        confidence, note = 0.85, "the first trouble after the last progress is a reset on the ring's own links"
     elif first_loss is not None:
         counts = dedup_counts(loss)
         blame = shared_endpoint(counts)
@@ -530,6 +537,8 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         action = (f"Check {who}'s link: ip link / ethtool (link detected?), dmesg for NIC resets or link down, "
                   "the switch port; then restart the job without that host.")
         confidence = 0.8 if blame.separated else 0.65
+        note = ("the unanswered links share one endpoint" if blame.separated else
+                "lower: the unanswered links do not single out one endpoint")
     else:
         cause = ("; no TCP retransmission or reset between its ranks after the last progress: the network "
                  "looks idle, not broken; suspect a GPU or kernel hang (nvidia-smi, dmesg Xid), or RDMA "
@@ -549,14 +558,34 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
     for r in last_rows:
         for k, v in list(r.items()):
             r[k] = None if v is pd.NA or (isinstance(v, float) and np.isnan(v)) else v
+    at = f"{h.op} #{n}"
+    if links and links[0].get("event") == "reset":
+        line = "Hang: a TCP reset broke {who}'s connection to {peers}; every rank stuck in " + at + " ({since})"
+    elif ranks:
+        line = "Hang: {who}'s link is down (retransmissions to {peers} unanswered); stuck in " + at + " ({since})"
+    else:
+        line = "Hang: every rank stuck inside " + at + "; TCP shows no cause (GPU, kernel or RDMA?) ({since})"
     return Finding(
-        kind="hang_stuck", severity="error", confidence=confidence, summary=summary, ranks=ranks,
+        kind="hang_stuck", severity="error", confidence=confidence, summary=summary, ranks=ranks, headline=line,
+        confidence_note=note,
+        op_count=n, since_ns=int(since), since_source=TRACER_SOURCE, since_precision_ns=_precision(h),
         hosts=sorted({directory[r].host for r in ranks if r in directory and directory[r].host}),
         peer_ranks=peers, links=links, evidence=evidence, sql=sql, action=action,
         score=1e6 + h.waited_ns / 1e9,
         details={"comm_id_hash": comm, "op_count": n, "op": h.op, "ranks": members, "waited_ns": int(h.waited_ns),
                  "first_entry_ns": int(h.first_entry_ns), "last_progress_ns": since, "capture_end_ns": end,
                  "tcp_events_after_progress": int(len(e)), "last_ops": last_rows})
+
+
+TRACER_SOURCE = "tracer"
+
+
+def _precision(h) -> int:
+    """How well the tracer dates a hang: from its communicator's last completion to the first
+    entry into the collective that never completed (at least a millisecond)."""
+    if pd.isna(h.last_progress_ns):
+        return 1_000_000
+    return max(1_000_000, abs(int(h.first_entry_ns) - int(h.last_progress_ns)))
 
 
 def _started(h) -> str:

@@ -43,6 +43,64 @@ QUEUE_SHARE = 0.10         # ... or a queueing delay of this share of a collecti
 
 # --------------------------------------------------------------------------- network_loss
 
+LOSSY_RATE = 0.005         # a link resending or losing this share of its data segments ...
+LOSSY_MIN_SEGMENTS = 20    # ... and at least this many is a fault to fix, whatever it costs today
+
+
+def link_loss_rates(ctx: Context) -> pd.DataFrame:
+    """Per link between two ranks (a < b): its retransmitted or lost data segments (``lost``:
+    per directed connection the larger of the two, each counted once over the captures that
+    saw it), its data segments (``data``: flow_timing's, the capture that saw the most), the
+    ``rate`` and whether it is ``lossy`` (LOSSY_RATE and LOSSY_MIN_SEGMENTS)."""
+    cols = ["a", "b", "lost", "data", "rate", "lossy"]
+    ev = trouble_events(ctx, DATA_LOSS_CLASSES)
+    ft = ctx.model.tables.get("flow_timing")
+    if ev.empty or ft is None or ft.empty:
+        return pd.DataFrame(columns=cols)
+    c = dedup_counts(ev)
+    per = c.pivot_table(index=["key", "a", "b"], columns="cls", values="n", aggfunc="sum", fill_value=0)
+    lost = per.max(axis=1).groupby(level=["a", "b"]).sum()
+    ft = ft.dropna(subset=["rank", "peer_rank"])
+    r, p = ft["rank"].astype("int64"), ft["peer_rank"].astype("int64")
+    data = (pd.DataFrame({"a": np.minimum(r, p), "b": np.maximum(r, p), "capture": ft["capture"],
+                          "n": pd.to_numeric(ft["data_packets"], errors="coerce").fillna(0)})
+            .groupby(["a", "b", "capture"])["n"].sum().groupby(level=["a", "b"]).max())
+    out = pd.DataFrame({"lost": lost}).join(pd.DataFrame({"data": data}), how="inner").reset_index()
+    if out.empty:
+        return pd.DataFrame(columns=cols)
+    out["rate"] = out["lost"] / out["data"].where(out["data"] > 0)
+    out["lossy"] = (out["lost"] >= LOSSY_MIN_SEGMENTS) & (out["rate"] >= LOSSY_RATE)
+    return out[cols]
+
+
+def lossy_endpoint(ctx: Context) -> int | None:
+    """The one rank every lossy link (:func:`link_loss_rates`) touches, when two or more are
+    lossy and they share exactly one: that host's NIC, cable or port, not "A or B"."""
+    rates = link_loss_rates(ctx)
+    lossy = rates[rates["lossy"]] if len(rates) else rates
+    if len(lossy) < 2:
+        return None
+    common = set.intersection(*({int(a), int(b)} for a, b in zip(lossy["a"], lossy["b"])))
+    return common.pop() if len(common) == 1 else None
+
+
+def lossy_floor(ctx: Context, links, severity: str) -> tuple[str, str]:
+    """(severity, text): ``severity`` raised to at least a warning when one of ``links``
+    ((a, b) pairs) is lossy (:func:`link_loss_rates`), with its rate in words; else as given."""
+    rates = link_loss_rates(ctx)
+    if rates.empty:
+        return severity, ""
+    want = {tuple(sorted((int(a), int(b)))) for a, b in links}
+    picked = np.array([(int(a), int(b)) in want for a, b in zip(rates["a"], rates["b"])], dtype=bool)
+    mine = rates[picked & rates["lossy"].to_numpy(dtype=bool)]
+    if mine.empty:
+        return severity, ""
+    worst = mine.sort_values("rate", ascending=False).iloc[0]
+    text = (f"rank {int(worst['a'])} <-> rank {int(worst['b'])} resent or lost {int(worst['lost'])} of "
+            f"{int(worst['data'])} data segments ({worst['rate'] * 100:.1f}%): a link that drops this much is a "
+            "fault to fix, whatever it costs the job today")
+    return ("warning" if severity == "info" else severity), text
+
 @detector("network_loss")
 def network_loss(ctx: Context) -> list[Finding]:
     w = collective_windows(ctx)
@@ -77,7 +135,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     lossc = counts[counts["cls"].isin(DATA_LOSS_CLASSES)]
     if lossc["n"].sum() < MIN_LOSS_EVENTS:
         return []
-    blame = shared_endpoint(lossc)
+    blame = _pinned(ctx, shared_endpoint(lossc))
     directory = rank_directory(ctx)
     per_cls = counts.groupby("cls")["n"].sum()
     nret = int(per_cls.get("retransmission", 0))
@@ -105,10 +163,15 @@ def network_loss(ctx: Context) -> list[Finding]:
                f"{'its' if len(blamed) == 1 else 'their'} links"
                + (f" (to {ranks_text(peers)})" if peers else "") + f" inside them; they explain {imp.text()}"
                + (f"; {flat}" if flat else "") + ".")
-    severity = impact_severity(imp.share, imp.slow)
+    severity, rate_txt = lossy_floor(ctx, blame.links, impact_severity(imp.share, imp.slow))
+    if rate_txt:
+        summary = summary[:-1] + f"; {rate_txt}."
     second = sorted(blame.coverage.values(), reverse=True)
     sep = 1.0 - (second[len(blamed)] / second[0]) if len(second) > len(blamed) and second[0] else 0.0
     confidence = (0.55 + 0.35 * sep if blame.separated else 0.6) + min(0.1, lossc["n"].sum() / 500)
+    note = ((f"one endpoint stands out ({sep * 100:.0f}% ahead of the next)" if blame.separated else
+             "lower: the trouble does not single out one endpoint")
+            + f"; {int(lossc['n'].sum())} loss events inside slow collectives")
     evidence = _link_rows(counts, directory)
     sql = link_rows_sql(LOSS_CLASSES + ("reset",), slower_than_ns=int(thr), without_links=queued)
     links = [_link_dict(a, b, counts, directory) for a, b in blame.links[:MAX_EVIDENCE]]
@@ -125,9 +188,28 @@ def network_loss(ctx: Context) -> list[Finding]:
         "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
     }
     return [Finding(kind="network_loss", severity=severity, confidence=confidence, summary=summary,
+                    confidence_note=note,
+                    headline=(f"Packet loss on {{who}}'s links (to {{peers}}): {int(slow.sum())} of {len(done)} "
+                              f"collectives slowed, {imp.text()}"),
+                    since_ns=_first_ns(lossc), since_source="packets", since_precision_ns=1_000_000,
                     ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
                     evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
                     details=details, impact_share=imp.share)]
+
+
+def _pinned(ctx: Context, blame):
+    """``blame`` naming the one endpoint every lossy link shares (:func:`lossy_endpoint`)
+    when the counts inside slow collectives left two candidates."""
+    one = lossy_endpoint(ctx)
+    if one is None or len(blame.ranks) == 1 or one not in blame.ranks:
+        return blame
+    return type(blame)([one], blame.coverage, True, blame.links)
+
+
+def _first_ns(counts: pd.DataFrame) -> int | None:
+    """The first trouble event's time in ``counts`` (dedup_counts), None when empty."""
+    v = pd.to_numeric(counts["first_ns"], errors="coerce").min() if len(counts) else None
+    return None if v is None or pd.isna(v) else int(v)
 
 
 def _inside_counts(ev: pd.DataFrame, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
@@ -159,20 +241,34 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
     counts = dedup_counts(lost[inside])
     if counts["n"].sum() < MIN_LOSS_EVENTS:
         return []
-    blame = shared_endpoint(counts)
+    blame = _pinned(ctx, shared_endpoint(counts))
     directory = rank_directory(ctx)
     n = int(counts["n"].sum())
     who = who_text(directory, blame.ranks)
     how = (f"only {imp.slow} collective(s) holding them were slow, explaining {imp.text()}" if imp.slow else
            f"the collectives holding them stayed fast (p50 {ms(baseline)})")
     summary = (f"{n} retransmitted or lost TCP segments inside collectives on links of {who}, "
-               f"but {how}: no measurable impact.")
+               f"but {how}: no measurable impact yet.")
+    severity, rate_txt = lossy_floor(ctx, blame.links, "info")
+    headline = None
+    if rate_txt:
+        summary = summary[:-1] + f"; {rate_txt}."
+        worst = link_loss_rates(ctx)
+        worst = worst[worst["lossy"]]["rate"].max()
+        headline = (f"Packet loss on {{who}}'s links: {worst * 100:.1f}% of data segments resent or lost "
+                    "({since}); little cost to the job yet")
     sql = link_rows_sql(DATA_LOSS_CLASSES)
-    return [Finding(kind="network_loss", severity="info", confidence=0.4, summary=summary, ranks=blame.ranks,
+    return [Finding(kind="network_loss", severity=severity, confidence=0.4 if not rate_txt else 0.7,
+                    summary=summary, ranks=blame.ranks, peer_ranks=sorted({x for lk in blame.links for x in lk}
+                                                                          - set(blame.ranks)),
+                    headline=headline or "", since_ns=_first_ns(counts), since_source="packets",
+                    since_precision_ns=1_000_000,
                     hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
                                                                   for a, b in blame.links[:MAX_EVIDENCE]],
                     evidence=_link_rows(counts, directory), sql=sql,
-                    action="Watch the link's error counters; no action needed while collectives stay fast.",
+                    action=(f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link drop counters on "
+                            "both ends, switch port counters): the link drops packets." if rate_txt else
+                            "Watch the link's error counters; no action needed while collectives stay fast."),
                     details={"events": n, "baseline_p50_ns": baseline, "slow_collectives": imp.slow},
                     impact_share=imp.share)]
 
@@ -544,6 +640,8 @@ def slow_link(ctx: Context) -> list[Finding]:
     confidence = min(0.9, 0.5 + 0.1 * np.log10(max(ratio, 1.0))
                      + (0.15 if len(blamed) == 1 and leaning is None else 0.05 if leaning else 0.0))
     return [Finding(kind="slow_link", severity=severity, confidence=confidence, summary=summary, ranks=blamed,
+                    headline=(f"Slow link at {{who}}: {metric} {rtt_txt} vs {_us(base)} on the other links; "
+                              f"it explains {imp.text()}"),
                     hosts=_hosts(directory, blamed), peer_ranks=peers,
                     links=[{"rank": x, "peer_rank": y, "rtt_us": round(float(r) / 1e3, 1),
                             "saddr": directory[x].addr if x in directory else None,
@@ -768,6 +866,11 @@ def connection_reset(ctx: Context) -> list[Finding]:
     sql = trouble_rows_sql(f"timestamp_ns >= {sql_int(tr)}", classes=("reset",), limit=MAX_EVIDENCE)
     return [Finding(
         kind="connection_reset", severity=severity, confidence=0.9 if n_failed else 0.7, summary=summary,
+        headline=("TCP reset from {who} to {peers}" + (" (forged: its kernel never sent it)" if forged else "")
+                  + (f"; {n_failed} collective(s) never completed" if n_failed else "; the job went on")
+                  + " ({since})"),
+        since_ns=tr, since_source="packets", since_precision_ns=1_000_000,
+        op_count=int(open_w.sort_values("op_count").iloc[0]["op_count"]) if n_failed and len(open_w) else None,
         ranks=[snd], hosts=_hosts(directory, [snd]), peer_ranks=[rcv],
         links=[{"rank": snd, "peer_rank": rcv, "saddr": first["saddr"], "sport": as_int(first["sport"]),
                 "daddr": first["daddr"], "dport": as_int(first["dport"]), "first_reset_ns": tr, "forged": forged}],

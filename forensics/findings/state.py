@@ -41,6 +41,7 @@ import pandas as pd
 
 from ..model.windows import host_windows
 from .base import Context, Finding, detector
+from .onset import Onset, capture_start_ns, comm_onset
 from .evidence import (dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
                        trouble_events, who_text)
 
@@ -95,6 +96,9 @@ class CommState:
     inflight: list[int]                   # ranks with positive evidence of being inside a collective
     sources: list[str]
     overlap: bool = True                  # False: the hosts' captures (barely) overlapped; each judged alone
+    onset: "Onset | None" = None          # since when (hung communicators: late_hang_findings)
+    first_open: int | None = None         # the first op not every rank completed (ditto)
+    capture_start_ns: int | None = None   # when the first capture began (onset.capture_start_ns)
 
 
 # --------------------------------------------------------------------------- building the state
@@ -441,12 +445,76 @@ def late_hang_findings(ctx) -> list[Finding]:
     for c in communicator_states(ctx):
         if not c.hung:
             continue
+        c.onset = comm_onset(ctx, c.ranks, set(c.ranks), c.key, _p99(ctx))
+        c.first_open = first_open(c)
+        c.capture_start_ns = capture_start_ns(ctx.model)
         f = _mismatch(ctx, c, directory) or _stuck(ctx, c, directory)
         if f is not None:
             # every verdict says what it rests on, before saying what it cannot know
-            f.summary = f.summary.replace(ONSET_UNKNOWN, f" Evidence: {f.details['sources']}.{ONSET_UNKNOWN}")
+            unknown = ONSET_UNKNOWN if c.onset is None else ""
+            f.summary = f.summary.replace(ONSET_UNKNOWN, f" Evidence: {f.details['sources']}.{unknown}")
+            _contract(f, c)
             out.append(f)
     return out
+
+
+def first_open(c: CommState) -> int | None:
+    """The NCCL opCount of the first collective not every rank of ``c`` completed: one past
+    the fewest any rank completed (Flight Recorder), else the lowest position launched (a
+    rank's last launch is the earliest it can still be waiting in, as far as logs say)."""
+    done = [st.completed for st in c.ranks.values() if st.completed is not None]
+    if done:
+        return min(done) + 1
+    pos = [st.position for st in c.ranks.values() if st.position is not None]
+    return min(pos) if pos else None
+
+
+def _contract(f: Finding, c: CommState) -> None:
+    """The fields every hang finding carries (docs/DESIGN.md, findings): the op as NCCL
+    counts it, as PyTorch does where Flight Recorder was read (its collective_seq_id counts
+    the process group's collectives from 1, NCCL's opCount from 0), and since when."""
+    if f.kind not in ("hang_mismatch", "hang_stuck", "connection_reset"):
+        return
+    if f.op_count is None:
+        f.op_count = f.details.get("op_count") if f.kind == "hang_mismatch" and c.first_open is None \
+            else c.first_open
+    fr = any("Flight Recorder" in st.sources for st in c.ranks.values())
+    if f.seq is None and fr and f.op_count is not None:
+        f.seq = int(f.op_count) + 1
+    if c.onset is not None and f.since_ns is None:
+        f.since_ns, f.since_source, f.since_precision_ns = c.onset.ns, c.onset.source, c.onset.precision_ns
+    f.headline = f.headline or _headline(f, c)
+
+
+def _headline(f: Finding, c: CommState) -> str:
+    """The one-line verdict (placeholders filled by findings.contract)."""
+    n = f.op_count
+    op = next((st.position_op for st in c.ranks.values() if st.position_op and st.position == n), None) \
+        or f.details.get("op")
+    at = (f"{op} #{n}" if op else f"collective #{n}") if n is not None else "a collective"
+    if f.kind == "connection_reset":
+        return "Hang: a TCP reset broke {who}'s connection to {peers}; NCCL cannot recover it ({since})"
+    if f.kind == "hang_mismatch":
+        if "fr_seq_id" in f.details:
+            return "Hang: {who} called a different collective than {peers} at " + at + " ({since})"
+        return "Hang: {who} never entered " + at + "; {peers} wait in it ({since})"
+    if "stuck_connections" in f.details:
+        return "Hang: {who}'s link is down (data to {peers} unacknowledged); every rank stuck in " + at + " ({since})"
+    if "wait_for" in f.details:
+        return "Hang: {who}'s GPU stopped inside " + at + "; {peers} wait on it ({since})"
+    return "Hang: every rank stuck inside " + at + "; TCP shows no cause (GPU, kernel or RDMA?) ({since})"
+
+
+def _hung(c: CommState) -> str:
+    """"Hung since 09:55:53 UTC (28.1 s before the capture; last sign of progress: Flight
+    Recorder)", or since before the capture, with what the capture saw, where nothing dates it."""
+    if c.onset is None:
+        return f"Hung since before the capture ({_age(c)})"
+    since = datetime.fromtimestamp(c.onset.ns / 1e9, tz=timezone.utc).strftime("%H:%M:%S")
+    start = c.capture_start_ns
+    before = (f"{ms(start - c.onset.ns)} before the capture" if start is not None and start > c.onset.ns
+              else "while the capture ran")
+    return f"Hung since {since} UTC ({before}; last sign of progress: {c.onset.source}; {_age(c)})"
 
 
 def _age(c: CommState) -> str:
@@ -495,12 +563,13 @@ def _mismatch(ctx, c: CommState, directory) -> Finding | None:
     if fm is not None:
         odd, others = fm["odd"], sorted(set(fm["calls"]) - set(fm["odd"]))
         mine = "; ".join(f"rank {r} called {fm['calls'][r]}" for r in odd)
-        summary = (f"Hung since before the capture ({_age(c)}): at Flight Recorder collective #{fm['seq']} of process "
+        summary = (f"{_hung(c)}: at Flight Recorder collective #{fm['seq']} of process "
                    f"group {fm['pg_id']}, {mine} while {ranks_text(others)} called {fm['majority']}: the ranks issue "
                    "different collectives (NCCL hangs or fails with 'message truncated')." + ONSET_UNKNOWN)
         sql = _state_sql(c)
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9, summary=summary, ranks=odd,
+            confidence_note="high: Flight Recorder records each rank's own call at that sequence id",
             hosts=sorted({c.ranks[r].host for r in odd if r in c.ranks and c.ranks[r].host}), peer_ranks=others,
             evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
             action=(f"Find why {ranks_text(odd)} issued a different collective at this point: a skipped or reordered "
@@ -537,12 +606,14 @@ def _mismatch(ctx, c: CommState, directory) -> Finding | None:
         return f"rank {r}: " + ", ".join(parts) if parts else f"rank {r}: no state captured"
     what = f"never entered collective #{n}" + (f" ({op})" if op else "") if n is not None else \
         "is not inside any NCCL call"
-    summary = (f"Hung since before the capture ({_age(c)}): {who} {what} of {c.label}; "
+    summary = (f"{_hung(c)}: {who} {what} of {c.label}; "
                f"{ranks_text(waiting)} wait{'s' if len(waiting) == 1 else ''} in it ("
                + "; ".join(state(r) for r in behind + waiting[:4]) + ")." + ONSET_UNKNOWN)
     sql = _state_sql(c)
     return Finding(
         kind="hang_mismatch", severity="error", confidence=0.85 if n is not None else 0.7, summary=summary,
+        confidence_note=("each rank's position in the collective sequence is known (COLL lines or Flight Recorder)"
+                         if n is not None else "lower: no positions, only the stacks say who is outside NCCL"),
         ranks=behind, hosts=sorted({c.ranks[r].host for r in behind if c.ranks[r].host}), peer_ranks=waiting,
         evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
         action=(f"Find why {ranks_text(behind)} left the collective sequence: its stack shows where it is instead "
@@ -554,15 +625,17 @@ def _mismatch(ctx, c: CommState, directory) -> Finding | None:
 def _stuck(ctx, c: CommState, directory) -> Finding | None:
     members = set(c.ranks)
     pos = {st.position for st in c.ranks.values() if st.position is not None}
-    n = min(pos) if pos else None
+    n = c.first_open if c.first_open is not None else min(pos) if pos else None
+    upto = max(pos) if pos else None
     start = c.window[0]
     # 1. a reset on the ring: packets / kernel events in the window, or NCCL's own WARN lines
     ev = trouble_events(ctx)
     ev = ev[ev["a"].isin(members) & ev["b"].isin(members)] if len(ev) else ev
     resets = ev[ev["cls"] == "reset"] if len(ev) else ev
     warn = _reset_warnings(ctx, members)
-    head = (f"Hung since before the capture ({_age(c)}): every rank of {c.label} is inside "
-            + (f"collective #{n}" if n is not None else "a collective"))
+    head = (f"{_hung(c)}: every rank of {c.label} is inside "
+            + (f"collective #{n}" if n is not None else "a collective")
+            + (f" (launched up to #{upto})" if n is not None and upto is not None and upto > n else ""))
     sql = _state_sql(c)
     if len(resets) or len(warn):
         if len(resets):
@@ -579,6 +652,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                    f"({how}). NCCL cannot recover a reset connection." + ONSET_UNKNOWN)
         return Finding(
             kind="connection_reset", severity="error", confidence=0.8, summary=summary, ranks=[snd],
+            confidence_note="a reset on the ring's own connections, and nothing completed after it",
             hosts=[directory[snd].host] if snd in directory and directory[snd].host else [], peer_ranks=[rcv],
             links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=_evidence(ctx, sql), sql=sql,
             score=2e6,
@@ -605,6 +679,8 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                    + ": its link is down or its NIC stopped." + ONSET_UNKNOWN)
         return Finding(
             kind="hang_stuck", severity="error", confidence=0.8 if blame.separated else 0.65, summary=summary,
+            confidence_note=("the dead links share one endpoint" if blame.separated else
+                             "lower: the dead links do not single out one endpoint"),
             ranks=ranks, hosts=sorted({directory[r].host for r in ranks if r in directory and directory[r].host}),
             peer_ranks=peers, links=[{"rank": int(a), "peer_rank": int(b)} for a, b in blame.links[:MAX_EVIDENCE]],
             evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
@@ -623,6 +699,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                    f"stopped mid-collective" + (f" ({where})" if where else "") + "." + ONSET_UNKNOWN)
         return Finding(
             kind="hang_stuck", severity="error", confidence=0.7, summary=summary, ranks=[sink],
+            confidence_note="from the threads' waits alone: every peer waits on this rank, and it on none",
             hosts=[directory[sink].host] if sink in directory and directory[sink].host else [],
             peer_ranks=waiting, evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
             action=(f"Check rank {sink}'s GPU: nvidia-smi (utilisation stuck at 100%?), dmesg for Xid errors, "
@@ -634,6 +711,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                "invisible to TCP (see the IB counters)." + ONSET_UNKNOWN)
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.5, summary=summary, ranks=[], hosts=[],
+        confidence_note="low: the hang is certain, its cause is not in this evidence",
         peer_ranks=sorted(members), evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
         action=("Dump the stacks of every rank (py-spy dump --native, gdb), check nvidia-smi and dmesg for Xid "
                 "errors; if NCCL uses IB/RoCE, read the port counters."),

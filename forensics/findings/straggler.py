@@ -201,6 +201,7 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
         per_rank[str(int(rk))] = {"n": int(len(v)), "p50_ns": float(v.median()), "p99_ns": float(v.quantile(0.99))}
     return Finding(
         kind="straggler", severity=impact_severity(imp.share, imp.slow), confidence=confidence, summary=summary,
+        headline=f"Straggler: {{who}} enters {int(r.n)} collectives late; it explains {imp.text()}",
         ranks=[rank], impact_share=imp.share,
         hosts=[directory[rank].host] if rank in directory and directory[rank].host else [],
         evidence=evidence, sql=sql, score=float(r.total) / 1e9,

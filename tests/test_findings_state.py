@@ -351,8 +351,16 @@ def test_report_first_screen_of_a_late_capture_says_what_is_known_and_not():
     assert a.top.kind == "hang_mismatch" and a.top.ranks == [1]
     page = render(a, with_plotly=False)
     headline = re.search(r'id="verdict-text">([^<]*)<', page)[1]
-    assert headline.startswith("Hung since before the capture (no progress seen in the 15.0 s")
-    assert "The onset is not in this capture." in headline and "rank 1" in headline
+    # one line: who (with the host its logs name), where, since when (undated here)
+    assert headline == ("Hang: rank 1 (node1) never entered ALL_REDUCE #41; ranks 0, 2, 3 wait in it "
+                        "(since before the capture)"), headline
+    since = re.search(r'<dd class="field-since">([^<]*)<', page)[1]
+    assert since.startswith("not dated"), since
+    assert re.search(r'<dd class="field-stuck-at">[^<]*NCCL opCount 41<', page)
+    # the whole verdict is one click away, and says what the capture cannot know
+    full = re.search(r'<details class="full">.*?<p>([^<]*)</p>', page, re.S)[1]
+    assert full.startswith("Hung since before the capture (no progress seen in the 15.0 s")
+    assert "The onset is not in this capture." in full
     # the timeline is drawn from the state rows alone (the tracer saw no call)
     plot = json.loads(re.search(r'<script type="application/json" id="plot-data-timeline">(.*?)</script>', page,
                                 re.S)[1].replace("\\u003c", "<"))

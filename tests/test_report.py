@@ -23,7 +23,8 @@ from tests.report_helpers import (
 
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles")
 CONTRACT_KEYS = {"kind", "severity", "confidence", "ranks", "hosts", "peer_ranks", "links", "summary", "evidence",
-                 "sql"}
+                 "sql", "headline", "nodes", "op_count", "seq", "since_ns", "since_source", "since_precision_ns",
+                 "confidence_note"}
 MAX_REPORT_BYTES = 6 * 1024 * 1024
 
 
@@ -85,8 +86,17 @@ def test_findings_json_follows_the_contract_and_carries_every_finding(run):
     # every finding is in the report (one block each) with its SQL in the appendix
     assert html.count('<div class="finding ') == len(doc["findings"])
     assert html.count('<h3 id="sql-') == len(doc["findings"])
+    # the ticket: every finding one line in its table, the serious ones (up to 3) in full, under 60 lines
     md = r.path("summary.md").read_text()
-    assert len(re.findall(r"(?m)^### \d+\. ", md)) == len(doc["findings"])
+    serious = [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
+    assert len(re.findall(r"(?m)^### \d+\. ", md)) == min(3, len(serious))
+    table = md.split("## Findings", 1)[1].split("\n\n", 2)[1] if doc["findings"] else ""
+    assert len([x for x in table.splitlines() if x.startswith("| ") and x[2:3].isdigit()]) == \
+        min(len(doc["findings"]), md_report.MD_FINDINGS)
+    assert len(md.splitlines()) < 60, md
+    # nothing said twice: the verdict, once as the title; the top summary once
+    if serious:
+        assert md.count(serious[0]["summary"][:60].replace("_", "\\_")) <= 1
 
 
 def test_markdown_summary_renders(run):
@@ -294,7 +304,7 @@ def test_html_with_constructed_findings(built):
     assert "NCCL on sockets" not in banner                                  # info stays out of the banner
     assert 'class="verdict error"' in html
     assert "first 25 of 40 rows" in html                                    # evidence capped, says so
-    assert "187.000 ms" in html                                             # *_ns durations in ms
+    assert "<th>p99</th><td>187 ms</td>" in html                          # *_ns durations with their unit
     assert "SELECT rank, count(*) FROM tcp_events WHERE rank &lt; 3 GROUP BY 1" in html
     assert html.count('<div class="finding ') == 3
 
@@ -302,9 +312,10 @@ def test_html_with_constructed_findings(built):
 def test_markdown_with_constructed_findings(built):
     md = md_report.render(built)
     assert md.startswith("# stallscope: rank 2 on &lt;script&gt;")
-    assert "**What to do:** Check the NIC" in md
-    assert "```sql\nSELECT rank, count(*) FROM tcp_events WHERE rank < 3 GROUP BY 1\n```" in md
-    assert "Evidence (40 rows, first 10)" in md
+    assert "- **Next:** Check the NIC" in md and "- **Where:** rank 2; on node2; links 2 ↔ 3" in md
+    assert "**What to do:** Look at rank 1's input pipeline" in md      # the other serious finding's
+    assert "Evidence (40 rows, first 8;" in md
+    assert len(md.splitlines()) < 60
     assert PAYLOAD_MD not in md                      # pipes and links escaped in table cells
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -111,7 +112,7 @@ def test_hostile_bundle_runs_no_script(browser, tmp_path):
     assert f"train{PAYLOAD}" in text                      # a process name
     # plot labels (lane names carry the host) are text too
     ticks = page.evaluate("() => [...document.querySelectorAll('#plot-timeline .ytick text')].map(t => t.textContent)")
-    assert any("node<script>window." in t for t in ticks), ticks        # host, shortened, as text
+    assert any("@ node<script" in t for t in ticks), ticks              # the capture node, shortened, as text
     assert not any("&lt;" in t or "&quot;" in t for t in ticks), ticks  # no entity shown undecoded
     assert page.locator("#plot-timeline img, #plot-timeline script").count() == 0
     page.context.close()
@@ -184,3 +185,76 @@ def test_artifact_sections_in_chromium(browser, tmp_path):
     page.locator("#nccl").screenshot(path=str(ARTIFACTS / "report-artifacts-nccl.png"))
     assert v.console_errors == [] and v.blocked == []
     page.context.close()
+
+
+# ---- issue 36: the first screen an on-call engineer reads, at a desk and on a phone ------------
+PER_HOST = Path(__file__).resolve().parent / "fixtures" / "bundles-per-host"
+FIRST_SCREENS = {   # case -> (bundles, whether a serious finding leads)
+    "late-hang": (lambda: sorted((PER_HOST / "mismatch-hang-late").glob("*.tar.gz")), True),
+    "per-host-clean": (lambda: sorted((PER_HOST / "clean").glob("*.tar.gz")), False),
+    "loss": (lambda: [bundle("loss")], True),
+}
+SIZES = {"desk": {"width": 1400, "height": 900}, "phone": {"width": 390, "height": 844}}
+
+
+@pytest.fixture(scope="module")
+def first_screens(tmp_path_factory):
+    base = tmp_path_factory.mktemp("first-screen")
+    out = {}
+    for case, (bundles, _) in FIRST_SCREENS.items():
+        paths = bundles()
+        if not paths:
+            continue
+        r = analyze(paths, base / case, "--json", str(base / case / "findings.json"), all_outputs=False)
+        assert r.rc in (0, 1), r.stderr
+        out[case] = r
+    return out
+
+
+def _in_view(page, selector: str, height: int) -> dict | None:
+    return page.evaluate("""([sel, h]) => { const el = document.querySelector(sel); if (!el) return null;
+        const b = el.getBoundingClientRect();
+        return {top: b.top, bottom: b.bottom, text: el.innerText, inside: b.top >= 0 && b.bottom <= h}; }""",
+                         [selector, height])
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("case", sorted(FIRST_SCREENS))
+def test_first_screen_says_who_where_since_and_next(browser, first_screens, case, size):
+    if case not in first_screens:
+        pytest.skip(f"no shipped bundles for {case}")
+    r = first_screens[case]
+    doc = json.loads(r.path("findings.json").read_text())
+    vp = SIZES[size]
+    ctx = browser.new_context(viewport=vp)
+    page = ctx.new_page()
+    page.goto(r.path("report.html").as_uri(), wait_until="load")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"first-screen-{case}-{size}.png"))
+    # nothing overflows sideways: the page is never wider than the screen
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), \
+        page.evaluate("document.documentElement.scrollWidth")
+    head = _in_view(page, "#verdict-text", vp["height"])
+    assert head and head["inside"] and head["text"].strip() == doc["verdict"]
+    assert len(doc["verdict"]) <= 200
+    serious = [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
+    if not FIRST_SCREENS[case][1]:
+        assert not serious and _in_view(page, "#first-screen", vp["height"]) is None
+        assert page.evaluate("document.querySelector('#verdict').className").endswith(" ok")
+        ctx.close()
+        return
+    top = serious[0]
+    # the headline at most two lines at a desk (its line height is about 26 px)
+    if size == "desk":
+        assert head["bottom"] - head["top"] <= 2 * 30, head
+    for field in ("where", "since", "next"):
+        f = _in_view(page, f"#first-screen .field-{field}", vp["height"])
+        assert f is not None, field
+        if size == "desk":      # a phone scrolls for Next; a desk sees all of it at once
+            assert f["inside"], (field, f)
+    where = _in_view(page, "#first-screen .field-where", vp["height"])
+    assert where["inside"] and top["hosts"] and top["hosts"][0] in where["text"], (where, top["hosts"])
+    assert top["hosts"][0] in head["text"]
+    since = _in_view(page, "#first-screen .field-since", vp["height"])
+    assert ("UTC" in since["text"]) == (top["since_ns"] is not None), since
+    ctx.close()

@@ -111,10 +111,13 @@ def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, 
                            jobs=jobs or 1, dask=args.dask, reading=reading, while_reading=lambda: prepare(outs),
                            ahead=ahead() if {"html", "markdown", "perfetto"} & set(outs) else None)
         try:
-            for p in analysis.problems[:20]:
+            # problems that differ only by host: one line each (the report's capture section has them all)
+            from ..report.data import grouped_problems
+            said = grouped_problems(analysis.problems, analysis.model.hosts)
+            for p in said[:20]:
                 env.warn(p)
-            if len(analysis.problems) > 20:
-                env.warn(f"... and {len(analysis.problems) - 20} more problems (in the report's capture section)")
+            if len(said) > 20:
+                env.warn(f"... and {len(said) - 20} more problems (in the report's capture section)")
             for kind, path in outs.items():
                 say(f"rendering {kind}: {path}")
                 with open_output(path, force=args.force) as fh:

@@ -122,7 +122,9 @@ def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
     whose tracer saw the init, else the one with the most calls): per call, the reference's
     call of the same op and count that ended nearest; the shift most of them agree on. A
     process with no such agreement (captures that do not overlap) keeps no op_count: its
-    calls are its own, never joined to another rank's by a number that means nothing."""
+    calls are its own, never joined to another rank's by a number that means nothing. A
+    communicator none of whose tracers saw its init counts from the first call any of them
+    saw: its op counts start at 0, never below."""
     rel = relative.fillna(False).to_numpy(bool) & nccl["op_count"].notna().to_numpy()
     if not rel.any():
         return nccl
@@ -156,6 +158,11 @@ def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
                     if d.iloc[0] >= ALIGN_MIN_SUPPORT * len(m):
                         shift = float(d.index[0])
             new_oc[rows.index] = oc[rows.index] + shift if shift is not None else np.nan
+        if not absolute:
+            # every count relative: they start at the first call any capture saw, never below 0
+            base = new_oc[in_comm].min()
+            if pd.notna(base) and base < 0:
+                new_oc[in_comm] -= base
     out["op_count"] = pd.array(new_oc.round(), dtype="Int64")
     return out
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -630,3 +631,244 @@ def finite(o):
     if isinstance(o, (list, tuple)):
         return [finite(v) for v in o]
     return o
+
+
+@dataclass
+class Field:
+    """One line of the report's first screen: a label and its text."""
+
+    label: str
+    text: str
+
+
+HANG_KINDS = ("hang_mismatch", "hang_stuck", "connection_reset")
+
+
+def first_screen(analysis, f) -> list[Field]:
+    """The fixed fields under the headline, for the most important finding ``f``: *Where*
+    (ranks, their hosts, addresses or links, the capture nodes where they differ), *Since*
+    (UTC, how long before the capture, from what, how precisely), *Stuck at* (hangs: the
+    communicator, the collective, NCCL's opCount and PyTorch's SeqNum), *Evidence* (the
+    sources the verdict rests on) and *Next* (the check to make, naming the host)."""
+    out: list[Field] = []
+    where = []
+    if f.ranks:
+        where.append(("rank " if len(f.ranks) == 1 else "ranks ") + ", ".join(map(str, f.ranks[:8]))
+                     + (f" … ({len(f.ranks)})" if len(f.ranks) > 8 else ""))
+    if f.hosts:
+        where.append("on " + ", ".join(f.hosts[:6]) + (f" … ({len(f.hosts)} hosts)" if len(f.hosts) > 6 else ""))
+    links = [lk for lk in f.links if lk.get("rank") is not None and lk.get("peer_rank") is not None][:3]
+    if links:
+        where.append("links " + ", ".join(f"{lk['rank']} ↔ {lk['peer_rank']}" for lk in links)
+                     + (" …" if len(f.links) > 3 else ""))
+    elif f.peer_ranks:
+        where.append("peers " + ", ".join(map(str, f.peer_ranks[:8])) + (" …" if len(f.peer_ranks) > 8 else ""))
+    if f.nodes:
+        where.append("captured on " + ", ".join(f.nodes[:4]))
+    if where:
+        out.append(Field("Where", "; ".join(where)))
+    out.append(Field("Since", since_field(analysis, f)))
+    if f.kind in HANG_KINDS or f.op_count is not None or f.seq is not None:
+        at = []
+        comm = f.details.get("comm_id_hash") or f.details.get("comm") or f.details.get("pg_desc")
+        if comm:
+            at.append(f"communicator {comm}")
+        op = f.details.get("op")
+        if f.op_count is not None:
+            at.append(f"{op + ' ' if op else ''}NCCL opCount {f.op_count}")
+        if f.seq is not None:
+            at.append(f"PyTorch SeqNum {f.seq}")
+        if at:
+            out.append(Field("Stuck at", ", ".join(at)))
+    sources = f.details.get("sources") or f.since_source
+    if sources:
+        out.append(Field("Evidence", str(sources)))
+    if f.action:
+        out.append(Field("Next", f.action))
+    return out
+
+
+def since_field(analysis, f) -> str:
+    """"09:55:53 UTC, 28.1 s before the capture (Flight Recorder, within 100 ms)"."""
+    if f.since_ns is None:
+        return "not dated by this evidence (it began before the capture, or the evidence has no times)"
+    from ..findings.evidence import ms
+    from ..findings.onset import capture_start_ns
+    start = capture_start_ns(analysis.model)
+    when = utc(f.since_ns)[:23] + " UTC"
+    parts = []
+    if start is not None and f.since_ns < start and f.kind in HANG_KINDS:
+        parts.append(f"{ms(start - f.since_ns)} before the capture")
+    how = f.since_source or "the evidence"
+    if f.since_precision_ns:
+        how += f", within {ms(f.since_precision_ns)}"
+    return f"{when}" + (", " + ", ".join(parts) if parts else "") + f" ({how})"
+
+
+_HOST_PREFIX = re.compile(r"^([A-Za-z0-9_.:-]+): (.+)$", re.S)
+_TARGET = re.compile(r"(@[^\s:]+|:(?:start|end)\b)")
+_PARENS = re.compile(r"\s*\([^()]*\)")
+_PATHS = re.compile(r"(?<![\w.])/[^\s,;:)'\"]+")
+_NUMBERS = re.compile(r"(?<![\w.])\d+(?:\.\d+)?")
+_NAMED_PIDS = re.compile(r"@pid\d+|\bpid \d+")
+REASON_CHARS = 140
+
+
+def reason_key(text: str) -> str:
+    """A failure's reason without what differs from host to host (paths, numbers, pids,
+    parenthesised details, everything after the first ';'): what groups it with its likes."""
+    t = _NAMED_PIDS.sub("@pid", text.split(";", 1)[0])
+    while True:
+        u = _PARENS.sub("", t)
+        if u == t:
+            break
+        t = u
+    t = _NUMBERS.sub("N", _PATHS.sub("…", t))
+    t = " ".join(t.split())
+    return t if len(t) <= REASON_CHARS else t[:REASON_CHARS - 1].rsplit(" ", 1)[0] + "…"
+
+
+def grouped_problems(problems: list[str], hosts) -> list[str]:
+    """``problems`` with the ones that differ only by the host they name made one line each:
+    "pcap/host-eth0-000.pcap: no packets … (on 4 hosts: node0, node1, node2, node3)". Kept in
+    first-seen order; a problem naming no known host stays as it is."""
+    known = {str(h) for h in hosts}
+    order: dict[str, list] = {}
+    for p in problems:
+        m = _HOST_PREFIX.match(p)
+        rest, host = (m.group(2), m.group(1)) if m and m.group(1) in known else (p, None)
+        g = order.setdefault(reason_key(rest) if host is not None else p, [rest, []])
+        if host is not None and host not in g[1]:
+            g[1].append(host)
+    out = []
+    for key, (first, on) in order.items():
+        if len(on) > 1:
+            out.append(f"{key} (on {len(on)} hosts: {', '.join(on[:4])}{' …' if len(on) > 4 else ''}; "
+                       "each host's details in the capture section)")
+        elif on:
+            out.append(f"{on[0]}: {first}")
+        else:
+            out.append(first)
+    return out
+
+
+def capture_gaps(analysis) -> list[str]:
+    """One line per kind of gap in the captures: the collectors that failed or were skipped,
+    grouped by status and reason over every host ("skipped on 4 hosts: ibstat, ncclras (not
+    found on PATH)"); the per-host details stay in the report's capture section."""
+    groups: dict[tuple[str, str], dict] = {}
+    for c in analysis.model.captures:
+        for k in c.get("collectors", []) or []:
+            if k.get("status") in (None, "ok"):
+                continue
+            base = _TARGET.sub("", str(k.get("name", "")))
+            reason = reason_key(str(k.get("reason") or "no reason given").replace(base, "")) or "-"
+            g = groups.setdefault((k["status"], reason), {"kinds": [], "hosts": []})
+            if base not in g["kinds"]:
+                g["kinds"].append(base)
+            if c.get("host") not in g["hosts"]:
+                g["hosts"].append(c.get("host"))
+    n = len(analysis.model.captures)
+    out = []
+    for (status, reason), g in sorted(groups.items(), key=lambda kv: (kv[0][0] != "failed", kv[0][1])):
+        where = "every host" if len(g["hosts"]) == n and n > 1 else ", ".join(str(h) for h in g["hosts"][:4]) \
+            + (" …" if len(g["hosts"]) > 4 else "")
+        out.append(f"{status} on {where}: {', '.join(sorted(g['kinds']))} ({reason})")
+    skew = skew_rows(analysis)
+    if skew and all(s["skew_ms"] is None for s in skew):
+        why = sorted({str(s["status"]) for s in skew})
+        out.append(f"clock skew between hosts not measured ({'; '.join(why)})")
+    return out
+
+
+def common_window_s(analysis) -> float | None:
+    """Seconds every host's capture watched together (the latest start to the earliest end
+    of the hosts' windows): what the state-at-capture verdicts judge silence over; 0 when
+    they never overlapped, None with one host or no windows."""
+    from ..model.windows import host_windows
+    w = host_windows(analysis.model.tables.get("capture_windows"))
+    if len(w) < 2:
+        return None
+    return max(0.0, (min(b for _, b in w.values()) - max(a for a, _ in w.values())) / 1e9)
+
+
+def span_text(analysis) -> str:
+    """"09:01:43 → 09:02:42 UTC (59.0 s; every host at once: 10.5 s)": the captures' span, and
+    the window they shared where it is shorter (per-host captures start and stop apart)."""
+    span = time_span(analysis)
+    if span.start_ns is None:
+        return "-"
+    out = f"{utc(span.start_ns)[:19]} → {utc(span.end_ns)[11:19]} UTC"
+    parts = [f"{span.seconds:.1f} s"] if span.seconds is not None else []
+    both = common_window_s(analysis)
+    if both is not None and span.seconds is not None and span.seconds - both > 1.0:
+        parts.append(f"every host at once: {both:.1f} s" if both > 0 else "the hosts' captures never overlapped")
+    return out + (f" ({'; '.join(parts)})" if parts else "")
+
+
+RANK_TABLES = ("coll_log_ops", "nccl_config", "fr_pg_status", "nccl_warnings", "watchdog_events", "sockets")
+
+
+def known_ranks(analysis, ranks: pd.DataFrame | None = None) -> int:
+    """How many ranks the evidence knows, from every source: the traced calls' ranks, the
+    logs', Flight Recorder's, the sockets' and the processes' RANK."""
+    seen: set[int] = set()
+    if ranks is not None and len(ranks) and "rank" in ranks:
+        seen |= set(pd.to_numeric(ranks["rank"], errors="coerce").dropna().astype("int64").tolist())
+    for name in RANK_TABLES:
+        t = analysis.model.tables.get(name)
+        if t is not None and len(t) and "rank" in t:
+            seen |= set(pd.to_numeric(t["rank"], errors="coerce").dropna().astype("int64").tolist())
+    for c in analysis.model.captures:
+        seen |= {int(p["rank"]) for p in c.get("processes", []) or [] if p.get("rank") is not None}
+    return len(seen)
+
+
+def calls_text(analysis) -> str:
+    """"363 NCCL calls traced", or where the tracer saw none, what the verdicts rest on
+    instead ("no NCCL call traced; positions from NCCL_DEBUG COLL lines, Flight Recorder")."""
+    n = len(analysis.model.tables["nccl_events"])
+    if n:
+        return f"{n} NCCL calls traced"
+    have = [label for name, label in (("coll_log_ops", "NCCL_DEBUG COLL lines"), ("fr_pg_status", "Flight Recorder"),
+                                      ("watchdog_events", "PyTorch watchdog lines"), ("stacks", "stacks"))
+            if len(analysis.model.tables.get(name, ())) > 0]
+    return "no NCCL call traced" + (f"; positions from {', '.join(have)}" if have else "")
+
+
+_COLLECTOR_PROBLEM = re.compile(r"^(?:[A-Za-z0-9_.:-]+: )?collector \S+ (?:failed|skipped)\b")
+
+
+def gap_lines(analysis) -> list[str]:
+    """The capture's gaps (:func:`capture_gaps`), then the problems met, grouped over hosts
+    (:func:`grouped_problems`) less the collector failures the gaps already say."""
+    rest = [p for p in analysis.problems if not _COLLECTOR_PROBLEM.match(p)]
+    return capture_gaps(analysis) + grouped_problems(rest, analysis.model.hosts)
+
+
+DEFAULT_STORE_PORT = 29500     # torch.distributed's default MASTER_PORT (TCPStore)
+
+
+def store_ports(model) -> set[int]:
+    """The rendezvous store's ports: every rank process's MASTER_PORT, else torch's default
+    when the processes known hold ranks but name no port."""
+    ports, ranked = set(), False
+    for c in model.captures:
+        for p in c.get("processes", []) or []:
+            ranked |= p.get("rank") is not None
+            if p.get("master_port"):
+                try:
+                    ports.add(int(p["master_port"]))
+                except (TypeError, ValueError):
+                    pass
+    return ports or ({DEFAULT_STORE_PORT} if ranked else set())
+
+
+def store_traffic(model, tcp: pd.DataFrame) -> pd.Series:
+    """Which of ``tcp``'s events (tcp_events rows) are on a rendezvous store connection."""
+    ports = store_ports(model)
+    if not ports or tcp.empty:
+        return pd.Series(False, index=tcp.index)
+    sport = pd.to_numeric(tcp["sport"], errors="coerce")
+    dport = pd.to_numeric(tcp["dport"], errors="coerce")
+    return (sport.isin(ports) | dport.isin(ports)).fillna(False)

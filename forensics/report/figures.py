@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..findings.contract import rank_hosts_of
 from . import data
 
 MAX_INTERVALS = 5000        # collective intervals drawn on the timeline
@@ -34,7 +35,9 @@ MARKERS = {"retransmission": ("triangle-up", "#d62728"), "lost segment": ("trian
            "duplicate ACK": ("circle", "#ff7f0e"), "out-of-order segment": ("circle-open", "#ff7f0e"),
            "spurious retransmission": ("triangle-up-open", "#7f7f7f"), "ACKed unseen segment": ("square-open", "#7f7f7f"),
            "keep-alive or window update": ("diamond-open", "#7f7f7f"), "zero window": ("square", "#9467bd"),
-           "reset": ("x", "#111111"), "other TCP": ("diamond", "#7f7f7f")}
+           "reset": ("x", "#111111"), "other TCP": ("diamond", "#7f7f7f"),
+           "rendezvous store (not NCCL)": ("x-thin-open", "#b0b0b0")}
+STORE_LABEL = "rendezvous store (not NCCL)"
 
 
 def esc(v: Any) -> str:
@@ -129,6 +132,11 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
     state_ranks = {int(r) for r in (state_f.details.get("ranks") or {})} if state_f is not None else set()
     every = sorted(set(iv["rank"].astype(int)) | set(tcp["rank"].astype(int) if len(tcp) else []) | state_ranks)
     hosts = {**host_of, **(iv.groupby("rank")["host"].first().to_dict() if len(iv) else {})}
+    # a lane names its rank's own host, and the capture's node where that differs
+    own = {r: h for r, (h, _) in rank_hosts_of(analysis.model).items() if h}
+    lane_names = {r: _short(own.get(r) or hosts.get(r, ""), 14) + (f" @ {_short(hosts[r], 12)}" if own.get(r) and
+                                                                   hosts.get(r) and hosts[r] != own[r] else "")
+                  for r in set(hosts) | set(own)}
     notes: list[str] = []
     title = "Timeline"
     ranks = every
@@ -194,9 +202,17 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
 
     if len(tcp):
         cls = data.marker_labels(tcp)   # one marker per packet, in its class (forensics/tcp/classes.py)
+        # the rendezvous store's connections (MASTER_PORT) are the launcher's, not NCCL's: their
+        # start-up resets and retries are drawn in grey and named, never as NCCL trouble
+        store = data.store_traffic(analysis.model, tcp)
+        cls = cls.where(~store | cls.isna(), STORE_LABEL)
         tcp, cls = tcp[cls.notna().to_numpy()], cls[cls.notna()]
         total = len(tcp)
         tcp = _thin(tcp.assign(cls=cls), MAX_MARKERS, keep=cls.isin(["reset"]))
+        if (cls == STORE_LABEL).any():
+            notes.append("Grey markers: TCP events on the rendezvous store's connections (port "
+                         + ", ".join(map(str, sorted(data.store_ports(analysis.model)))) + "): the launcher's "
+                         "start-up handshakes and retries, not NCCL's traffic.")
         if len(tcp) < total:
             notes.append(f"{total} TCP events; {len(tcp)} drawn (every reset, an even sample of the rest).")
         for c, g in tcp.groupby("cls", sort=True):
@@ -218,11 +234,16 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
 
     shapes, annotations = [], []
     if state_f is not None and state_f.details.get("window_ns"):
-        notes.append("Hung since before the capture: the bars are each rank's state at capture (its position in "
-                     "the collective sequence and where its main thread is), not calls seen starting; the onset "
-                     "is not in this capture.")
-    for p in data.progress_of(analysis):
-        if p.stuck_at_ns is None:
+        since = (f"Hung since {data.utc(state_f.since_ns)[11:19]} UTC, before the capture"
+                 if state_f.since_ns is not None else "Hung since before the capture")
+        notes.append(f"{since}: the bars are each rank's state at capture (its position in the collective sequence "
+                     "and where its main thread is), not calls seen starting"
+                     + ("." if state_f.since_ns is not None else "; the onset is not in this capture."))
+    # a stop marker only under a hang verdict: staggered per-host captures leave collectives
+    # that no capture saw every rank complete, and those are no stop
+    hung = any(f.kind in data.HANG_KINDS and f.severity == "error" for f in analysis.findings)
+    for p in data.progress_of(analysis) if hung else []:
+        if p.stuck_at_ns is None or p.stuck_op_count is None or p.stuck_op_count < 0:
             continue
         x = round((p.stuck_at_ns - t0) / 1e9, 6)
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": x, "x1": x, "y0": 0, "y1": 1,
@@ -243,7 +264,7 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
         "xaxis": {"title": {"text": f"seconds since {data.utc(t0)}"}, "zeroline": False,
                   "range": [0, round((span.end_ns - t0) / 1e9 * 1.005, 3)] if span.end_ns else None},
         "yaxis": {"tickvals": list(range(len(ranks))),
-                  "ticktext": [esc(f"rank {r} · {_short(hosts.get(r, ''))}".rstrip(" ·")) for r in ranks],
+                  "ticktext": [esc(f"rank {r} · {lane_names.get(r, '')}".rstrip(" ·")) for r in ranks],
                   "autorange": "reversed", "zeroline": False, "fixedrange": True},
         # below the axis title: a fixed distance when the plot is tall (a share of it otherwise)
         "legend": {"orientation": "h", "y": round(-80 / (height - 90), 3) if outliers else -0.25},
@@ -324,7 +345,7 @@ def lateness_heatmap(analysis, ranks: list[int]) -> Figure | None:
         z = p.reindex(index=ranks, columns=range(ncols)).to_numpy(dtype="float64")
         traces.append({"type": "heatmap", "x0": round(bin_ns / 2e9, 6), "dx": round(bin_ns / 1e9, 6),
                        "y": [f"rank {r}" for r in ranks], "z": _cells(z), "colorscale": "YlOrRd",
-                       "reversescale": True, "zmin": 0, "visible": i == 0, "name": label,
+                       "reversescale": True, "zmin": 0, "zmax": heat_max(z), "visible": i == 0, "name": label,
                        "colorbar": {"title": {"text": f"{label} (ms)"}},
                        "hovertemplate": f"%{{y}}, collectives begun at %{{x:.2f}} s: {what}<extra></extra>"})
     # what a heatmap cell cannot hold: a rank that never entered a collective its peers entered,
@@ -396,10 +417,23 @@ def _cells(z: np.ndarray) -> list:
     return np.where(np.isnan(z), None, z).tolist()
 
 
+HEAT_SCALE = 10.0    # a heatmap's colours saturate at this many times the median cell ...
+HEAT_FLOOR_MS = 50.0  # ... and never below this: a clean job's few-ms spread stays pale
+
+
+def heat_max(z: np.ndarray, floor_ms: float = HEAT_FLOOR_MS) -> float:
+    """The value a heatmap's scale ends at: fixed relative to the median cell (HEAT_SCALE x),
+    not fitted to the run's own maximum, so a clean job is never painted dark red."""
+    finite = z[np.isfinite(z)]
+    med = float(np.median(finite)) if len(finite) else 0.0
+    return round(max(HEAT_SCALE * med, floor_ms), 3)
+
+
 def _heat(p: pd.DataFrame, label: str, visible: bool) -> dict:
     z = p.to_numpy(dtype="float64").round(3)
     return {"type": "heatmap", "x": [int(c) for c in p.columns], "y": [f"rank {int(r)}" for r in p.index],
             "z": [[None if np.isnan(v) else float(v) for v in row] for row in z], "colorscale": "YlOrRd",
+            "zmin": 0, "zmax": heat_max(z),
             "colorbar": {"title": {"text": label}}, "reversescale": True, "visible": visible, "name": label,
             "hovertemplate": "rank %{y}, op %{x}: %{z} ms<extra>" + label + "</extra>"}
 

@@ -27,6 +27,8 @@ from markupsafe import Markup
 
 from .. import __version__
 from ..errors import InputError
+from ..findings.contract import rank_hosts_of
+from ..findings.evidence import ms
 from . import data, figures
 
 TEMPLATE = "report.html.j2"
@@ -120,7 +122,7 @@ def detail(key: str, v: Any, first=()) -> str:
     more than ``MAX_DETAIL_ITEMS`` entries shortened (keys in ``first``, e.g. the finding's
     ranks, kept first), the rest said in a count."""
     if key.endswith("_ns") and isinstance(v, (int, float)) and not isinstance(v, bool) and not pd.isna(v):
-        return data.utc(v) if abs(v) > 1e15 else f"{v / 1e6:.3f} ms"
+        return data.utc(v) if abs(v) > 1e15 else ms(v)
     if isinstance(v, (dict, list)):
         more = len(v) - MAX_DETAIL_ITEMS
         if more > 0 and isinstance(v, dict):
@@ -166,7 +168,17 @@ def records_table(key: str, title: str, records: list[dict], limit: int, note: s
     shown = records[:limit]
     numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)
                    for r in shown if r.get(c) is not None) for c in cols]
-    return Table(key, title, cols, [[fmt(r.get(c)) for c in cols] for r in shown], note=note, numeric=numeric)
+    return Table(key, title, cols, [[detail(c, r.get(c)) if c.endswith("_ns") else fmt(r.get(c)) for c in cols]
+                                    for r in shown], note=note, numeric=numeric)
+
+
+def key_label(key: str) -> str:
+    """A key number's name for people: "slow_p50_ns" -> "slow p50" (its value carries the unit)."""
+    k = str(key)
+    for suffix in ("_ns", "_ms"):
+        if k.endswith(suffix):
+            k = k[:-len(suffix)]
+    return k.replace("_", " ")
 
 
 def _json_script(obj: Any) -> str:
@@ -213,6 +225,16 @@ def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[s
                   + (f" The {TOP_ROWS} shown: the ranks blamed, then the latest (lateness p99), then those with "
                      "the most trouble (calls not completed, lost data, resets); the last row: every rank together."
                      if many else ""))
+    else:
+        # a late capture: no call traced, but the state at capture knows every rank (its
+        # position, Flight Recorder counters, main thread, sockets): the hang finding's evidence
+        state = next((f for f in findings if f.details.get("state_at_capture") and f.evidence), None)
+        if state is not None:
+            rows = state.to_json()["evidence"]
+            tables["ranks"] = records_table("ranks", "Per rank: the state at capture", rows, TOP_ROWS,
+                                            note="No call was traced while the capture ran (it began after the "
+                                                 "hang): each rank's last launched and completed collective, "
+                                                 "its main thread and its sockets, as the capture found them.")
     flows, nflows, totals = data.flow_table(model, limit=TOP_ROWS)
     if len(flows):
         many = nflows > len(flows)
@@ -381,7 +403,7 @@ def context(analysis) -> dict[str, Any]:
     progress = data.progress_of(analysis)
     stuck = [p for p in progress if p.stuck_op_count is not None]
     hang_kinds = {"hang_mismatch", "hang_stuck"}
-    show_hang = bool(stuck) or any(f.kind in hang_kinds for f in findings)
+    show_hang = any(f.kind in hang_kinds for f in findings)
     hang_tables = [_progress_table(i, p) for i, p in enumerate(progress)] if show_hang else []
 
     evidence, links = [], []
@@ -396,20 +418,27 @@ def context(analysis) -> dict[str, Any]:
                                          if len(j["links"]) > TOP_ROWS else "")))
     bundles = [x for c in model.captures for x in (c.get("given") or [c.get("bundle", "")])]
     captures, capture_hosts, hosts_left = _capture_hosts(
-        data.capture_view(analysis), {h for f in serious for h in f.hosts})
+        data.capture_view(analysis), {h for f in serious for h in f.hosts + f.nodes})
     skew, skew_left = _skew(data.skew_rows(analysis))
     hosts = [str(h) for h in model.hosts]
     hosts_text = ", ".join(hosts[:MAX_HOST_DETAILS]) + (f", … and {len(hosts) - MAX_HOST_DETAILS} more"
                                                           if len(hosts) > MAX_HOST_DETAILS else "")
+    # the ranks' own host names, where they differ from the captures' (pods, namespaces)
+    own = sorted({h for h, _ in rank_hosts_of(model).values() if h} - set(hosts))
+    rank_hosts_text = (", ".join(own[:MAX_HOST_DETAILS]) + (f", … and {len(own) - MAX_HOST_DETAILS} more"
+                                                            if len(own) > MAX_HOST_DETAILS else "")) if own else ""
     return {
-        "version": __version__,
+        "version": __version__, "rank_hosts": own, "rank_hosts_text": rank_hosts_text,
         "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
         "verdict": analysis.verdict(),
-        "worst": (serious[0].severity if serious else "ok"),
-        "banner": banner, "info_notes": notes, "findings": findings, "evidence": evidence, "links": links,
+        "worst": (serious[0].severity if serious else
+                  "warning" if any(p.startswith("detector ") for p in analysis.problems) else "ok"),
+        "banner": banner, "first_fields": data.first_screen(analysis, banner[0]) if banner else [],
+        "info_notes": notes, "findings": findings, "evidence": evidence, "links": links,
         "hosts": model.hosts, "hosts_text": hosts_text, "span": span,
-        "start_utc": data.utc(span.start_ns), "end_utc": data.utc(span.end_ns),
-        "nranks": len(ranks) or _log_ranks(model), "ncalls": len(model.tables["nccl_events"]),
+        "start_utc": data.utc(span.start_ns), "end_utc": data.utc(span.end_ns), "span_text": data.span_text(analysis),
+        "nranks": data.known_ranks(analysis, ranks), "ncalls": len(model.tables["nccl_events"]),
+        "calls_text": data.calls_text(analysis),
         "ntcp": len(model.tables["tcp_events"]), "slow_ms": slow_ms,
         "figures": figs, "plots": plots, "tables": tables,
         "show_hang": show_hang, "stuck": stuck, "hang_tables": hang_tables,
@@ -419,15 +448,11 @@ def context(analysis) -> dict[str, Any]:
         "nwarn": len(model.tables.get("nccl_warnings", ())),
         "nwatchdog": len(model.tables.get("watchdog_events", ())),
         "skew": skew, "skew_left": skew_left, "problems": analysis.problems,
+        # one line per kind of gap and per problem met on several hosts; the details below
+        "gaps": data.gap_lines(analysis),
         "duration_sources": data.DURATION_SOURCES, "bundles": bundles,
         "query_target": " ".join(_shell_quote(b) for b in bundles) or "BUNDLE",
     }
-
-
-def _log_ranks(model) -> int:
-    """The ranks the logs know (their NCCL Init lines), when no NCCL call was traced."""
-    cfg = model.tables.get("nccl_config")
-    return int(pd.to_numeric(cfg["rank"], errors="coerce").nunique()) if cfg is not None and len(cfg) else 0
 
 
 def _shell_quote(s: str) -> str:
@@ -473,6 +498,7 @@ def _environment(templates: str, cache_dir: str | None = None):
                              trim_blocks=True, lstrip_blocks=True, bytecode_cache=bytecode_cache(cache_dir))
     env.filters["fmt"] = fmt
     env.filters["detail"] = lambda kv: detail(*kv)
+    env.filters["key_label"] = key_label
     env.filters["utc"] = data.utc
     env.filters["pct"] = lambda v: f"{100 * float(v):.0f}%"
     env.filters["ranks"] = data.rank_ranges

@@ -1,7 +1,8 @@
 """A ticket-ready Markdown summary (``stallscope analyze --markdown summary.md``).
 
-The verdict, each finding with its key numbers, what to do, a few evidence rows and its
-SQL, then the per-rank numbers and what the capture lacked. Text from bundles (host
+The verdict and the report's first-screen fields, the findings one line each, the top
+finding's whole verdict and evidence, the most telling ranks, and one line per kind of gap
+in the capture (:func:`render`). Text from bundles (host
 names, process names, paths) is escaped so a ticket system renders it as text: no HTML
 passes through, and table cells cannot break their row.
 """
@@ -12,7 +13,7 @@ import re
 from . import data
 from .html import detail, fmt
 
-MAX_EVIDENCE_ROWS = 10
+MAX_EVIDENCE_ROWS = 8
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|~])")   # with < > & as entities: no emphasis, link, code or cell break
 
 
@@ -49,87 +50,69 @@ def fenced(body: str, lang: str = "") -> list[str]:
     return [fence + lang, body, fence]
 
 
+MD_RANK_ROWS = 8          # the most telling ranks in a ticket; every rank in the report and `stallscope query`
+MD_FINDINGS = 8           # findings listed in the ticket's table
+
+
 def render(analysis) -> str:
+    """The ticket: the headline, the first screen's fields, the findings one line each, the
+    top finding's whole verdict and evidence, the serious others with what to do, the most
+    telling ranks, and one line per kind of gap in the capture. Nothing said twice; under
+    60 lines however large the job (the report and ``--json`` hold the rest)."""
     model = analysis.model
-    span = data.time_span(analysis)
     findings = analysis.findings
+    serious = [f for f in findings if f.severity in ("error", "warning")]
     lines = ["# stallscope: " + text(analysis.verdict()), ""]
-    lines.append(f"- hosts: {', '.join(text(h) for h in model.hosts)}")
+    if serious:
+        lines += [f"- **{fl.label}:** {text(fl.text)}" for fl in data.first_screen(analysis, serious[0])]
     loose = [c for c in model.captures if c.get("kind") == "loose"]
-    nf = f"{len(findings)} finding{'' if len(findings) == 1 else 's'}"
+    hosts = [str(h) for h in model.hosts]
+    hosts_txt = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'} ({text(', '.join(hosts[:6]))}" \
+        + (" …)" if len(hosts) > 6 else ")")
     if loose and len(loose) == len(model.captures):     # the logs alone
         read = sum(len(c.get("files_read") or []) for c in loose)
-        lines.append(f"- from the logs alone: {read} file(s) read, {len(model.tables['nccl_warnings'])} NCCL WARN "
-                     f"lines, {len(model.tables.get('watchdog_events', ()))} PyTorch watchdog lines, {nf}")
+        lines.append(f"- **Read:** {hosts_txt}; the logs alone: {read} file(s), {len(model.tables['nccl_warnings'])} "
+                     f"NCCL WARN lines, {len(model.tables.get('watchdog_events', ()))} PyTorch watchdog lines")
     else:
-        secs = f" ({span.seconds:.1f} s)" if span.seconds is not None else ""
-        lines.append(f"- captured: {data.utc(span.start_ns)} to {data.utc(span.end_ns)}{secs}")
-        lines.append(f"- {len(model.tables['nccl_events'])} NCCL calls, {len(model.tables['tcp_events'])} TCP "
-                     f"events, {nf}")
+        lines.append(f"- **Captured:** {hosts_txt}, {text(data.span_text(analysis))}; "
+                     f"{data.calls_text(analysis)}, {len(model.tables['tcp_events'])} TCP events")
     lines.append("")
     if findings:
         lines += ["## Findings", ""]
-        lines += table(["#", "severity", "kind", "confidence", "ranks", "summary"],
-                       [[i + 1, f.severity, f.kind, f"{100 * f.confidence:.0f}%", f.ranks or "-", f.summary]
-                        for i, f in enumerate(findings)])
+        lines += table(["#", "severity", "kind", "confidence", "ranks", "hosts", "verdict"],
+                       [[i + 1, f.severity, f.kind, f"{100 * f.confidence:.0f}%", f.ranks or "-",
+                         ", ".join(f.hosts[:4]) or "-", f.headline or f.summary]
+                        for i, f in enumerate(findings[:MD_FINDINGS])])
+        if len(findings) > MD_FINDINGS:
+            lines.append(f"\n... and {len(findings) - MD_FINDINGS} more findings (in the report and --json)")
         lines.append("")
-        for i, f in enumerate(findings, 1):
+        for i, f in enumerate(serious[:3], 1):
             lines += [f"### {i}. {text(f.severity)}: {text(f.kind)} (confidence {100 * f.confidence:.0f}%)", "",
                       para(f.summary), ""]
-            if f.action:
+            if i > 1 and f.action:            # the first one's is under Next above
                 lines += [f"**What to do:** {text(f.action)}", ""]
-            who = []
-            if f.ranks:
-                who.append("ranks " + text(f.ranks))
-            if f.peer_ranks:
-                who.append("peer ranks " + text(f.peer_ranks))
-            if f.hosts:
-                who.append("hosts " + text(f.hosts))
-            if who:
-                lines += ["- " + "; ".join(who)]
-            for k, v in (f.details or {}).items():
-                if isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, (dict, list)) for x in v)):
-                    continue    # nested breakdowns: in the report and --json, too long for a ticket
-                lines.append(f"- {text(k)}: {text(detail(k, v))}")
-            if who or f.details:
-                lines.append("")
             ev = f.to_json()["evidence"]
-            if ev:
+            if i == 1 and ev:
                 cols = data.evidence_columns(ev)
                 lines += [f"Evidence ({len(ev)} row{'' if len(ev) == 1 else 's'}"
-                          + (f", first {MAX_EVIDENCE_ROWS}" if len(ev) > MAX_EVIDENCE_ROWS else "") + "):", ""]
+                          + (f", first {MAX_EVIDENCE_ROWS}" if len(ev) > MAX_EVIDENCE_ROWS else "")
+                          + "; its SQL in the report and --json):", ""]
                 lines += table(cols, [[r.get(c) for c in cols] for r in ev[:MAX_EVIDENCE_ROWS]])
                 lines.append("")
-            if f.sql:
-                lines += ["SQL (`stallscope query BUNDLE \"...\"`):", ""] + fenced(f.sql, "sql") + [""]
     else:
         lines += ["No findings.", ""]
 
     ranks = data.rank_table(analysis)
     if len(ranks):
         cols = [c for c in ("rank", "host", "calls", "not_completed", "p50_ms", "p99_ms", "lateness_p99_ms",
-                            "retx_kernel", "retx_pcap", "dup_acks", "resets", "offcpu_ms") if c in ranks.columns]
-        shown = ranks
-        if len(ranks) > data.TOP_ROWS:   # the most telling ranks (blamed, latest, most trouble), as the report
-            blamed = {r for f in analysis.findings if f.severity in ("error", "warning") for r in f.ranks}
-            shown = ranks.iloc[data.trouble_order(ranks.reset_index(drop=True), blamed)[:data.TOP_ROWS]]
+                            "retx_kernel", "retx_pcap", "dup_acks", "resets") if c in ranks.columns]
+        blamed = {r for f in serious for r in f.ranks}
+        shown = ranks.iloc[data.trouble_order(ranks.reset_index(drop=True), blamed)[:MD_RANK_ROWS]] \
+            if len(ranks) > MD_RANK_ROWS else ranks
         lines += ["## Per rank", ""] + table(cols, shown[cols].values.tolist()) + [""]
         if len(shown) < len(ranks):
             lines += [f"... and {len(ranks) - len(shown)} more ranks (the ranks blamed, then the latest, shown "
-                      "first; all of them in `stallscope query`)", ""]
-
-    stuck = [p for p in data.progress_of(analysis) if p.stuck_op_count is not None]
-    if stuck:
-        lines += ["## Hang point", ""]
-        for p in stuck:
-            s = (f"- communicator {code(p.comm_id_hash)}: {text(p.stuck_op)} #{p.stuck_op_count} "
-                 "not completed by every rank")
-            if p.missing_ranks:
-                s += f"; never entered: ranks {text(p.missing_ranks)}"
-            if p.waiting_ranks:
-                s += f"; waiting: ranks {text(p.waiting_ranks)}"
-            lines.append(s)
-        lines.append("")
+                      "first; all of them in the report and `stallscope query`)", ""]
 
     lines += ["## Capture", ""]
     for c in data.capture_view(analysis):
@@ -137,28 +120,17 @@ def render(analysis) -> str:
             lines.append(f"- loose evidence: {len(c['files_read'])} file(s) read"
                          + (f", {len(c['not_read'])} not read" if c["not_read"] else "")
                          + "; absent: " + ", ".join(text(a["evidence"]) for a in c["absent"]))
-            for nr in c["not_read"][:10]:
-                lines.append(f"  - not read: {code(nr['path'])}: {text(nr['reason'])}")
-            continue
-        counts = ", ".join(f"{n} {s}" for s, n in c["status_counts"].items())
-        secs = f" ({c['seconds']:.1f} s)" if c["seconds"] is not None else ""
-        partial = " **partial capture**" if c.get("partial") else ""
-        lines.append(f"- {text(c['host'])}: {c['start_utc']} to {c['end_utc']}{secs}, collectors {counts}{partial}")
-        for k in c["collectors"]:
-            if k["status"] != "ok":
-                lines.append(f"  - {text(k['name'])} {text(k['status'])}: {text(k.get('reason') or '')}")
-    for s in data.skew_rows(analysis):
-        lines.append(f"- clock skew {text(s['host_b'])} - {text(s['host_a'])}: {text(s['skew_ms'])} ms "
-                     f"({text(s['status'])})")
-    for n in getattr(model, "notes", []):
-        lines.append(f"- {text(n)}")
-    if analysis.problems:
-        lines += ["", f"Problems met ({len(analysis.problems)}):", ""]
-        lines += [f"- {text(p)}" for p in analysis.problems[:20]]
-        if len(analysis.problems) > 20:
-            lines.append(f"- ... and {len(analysis.problems) - 20} more (see --json)")
+    gaps = data.gap_lines(analysis) + [str(n) for n in getattr(model, "notes", [])]
+    lines += [f"- {text(g)}" for g in gaps[:MD_GAPS]]
+    if len(gaps) > MD_GAPS:
+        lines.append(f"- ... and {len(gaps) - MD_GAPS} more (the report's capture section)")
+    if not gaps:
+        lines.append("- every collector ran on every host")
     lines.append("")
     return "\n".join(lines)
+
+
+MD_GAPS = 8
 
 
 def write(analysis, fh) -> None:

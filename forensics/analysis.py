@@ -48,14 +48,19 @@ class Analysis:
         return self.findings[0] if self.findings else None
 
     def verdict(self) -> str:
-        """One sentence: the most important finding, or what was (not) seen."""
+        """One line of at most HEADLINE_CHARS: the most important finding's headline, or what
+        was (not) seen."""
+        from .findings.contract import shorten
+        return shorten(self._verdict())
+
+    def _verdict(self) -> str:
         serious = [f for f in self.findings if f.severity in ("error", "warning")]
         if serious:
             return serious[0].headline or serious[0].summary
         failed = [p for p in self.problems if p.startswith("detector ")]
         if failed:   # never a clean bill of health over a check that did not run
-            return (f"No finding, but {len(failed)} detector(s) failed ({failed[0]}): this analysis is "
-                    "incomplete; see the capture section.")
+            return (f"No finding, but {len(failed)} detector(s) failed: this analysis is incomplete (see the "
+                    f"capture section): {failed[0]}")
         n = len(self.model["nccl_events"])
         caps = self.model.captures
         if n == 0 and caps and all(c.get("kind") == "loose" for c in caps):
@@ -67,8 +72,8 @@ class Analysis:
             return said or "No NCCL collectives were captured: no verdict on the job (see the capture section)."
         if any(f.kind == "transport" and f.details.get("rule") == "rdma_invisible_to_tcp" for f in self.findings):
             # no retransmission means nothing when NCCL's traffic never touched the TCP stack
-            return (f"No problem found in {n} NCCL calls; their traffic went over RDMA, invisible to TCP "
-                    "evidence: the IB counters are the network evidence, and they show no error.")
+            return (f"No problem found in {n} NCCL calls; their traffic went over RDMA, invisible to TCP: the "
+                    "IB counters are the network evidence, and they show no error.")
         return f"No problem found in {n} NCCL calls and their TCP traffic."
 
     def to_json(self) -> dict[str, Any]:
@@ -90,10 +95,9 @@ def _logs_verdict(model: Model) -> str:
     read = sum(len(c.get("files_read") or []) for c in model.captures)
     coll = t.get("coll_log_ops")
     ranks = int(coll["rank"].nunique()) if coll is not None and len(coll) else 0
-    what = (f"; their COLL lines reach each of {ranks} ranks' last launched collective" if ranks else "")
-    return (f"No failure in the {read} log file(s) read: no NCCL WARN line, PyTorch watchdog timeout or failed "
-            f"process{what}. Logs alone cannot show a slow link or a straggler: capture during the incident "
-            "(stallscope capture) for those.")
+    what = (f"; COLL lines place all {ranks} ranks" if ranks else "")
+    return (f"No failure in {read} log file(s): no NCCL WARN, watchdog timeout or failed process{what}. A slow "
+            "link or a straggler needs a capture (stallscope capture).")
 
 
 def _model_only(model: Model, options: Options) -> Analysis:

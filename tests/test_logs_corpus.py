@@ -133,6 +133,16 @@ def test_sample(sample, tmp_path):
         assert not any(f["kind"] == kind for f in findings), [f["summary"] for f in findings if f["kind"] == kind]
     if "exit" in exp:
         assert rc == exp["exit"], doc["verdict"]
+    # the first screen from the logs alone (issue 36): one line, no clause cut short, and the
+    # top serious finding's ranks by their own hosts where the logs name them
+    serious = [f for f in findings if f["severity"] in ("error", "warning")]
+    assert len(doc["verdict"]) <= 200 and doc["verdict"].count("(") == doc["verdict"].count(")"), doc["verdict"]
+    if serious:
+        top = serious[0]
+        assert doc["verdict"] == top["headline"] and not doc["verdict"].endswith((":", ";", ",")), doc["verdict"]
+        assert "{" not in top["headline"], top["headline"]
+        assert top["since_ns"] is not None or "time not in the logs" in top["headline"] \
+            or "since" not in top["headline"], top["headline"]
     con.close()
 
 

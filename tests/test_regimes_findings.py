@@ -231,7 +231,7 @@ def checked(runs: Runs, name: str) -> Result:
 def findings_of(res: Result):
     a = analyze([str(b) for b in res.bundles])
     try:
-        return a.top, list(a.findings), a.verdict
+        return a.top, list(a.findings), a.verdict()
     finally:
         a.close()
 
@@ -249,7 +249,8 @@ def check_verdict(name: str, res: Result, top, findings) -> None:
         return
     assert top is not None, describe(findings)
     assert top.kind in case.kinds, describe(findings)
-    assert top.severity in ("warning", "error"), describe(findings)
+    if top.kind == "network_loss":     # a link that drops is a fault to fix, whatever it costs (issue 36)
+        assert top.severity in ("warning", "error"), describe(findings)
     want = fault["ranks"]
     named = set(top.ranks)
     if case.link and fault.get("link"):

@@ -558,3 +558,27 @@ def test_every_tcp_marker_has_its_hover_text_a_missing_number_written_as_a_dash(
     assert texts and all(isinstance(t, str) and "NA" not in t and "nan" not in t for t in texts)
     assert any(t.endswith(" · - #- done") for t in texts)          # outside any collective
     assert any(" · ALL_REDUCE #" in t for t in texts)
+
+
+def test_a_failed_detector_never_leaves_a_green_screen(monkeypatch):
+    """A clean capture whose network detector broke: the verdict says the analysis is
+    incomplete, the first screen is not green, and the same run without the fault is."""
+    from forensics.findings import base
+
+    def broken(ctx):
+        raise RuntimeError("broken on purpose")
+
+    clean = run_analysis([bundle("clean" if "clean" in SCENARIOS else SCENARIOS[0])])
+    try:
+        assert clean.verdict().startswith("No problem found") and 'class="verdict ok"' in html_report.render(clean)
+    finally:
+        clean.close()
+    monkeypatch.setitem(base._DETECTORS, "network_loss", broken)
+    a = run_analysis([bundle("clean" if "clean" in SCENARIOS else SCENARIOS[0])])
+    try:
+        assert a.verdict().startswith("No finding, but 1 detector(s) failed"), a.verdict()
+        assert "network_loss" in a.verdict() and len(a.verdict()) <= 200
+        page = html_report.render(a)
+        assert 'class="verdict warning"' in page and 'class="verdict ok"' not in page
+    finally:
+        a.close()

@@ -78,6 +78,7 @@ def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
         where = rank_hosts(ctx)
     except Exception:   # noqa: BLE001 - a model without these tables: the detectors' own names stay
         where = {}
+    logs_only = bool(ctx.model.captures) and all(c.get("kind") == "loose" for c in ctx.model.captures)
     for f in findings:
         blamed = [int(r) for r in f.ranks if int(r) in where]
         own = sorted({where[r][0] for r in blamed if where[r][0]})
@@ -88,16 +89,18 @@ def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
             f.nodes = nodes
         if not f.headline:
             f.headline = headline_of(f.summary)
-        f.headline = shorten(fill(f.headline, f, where))
+        f.headline = shorten(fill(f.headline, f, where, logs_only))
     return findings
 
 
-def fill(text: str, f: Finding, where: dict) -> str:
-    """``text`` with ``{who}``, ``{peers}`` and ``{since}`` filled from ``f``."""
+def fill(text: str, f: Finding, where: dict, logs_only: bool = False) -> str:
+    """``text`` with ``{who}``, ``{peers}`` and ``{since}`` filled from ``f`` (an undated
+    finding of the logs alone is "time not in the logs", of a capture "since before it")."""
     if "{" not in text:
         return text
+    since = since_text(f.since_ns) if f.since_ns is not None or not logs_only else "time not in the logs"
     return (text.replace("{who}", who(f.ranks, where)).replace("{peers}", ranks_text(f.peer_ranks))
-            .replace("{since}", since_text(f.since_ns)))
+            .replace("{since}", since))
 
 
 def who(ranks, where: dict) -> str:
@@ -121,18 +124,26 @@ def since_text(ns) -> str:
 _CLAUSE = re.compile(r"(?<=[.;:])\s")
 
 
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
 def headline_of(summary: str) -> str:
-    """A summary's first sentence or clause, whole when it fits in HEADLINE_CHARS."""
+    """A summary's first sentence, or as many of its first clauses as fit in HEADLINE_CHARS,
+    ending on no dangling ';' or ':' and with no parenthesis left open."""
     text = " ".join(summary.split())
-    if len(text) <= HEADLINE_CHARS:
-        return text
+    first = _SENTENCE.split(text, maxsplit=1)[0]
+    if len(first) <= HEADLINE_CHARS:
+        return first
     out = ""
-    for part in _CLAUSE.split(text):
+    for part in _CLAUSE.split(first):
         nxt = f"{out} {part}".strip()
         if len(nxt) > HEADLINE_CHARS:
             break
         out = nxt
-    return out or text
+    out = (out or first).rstrip(" ;:,")
+    while out.count("(") > out.count(")"):
+        out = out[:out.rindex("(")].rstrip(" ;:,")
+    return out or first
 
 
 def shorten(text: str, limit: int = HEADLINE_CHARS) -> str:

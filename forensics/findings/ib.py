@@ -78,7 +78,10 @@ def _completion_finding(ctx, st: int, g: pd.DataFrame, total: int) -> Finding:
                + (" - the first failure in the logs" if first else "") + warns.cascade_text(ctx, g) + ".")
     blamed = [b.shared] if b.shared else b.hosts
     since_ns, src = warns.since(g)
+    at = (f"all to peers on {b.shared}" if b.shared and b.side == "peer" else
+          f"from {b.shared}" if b.shared else f"on {warns.hosts_text(b.hosts, total)}")
     return Finding(
+        headline=(f"IB completion errors ({name if st >= 0 else 'an error'}){dev_txt}, {at}" + " ({since})"),
         kind="ib_errors", severity="warning" if follows and not first else "error",
         confidence=0.85 if not follows else 0.6, summary=summary, ranks=warns.ranks_of_hosts(ctx, blamed),
         hosts=blamed, links=warns.links(g),

@@ -427,6 +427,7 @@ def logged_resets(ctx) -> list[Finding]:
 WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
     from .warns import hosts_of_ranks
     return [Finding(
+        headline="A TCP reset broke NCCL's connection {who} -> {peers} ({since})",
         kind="connection_reset", severity="error", confidence=0.75, summary=summary, ranks=[snd],
         hosts=[directory[snd].host] if snd in directory and directory[snd].host else hosts_of_ranks(ctx, [snd]),
         peer_ranks=[rcv],

@@ -111,6 +111,8 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9,
+            headline=("Hang: {who} called a different collective than {peers} at SeqNum " + f"{n} ({{since}})"),
+            confidence_note="each rank's own watchdog line names the call it waits in",
             summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)} while "
                      f"{ranks_text(others)} called {majority}; every one timed out after {_secs(ran)}."),
             ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
@@ -131,6 +133,9 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         waiting = sorted(r for r in members if r not in lagging)
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.85 if behind else 0.7,
+            headline=("Hang: {who} never reached " + what + "; {peers} timed out waiting in it ({since})"),
+            confidence_note=("each rank's last enqueued work is in its logs" if behind else
+                             "lower: these ranks logged no timeout: never enqueued, or waiting outside NCCL"),
             summary=(f"Hung: {ranks_text(lagging)}{_hosts_of(lagging, dir_hosts)} never reached {what} of {pg_txt} "
                      f"({how}); {ranks_text(waiting)} timed out waiting in it after {_secs(ran)}."),
             ranks=lagging, hosts=_host_list(lagging, dir_hosts), peer_ranks=waiting,
@@ -155,6 +160,11 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     hosts = sorted({h for h in (first["host"].head(1) if len(first) else []) if isinstance(h, str)})
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,
+        headline=(("Hang: every rank timed out in " + what + "; first failure on {who} ({since})") if blamed else
+                  ("Hang: every rank timed out in " + what + (f"; first failure on {hosts[0]}" if hosts else
+                                                              "; the logs name no cause") + " ({since})")),
+        confidence_note=("the logs name the first failure" if cause else
+                         "lower: the hang is certain, the logs name no cause"),
         summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(timed)}) timed out in {what} after "
                  f"{_secs(ran)}: the collective itself stalled (a peer's GPU or process, or the network){cause}."),
         ranks=blamed, hosts=hosts or _host_list(blamed, dir_hosts), peer_ranks=sorted(set(timed) - set(blamed)),

@@ -10,6 +10,8 @@ them.
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import pandas as pd
@@ -179,12 +181,26 @@ def class_finding(ctx, kind: str, cls: str, g: pd.DataFrame, *, confidence: floa
                f"\"{str(g.iloc[0]['message'])[:160]}\" ({len(g)} line(s), first on {first_text(g)}"
                + (", the first failure in the logs" if first else "") + ")" + cascade_text(ctx, g) + ".")
     return Finding(
+        headline=f"{short_meaning(c.meaning)} on {hosts_text(hosts, len(job_hosts(ctx)))}" + " ({since})",
         kind=kind, severity=severity or ("warning" if c.cascade and not first else "error"),
         confidence=confidence if not c.cascade else min(confidence, 0.5), summary=summary, ranks=ranks, hosts=hosts,
         evidence=evidence(g), sql=sql([cls]), action=f"On {', '.join(hosts[:3]) or 'the hosts'}: {c.action}",
         score=FIRST_FAILURE_SCORE if first else (LOG_FINDING_SCORE if not c.cascade else 1e5), since_ns=since_ns,
         since_source=src, details={"rule": f"logged_{cls}", "class": cls, "lines": int(len(g)),
                                    "first_failure": first})
+
+
+_CODE = re.compile(r"\b([A-Z][A-Z0-9]*_[A-Z0-9_]+)\b")
+_PAREN = re.compile(r"\s*\([^()]*\)")
+
+
+def short_meaning(meaning: str) -> str:
+    """A failure class's meaning cut to its name for a headline: its first clause without
+    the parenthesised asides, and an error code it names ("RETRY_EXC_ERR")."""
+    head = re.split(r"\s*[:;]", _PAREN.sub("", meaning), maxsplit=1)[0].strip().rstrip(",")
+    code = _CODE.search(meaning)
+    text = head[:1].upper() + head[1:]
+    return text + (f" ({code.group(1)})" if code and code.group(1) not in text else "")
 
 
 def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
@@ -194,4 +210,4 @@ def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
 
 __all__ = ["Blame", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
            "evidence", "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "links",
-           "ranks_of_hosts", "rows_of", "since", "sql", "utc_clock"]
+           "ranks_of_hosts", "rows_of", "short_meaning", "since", "sql", "utc_clock"]

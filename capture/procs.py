@@ -12,8 +12,10 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 import socket
 import struct
+import subprocess
 from dataclasses import dataclass, field
 
 from .elf import ElfError, exported_functions_cached
@@ -51,6 +53,7 @@ class ProcInfo:
     netns_inode: int | None = None
     start_ticks: int | None = None
     python: bool = False
+    hostname: str | None = None          # as the process sees it (uts_hostname)
 
     def rank_facts(self) -> dict:
         e = self.env
@@ -75,7 +78,7 @@ class ProcInfo:
              "cmdline": self.cmdline, "env": self.env,
              "libnccl": [l.path for l in self.nccl_libs], "libcudart": [l.path for l in self.cudart_libs],
              "libcuda": [l.path for l in self.cuda_libs], "netns_inode": self.netns_inode,
-             "start_ticks": self.start_ticks, "python": self.python}
+             "start_ticks": self.start_ticks, "python": self.python, "hostname": self.hostname}
         return d
 
 
@@ -170,6 +173,34 @@ def read_env(pid: int) -> dict[str, str]:
     return env
 
 
+_UTS_NAMES: dict[int, str | None] = {}     # UTS namespace inode -> its host name (asked once)
+
+
+def uts_hostname(pid: int | str) -> str | None:
+    """The host name the process itself sees: gethostname() in its UTS namespace, which is
+    what NCCL prints in its log prefix (a container's or a pod's own name, not the node's).
+    Our own namespace: os.uname(); another one: ``nsenter --uts`` running ``uname -n``
+    there (util-linux and coreutils), asked once per namespace. None when unknown."""
+    try:
+        ino = os.stat(f"/proc/{pid}/ns/uts").st_ino
+        if ino == os.stat("/proc/self/ns/uts").st_ino:
+            return os.uname().nodename
+    except OSError:
+        return None
+    if ino not in _UTS_NAMES:
+        name = None
+        nsenter = shutil.which("nsenter")
+        if nsenter:
+            try:
+                p = subprocess.run([nsenter, f"--uts=/proc/{pid}/ns/uts", "uname", "-n"], capture_output=True,
+                                   text=True, timeout=2)
+                name = p.stdout.strip() or None if p.returncode == 0 else None
+            except (OSError, subprocess.SubprocessError):
+                name = None
+        _UTS_NAMES[ino] = name
+    return _UTS_NAMES[ino]
+
+
 def netns_inode(pid: int | str) -> int | None:
     try:
         return os.stat(f"/proc/{pid}/ns/net").st_ino
@@ -215,6 +246,7 @@ def inspect(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None) 
     info.cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
     info.env = read_env(pid)
     info.netns_inode = netns_inode(pid)
+    info.hostname = uts_hostname(pid)
     stat = _read(f"/proc/{pid}/stat") or ""
     try:
         info.start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
@@ -350,6 +382,7 @@ def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: lis
                 info.cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
                 info.env = read_env(pid)
                 info.netns_inode = netns_inode(pid)
+                info.hostname = uts_hostname(pid)
                 out.append(info)
     return out
 

@@ -75,6 +75,7 @@ class ProcessInfo:
     netns_inode: int | None = None
     netns: str | None = None
     sockets: tuple[SocketInfo, ...] = ()
+    hostname: str | None = None          # the host name the process itself sees (its UTS namespace)
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,8 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
             cmdline=tuple(str(a) for a in _seq(p.get("cmdline")) if isinstance(a, (str, int))),
             env={str(k): str(v) for k, v in env.items()},
             libnccl=tuple(x for x in _seq(p.get("libnccl")) if isinstance(x, str)),
-            netns_inode=_int(p.get("netns_inode")), netns=_str(p.get("netns")), sockets=tuple(socks)))
+            netns_inode=_int(p.get("netns_inode")), netns=_str(p.get("netns")), sockets=tuple(socks),
+            hostname=_str(p.get("hostname"))))
 
     netns = []
     for n in raw.get("netns") if isinstance(raw.get("netns"), list) else []:

@@ -872,3 +872,31 @@ def test_the_jobs_own_output_file_is_attached_and_read_as_its_log(tmp_path):
     from forensics.model import build_model
     wd = build_model([res.path]).tables["watchdog_events"]
     assert wd["rank"].tolist() == [3] and wd["seq_num"].tolist() == [5]
+
+
+@pytest.mark.root
+def test_a_process_in_its_own_uts_namespace_is_named_by_its_own_host_name():
+    """What NCCL prints is gethostname() inside the process's UTS namespace (a pod's or a
+    container's name): the capture records that, not the node's name."""
+    from conftest import require_root, require_tool
+    require_root()
+    require_tool("unshare", "nsenter")
+    assert procs.uts_hostname(os.getpid()) == os.uname().nodename
+    name = f"pod-{os.getpid()}"
+    p = subprocess.Popen(["unshare", "--uts", "sh", "-c", f"hostname {name} && exec sleep 30"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            got = procs.uts_hostname(p.pid)
+            # sh sets the name, then execs sleep in the same namespace; the cache is per namespace,
+            # so ask again only until the name is set
+            if got == name:
+                break
+            procs._UTS_NAMES.clear()
+            time.sleep(0.05)
+        assert procs.uts_hostname(p.pid) == name
+        assert procs.uts_hostname(p.pid) != os.uname().nodename
+    finally:
+        p.kill()
+        p.wait()
+    assert procs.uts_hostname(p.pid) is None       # gone: unknown, never the node's name

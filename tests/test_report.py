@@ -312,7 +312,8 @@ def test_html_with_constructed_findings(built):
 def test_markdown_with_constructed_findings(built):
     md = md_report.render(built)
     assert md.startswith("# stallscope: rank 2 on &lt;script&gt;")
-    assert "- **Next:** Check the NIC" in md and "- **Where:** rank 2; on node2; links 2 ↔ 3" in md
+    assert "- **Next:** Check the NIC" in md
+    assert "- **Where:** rank 2; on node2; address 10.0.0.2; links 2 ↔ 3" in md
     assert "**What to do:** Look at rank 1's input pipeline" in md      # the other serious finding's
     assert "Evidence (40 rows, first 8;" in md
     assert len(md.splitlines()) < 60

@@ -7,7 +7,8 @@ report's first screen and the ``--json`` contract promise, the same way for all:
   prefix prints it: what an on-call engineer searches for), and ``nodes``: the captures
   that held those ranks, only where they differ (several ranks' pods captured on one
   node, or a lab's namespaces captured from the machine). :func:`rank_hosts` reads them
-  from the logs first (they name the rank's own host), then from the capture's tables;
+  from the process facts first (the capture asked each process's UTS namespace), then the
+  logs (their prefix names the rank's own host), then the capture's tables;
 - ``headline``: the verdict in at most HEADLINE_CHARS, from the detector's own, else the
   summary's first clause. A detector's headline may hold the placeholders ``{who}`` (the
   blamed ranks with their hosts), ``{peers}`` (the peer ranks) and ``{since}`` ("since
@@ -50,6 +51,10 @@ def rank_hosts_of(model) -> dict[int, tuple[str | None, str | None]]:
     """:func:`rank_hosts` of a model (the report's lanes name ranks the same way)."""
     own: dict[int, str] = {}
     node: dict[int, str] = {}
+    for c in model.captures:                     # the process's own UTS host name: what NCCL prints
+        for p in c.get("processes", []) or []:
+            if p.get("rank") is not None and p.get("hostname"):
+                own.setdefault(int(p["rank"]), str(p["hostname"]))
     for table, host_col, node_col in HOST_SOURCES:
         t = model.tables.get(table)
         if t is None or t.empty or host_col not in t or "rank" not in t:

@@ -109,7 +109,7 @@ def _rank_directory(ctx) -> dict[int, RankInfo]:
     # namespaces captured on one node keep their names (findings.contract.rank_hosts)
     from .contract import rank_hosts
     own = {r: h for r, (h, _) in rank_hosts(ctx).items() if h}
-    return {r: RankInfo(own.get(r) or hosts.get(r), addrs.get(r)) for r in sorted(set(hosts) | set(addrs))}
+    return {r: RankInfo(own.get(r) or hosts.get(r), addrs.get(r)) for r in sorted(set(hosts) | set(addrs) | set(own))}
 
 
 def label(directory: dict[int, RankInfo], rank) -> str:

@@ -191,10 +191,21 @@ def network_loss(ctx: Context) -> list[Finding]:
                     confidence_note=note,
                     headline=(f"Packet loss on {{who}}'s links (to {{peers}}): {int(slow.sum())} of {len(done)} "
                               f"collectives slowed, {imp.text()}"),
-                    since_ns=_first_ns(lossc), since_source="packets", since_precision_ns=1_000_000,
+                    since_ns=_first_on(lost, blame.links), since_source="packets: the first loss on these links",
+                    since_precision_ns=1_000_000,
                     ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
                     evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
                     details=details, impact_share=imp.share)]
+
+
+def _first_on(ev: pd.DataFrame, links) -> int | None:
+    """The first of ``ev``'s events (trouble_events rows) on any of ``links`` ((a, b) pairs)."""
+    if ev.empty or not links:
+        return None
+    want = pd.MultiIndex.from_tuples([tuple(sorted((int(a), int(b)))) for a, b in links])
+    on = pd.MultiIndex.from_arrays([pd.to_numeric(ev["a"], errors="coerce"), pd.to_numeric(ev["b"], errors="coerce")])
+    t = pd.to_numeric(ev.loc[np.asarray(on.isin(want), dtype=bool), "timestamp_ns"], errors="coerce")
+    return None if t.dropna().empty else int(t.min())
 
 
 def _pinned(ctx: Context, blame):
@@ -585,6 +596,7 @@ def slow_link(ctx: Context) -> list[Finding]:
     dur = done["duration_ns"].to_numpy(dtype=np.float64)
     impact_txt, ceiling, share = "", "info", None
     imp = Impact(0.0, 0.0, float(np.nansum(dur)), 0)
+    first_paid = None
     p10 = p50 = p90 = None
     if len(dur) >= MIN_BASELINE:
         p10, p50, p90 = (float(x) for x in np.quantile(dur, [0.1, 0.5, 0.9]))
@@ -594,6 +606,8 @@ def slow_link(ctx: Context) -> list[Finding]:
         # (no collective is known clean of a queue: the fastest stand in for clean ones)
         paid = dur > SLOW_FACTOR * clean_baselines(done, np.zeros(len(done), dtype=bool))
         imp = impact(done, paid, ~paid)
+        if paid.any():
+            first_paid = int(done.loc[paid, "t0"].min())
         # A capture that started after the link slowed down has no fast collectives to compare
         # with: every collective crosses the bottleneck. The queueing delay itself (its RTT
         # above the other links') is then the lower bound of what each collective pays.
@@ -642,6 +656,8 @@ def slow_link(ctx: Context) -> list[Finding]:
     return [Finding(kind="slow_link", severity=severity, confidence=confidence, summary=summary, ranks=blamed,
                     headline=(f"Slow link at {{who}}: {metric} {rtt_txt} vs {_us(base)} on the other links; "
                               f"it explains {imp.text()}"),
+                    since_ns=first_paid, since_source="tracer: the first collective that paid its queue"
+                    if first_paid is not None else None, since_precision_ns=1_000_000 if first_paid else None,
                     hosts=_hosts(directory, blamed), peer_ranks=peers,
                     links=[{"rank": x, "peer_rank": y, "rtt_us": round(float(r) / 1e3, 1),
                             "saddr": directory[x].addr if x in directory else None,

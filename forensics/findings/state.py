@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..model.windows import host_windows
-from .base import Context, Finding, detector
+from .base import HEADLINE_CHARS, Context, Finding, detector
 from .onset import Onset, capture_start_ns, comm_onset
 from .evidence import (dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
                        trouble_events, who_text)
@@ -703,8 +703,9 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
             confidence_note="from the threads' waits alone: every peer waits on this rank, and it on none",
             hosts=[directory[sink].host] if sink in directory and directory[sink].host else [],
             peer_ranks=waiting, evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
-            action=(f"Check rank {sink}'s GPU: nvidia-smi (utilisation stuck at 100%?), dmesg for Xid errors, "
-                    "cuda-gdb or py-spy dump --native of its process; then restart the job without that GPU."),
+            action=(f"Check {label(directory, sink)}'s GPU: nvidia-smi (utilisation stuck at 100%?), dmesg for "
+                    "Xid errors, cuda-gdb or py-spy dump --native of its process; then restart the job without that "
+                    "GPU."),
             details=_details(c, {"op_count": n, "sources": _sources_text(c, ["thread states"]),
                                  "wait_for": [[int(a), int(b)] for a, b in edges]}))
     summary = (f"{head}; no TCP retransmission, reset or stuck socket between its ranks and no rank that the "
@@ -943,6 +944,12 @@ def state_verdict(ctx) -> str | None:
         return (f"No hang: {c.label} progressed while the capture watched ({', '.join(moved)}), though the tracer "
                 "saw no collective complete.")
     where = sorted({st.where for st in c.ranks.values() if st.where and not st.in_nccl})
-    return (f"No collective completed in the {watched} the capture watched, and no rank of {c.label} is inside one: "
-            "the job is busy outside NCCL (compute, data loading, a checkpoint) or has ended; no hang"
-            + (f" (main threads in {'; '.join(where[:3])})" if where else "") + ".")
+    head = (f"No collective completed in the {watched} the capture watched and no rank is inside one: no hang; "
+            "the job is busy outside NCCL")
+    shown: list[str] = []
+    for w in where:                 # the main threads' places, as many as one line holds
+        if len(head) + len(" (main threads in )") + len("; ".join(shown + [w])) + 1 > HEADLINE_CHARS:
+            break
+        shown.append(w)
+    return head + (f" (main threads in {'; '.join(shown)})" if shown else " (compute, data loading, a checkpoint)") \
+        + "."

@@ -202,6 +202,8 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
     return Finding(
         kind="straggler", severity=impact_severity(imp.share, imp.slow), confidence=confidence, summary=summary,
         headline=f"Straggler: {{who}} enters {int(r.n)} collectives late; it explains {imp.text()}",
+        since_ns=int(mine["entry_ns"].min()), since_source="tracer: its first late entry",
+        since_precision_ns=1_000_000,
         ranks=[rank], impact_share=imp.share,
         hosts=[directory[rank].host] if rank in directory and directory[rank].host else [],
         evidence=evidence, sql=sql, score=float(r.total) / 1e9,

@@ -195,7 +195,8 @@ def capture_summary(b: Bundle) -> dict:
                         "files": list(c.files), "covered_ns": list(c.covered_ns) if c.covered_ns else None}
                        for c in m.collectors.values()],
         "processes": [{"pid": p.pid, "rank": p.rank, "world_size": p.world_size, "comm": p.comm,
-                       "cmdline": " ".join(p.cmdline), "libnccl": list(p.libnccl)} for p in m.processes],
+                       "cmdline": " ".join(p.cmdline), "libnccl": list(p.libnccl), "master_port": p.master_port,
+                       "hostname": p.hostname} for p in m.processes],
         "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),
         "problems": list(b.problems),
         **({"timezone": tz} if isinstance(tz, dict) else {}),

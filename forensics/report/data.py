@@ -657,6 +657,11 @@ def first_screen(analysis, f) -> list[Field]:
                      + (f" … ({len(f.ranks)})" if len(f.ranks) > 8 else ""))
     if f.hosts:
         where.append("on " + ", ".join(f.hosts[:6]) + (f" … ({len(f.hosts)} hosts)" if len(f.hosts) > 6 else ""))
+    addrs = sorted({str(a) for lk in f.links for r, a in ((lk.get("rank"), lk.get("saddr")),
+                                                         (lk.get("peer_rank"), lk.get("daddr")))
+                    if a and r is not None and r in f.ranks})
+    if addrs:
+        where.append("address " + ", ".join(addrs[:3]))
     links = [lk for lk in f.links if lk.get("rank") is not None and lk.get("peer_rank") is not None][:3]
     if links:
         where.append("links " + ", ".join(f"{lk['rank']} ↔ {lk['peer_rank']}" for lk in links)

@@ -366,6 +366,22 @@ def _trouble_events(ctx, classes: tuple[str, ...]) -> pd.DataFrame:
     return out.sort_values("timestamp_ns", kind="stable").reset_index(drop=True)
 
 
+TCP_SOURCE_NAMES = {"pcap": "packets (tcpdump)", "bpf": "kernel TCP tracepoints (tracer)"}
+
+
+def tcp_sources(ev: pd.DataFrame) -> str:
+    """What saw ``ev``'s events (trouble_events rows), in words: "packets (tcpdump) on 4
+    hosts, kernel TCP tracepoints (tracer) on 4 hosts"."""
+    if ev.empty:
+        return ""
+    parts = ev["src"].astype(str).str.split(":", n=2, expand=True)
+    out = []
+    for source, g in parts.groupby(0, sort=True):
+        hosts = g[1].nunique()
+        out.append(f"{TCP_SOURCE_NAMES.get(source, source)} on {hosts} host{'' if hosts == 1 else 's'}")
+    return ", ".join(out)
+
+
 def _codes(*cols: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """The columns, one after the other, as codes into one table of their distinct values as
     text (objects; the last one "<NA>", the code of a missing value): (codes, table)."""

@@ -21,9 +21,10 @@ import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity, shared
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, as_int, collective_windows, dedup_counts, dedup_sql,
-                       Impact, clean_baselines, impact, in_windows, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
-                       sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql, trouble_sql, who_text)
+from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, as_int, clean_baselines,
+                       collective_windows, dedup_counts, dedup_sql, impact, in_windows, kernel_logged_reset, label, ms,
+                       rank_directory, ranks_text, shared_endpoint, sql_int, sql_list, sql_str, tcp_sources,
+                       trouble_events, trouble_rows, trouble_rows_sql, trouble_sql, who_text)
 
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
 MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
@@ -186,6 +187,7 @@ def network_loss(ctx: Context) -> list[Finding]:
         "coverage": {str(k): round(v, 3) for k, v in blame.coverage.items()},
         "per_rank": _per_rank_durations(ctx, sw),
         "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
+        "sources": tcp_sources(ev[inside]) + ", tracer (collective times)",
     }
     return [Finding(kind="network_loss", severity=severity, confidence=confidence, summary=summary,
                     confidence_note=note,
@@ -280,7 +282,8 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
                     action=(f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link drop counters on "
                             "both ends, switch port counters): the link drops packets." if rate_txt else
                             "Watch the link's error counters; no action needed while collectives stay fast."),
-                    details={"events": n, "baseline_p50_ns": baseline, "slow_collectives": imp.slow},
+                    details={"events": n, "baseline_p50_ns": baseline, "slow_collectives": imp.slow,
+                             "sources": tcp_sources(lost[inside]) + ", tracer (collective times)"},
                     impact_share=imp.share)]
 
 

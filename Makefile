@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo bench fuzz lab regimes-clean-10 watch-clean-5min clean
+.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min clean
 
 all: test
 
@@ -51,6 +51,11 @@ demo: venv
 	$(VENV)/bin/stallscope analyze $(DEMO_BUNDLE) -o $(DEMO_OUT)/report.html --json $(DEMO_OUT)/findings.json \
 	  --markdown $(DEMO_OUT)/summary.md --perfetto $(DEMO_OUT)/trace.json --force || [ $$? -eq 1 ]
 	@echo "open $(DEMO_OUT)/report.html in a browser (offline; ui.perfetto.dev opens $(DEMO_OUT)/trace.json)"
+
+# the shipped bundle sets' JSON, Markdown and Perfetto outputs, kept byte for byte in
+# tests/fixtures/golden/ (tests/test_golden.py): regenerate only for a change meant to alter them
+golden: venv
+	$(PY) -m tests.golden
 
 # every benchmark (tracer_overhead needs root and bpftrace; it says so and is skipped otherwise;
 # fleet: 8-64 synthetic hosts of 1M packets each, ~10 minutes and ~2 GB of /tmp)

@@ -8,7 +8,7 @@ from forensics.findings import Context
 from forensics.findings.base import HEADLINE_CHARS, Finding
 from forensics.findings.contract import complete, headline_of, rank_hosts_of, shorten, since_text
 from forensics.model import Model
-from forensics.model.nccl import conform, empty
+from forensics.model.schema import conform, empty
 from forensics.model.schema import TABLES
 
 T = 1_795_856_490_481_527_866      # 2026-11-28 09:01:30.48 UTC

@@ -14,7 +14,7 @@ from forensics.findings import Context
 from forensics.findings.hang import hang_frontiers, hang_stuck
 from forensics.findings.state import hang_state
 from forensics.model import Model
-from forensics.model.nccl import conform, empty
+from forensics.model.schema import conform, empty
 from forensics.model.schema import TABLES
 
 T0 = 1_800_000_000_000_000_000

@@ -17,7 +17,7 @@ from forensics.findings.ib import ib_errors
 from forensics.findings.network import connection_reset, network_loss, slow_link
 from forensics.findings.straggler import straggler
 from forensics.model import Model
-from forensics.model.nccl import conform, empty
+from forensics.model.schema import conform, empty
 from forensics.model.schema import TABLES
 
 T0 = 1_800_000_000_000_000_000

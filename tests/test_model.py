@@ -304,7 +304,8 @@ def test_collectives_do_not_expand_an_absurd_communicator_size():
     """missing_ranks lists range(nranks) minus the ranks seen: a bundle claiming a million
     ranks for two seen must not make every collective a million-element list."""
     import duckdb
-    from forensics.model.nccl import COLLECTIVES_SQL, conform
+    from forensics.model.nccl import COLLECTIVES_SQL
+    from forensics.model.schema import conform
     rows = [{"timestamp_ns": 10 + r, "op": "ALL_REDUCE", "rank": r, "nranks": n, "comm_id_hash": h, "op_count": 0,
              "completed": True, "end_ns": 20, "bytes": 4}
             for h, n in (("0x1", 1_000_000), ("0x2", 4)) for r in (0, 1)]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from forensics.model.nccl import conform, unify_comm_ids
+from forensics.model.nccl import unify_comm_ids
+from forensics.model.schema import conform
 
 MS = 1_000_000
 STEP = 300 * MS

@@ -70,9 +70,12 @@ def capture_start_ns(model) -> int | None:
     return min(starts) if starts else None
 
 
-def comm_onset(ctx, ranks: dict, members: set[int], comm_key: str, usual_ns: float = 0.0) -> Onset | None:
+def comm_onset(ctx, ranks: dict, members: set[int], comm_key: str, usual_ns: float = 0.0,
+               samples: pd.DataFrame | None = None) -> Onset | None:
     """The onset of a hung communicator from its ranks' fused state (``ranks``: global rank
-    -> RankState) and the tables of ``ctx``: see the module's docstring."""
+    -> RankState), its sockets between ranks with their sample times (``samples``: columns
+    rank, peer_rank, unacked, lastack_ms, t) and the tables of ``ctx``: see the module's
+    docstring."""
     cands: list[tuple[int, str]] = []
     for st in ranks.values():
         if st.last_progress_ns is not None:
@@ -84,12 +87,9 @@ def comm_onset(ctx, ranks: dict, members: set[int], comm_key: str, usual_ns: flo
         v = pd.to_numeric(c["time_ns"], errors="coerce").max()
         if pd.notna(v):
             cands.append((int(v), "NCCL_DEBUG COLL line times"))
-    socks = t.get("sockets")
-    if socks is not None and len(socks):
-        from .state import _socket_samples
-        s = _socket_samples(ctx)
+    if samples is not None and len(samples):
+        s = samples[samples["rank"].isin(members) & samples["peer_rank"].isin(members)]
         if len(s):
-            s = s[s["rank"].isin(members) & s["peer_rank"].isin(members)]
             unacked = pd.to_numeric(s["unacked"], errors="coerce").fillna(0) > 0
             age = pd.to_numeric(s["lastack_ms"], errors="coerce")
             acked = (s["t"] - age * 1e6)[unacked.to_numpy() & age.notna().to_numpy()]

@@ -131,7 +131,7 @@ def communicator_states(ctx) -> list[CommState]:
 
 def _table(ctx, name: str) -> pd.DataFrame:
     """A model table, empty when this model has none (an older database, a synthetic model)."""
-    from ..model.nccl import empty
+    from ..model.schema import empty
     t = ctx.model.tables.get(name)
     return empty(name) if t is None else t
 
@@ -446,7 +446,7 @@ def late_hang_findings(ctx) -> list[Finding]:
     for c in communicator_states(ctx):
         if not c.hung:
             continue
-        c.onset = comm_onset(ctx, c.ranks, set(c.ranks), c.key, _p99(ctx))
+        c.onset = comm_onset(ctx, c.ranks, set(c.ranks), c.key, _p99(ctx), samples=_socket_samples(ctx))
         c.first_open = first_open(c)
         c.capture_start_ns = capture_start_ns(ctx.model)
         f = _mismatch(ctx, c, directory) or _stuck(ctx, c, directory)

@@ -24,7 +24,7 @@ from . import logs as logs_mod
 from . import nccl as nccl_mod
 from . import timing as timing_mod
 from . import tcp as tcp_mod
-from .schema import SCHEMAS
+from .schema import SCHEMAS, concat, conform, empty
 from .hosts import HostPart
 from .skew import SkewEstimate, estimate_skew
 
@@ -136,9 +136,9 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     pcap_events, packets, flows = tcp_mod.attribute_pcaps([p.pcap for p in parts], attr)
     tcp_parts = [tcp_mod.bpf_tcp_events(pd.concat(bpf, ignore_index=True) if bpf else None, attr), pcap_events]
     timing = timing_mod.flow_timing(attr, [t for p in parts for t in p.pcap.timing])
-    nccl = nccl_mod.concat([p.nccl for p in parts], "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
+    nccl = concat([p.nccl for p in parts], "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                                   na_position="last").reset_index(drop=True)
-    tcp = nccl_mod.concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
+    tcp = concat(tcp_parts, "tcp_events").sort_values("timestamp_ns", kind="stable",
                                                                 na_position="last").reset_index(drop=True)
     nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, nccl, attr,
                                                         {p.bundle.host: p.tables for p in parts})  # + GPU times
@@ -154,13 +154,13 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     notes = logs_mod.attribute(artifact_tabs, captures)      # log lines' hosts, ranks, times across files
     problems = [(b.host, str(b.source), p) for b in bundles for p in b.problems]
     tables = {
-        "nccl_events": nccl, "tcp_events": tcp, "packets": packets, "flows": flows, "collectives": nccl_mod.empty("collectives"),
-        "clock_skew": nccl_mod.conform(skew_df, "clock_skew"),
-        "problems": nccl_mod.conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
+        "nccl_events": nccl, "tcp_events": tcp, "packets": packets, "flows": flows, "collectives": empty("collectives"),
+        "clock_skew": conform(skew_df, "clock_skew"),
+        "problems": conform(pd.DataFrame(problems, columns=["host", "bundle", "problem"]), "problems"),
         **artifact_tabs,
-        "offcpu": nccl_mod.concat([p.offcpu for p in parts], "offcpu"),
+        "offcpu": concat([p.offcpu for p in parts], "offcpu"),
         "flow_timing": timing,
-        "capture_windows": nccl_mod.concat([p.windows for p in parts], "capture_windows"),
+        "capture_windows": concat([p.windows for p in parts], "capture_windows"),
     }
     hosts = [b.host for b in bundles if b.loose is None]
     if len(hosts) < len(bundles):   # loose evidence: the hosts its lines name, file by file

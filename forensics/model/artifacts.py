@@ -40,7 +40,7 @@ from ..errors import InputError
 from ..parsers import registry
 from ..parsers.registry import ParseResult, looks_binary
 from ..parsers.text import LogText
-from .nccl import concat, conform, empty
+from .schema import concat, conform, empty
 
 WARNINGS_PER_FILE = 5
 # parsers tried on files under logs/ and on loose evidence (content decides: every text parser

@@ -51,7 +51,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from .nccl import conform, empty
+from .schema import conform, empty
 
 GPU_TIMING = ("kernel_gpu", "kernel_cpu")
 

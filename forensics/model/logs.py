@@ -35,7 +35,7 @@ import pandas as pd
 
 from ..parsers import lines as lines_mod
 from . import nccl_errors
-from .nccl import conform
+from .schema import conform
 
 UNKNOWN = "unknown:"
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..bundle import EventLog
-from .schema import SCHEMAS
+from .events import events_frame, utc_of
+from .schema import conform, empty
 
 # ncclDataType_t -> (name, bytes per element)
 DATATYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
@@ -30,45 +30,6 @@ DATATYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4),
              11: ("fp8e5m2", 1)}
 REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 DEVICE_WIDE_WAITS = {"cudaDeviceSynchronize", "cuCtxSynchronize"}
-
-
-_EMPTY: dict[str, pd.DataFrame] = {}
-
-
-def empty(table: str) -> pd.DataFrame:
-    """A table with no rows, its columns typed (built once per table, handed out as copies)."""
-    if table not in _EMPTY:
-        _EMPTY[table] = pd.DataFrame({c: pd.Series(dtype=_pd_dtype(t)) for c, t in SCHEMAS[table].items()})
-    return _EMPTY[table].copy()
-
-
-def _pd_dtype(t: str) -> str:
-    return {"BIGINT": "Int64", "INTEGER": "Int64", "UBIGINT": "UInt64", "DOUBLE": "float64", "BOOLEAN": "boolean",
-            "VARCHAR": "string"}.get(t, "object")
-
-
-def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
-    """Exactly the table's columns, in order, with nullable dtypes (missing ones NULL)."""
-    out = {}
-    n = len(df)
-    for c, t in SCHEMAS[table].items():
-        dt = _pd_dtype(t)
-        s = df[c] if c in df.columns else pd.Series([None] * n, index=df.index, dtype="object")
-        if dt == "object":
-            out[c] = s
-            continue
-        if dt in ("Int64", "UInt64"):
-            s = pd.to_numeric(s, errors="coerce") if s.dtype == object else s
-        out[c] = s if s.dtype == dt else s.astype(dt)   # the same dtype: no copy
-    return pd.DataFrame(out, index=df.index, copy=False).reset_index(drop=True)
-
-
-def concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
-    """The non-empty parts as one conformed table (an empty one when there are none)."""
-    parts = [p for p in parts if len(p)]
-    if not parts:
-        return empty(table)
-    return conform(pd.concat(parts, ignore_index=True), table)
 
 
 def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -183,23 +144,6 @@ def world_ranks(nccl: pd.DataFrame) -> pd.DataFrame:
     return w.rename(columns={"rank": "global_rank"})[["host", "pid", "global_rank"]].reset_index(drop=True)
 
 
-def events_frame(events: list[dict], kind: str) -> pd.DataFrame:
-    rows = EventLog.of(events).kind(kind)
-    return pd.DataFrame.from_records(rows) if rows else pd.DataFrame()
-
-
-def _utc(clock, mono: pd.Series) -> pd.Series:
-    """Monotonic ns (nullable) -> UTC ns (nullable Int64)."""
-    m = pd.to_numeric(mono, errors="coerce").astype("Int64")
-    out = pd.Series(pd.NA, index=m.index, dtype="Int64")
-    if clock is None:
-        return out
-    ok = m.notna().to_numpy()
-    if ok.any():
-        out[ok] = clock.to_utc(m[ok].to_numpy(dtype=np.int64))
-    return out
-
-
 def process_ranks(bundle, events: list[dict], log_comms: pd.DataFrame | None = None) -> dict[int, int]:
     """pid -> global rank on one host: THE rule every table uses (tcp_events, offcpu, stacks,
     sockets, nccl_config, Flight Recorder entries, the state at capture).
@@ -241,8 +185,8 @@ def nccl_events(bundle, events: list[dict], ranks: dict[int, int] | None = None)
     coll = coll.dropna(subset=["t0", "pid"]).copy()
     _validate_ids(bundle, coll)
     clock = bundle.clock
-    coll["timestamp_ns"] = _utc(clock, coll["t0"])
-    coll["call_return_ns"] = _utc(clock, coll["t1"])
+    coll["timestamp_ns"] = utc_of(clock, coll["t0"])
+    coll["call_return_ns"] = utc_of(clock, coll["t1"])
     # rank of communicators created before the tracer attached: the process's rank
     pid_rank = process_ranks(bundle, events) if ranks is None else ranks
     rank = pd.to_numeric(coll["rank"], errors="coerce")
@@ -264,7 +208,7 @@ def nccl_events(bundle, events: list[dict], ranks: dict[int, int] | None = None)
     coll["t_end"] = end
     coll["duration_source"] = source
     coll["completed"] = completed
-    coll["end_ns"] = _utc(clock, coll["t_end"])
+    coll["end_ns"] = utc_of(clock, coll["t_end"])
     coll["duration_ns"] = coll["end_ns"] - coll["timestamp_ns"]
     out = pd.DataFrame({
         "timestamp_ns": coll["timestamp_ns"], "duration_ns": coll["duration_ns"],

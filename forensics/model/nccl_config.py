@@ -26,7 +26,7 @@ import re
 
 import pandas as pd
 
-from .nccl import conform, empty
+from .schema import conform, empty
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES")
 WHY_PID_RE = re.compile(r"\bof pid (\d+)")

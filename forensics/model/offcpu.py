@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .nccl import _utc, conform, empty, events_frame, process_ranks
+from .events import events_frame, utc_of
+from .nccl import process_ranks
+from .schema import conform, empty
 
 
 def offcpu_samples(bundle, events, ranks: dict[int, int] | None = None) -> pd.DataFrame:
@@ -27,7 +29,7 @@ def offcpu_samples(bundle, events, ranks: dict[int, int] | None = None) -> pd.Da
         return empty("offcpu")
     for c in ("pid", "tid", "ns", "oncpu_ns", "runq_ns"):
         ev[c] = pd.to_numeric(ev[c], errors="coerce")
-    ev["timestamp_ns"] = _utc(bundle.clock, ev["t"])
+    ev["timestamp_ns"] = utc_of(bundle.clock, ev["t"])
     ev = ev.sort_values(["pid", "tid", "t"], kind="stable")
     g = ev.groupby(["pid", "tid"], sort=False)
     ranks = process_ranks(bundle, events) if ranks is None else ranks

@@ -3,8 +3,14 @@
 Each table starts with exactly DESIGN.md's columns, in DESIGN's order; columns
 after those are stallscope's additions, documented here. All times are UTC ns
 (BIGINT); monotonic tracer times never reach a table.
+
+The typed pandas frames of these tables are made here too, for every module that builds
+one: :func:`empty` (no rows), :func:`conform` (exactly a table's columns and dtypes) and
+:func:`concat` (parts made one table).
 """
 from __future__ import annotations
+
+import pandas as pd
 
 # DESIGN.md's columns, verbatim
 NCCL_EVENTS_DESIGN = [
@@ -295,3 +301,47 @@ SCHEMAS: dict[str, dict[str, str]] = {
 }
 
 TABLES = list(SCHEMAS)
+
+
+# ---------------------------------------------------------------- typed frames of these tables
+
+_EMPTY: dict[str, pd.DataFrame] = {}
+
+
+def empty(table: str) -> pd.DataFrame:
+    """A table with no rows, its columns typed (built once per table, handed out as copies)."""
+    if table not in _EMPTY:
+        _EMPTY[table] = pd.DataFrame({c: pd.Series(dtype=_pd_dtype(t)) for c, t in SCHEMAS[table].items()})
+    return _EMPTY[table].copy()
+
+
+def _pd_dtype(t: str) -> str:
+    return {"BIGINT": "Int64", "INTEGER": "Int64", "UBIGINT": "UInt64", "DOUBLE": "float64", "BOOLEAN": "boolean",
+            "VARCHAR": "string"}.get(t, "object")
+
+
+def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Exactly the table's columns, in order, with nullable dtypes (missing ones NULL)."""
+    out = {}
+    n = len(df)
+    for c, t in SCHEMAS[table].items():
+        dt = _pd_dtype(t)
+        s = df[c] if c in df.columns else pd.Series([None] * n, index=df.index, dtype="object")
+        if dt == "object":
+            out[c] = s
+            continue
+        if dt in ("Int64", "UInt64"):
+            s = pd.to_numeric(s, errors="coerce") if s.dtype == object else s
+        out[c] = s if s.dtype == dt else s.astype(dt)   # the same dtype: no copy
+    return pd.DataFrame(out, index=df.index, copy=False).reset_index(drop=True)
+
+
+def concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
+    """The non-empty parts as one conformed table (an empty one when there are none)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return empty(table)
+    return conform(pd.concat(parts, ignore_index=True), table)
+
+
+__all__ = ["NCCL_EVENTS_DESIGN", "SCHEMAS", "TABLES", "TCP_EVENTS_DESIGN", "concat", "conform", "empty"]

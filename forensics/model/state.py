@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .nccl import conform, empty
+from .schema import conform, empty
 
 def coll_log_table(bundle, arts, cfg: pd.DataFrame) -> pd.DataFrame:
     """``coll_log_ops`` of one bundle: the COLL positions of its logs (the NCCL_DEBUG parser's

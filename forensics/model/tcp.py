@@ -24,7 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .nccl import conform, empty, events_frame, _utc
+from .events import events_frame, utc_of
+from .schema import conform, empty
 
 BPF_TCP_EVENTS = ("tcp_retransmit_skb", "tcp_send_reset", "tcp_receive_reset")
 # pcap verdicts that become tcp_events rows (window_update, keep_alive... are noise here)
@@ -266,7 +267,7 @@ def bpf_tcp_frame(bundle, events: list[dict]) -> pd.DataFrame | None:
     labels = {n.inode: n.label for n in bundle.manifest.netns}
     state = ev["state"].where(ev.get("sk", pd.Series(None, index=ev.index)).astype(str) != "0x0")
     return pd.DataFrame({
-        "timestamp_ns": _utc(bundle.clock, ev["t"]).to_numpy(), "event": ev["ev"].to_numpy(), "source": "bpf",
+        "timestamp_ns": utc_of(bundle.clock, ev["t"]).to_numpy(), "event": ev["ev"].to_numpy(), "source": "bpf",
         "saddr": ev["saddr"].to_numpy(), "daddr": ev["daddr"].to_numpy(), "sport": ev["sport"].to_numpy(),
         "dport": ev["dport"].to_numpy(), "state": state.to_numpy(), "host": bundle.host,
         "capture": ev["netns"].map(labels).to_numpy(), "event_pid": ev["pid"].to_numpy(),

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..tcp.verdicts import VERDICT_BITS
-from .nccl import conform, empty
+from .schema import conform, empty
 from .tcp import Addresses
 
 IDLE_NS = 10_000_000      # a longer gap between two data segments of a connection is idle time

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .nccl import conform, empty
+from .schema import conform, empty
 
 # what "the host watched NCCL progress" means, best first: the tracer saw calls complete; else
 # the capture as a whole (logs, sockets and stacks are read inside its bounds)

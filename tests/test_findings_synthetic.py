@@ -719,7 +719,7 @@ def _lossy_fast_job(data_packets: int):
 
 
 def test_a_lossy_link_that_costs_little_is_a_warning_with_its_rate():
-    from forensics.findings.network import link_loss_rates
+    from forensics.findings.link_loss import link_loss_rates
     ctx, rows = _lossy_fast_job(data_packets=4000)           # 90 of 4000: 2.2% per link
     rates = link_loss_rates(ctx)
     assert rates["lossy"].all() and sorted(rates["lost"]) == [90, 90]

@@ -382,6 +382,30 @@ def tcp_sources(ev: pd.DataFrame) -> str:
     return ", ".join(out)
 
 
+def model_table(ctx, name: str) -> pd.DataFrame:
+    """A model table, empty when this model has none (an older database, a synthetic model)."""
+    from ..model.schema import empty
+    t = ctx.model.tables.get(name)
+    return empty(name) if t is None else t
+
+
+def sql_evidence(ctx, sql: str, limit: int) -> list[dict]:
+    """A finding's evidence rows as its SQL returns them (one source for both): the first
+    ``limit``, missing values as None; none when a table is missing (an old database)."""
+    try:
+        df = ctx.sql(sql)
+    except Exception:   # noqa: BLE001  a table missing in an old database: no rows rather than no finding
+        return []
+    rows = df.head(limit).to_dict("records")
+    for r in rows:
+        for k, v in r.items():
+            if v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+                r[k] = None
+            elif isinstance(v, np.integer):
+                r[k] = int(v)
+    return rows
+
+
 def _codes(*cols: pd.Series) -> tuple[np.ndarray, np.ndarray]:
     """The columns, one after the other, as codes into one table of their distinct values as
     text (objects; the last one "<NA>", the code of a missing value): (codes, table)."""

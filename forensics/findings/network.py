@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity, shared
+from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
 from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, as_int, clean_baselines,
                        collective_windows, dedup_counts, dedup_sql, impact, in_windows, kernel_logged_reset, label, ms,
@@ -43,64 +44,6 @@ QUEUE_SHARE = 0.10         # ... or a queueing delay of this share of a collecti
 
 
 # --------------------------------------------------------------------------- network_loss
-
-LOSSY_RATE = 0.005         # a link resending or losing this share of its data segments ...
-LOSSY_MIN_SEGMENTS = 20    # ... and at least this many is a fault to fix, whatever it costs today
-
-
-def link_loss_rates(ctx: Context) -> pd.DataFrame:
-    """Per link between two ranks (a < b): its retransmitted or lost data segments (``lost``:
-    per directed connection the larger of the two, each counted once over the captures that
-    saw it), its data segments (``data``: flow_timing's, the capture that saw the most), the
-    ``rate`` and whether it is ``lossy`` (LOSSY_RATE and LOSSY_MIN_SEGMENTS)."""
-    cols = ["a", "b", "lost", "data", "rate", "lossy"]
-    ev = trouble_events(ctx, DATA_LOSS_CLASSES)
-    ft = ctx.model.tables.get("flow_timing")
-    if ev.empty or ft is None or ft.empty:
-        return pd.DataFrame(columns=cols)
-    c = dedup_counts(ev)
-    per = c.pivot_table(index=["key", "a", "b"], columns="cls", values="n", aggfunc="sum", fill_value=0)
-    lost = per.max(axis=1).groupby(level=["a", "b"]).sum()
-    ft = ft.dropna(subset=["rank", "peer_rank"])
-    r, p = ft["rank"].astype("int64"), ft["peer_rank"].astype("int64")
-    data = (pd.DataFrame({"a": np.minimum(r, p), "b": np.maximum(r, p), "capture": ft["capture"],
-                          "n": pd.to_numeric(ft["data_packets"], errors="coerce").fillna(0)})
-            .groupby(["a", "b", "capture"])["n"].sum().groupby(level=["a", "b"]).max())
-    out = pd.DataFrame({"lost": lost}).join(pd.DataFrame({"data": data}), how="inner").reset_index()
-    if out.empty:
-        return pd.DataFrame(columns=cols)
-    out["rate"] = out["lost"] / out["data"].where(out["data"] > 0)
-    out["lossy"] = (out["lost"] >= LOSSY_MIN_SEGMENTS) & (out["rate"] >= LOSSY_RATE)
-    return out[cols]
-
-
-def lossy_endpoint(ctx: Context) -> int | None:
-    """The one rank every lossy link (:func:`link_loss_rates`) touches, when two or more are
-    lossy and they share exactly one: that host's NIC, cable or port, not "A or B"."""
-    rates = link_loss_rates(ctx)
-    lossy = rates[rates["lossy"]] if len(rates) else rates
-    if len(lossy) < 2:
-        return None
-    common = set.intersection(*({int(a), int(b)} for a, b in zip(lossy["a"], lossy["b"])))
-    return common.pop() if len(common) == 1 else None
-
-
-def lossy_floor(ctx: Context, links, severity: str) -> tuple[str, str]:
-    """(severity, text): ``severity`` raised to at least a warning when one of ``links``
-    ((a, b) pairs) is lossy (:func:`link_loss_rates`), with its rate in words; else as given."""
-    rates = link_loss_rates(ctx)
-    if rates.empty:
-        return severity, ""
-    want = {tuple(sorted((int(a), int(b)))) for a, b in links}
-    picked = np.array([(int(a), int(b)) in want for a, b in zip(rates["a"], rates["b"])], dtype=bool)
-    mine = rates[picked & rates["lossy"].to_numpy(dtype=bool)]
-    if mine.empty:
-        return severity, ""
-    worst = mine.sort_values("rate", ascending=False).iloc[0]
-    text = (f"rank {int(worst['a'])} <-> rank {int(worst['b'])} resent or lost {int(worst['lost'])} of "
-            f"{int(worst['data'])} data segments ({worst['rate'] * 100:.1f}%): a link that drops this much is a "
-            "fault to fix, whatever it costs the job today")
-    return ("warning" if severity == "info" else severity), text
 
 @detector("network_loss")
 def network_loss(ctx: Context) -> list[Finding]:
@@ -136,7 +79,7 @@ def network_loss(ctx: Context) -> list[Finding]:
     lossc = counts[counts["cls"].isin(DATA_LOSS_CLASSES)]
     if lossc["n"].sum() < MIN_LOSS_EVENTS:
         return []
-    blame = _pinned(ctx, shared_endpoint(lossc))
+    blame = pinned(ctx, shared_endpoint(lossc))
     directory = rank_directory(ctx)
     per_cls = counts.groupby("cls")["n"].sum()
     nret = int(per_cls.get("retransmission", 0))
@@ -193,36 +136,11 @@ def network_loss(ctx: Context) -> list[Finding]:
                     confidence_note=note,
                     headline=(f"Packet loss on {{who}}'s links (to {{peers}}): {int(slow.sum())} of {len(done)} "
                               f"collectives slowed, {imp.text()}"),
-                    since_ns=_first_on(lost, blame.links), since_source="packets: the first loss on these links",
+                    since_ns=first_loss_on(lost, blame.links), since_source="packets: the first loss on these links",
                     since_precision_ns=1_000_000,
                     ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
                     evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
                     details=details, impact_share=imp.share)]
-
-
-def _first_on(ev: pd.DataFrame, links) -> int | None:
-    """The first of ``ev``'s events (trouble_events rows) on any of ``links`` ((a, b) pairs)."""
-    if ev.empty or not links:
-        return None
-    want = pd.MultiIndex.from_tuples([tuple(sorted((int(a), int(b)))) for a, b in links])
-    on = pd.MultiIndex.from_arrays([pd.to_numeric(ev["a"], errors="coerce"), pd.to_numeric(ev["b"], errors="coerce")])
-    t = pd.to_numeric(ev.loc[np.asarray(on.isin(want), dtype=bool), "timestamp_ns"], errors="coerce")
-    return None if t.dropna().empty else int(t.min())
-
-
-def _pinned(ctx: Context, blame):
-    """``blame`` naming the one endpoint every lossy link shares (:func:`lossy_endpoint`)
-    when the counts inside slow collectives left two candidates."""
-    one = lossy_endpoint(ctx)
-    if one is None or len(blame.ranks) == 1 or one not in blame.ranks:
-        return blame
-    return type(blame)([one], blame.coverage, True, blame.links)
-
-
-def _first_ns(counts: pd.DataFrame) -> int | None:
-    """The first trouble event's time in ``counts`` (dedup_counts), None when empty."""
-    v = pd.to_numeric(counts["first_ns"], errors="coerce").min() if len(counts) else None
-    return None if v is None or pd.isna(v) else int(v)
 
 
 def _inside_counts(ev: pd.DataFrame, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
@@ -254,7 +172,7 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
     counts = dedup_counts(lost[inside])
     if counts["n"].sum() < MIN_LOSS_EVENTS:
         return []
-    blame = _pinned(ctx, shared_endpoint(counts))
+    blame = pinned(ctx, shared_endpoint(counts))
     directory = rank_directory(ctx)
     n = int(counts["n"].sum())
     who = who_text(directory, blame.ranks)
@@ -274,7 +192,7 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
     return [Finding(kind="network_loss", severity=severity, confidence=0.4 if not rate_txt else 0.7,
                     summary=summary, ranks=blame.ranks, peer_ranks=sorted({x for lk in blame.links for x in lk}
                                                                           - set(blame.ranks)),
-                    headline=headline or "", since_ns=_first_ns(counts), since_source="packets",
+                    headline=headline or "", since_ns=first_ns(counts), since_source="packets",
                     since_precision_ns=1_000_000,
                     hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
                                                                   for a, b in blame.links[:MAX_EVIDENCE]],

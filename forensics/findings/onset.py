@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+ONSET_UNKNOWN = " The onset is not in this capture."   # said by a verdict nothing dates
+
 # how finely each source places its event in time
 PRECISION_NS = {
     "tracer": 1_000_000,
@@ -104,4 +106,4 @@ def comm_onset(ctx, ranks: dict, members: set[int], comm_key: str, usual_ns: flo
     return onset(cands, usual_ns)
 
 
-__all__ = ["Onset", "PRECISION_NS", "capture_start_ns", "comm_onset", "onset"]
+__all__ = ["ONSET_UNKNOWN", "Onset", "PRECISION_NS", "capture_start_ns", "comm_onset", "onset"]

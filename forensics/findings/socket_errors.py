@@ -7,12 +7,22 @@ died logs "Connection closed by remote peer <that rank's host>". So the verdict 
 peer most lines point at (the host that went away, or whose link did), and the first such
 line in time; the detector that owns the kind from the state at capture,
 :func:`forensics.findings.state.hang_state`, calls this when neither the packets nor the
-address-level reset logic (:func:`forensics.findings.state.logged_resets`) judged it.
+address-level reset logic (:func:`logged_resets`) judged it.
+
+:func:`logged_resets` and :func:`reset_warnings` read the same WARN lines by address: the
+rank that logged "Connection reset by peer" and the peer whose address its line names.
 """
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
+
 from . import warns
 from .base import Finding
+from .evidence import label, model_table as table, rank_directory, sql_evidence, sql_str, trouble_events
+from .onset import ONSET_UNKNOWN
+
+MAX_EVIDENCE = 20
 
 CLASSES = ("socket_reset", "socket_closed", "socket_broken_pipe", "socket_timeout", "connect_failed", "socket_other")
 ACTIONS = {
@@ -75,4 +85,108 @@ def socket_failures(ctx) -> list[Finding]:
                  "first_failure": first})]
 
 
-__all__ = ["socket_failures"]
+# NCCL's socket errors, the cause first: a reset; then what a peer's exit leaves behind
+RESET_WARN_KINDS = ("(?i:reset by peer)", "(?i:broken pipe)", "(?i:closed by remote peer)")
+RESET_WARN_RE = "|".join(RESET_WARN_KINDS)
+
+
+def reset_warnings(ctx, members: set[int]) -> pd.DataFrame:
+    """NCCL WARN lines about a connection reset or closed by the peer, with the peer's rank
+    (from its address: the line's peer, else the ``from``/``to <addr><port>`` of NCCL's socket
+    errors), the cause first: a reset before a broken pipe before a close (what a peer's exit
+    leaves behind); then by time when the log has timestamps (NCCL >= 2.26); then a failed
+    *send* before a failed receive (a reset forged on the way hits the side that sends; a
+    peer that aborts resets the connections it was receiving on)."""
+    cols = ["rank", "peer_rank", "message", "how"]
+    w = table(ctx, "nccl_warnings")
+    if w.empty:
+        return pd.DataFrame(columns=cols)
+    msg = w["message"].astype("string")
+    w = w[msg.str.contains(RESET_WARN_RE, regex=True).fillna(False).to_numpy()].dropna(subset=["rank"])
+    if w.empty:
+        return pd.DataFrame(columns=cols)
+    msg = w["message"].astype("string")
+    by_addr = rank_addresses(ctx)
+    named = msg.str.extract(r"\b(?:from|to) \[?([0-9a-fA-F:.]+?)\]?<\d+>")[0]
+    peer = w["peer"].astype("string").str.extract(r"^\[?([0-9a-fA-F:.]+?)\]?(?:[<:]\d+>?)?$")[0]
+    how = pd.Series(len(RESET_WARN_KINDS), index=w.index)
+    for i, pat in reversed(list(enumerate(RESET_WARN_KINDS))):
+        how = how.mask(msg.str.contains(pat, regex=True).fillna(False), i)
+    w = w.assign(peer_rank=peer.fillna(named).map(by_addr), how=how,
+                 recv=msg.str.contains(r"(?i)\brecv|receive", regex=True).fillna(False).astype(int),
+                 ts=w["ts"].astype("string") if "ts" in w else pd.NA)
+    w = w.dropna(subset=["peer_rank"])
+    w = w[w["rank"].astype("int64").isin(members) & w["peer_rank"].astype("int64").isin(members)]
+    w = w.assign(rank=w["rank"].astype("int64"), peer_rank=w["peer_rank"].astype("int64"))
+    # Without timestamps (NCCL < 2.26) the first failure is told by its shape: the ranks that
+    # abort on an error reset their other connections too, so a broken link shows as resets
+    # seen at both of its ends (each aborting end resets the other), the rest as one-sided
+    # resets fanning out of the aborting ranks; of a mutual pair, the end more of the reset
+    # lines touch is named first
+    # Better still, each rank's *first* socket error (its log's order) is what made it abort:
+    # the two ends of the broken link each failed first on the other, every other rank first
+    # on a peer that had aborted before it
+    pairs = set(zip(w["rank"], w["peer_rank"], w["how"]))
+    mutual = [(p, r, h) in pairs for r, p, h in zip(w["rank"], w["peer_rank"], w["how"])]
+    order = pd.to_numeric(w["log_line"], errors="coerce") if "log_line" in w else pd.Series(np.nan, index=w.index)
+    first = w.assign(_o=order).sort_values(["_o"], kind="stable").drop_duplicates("rank")
+    first_peer = dict(zip(first["rank"], first["peer_rank"]))
+    mutual_first = [first_peer.get(r) == p and first_peer.get(p) == r for r, p in zip(w["rank"], w["peer_rank"])]
+    touch = pd.concat([w["rank"], w["peer_rank"]]).value_counts()
+    w = w.assign(not_first=~pd.Series(mutual_first, index=w.index), one_sided=~pd.Series(mutual, index=w.index),
+                 peer_touch=-w["peer_rank"].map(touch))
+    return w.sort_values(["how", "ts", "not_first", "one_sided", "peer_touch", "recv", "rank"], kind="stable",
+                         na_position="last")[cols].reset_index(drop=True)
+
+
+def rank_addresses(ctx) -> dict[str, int]:
+    """Address -> global rank: the connections seen (rank_directory), else the NCCL logs'
+    socket interfaces (a capture whose ranks had exited has no packets)."""
+    out: dict[str, int] = {}
+    cfg = table(ctx, "nccl_config").dropna(subset=["rank", "socket_addrs"])
+    for r, addrs in zip(cfg["rank"], cfg["socket_addrs"]):
+        for a in str(addrs).split(","):
+            if a.strip():
+                out.setdefault(a.strip(), int(r))
+    out.update({info.addr: r for r, info in rank_directory(ctx).items() if info.addr})
+    return out
+
+
+def logged_resets(ctx) -> list[Finding]:
+    """A reset that broke the ring before the capture, from NCCL's own WARN lines, when the
+    packets show none (the capture started after it; the ranks may have exited since, their
+    logs attached): the rank that logged "Connection reset by peer" names the sender."""
+    directory = rank_directory(ctx)
+    w = reset_warnings(ctx, set(rank_addresses(ctx).values()) | set(directory))
+    w = w[w["how"] == 0] if len(w) else w
+    if w.empty:
+        return []
+    # only now: the TCP trouble per link is the costliest shared table, made where the
+    # network detectors run (forensics.beside)
+    t = trouble_events(ctx)
+    if len(t) and (t["cls"] == "reset").any():
+        return []   # on the wire: connection_reset (network.py) judges it from the packets
+    w0 = w.iloc[0]
+    snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
+    links = w[["peer_rank", "rank"]].drop_duplicates()
+    summary = (f"A TCP reset broke NCCL's connection {label(directory, snd)} -> {label(directory, rcv)} before the "
+               f"capture: rank {rcv}'s NCCL logged \"{str(w0['message'])[:160]}\""
+               + (f" ({len(links)} connection(s) reset in all)" if len(links) > 1 else "")
+               + ". NCCL cannot recover a reset connection; the job fails or hangs from there. Evidence: NCCL WARN "
+               "lines." + ONSET_UNKNOWN)
+    sql = f"""SELECT rank, host, pid, message, peer FROM nccl_warnings
+WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
+    return [Finding(
+        headline="A TCP reset broke NCCL's connection {who} -> {peers} ({since})",
+        kind="connection_reset", severity="error", confidence=0.75, summary=summary, ranks=[snd],
+        hosts=[directory[snd].host] if snd in directory and directory[snd].host else warns.hosts_of_ranks(ctx, [snd]),
+        peer_ranks=[rcv],
+        links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql,
+        score=2e6,
+        action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
+                "conntrack table full), a NIC or host reboot, a process closing its socket; restart the job from "
+                "the last checkpoint."),
+        details={"state_at_capture": True, "sources": "NCCL WARN lines", "warnings": int(len(w))})]
+
+
+__all__ = ["RESET_WARN_KINDS", "RESET_WARN_RE", "logged_resets", "rank_addresses", "reset_warnings", "socket_failures"]

@@ -41,9 +41,10 @@ import pandas as pd
 
 from ..model.windows import host_windows
 from .base import HEADLINE_CHARS, Context, Finding, detector
-from .onset import Onset, capture_start_ns, comm_onset
-from .evidence import (dedup_counts, label, ms, rank_directory, ranks_text, shared_endpoint, sql_int, sql_str,
-                       trouble_events, who_text)
+from .onset import ONSET_UNKNOWN, Onset, capture_start_ns, comm_onset
+from .socket_errors import logged_resets, rank_addresses, reset_warnings
+from .evidence import (dedup_counts, label, ms, model_table, rank_directory, ranks_text, shared_endpoint, sql_evidence,
+                       sql_int, sql_str, trouble_events, who_text)
 
 STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
 DURATION_FACTOR = 5.0
@@ -64,7 +65,6 @@ RECV_SYSCALLS = {"recvfrom", "recvmsg", "read", "recv", "readv", "recvmmsg"}
 WAIT_SYSCALLS = RECV_SYSCALLS | {"poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait",
                                  "epoll_pwait2", "sendto", "sendmsg", "write", "writev"}
 TRACER = "tracer (calls after attach)"
-ONSET_UNKNOWN = " The onset is not in this capture."
 
 
 @dataclass
@@ -107,7 +107,7 @@ def communicator_states(ctx) -> list[CommState]:
     """Every communicator the artefacts know, with its ranks' fused state."""
     procs = _process_evidence(ctx)
     comms = _positions(ctx)
-    windows = host_windows(_table(ctx, "capture_windows"))
+    windows = host_windows(model_table(ctx, "capture_windows"))
     out = []
     for key, (label_, nranks, pos) in comms.items():
         ranks: dict[int, RankState] = {}
@@ -129,13 +129,6 @@ def communicator_states(ctx) -> list[CommState]:
     return out
 
 
-def _table(ctx, name: str) -> pd.DataFrame:
-    """A model table, empty when this model has none (an older database, a synthetic model)."""
-    from ..model.schema import empty
-    t = ctx.model.tables.get(name)
-    return empty(name) if t is None else t
-
-
 def _int(v) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
@@ -144,7 +137,7 @@ def _positions(ctx) -> dict[str, tuple[str, int | None, pd.DataFrame]]:
     """communicator key -> (label, nranks, rows: rank, host, pid, position, op, source, completed)."""
     cols = ["rank", "host", "pid", "position", "op", "source", "completed"]
     out: dict[str, tuple[str, int | None, pd.DataFrame]] = {}
-    logs = _table(ctx, "coll_log_ops")
+    logs = model_table(ctx, "coll_log_ops")
     logs = logs[logs["comm_id"].notna() & logs["rank"].notna()] if len(logs) else logs
     world_of: dict[tuple, str] = {}   # (host, pid) -> its largest communicator (the world): FR's default PG
     if len(logs):
@@ -156,7 +149,7 @@ def _positions(ctx) -> dict[str, tuple[str, int | None, pd.DataFrame]]:
             out[str(cid)] = (f"communicator {cid}", None if pd.isna(n) else int(n), rows[cols])
         big = logs.sort_values("nranks", kind="stable").drop_duplicates(["host", "pid"], keep="last")
         world_of = {(h, int(p)): str(c) for h, p, c in zip(big["host"], big["pid"], big["comm_id"])}
-    fr = _table(ctx, "fr_pg_status")
+    fr = model_table(ctx, "fr_pg_status")
     if len(fr):
         fr = fr.dropna(subset=["rank", "pid"])
         for pg, g in fr.groupby(fr["pg_id"].astype(str)):
@@ -209,7 +202,7 @@ def _process_evidence(ctx) -> dict[tuple, dict]:
             e["last_progress_ns"], e["progress_source"] = int(t), source
 
     # stacks: where each process's main thread is
-    st = _table(ctx, "stacks")
+    st = model_table(ctx, "stacks")
     if len(st):
         for (host, pid), g in st.dropna(subset=["pid"]).groupby(["host", "pid"]):
             frames = _main_thread_frames(g, int(pid))
@@ -220,7 +213,7 @@ def _process_evidence(ctx) -> dict[tuple, dict]:
             e["in_nccl"] = any(NCCL_FRAME_RE.search(f) or NCCL_FILE_RE.search(fl or "") for f, fl in frames)
             e["where"] = _where(frames)
     # the tracer: any call launched or completed while it watched
-    n = _table(ctx, "nccl_events")
+    n = model_table(ctx, "nccl_events")
     if len(n):
         n = n.dropna(subset=["pid"])
         t = pd.concat([n["timestamp_ns"], n["end_ns"].where(n["completed"].fillna(False).astype(bool))], axis=1)
@@ -228,7 +221,7 @@ def _process_evidence(ctx) -> dict[tuple, dict]:
         for (host, pid), v in last.groupby([n["host"], n["pid"]]).max().items():
             progress(host, pid, None if pd.isna(v) else int(v), TRACER)
     # Flight Recorder completions (realtime clocks only: monotonic stamps cannot be placed)
-    fe = _table(ctx, "fr_entries")
+    fe = model_table(ctx, "fr_entries")
     if len(fe):
         done = pd.to_numeric(fe["time_discovered_completed_ns"], errors="coerce")
         fe = fe.assign(_d=done)[(done > 1e18).fillna(False).to_numpy()].dropna(subset=["pid"])
@@ -277,7 +270,7 @@ def _where(frames: list[tuple[str, str | None]], depth: int = 3) -> str:
 def _socket_samples(ctx) -> pd.DataFrame:
     """sockets between two ranks with a sample time (ss-series blocks; start/end snapshots at
     the capture's start/end)."""
-    s = _table(ctx, "sockets")
+    s = model_table(ctx, "sockets")
     if s.empty:
         return s
     s = s[s["peer_rank"].notna() & s["rank"].notna() & s["pid"].notna()].copy()
@@ -355,7 +348,7 @@ def _judge(ctx, key, label_, nranks, ranks: dict[int, RankState], windows) -> Co
 
 
 def _p99(ctx) -> float:
-    n = _table(ctx, "nccl_events")
+    n = model_table(ctx, "nccl_events")
     if n.empty:
         return 0.0
     d = pd.to_numeric(n.loc[n["completed"].fillna(False).astype(bool), "duration_ns"], errors="coerce").dropna()
@@ -399,44 +392,6 @@ def hang_state(ctx: Context) -> list[Finding]:
     if not any(f.kind == "connection_reset" for f in out):
         out += logged_resets(ctx) or socket_failures(ctx)
     return out
-
-
-def logged_resets(ctx) -> list[Finding]:
-    """A reset that broke the ring before the capture, from NCCL's own WARN lines, when the
-    packets show none (the capture started after it; the ranks may have exited since, their
-    logs attached): the rank that logged "Connection reset by peer" names the sender."""
-    directory = rank_directory(ctx)
-    w = _reset_warnings(ctx, set(_rank_addresses(ctx).values()) | set(directory))
-    w = w[w["how"] == 0] if len(w) else w
-    if w.empty:
-        return []
-    # only now: the TCP trouble per link is the costliest shared table, made where the
-    # network detectors run (forensics.beside)
-    t = trouble_events(ctx)
-    if len(t) and (t["cls"] == "reset").any():
-        return []   # on the wire: connection_reset (network.py) judges it from the packets
-    w0 = w.iloc[0]
-    snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
-    links = w[["peer_rank", "rank"]].drop_duplicates()
-    summary = (f"A TCP reset broke NCCL's connection {label(directory, snd)} -> {label(directory, rcv)} before the "
-               f"capture: rank {rcv}'s NCCL logged \"{str(w0['message'])[:160]}\""
-               + (f" ({len(links)} connection(s) reset in all)" if len(links) > 1 else "")
-               + ". NCCL cannot recover a reset connection; the job fails or hangs from there. Evidence: NCCL WARN "
-               "lines." + ONSET_UNKNOWN)
-    sql = f"""SELECT rank, host, pid, message, peer FROM nccl_warnings
-WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
-    from .warns import hosts_of_ranks
-    return [Finding(
-        headline="A TCP reset broke NCCL's connection {who} -> {peers} ({since})",
-        kind="connection_reset", severity="error", confidence=0.75, summary=summary, ranks=[snd],
-        hosts=[directory[snd].host] if snd in directory and directory[snd].host else hosts_of_ranks(ctx, [snd]),
-        peer_ranks=[rcv],
-        links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=_evidence(ctx, sql), sql=sql,
-        score=2e6,
-        action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
-                "conntrack table full), a NIC or host reboot, a process closing its socket; restart the job from "
-                "the last checkpoint."),
-        details={"state_at_capture": True, "sources": "NCCL WARN lines", "warnings": int(len(w))})]
 
 
 def late_hang_findings(ctx) -> list[Finding]:
@@ -533,7 +488,7 @@ def _sources_text(c: CommState, extra=()) -> str:
 def fr_signature_mismatch(ctx, ranks: set[int]) -> dict | None:
     """Flight Recorder's cross-rank check: the first collective sequence id of a process
     group at which the ranks' calls differ (op, element count, dtypes). None when they agree."""
-    fe = _table(ctx, "fr_entries")
+    fe = model_table(ctx, "fr_entries")
     if fe.empty:
         return None
     fe = fe[~fe["is_p2p"].fillna(False).astype(bool) & fe["collective_seq_id"].notna() & fe["rank"].notna()]
@@ -572,7 +527,7 @@ def _mismatch(ctx, c: CommState, directory) -> Finding | None:
             kind="hang_mismatch", severity="error", confidence=0.9, summary=summary, ranks=odd,
             confidence_note="high: Flight Recorder records each rank's own call at that sequence id",
             hosts=sorted({c.ranks[r].host for r in odd if r in c.ranks and c.ranks[r].host}), peer_ranks=others,
-            evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+            evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
             action=(f"Find why {ranks_text(odd)} issued a different collective at this point: a skipped or reordered "
                     "collective (data-dependent branch, uneven number of buckets or batches)."),
             details=_details(c, {"fr_seq_id": fm["seq"], "calls": {str(k): v for k, v in fm["calls"].items()},
@@ -616,7 +571,7 @@ def _mismatch(ctx, c: CommState, directory) -> Finding | None:
         confidence_note=("each rank's position in the collective sequence is known (COLL lines or Flight Recorder)"
                          if n is not None else "lower: no positions, only the stacks say who is outside NCCL"),
         ranks=behind, hosts=sorted({c.ranks[r].host for r in behind if c.ranks[r].host}), peer_ranks=waiting,
-        evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+        evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
         action=(f"Find why {ranks_text(behind)} left the collective sequence: its stack shows where it is instead "
                 "(a data-dependent branch, an exception swallowed on that rank, uneven batches, early stopping); "
                 "every rank must issue the same collectives in the same order. The waiting ranks are healthy."),
@@ -633,7 +588,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
     ev = trouble_events(ctx)
     ev = ev[ev["a"].isin(members) & ev["b"].isin(members)] if len(ev) else ev
     resets = ev[ev["cls"] == "reset"] if len(ev) else ev
-    warn = _reset_warnings(ctx, members)
+    warn = reset_warnings(ctx, members)
     head = (f"{_hung(c)}: every rank of {c.label} is inside "
             + (f"collective #{n}" if n is not None else "a collective")
             + (f" (launched up to #{upto})" if n is not None and upto is not None and upto > n else ""))
@@ -655,7 +610,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
             kind="connection_reset", severity="error", confidence=0.8, summary=summary, ranks=[snd],
             confidence_note="a reset on the ring's own connections, and nothing completed after it",
             hosts=[directory[snd].host] if snd in directory and directory[snd].host else [], peer_ranks=[rcv],
-            links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=_evidence(ctx, sql), sql=sql,
+            links=[{"rank": snd, "peer_rank": rcv, "event": "reset"}], evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql,
             score=2e6,
             action=("Find who reset the connection: firewall/conntrack rules (nft/iptables REJECT, conntrack table "
                     "full), a NIC or host reboot, a process closing its socket; restart the job from the last "
@@ -684,7 +639,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
                              "lower: the dead links do not single out one endpoint"),
             ranks=ranks, hosts=sorted({directory[r].host for r in ranks if r in directory and directory[r].host}),
             peer_ranks=peers, links=[{"rank": int(a), "peer_rank": int(b)} for a, b in blame.links[:MAX_EVIDENCE]],
-            evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+            evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
             action=(f"Check {who}'s link: ip link / ethtool (link detected?), dmesg for NIC resets or link down, "
                     "the switch port; then restart the job without that host."),
             details=_details(c, {"op_count": n, "sources": _sources_text(c, ["socket samples"]),
@@ -702,7 +657,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
             kind="hang_stuck", severity="error", confidence=0.7, summary=summary, ranks=[sink],
             confidence_note="from the threads' waits alone: every peer waits on this rank, and it on none",
             hosts=[directory[sink].host] if sink in directory and directory[sink].host else [],
-            peer_ranks=waiting, evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+            peer_ranks=waiting, evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
             action=(f"Check {label(directory, sink)}'s GPU: nvidia-smi (utilisation stuck at 100%?), dmesg for "
                     "Xid errors, cuda-gdb or py-spy dump --native of its process; then restart the job without that "
                     "GPU."),
@@ -714,77 +669,10 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.5, summary=summary, ranks=[], hosts=[],
         confidence_note="low: the hang is certain, its cause is not in this evidence",
-        peer_ranks=sorted(members), evidence=_evidence(ctx, sql), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
+        peer_ranks=sorted(members), evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql, score=1e6 + (c.silence_ns or 0) / 1e9,
         action=("Dump the stacks of every rank (py-spy dump --native, gdb), check nvidia-smi and dmesg for Xid "
                 "errors; if NCCL uses IB/RoCE, read the port counters."),
         details=_details(c, {"op_count": n}))
-
-
-# NCCL's socket errors, the cause first: a reset; then what a peer's exit leaves behind
-RESET_WARN_KINDS = ("(?i:reset by peer)", "(?i:broken pipe)", "(?i:closed by remote peer)")
-RESET_WARN_RE = "|".join(RESET_WARN_KINDS)
-
-
-def _reset_warnings(ctx, members: set[int]) -> pd.DataFrame:
-    """NCCL WARN lines about a connection reset or closed by the peer, with the peer's rank
-    (from its address: the line's peer, else the ``from``/``to <addr><port>`` of NCCL's socket
-    errors), the cause first: a reset before a broken pipe before a close (what a peer's exit
-    leaves behind); then by time when the log has timestamps (NCCL >= 2.26); then a failed
-    *send* before a failed receive (a reset forged on the way hits the side that sends; a
-    peer that aborts resets the connections it was receiving on)."""
-    cols = ["rank", "peer_rank", "message", "how"]
-    w = _table(ctx, "nccl_warnings")
-    if w.empty:
-        return pd.DataFrame(columns=cols)
-    msg = w["message"].astype("string")
-    w = w[msg.str.contains(RESET_WARN_RE, regex=True).fillna(False).to_numpy()].dropna(subset=["rank"])
-    if w.empty:
-        return pd.DataFrame(columns=cols)
-    msg = w["message"].astype("string")
-    by_addr = _rank_addresses(ctx)
-    named = msg.str.extract(r"\b(?:from|to) \[?([0-9a-fA-F:.]+?)\]?<\d+>")[0]
-    peer = w["peer"].astype("string").str.extract(r"^\[?([0-9a-fA-F:.]+?)\]?(?:[<:]\d+>?)?$")[0]
-    how = pd.Series(len(RESET_WARN_KINDS), index=w.index)
-    for i, pat in reversed(list(enumerate(RESET_WARN_KINDS))):
-        how = how.mask(msg.str.contains(pat, regex=True).fillna(False), i)
-    w = w.assign(peer_rank=peer.fillna(named).map(by_addr), how=how,
-                 recv=msg.str.contains(r"(?i)\brecv|receive", regex=True).fillna(False).astype(int),
-                 ts=w["ts"].astype("string") if "ts" in w else pd.NA)
-    w = w.dropna(subset=["peer_rank"])
-    w = w[w["rank"].astype("int64").isin(members) & w["peer_rank"].astype("int64").isin(members)]
-    w = w.assign(rank=w["rank"].astype("int64"), peer_rank=w["peer_rank"].astype("int64"))
-    # Without timestamps (NCCL < 2.26) the first failure is told by its shape: the ranks that
-    # abort on an error reset their other connections too, so a broken link shows as resets
-    # seen at both of its ends (each aborting end resets the other), the rest as one-sided
-    # resets fanning out of the aborting ranks; of a mutual pair, the end more of the reset
-    # lines touch is named first
-    # Better still, each rank's *first* socket error (its log's order) is what made it abort:
-    # the two ends of the broken link each failed first on the other, every other rank first
-    # on a peer that had aborted before it
-    pairs = set(zip(w["rank"], w["peer_rank"], w["how"]))
-    mutual = [(p, r, h) in pairs for r, p, h in zip(w["rank"], w["peer_rank"], w["how"])]
-    order = pd.to_numeric(w["log_line"], errors="coerce") if "log_line" in w else pd.Series(np.nan, index=w.index)
-    first = w.assign(_o=order).sort_values(["_o"], kind="stable").drop_duplicates("rank")
-    first_peer = dict(zip(first["rank"], first["peer_rank"]))
-    mutual_first = [first_peer.get(r) == p and first_peer.get(p) == r for r, p in zip(w["rank"], w["peer_rank"])]
-    touch = pd.concat([w["rank"], w["peer_rank"]]).value_counts()
-    w = w.assign(not_first=~pd.Series(mutual_first, index=w.index), one_sided=~pd.Series(mutual, index=w.index),
-                 peer_touch=-w["peer_rank"].map(touch))
-    return w.sort_values(["how", "ts", "not_first", "one_sided", "peer_touch", "recv", "rank"], kind="stable",
-                         na_position="last")[cols].reset_index(drop=True)
-
-
-def _rank_addresses(ctx) -> dict[str, int]:
-    """Address -> global rank: the connections seen (rank_directory), else the NCCL logs'
-    socket interfaces (a capture whose ranks had exited has no packets)."""
-    out: dict[str, int] = {}
-    cfg = _table(ctx, "nccl_config").dropna(subset=["rank", "socket_addrs"])
-    for r, addrs in zip(cfg["rank"], cfg["socket_addrs"]):
-        for a in str(addrs).split(","):
-            if a.strip():
-                out.setdefault(a.strip(), int(r))
-    out.update({info.addr: r for r, info in rank_directory(ctx).items() if info.addr})
-    return out
 
 
 def _dead_links(stuck: pd.DataFrame, loss: pd.DataFrame) -> pd.DataFrame:
@@ -809,8 +697,8 @@ def _wait_sink(ctx, members: set[int]) -> tuple[int | None, list[tuple[int, int]
     leads to and that waits on no one outside itself: the only sink of the wait-for graph
     (its strongly connected components), of size one. A ring's ranks wait on their
     neighbours, and those on theirs, down to the rank whose stream stopped."""
-    th = _table(ctx, "threads")
-    s = _table(ctx, "sockets")
+    th = model_table(ctx, "threads")
+    s = model_table(ctx, "sockets")
     if th.empty or s.empty:
         return None, []
     th = th[th["syscall_name"].isin(WAIT_SYSCALLS) & th["socket_inode"].notna() & th["rank"].notna()]
@@ -832,7 +720,7 @@ def _stuck_thread(ctx, st: "RankState | None") -> str | None:
     it has no stack."""
     if st is None or st.pid is None:
         return None
-    th, stacks = _table(ctx, "threads"), _table(ctx, "stacks")
+    th, stacks = model_table(ctx, "threads"), model_table(ctx, "stacks")
     if th.empty or stacks.empty:
         return None
     if "phase" in th and (th["phase"] == "end").any():
@@ -903,22 +791,6 @@ SELECT m.rank, m.host, m.pid, pos.last_launched_op, pos.op, fr.fr_last_enqueued_
        top.main_thread_frame, coalesce(sk.sockets_unacked, 0) AS sockets_unacked, sk.max_backoff
 FROM m LEFT JOIN pos USING (host, pid) LEFT JOIN fr USING (host, pid) LEFT JOIN top USING (host, pid)
 LEFT JOIN sk USING (host, pid) ORDER BY m.rank"""
-
-
-def _evidence(ctx, sql: str) -> list[dict]:
-    """The evidence rows are what the finding's SQL returns (one source for both)."""
-    try:
-        df = ctx.sql(sql)
-    except Exception:   # noqa: BLE001  a table missing in an old database: no rows rather than no finding
-        return []
-    rows = df.head(MAX_EVIDENCE).to_dict("records")
-    for r in rows:
-        for k, v in r.items():
-            if v is pd.NA or (isinstance(v, float) and np.isnan(v)):
-                r[k] = None
-            elif isinstance(v, np.integer):
-                r[k] = int(v)
-    return rows
 
 
 def _details(c: CommState, extra: dict) -> dict:

@@ -126,10 +126,8 @@ def since_text(ns) -> str:
     return "since " + datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime("%H:%M:%S UTC")
 
 
-_CLAUSE = re.compile(r"(?<=[.;:])\s")
-
-
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_CLAUSE = re.compile(r"(?<=[.;:])\s")                 # where a clause ends
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")     # where a sentence ends
 
 
 def headline_of(summary: str) -> str:

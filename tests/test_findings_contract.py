@@ -47,6 +47,11 @@ def test_complete_names_hosts_and_nodes_and_fills_the_headline():
     assert f.hosts == ["node2"] and f.nodes == ["vm"]
     assert f.headline == "Hang: rank 2 (node2)'s GPU stopped; ranks 1, 3 wait on it (since 09:01:30 UTC)"
     assert g.hosts == ["node0", "node1", "node2", "node3"] and g.headline == "NCCL over sockets."
+    two = Finding(kind="hang_stuck", severity="error", confidence=0.65, summary="y", ranks=[2, 3], since_ns=T,
+                  headline="Hang: the link between {who} is down ({since})")
+    complete(ctx, [two])
+    assert two.headline == "Hang: the link between ranks 2 (node2) and 3 (node3) is down (since 09:01:30 UTC)"
+    assert two.hosts == ["node2", "node3"]
     # a detector's own hosts that are not the capture's stay (an IB port on a named host)
     h = Finding(kind="ib_errors", severity="error", confidence=0.8, summary="y", ranks=[1], hosts=["switch-7"])
     complete(ctx, [h])

@@ -109,7 +109,7 @@ def fill(text: str, f: Finding, where: dict, logs_only: bool = False) -> str:
 
 
 def who(ranks, where: dict) -> str:
-    """"rank 3 (node3)", "ranks 1 (node1), 2 (node2)"; more than three ranks as a range."""
+    """"rank 3 (node3)", "ranks 1 (node1) and 2 (node2)"; more than three ranks as a range."""
     rs = sorted({int(r) for r in ranks})
     if not rs:
         return "no single rank"
@@ -117,7 +117,8 @@ def who(ranks, where: dict) -> str:
         return ranks_text(rs)
     named = [f"{r} ({where[r][0] or where[r][1]})" if r in where and (where[r][0] or where[r][1]) else str(r)
              for r in rs]
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(named)
+    return ("rank " if len(rs) == 1 else "ranks ") + (", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1
+                                                     else named[0])
 
 
 def since_text(ns) -> str:

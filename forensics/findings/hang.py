@@ -561,6 +561,9 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
     at = f"{h.op} #{n}"
     if links and links[0].get("event") == "reset":
         line = "Hang: a TCP reset broke {who}'s connection to {peers}; every rank stuck in " + at + " ({since})"
+    elif len(ranks) > 1:        # one dead link seen: either end's NIC or cable
+        line = ("Hang: the link between {who} is down (retransmissions unanswered; which end, the evidence cannot "
+                "tell); stuck in " + at + " ({since})")
     elif ranks:
         line = "Hang: {who}'s link is down (retransmissions to {peers} unanswered); stuck in " + at + " ({since})"
     else:

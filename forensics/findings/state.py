@@ -455,6 +455,9 @@ def _headline(f: Finding, c: CommState) -> str:
             return "Hang: {who} called a different collective than {peers} at " + at + " ({since})"
         return "Hang: {who} never entered " + at + "; {peers} wait in it ({since})"
     if "stuck_connections" in f.details:
+        if len(f.ranks) != 1:     # one dead link seen: either end's NIC or cable
+            return ("Hang: the link between {who} is down (data unacknowledged; which end, the evidence cannot "
+                    "tell); every rank stuck in " + at + " ({since})")
         return "Hang: {who}'s link is down (data to {peers} unacknowledged); every rank stuck in " + at + " ({since})"
     if "wait_for" in f.details:
         return "Hang: {who}'s GPU stopped inside " + at + "; {peers} wait on it ({since})"

@@ -22,7 +22,12 @@ def link_loss_rates(ctx: Context) -> pd.DataFrame:
     """Per link between two ranks (a < b): its retransmitted or lost data segments (``lost``:
     per directed connection the larger of the two, each counted once over the captures that
     saw it), its data segments (``data``: flow_timing's, the capture that saw the most), the
-    ``rate`` and whether it is ``lossy`` (LOSSY_RATE and LOSSY_MIN_SEGMENTS)."""
+    ``rate`` and whether it is ``lossy`` (LOSSY_RATE and LOSSY_MIN_SEGMENTS). Made once per
+    analysis: the blame, the severity floor and the headline all read it."""
+    return ctx.memo("link_loss_rates", lambda: _link_loss_rates(ctx))
+
+
+def _link_loss_rates(ctx: Context) -> pd.DataFrame:
     cols = ["a", "b", "lost", "data", "rate", "lossy"]
     ev = trouble_events(ctx, DATA_LOSS_CLASSES)
     ft = ctx.model.tables.get("flow_timing")

@@ -22,7 +22,7 @@ from capture_helpers import CaptureProc, alive, bundle_manifest, readable_copy
 from conftest import ROOT
 
 from capture import bundle as bd
-from capture import procs, tracer
+from capture import procs, tracer, tracer_events, tracer_spool
 from capture.collectors import COLLECTORS
 from capture.elf import ElfError, exported_functions
 
@@ -361,17 +361,17 @@ def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):
 
 
 def test_the_progress_monitor_reads_the_fields_parse_record_reads():
-    """capture.watch reads the hot-path records with tracer.PROGRESS_RE, a chunk at a time:
-    the same fields as tracer.parse_record, line by line, and nothing that is not a record."""
+    """capture.watch reads the hot-path records with tracer_events.PROGRESS_RE, a chunk at a time:
+    the same fields as tracer_events.parse_record, line by line, and nothing that is not a record."""
     lines = [f"@e0[101, 5000]: {_rec(0, 7, a=0xdead, b=3, c=1024, d=7, f=-1, g=99, t1=5300)}",
              f"@e1[102, 6000]: {_rec(255, 7, a=5500, t1=6000, rc=-2)}",
              f"@e1[103, 7000]: {_rec(32, 8, a=4)}",
              "@ne: 3", '{"ev":"tcp_retransmit_skb","t":1}', "@e0[1, 2]: (1, 2)"]
     data = ("\n".join(lines) + "\n").encode()
-    got = [tuple(int(x) for x in g) for g in tracer.PROGRESS_RE.findall(data)]
+    got = [tuple(int(x) for x in g) for g in tracer_events.PROGRESS_RE.findall(data)]
     want = []
     for line in data.split(b"\n"):
-        rec = tracer.parse_record(line)
+        rec = tracer_events.parse_record(line)
         if rec is not None:
             tid, key, f = rec
             want.append((tid, key, f[0], f[1], f[2], f[9]))
@@ -412,7 +412,7 @@ def test_postprocess_records_joins_names_and_open_calls(tmp_path):
     off = tmp_path / "offcpu.jsonl"
     off.write_text('{"ev":"offcpu","t":35,"pid":5,"tid":6,"name":"x","state":"S","ns":3,"oncpu_ns":1,"runq_ns":0}\n')
     out = tmp_path / "events.jsonl"
-    s = tracer.postprocess(raw, out, 1 << 20, extra=[off], call_returns=False)
+    s = tracer_events.postprocess(raw, out, 1 << 20, extra=[off], call_returns=False)
     ev = [json.loads(l) for l in out.read_text().splitlines()]
     times = [e.get("t0", e.get("t")) for e in ev]
     assert times == sorted(times)
@@ -451,7 +451,7 @@ def test_postprocess_keeps_rare_events_and_the_newest_within_the_cap(tmp_path):
     lines += ['{"ev":"tracer_end","t":9999}']
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "e.jsonl"
-    s = tracer.postprocess(raw, out, 20_000, call_returns=False)
+    s = tracer_events.postprocess(raw, out, 20_000, call_returns=False)
     assert out.stat().st_size <= 20_000 and s["dropped_for_budget"] > 0
     ev = [json.loads(l) for l in out.read_text().splitlines()]
     assert {"tracer_start", "unique_id", "tracer_end"} <= {e["ev"] for e in ev}
@@ -467,7 +467,7 @@ def test_postprocess_keeps_rare_events_and_the_newest_within_the_cap(tmp_path):
 def test_spool_segments_drop_oldest_keep_rare(tmp_path):
     r, w = os.pipe()
     rf = os.fdopen(r, "rb")
-    sp = tracer.Spool(rf, tmp_path / "raw", max_bytes=6000, poll_s=0.01, segment_bytes=1500).start()
+    sp = tracer_spool.Spool(rf, tmp_path / "raw", max_bytes=6000, poll_s=0.01, segment_bytes=1500).start()
     os.write(w, b'Attaching 7 probes...\n{"ev":"tracer_start","t":1}\n')
     assert sp.ready.wait(5) and sp.attached_probes == 7
     for i in range(200):
@@ -478,7 +478,7 @@ def test_spool_segments_drop_oldest_keep_rare(tmp_path):
     os.write(w, b'{"ev":"tracer_stopped","t":8}\n{"ev":"tracer_end","t":9}\n')
     os.close(w)
     assert sp.join(5) and sp.ended.is_set() and sp.stopped.is_set()
-    files = tracer.raw_files(tmp_path / "raw")
+    files = tracer_spool.raw_files(tmp_path / "raw")
     assert files[0].name == "keep.txt" and sp.dropped_segments > 0 and sp.dropped_lines > 0
     data = b"".join(f.read_bytes() for f in files)
     assert sum(f.stat().st_size for f in files) <= 6000 + 1500
@@ -507,7 +507,8 @@ def test_offcpu_sampler_reads_schedstat(tmp_path):
 # ---------------------------------------------------------------- stdlib only, CLI
 def test_capture_package_is_standard_library_only():
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import capture, capture.cli, capture.runner, "
-            "capture.collectors, capture.tracer, capture.procs, capture.elf, capture.children, capture.bundle; "
+            "capture.collectors, capture.tracer, capture.tracer_spool, capture.tracer_events, capture.procs, "
+            "capture.elf, capture.children, capture.bundle; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'forensics', 'dpkt')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(ROOT)], capture_output=True, text=True)
@@ -709,7 +710,7 @@ def test_postprocess_call_returns_in_place_and_across_buffers(tmp_path):
              f"@e1[6, 31]: {_rec(255, 5, 30, t1=31, rc=5)}",                         # ... its return record
              f"@e1[6, 40]: {_rec(0, 5, 0xA, 2, 8, 7, 0, -1, 0xB)}"]                  # never returned
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
-    tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [(e["op_count"], e["t1"], e["rc"], e["returned"]) for e in ev] == \
         [(0, 25, 0, True), (1, 31, 5, True), (2, None, None, False)]
@@ -740,7 +741,7 @@ def test_postprocess_ring_dumps(tmp_path):
              "@rg[0]: 5004", "", '{"ev":"ring_dump","t":650,"slots":4096}']
     (raw / "keep.txt").write_text('{"ev":"tracer_start","t":10}\n')
     (raw / "seg-000000.txt").write_text("\n".join(dump1 + dump2) + "\n")
-    summ = tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    summ = tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     hot = [(e["ev"], e["t0"], e["t1"], e["rc"], e["returned"]) for e in ev if e["ev"] in ("coll", "host_wait")]
     assert hot == [("coll", 100, 110, 0, True), ("coll", 200, None, None, None),
@@ -777,7 +778,7 @@ def test_postprocess_a_return_read_before_its_entry_completes_the_call_it_follow
              '{"ev":"comm_init","fn":"ncclCommInitRank","t0":100,"pid":5,"tid":6,"nranks":2,"rank":1,'
              '"comm_id_hash":"0x00000000000000aa","unique_id":["0x1"]}']
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
-    tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     init = [e for e in ev if e.get("ev") == "comm_init"]
     assert [(e["t0"], e["t1"], e["rc"], e["returned"]) for e in init] == [(100, 150, 2, True)], ev
@@ -834,10 +835,10 @@ def test_tracer_span_from_its_marks_else_its_events_and_in_utc(tmp_path):
         '{"ev":"tracer_stopped","t":900}']) + "\n")
     off = tmp_path / "offcpu.jsonl"
     off.write_text('{"ev":"offcpu","t":5000,"pid":5,"tid":5,"ns":0}\n')
-    s = tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])
+    s = tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])
     assert s["span_monotonic_ns"] == [100, 900]
     (raw / "seg-000000.txt").write_text(f"@e0[6, 200]: {_rec(0, 5, 0xA, 0, 8, 7, 0, -1, 0xB, t1=250, rc=0)}\n")
-    assert tracer.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])["span_monotonic_ns"] == [200, 250]
+    assert tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])["span_monotonic_ns"] == [200, 250]
     samples = [{"monotonic_ns": 0, "realtime_ns": 10**18}, {"monotonic_ns": 1000, "realtime_ns": 10**18 + 1003}]
     assert utc_span(samples, [100, 900]) == [10**18 + 100, 10**18 + 903]
     assert utc_span(samples, None) is None and utc_span([], [1, 2]) is None

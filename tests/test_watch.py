@@ -26,7 +26,7 @@ from capture_helpers import send_last_datagrams, udp_payloads_in_bundle
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
-from capture import tracer, watch
+from capture import tracer, tracer_spool, watch
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -287,20 +287,20 @@ def test_log_watch_reports_new_warn_and_watchdog_lines_only(tmp_path):
 def test_spool_ring_drops_old_segments_and_compacts_the_kept_lines(tmp_path):
     r, w = os.pipe()
     raw = tmp_path / "raw"
-    sp = tracer.Spool(os.fdopen(r, "rb"), raw, max_bytes=1 << 20, max_age_s=8.0)
+    sp = tracer_spool.Spool(os.fdopen(r, "rb"), raw, max_bytes=1 << 20, max_age_s=8.0)
     sp._append(b'{"ev":"comm_init","t0":1,"pid":5}\n' + b"@e0[7, 1]: (0, 5, 1, 1, 0, 0, 0, 0, 0, 0, 0)\n")
     old = sp._segments[0]
     os.utime(old, (time.time() - 60, time.time() - 60))       # a minute old: out of the ring
     sp._seg_opened -= 2                                         # past max_age_s / 8: a new segment
     sp._append(b"@e0[7, 2]: (0, 5, 1, 2, 0, 0, 0, 0, 0, 0, 0)\n")
     assert not old.exists() and len(sp._segments) == 1
-    keep = (raw / tracer.KEEP_FILE).read_bytes()
+    keep = (raw / tracer_spool.KEEP_FILE).read_bytes()
     assert b"comm_init" in keep and b"@e0" not in keep         # the rare line kept, the hot one gone
     assert sp.dropped_lines == 1
     # a long watch: old TCP events of the kept lines go, what joins later events stays
-    (raw / tracer.KEEP_FILE).write_bytes(keep + b'{"ev":"tcp_retransmit_skb","t":3}\n' * 5000)
+    (raw / tracer_spool.KEEP_FILE).write_bytes(keep + b'{"ev":"tcp_retransmit_skb","t":3}\n' * 5000)
     sp._drop_aged()
-    kept = (raw / tracer.KEEP_FILE).read_bytes()
+    kept = (raw / tracer_spool.KEEP_FILE).read_bytes()
     assert b"tcp_retransmit_skb" not in kept and b"comm_init" in kept
     os.close(w)
 

@@ -134,7 +134,8 @@ def options_from_args(a: argparse.Namespace) -> CaptureOptions:
     return CaptureOptions(output=a.output, duration_s=duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
                           attach=list(a.attach), bpf=a.bpf, pcap=a.pcap, snaplen=a.snaplen, progress=a.progress,
-                          call_returns=a.call_returns if a.call_returns is not None else not a.watch, ss_every_s=max(0.0, a.ss_every), stacks=a.stacks,
+                          call_returns=a.call_returns if a.call_returns is not None else not a.watch,
+                          ss_every_s=max(0.0, a.ss_every), stacks=a.stacks,
                           stacks_grace_s=a.stacks_grace, stacks_timeout_s=a.stacks_timeout,
                           fr_dump_wait_s=a.fr_dump_wait, watch=a.watch, ring_bytes=a.ring_bytes,
                           hang_after_s=a.hang_after, before_s=a.before, after_s=a.after, cooldown_s=a.cooldown,
@@ -147,7 +148,8 @@ def recover(a: argparse.Namespace, stderr) -> list:
     import os
     from pathlib import Path
 
-    from .runner import CaptureUsageError, recover_orphans
+    from .options import CaptureUsageError
+    from .staging import recover_orphans
     folder = Path(a.output or ".")
     if not folder.is_dir():
         if a.output and (a.output.endswith(".tar.gz") or a.output.endswith(".tgz")):
@@ -177,7 +179,7 @@ def execute(args: argparse.Namespace, stderr) -> tuple[list, int]:
     if args.recover:
         return recover(args, stderr), 0
     if args.trigger is not None:
-        from .watch import trigger_watchers
+        from .triggers import trigger_watchers
         n = trigger_watchers(args.trigger, stderr)
         if not n:
             raise CaptureUsageError("--trigger: no stallscope watcher (capture --watch) runs on this host")

@@ -1,5 +1,5 @@
 """Capture keeps the state of a hang: per-thread waits resolved to sockets, ss samples over
-time (capture/threads.py, the ss series of capture/runner.py, parsers proc_threads and ss)."""
+time (capture/threads.py, the ss series of capture/collectors/ss_series.py, parsers proc_threads and ss)."""
 from __future__ import annotations
 
 import json

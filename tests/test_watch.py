@@ -26,7 +26,7 @@ from capture_helpers import send_last_datagrams, udp_payloads_in_bundle
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
-from capture import tracer, tracer_spool, watch
+from capture import monitors, tracer, tracer_spool, triggers
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -42,7 +42,7 @@ def _segment(raw: Path, lines: list[str], name: str = "seg-000000.txt", mode: st
 # ---------------------------------------------------------------- the hang trigger
 def test_hang_needs_a_collective_in_flight_and_nothing_returned(tmp_path):
     raw = tmp_path / "raw"
-    m = watch.ProgressMonitor(raw)
+    m = monitors.ProgressMonitor(raw)
     _segment(raw, [
         '{"ev":"tracer_start","t":1}',
         f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1, t1=1 * S + 1000)}",      # allreduce, launched (returned)
@@ -64,7 +64,7 @@ def test_hang_needs_a_collective_in_flight_and_nothing_returned(tmp_path):
 
 def test_a_collective_call_that_never_returns_is_in_flight(tmp_path):
     raw = tmp_path / "raw"
-    m = watch.ProgressMonitor(raw)
+    m = monitors.ProgressMonitor(raw)
     _segment(raw, [f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1)}"])          # blocked inside ncclAllReduce
     m.poll()
     assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]
@@ -75,7 +75,7 @@ def test_a_collective_call_that_never_returns_is_in_flight(tmp_path):
 def test_unsorted_flushes_a_return_before_its_entry(tmp_path):
     """bpftrace prints a flush's records unsorted; a flush may be split between two polls."""
     raw = tmp_path / "raw"
-    m = watch.ProgressMonitor(raw)
+    m = monitors.ProgressMonitor(raw)
     _segment(raw, [
         f"@e0[7, {int(1.5 * S)}]: {_rec(255, 5, a=1 * S + 2000)}",            # the sync's return first
         f"@e0[7, {1 * S + 2000}]: {_rec(32, 5, a=0x77)}",                     # then the sync's entry
@@ -94,7 +94,7 @@ def test_unsorted_flushes_a_return_before_its_entry(tmp_path):
 
 def test_partial_lines_wait_and_dropped_segments_are_forgotten(tmp_path):
     raw = tmp_path / "raw"
-    m = watch.ProgressMonitor(raw)
+    m = monitors.ProgressMonitor(raw)
     raw.mkdir()
     line = f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1)}\n"
     (raw / "seg-000000.txt").write_text(line[:20])            # bpftrace is still writing this line
@@ -110,7 +110,7 @@ def test_partial_lines_wait_and_dropped_segments_are_forgotten(tmp_path):
 
 def test_without_traced_returns_a_collective_is_a_launch(tmp_path):
     raw = tmp_path / "raw"
-    m = watch.ProgressMonitor(raw, call_returns=False)
+    m = monitors.ProgressMonitor(raw, call_returns=False)
     _segment(raw, [f"@e0[7, {1 * S}]: {_rec(0, 5, a=0x55, b=1)}",
                    f"@e1[7, {2 * S}]: {_rec(32, 5, a=0x77)}"])
     m.poll()
@@ -121,7 +121,7 @@ def test_the_slowest_collective_is_the_windows_longest_as_older_ones_expire(tmp_
     """--hang-after's 10x rule: the slowest host wait after a collective in the last 5
     minutes; a shorter wait that a longer later one hides is never needed again."""
     raw = tmp_path / "raw"
-    m = watch.ProgressMonitor(raw)
+    m = monitors.ProgressMonitor(raw)
     lines, t = [], 10 * S
     for i, d in enumerate((5 * S, 1 * S, 2 * S, S // 2)):   # each step: a collective, a sync of d
         lines += [f"@e0[7, {t}]: {_rec(0, 5, a=0x55, b=i, t1=t + 1000)}",
@@ -143,7 +143,7 @@ def test_ring_monitor_reads_the_calls_state(tmp_path):
     """Ring mode: the tracer prints each thread's call state every second, not its records; a
     line replaces what its thread and class said before."""
     raw = tmp_path / "raw"
-    m = watch.RingMonitor(raw)
+    m = monitors.RingMonitor(raw)
     _segment(raw, [_op(7, 0, 5, last_t0=1 * S, last_t1=1 * S + 1000),      # allreduce launched, returned
                    _op(7, 1, 5, t0=1 * S + 2000),                           # its sync, open
                    _op(9, 1, 6, t0=1 * S), _op(0, 0, 0),                    # pid 6 computes; the declaration
@@ -174,7 +174,7 @@ def test_ring_monitor_reads_the_calls_state(tmp_path):
 
 def test_ring_monitor_without_traced_returns(tmp_path):
     raw = tmp_path / "raw"
-    m = watch.RingMonitor(raw, call_returns=False)
+    m = monitors.RingMonitor(raw, call_returns=False)
     _segment(raw, [_op(7, 0, 5, last_t0=1 * S, sp=0x7000, ret=0x4242), _op(7, 1, 5, t0=2 * S)])
     m.poll()
     assert [s["pid"] for s in m.stuck(10 * S, 5 * S)] == [5]   # the sync after the launch never returned
@@ -186,7 +186,7 @@ def test_ring_monitor_asks_whether_a_quiet_thread_is_inside_its_last_launch(tmp_
     the entry's stack pointer and return address), not when it returned to compute, and not
     when it called anything since."""
     raw = tmp_path / "raw"
-    m = watch.RingMonitor(raw, call_returns=False)
+    m = monitors.RingMonitor(raw, call_returns=False)
     _segment(raw, [_op(7, 1, 5, last_t0=int(0.5 * S), last_t1=int(0.6 * S)),       # a sync before it
                    _op(7, 0, 5, last_t0=1 * S, sp=0x7FF0, ret=0x4242),             # then a launch, quiet since
                    _op(8, 0, 6, last_t0=1 * S, sp=0x6FF0, ret=0x4343),             # pid 6: a launch ...
@@ -265,7 +265,7 @@ def test_inside_call_reads_the_threads_stack(tmp_path):
 def test_log_watch_reports_new_warn_and_watchdog_lines_only(tmp_path):
     log = tmp_path / "nccl-rank0.log"
     log.write_text("node0:1:1 [0] NCCL WARN an old warning, before the watcher looked\n")
-    lw = watch.LogWatch()
+    lw = monitors.LogWatch()
     paths = [(str(log), "NCCL_DEBUG_FILE of pid 1")]
     assert lw.poll(paths) == []                                # what was there is not news
     with open(log, "a") as fh:
@@ -364,9 +364,9 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
         assert m["trigger"]["kind"] == "on-demand" and m["trigger"]["reason"] == "test: on demand"
         assert m["watch"]["before_s"] == 30 and not m["partial"]
         # a second one by the trigger file (no cooldown for on-demand triggers)
-        (out / watch.TRIGGER_NAME).write_text("by the file\n")
+        (out / triggers.TRIGGER_NAME).write_text("by the file\n")
         _wait_for(lambda: len(list(out.glob("stallscope-*.tar.gz"))) == 2, 60, "the second bundle")
-        assert not (out / watch.TRIGGER_NAME).exists()
+        assert not (out / triggers.TRIGGER_NAME).exists()
         w.send_signal(signal.SIGKILL)
         w.wait(timeout=10)
         _wait_for(lambda: not _children_of_ring(ring[0]), 15, "the watcher's children to be stopped")
@@ -570,7 +570,7 @@ def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
     try:
         _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
         port, sent = send_last_datagrams()
-        (out / watch.TRIGGER_NAME).write_text("now\n")
+        (out / triggers.TRIGGER_NAME).write_text("now\n")
         bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
     finally:
         w.terminate()
@@ -631,7 +631,7 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
         _wait_for(lambda: b"packet ring on (" in err.read_bytes(), 30, "the packet ring to start")
         assert _tcpdumps_of(ring)
         late_port, late = send_last_datagrams()
-        (out / watch.TRIGGER_NAME).write_text("now\n")
+        (out / triggers.TRIGGER_NAME).write_text("now\n")
         bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
         subprocess.run(["nft", "delete", "table", "inet", table], check=True, timeout=10)
         runs = _manifest(bundle)["watch"]["pcap_ring"]
@@ -652,7 +652,7 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
 
 def test_trigger_without_a_watcher_is_a_clear_error(tmp_path):
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
-    if os.geteuid() == 0 and watch.live_watchers():
+    if os.geteuid() == 0 and triggers.live_watchers():
         pytest.skip("a watcher runs on this host")
     p = subprocess.run([PY, "-m", "forensics", "capture", "--trigger"], cwd=ROOT, capture_output=True, text=True,
                        env=env, timeout=30)
@@ -796,7 +796,7 @@ def test_link_down_hang_under_watch(watched, tmp_path):
     assert run.watcher.wait(timeout=90) == 0, run.err.read_text()[-2000:]
     assert not run.ring.exists() and not _children_of_ring(run.ring)
     assert len(run.bundle_list()) == 1 and not list(run.bundles.glob(".*staging*"))
-    assert not (watch.registry_dir() / f"watch-{run.watcher.pid}.json").exists()
+    assert not (triggers.registry_dir() / f"watch-{run.watcher.pid}.json").exists()
 
 
 def test_mismatch_hang_under_watch(watched, tmp_path):

@@ -1,11 +1,13 @@
-"""What a capture collects, as a table: one row per collector.
+"""The command specs of the collectors, as a table: one row per thing a capture runs or reads.
 
-A row names the collector, what runs (an argv template or a function of this
+A row names it, what runs (an argv template or a function of this
 module), where its output goes in the bundle, when it runs (``start``/``end``
 snapshots or ``continuous``), its scope (once for the host, once per network
 namespace of the job, once per interface NCCL uses, once per job process), and
-what it needs (root, a tool on PATH). Running them is one loop in
-``capture.runner``; adding a collector is one row here.
+what it needs (root, a tool on PATH). The snapshot collector
+(``capture.collectors.snapshots``) runs every ``start``/``end`` row; a ``continuous`` row is the
+spec of its own collector class (``capture.collectors``: the tracer, tcpdump, the ss series ...),
+which reads its command, output path, tool and limits from here. A new snapshot is one row here.
 
 Templates may use {pid} (a process of the scope, or "self"), {iface}, {phase}
 and {ns} (the namespace's label: "host" or "netns-<inode>"). A command of a
@@ -22,7 +24,7 @@ from pathlib import Path
 
 
 @dataclass(frozen=True)
-class Collector:
+class Spec:
     name: str
     argv: tuple[str, ...] | None = None     # command template (None: ``func``)
     func: str | None = None                 # name of a function below: (ctx) -> bytes | dict[str, bytes]
@@ -39,115 +41,112 @@ class Collector:
     doc: str = ""
 
 
-COLLECTORS: tuple[Collector, ...] = (
+SPECS: tuple[Spec, ...] = (
     # ---- continuous
-    Collector("tracer", func="tracer", out="bpf/events.jsonl", when=("continuous",), needs_root=True,
-              tool="bpftrace", doc="bpftrace: NCCL API, CUDA host waits, TCP tracepoints, off-CPU time"),
+    Spec("tracer", func="tracer", out="bpf/events.jsonl", when=("continuous",), needs_root=True,
+         tool="bpftrace", doc="bpftrace: NCCL API, CUDA host waits, TCP tracepoints, off-CPU time"),
     # --immediate-mode: each packet is handed over and written (-U) as it arrives. Without it
     # libpcap's TPACKET_V3 ring holds packets in a block until the block fills or its 1 s
     # timer fires, and a stop (SIGINT) or a kill loses that block: the last packets before
     # the end, the ones a hang investigation needs most. -B: an 8 MiB kernel ring absorbs
     # bursts while tcpdump waits for the CPU. The watcher (capture.watch), which runs for days,
-    # leaves both out (TCPDUMP_PER_PACKET): a wake-up and a write per packet take about five
+    # leaves both out (capture.policy.TCPDUMP_PER_PACKET): a wake-up and a write per packet take about five
     # times the CPU of a buffered tcpdump (capture/README.md); it flushes tcpdump
-    # (Capture.flush_tcpdumps) before it cuts a bundle.
-    Collector("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
-                               "--immediate-mode", "-B", "8192", "-n", "-U", "-Z", "root"),
-              out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,
-              tool="tcpdump", doc="headers of the packets on the interfaces NCCL uses (ring files)"),
-    Collector("nccl-tests", func="nccl_tests", out="nccl-tests/output.txt", when=("continuous",),
-              doc="--nccl-tests CMD, its output kept"),
+    # (capture.collectors.packets) before it cuts a bundle.
+    Spec("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
+                          "--immediate-mode", "-B", "8192", "-n", "-U", "-Z", "root"),
+         out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,
+         tool="tcpdump", doc="headers of the packets on the interfaces NCCL uses (ring files)"),
+    Spec("nccl-tests", func="nccl_tests", out="nccl-tests/output.txt", when=("continuous",),
+         doc="--nccl-tests CMD, its output kept"),
     # ---- snapshots per network namespace
-    Collector("ss", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-tinp-{phase}.txt", scope="netns", tool="ss",
-              doc="TCP sockets with owners and counters (retransmits)"),
-    # sampled by the runner every --ss-every seconds (Capture.sample_ss), in the snapshot pool,
+    Spec("ss", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-tinp-{phase}.txt", scope="netns", tool="ss",
+         doc="TCP sockets with owners and counters (retransmits)"),
+    # sampled every --ss-every seconds (capture.collectors.ss_series), in the snapshot pool,
     # one sample at a time; each block headed "# stallscope-sample realtime_ns=.. monotonic_ns=..".
     # Read on a netlink socket per namespace in ss's format (capture.sockdiag), ss itself only
     # where that socket cannot be opened
-    Collector("ss-series", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-series.txt", when=("continuous",),
-              scope="netns", tool="ss", timeout_s=5.0, per_file_max=16 << 20,
-              doc="ss -tinpe of every namespace of the job every --ss-every s: bytes moving per connection"),
-    Collector("ip-link", argv=("ip", "-s", "-j", "link"), out="sys/{ns}/ip-link-{phase}.json", scope="netns",
-              tool="ip"),
-    Collector("ip-addr", argv=("ip", "-j", "addr"), out="sys/{ns}/ip-addr-{phase}.json", scope="netns", tool="ip"),
-    Collector("snmp", func="proc_net_snmp", out="sys/{ns}/snmp-{phase}.txt", scope="netns",
-              doc="/proc/net/snmp of the namespace"),
-    Collector("netstat", func="proc_net_netstat", out="sys/{ns}/netstat-{phase}.txt", scope="netns",
-              doc="/proc/net/netstat (TcpExt) of the namespace"),
-    Collector("sysctl-net", argv=("sysctl", "net"), out="sys/{ns}/sysctl-net-{phase}.txt", scope="netns",
-              tool="sysctl", when=("start",), ok_rc=(0, 255), per_file_max=2 << 20),
-    Collector("ethtool", argv=("ethtool", "-S", "{iface}"), out="sys/{ns}/ethtool-S-{iface}-{phase}.txt",
-              scope="iface", tool="ethtool", optional="driver without statistics (veth, lo, virtual NICs)"),
+    Spec("ss-series", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-series.txt", when=("continuous",),
+         scope="netns", tool="ss", timeout_s=5.0, per_file_max=16 << 20,
+         doc="ss -tinpe of every namespace of the job every --ss-every s: bytes moving per connection"),
+    Spec("ip-link", argv=("ip", "-s", "-j", "link"), out="sys/{ns}/ip-link-{phase}.json", scope="netns",
+         tool="ip"),
+    Spec("ip-addr", argv=("ip", "-j", "addr"), out="sys/{ns}/ip-addr-{phase}.json", scope="netns", tool="ip"),
+    Spec("snmp", func="proc_net_snmp", out="sys/{ns}/snmp-{phase}.txt", scope="netns",
+         doc="/proc/net/snmp of the namespace"),
+    Spec("netstat", func="proc_net_netstat", out="sys/{ns}/netstat-{phase}.txt", scope="netns",
+         doc="/proc/net/netstat (TcpExt) of the namespace"),
+    Spec("sysctl-net", argv=("sysctl", "net"), out="sys/{ns}/sysctl-net-{phase}.txt", scope="netns",
+         tool="sysctl", when=("start",), ok_rc=(0, 255), per_file_max=2 << 20),
+    Spec("ethtool", argv=("ethtool", "-S", "{iface}"), out="sys/{ns}/ethtool-S-{iface}-{phase}.txt",
+         scope="iface", tool="ethtool", optional="driver without statistics (veth, lo, virtual NICs)"),
     # ---- host snapshots
-    Collector("lsmod", argv=("lsmod",), out="sys/lsmod.txt", when=("start",), tool="lsmod",
-              doc="kernel modules (nvidia_peermem, ib_*)"),
-    Collector("nvidia-smi", argv=("nvidia-smi", "-q"), out="sys/nvidia-smi-{phase}.txt", tool="nvidia-smi"),
-    Collector("dmesg", func="dmesg", out="logs/dmesg-{phase}.txt", when=("end",), needs_root=True, tool="dmesg",
-              doc="kernel log tail and NVIDIA XID lines"),
-    Collector("ib-counters", func="ib_counters", out="ib/{phase}", doc="perfquery or sysfs InfiniBand counters",
-              optional="no InfiniBand/RoCE devices"),
+    Spec("lsmod", argv=("lsmod",), out="sys/lsmod.txt", when=("start",), tool="lsmod",
+         doc="kernel modules (nvidia_peermem, ib_*)"),
+    Spec("nvidia-smi", argv=("nvidia-smi", "-q"), out="sys/nvidia-smi-{phase}.txt", tool="nvidia-smi"),
+    Spec("dmesg", func="dmesg", out="logs/dmesg-{phase}.txt", when=("end",), needs_root=True, tool="dmesg",
+         doc="kernel log tail and NVIDIA XID lines"),
+    Spec("ib-counters", func="ib_counters", out="ib/{phase}", doc="perfquery or sysfs InfiniBand counters",
+         optional="no InfiniBand/RoCE devices"),
     # the ports' state and rate as the operator reads them (a port Down or Polling, a link at a
     # lower rate): beside the counters, outside ib/ (that folder is the counters' tree)
-    Collector("ibstat", argv=("ibstat",), out="sys/ibstat-{phase}.txt", tool="ibstat", timeout_s=20.0,
-              optional="no InfiniBand/RoCE devices", doc="ibstat: each IB/RoCE port's state, physical state, rate"),
+    Spec("ibstat", argv=("ibstat",), out="sys/ibstat-{phase}.txt", tool="ibstat", timeout_s=20.0,
+         optional="no InfiniBand/RoCE devices", doc="ibstat: each IB/RoCE port's state, physical state, rate"),
     # NCCL >= 2.24: skipped (with the reason) when the job's libnccl has no RAS or nothing
     # answers on NCCL_RAS_ADDR (default localhost:28028) in the job's network namespace
-    Collector("ncclras", func="ncclras", out="sys/host/ncclras-{phase}.txt", tool="ncclras", timeout_s=30.0,
-              doc="ncclras -v: NCCL RAS job summary, communicators, missing/dead ranks, mismatched op counts"),
+    Spec("ncclras", func="ncclras", out="sys/host/ncclras-{phase}.txt", tool="ncclras", timeout_s=30.0,
+         doc="ncclras -v: NCCL RAS job summary, communicators, missing/dead ranks, mismatched op counts"),
     # ---- per process
     # --nonblocking: py-spy reads the stacks without stopping the job (no ptrace stop);
     # bounded: a py-spy stuck on a wedged process must not hold the capture up
-    Collector("py-spy", argv=("py-spy", "dump", "--nonblocking", "--pid", "{pid}"),
-              out="stacks/py-spy-{pid}-{phase}.txt", scope="process", when=("start", "end"), needs_root=True,
-              tool="py-spy", python_only=True, timeout_s=10.0,
-              doc="Python stacks of the job's processes, read without pausing them"),
+    Spec("py-spy", argv=("py-spy", "dump", "--nonblocking", "--pid", "{pid}"),
+         out="stacks/py-spy-{pid}-{phase}.txt", scope="process", when=("start", "end"), needs_root=True,
+         tool="py-spy", python_only=True, timeout_s=10.0,
+         doc="Python stacks of the job's processes, read without pausing them"),
     # /proc/PID/task/*: each thread's state and the syscall it sits in, the fds it waits on
     # resolved to sockets (poll arrays read from /proc/PID/mem): free, no ptrace stop
-    Collector("threads", func="proc_threads", out="proc/{pid}-threads-{phase}.json", scope="process",
-              when=("start", "end"), timeout_s=10.0,
-              doc="per-thread state, wchan, syscall and the sockets it waits on (who waits on whom)"),
-    Collector("attachments", func="attachments", out="logs", when=("end",),
-              doc="--attach files and logs named by the processes' environment"),
+    Spec("threads", func="proc_threads", out="proc/{pid}-threads-{phase}.json", scope="process",
+         when=("start", "end"), timeout_s=10.0,
+         doc="per-thread state, wchan, syscall and the sockets it waits on (who waits on whom)"),
+    Spec("attachments", func="attachments", out="logs", when=("end",),
+         doc="--attach files and logs named by the processes' environment"),
     # ptrace stops every thread while its stack is read: only when the job is hung (--stacks
     # auto decides after a grace period, capture.stacks), once, each run bounded (then killed)
-    Collector("native-stacks", func="native_stacks", out="stacks/native-{pid}-{phase}.txt", when=("continuous",),
-              scope="process", needs_root=True, timeout_s=10.0,
-              doc="eu-stack / gdb / py-spy --native stacks of every thread, when no collective completes"),
-    # run by the runner at the start of the end phase (before the attachments take the dumps)
-    Collector("flight-recorder-trigger", func="flight_recorder_trigger", out="flight-recorder", when=("end",),
-              scope="process",
-              doc="one byte into TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe: torch dumps its Flight Recorder"),
+    Spec("native-stacks", func="native_stacks", out="stacks/native-{pid}-{phase}.txt", when=("continuous",),
+         scope="process", needs_root=True, timeout_s=10.0,
+         doc="eu-stack / gdb / py-spy --native stacks of every thread, when no collective completes"),
+    # its own collector (capture.collectors.fr_pipes), before the attachments take the dumps
+    Spec("flight-recorder-trigger", func="flight_recorder_trigger", out="flight-recorder", when=("end",),
+         scope="process",
+         doc="one byte into TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe: torch dumps its Flight Recorder"),
 )
 
 
-# tcpdump's per-packet hand-over and write; a buffered tcpdump (the watcher's) runs without them
-TCPDUMP_PER_PACKET = ("--immediate-mode", "-U")
 
-
-def by_name() -> dict[str, Collector]:
-    return {c.name: c for c in COLLECTORS}
+def by_name() -> dict[str, Spec]:
+    return {c.name: c for c in SPECS}
 
 
 # ---------------------------------------------------------------- function collectors
 def ncclras(ctx) -> bytes:
-    from .ncclras import collect
+    from ..ncclras import collect
     return collect(ctx)
 
 
 def native_stacks(ctx) -> bytes:
-    """Not run by the snapshot loop: capture.runner (Capture.start_native_stacks) drives it."""
-    raise LookupError("native stacks are taken by the runner (--stacks)")
+    """Not run by the snapshot loop: its own collector (capture.collectors.native_stacks) is."""
+    raise LookupError("native stacks are taken by their own collector (--stacks)")
 
 
 def flight_recorder_trigger(ctx) -> bytes:
-    """Not run by the snapshot loop: capture.runner (Capture.trigger_flight_recorders) drives it."""
-    raise LookupError("Flight Recorder triggers are sent by the runner")
+    """Not run by the snapshot loop: its own collector (capture.collectors.fr_pipes) is."""
+    raise LookupError("Flight Recorder triggers are sent by their own collector")
 
 
 def proc_threads(ctx) -> bytes:
     import json
 
-    from .threads import thread_states
+    from ..threads import thread_states
     return (json.dumps(thread_states(int(ctx["pid"]), ctx["phase"]), separators=(",", ":")) + "\n").encode()
 
 
@@ -163,7 +162,7 @@ XID_RE = re.compile(rb"NVRM: Xid|NVRM: GPU at|nvidia-peermem|mlx5_core.*(error|f
 
 
 def dmesg(ctx) -> dict[str, bytes]:
-    from .children import run
+    from ..children import run
     rc, out, err = run(["dmesg", "--time-format", "iso"], timeout=20)
     if rc != 0:
         rc, out, err = run(["dmesg"], timeout=20)
@@ -176,7 +175,7 @@ def dmesg(ctx) -> dict[str, bytes]:
 
 def ib_counters(ctx) -> dict[str, bytes]:
     """perfquery (plain and extended) when present, else sysfs counters and hw_counters."""
-    from .children import run
+    from ..children import run
     devices = sorted(glob.glob("/sys/class/infiniband/*/ports/*"))
     if not devices:
         raise LookupError("no InfiniBand/RoCE devices (/sys/class/infiniband is empty)")

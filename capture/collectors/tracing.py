@@ -1,0 +1,312 @@
+"""The tracer: bpftrace on the NCCL API, the CUDA host waits and the kernel's TCP and scheduler
+tracepoints (``capture.tracer`` renders its program from ``bpf/nccl.bt``), with the off-CPU
+samples of the job's threads (``capture.offcpu``, /proc schedstat). Both spool raw lines into
+``bpf/raw/`` while the job runs (no parsing then) and become ``bpf/events.jsonl`` at the end
+(``tracer_events.postprocess``), within the tracer's share of the byte budget.
+
+Standard library only."""
+from __future__ import annotations
+
+import glob
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from .. import bundle as bd
+from .. import children, procs, tracer, tracer_events, tracer_spool
+from ..offcpu import OffCpuSampler
+from ..session import LOG_CAP, clock_sample, tail, utc_span
+from .base import Collector
+
+TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
+
+
+class Tracing(Collector):
+    """The tracer's bpftrace (``proc``) and its spool (``spool``, also ``session.spool``), and
+    the off-CPU sampler (``offcpu``). The manifest records ``tracer`` and ``offcpu``."""
+
+    name = "tracer"
+    share = "tracer"
+
+    def __init__(self, session):
+        super().__init__(session)
+        self.proc: subprocess.Popen | None = None
+        self.spool: tracer_spool.Spool | None = None
+        self.stderr_fh = None
+        self.libs: set[str] = set()            # the NCCL libraries the running tracer covers
+        self.problems: list[str] = []          # asked-for libraries the tracer cannot attach to
+        self.offcpu: OffCpuSampler | None = None
+        self.offcpu_span: list[int] | None = None     # UTC ns of the first and last off-CPU sample kept
+        self.last_offcpu = 0.0
+        self.stopper: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.start_tracer()
+        self.start_offcpu()
+
+    def ready(self) -> str | None:
+        s = self.s
+        if self.proc is not None:
+            if self.wait_ready():
+                s.record("tracer", status="running")
+            else:
+                s.log("tracer did not start; see the manifest")
+        self.last_offcpu = time.monotonic()
+        self.sample_offcpu()
+        if self.spool is not None and self.spool.ready.is_set():
+            return f"tracer attached ({self.spool.attached_probes} probes)"
+        return "no tracer"
+
+    def sample(self, now: float) -> None:
+        s = self.s
+        if now - self.last_offcpu >= s.o.offcpu_every_s:
+            self.last_offcpu = now
+            self.sample_offcpu()
+        if self.proc is not None and self.proc.poll() is not None and s.records["tracer"]["status"] == "running":
+            s.record("tracer", status="failed")
+            s.log("tracer exited early")
+
+    def adopt(self, fresh, new_ns, new_ifaces) -> None:
+        s = self.s
+        for info in fresh:
+            new_libs = {l.host_path for l in info.nccl_libs} - self.libs
+            if new_libs and self.proc is not None:
+                s.notes.append(f"pid {info.pid} maps {sorted(new_libs)} that appeared after the tracer "
+                               "started: its NCCL calls are not traced (use --nccl-lib)")
+        if fresh and self.offcpu is not None:   # a first off-CPU sample right away (short jobs)
+            try:
+                self.offcpu.sample([i.pid for i in fresh])
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """bpftrace exits on SIGINT, stopped by a thread (its END can take a while); joined in finish."""
+        self.stopper = threading.Thread(target=self.stop_tracer)
+        self.stopper.start()
+
+    def finish(self) -> None:
+        if self.stopper is not None:
+            self.stopper.join()
+            self.stopper = None
+        self.build_events()
+
+    def status(self) -> dict:
+        return {"events": self.spool.lines if self.spool else 0}
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop_quietly(self) -> None:
+        """Stop bpftrace without building events (the watcher's end: its rings are dropped)."""
+        if self.alive():
+            children.stop(self.proc, signal.SIGINT, grace_s=10)
+            if self.spool is not None:
+                self.spool.join(timeout=10)
+            self.stderr_fh.close()
+
+    # ------------------------------------------------------------------ the tracer
+    def start_tracer(self) -> None:
+        """bpftrace on the libraries the job's processes map (and --nccl-lib's), its raw lines
+        spooled as they come."""
+        s = self.s
+        c = self.spec
+        key = "tracer"
+        t0 = time.time_ns()
+        reason = "--no-bpf" if not s.o.bpf else s.skip_reason(c)
+        if reason:
+            s.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=t0)
+            return
+        # --pid roots and their descendants alive now; later forks are followed in the kernel
+        want = sorted(set(s.o.pids) | procs.descendants(s.o.pids)) if s.o.pids else []
+        targets = tracer.TraceTargets(want_pids=want)
+        for info in s.procs.values():
+            for lib in info.nccl_libs:
+                targets.nccl.setdefault(lib.host_path, set()).update(lib.symbols or set(tracer.NCCL_SYMBOLS))
+            for lib in info.cudart_libs:
+                targets.cudart.setdefault(lib.host_path, set()).update(lib.symbols & set(tracer.CUDART_SYMBOLS))
+            for lib in info.cuda_libs:
+                targets.cuda.setdefault(lib.host_path, set()).update(lib.symbols & set(tracer.CUDA_SYMBOLS))
+            targets.traced_pids.append(info.pid)
+        from ..elf import ElfError, exported_functions_cached
+        for path in s.o.nccl_libs:
+            try:
+                syms = set(exported_functions_cached(path)) & set(tracer.NCCL_SYMBOLS)
+            except (OSError, ElfError) as e:
+                s.record(key, status="failed", reason=f"--nccl-lib {path}: {e}", started_ns=t0, ended_ns=t0)
+                return
+            if not syms:   # a wrong library: say so (manifest, stderr, exit code 3); trace the rest
+                self.problems.append(f"--nccl-lib {path}: exports none of the NCCL API "
+                                     f"({', '.join(tracer.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
+                s.log(self.problems[-1])
+                continue
+            targets.nccl.setdefault(str(Path(path).resolve()), set()).update(syms)
+            # processes not started yet: look for the CUDA runtime next to the given libnccl
+            for sib in sorted(glob.glob(str(Path(path).resolve().parent / "libcudart.so*"))):
+                try:
+                    cs = set(exported_functions_cached(sib)) & set(tracer.CUDART_SYMBOLS)
+                except (OSError, ElfError):
+                    continue
+                real = str(Path(sib).resolve())
+                if cs and not any(os.path.samefile(real, k) for k in targets.cudart):
+                    targets.cudart[real] = cs
+        self.libs = set(targets.nccl)
+        libc = tracer.own_libc()
+        try:
+            if libc and tracer.STOP_SYMBOL in exported_functions_cached(libc):
+                targets.stop_lib, targets.capture_pid = libc, os.getpid()
+        except (OSError, ElfError):
+            pass
+        targets.fill_addresses()
+        feats = tracer.KernelFeatures.probe()
+        keys = os.environ.get("BPFTRACE_MAP_KEYS_MAX", str(tracer.MAP_KEYS_MAX))
+        # ring mode needs the dump probe's attach point (the libc of this process)
+        ring = int(keys) if s.policy.tracer_ring and targets.stop_lib and keys.isdigit() else 0
+        script, blocks = tracer.render_script(targets, feats, call_returns=s.o.call_returns,
+                                              flush_ms=s.policy.tracer_flush_ms, ring=ring)
+        bpf_dir = s.staging / "bpf"
+        bpf_dir.mkdir(parents=True, exist_ok=True)
+        script_path = bpf_dir / "nccl.generated.bt"
+        script_path.write_text(script)
+        s.budget.take(len(script) + 1024)
+        argv = ["bpftrace", "-B", "line", str(script_path)]
+        self.stderr_fh = open(bpf_dir / "tracer.stderr.txt", "wb")
+        env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
+                   BPFTRACE_MAP_KEYS_MAX=keys)
+        self.proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.stderr_fh, env=env)
+        # raw lines are spooled as they come (no parsing while the job runs) and become
+        # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
+        self.spool = tracer_spool.Spool(self.proc.stdout, s.raw_dir, s.budget.tracer,
+                                        max_age_s=s.policy.spool_max_age()).start()
+        s.spool = self.spool
+        s.record(key, status="running", command=shlex.join(["bpftrace", "-B", "line", "bpf/nccl.generated.bt"]),
+                 started_ns=t0, files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
+                 libraries=sorted(targets.nccl), cuda_libraries=sorted(set(targets.cudart) | set(targets.cuda)),
+                 blocks=blocks, kernel_tracepoints=sorted(feats.tracepoints), btf=feats.btf,
+                 call_returns=s.o.call_returns, **({"ring_slots": ring} if ring else {}))
+
+    def wait_ready(self) -> bool:
+        s = self.s
+        if self.proc is None:
+            return False
+        deadline = time.monotonic() + s.o.ready_timeout_s
+        while time.monotonic() < deadline and not s.stop_evt.is_set():
+            if self.spool.ready.wait(0.1):
+                return True
+            if self.proc.poll() is not None:
+                self.spool.join(2)
+                break
+        return self.spool.ready.is_set()
+
+    def stop_tracer(self) -> None:
+        s = self.s
+        if self.proc is None:
+            return
+        proc = self.proc
+        alive = proc.poll() is None
+        late = False
+        if alive and "stop" in s.records["tracer"].get("blocks", []):
+            # the stop probe: recording ends now, the last records and open calls come out
+            tracer.trigger_stop()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and proc.poll() is None and not self.spool.stopped.is_set():
+                time.sleep(0.02)
+        if alive:
+            # bpftrace detaches every probe before its END probe prints the last records, and
+            # the kernel takes ~0.1 s per uprobe: wait for END's line rather than a fixed time
+            children.kill_group(proc, signal.SIGINT)
+            wait_s = TRACER_STOP_S + 0.5 * (self.spool.attached_probes or 50)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and proc.poll() is None and not self.spool.ended.is_set():
+                time.sleep(0.05)
+            late = proc.poll() is None and not self.spool.ended.is_set()
+        rc = children.stop(proc, signal.SIGINT, grace_s=10)
+        self.spool.join(timeout=15)
+        self.stderr_fh.close()
+        err = (s.staging / "bpf/tracer.stderr.txt").read_bytes()
+        bd.truncate_file(s.staging / "bpf/tracer.stderr.txt", LOG_CAP)
+        flushed = self.spool.stopped.is_set()   # the stop probe printed every record before SIGINT
+        final = flushed or self.spool.ended.is_set()
+        ok = self.spool.ready.is_set() and alive and final
+        reason = None
+        if not self.spool.ready.is_set():
+            reason = "bpftrace did not start: " + tail(err, 600)
+        elif not alive:
+            reason = f"bpftrace exited early (code {proc.returncode})"
+        elif late and not flushed:
+            reason = (f"bpftrace did not finish within {wait_s:.0f}s of SIGINT and was killed: "
+                      "the records of its last flush interval are missing")
+        elif not final:
+            reason = (f"bpftrace ended (code {rc}) without its last flush: the records of its last flush "
+                      "interval are missing; see stderr_tail")
+        elif late:
+            reason = f"bpftrace did not finish within {wait_s:.0f}s of SIGINT and was killed (after its last flush)"
+        if self.problems:
+            ok, reason = False, "; ".join(([reason] if reason else []) + self.problems)
+        s.record("tracer", status="ok" if ok else "failed", reason=reason, rc=rc, stderr_tail=tail(err),
+                 ended_ns=time.time_ns())
+
+    # ------------------------------------------------------------------ off-CPU samples and events.jsonl
+    def start_offcpu(self) -> None:
+        s = self.s
+        key = "offcpu"
+        t0 = time.time_ns()
+        if not s.o.bpf:
+            s.record(key, status="skipped", reason="--no-bpf", started_ns=t0, ended_ns=t0)
+            return
+        self.offcpu = OffCpuSampler(s.raw_dir / "offcpu.jsonl", s.budget.tracer // 8, ring=s.policy.ring)
+        s.record(key, status="running", command="stallscope:offcpu(/proc/PID/task/TID/schedstat every "
+                 f"{s.o.offcpu_every_s:g}s)", started_ns=t0, files=["bpf/events.jsonl"])
+
+    def sample_offcpu(self, final: bool = False) -> None:
+        s = self.s
+        if self.offcpu is None:
+            return
+        pids = [p for p in s.procs if os.path.isdir(f"/proc/{p}")]
+        try:
+            if self.offcpu.sample(pids, final=final):
+                t = time.time_ns()     # what the samples cover: the first and the last one kept
+                self.offcpu_span = [self.offcpu_span[0] if self.offcpu_span else t, t]
+        except OSError as e:
+            s.notes.append(f"off-CPU sample failed: {e}")
+
+    def build_events(self) -> None:
+        """bpf/events.jsonl from the spooled tracer lines and the off-CPU samples."""
+        s = self.s
+        if self.offcpu is None and self.spool is None:
+            return
+        self.sample_offcpu(final=True)
+        out = s.staging / "bpf" / "events.jsonl"
+        extra = [s.raw_dir / "offcpu.jsonl"] if self.offcpu is not None else []
+        try:
+            summ = tracer_events.postprocess(s.raw_dir if self.spool is not None else None, out, s.budget.tracer,
+                                             extra=extra, call_returns=s.o.call_returns, spool=self.spool)
+        except Exception as e:  # noqa: BLE001 - keep the raw lines in the bundle instead
+            s.record("tracer", status="failed", reason=f"building bpf/events.jsonl failed: "
+                     f"{type(e).__name__}: {e}; the raw tracer output is kept in bpf/raw/")
+            return
+        shutil.rmtree(s.raw_dir, ignore_errors=True)
+        if self.offcpu is not None:
+            rec = s.records["offcpu"]
+            reason = None
+            if self.offcpu.skipped:
+                reason = f"{self.offcpu.skipped} periodic samples left out: byte share used"
+            s.record("offcpu", status="ok" if rec["status"] == "running" else rec["status"], reason=reason,
+                     rc=0, ended_ns=time.time_ns(), samples=self.offcpu.samples,
+                     events=summ["by_type"].get("offcpu", 0), covered_ns=self.offcpu_span)
+        if self.spool is not None:
+            rec = s.records["tracer"]
+            reasons = [rec["reason"]] if rec.get("reason") else []
+            if summ["dropped_for_budget"]:
+                reasons.append(f"{summ['dropped_for_budget']} oldest hot-path events dropped: tracer byte share used")
+            if summ["lost_events"]:
+                reasons.append(f"bpftrace lost {summ['lost_events']} events")
+            s.record("tracer", reason="; ".join(reasons) or None, summary=summ,
+                     tracer_messages=summ.pop("messages", []),
+                     covered_ns=utc_span(s.clock + [clock_sample()], summ.get("span_monotonic_ns")))
+

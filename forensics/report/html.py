@@ -380,7 +380,7 @@ def _skew(rows: list[dict]) -> tuple[list[dict], int]:
 
 def heatmap(analysis, ranks: pd.DataFrame):
     """:func:`figures.heatmap`, made once per analysis (it needs the model alone: see
-    :func:`forensics.report.ahead`)."""
+    :func:`forensics.report.model_steps`)."""
     return data.memo(analysis, "heatmap", lambda: figures.heatmap(analysis, ranks=ranks))
 
 

@@ -22,11 +22,12 @@ import pandas as pd
 from .base import Context, Finding, detector, impact_severity, shared
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, as_int, clean_baselines,
-                       collective_windows, dedup_counts, dedup_sql, impact, in_windows, kernel_logged_reset, label, ms,
-                       rank_directory, ranks_text, shared_endpoint, sql_int, sql_list, sql_str, tcp_sources,
-                       trouble_events, trouble_rows, trouble_rows_sql, trouble_sql, who_text)
+from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, clean_baselines, collective_windows,
+                       dedup_counts, dedup_sql, hosts_of, impact, in_windows, label, ms, rank_directory, ranks_text,
+                       shared_endpoint, sql_int, sql_list, sql_str, tcp_sources, trouble_events, trouble_sql,
+                       who_text)
 
+KINDS = ("network_loss", "slow_link")
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
 MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
 MIN_BASELINE = 5           # clean collectives needed to call it a baseline
@@ -45,7 +46,7 @@ QUEUE_SHARE = 0.10         # ... or a queueing delay of this share of a collecti
 
 # --------------------------------------------------------------------------- network_loss
 
-@detector("network_loss")
+@detector("network_loss", kinds=KINDS)
 def network_loss(ctx: Context) -> list[Finding]:
     w = collective_windows(ctx)
     done = w[w["complete"]].reset_index(drop=True)
@@ -138,7 +139,7 @@ def network_loss(ctx: Context) -> list[Finding]:
                               f"collectives slowed, {imp.text()}"),
                     since_ns=first_loss_on(lost, blame.links), since_source="packets: the first loss on these links",
                     since_precision_ns=1_000_000,
-                    ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
+                    ranks=blamed, hosts=hosts_of(directory, blamed), peer_ranks=peers, links=links,
                     evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
                     details=details, impact_share=imp.share)]
 
@@ -194,7 +195,7 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
                                                                           - set(blame.ranks)),
                     headline=headline or "", since_ns=first_ns(counts), since_source="packets",
                     since_precision_ns=1_000_000,
-                    hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
+                    hosts=hosts_of(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
                                                                   for a, b in blame.links[:MAX_EVIDENCE]],
                     evidence=_link_rows(counts, directory), sql=sql,
                     action=(f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link drop counters on "
@@ -288,10 +289,6 @@ def _link_dict(a: int, b: int, counts: pd.DataFrame, directory) -> dict:
     for cls, col in COUNT_COLUMNS.items():
         d[col] = int(c.loc[c["cls"] == cls, "n"].sum())
     return d
-
-
-def _hosts(directory, ranks) -> list[str]:
-    return sorted({directory[r].host for r in ranks if r in directory and directory[r].host})
 
 
 # --------------------------------------------------------------------------- slow_link
@@ -438,7 +435,7 @@ def _bulk_waits_too(ctx, slow: pd.DataFrame, fast: pd.DataFrame) -> bool:
     return float(slow_q.max()) >= QUEUE_GAP * max(base, 1.0) and float(slow_q.max()) - base >= RTT_MIN_EXCESS_NS
 
 
-@detector("slow_link")
+@detector("slow_link", kinds=KINDS)
 def slow_link(ctx: Context) -> list[Finding]:
     links, metric = link_rtts(ctx)
     if links.empty:
@@ -579,7 +576,7 @@ def slow_link(ctx: Context) -> list[Finding]:
                               f"it explains {imp.text()}"),
                     since_ns=first_paid, since_source="tracer: the first collective that paid its queue"
                     if first_paid is not None else None, since_precision_ns=1_000_000 if first_paid else None,
-                    hosts=_hosts(directory, blamed), peer_ranks=peers,
+                    hosts=hosts_of(directory, blamed), peer_ranks=peers,
                     links=[{"rank": x, "peer_rank": y, "rtt_us": round(float(r) / 1e3, 1),
                             "saddr": directory[x].addr if x in directory else None,
                             "daddr": directory[y].addr if y in directory else None}
@@ -739,86 +736,3 @@ def _us_range(lo: float, hi: float) -> str:
         a, b = _us(lo).split(" "), _us(hi).split(" ")
         return f"{a[0]}-{b[0]} {b[1]}"
     return f"{_us(lo)}-{_us(hi)}"
-
-
-# --------------------------------------------------------------------------- connection_reset
-
-STALL_MIN_NS = 500_000_000     # a reset this long after the last progress comes from a teardown or a kill
-STALL_FACTOR = 5.0             # ... or this many times the p99 collective duration, if larger
-
-
-@detector("connection_reset")
-def connection_reset(ctx: Context) -> list[Finding]:
-    """A TCP reset between two ranks while collectives were in flight, before the job had
-    stalled: the connection NCCL used was torn down under it. Resets at start-up (no
-    collective in flight: the rendezvous store's probes), after the last collective, or
-    long after the job stopped progressing (the processes being killed) are left out."""
-    ev = trouble_events(ctx)
-    rst = ev[ev["cls"] == "reset"]
-    w = collective_windows(ctx)
-    if rst.empty or w.empty:
-        return []
-    t = rst["timestamp_ns"].to_numpy(dtype=np.int64)
-    t0 = w["t0"].to_numpy(dtype=np.int64)
-    t1 = w["t1"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
-    in_flight = in_windows(t, t0, t1)
-    done_end = np.sort(w.loc[w["complete"], "t1"].to_numpy(dtype=np.int64))
-    i = np.searchsorted(done_end, t, side="right") - 1
-    last_progress = np.where(i >= 0, done_end[np.maximum(i, 0)], t0.min() if len(t0) else 0)
-    dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
-    stall = max(STALL_MIN_NS, STALL_FACTOR * float(np.quantile(dur, 0.99))) if len(dur) else STALL_MIN_NS
-    # trouble before the reset since the last progress: the reset is then a consequence
-    loss_t = np.sort(ev.loc[ev["cls"].isin(LOSS_CLASSES), "timestamp_ns"].to_numpy(dtype=np.int64))
-    loss_before = np.searchsorted(loss_t, t, side="left") - np.searchsorted(loss_t, last_progress, side="left")
-    causal = in_flight & (t - last_progress < stall) & (loss_before == 0)
-    if not causal.any():
-        return []
-    first = rst[causal].iloc[0]
-    tr = int(first["timestamp_ns"])
-    snd, rcv = int(first["sender"]), int(first["receiver"])
-    directory = rank_directory(ctx)
-    after = rst[rst["timestamp_ns"] >= tr]
-    follow = dedup_counts(after)
-    n_links = follow[["a", "b"]].drop_duplicates().shape[0]
-    # what was in flight, and did it ever complete?
-    open_w = w[(w["t0"].to_numpy(dtype=np.int64) <= tr) & (t1 >= tr)]
-    failed = w[(~w["complete"]) & (w["t0"].to_numpy(dtype=np.int64) >= open_w["t0"].min() if len(open_w) else False)]
-    op_txt = ""
-    if len(open_w):
-        o = open_w.sort_values("op_count").iloc[0]
-        op_txt = f", while {o['op']} #{int(o['op_count'])} was in flight"
-    n_failed = int(len(failed))
-    forged = not kernel_logged_reset(ctx, first)
-    gap = tr - int(last_progress[causal][0])
-    summary = (f"TCP reset from {_endpoint(directory, snd, first['saddr'], first['sport'])} to "
-               f"{_endpoint(directory, rcv, first['daddr'], first['dport'])}"
-               + (f", not logged by rank {snd}'s kernel (a firewall or middlebox forged it)" if forged else "")
-               + f", {ms(gap)} after the last completed collective{op_txt}; "
-               + (f"{n_failed} collective(s) then never completed on every rank" if n_failed else
-                  "the collectives went on")
-               + (f"; {int(follow['n'].sum()) - 1} more reset(s) followed on {n_links} link(s)."
-                  if int(follow['n'].sum()) > 1 else "."))
-    severity = "error" if n_failed else "warning"
-    evidence = trouble_rows(after, limit=MAX_EVIDENCE)
-    sql = trouble_rows_sql(f"timestamp_ns >= {sql_int(tr)}", classes=("reset",), limit=MAX_EVIDENCE)
-    return [Finding(
-        kind="connection_reset", severity=severity, confidence=0.9 if n_failed else 0.7, summary=summary,
-        headline=("TCP reset from {who} to {peers}" + (" (forged: its kernel never sent it)" if forged else "")
-                  + (f"; {n_failed} collective(s) never completed" if n_failed else "; the job went on")
-                  + " ({since})"),
-        since_ns=tr, since_source="packets", since_precision_ns=1_000_000,
-        op_count=int(open_w.sort_values("op_count").iloc[0]["op_count"]) if n_failed and len(open_w) else None,
-        ranks=[snd], hosts=_hosts(directory, [snd]), peer_ranks=[rcv],
-        links=[{"rank": snd, "peer_rank": rcv, "saddr": first["saddr"], "sport": as_int(first["sport"]),
-                "daddr": first["daddr"], "dport": as_int(first["dport"]), "first_reset_ns": tr, "forged": forged}],
-        evidence=evidence, sql=sql, score=2e6 if n_failed else 10.0,
-        action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
-                "conntrack table full), a NIC or bond failover, a process closing the socket; NCCL cannot "
-                "recover a reset socket: fix it and restart the job from the last checkpoint."),
-        details={"first_reset_ns": tr, "since_last_progress_ns": gap, "resets_after": int(follow["n"].sum()),
-                 "links_reset": n_links, "collectives_failed": n_failed, "forged": forged})]
-
-
-def _endpoint(directory, rank: int, addr, port) -> str:
-    host = directory[rank].host if rank in directory else None
-    return f"rank {rank} ({host + ', ' if host else ''}{addr}:{port})"

@@ -13,7 +13,8 @@ A process belongs to the job (``ProcInfo.job_reasons`` says why) when it
 - maps one of NCCL's plugins (``libnccl-net*``, ``-tuner``, ``-profiler``, ``-env``): they
   are loaded by NCCL only, but are no NCCL to trace;
 - carries ``NCCL_*`` environment variables (NCCL linked statically with hidden symbols
-  leaves nothing else to see). The capture's own descendants are not jobs by their
+  leaves nothing else to see), when the caller asks (``by_env``: it must then
+  :func:`refresh` the jobs it knows, see :func:`discover`). The capture's own descendants are not jobs by their
   environment alone (its tcpdump, nsenter or gdb inherit whatever the operator exported).
 
 Paths are resolved through ``/proc/PID/root`` when the process lives in another mount
@@ -100,6 +101,7 @@ class ProcInfo:
     python: bool = False
     hostname: str | None = None          # as the process sees it (uts_hostname)
     job_reasons: list[str] = field(default_factory=list)   # JOB_REASONS that made it a job
+    ident: tuple[int, int] | None = None     # (start time, virtual size) when its maps were read
 
     @property
     def nccl_version(self) -> str | None:
@@ -326,20 +328,44 @@ def mapped_libs(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = No
     return out, python
 
 
+def _read_libs(info: ProcInfo, nccl_symbols, nccl_lib_override: list[str] | None) -> None:
+    """(Re)read info's libraries from its maps: the lists, ``python``, the library reasons
+    (``nccl-env`` and ``pid`` kept) and ``ident``."""
+    info.ident = _identity(info.pid)
+    libs, python = mapped_libs(info.pid, nccl_symbols, nccl_lib_override)
+    info.nccl_libs, info.untraced_nccl_libs = libs.get("nccl", []), libs.get("nccl-untraced", [])
+    info.cudart_libs, info.cuda_libs = libs.get("cudart", []), libs.get("cuda", [])
+    info.python = info.python or python
+    reasons = []
+    for lib in info.nccl_libs + info.untraced_nccl_libs + libs.get("nccl-plugin", []):
+        why = "nccl-lib" if lib_kind(lib.path) is None else _reason(lib)
+        if why not in reasons:
+            reasons.append(why)
+    info.job_reasons = reasons + [r for r in info.job_reasons if r in ("nccl-env", "pid")]
+
+
+def refresh(info: ProcInfo, nccl_symbols, nccl_lib_override: list[str] | None = None) -> bool:
+    """Read a known job's libraries again when it changed since (its virtual size: a library
+    loaded, ``import torch`` seconds after a process found by its NCCL_* variables started);
+    True when its NCCL, CUDA runtime or driver libraries are not the ones it had. One stat
+    read when nothing changed: a watcher calls it on every rescan for its jobs, at least for
+    those found before they mapped a traceable libnccl."""
+    ident = _identity(info.pid)
+    if ident is None or ident == info.ident:
+        return False
+    before = [l.key for l in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs]
+    _read_libs(info, nccl_symbols, nccl_lib_override)
+    return before != [l.key for l in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs]
+
+
 def inspect(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None,
-            by_env: bool = True) -> ProcInfo | None:
+            by_env: bool = False) -> ProcInfo | None:
     """Facts about pid, or None if it is no job (module docstring: it maps no NCCL library, no
     NCCL plugin and no --nccl-lib file, and, with ``by_env``, carries no NCCL_* variable)."""
     if not os.path.exists(f"/proc/{pid}/maps"):
         return None
-    libs, python = mapped_libs(pid, nccl_symbols, nccl_lib_override)
-    info = ProcInfo(pid=pid, python=python, nccl_libs=libs.get("nccl", []),
-                    untraced_nccl_libs=libs.get("nccl-untraced", []), cudart_libs=libs.get("cudart", []),
-                    cuda_libs=libs.get("cuda", []))
-    for lib in info.nccl_libs + info.untraced_nccl_libs + libs.get("nccl-plugin", []):
-        why = "nccl-lib" if lib_kind(lib.path) is None else _reason(lib)
-        if why not in info.job_reasons:
-            info.job_reasons.append(why)
+    info = ProcInfo(pid=pid)
+    _read_libs(info, nccl_symbols, nccl_lib_override)
     info.env = read_env(pid)
     if by_env and any(k.startswith("NCCL_") for k in info.env):
         info.job_reasons.append("nccl-env")
@@ -467,11 +493,15 @@ def descends_from(pid: int, ancestor: int, depth: int = 64) -> bool:
 
 
 def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: list[str] | None = None,
-             skip: set[int] | None = None, not_nccl: dict | None = None, by_env: bool = True) -> list[ProcInfo]:
-    """The job processes (module docstring; ``by_env`` False: not by their NCCL_* variables
-    alone), except ``skip`` and the capture itself; the capture's descendants only by what
-    they map. With ``pids``: those processes (jobs or not) and the jobs among their
+             skip: set[int] | None = None, not_nccl: dict | None = None, by_env: bool = False) -> list[ProcInfo]:
+    """The job processes (module docstring; with ``by_env``, also those known by their NCCL_*
+    variables alone), except ``skip`` and the capture itself; the capture's descendants only
+    by what they map. With ``pids``: those processes (jobs or not) and the jobs among their
     descendants (``--pid`` of torchrun or a launcher).
+
+    ``by_env`` finds a job before it maps anything (a Python job imports torch seconds after
+    it starts): a caller that passes it and then ``skip``s the jobs it knows must
+    :func:`refresh` them on each rescan, or a job found early never shows its libnccl.
 
     ``not_nccl`` (kept by the caller between rescans): the processes found to be no job,
     each with its start time and virtual size; such a process is inspected again (its maps

@@ -84,7 +84,7 @@ def _plain_env() -> dict[str, str]:
 
 
 def _inspect(pid):
-    return procs.inspect(pid, tracer.NCCL_SYMBOLS)
+    return procs.inspect(pid, tracer.NCCL_SYMBOLS, by_env=True)
 
 
 # ---------------------------------------------------------------- the version in the library
@@ -177,8 +177,8 @@ def test_nccl_variables_alone_make_a_job_except_for_the_captures_own_children(li
     with Child(env=env) as own:
         info = _inspect(own.pid)
         assert info.job_reasons == ["nccl-env"] and info.env["NCCL_SOCKET_IFNAME"] == "lo"
-        assert procs.inspect(own.pid, tracer.NCCL_SYMBOLS, by_env=False) is None
-        assert own.pid not in [i.pid for i in procs.discover(tracer.NCCL_SYMBOLS, pids=None, skip=None)]
+        assert procs.inspect(own.pid, tracer.NCCL_SYMBOLS) is None            # not asked: not a job
+        assert own.pid not in [i.pid for i in procs.discover(tracer.NCCL_SYMBOLS, by_env=True)]
     # not ours: started through a shell that exits (reparented away from this process)
     script = f"{sys.executable} -c 'import time; time.sleep(60)' >/dev/null 2>&1 & echo $!"
     out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=10).stdout
@@ -186,9 +186,9 @@ def test_nccl_variables_alone_make_a_job_except_for_the_captures_own_children(li
     try:
         assert not procs.descends_from(orphan, os.getpid())
         cache: dict = {}
-        found = {i.pid: i for i in procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache)}
+        found = {i.pid: i for i in procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache, by_env=True)}
         assert found[orphan].job_reasons == ["nccl-env"] and orphan not in cache
-        assert orphan not in {i.pid for i in procs.discover(tracer.NCCL_SYMBOLS, by_env=False)}
+        assert orphan not in {i.pid for i in procs.discover(tracer.NCCL_SYMBOLS)}     # by_env off (default)
     finally:
         os.kill(orphan, 9)
 
@@ -273,8 +273,33 @@ def test_discover_keeps_a_rescan_cheap_for_processes_that_are_no_job(libs, monke
     monkeypatch.setattr(procs, "inspect", lambda pid, *a, **k: seen.append(pid) or real(pid, *a, **k))
     with Child(env=_plain_env()) as c:
         cache: dict = {}
-        procs.discover(tracer.NCCL_SYMBOLS, pids=None, not_nccl=cache)
+        procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache, by_env=True)
         assert c.pid in cache
         time.sleep(0.05)
-        procs.discover(tracer.NCCL_SYMBOLS, pids=None, not_nccl=cache)
+        procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache, by_env=True)
         assert seen.count(c.pid) == 1
+
+
+def test_refresh_shows_the_libnccl_of_a_job_found_by_its_variables_before_it_loaded_it(libs):
+    """A Python job is found by its NCCL_* variables at start-up, before ``import torch`` maps
+    libnccl; a watcher that keeps the record sees the library once it is mapped."""
+    script = ("import ctypes, sys\n"
+              "print('ready', flush=True); sys.stdin.readline()\n"
+              f"ctypes.CDLL({str(libs['lab'])!r}); print('loaded', flush=True); sys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         env=dict(_plain_env(), NCCL_DEBUG="INFO"))
+    try:
+        assert p.stdout.readline() == b"ready\n"
+        info = _inspect(p.pid)
+        assert info.job_reasons == ["nccl-env"] and not info.traceable
+        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is False             # unchanged: nothing read
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        assert p.stdout.readline() == b"loaded\n"
+        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is True
+        assert info.traceable and info.job_reasons == ["libnccl", "nccl-env"]
+        assert info.nccl_version == "2.21.5+cuda12.4" and info.cudart_libs
+        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is False
+    finally:
+        p.kill()
+        p.wait()

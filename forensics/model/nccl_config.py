@@ -5,9 +5,10 @@
 - the manifest (what the capture saw in /proc): pid, RANK/LOCAL_RANK/WORLD_SIZE, the
   libnccl it mapped, its NCCL_*/TORCH_* environment;
 - its NCCL_DEBUG log (``logs/``): version (else the one its libnccl file carries, which the
-  manifest records: a process whose init failed before logging it still has one), transport (``Using network IB|Socket`` or the
-  ``NET/IB``/``NET/Socket`` lines), IB devices and socket interfaces, GPU Direct RDMA,
-  channels, rings and trees, the ``NCCL_* set by environment`` lines, WARN count.
+  manifest records: a process whose init failed before logging it still has one), transport
+  (``Using network IB|Socket`` or the ``NET/IB``/``NET/Socket`` lines), IB devices and socket
+  interfaces, GPU Direct RDMA, channels, rings and trees, the ``NCCL_* set by environment``
+  lines, WARN count.
 
 A log process is matched to a manifest process by pid, else by the pid that the
 attachment record names for the file (``NCCL_DEBUG_FILE of pid N``), else by rank. A

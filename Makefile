@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min clean
+.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min image-tag image clean
 
 all: test
 
@@ -93,6 +93,14 @@ regimes-clean-10: debs venv
 	  if $(PY) -m pytest -q -p no:cacheprovider tests/test_regimes_findings.py -k 'per_host and clean' >/tmp/stallscope-clean-$$i.log 2>&1; \
 	  then ok=$$((ok+1)); echo "run $$i: passed"; else echo "run $$i: FAILED (/tmp/stallscope-clean-$$i.log)"; fi; \
 	done; echo "clean per-host runs: $$ok of 10 passed"; [ $$ok -eq 10 ]
+
+# the watcher's image (deploy/image/Containerfile), tagged with pyproject.toml's version: the
+# reference deploy/kubernetes/stallscope-daemonset.yaml names (tests/test_deploy.py checks it)
+image-tag:
+	@deploy/image/image.sh tag
+
+image:
+	deploy/image/image.sh build
 
 clean:
 	rm -rf $(VENV) build *.egg-info forensics/native/*.so

@@ -146,8 +146,8 @@ def run(cmd: list[str]) -> tuple[float, int, float]:
 # a worker is after its first host), then, on a line from the bench, it times the rest
 READER = """
 import sys, time
-from forensics import heap
-heap.keep_freed_memory()
+from forensics.execution import memory
+memory.keep_freed_memory()
 from forensics.model.hosts import read_host
 read_host(sys.argv[1])
 print("ready", flush=True)

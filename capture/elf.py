@@ -49,27 +49,60 @@ def _read_at(fh, offset: int, size: int) -> bytes:
     return data
 
 
+@dataclass(frozen=True)
+class Section:
+    """One section header: its name, type, and where its bytes lie in the file."""
+    name: str
+    type: int
+    offset: int
+    size: int
+
+
+def _open_sections(fh, path) -> tuple[str, int, int, list[tuple]]:
+    """(byte order, ELF class, index of the section name table, raw section header tuples)
+    of an open ELF file."""
+    ident = fh.read(16)
+    if len(ident) < 16 or ident[:4] != b"\x7fELF":
+        raise ElfError(f"{path}: not an ELF file")
+    cls, data = ident[4], ident[5]
+    if cls not in _LAYOUT or data not in (1, 2):
+        raise ElfError(f"{path}: unsupported ELF class {cls} / data encoding {data}")
+    bo = "<" if data == 1 else ">"
+    lay = _LAYOUT[cls]
+    ehdr = struct.Struct(bo + lay["ehdr"])
+    (_type, _machine, _version, _entry, _phoff, shoff, _flags, _ehsize, _phentsize, _phnum,
+     shentsize, shnum, shstrndx) = ehdr.unpack(_read_at(fh, 16, ehdr.size))
+    if shoff == 0 or shnum == 0:
+        raise ElfError(f"{path}: no section headers")
+    shdr = struct.Struct(bo + lay["shdr"])
+    if shentsize < shdr.size:
+        raise ElfError(f"{path}: bad section header size {shentsize}")
+    table = _read_at(fh, shoff, shentsize * shnum)
+    return bo, cls, shstrndx, [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
+
+
+def sections(path: str | os.PathLike) -> list[Section]:
+    """The sections of ``path`` (names from the section header string table), in header order.
+    Raises ElfError for a file that is not ELF or has no section headers (stripped with
+    ``sstrip``), OSError when it cannot be read."""
+    with open(path, "rb") as fh:
+        _bo, _cls, shstrndx, raw = _open_sections(fh, path)
+        names = b""
+        if 0 < shstrndx < len(raw):
+            names = _read_at(fh, raw[shstrndx][4], raw[shstrndx][5])
+        out = []
+        for sec in raw:
+            end = names.find(b"\0", sec[0])
+            name = names[sec[0]:end if end >= 0 else None].decode("utf-8", "replace") if sec[0] < len(names) else ""
+            out.append(Section(name, sec[1], sec[4], sec[5]))
+        return out
+
+
 def exported_functions(path: str | os.PathLike) -> dict[str, Symbol]:
     """Defined, visible function symbols of ``path``'s ``.dynsym``, by name."""
     with open(path, "rb") as fh:
-        ident = fh.read(16)
-        if len(ident) < 16 or ident[:4] != b"\x7fELF":
-            raise ElfError(f"{path}: not an ELF file")
-        cls, data = ident[4], ident[5]
-        if cls not in _LAYOUT or data not in (1, 2):
-            raise ElfError(f"{path}: unsupported ELF class {cls} / data encoding {data}")
-        bo = "<" if data == 1 else ">"
+        bo, cls, _shstrndx, sections = _open_sections(fh, path)
         lay = _LAYOUT[cls]
-        ehdr = struct.Struct(bo + lay["ehdr"])
-        (_type, _machine, _version, _entry, _phoff, shoff, _flags, _ehsize, _phentsize, _phnum,
-         shentsize, shnum, _shstrndx) = ehdr.unpack(_read_at(fh, 16, ehdr.size))
-        if shoff == 0 or shnum == 0:
-            raise ElfError(f"{path}: no section headers")
-        shdr = struct.Struct(bo + lay["shdr"])
-        if shentsize < shdr.size:
-            raise ElfError(f"{path}: bad section header size {shentsize}")
-        table = _read_at(fh, shoff, shentsize * shnum)
-        sections = [shdr.unpack_from(table, i * shentsize) for i in range(shnum)]
         out: dict[str, Symbol] = {}
         for sec in sections:
             _name, sh_type, _fl, _addr, sh_offset, sh_size, sh_link, _info, _align, sh_entsize = sec

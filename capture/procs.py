@@ -1,11 +1,29 @@
 """The processes of the job, from /proc: libraries, ranks, environment, namespaces, sockets.
 
-A process belongs to the job when it maps a libnccl (``libnccl*.so*``, e.g.
-pip's ``nvidia/nccl/lib/libnccl.so.2`` inside a virtual environment) or a
-library that exports NCCL's API (``libtorch_cuda.so`` with NCCL linked in
-statically and exported), found with the ELF reader. Paths are resolved through
-``/proc/PID/root`` when the process lives in another mount namespace, so the
-tracer attaches to the file the process really maps (same device and inode).
+A process belongs to the job (``ProcInfo.job_reasons`` says why) when it
+
+- maps a libnccl (``libnccl*.so*``, e.g. pip's ``nvidia/nccl/lib/libnccl.so.2`` inside a
+  virtual environment, or an NGC container's ``/usr/lib/x86_64-linux-gnu/libnccl.so.2``),
+  whether or not the file exports the entry point the tracer probes (``TRACE_PROBE``): one
+  that does is *traceable* (``ProcInfo.nccl_libs``, the tracer's targets), one that does not
+  (hidden symbols, an unsupported build) is kept apart (``ProcInfo.untraced_nccl_libs``), so
+  the job is still seen and a trigger that needs no tracer can watch it;
+- maps a library that exports NCCL's API (``libtorch_cuda.so`` with NCCL linked in
+  statically and exported), found with the ELF reader;
+- maps one of NCCL's plugins (``libnccl-net*``, ``-tuner``, ``-profiler``, ``-env``): they
+  are loaded by NCCL only, but are no NCCL to trace;
+- carries ``NCCL_*`` environment variables (NCCL linked statically with hidden symbols
+  leaves nothing else to see), when the caller asks (``by_env``: it must then
+  :func:`refresh` the jobs it knows, see :func:`discover`). The capture's own descendants are not jobs by their
+  environment alone (its tcpdump, nsenter or gdb inherit whatever the operator exported).
+
+Paths are resolved through ``/proc/PID/root`` when the process lives in another mount
+namespace, so the tracer attaches to the file the process really maps. A library file is
+identified by the (device, inode) that ``/proc/PID/maps`` names: the file the kernel maps
+(and the one a uprobe is attached to), the same whichever mount namespace sees it and
+whichever path it is mapped under; :func:`libraries` and :func:`libraries_in_use` list the
+distinct files so that a watcher notices one it does not cover yet. Each NCCL library's
+version is read from the file (:mod:`.libversion`).
 """
 from __future__ import annotations
 
@@ -19,8 +37,12 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .elf import ElfError, exported_functions_cached
+from .libversion import nccl_version
 
 NCCL_LIB_GLOBS = ("libnccl*.so*",)
+# NCCL's plugins (network, tuner, profiler, environment): loaded by NCCL only, no NCCL inside
+NCCL_PLUGIN_GLOBS = ("libnccl-net*.so*", "libnccl-tuner*.so*", "libnccl-profiler*.so*", "libnccl-env*.so*")
+TRACE_PROBE = "ncclAllReduce"   # a library exporting it is one whose NCCL calls the tracer can probe
 # libraries that may carry a statically linked, exported NCCL; checked with the ELF reader
 NCCL_HOST_GLOBS = ("libtorch_cuda*.so*", "libtorch*.so*", "libcaffe2_nvrtc*.so*", "*nccl*.so*")
 CUDART_GLOBS = ("libcudart.so*", "libcudart-*.so*")
@@ -29,15 +51,38 @@ RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK
              "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "OMPI_COMM_WORLD_RANK",
              "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID",
              "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_JOB_ID", "HOSTNAME")
+# why a process is a job (ProcInfo.job_reasons), each with what it means
+JOB_REASONS = {
+    "libnccl": "maps a libnccl (traceable or not)",
+    "nccl-api": "maps a library that exports NCCL's API",
+    "nccl-plugin": "maps one of NCCL's plugins",
+    "nccl-env": "carries NCCL_* environment variables",
+    "nccl-lib": "maps a file given with --nccl-lib",
+    "pid": "named with --pid (or below one)",
+}
 ENV_PREFIXES = ("NCCL_", "TORCH_", "TORCHELASTIC_", "PYTORCH_", "CUDA_", "UCX_", "GLOO_")
+
+
+LibKey = tuple[int, int]    # (device, inode) of a mapped file as /proc/PID/maps names it
 
 
 @dataclass
 class MappedLib:
+    """One library file a process maps. ``symbols``: for NCCL, the probed entry points it
+    exports (empty for an untraceable one); for the CUDA runtime and driver, every exported
+    function. ``traceable``: the tracer can attach to it (NCCL: it exports ``TRACE_PROBE``)."""
     path: str            # as the process sees it
     host_path: str       # a path this process (capture) can open for the same file
     inode: int
     symbols: set[str] = field(default_factory=set)
+    dev: int = 0         # the device /proc/PID/maps names; with inode: the file, in any mount namespace
+    kind: str = ""       # nccl | nccl-plugin | cudart | cuda
+    traceable: bool = True
+    version: str | None = None     # NCCL's own version string in the file (nccl only)
+
+    @property
+    def key(self) -> LibKey:
+        return (self.dev, self.inode)
 
 
 @dataclass
@@ -47,13 +92,26 @@ class ProcInfo:
     exe: str = ""
     cmdline: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)   # NCCL_*/TORCH_*/rank variables only
-    nccl_libs: list[MappedLib] = field(default_factory=list)
+    nccl_libs: list[MappedLib] = field(default_factory=list)        # traceable: the tracer's targets
+    untraced_nccl_libs: list[MappedLib] = field(default_factory=list)   # libnccl* without TRACE_PROBE
     cudart_libs: list[MappedLib] = field(default_factory=list)
     cuda_libs: list[MappedLib] = field(default_factory=list)
     netns_inode: int | None = None
     start_ticks: int | None = None
     python: bool = False
     hostname: str | None = None          # as the process sees it (uts_hostname)
+    job_reasons: list[str] = field(default_factory=list)   # JOB_REASONS that made it a job
+    ident: tuple[int, int] | None = None     # (start time, virtual size) when its maps were read
+
+    @property
+    def nccl_version(self) -> str | None:
+        """The NCCL version of the first NCCL library it maps that states one (traceable first)."""
+        return next((l.version for l in self.nccl_libs + self.untraced_nccl_libs if l.version), None)
+
+    @property
+    def traceable(self) -> bool:
+        """Whether the tracer can see its NCCL calls (it maps a library exporting TRACE_PROBE)."""
+        return bool(self.nccl_libs)
 
     def rank_facts(self) -> dict:
         e = self.env
@@ -76,7 +134,9 @@ class ProcInfo:
     def to_manifest(self) -> dict:
         d = {"pid": self.pid, **self.rank_facts(), "comm": self.comm, "exe": self.exe,
              "cmdline": self.cmdline, "env": self.env,
-             "libnccl": [l.path for l in self.nccl_libs], "libcudart": [l.path for l in self.cudart_libs],
+             "libnccl": [l.path for l in self.nccl_libs + self.untraced_nccl_libs],
+             "libnccl_untraced": [l.path for l in self.untraced_nccl_libs], "nccl_version": self.nccl_version,
+             "job_reasons": list(self.job_reasons), "libcudart": [l.path for l in self.cudart_libs],
              "libcuda": [l.path for l in self.cuda_libs], "netns_inode": self.netns_inode,
              "start_ticks": self.start_ticks, "python": self.python, "hostname": self.hostname}
         return d
@@ -90,8 +150,10 @@ def _read(path: str, mode: str = "r") -> str | bytes | None:
         return None
 
 
-def mapped_files(pid: int) -> list[tuple[str, int]]:
-    """(path, inode) of every file-backed mapping of pid, each once."""
+def mappings(pid: int) -> list[tuple[str, int, int]]:
+    """(path, device, inode) of every file-backed mapping of pid, each once; the path as the
+    process sees it, the device and inode those of the file the kernel maps (``major:minor``
+    in hex in /proc/PID/maps)."""
     text = _read(f"/proc/{pid}/maps")
     if not text:
         return []
@@ -105,12 +167,19 @@ def mapped_files(pid: int) -> list[tuple[str, int]]:
             path = path[: -len(" (deleted)")]
         try:
             inode = int(parts[4])
+            major, _, minor = parts[3].partition(":")
+            dev = os.makedev(int(major, 16), int(minor, 16))
         except ValueError:
             continue
-        if (path, inode) not in seen:
-            seen.add((path, inode))
-            out.append((path, inode))
+        if (path, dev, inode) not in seen:
+            seen.add((path, dev, inode))
+            out.append((path, dev, inode))
     return out
+
+
+def mapped_files(pid: int) -> list[tuple[str, int]]:
+    """(path, inode) of every file-backed mapping of pid, each once."""
+    return list(dict.fromkeys((path, inode) for path, _dev, inode in mappings(pid)))
 
 
 def host_path(pid: int, path: str, inode: int) -> str:
@@ -134,27 +203,45 @@ def _matches(name: str, globs) -> bool:
     return any(fnmatch.fnmatch(name, g) for g in globs)
 
 
-def classify_lib(pid: int, path: str, inode: int, nccl_symbols) -> tuple[str | None, MappedLib | None]:
+def lib_kind(path: str) -> str | None:
+    """What a mapped file may be, from its name: nccl-plugin, nccl (a libnccl or a library
+    that may export NCCL), cudart, cuda; None for anything else."""
     base = os.path.basename(path)
-    kind = None
+    if _matches(base, NCCL_PLUGIN_GLOBS):
+        return "nccl-plugin"
     if _matches(base, NCCL_LIB_GLOBS) or _matches(base, NCCL_HOST_GLOBS):
-        kind = "nccl"
-    elif _matches(base, CUDART_GLOBS):
-        kind = "cudart"
-    elif _matches(base, CUDA_GLOBS):
-        kind = "cuda"
+        return "nccl"
+    if _matches(base, CUDART_GLOBS):
+        return "cudart"
+    if _matches(base, CUDA_GLOBS):
+        return "cuda"
+    return None
+
+
+def classify_lib(pid: int, path: str, inode: int, nccl_symbols, dev: int = 0) -> tuple[str | None, MappedLib | None]:
+    """(kind, library) of a file pid maps, or (None, None) when it is none of NCCL's, the CUDA
+    runtime's or the driver's. A libnccl that does not export ``TRACE_PROBE`` is still an
+    NCCL library, with ``traceable`` False and no symbols; another library (``libtorch*``)
+    is one only when it exports it. An NCCL library's version is read from the file."""
+    kind = lib_kind(path)
     if kind is None:
         return None, None
     hp = host_path(pid, path, inode)
+    lib = MappedLib(path=path, host_path=hp, inode=inode, dev=dev, kind=kind)
+    if kind == "nccl-plugin":
+        lib.traceable = False
+        return kind, lib
     try:
         syms = set(exported_functions_cached(hp))
     except (OSError, ElfError):
         syms = set()
-    lib = MappedLib(path=path, host_path=hp, inode=inode, symbols=syms)
+    lib.symbols = syms
     if kind == "nccl":
-        if "ncclAllReduce" not in syms:  # a libtorch without exported NCCL, or a stub
-            return None, None
-        lib.symbols = syms & set(nccl_symbols)
+        lib.traceable = TRACE_PROBE in syms
+        if not lib.traceable and not _matches(os.path.basename(path), NCCL_LIB_GLOBS):
+            return None, None       # a libtorch without exported NCCL
+        lib.symbols = syms & set(nccl_symbols) if lib.traceable else set()
+        lib.version = nccl_version(hp)
     return kind, lib
 
 
@@ -208,32 +295,81 @@ def netns_inode(pid: int | str) -> int | None:
         return None
 
 
-def inspect(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None) -> ProcInfo | None:
-    """Facts about pid, or None if it maps no NCCL (and no --nccl-lib file)."""
-    maps = mapped_files(pid)
-    if not maps:
-        return None
-    info = ProcInfo(pid=pid)
+def _reason(lib: MappedLib) -> str:
+    if lib.kind == "nccl-plugin":
+        return "nccl-plugin"
+    return "libnccl" if _matches(os.path.basename(lib.path), NCCL_LIB_GLOBS) else "nccl-api"
+
+
+def mapped_libs(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None) -> tuple[dict, bool]:
+    """({kind: [MappedLib]}, maps libpython) of pid; kinds as :func:`lib_kind`, untraceable
+    NCCL libraries under ``nccl-untraced``; a ``--nccl-lib`` file (by inode) is a traceable
+    NCCL library whatever its name and exports (no symbols: the tracer decides what to probe)."""
+    out: dict[str, list[MappedLib]] = {}
+    python = False
     override_inodes = set()
     for p in nccl_lib_override or []:
         try:
             override_inodes.add(os.stat(p).st_ino)
         except OSError:
             pass
-    for path, inode in maps:
-        kind, lib = classify_lib(pid, path, inode, nccl_symbols)
-        if kind is None and inode in override_inodes:
+    for path, dev, inode in mappings(pid):
+        kind, lib = classify_lib(pid, path, inode, nccl_symbols, dev=dev)
+        if inode in override_inodes and (kind is None or (kind == "nccl" and not lib.traceable)):
             kind = "nccl"
-            lib = MappedLib(path=path, host_path=host_path(pid, path, inode), inode=inode)
-        if kind == "nccl":
-            info.nccl_libs.append(lib)
-        elif kind == "cudart":
-            info.cudart_libs.append(lib)
-        elif kind == "cuda":
-            info.cuda_libs.append(lib)
+            lib = MappedLib(path=path, host_path=host_path(pid, path, inode), inode=inode, dev=dev, kind="nccl",
+                            version=nccl_version(host_path(pid, path, inode)))
+        if kind == "nccl" and not lib.traceable:
+            kind = "nccl-untraced"
+        if kind is not None:
+            out.setdefault(kind, []).append(lib)
         if re.match(r"libpython\d", os.path.basename(path)):
-            info.python = True
-    if not info.nccl_libs:
+            python = True
+    return out, python
+
+
+def _read_libs(info: ProcInfo, nccl_symbols, nccl_lib_override: list[str] | None) -> None:
+    """(Re)read info's libraries from its maps: the lists, ``python``, the library reasons
+    (``nccl-env`` and ``pid`` kept) and ``ident``."""
+    info.ident = _identity(info.pid)
+    libs, python = mapped_libs(info.pid, nccl_symbols, nccl_lib_override)
+    info.nccl_libs, info.untraced_nccl_libs = libs.get("nccl", []), libs.get("nccl-untraced", [])
+    info.cudart_libs, info.cuda_libs = libs.get("cudart", []), libs.get("cuda", [])
+    info.python = info.python or python
+    reasons = []
+    for lib in info.nccl_libs + info.untraced_nccl_libs + libs.get("nccl-plugin", []):
+        why = "nccl-lib" if lib_kind(lib.path) is None else _reason(lib)
+        if why not in reasons:
+            reasons.append(why)
+    info.job_reasons = reasons + [r for r in info.job_reasons if r in ("nccl-env", "pid")]
+
+
+def refresh(info: ProcInfo, nccl_symbols, nccl_lib_override: list[str] | None = None) -> bool:
+    """Read a known job's libraries again when it changed since (its virtual size: a library
+    loaded, ``import torch`` seconds after a process found by its NCCL_* variables started);
+    True when its NCCL, CUDA runtime or driver libraries are not the ones it had. One stat
+    read when nothing changed: a watcher calls it on every rescan for its jobs, at least for
+    those found before they mapped a traceable libnccl."""
+    ident = _identity(info.pid)
+    if ident is None or ident == info.ident:
+        return False
+    before = [l.key for l in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs]
+    _read_libs(info, nccl_symbols, nccl_lib_override)
+    return before != [l.key for l in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs]
+
+
+def inspect(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None,
+            by_env: bool = False) -> ProcInfo | None:
+    """Facts about pid, or None if it is no job (module docstring: it maps no NCCL library, no
+    NCCL plugin and no --nccl-lib file, and, with ``by_env``, carries no NCCL_* variable)."""
+    if not os.path.exists(f"/proc/{pid}/maps"):
+        return None
+    info = ProcInfo(pid=pid)
+    _read_libs(info, nccl_symbols, nccl_lib_override)
+    info.env = read_env(pid)
+    if by_env and any(k.startswith("NCCL_") for k in info.env):
+        info.job_reasons.append("nccl-env")
+    if not info.job_reasons:
         return None
     info.comm = (_read(f"/proc/{pid}/comm") or "").strip()
     try:
@@ -244,7 +380,6 @@ def inspect(pid: int, nccl_symbols, nccl_lib_override: list[str] | None = None) 
         info.python = True
     raw = _read(f"/proc/{pid}/cmdline", "rb") or b""
     info.cmdline = [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
-    info.env = read_env(pid)
     info.netns_inode = netns_inode(pid)
     info.hostname = uts_hostname(pid)
     stat = _read(f"/proc/{pid}/stat") or ""
@@ -341,16 +476,38 @@ def _identity(pid: int) -> tuple[int, int] | None:
         return None
 
 
-def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: list[str] | None = None,
-             skip: set[int] | None = None, not_nccl: dict | None = None) -> list[ProcInfo]:
-    """The NCCL processes, except ``skip``. With ``pids``: those processes (NCCL or not)
-    and the NCCL processes among their descendants (``--pid`` of torchrun or a launcher).
+def descends_from(pid: int, ancestor: int, depth: int = 64) -> bool:
+    """Whether ``ancestor`` is pid's parent, grandparent, ... (its stat's ppid chain, at most
+    ``depth`` steps; False once the chain ends or cannot be read)."""
+    for _ in range(depth):
+        stat = _read(f"/proc/{pid}/stat")
+        try:
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (AttributeError, IndexError, ValueError):
+            return False
+        if pid == ancestor:
+            return True
+        if pid <= 1:
+            return False
+    return False
 
-    ``not_nccl`` (kept by the caller between rescans): the processes found mapping no NCCL,
+
+def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: list[str] | None = None,
+             skip: set[int] | None = None, not_nccl: dict | None = None, by_env: bool = False) -> list[ProcInfo]:
+    """The job processes (module docstring; with ``by_env``, also those known by their NCCL_*
+    variables alone), except ``skip`` and the capture itself; the capture's descendants only
+    by what they map. With ``pids``: those processes (jobs or not) and the jobs among their
+    descendants (``--pid`` of torchrun or a launcher).
+
+    ``by_env`` finds a job before it maps anything (a Python job imports torch seconds after
+    it starts): a caller that passes it and then ``skip``s the jobs it knows must
+    :func:`refresh` them on each rescan, or a job found early never shows its libnccl.
+
+    ``not_nccl`` (kept by the caller between rescans): the processes found to be no job,
     each with its start time and virtual size; such a process is inspected again (its maps
     read) only once its size changed (a library loaded: ``import torch`` after start-up) or
     its pid was reused, so an always-on watcher does not read every process's maps every
-    few seconds."""
+    few seconds. (Its environment cannot change: /proc/PID/environ is the one it started with.)"""
     own = os.getpid()
     out = []
     roots = set(pids or [])
@@ -366,16 +523,20 @@ def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: lis
             ident = _identity(pid)
             if ident is not None and not_nccl.get(pid) == ident:
                 continue
-        info = inspect(pid, nccl_symbols, nccl_lib_override)
+        info = inspect(pid, nccl_symbols, nccl_lib_override, by_env=by_env)
+        if info is not None and info.job_reasons == ["nccl-env"] and descends_from(pid, own):
+            info = None                      # the capture's own helper, with the operator's environment
         if info is not None:
             if not_nccl is not None:
                 not_nccl.pop(pid, None)
+            if pid in roots:
+                info.job_reasons.append("pid")
             out.append(info)
             continue
         if ident is not None:
             not_nccl[pid] = ident
         if pid in roots:  # an explicit --pid that maps no NCCL is still a target
-            info = ProcInfo(pid=pid)
+            info = ProcInfo(pid=pid, job_reasons=["pid"])
             if os.path.isdir(f"/proc/{pid}"):
                 info.comm = (_read(f"/proc/{pid}/comm") or "").strip()
                 raw = _read(f"/proc/{pid}/cmdline", "rb") or b""
@@ -385,6 +546,66 @@ def discover(nccl_symbols, pids: list[int] | None = None, nccl_lib_override: lis
                 info.hostname = uts_hostname(pid)
                 out.append(info)
     return out
+
+
+# ---------------------------------------------------------------- the library files in use
+@dataclass
+class SharedLib:
+    """One library file (``key``: the (device, inode) /proc/PID/maps names) and the processes
+    that map it, each with a path capture can open for it (through that process's root when
+    it lives in another mount namespace). ``kind``, ``traceable``, ``symbols`` and
+    ``version`` as :class:`MappedLib` (from the first process found mapping it)."""
+    key: LibKey
+    kind: str
+    traceable: bool
+    symbols: set[str] = field(default_factory=set)
+    version: str | None = None
+    users: dict[int, str] = field(default_factory=dict)       # pid -> host path
+    paths: set[str] = field(default_factory=set)              # as the processes see it
+
+    def host_path(self) -> str | None:
+        """A path to the file through a process still alive (its own root), else None.
+        Prefers a path that needs no process (the same file in capture's own namespace)."""
+        live = [(p, hp) for p, hp in sorted(self.users.items()) if os.path.isdir(f"/proc/{p}")]
+        for _p, hp in live:
+            if not hp.startswith("/proc/"):
+                return hp
+        return live[0][1] if live else None
+
+
+def libraries(infos) -> dict[LibKey, SharedLib]:
+    """The distinct NCCL (traceable or not), CUDA runtime and driver library files the given
+    process records (:class:`ProcInfo`) map, by (device, inode). Reads nothing from /proc
+    (records made before this version have ``dev`` 0: keyed by inode alone, in effect)."""
+    out: dict[LibKey, SharedLib] = {}
+    for info in infos:
+        for lib in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs:
+            shared = out.get(lib.key)
+            if shared is None:
+                shared = out[lib.key] = SharedLib(key=lib.key, kind=lib.kind or "nccl", traceable=lib.traceable,
+                                                  symbols=set(lib.symbols), version=lib.version)
+            shared.users[info.pid] = lib.host_path
+            shared.paths.add(lib.path)
+    return out
+
+
+def libraries_in_use(nccl_symbols, pids=None, skip: set[int] | None = None) -> dict[LibKey, SharedLib]:
+    """:func:`libraries` of the job processes alive now (of ``pids`` when given), from their
+    maps: what a watcher compares with the files its tracer covers, to notice a job that
+    brought a library it has not seen (another venv, a container's copy, another version),
+    and the files whose last process has ended. Reads every process's maps: a watcher that
+    keeps its :class:`ProcInfo` records calls :func:`libraries` on them instead."""
+    own = os.getpid()
+    infos = []
+    for pid in pids if pids is not None else all_pids():
+        if pid == own or (skip and pid in skip):
+            continue
+        libs, _python = mapped_libs(pid, nccl_symbols)
+        if libs.get("nccl") or libs.get("nccl-untraced") or libs.get("nccl-plugin"):
+            infos.append(ProcInfo(pid=pid, nccl_libs=libs.get("nccl", []),
+                                  untraced_nccl_libs=libs.get("nccl-untraced", []),
+                                  cudart_libs=libs.get("cudart", []), cuda_libs=libs.get("cuda", [])))
+    return libraries(infos)
 
 
 # ---------------------------------------------------------------- sockets

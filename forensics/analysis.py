@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .beside import Ahead, Detect, Workspace, child_values, share_out
-from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, detectors, gather, queries, run_detectors
-from .findings.base import prefetch
+from .execution import LOCAL, Execution, memory
+from .execution.host_reading import read_hosts
+from .execution.shared_steps import Workspace, detect_with_child
+from .execution.thread_call import ThreadCall, open_database_on_thread, opened_or_none
+from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, run_detectors
 from .findings.contract import complete
-from .model import Model, build_model
-from .workers import Forked, Reading
+from .model import Model, from_parts
 
-__all__ = ["Ahead", "Analysis", "analyze"]
+__all__ = ["Analysis", "Execution", "analyze"]
 
 FINDINGS_SCHEMA = {
     "position": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR", "confidence": "DOUBLE", "summary": "VARCHAR",
@@ -38,10 +38,16 @@ class Analysis:
     findings: list[Finding]
     problems: list[str] = field(default_factory=list)
     options: Options = field(default_factory=Options)
-    # what the renderers compute from the model alone, by name, made once (report.data.memo);
-    # ``analyze(ahead=..., jobs>1)`` fills it, this process and a forked one sharing the steps
-    # with the detectors (forensics.beside)
-    prepared: dict[str, Any] = field(default_factory=dict, repr=False)
+    # what the renderers compute from the model alone, by name, computed once (report.data.memo);
+    # an Execution that shares the work with a forked child fills it from its model steps
+    # (forensics.execution.shared_steps)
+    memos: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of_model(cls, model: Model, options: Options | None = None) -> Analysis:
+        """An analysis of the model alone (no findings, no database): what the model steps
+        (:class:`~forensics.execution.shared_steps.ModelStep`) run on."""
+        return cls(model=model, con=None, findings=[], options=options or Options())
 
     @property
     def top(self) -> Finding | None:
@@ -100,167 +106,71 @@ def _logs_verdict(model: Model) -> str:
             "link or a straggler needs a capture (stallscope capture).")
 
 
-def _model_only(model: Model, options: Options) -> Analysis:
-    """An analysis of the model alone (no findings, no database): what the report's
-    :class:`Ahead` steps run on, in the child and here alike."""
-    return Analysis(model=model, con=None, findings=[], options=options)
-
-
 def analyze(paths, *, options: Options | None = None, db: str | os.PathLike | None = None,
-            progress: Callable[[str], None] | None = None, jobs: int = 1, dask: str | None = None,
-            while_reading: Callable[[], None] | None = None,
-            ahead: list[Ahead] | None = None,
-            reading: Reading | None = None) -> Analysis:
+            progress: Callable[[str], None] | None = None, execution: Execution | None = None) -> Analysis:
     """Model the inputs, run every detector, and store the findings next to the events.
     ``paths``: what the user gave (bundles, log files, folders, archives: :mod:`forensics.intake`)
-    or an :class:`~forensics.intake.Intake` made of it already. ``jobs``: processes for the per-host stage (1: this process alone); ``reading``: that
-    stage already started on ``paths`` by the caller (:class:`forensics.workers.Reading`);
-    ``dask``: the address of a Dask scheduler to run it on instead
-    (:mod:`forensics.model.parallel`); ``while_reading``: the caller's own preparation, done
-    here while the workers read; ``ahead``:
-    the steps of what the caller will compute from the model alone (the report's per-rank
-    tables, :class:`Ahead`). With ``jobs`` > 1 the detectors and those steps are shared
-    between this process and a forked copy of it (:mod:`forensics.beside`), the steps' values
-    in ``Analysis.prepared``; with one job the caller computes them when needed.
-    The in-memory database loads its event tables only if a query needs them; with ``jobs`` > 1
-    and a database file (``db``), the detectors' shared tables are made while DuckDB loads
-    them on another thread (:func:`_connect`)."""
+    or an :class:`~forensics.intake.Intake` made of it already. ``execution``: where the
+    per-host stage runs and what overlaps what (:class:`~forensics.execution.Execution`; by
+    default this process alone); the analysis is the same whatever it says. The in-memory
+    database loads its event tables only if a query needs them (:mod:`.model.database`)."""
     options = options or Options()
+    execution = execution or Execution()
     say = progress or (lambda _msg: None)
     from .intake import Intake, gather
     intake = paths if isinstance(paths, Intake) else gather(list(paths))
     try:
-        return _analyze(intake, options, db, say, jobs, dask, while_reading, ahead, reading)
+        return _analyze(intake, options, db, say, execution)
     finally:
         if intake is not paths:
             intake.close()
 
 
-def _analyze(intake, options: Options, db, say, jobs: int, dask, while_reading, ahead, reading) -> Analysis:
+def _analyze(intake, options: Options, db, say, execution: Execution) -> Analysis:
     say("reading " + intake.describe())
-
-    opening: list[_OnThread] = []
+    opening: list[ThreadCall] = []
 
     def meanwhile() -> None:
-        import duckdb  # noqa: F401 - 0.05 s of import that Model.connect would do after the reading
-        opening.append(_opening(db))          # made on a thread during the merge
-        if while_reading is not None:
-            while_reading()
+        import duckdb  # noqa: F401 - an import that Model.connect would do after the reading
+        opening.append(open_database_on_thread(db))   # opened on a thread during the merge
+        if execution.meanwhile is not None:
+            execution.meanwhile()
 
-    # the second core's share after the reading: the database opened while this thread merges
-    # the hosts (with workers only), the detectors' shared tables made while DuckDB loads a
-    # database file (it leaves the GIL), then the detectors and the report's model-only
-    # tables shared with a forked copy of this process (_beside)
-    beside_ok = jobs > 1 and not dask
+    if execution.readers is not None:
+        sources = execution.readers.paths
+    else:
+        sources = intake.sources(execution.jobs if execution.kind == LOCAL else 1)
     try:
-        model = build_model(intake, jobs=jobs, dask=dask, progress=say, while_reading=meanwhile,
-                            reading=reading)
+        parts = read_hosts(sources, replace(execution, meanwhile=meanwhile), progress=say)
+        model = from_parts(parts)
+        memory.settle()       # the model lives as long as the analysis (forensics.execution.memory)
         say("building the event tables")
-        con, made = _connect(model, db, options, beside=beside_ok, opened=_opened(opening.pop()) if opening else None)
+        con = model.connect(db, opened=opened_or_none(opening.pop()) if opening else None)
     except BaseException:
         for o in opening:
             o.discard()
         raise
     try:
         say("looking for findings")
-        if beside_ok:
-            (findings, det_problems), prepared = _beside(model, con, options, made, ahead or [])
-            findings = complete(Context(model=model, con=con, options=options, made=made), findings)
+        ctx = Context(model=model, con=con, options=options)
+        if execution.shares_with_child:
+            # the detectors and the report's model-only steps shared with a forked copy of
+            # this process, after the connection is made (forensics.execution.shared_steps)
+            child = Context(model=model, con=NO_DATABASE, options=options)
+            (findings, det_problems), memos = detect_with_child(
+                Workspace(Analysis.of_model(model, options), ctx), Workspace(Analysis.of_model(model, options), child),
+                list(execution.model_steps))
+            findings = complete(ctx, findings)
         else:
-            findings, det_problems = run_detectors(Context(model=model, con=con, options=options, made=made))
-            prepared = {}
+            findings, det_problems = run_detectors(ctx)
+            memos = {}
         stored = _storable(findings, det_problems)
         _store_findings(con, stored)
     except BaseException:
         con.close()
         raise
     return Analysis(model=model, con=con, findings=[f for f, _ in stored],
-                    problems=list(model.problems) + det_problems, options=options, prepared=prepared)
-
-
-def _beside(model: Model, con, options: Options, made: dict, ahead: list[Ahead]):
-    """((findings, problems), the report steps' ``prepared`` values), made by this process
-    and a forked copy of it (:mod:`forensics.beside`): the child the detectors that need no
-    database, then the report steps, from the front; this process the detectors that query,
-    then the rest from the end. Forked after the connection is made (``collectives`` is made
-    there), never with a Dask client's threads about; the child touches only the model's
-    frames."""
-    steps = [Detect(name) for name in detectors() if not queries(name)] + list(ahead)
-    here = [Detect(name) for name in detectors() if queries(name)]
-    child = Workspace(_model_only(model, options), Context(model=model, con=NO_DATABASE, options=options,
-                                                           made=dict(made)))
-    beside = Forked(child_values, child, steps, stream=True)
-    ws = Workspace(_model_only(model, options), Context(model=model, con=con, options=options, made=made))
-    try:
-        values = share_out(beside, steps, ws, first=here)
-    except BaseException:
-        beside.cancel()
-        raise
-    return gather({name: values[name] for name in detectors()}), ws.analysis.prepared
-
-
-class _OnThread:
-    """``fn(*args, **kwargs)`` computed on a thread while this one goes on (DuckDB's work: it
-    leaves the GIL, so the second core does it). :meth:`result` is its value, or its error
-    raised here; :meth:`discard` drops a connection it made, for a caller that failed."""
-
-    def __init__(self, name: str, fn: Callable[..., Any], *args, **kwargs):
-        self._box: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                self._box["value"] = fn(*args, **kwargs)
-            except BaseException as exc:   # noqa: BLE001 - raised again on the caller's thread
-                self._box["error"] = exc
-
-        self._thread = threading.Thread(target=run, name=name, daemon=True)
-        self._thread.start()
-
-    def result(self) -> Any:
-        self._thread.join()
-        if "error" in self._box:
-            raise self._box.pop("error")
-        return self._box.pop("value")
-
-    def discard(self) -> None:
-        self._thread.join()
-        con = self._box.pop("value", None)
-        if con is not None:
-            con.close()
-
-
-def _opening(db) -> _OnThread:
-    """The database of ``db`` opened and its tables created empty
-    (:func:`.model.database.open_database`) on a thread, while this one merges the hosts."""
-    from .model.database import open_database
-    return _OnThread("stallscope-open", open_database, str(db) if db else None)
-
-
-def _opened(opening: _OnThread):
-    """The connection :func:`_opening` made (now the caller's), or None where it failed: it is
-    opened again where it is used, which says why."""
-    try:
-        return opening.result()
-    except Exception:   # noqa: BLE001 - see above
-        return None
-
-
-def _connect(model: Model, db, options: Options, beside: bool, opened=None) -> tuple[Any, dict]:
-    """(the DuckDB connection over the model, the detectors' shared tables made so far). An
-    in-memory database loads its event tables only when queried (:mod:`.model.database`).
-    A database file is loaded whole now: with ``beside``, on a thread while this one makes
-    the shared tables (:func:`forensics.findings.base.prefetch`; the load runs in DuckDB,
-    outside the GIL). ``opened``: the database opened already (:func:`_opening`)."""
-    if not beside or db is None:
-        return model.connect(db, opened=opened), {}
-    view = model.without_database_tables()   # taken before the loader may set them
-    loader = _OnThread("stallscope-connect", model.connect, db, opened=opened)
-    try:
-        made = prefetch(view, options)
-    except BaseException:
-        loader.discard()
-        raise
-    return loader.result(), made
+                    problems=list(model.problems) + det_problems, options=options, memos=memos)
 
 
 def _storable(findings: list[Finding], problems: list[str]) -> list[tuple[Finding, dict]]:

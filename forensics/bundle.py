@@ -76,6 +76,7 @@ class ProcessInfo:
     netns: str | None = None
     sockets: tuple[SocketInfo, ...] = ()
     hostname: str | None = None          # the host name the process itself sees (its UTS namespace)
+    nccl_version: str | None = None      # the version string its libnccl file carries (capture/libversion.py)
 
 
 @dataclass(frozen=True)
@@ -261,7 +262,7 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
             env={str(k): str(v) for k, v in env.items()},
             libnccl=tuple(x for x in _seq(p.get("libnccl")) if isinstance(x, str)),
             netns_inode=_int(p.get("netns_inode")), netns=_str(p.get("netns")), sockets=tuple(socks),
-            hostname=_str(p.get("hostname"))))
+            hostname=_str(p.get("hostname")), nccl_version=_str(p.get("nccl_version"))))
 
     netns = []
     for n in raw.get("netns") if isinstance(raw.get("netns"), list) else []:

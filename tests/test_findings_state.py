@@ -11,8 +11,8 @@ import json
 import pandas as pd
 
 from forensics.findings import Context
-from forensics.findings.hang import hang_frontiers, hang_stuck
-from forensics.findings.state import hang_state
+from forensics.findings.connection_reset import reset_state
+from forensics.findings.hang import hang_frontiers, hang_state as hangs_at_capture, hang_stuck
 from forensics.model import Model
 from forensics.model.schema import conform, empty
 from forensics.model.schema import TABLES
@@ -23,6 +23,12 @@ MS = 1_000_000
 COMM = "0x92504a7cbb72bbba"
 RANKS = 4
 WINDOW = (T0, T0 + 15 * S)   # a 15 s capture on every host
+
+
+def hang_state(ctx: Context) -> list:
+    """What the analysis says without the tracer: the hangs (hang.hang_state), then the resets
+    (connection_reset.reset_state), the two detectors that judge the state at capture."""
+    return hangs_at_capture(ctx) + reset_state(ctx)
 
 
 def addr(r: int) -> str:

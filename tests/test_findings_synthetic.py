@@ -12,9 +12,10 @@ import pytest
 
 from forensics.findings import Context
 from forensics.findings.base import STOPS_JOB_SCORE, Finding, impact_severity, order
+from forensics.findings.connection_reset import connection_reset
 from forensics.findings.hang import collective_mismatch, hang_mismatch, hang_stuck
 from forensics.findings.ib import ib_errors
-from forensics.findings.network import connection_reset, network_loss, slow_link
+from forensics.findings.network import network_loss, slow_link
 from forensics.findings.straggler import straggler
 from forensics.model import Model
 from forensics.model.schema import conform, empty

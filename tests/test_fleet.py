@@ -20,8 +20,9 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, run_python
-from forensics import workers
 from forensics.analysis import analyze
+from forensics.execution import Execution, choice, on_dask
+from forensics.execution.reader_pool import ReaderPool
 from forensics.bundle import Bundle
 from forensics.cli import Env, main
 from forensics.model import build_model, hosts
@@ -60,11 +61,11 @@ def _same(left: tuple[dict, dict], right: tuple[dict, dict]) -> None:
 @pytest.fixture(scope="module")
 def one_process():
     assert len(HANG) >= 3, "the shipped per-host link-down-hang set is missing"
-    return _result(HANG, jobs=1)
+    return _result(HANG, execution=Execution(jobs=1))
 
 
 def test_worker_processes_give_the_same_tables_and_findings(one_process):
-    _same(one_process, _result(HANG, jobs=2))
+    _same(one_process, _result(HANG, execution=Execution(jobs=2)))
     j = one_process[0]
     assert j["findings"][0]["kind"] == "hang_stuck"            # a real verdict, not two empty runs
     assert len(one_process[1]["tcp_events"]) > 0 and len(one_process[1]["flows"]) > 0
@@ -79,7 +80,7 @@ def test_findings_made_beside_are_those_one_process_makes(scenario):
     # with two jobs the network detectors run in the forked child, the state detector here
     # and the rest wherever the two meet: every finding and problem the same, in order
     paths = sorted((ROOT / "tests" / "fixtures" / scenario).glob("*.tar.gz"))
-    one, two = analyze(paths, jobs=1), analyze(paths, jobs=2)
+    one, two = analyze(paths, execution=Execution(jobs=1)), analyze(paths, execution=Execution(jobs=2))
     try:
         assert one.findings, scenario                               # a verdict to compare
         assert json.dumps(one.to_json(), sort_keys=True) == json.dumps(two.to_json(), sort_keys=True)
@@ -93,7 +94,7 @@ def test_dask_local_cluster_gives_the_same_tables_and_findings(one_process):
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                                   dashboard_address=None) as cluster:
         assert cluster.scheduler_address.startswith("tcp://127.0.0.1:")   # loopback only
-        _same(one_process, _result(HANG, dask=cluster.scheduler_address))
+        _same(one_process, _result(HANG, execution=Execution.on_dask(cluster.scheduler_address)))
 
 
 def _page(path: Path) -> str:
@@ -102,7 +103,7 @@ def _page(path: Path) -> str:
 
 def test_cli_jobs_2_writes_the_same_json_report_and_summary_as_jobs_1(tmp_path):
     # with --jobs 2 the report's per-rank tables, intervals and heatmap are made in a forked
-    # process beside the detectors (report.ahead): the same report as one process makes
+    # process beside the detectors (report.model_steps): the same report as one process makes
     outs = []
     for j in ("1", "2"):
         dest = tmp_path / f"j{j}.json"
@@ -117,21 +118,21 @@ def test_cli_jobs_2_writes_the_same_json_report_and_summary_as_jobs_1(tmp_path):
 
 
 def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
-    from forensics.report import ahead, data
-    a = analyze(HANG, jobs=2, ahead=ahead())
+    from forensics.report import data, model_steps
+    a = analyze(HANG, execution=Execution(jobs=2, model_steps=tuple(model_steps())))
     try:
-        assert {"rank_table", "intervals", "heatmap"} <= set(a.prepared)
+        assert {"rank_table", "intervals", "heatmap"} <= set(a.memos)
         made_here = data._rank_table(a.model)
-        pd.testing.assert_frame_equal(a.prepared["rank_table"], made_here)
+        pd.testing.assert_frame_equal(a.memos["rank_table"], made_here)
         assert len(made_here) == 3                               # the ranks of the three hosts
         got = data.rank_table(a)
         got.loc[:, "rank"] = -1                                 # a caller's copy: the kept one is unchanged
         assert (data.rank_table(a)["rank"] >= 0).all()
     finally:
         a.close()
-    one = analyze(HANG, jobs=1, ahead=ahead())                  # one job: nothing made ahead
+    one = analyze(HANG, execution=Execution(jobs=1, model_steps=tuple(model_steps())))   # one job: left
     try:
-        assert one.prepared == {}
+        assert one.memos == {}
     finally:
         one.close()
 
@@ -186,25 +187,6 @@ def test_a_shared_table_that_fails_or_reads_the_database_tables_is_left_to_the_d
         con.close()
 
 
-def test_duckdb_loads_on_a_thread_beside_the_shared_tables_and_its_error_is_raised_here(tmp_path):
-    import threading
-    import duckdb
-    from forensics.analysis import _connect
-    from forensics.findings import Options
-    model = build_model(EARLY_HANG)
-    con, made = _connect(model, tmp_path / "events.duckdb", Options(), beside=True)
-    try:
-        assert made and len(model.tables["collectives"]) > 0
-        for name in ("nccl_events", "tcp_events", "collectives"):
-            assert con.execute(f"SELECT count(*) FROM {name}").fetchone()[0] == len(model.tables[name])
-    finally:
-        con.close()
-    threads = threading.active_count()
-    with pytest.raises(duckdb.Error):
-        _connect(build_model(EARLY_HANG), tmp_path / "no" / "such" / "dir.duckdb", Options(), beside=True)
-    assert threading.active_count() == threads                  # the loader thread was joined
-
-
 def _value_and_pid(x):
     return x * 2, os.getpid()
 
@@ -218,17 +200,17 @@ def _sleeps():
 
 
 def test_forked_computes_in_another_process_and_gives_up_on_a_failure_or_a_stuck_child():
-    from forensics.workers import Forked
-    value, pid = Forked(_value_and_pid, 21).result()
+    from forensics.execution.forked_call import ForkedCall
+    value, pid = ForkedCall(_value_and_pid, 21).result()
     assert value == 42 and pid != os.getpid()
-    assert Forked(_fails).result() is None                      # the caller computes it itself
+    assert ForkedCall(_fails).result() is None                      # the caller computes it itself
     t0 = time.monotonic()
-    stuck = Forked(_sleeps, timeout=0.5)
+    stuck = ForkedCall(_sleeps, timeout=0.5)
     child = stuck._pid
     assert stuck.result() is None and time.monotonic() - t0 < 10
     with pytest.raises(ChildProcessError):                      # killed and reaped, no zombie
         os.waitpid(child, os.WNOHANG)
-    dropped = Forked(_sleeps)
+    dropped = ForkedCall(_sleeps)
     child = dropped._pid
     dropped.cancel()
     with pytest.raises(ChildProcessError):
@@ -248,14 +230,14 @@ def _slow_items(n, pause):
 
 
 def test_forked_streams_items_as_they_are_made_and_keeps_them_when_the_child_fails():
-    from forensics.workers import Forked
-    f = Forked(_items_then_fails, 3, stream=True)
+    from forensics.execution.forked_call import ForkedCall
+    f = ForkedCall(_items_then_fails, 3, stream=True)
     got = []
     while f.running:
         got += f.received(wait=True)
     assert [i for i, _ in got] == [0, 1, 2] and all(pid != os.getpid() for _, pid in got)
     assert f.result() is None                                  # it failed: no value
-    slow = Forked(_slow_items, 3, 0.5, stream=True)
+    slow = ForkedCall(_slow_items, 3, 0.5, stream=True)
     assert slow.received() == []                               # nothing yet: no wait
     assert slow.received(wait=True) == [0]                     # at least one with a wait
     slow.cancel()
@@ -270,8 +252,8 @@ def _big_then_when(n):
 def test_a_streaming_child_goes_on_while_this_process_reads_nothing():
     # items larger than a pipe holds: the child spools them and is done long before this
     # process, busy with its own work (the detectors), reads anything
-    from forensics.workers import Forked
-    f = Forked(_big_then_when, 8 << 20, stream=True)
+    from forensics.execution.forked_call import ForkedCall
+    f = ForkedCall(_big_then_when, 8 << 20, stream=True)
     time.sleep(1.5)
     t = time.monotonic()
     got = []
@@ -285,41 +267,41 @@ def _step(name, delay=0.0):
     def run(a):
         if delay:
             time.sleep(delay)
-        a.prepared[name] = (name, os.getpid())
+        a.memos[name] = (name, os.getpid())
     return run
 
 
 def _workspace(model, con=None):
-    from forensics.analysis import _model_only
-    from forensics.beside import Workspace
+    from forensics.analysis import Analysis
+    from forensics.execution.shared_steps import Workspace
     from forensics.findings import NO_DATABASE, Context, Options
-    return Workspace(_model_only(model, Options()), Context(model=model, con=con or NO_DATABASE))
+    return Workspace(Analysis.of_model(model, Options()), Context(model=model, con=con or NO_DATABASE))
 
 
 def test_the_last_report_steps_are_made_here_once_this_process_is_free(tmp_path):
     # the child makes the steps in order, slowly; this process takes the last ones from the
     # end (their needs come first), never the one the child is on, and stops the child once
     # every step is made: all steps made once, the first ones there, the last ones here
-    from forensics.beside import Ahead, child_values, share_out
-    from forensics.workers import Forked
+    from forensics.execution.forked_call import ForkedCall
+    from forensics.execution.shared_steps import ModelStep, child_values, make_from_both_ends
     model = build_model(EARLY_HANG)
-    steps = [Ahead("a", _step("a", 0.8)), Ahead("b", _step("b", 0.8)), Ahead("c", _step("c"), ("a",)),
-             Ahead("d", _step("d"), ("b",)), Ahead("e", _step("e"))]
-    child = Forked(child_values, _workspace(model), steps, stream=True)
+    steps = [ModelStep("a", _step("a", 0.8)), ModelStep("b", _step("b", 0.8)), ModelStep("c", _step("c"), ("a",)),
+             ModelStep("d", _step("d"), ("b",)), ModelStep("e", _step("e"))]
+    child = ForkedCall(child_values, _workspace(model), steps, stream=True)
     here = _workspace(model)
-    values = share_out(child, steps, here)
+    values = make_from_both_ends(child, steps, here)
     assert not child.running
-    prepared = here.analysis.prepared
-    assert set(values) == set(prepared) == {"a", "b", "c", "d", "e"}
-    where = {k: pid == os.getpid() for k, (_, pid) in prepared.items()}
+    memos = here.analysis.memos
+    assert set(values) == set(memos) == {"a", "b", "c", "d", "e"}
+    where = {k: pid == os.getpid() for k, (_, pid) in memos.items()}
     # the child is on a: e, then b (not a, the child's), then d (b made), then c once a came
     assert not where["a"] and all(where[k] for k in "bcde")
     # a child that fails at once: every step made here, in order
-    broken = Forked(_items_then_fails, 0, stream=True)
+    broken = ForkedCall(_items_then_fails, 0, stream=True)
     here = _workspace(model)
-    share_out(broken, steps[2:3] + steps[4:], here)
-    assert set(here.analysis.prepared) == {"c", "e"}
-    assert all(pid == os.getpid() for _, pid in here.analysis.prepared.values())
+    make_from_both_ends(broken, steps[2:3] + steps[4:], here)
+    assert set(here.analysis.memos) == {"c", "e"}
+    assert all(pid == os.getpid() for _, pid in here.analysis.memos.values())
 
 
 def _probe(name, pause=0.0, query=False, fail=False):
@@ -337,8 +319,9 @@ def _probe(name, pause=0.0, query=False, fail=False):
 def test_the_detectors_are_shared_with_the_child_and_those_that_query_made_here(monkeypatch):
     # the child never uses the database: a detector declared to query is made here first; one
     # that queries anyway is handed back (not a failure); a failing one is one problem line
-    from forensics.analysis import _beside
-    from forensics.findings import Options, base
+    from forensics.analysis import Analysis
+    from forensics.execution.shared_steps import Workspace, detect_with_child
+    from forensics.findings import NO_DATABASE, Context, base
     monkeypatch.setattr(base, "_DETECTORS", {
         "slow": _probe("slow", pause=0.6), "asks": _probe("asks", query=True),
         "declared": _probe("declared", pause=1.2, query=True), "broken": _probe("broken", fail=True),
@@ -349,21 +332,21 @@ def test_the_detectors_are_shared_with_the_child_and_those_that_query_made_here(
     try:
         # while this process makes declared, the child makes slow, hands asks back (it
         # queries), fails on broken and makes quick; then this process makes asks
-        (found, problems), prepared = _beside(model, con, Options(), {}, [])
+        here, child = (Workspace(Analysis.of_model(model), Context(model=model, con=c)) for c in (con, NO_DATABASE))
+        (found, problems), memos = detect_with_child(here, child, [])
     finally:
         con.close()
     where = {f.kind: f.details["pid"] == os.getpid() for f in found}
     assert where == {"slow": False, "asks": True, "declared": True, "quick": False}
     assert [f.kind for f in found] == ["asks", "declared", "quick", "slow"]        # order(), whoever made them
-    assert problems == ["detector broken failed: ValueError: broken on purpose"] and prepared == {}
+    assert problems == ["detector broken failed: ValueError: broken on purpose"] and memos == {}
 
 
 def test_small_bundles_are_read_in_process_unless_jobs_is_given(tmp_path, monkeypatch):
-    from forensics import workers
-    assert workers.default_jobs(CLEAN) == 1                      # four small bundles: no pool
-    assert workers.default_jobs(CLEAN[:1]) == 1
-    monkeypatch.setattr(workers, "POOL_MIN_BYTES", 1)
-    assert workers.default_jobs(CLEAN) == workers.default_jobs()     # large enough: every core
+    assert choice.default_jobs(CLEAN) == 1                       # four small bundles: no pool
+    assert choice.default_jobs(CLEAN[:1]) == 1
+    monkeypatch.setattr(choice, "POOL_MIN_BYTES", 1)
+    assert choice.default_jobs(CLEAN) == choice.default_jobs()       # large enough: every core
     monkeypatch.undo()
     code, _, err = cli("analyze", *map(str, CLEAN), "-o", str(tmp_path / "r.html"))
     assert code in (0, 1), err
@@ -389,10 +372,21 @@ def test_bad_parallel_options_are_refused(tmp_path, argv, says):
     assert code == 2 and says in err
 
 
+def test_an_execution_choice_is_checked_when_made():
+    assert Execution().kind == "local" and not Execution().shares_with_child    # this process alone
+    assert Execution(jobs=2).shares_with_child
+    assert not Execution.on_dask("tcp://127.0.0.1:1").shares_with_child       # never beside a client's threads
+    for bad in ({"kind": "threads"}, {"jobs": 0}, {"kind": "dask"}, {"address": "tcp://127.0.0.1:1"}):
+        with pytest.raises(ValueError):
+            Execution(**bad)
+    said = []
+    Execution(meanwhile=lambda: said.append(1 / 0)).run_meanwhile()            # a head start only: no error
+    assert said == []
+
+
 def test_an_unreachable_dask_scheduler_is_one_clear_line(tmp_path, monkeypatch):
     pytest.importorskip("distributed", reason="dask.distributed is not installed")
-    from forensics.model import parallel
-    monkeypatch.setattr(parallel, "DASK_CONNECT_TIMEOUT_S", 2)
+    monkeypatch.setattr(on_dask, "DASK_CONNECT_TIMEOUT_S", 2)
     t = time.monotonic()
     code, _, err = cli("analyze", str(CLEAN[0]), "-o", str(tmp_path / "r.html"), "--dask", "tcp://127.0.0.1:9", "-q")
     assert code == 2 and "cannot reach the scheduler" in err and len(err.strip().splitlines()) == 1
@@ -417,9 +411,9 @@ def test_host_parts_keep_no_per_packet_table():
 
 
 def test_sampled_fingerprints_give_the_skew_of_all_segments(monkeypatch):
-    full = build_model(CLEAN, jobs=1)
+    full = build_model(CLEAN)
     monkeypatch.setattr(hosts, "FINGERPRINTS_PER_HOST", 500)     # one segment in 2**k, the same on every host
-    sampled = build_model(CLEAN, jobs=1)
+    sampled = build_model(CLEAN)
     pairs = 0
     for f, s in zip(full.skew, sampled.skew):
         assert (f.host_a, f.host_b) == (s.host_a, s.host_b)
@@ -481,12 +475,12 @@ def test_a_five_rank_report_is_under_1_5_mb(tmp_path):
 
 
 def _first_host_taken(setup: str) -> list[str]:
-    """In a fresh process: ``setup``, then a Reading of the hang set; once a worker has taken
+    """In a fresh process: ``setup``, then a ReaderPool of the hang set; once a worker has taken
     the first host: whether pandas and the analyzer were imported, the start method, and
-    whether the collector holds frozen objects before and after :meth:`Reading.close`."""
-    code = ("import gc, sys, time, forensics.workers as w\n"
+    whether the collector holds frozen objects before and after :meth:`ReaderPool.close`."""
+    code = ("import gc, sys, time, forensics.execution.reader_pool as w\n"
             f"{setup}\n"
-            f"r = w.Reading({[str(p) for p in HANG]!r}, 2)\n"
+            f"r = w.ReaderPool({[str(p) for p in HANG]!r}, 2)\n"
             "t = time.monotonic() + 50\n"
             "while r._next.value == 0 and time.monotonic() < t: time.sleep(0.01)\n"
             "print('pandas' in sys.modules, 'forensics.analysis' in sys.modules, r._next.value > 0,\n"
@@ -513,12 +507,12 @@ def test_what_the_caller_froze_itself_stays_frozen_after_the_reading():
 
 def test_beside_a_thread_a_fork_server_starts_the_workers_before_pandas_is_imported():
     # another thread could hold a lock across a fork: the fork server imports the per-host
-    # stage instead, while this process has imported nothing (forensics.workers needs no pandas)
+    # stage instead, while this process has imported nothing (forensics.execution.reader_pool needs no pandas)
     setup = "import threading; e = threading.Event(); threading.Thread(target=e.wait, daemon=True).start()"
     assert _first_host_taken(setup) == ["False", "False", "True", "forkserver", "False", "False"]
 
 
-def _read_by(reading: workers.Reading) -> tuple[list[int], list[int]]:
+def _read_by(reading: ReaderPool) -> tuple[list[int], list[int]]:
     """(hosts the calling process read, hosts the workers read), by index."""
     mine, theirs = [], []
     try:
@@ -532,7 +526,7 @@ def _read_by(reading: workers.Reading) -> tuple[list[int], list[int]]:
     return mine, theirs
 
 
-def _taken(reading: workers.Reading) -> None:
+def _taken(reading: ReaderPool) -> None:
     """Wait until a worker has taken a host."""
     t = time.monotonic() + 60
     while reading._next.value == 0 and time.monotonic() < t:
@@ -541,7 +535,7 @@ def _taken(reading: workers.Reading) -> None:
 
 
 def test_the_calling_process_and_the_workers_each_read_other_hosts():
-    reading = workers.Reading(HANG, 2)
+    reading = ReaderPool(HANG, 2)
     _taken(reading)
     mine, theirs = _read_by(reading)
     assert sorted(mine + theirs) == list(range(len(HANG)))      # every host once, by one reader
@@ -555,50 +549,50 @@ def test_without_workers_the_calling_process_reads_every_host(monkeypatch):
         raise OSError("no processes for you")
     monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_pool)
     said = []
-    from forensics.model.parallel import read_hosts
-    parts = read_hosts(HANG, jobs=2, progress=said.append)
+    from forensics.execution.host_reading import read_hosts
+    parts = read_hosts(HANG, Execution(jobs=2), progress=said.append)
     assert [p.bundle.host for p in parts] == [hosts.read_host(p).bundle.host for p in HANG]
     assert any("no worker process could start (no processes for you)" in m for m in said)
 
 
 def test_a_worker_killed_while_reading_is_one_clear_error():
     import signal
-    from forensics.model.parallel import WorkerError, read_hosts
-    reading = workers.Reading(HANG, 2)
+    from forensics.execution.host_reading import WorkerError, read_hosts
+    reading = ReaderPool(HANG, 2)
     _taken(reading)
     reading._join()
     for pid in list(reading._pool._processes):
         os.kill(pid, signal.SIGKILL)
     with pytest.raises(WorkerError, match="a worker process died while reading the bundles"):
-        read_hosts(HANG, jobs=2, reading=reading)
+        read_hosts(HANG, Execution(jobs=2, readers=reading))
 
 
 def test_a_reading_started_on_other_bundles_is_refused():
-    from forensics.model.parallel import read_hosts
-    reading = workers.Reading(HANG[:2], 2)
+    from forensics.execution.host_reading import read_hosts
+    reading = ReaderPool(HANG[:2], 2)
     try:
         with pytest.raises(ValueError, match="other bundles"):
-            read_hosts(HANG, jobs=2, reading=reading)
+            read_hosts(HANG, Execution(jobs=2, readers=reading))
     finally:
         reading.close()
 
 
 def test_with_workers_the_database_is_opened_during_the_merge_and_written_whole(tmp_path, monkeypatch):
-    # the tables are created on a thread while the hosts are merged (analysis._opening), and
+    # the tables are created on a thread while the hosts are merged (open_database_on_thread), and
     # that connection is the one filled: a database file with every row
     import duckdb
     from forensics import analysis
     opened = []
-    take = analysis._opened
+    take = analysis.opened_or_none
 
     def spy(opening):
         con = take(opening)
         opened.append(con)
         return con
 
-    monkeypatch.setattr(analysis, "_opened", spy)
+    monkeypatch.setattr(analysis, "opened_or_none", spy)
     path = tmp_path / "m.duckdb"
-    a = analyze(HANG, jobs=2, db=path)
+    a = analyze(HANG, execution=Execution(jobs=2), db=path)
     try:
         assert len(opened) == 1 and opened[0] is not None and a.con._con is opened[0]
         tables = {k: len(v) for k, v in a.model.tables.items()}
@@ -611,7 +605,7 @@ def test_with_workers_the_database_is_opened_during_the_merge_and_written_whole(
 
 
 def test_work_on_a_thread_gives_its_value_raises_its_error_here_and_closes_what_is_dropped():
-    from forensics.analysis import _OnThread, _opened
+    from forensics.execution.thread_call import ThreadCall, opened_or_none
 
     class Con:
         closed = False
@@ -622,10 +616,10 @@ def test_work_on_a_thread_gives_its_value_raises_its_error_here_and_closes_what_
     def fails():
         raise OSError("cannot open")
 
-    assert _OnThread("t", lambda a, b=0: a + b, 1, b=2).result() == 3
+    assert ThreadCall("t", lambda a, b=0: a + b, 1, b=2).result() == 3
     with pytest.raises(OSError, match="cannot open"):
-        _OnThread("t", fails).result()
-    assert _opened(_OnThread("t", fails)) is None                # opened again where it is used
+        ThreadCall("t", fails).result()
+    assert opened_or_none(ThreadCall("t", fails)) is None                # opened again where it is used
     con = Con()
-    _OnThread("t", lambda: con).discard()
+    ThreadCall("t", lambda: con).discard()
     assert con.closed

@@ -190,13 +190,14 @@ def test_loose_files_split_over_jobs_give_the_same_analysis(tmp_path, monkeypatc
     and findings equal one process's."""
     import forensics.intake as intake_mod
     from forensics.analysis import analyze
+    from forensics.execution import Execution
     monkeypatch.setattr(intake_mod, "SPLIT_MIN_BYTES", 0)
     sample = FIXTURES / "logs" / "21-debug-file-ib-retry-exc"
     with gather([sample]) as intake:
         assert [s.parts for s in intake.sources(2) if not isinstance(s, str)] == [2, 2]
 
     def run(jobs):
-        a = analyze([sample], jobs=jobs)
+        a = analyze([sample], execution=Execution(jobs=jobs))
         try:
             doc = a.to_json()
             tables = {k: a.model.tables[k].sort_values(list(a.model.tables[k].columns)[:3], kind="stable")

@@ -27,7 +27,7 @@ if str(REPO) not in sys.path:
 
 from capture_helpers import bundle_manifest  # noqa: E402
 from forensics.parsers import registry  # noqa: E402
-from tests.lab import launcher, netns  # noqa: E402
+from tests.lab import launcher, netns, scenarios  # noqa: E402
 
 PY = sys.executable
 SMALL = ["--buckets", "131072,65536", "--compute-ms", "30"]
@@ -115,9 +115,9 @@ def test_launcher_options_and_defaults():
     a = launcher.parse_args(["--no-netns", "--capture", "per-host", "--capture-start", "onset+10", "--seed", "3",
                              "--capture-args=--no-bpf --max-bytes 50M"])
     assert a.tcp == "defaults" and a.seed == 3               # per-host captures: Linux's TCP defaults
-    assert launcher.parse_capture_start("onset+10") == ("onset", 10.0)
-    assert launcher.parse_capture_start("before") == ("before", 0.0)
-    assert launcher.parse_stagger("0-5") == (0.0, 5.0) and launcher.parse_stagger("2") == (2.0, 2.0)
+    assert scenarios.parse_capture_start("onset+10") == ("onset", 10.0)
+    assert scenarios.parse_capture_start("before") == ("before", 0.0)
+    assert scenarios.parse_stagger("0-5") == (0.0, 5.0) and scenarios.parse_stagger("2") == (2.0, 2.0)
     a = launcher.parse_args(["--no-netns", "--scenario", "gpu-hang", "--start-s", "2"])
     assert a.hang_at == "time"                              # --start-s alone: the first collective after it
     a = launcher.parse_args(["--no-netns", "--scenario", "gpu-hang"])

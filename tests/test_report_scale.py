@@ -18,6 +18,7 @@ import pytest
 from markupsafe import escape
 
 from forensics.analysis import analyze as run_analysis
+from forensics.execution import Execution
 from forensics.report import data, figures
 from forensics.report import html as html_report
 from tests.report_helpers import ARTIFACTS, SCENARIOS, bundle, copy_report
@@ -70,7 +71,7 @@ def _render(analysis, path: Path) -> Report:
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     base = tmp_path_factory.mktemp("scale")
-    a = run_analysis(scaled(bundle("loss"), base / "bundles", RANKS, HOSTS), jobs=2)
+    a = run_analysis(scaled(bundle("loss"), base / "bundles", RANKS, HOSTS), execution=Execution(jobs=2))
     try:
         yield _render(a, base / "report.html")
     finally:
@@ -244,7 +245,7 @@ def _span(label: str) -> tuple[int, int]:
 
 @pytest.mark.skipif("mismatch-hang" not in SCENARIOS, reason="no shipped mismatch-hang bundle")
 def test_a_64_rank_hang_marks_the_ranks_that_never_entered(tmp_path):
-    a = run_analysis(scaled(bundle("mismatch-hang"), tmp_path / "bundles", 64, 8), jobs=2)
+    a = run_analysis(scaled(bundle("mismatch-hang"), tmp_path / "bundles", 64, 8), execution=Execution(jobs=2))
     try:
         r = _render(a, tmp_path / "report.html")
         hang = next(f for f in a.findings if f.kind == "hang_mismatch")

@@ -70,33 +70,47 @@ def _outputs(args) -> dict[str, str]:
 
 def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
-    from .. import heap, workers
+    from ..execution import default_jobs, memory
+    from ..execution.reader_pool import ReaderPool
     from ..intake import gather
-    heap.keep_freed_memory()      # before the workers fork: they inherit it
+    memory.keep_freed_memory()    # before the workers fork: they inherit it
     # what was given sorted out (standard library only: archives of logs unpacked, folders walked)
     mine = [v for v in outs.values() if v != "-"] + ([args.db] if args.db else [])
     with gather(args.bundles, exclude=mine) as intake:
-        jobs = None if args.dask else args.jobs or workers.default_jobs(intake.sources(workers.default_jobs()))
+        jobs = None if args.dask else args.jobs or default_jobs(intake.sources(default_jobs()))
         sources = intake.sources(jobs or 1)
         jobs = None if jobs is None else min(jobs, len(sources))
         # what the analysis keeps until the report is written is settled out of the garbage
-        # collector's reach as it is made (forensics.heap)
-        with heap.steady():
+        # collector's reach as it is made (forensics.execution.memory)
+        with memory.steady():
             # the worker processes start on the first bundles now, while this process imports the
-            # analyzer (most of a second); then it reads beside them
-            reading = workers.Reading(sources, jobs) if jobs is not None and jobs > 1 else None
+            # analyzer; then it reads beside them
+            readers = ReaderPool(sources, jobs) if jobs is not None and jobs > 1 else None
             try:
-                return _run(args, env, outs, jobs, reading, intake)
+                return _run(args, env, outs, jobs, readers, intake)
             finally:
-                if reading is not None:
-                    reading.close()
+                if readers is not None:
+                    readers.close()
 
 
-def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, reading, intake) -> int:
+def _execution(args: argparse.Namespace, outs: dict[str, str], jobs: int | None, readers):
+    """The execution choice of the command line's flags: ``--dask ADDRESS`` or ``jobs`` local
+    readers (``readers``: the pool started on them already); the report's templates compiled
+    while the workers read, and its model-only tables made beside the detectors."""
+    from ..execution import Execution
+    from ..report import model_steps, prepare
+    hooks = {"meanwhile": lambda: prepare(outs),
+             "model_steps": tuple(model_steps()) if {"html", "markdown", "perfetto"} & set(outs) else ()}
+    if args.dask:
+        return Execution.on_dask(args.dask, **hooks)
+    return Execution(jobs=jobs or 1, readers=readers, **hooks)
+
+
+def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, readers, intake) -> int:
     from ..analysis import analyze
     from ..findings import Options
     from ..output import open_output, staged_path
-    from ..report import WRITERS, ahead, prepare
+    from ..report import WRITERS
 
     start = time.monotonic()
 
@@ -108,8 +122,7 @@ def _run(args: argparse.Namespace, env, outs: dict[str, str], jobs: int | None, 
     # one (--force) is replaced only by a complete new one
     with staged_path(args.db, force=args.force, suffix=".duckdb") as db:
         analysis = analyze(intake, options=Options(slow_ms=args.slow_ms), db=db, progress=say,
-                           jobs=jobs or 1, dask=args.dask, reading=reading, while_reading=lambda: prepare(outs),
-                           ahead=ahead() if {"html", "markdown", "perfetto"} & set(outs) else None)
+                           execution=_execution(args, outs, jobs, readers))
         try:
             # problems that differ only by host: one line each (the report's capture section has them all)
             from ..report.data import grouped_problems

@@ -1,11 +1,13 @@
 """The detector modules; importing this module registers every detector.
-Adding a kind of finding: one module with ``@detector("kind")`` functions, one line here."""
+Adding a kind of finding: one module with ``@detector("name", kinds=(...))`` functions, one line here.
+Each module owns the kinds it is named after (``base.owners()``); the evidence modules its
+detectors read (``state``, ``timeouts``, ``socket_errors``, ``warns``, ...) register nothing."""
 # noqa: F401 for every import: imported for their registration
-from . import network  # noqa: F401,E402
-from . import straggler  # noqa: F401,E402
+from . import network  # noqa: F401,E402  (network_loss, slow_link)
+from . import connection_reset  # noqa: F401,E402  (connection_reset)
+from . import straggler  # noqa: F401,E402  (straggler)
 from . import config  # noqa: F401,E402  (misconfiguration, transport)
 from . import nccl_tests  # noqa: F401,E402  (nccl_tests_bandwidth)
-from . import hang  # noqa: F401,E402
-from . import ib  # noqa: F401,E402
+from . import hang  # noqa: F401,E402  (hang_mismatch, hang_stuck)
+from . import ib  # noqa: F401,E402  (ib_errors)
 from . import gpu  # noqa: F401,E402  (gpu_error)
-from . import state  # noqa: F401,E402  (hangs from the state at capture: hang_mismatch, hang_stuck, connection_reset)

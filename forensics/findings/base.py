@@ -1,11 +1,16 @@
 """Findings: typed records and the detector registry (DESIGN.md "Findings").
 
 A detector is a function ``detect(ctx: Context) -> list[Finding]`` declared with
-``@detector("name")`` in one module per concern (``network.py``, ``hang.py``, ...);
-``forensics/findings/__init__.py`` only imports those modules, so adding a kind of
-finding is adding one file. :func:`run_detectors` runs every registered detector on a
-model, isolates a detector that fails (its failure becomes a problem line, the others
-still run), and orders the findings most important first (:func:`order`).
+``@detector("name", kinds=(...))`` in the module of the kinds it emits (``network.py``:
+network_loss and slow_link, ``hang.py``: the hangs, ``connection_reset.py``, ...): every
+kind has one owner module, which the registry enforces (:func:`detector`, :func:`owners`),
+and a detector that returns a kind it did not declare fails. Where several bodies of
+evidence can see the same event, the owner consults them through the declared precedence
+of :mod:`forensics.findings.precedence`. ``forensics/findings/_registered.py`` only imports
+the detector modules, so adding a kind of finding is adding one file.
+:func:`run_detectors` runs every registered detector on a model, isolates a detector that
+fails (its failure becomes a problem line, the others still run), and orders the findings
+most important first (:func:`order`).
 
 Severity from impact, not counts: a finding about slowness (network_loss, slow_link,
 straggler) carries ``impact_share``, the share of the job's collective time its slow
@@ -147,16 +152,29 @@ class Context:
 Detector = Callable[[Context], list[Finding]]
 _DETECTORS: dict[str, Detector] = {}
 _QUERIES: set[str] = set()       # the detectors that may query the database (Context.sql)
+_KINDS: dict[str, tuple[str, ...]] = {}   # detector -> the finding kinds it emits
+_OWNERS: dict[str, str] = {}     # finding kind -> the module of the detectors that emit it
 
 
-def detector(name: str, *, queries: bool = False) -> Callable[[Detector], Detector]:
-    """Register a detector. ``queries``: it may run SQL (:meth:`Context.sql`), so it runs
-    where the database is (not in a forked process beside the others, see
-    :mod:`forensics.beside`)."""
+def detector(name: str, *, kinds: tuple[str, ...], queries: bool = False) -> Callable[[Detector], Detector]:
+    """Register a detector that emits findings of ``kinds`` (and no other: :func:`run_detector`
+    fails it otherwise). A kind has one owner: every detector that emits it is defined in the
+    same module (ValueError at registration otherwise). ``queries``: it may run SQL
+    (:meth:`Context.sql`), so it runs where the database is (not in a forked process beside
+    the others, see :mod:`forensics.beside`)."""
+    if not kinds:
+        raise ValueError(f"detector {name!r} declares no finding kind")
+
     def register(fn: Detector) -> Detector:
         if name in _DETECTORS:
             raise ValueError(f"detector {name!r} registered twice")
+        for kind in kinds:
+            owner = _OWNERS.get(kind, fn.__module__)
+            if owner != fn.__module__:
+                raise ValueError(f"detector {name!r} of {fn.__module__} emits {kind!r}, which {owner} owns")
+        _OWNERS.update({kind: fn.__module__ for kind in kinds})
         _DETECTORS[name] = fn
+        _KINDS[name] = tuple(kinds)
         if queries:
             _QUERIES.add(name)
         return fn
@@ -165,6 +183,16 @@ def detector(name: str, *, queries: bool = False) -> Callable[[Detector], Detect
 
 def detectors() -> dict[str, Detector]:
     return dict(_DETECTORS)
+
+
+def kinds_of(name: str) -> tuple[str, ...]:
+    """The finding kinds the detector ``name`` declared."""
+    return _KINDS[name]
+
+
+def owners() -> dict[str, str]:
+    """Finding kind -> the module whose detectors emit it (one per kind)."""
+    return dict(_OWNERS)
 
 
 def queries(name: str) -> bool:
@@ -228,10 +256,16 @@ def order(findings: list[Finding]) -> list[Finding]:
 
 
 def run_detector(name: str, ctx: Context) -> tuple[list[Finding], list[str]]:
-    """(findings, problems) of the detector ``name`` on ``ctx``: one that fails costs only
-    its own findings, and says why as a problem line (:class:`NeedsDatabase` goes through)."""
+    """(findings, problems) of the detector ``name`` on ``ctx``: one that fails (or returns a
+    kind it did not declare) costs only its own findings, and says why as a problem line
+    (:class:`NeedsDatabase` goes through)."""
     try:
-        return list(_DETECTORS[name](ctx)), []
+        found = list(_DETECTORS[name](ctx))
+        declared = _KINDS.get(name)      # None: a detector put in the table by hand (tests)
+        stray = sorted({f.kind for f in found} - set(declared)) if declared is not None else []
+        if stray:
+            raise ValueError(f"emitted {', '.join(stray)}, not among its declared kinds")
+        return found, []
     except NeedsDatabase:
         raise
     except Exception as exc:   # one broken detector must not cost the others' findings

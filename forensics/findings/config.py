@@ -168,7 +168,7 @@ def _env(row) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-@detector("misconfiguration")
+@detector("misconfiguration", kinds=("misconfiguration", "transport"))
 def detect(ctx: Context) -> list[Finding]:
     cfg = ctx.model.tables.get("nccl_config")
     hf = ctx.model.tables.get("host_facts")

@@ -117,6 +117,11 @@ def label(directory: dict[int, RankInfo], rank) -> str:
     return directory.get(r, RankInfo(None, None)).label(r)
 
 
+def hosts_of(directory: dict[int, RankInfo], ranks) -> list[str]:
+    """The hosts of ``ranks`` the directory knows, sorted, once each."""
+    return sorted({directory[r].host for r in ranks if r in directory and directory[r].host})
+
+
 LISTED_RANKS = 12      # a longer rank list is written compactly (a job of hundreds of ranks)
 
 

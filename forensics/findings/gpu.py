@@ -20,7 +20,7 @@ STUCK_SQL = ("SELECT host, rank, pid, kind, time_ns, message, artifact, log_line
              "WHERE kind = 'watchdog_stuck' ORDER BY time_ns NULLS LAST, rank")
 
 
-@detector("gpu_error")
+@detector("gpu_error", kinds=("gpu_error",))
 def gpu_error(ctx: Context) -> list[Finding]:
     return _cuda_failures(ctx) + _watchdog_stuck(ctx) + _xids(ctx)
 

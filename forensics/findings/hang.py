@@ -1,7 +1,12 @@
 """Hangs, per communicator: ``hang_mismatch`` and ``hang_stuck``.
 
-A communicator is hung when some rank sits inside a collective it never completed and
-nothing completed on the communicator for a while before the capture ended
+Every finding of these kinds comes from this module, whichever evidence saw the hang: the
+tracer's calls (``hang_mismatch``, ``collective_mismatch``, ``hang_stuck``, below), else
+(``hang_state``) the state at capture (:mod:`.state`), else PyTorch's watchdog lines in the
+job's logs (:mod:`.timeouts`), as the declared precedence of :mod:`.precedence` says.
+
+From the tracer: a communicator is hung when some rank sits inside a collective it never
+completed and nothing completed on the communicator for a while before the capture ended
 (``HANG_MIN_NS``, or several times its normal collective duration); see
 :func:`hang_frontiers` for how each rank is classed (stuck inside an op, or idle):
 
@@ -36,7 +41,11 @@ from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, ded
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        who_text, world_rank_map)
+from .precedence import STATE_HANGS, WATCHDOG, consult
 
+KINDS = ("hang_mismatch", "hang_stuck")
+# the sources hang_state consults, in this order (each under its precedence)
+LATE_SOURCES = (STATE_HANGS, WATCHDOG)
 HANG_MIN_NS = 500_000_000      # a collective open this long at the end of the capture is a hang ...
 HANG_DURATION_FACTOR = 5.0     # ... when it is also this many times the comm's p99 duration
 SILENCE_GAP_NS = 50_000_000    # the blamed links' last packet this much before the others' is worth saying
@@ -251,7 +260,7 @@ class _Names:
 
 # --------------------------------------------------------------------------- mismatch
 
-@detector("hang_mismatch")
+@detector("hang_mismatch", kinds=KINDS)
 def hang_mismatch(ctx: Context) -> list[Finding]:
     fr = hang_frontiers(ctx)
     fr = fr[fr["kind"] == "mismatch"]
@@ -387,7 +396,7 @@ def _call_text(sig: str) -> str:
     return out
 
 
-@detector("collective_mismatch")
+@detector("collective_mismatch", kinds=KINDS)
 def collective_mismatch(ctx: Context) -> list[Finding]:
     """Ranks that called a different collective than their peers at the same position
     (kind ``hang_mismatch``: the same class of bug as a skipped collective, caught earlier)."""
@@ -451,7 +460,7 @@ def rank_stack(ctx, rank: int) -> list[str]:
 
 # --------------------------------------------------------------------------- stuck
 
-@detector("hang_stuck")
+@detector("hang_stuck", kinds=KINDS)
 def hang_stuck(ctx: Context) -> list[Finding]:
     fr = hang_frontiers(ctx)
     fr = fr[fr["kind"] == "stuck"]
@@ -616,3 +625,13 @@ def _last_packets(ctx, members, blamed) -> str:
         return ""
     return f"{ms(other - mine)} before the other links' last packets"
 
+
+# --------------------------------------------------------------------------- without the tracer
+
+@detector("hang_state", kinds=KINDS, queries=True)
+def hang_state(ctx: Context) -> list[Finding]:
+    """Hangs the tracer did not see happen (it attached after the ranks entered the collectives
+    they hang in, or it did not run): from the state at capture, else from PyTorch's watchdog
+    lines (:data:`LATE_SOURCES`, each consulted under
+    :data:`forensics.findings.precedence.PRECEDENCE`)."""
+    return [f for source in LATE_SOURCES for f in consult(ctx, source)]

@@ -35,7 +35,7 @@ ERROR_COUNTERS = {"link_downed", "symbol_error", "link_error_recovery", "port_rc
 MAX_EVIDENCE = 20
 
 
-@detector("ib_errors")
+@detector("ib_errors", kinds=("ib_errors",))
 def ib_errors(ctx: Context) -> list[Finding]:
     return logged_ib_errors(ctx) + port_state(ctx) + counter_errors(ctx)
 

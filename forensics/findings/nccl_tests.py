@@ -48,7 +48,7 @@ def _records(df: pd.DataFrame, n: int = 20) -> list[dict]:
     return json.loads(df.head(n).to_json(orient="records"))
 
 
-@detector("nccl_tests_bandwidth")
+@detector("nccl_tests_bandwidth", kinds=("nccl_tests_bandwidth",))
 def detect(ctx: Context) -> list[Finding]:
     runs = ctx.model.tables.get("nccl_tests_runs")
     rows = ctx.model.tables.get("nccl_tests")

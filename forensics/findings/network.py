@@ -16,17 +16,20 @@ everywhere, but only the bottleneck holds a queue.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity, shared
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, as_int, clean_baselines,
-                       collective_windows, dedup_counts, dedup_sql, impact, in_windows, kernel_logged_reset, label, ms,
-                       rank_directory, ranks_text, shared_endpoint, sql_int, sql_list, sql_str, tcp_sources,
-                       trouble_events, trouble_rows, trouble_rows_sql, trouble_sql, who_text)
+from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, clean_baselines, collective_windows,
+                       dedup_counts, dedup_sql, hosts_of, impact, in_windows, label, ms, rank_directory, ranks_text,
+                       shared_endpoint, sql_int, sql_list, sql_str, tcp_sources, trouble_events, trouble_sql,
+                       who_text)
 
+KINDS = ("network_loss", "slow_link")
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
 MIN_SLOW_COLLECTIVES = 2   # one slow collective is an anecdote
 MIN_BASELINE = 5           # clean collectives needed to call it a baseline
@@ -45,7 +48,7 @@ QUEUE_SHARE = 0.10         # ... or a queueing delay of this share of a collecti
 
 # --------------------------------------------------------------------------- network_loss
 
-@detector("network_loss")
+@detector("network_loss", kinds=KINDS)
 def network_loss(ctx: Context) -> list[Finding]:
     w = collective_windows(ctx)
     done = w[w["complete"]].reset_index(drop=True)
@@ -138,7 +141,7 @@ def network_loss(ctx: Context) -> list[Finding]:
                               f"collectives slowed, {imp.text()}"),
                     since_ns=first_loss_on(lost, blame.links), since_source="packets: the first loss on these links",
                     since_precision_ns=1_000_000,
-                    ranks=blamed, hosts=_hosts(directory, blamed), peer_ranks=peers, links=links,
+                    ranks=blamed, hosts=hosts_of(directory, blamed), peer_ranks=peers, links=links,
                     evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
                     details=details, impact_share=imp.share)]
 
@@ -194,7 +197,7 @@ def _loss_without_slowdown(ctx, lost, done, baseline, imp) -> list[Finding]:
                                                                           - set(blame.ranks)),
                     headline=headline or "", since_ns=first_ns(counts), since_source="packets",
                     since_precision_ns=1_000_000,
-                    hosts=_hosts(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
+                    hosts=hosts_of(directory, blame.ranks), links=[_link_dict(a, b, counts, directory)
                                                                   for a, b in blame.links[:MAX_EVIDENCE]],
                     evidence=_link_rows(counts, directory), sql=sql,
                     action=(f"Check the NIC, cable and switch port of {who} (ethtool -S / ip -s link drop counters on "
@@ -288,10 +291,6 @@ def _link_dict(a: int, b: int, counts: pd.DataFrame, directory) -> dict:
     for cls, col in COUNT_COLUMNS.items():
         d[col] = int(c.loc[c["cls"] == cls, "n"].sum())
     return d
-
-
-def _hosts(directory, ranks) -> list[str]:
-    return sorted({directory[r].host for r in ranks if r in directory and directory[r].host})
 
 
 # --------------------------------------------------------------------------- slow_link
@@ -438,11 +437,31 @@ def _bulk_waits_too(ctx, slow: pd.DataFrame, fast: pd.DataFrame) -> bool:
     return float(slow_q.max()) >= QUEUE_GAP * max(base, 1.0) and float(slow_q.max()) - base >= RTT_MIN_EXCESS_NS
 
 
-@detector("slow_link")
-def slow_link(ctx: Context) -> list[Finding]:
+@dataclass
+class SlowGroups:
+    """What slow_link compares: ``links`` (a, b, rtt, p50, flows, lossy: every link with the
+    statistic named ``metric``), split into the ``slow`` group and the ``fast`` one;
+    ``by_queue``: the slow group is the links whose every connection queues (``queued``,
+    :func:`queue_links`) rather than the links whose RTT tail stands out; ``drops``: each
+    link's lost or retransmitted data (:func:`link_drops`)."""
+
+    links: pd.DataFrame
+    fast: pd.DataFrame
+    slow: pd.DataFrame
+    metric: str
+    by_queue: bool
+    queued: set
+    drops: dict
+
+
+def slow_groups(ctx: Context) -> SlowGroups | None:
+    """The slow links against the others, or None when no group stands out. The RTT tail of
+    the links without loss tells it when it can (:func:`_rtt_split`, the bulk waiting too:
+    :func:`_bulk_waits_too`); else (every link's tail lifted: delayed ACKs and timeouts of a
+    busy host, drops at the slow link's own queue) the links whose every connection queues."""
     links, metric = link_rtts(ctx)
     if links.empty:
-        return []
+        return None
     # links with lost data (duplicate ACKs alone are not) and a flat RTT belong to network_loss;
     # a link whose every connection queues is a slow link even when its queue drops (queue_links)
     drops = link_drops(ctx)
@@ -456,30 +475,40 @@ def slow_link(ctx: Context) -> list[Finding]:
     k = _rtt_split(cand)
     if k is not None and not _bulk_waits_too(ctx, cand.iloc[k:], cand.iloc[:k]):
         k = None
-    # the RTT tail of the links without loss tells it when it can; else (every link's tail
-    # lifted: delayed ACKs and timeouts of a busy host, drops at the slow link's own queue)
-    # the links whose every connection queues
-    by_queue = k is None and bool(queued)
     if k is not None:
-        fast, slow = cand.iloc[:k], cand.iloc[k:]
-    elif by_queue:
-        # every connection of these links queues: the slow group, lossy or not (drops at the
-        # queue); compared with the links that do not queue (a busy host's stray
-        # retransmissions on them leave their bulk RTT flat)
-        qd = link_queue_delays(ctx).set_index(["a", "b"])
-        links = links.drop(columns=["rtt", "p50", "flows"]).merge(
-            qd.rename(columns={"q": "rtt", "connections": "flows"}).reset_index(), on=["a", "b"], how="left")
-        links["flows"] = links["flows"].fillna(0).astype("int64")
-        metric = "ACK round-trip p90 on every connection"
-        is_slow = np.array([(int(x), int(y)) in queued for x, y in zip(links["a"], links["b"])], dtype=bool)
-        slow = links[is_slow].sort_values("rtt").reset_index(drop=True)
-        fast = links[~is_slow & links["rtt"].notna().to_numpy()].sort_values("rtt").reset_index(drop=True)
-        if fast.empty:
-            return []
-    else:
-        return []
-    base = float(np.median(fast["rtt"]))
-    slow_links = [(int(x), int(y)) for x, y in zip(slow["a"], slow["b"])]
+        return SlowGroups(links, cand.iloc[:k], cand.iloc[k:], metric, False, queued, drops)
+    if not queued:
+        return None
+    # every connection of these links queues: the slow group, lossy or not (drops at the
+    # queue); compared with the links that do not queue (a busy host's stray
+    # retransmissions on them leave their bulk RTT flat)
+    qd = link_queue_delays(ctx).set_index(["a", "b"])
+    links = links.drop(columns=["rtt", "p50", "flows"]).merge(
+        qd.rename(columns={"q": "rtt", "connections": "flows"}).reset_index(), on=["a", "b"], how="left")
+    links["flows"] = links["flows"].fillna(0).astype("int64")
+    is_slow = np.array([(int(x), int(y)) in queued for x, y in zip(links["a"], links["b"])], dtype=bool)
+    slow = links[is_slow].sort_values("rtt").reset_index(drop=True)
+    fast = links[~is_slow & links["rtt"].notna().to_numpy()].sort_values("rtt").reset_index(drop=True)
+    if fast.empty:
+        return None
+    return SlowGroups(links, fast, slow, "ACK round-trip p90 on every connection", True, queued, drops)
+
+
+@dataclass
+class SlowBlame:
+    """Whom slow_link blames: ``ranks`` and their ``peers`` on the slow links, ``who`` in
+    words, ``leaning`` (:func:`_leaning_end`) when one end of a single slow link is the more
+    likely."""
+
+    ranks: list[int]
+    peers: list[int]
+    who: str
+    leaning: tuple | None
+
+
+def _slow_blame(directory, slow_links: list[tuple[int, int]], fast: pd.DataFrame) -> SlowBlame:
+    """One slow link: both its ends (or the end its other links lean to); several: the rank
+    they share, else every rank on them."""
     common = set(slow_links[0])
     for lk in slow_links[1:]:
         common &= set(lk)
@@ -491,7 +520,6 @@ def slow_link(ctx: Context) -> list[Finding]:
         blamed = sorted(common)
     else:
         blamed = sorted({r for lk in slow_links for r in lk})
-    directory = rank_directory(ctx)
     peers = sorted({r for lk in slow_links for r in lk} - set(blamed))
     who = " or ".join(label(directory, r) for r in blamed) if len(blamed) <= 2 else ranks_text(blamed)
     if len(slow_links) == 1:
@@ -503,56 +531,80 @@ def slow_link(ctx: Context) -> list[Finding]:
         blamed, peers = [end], [other]
         who = (f"{label(directory, end)} (more likely than rank {other}: its other links' RTT p99 is "
                f"{_us(mine)} vs {_us(theirs)} on rank {other}'s)")
-    lo, hi = float(slow["rtt"].min()), float(slow["rtt"].max())
-    rtt_txt = _us_range(lo, hi)
+    return SlowBlame(blamed, peers, who, leaning)
+
+
+@dataclass
+class QueueCost:
+    """What the slow links' queue cost the job: ``imp`` (:class:`~.evidence.Impact`), the
+    severity's ``ceiling``, the sentence's ``text``, when the first collective paid it
+    (``first_paid``), the collectives' p10/p50/p90 and the queue's ``share`` of a collective's
+    p50 (None without MIN_BASELINE completed collectives)."""
+
+    imp: Impact
+    ceiling: str = "info"
+    text: str = ""
+    first_paid: int | None = None
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    share: float | None = None
+
+
+def _queue_cost(ctx: Context, lo: float, base: float, ratio: float) -> QueueCost:
+    """The cost of a queue of ``lo`` against ``base`` (the other links' RTT; ``ratio``: lo over
+    base) to the job's completed collectives."""
+    w = collective_windows(ctx)
+    done = w[w["complete"]].reset_index(drop=True)
+    dur = done["duration_ns"].to_numpy(dtype=np.float64)
+    cost = QueueCost(Impact(0.0, 0.0, float(np.nansum(dur)), 0))
+    if len(dur) < MIN_BASELINE:
+        return cost
+    p10, p50, p90 = (float(x) for x in np.quantile(dur, [0.1, 0.5, 0.9]))
+    cost.p10, cost.p50, cost.p90 = p10, p50, p90
+    cost.text = f"; collectives p50 {ms(p50)}, p90 {ms(p90)} vs {ms(p10)} at the fastest decile"
+    spread = p90 / max(p10, 1.0)
+    # the collectives that paid the queue: SLOW_FACTOR times their class's fastest decile
+    # (no collective is known clean of a queue: the fastest stand in for clean ones)
+    paid = dur > SLOW_FACTOR * clean_baselines(done, np.zeros(len(done), dtype=bool))
+    cost.imp = impact(done, paid, ~paid)
+    if paid.any():
+        cost.first_paid = int(done.loc[paid, "t0"].min())
+    # A capture that started after the link slowed down has no fast collectives to compare
+    # with: every collective crosses the bottleneck. The queueing delay itself (its RTT
+    # above the other links') is then the lower bound of what each collective pays.
+    share = cost.share = min(1.0, (lo - base) / max(p50, 1.0))
+    if spread < SLOW_FACTOR and share >= QUEUE_SHARE:
+        cost.text = (f"; its queue adds at least {_us(lo - base)} per round trip, {share:.0%} of a "
+                     f"collective's p50 ({ms(p50)})")
+        if share > cost.imp.share:
+            cost.imp = Impact(share, share * cost.imp.total_ns, cost.imp.total_ns, len(dur))
+    # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
+    if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
+            or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and share >= QUEUE_SHARE):
+        cost.ceiling = "error"
+    return cost
+
+
+def _slow_link_summary(ctx, g: SlowGroups, blame: SlowBlame, slow_links, base: float, cost: QueueCost,
+                       n_drops: int) -> str:
+    """slow_link's summary: who, the RTT of the slow links against the others', with or
+    without drops, and what the queue cost."""
+    slow, fast = g.slow, g.fast
     medians = ""
     if slow["p50"].notna().any() and fast["p50"].notna().any():
         m_slow, m_fast = float(slow["p50"].median()), float(fast["p50"].median())
         # a queue at a bursty bottleneck lifts the tail alone; a standing one the median too
         alike = "alike: " if m_slow < 2 * max(m_fast, 1.0) else ""
         medians = f" (medians {alike}{_us(m_slow)} vs {_us(m_fast)})"
-    ratio = float(slow["rtt"].min()) / max(base, 1.0)
-    w = collective_windows(ctx)
-    done = w[w["complete"]].reset_index(drop=True)
-    dur = done["duration_ns"].to_numpy(dtype=np.float64)
-    impact_txt, ceiling, share = "", "info", None
-    imp = Impact(0.0, 0.0, float(np.nansum(dur)), 0)
-    first_paid = None
-    p10 = p50 = p90 = None
-    if len(dur) >= MIN_BASELINE:
-        p10, p50, p90 = (float(x) for x in np.quantile(dur, [0.1, 0.5, 0.9]))
-        impact_txt = f"; collectives p50 {ms(p50)}, p90 {ms(p90)} vs {ms(p10)} at the fastest decile"
-        spread = p90 / max(p10, 1.0)
-        # the collectives that paid the queue: SLOW_FACTOR times their class's fastest decile
-        # (no collective is known clean of a queue: the fastest stand in for clean ones)
-        paid = dur > SLOW_FACTOR * clean_baselines(done, np.zeros(len(done), dtype=bool))
-        imp = impact(done, paid, ~paid)
-        if paid.any():
-            first_paid = int(done.loc[paid, "t0"].min())
-        # A capture that started after the link slowed down has no fast collectives to compare
-        # with: every collective crosses the bottleneck. The queueing delay itself (its RTT
-        # above the other links') is then the lower bound of what each collective pays.
-        share = min(1.0, (lo - base) / max(p50, 1.0))
-        if spread < SLOW_FACTOR and share >= QUEUE_SHARE:
-            impact_txt = (f"; its queue adds at least {_us(lo - base)} per round trip, {share:.0%} of a "
-                          f"collective's p50 ({ms(p50)})")
-            if share > imp.share:
-                imp = Impact(share, share * imp.total_ns, imp.total_ns, len(dur))
-        # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
-        if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
-                or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and share >= QUEUE_SHARE):
-            ceiling = "error"
-    severity = impact_severity(imp.share, imp.slow, ceiling)
-    if leaning is not None:
-        link_word, verb = f"its link to rank {peers[0]}", "shows"
-    elif len(blamed) == 1:
-        link_word, verb = f"its links (to {ranks_text(peers)})", "show"
+    if blame.leaning is not None:
+        link_word, verb = f"its link to rank {blame.peers[0]}", "shows"
+    elif len(blame.ranks) == 1:
+        link_word, verb = f"its links (to {ranks_text(blame.peers)})", "show"
     else:
         link_word, verb = "the link", "shows"
-    article = "an" if metric[0] in "AEIOU" else "a"
-    n_drops = sum(drops.get(lk, 0) for lk in slow_links)
-    dropping = bool(slow["lossy"].any())
-    if dropping:
+    article = "an" if g.metric[0] in "AEIOU" else "a"
+    if bool(slow["lossy"].any()):
         # drops and a queue on one link: the queue decides (a rate plateau with a rising RTT is a
         # slow or congested link that drops at its queue; loss on a fast path keeps a flat RTT)
         how = (f"with {n_drops} lost or retransmitted segments: it drops at its queue, a slow or congested link "
@@ -560,39 +612,67 @@ def slow_link(ctx: Context) -> list[Finding]:
                "keeps a flat RTT)")
     else:
         how = "without retransmissions: a slow or congested path that queues instead of dropping"
-    summary = (f"{who}: {link_word} {verb} {article} {metric} of {rtt_txt} vs {_us(base)} on the other "
-               f"links{medians}, {how}{impact_txt}; it explains {imp.text()}.")
+    rtt_txt = _us_range(float(slow["rtt"].min()), float(slow["rtt"].max()))
+    return (f"{blame.who}: {link_word} {verb} {article} {g.metric} of {rtt_txt} vs {_us(base)} on the other "
+            f"links{medians}, {how}{cost.text}; it explains {cost.imp.text()}.")
+
+
+def _slow_link_rows(links: pd.DataFrame, slow_links) -> list[dict]:
+    """slow_link's evidence: one row per link, the slowest first (what :func:`slow_link_sql` returns)."""
+    return [{"rank_a": int(r.a), "rank_b": int(r.b), "rtt_us": round(float(r.rtt) / 1e3, 1),
+             "rtt_p50_us": None if pd.isna(r.p50) else round(float(r.p50) / 1e3, 1),
+             "connections": int(r.flows), "lossy": bool(r.lossy), "slow": (int(r.a), int(r.b)) in slow_links}
+            for r in links.sort_values(["rtt", "a", "b"], ascending=[False, True, True], kind="stable")
+            .head(MAX_EVIDENCE).itertuples(index=False)
+            if pd.notna(r.rtt)]
+
+
+@detector("slow_link", kinds=KINDS)
+def slow_link(ctx: Context) -> list[Finding]:
+    """A link (or one endpoint's links) whose RTT stands far above the others' (:func:`slow_groups`),
+    blamed (:func:`_slow_blame`) and weighed by what its queue cost the job (:func:`_queue_cost`)."""
+    g = slow_groups(ctx)
+    if g is None:
+        return []
+    fast, slow, metric = g.fast, g.slow, g.metric
+    base = float(np.median(fast["rtt"]))
+    slow_links = [(int(x), int(y)) for x, y in zip(slow["a"], slow["b"])]
+    directory = rank_directory(ctx)
+    blame = _slow_blame(directory, slow_links, fast)
+    blamed, leaning = blame.ranks, blame.leaning
+    lo, hi = float(slow["rtt"].min()), float(slow["rtt"].max())
+    ratio = float(slow["rtt"].min()) / max(base, 1.0)
+    cost = _queue_cost(ctx, lo, base, ratio)
+    imp = cost.imp
+    severity = impact_severity(imp.share, imp.slow, cost.ceiling)
+    n_drops = sum(g.drops.get(lk, 0) for lk in slow_links)
+    summary = _slow_link_summary(ctx, g, blame, slow_links, base, cost, n_drops)
     # the slow flag: at or above the gap between the fast and the slow group (and, on the RTT
     # tail, not lossy unless the link queues: then its drops are the queue's)
     cut = (float(fast["rtt"].max()) + float(slow["rtt"].min())) / 2
-    sql = slow_link_sql(metric.startswith("ACK"), cut, queue=by_queue, queued=queued)
-    evidence = [{"rank_a": int(r.a), "rank_b": int(r.b), "rtt_us": round(float(r.rtt) / 1e3, 1),
-                 "rtt_p50_us": None if pd.isna(r.p50) else round(float(r.p50) / 1e3, 1),
-                 "connections": int(r.flows), "lossy": bool(r.lossy), "slow": (int(r.a), int(r.b)) in slow_links}
-                for r in links.sort_values(["rtt", "a", "b"], ascending=[False, True, True], kind="stable")
-                .head(MAX_EVIDENCE).itertuples(index=False)
-                if pd.notna(r.rtt)]
+    sql = slow_link_sql(metric.startswith("ACK"), cut, queue=g.by_queue, queued=g.queued)
     confidence = min(0.9, 0.5 + 0.1 * np.log10(max(ratio, 1.0))
                      + (0.15 if len(blamed) == 1 and leaning is None else 0.05 if leaning else 0.0))
+    first_paid = cost.first_paid
     return [Finding(kind="slow_link", severity=severity, confidence=confidence, summary=summary, ranks=blamed,
-                    headline=(f"Slow link at {{who}}: {metric} {rtt_txt} vs {_us(base)} on the other links; "
-                              f"it explains {imp.text()}"),
+                    headline=(f"Slow link at {{who}}: {metric} {_us_range(lo, hi)} vs {_us(base)} on the other "
+                              f"links; it explains {imp.text()}"),
                     since_ns=first_paid, since_source="tracer: the first collective that paid its queue"
                     if first_paid is not None else None, since_precision_ns=1_000_000 if first_paid else None,
-                    hosts=_hosts(directory, blamed), peer_ranks=peers,
+                    hosts=hosts_of(directory, blamed), peer_ranks=blame.peers,
                     links=[{"rank": x, "peer_rank": y, "rtt_us": round(float(r) / 1e3, 1),
                             "saddr": directory[x].addr if x in directory else None,
                             "daddr": directory[y].addr if y in directory else None}
                            for (x, y), r in zip(slow_links, slow["rtt"])],
-                    evidence=evidence, sql=sql,
+                    evidence=_slow_link_rows(g.links, slow_links), sql=sql,
                     action=_slow_link_action(directory, blamed, slow_links, leaning),
                     score=imp.excess_ns / 1e9, impact_share=imp.share,
                     details={"metric": metric, "rtt_baseline_ns": base, "slow_links": slow_links,
                              "rtt_slow_ns": [float(x) for x in slow["rtt"]],
-                             "collective_p10_ns": p10, "collective_p50_ns": p50,
-                             "collective_p90_ns": p90, "queue_share": share, "slow_collectives": imp.slow,
+                             "collective_p10_ns": cost.p10, "collective_p50_ns": cost.p50,
+                             "collective_p90_ns": cost.p90, "queue_share": cost.share, "slow_collectives": imp.slow,
                              "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns,
-                             "drops_at_queue": dropping, "drops": n_drops})]
+                             "drops_at_queue": bool(slow["lossy"].any()), "drops": n_drops})]
 
 
 def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False, queued=()) -> str:
@@ -739,86 +819,3 @@ def _us_range(lo: float, hi: float) -> str:
         a, b = _us(lo).split(" "), _us(hi).split(" ")
         return f"{a[0]}-{b[0]} {b[1]}"
     return f"{_us(lo)}-{_us(hi)}"
-
-
-# --------------------------------------------------------------------------- connection_reset
-
-STALL_MIN_NS = 500_000_000     # a reset this long after the last progress comes from a teardown or a kill
-STALL_FACTOR = 5.0             # ... or this many times the p99 collective duration, if larger
-
-
-@detector("connection_reset")
-def connection_reset(ctx: Context) -> list[Finding]:
-    """A TCP reset between two ranks while collectives were in flight, before the job had
-    stalled: the connection NCCL used was torn down under it. Resets at start-up (no
-    collective in flight: the rendezvous store's probes), after the last collective, or
-    long after the job stopped progressing (the processes being killed) are left out."""
-    ev = trouble_events(ctx)
-    rst = ev[ev["cls"] == "reset"]
-    w = collective_windows(ctx)
-    if rst.empty or w.empty:
-        return []
-    t = rst["timestamp_ns"].to_numpy(dtype=np.int64)
-    t0 = w["t0"].to_numpy(dtype=np.int64)
-    t1 = w["t1"].fillna(np.iinfo(np.int64).max).to_numpy(dtype=np.int64)
-    in_flight = in_windows(t, t0, t1)
-    done_end = np.sort(w.loc[w["complete"], "t1"].to_numpy(dtype=np.int64))
-    i = np.searchsorted(done_end, t, side="right") - 1
-    last_progress = np.where(i >= 0, done_end[np.maximum(i, 0)], t0.min() if len(t0) else 0)
-    dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
-    stall = max(STALL_MIN_NS, STALL_FACTOR * float(np.quantile(dur, 0.99))) if len(dur) else STALL_MIN_NS
-    # trouble before the reset since the last progress: the reset is then a consequence
-    loss_t = np.sort(ev.loc[ev["cls"].isin(LOSS_CLASSES), "timestamp_ns"].to_numpy(dtype=np.int64))
-    loss_before = np.searchsorted(loss_t, t, side="left") - np.searchsorted(loss_t, last_progress, side="left")
-    causal = in_flight & (t - last_progress < stall) & (loss_before == 0)
-    if not causal.any():
-        return []
-    first = rst[causal].iloc[0]
-    tr = int(first["timestamp_ns"])
-    snd, rcv = int(first["sender"]), int(first["receiver"])
-    directory = rank_directory(ctx)
-    after = rst[rst["timestamp_ns"] >= tr]
-    follow = dedup_counts(after)
-    n_links = follow[["a", "b"]].drop_duplicates().shape[0]
-    # what was in flight, and did it ever complete?
-    open_w = w[(w["t0"].to_numpy(dtype=np.int64) <= tr) & (t1 >= tr)]
-    failed = w[(~w["complete"]) & (w["t0"].to_numpy(dtype=np.int64) >= open_w["t0"].min() if len(open_w) else False)]
-    op_txt = ""
-    if len(open_w):
-        o = open_w.sort_values("op_count").iloc[0]
-        op_txt = f", while {o['op']} #{int(o['op_count'])} was in flight"
-    n_failed = int(len(failed))
-    forged = not kernel_logged_reset(ctx, first)
-    gap = tr - int(last_progress[causal][0])
-    summary = (f"TCP reset from {_endpoint(directory, snd, first['saddr'], first['sport'])} to "
-               f"{_endpoint(directory, rcv, first['daddr'], first['dport'])}"
-               + (f", not logged by rank {snd}'s kernel (a firewall or middlebox forged it)" if forged else "")
-               + f", {ms(gap)} after the last completed collective{op_txt}; "
-               + (f"{n_failed} collective(s) then never completed on every rank" if n_failed else
-                  "the collectives went on")
-               + (f"; {int(follow['n'].sum()) - 1} more reset(s) followed on {n_links} link(s)."
-                  if int(follow['n'].sum()) > 1 else "."))
-    severity = "error" if n_failed else "warning"
-    evidence = trouble_rows(after, limit=MAX_EVIDENCE)
-    sql = trouble_rows_sql(f"timestamp_ns >= {sql_int(tr)}", classes=("reset",), limit=MAX_EVIDENCE)
-    return [Finding(
-        kind="connection_reset", severity=severity, confidence=0.9 if n_failed else 0.7, summary=summary,
-        headline=("TCP reset from {who} to {peers}" + (" (forged: its kernel never sent it)" if forged else "")
-                  + (f"; {n_failed} collective(s) never completed" if n_failed else "; the job went on")
-                  + " ({since})"),
-        since_ns=tr, since_source="packets", since_precision_ns=1_000_000,
-        op_count=int(open_w.sort_values("op_count").iloc[0]["op_count"]) if n_failed and len(open_w) else None,
-        ranks=[snd], hosts=_hosts(directory, [snd]), peer_ranks=[rcv],
-        links=[{"rank": snd, "peer_rank": rcv, "saddr": first["saddr"], "sport": as_int(first["sport"]),
-                "daddr": first["daddr"], "dport": as_int(first["dport"]), "first_reset_ns": tr, "forged": forged}],
-        evidence=evidence, sql=sql, score=2e6 if n_failed else 10.0,
-        action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
-                "conntrack table full), a NIC or bond failover, a process closing the socket; NCCL cannot "
-                "recover a reset socket: fix it and restart the job from the last checkpoint."),
-        details={"first_reset_ns": tr, "since_last_progress_ns": gap, "resets_after": int(follow["n"].sum()),
-                 "links_reset": n_links, "collectives_failed": n_failed, "forged": forged})]
-
-
-def _endpoint(directory, rank: int, addr, port) -> str:
-    host = directory[rank].host if rank in directory else None
-    return f"rank {rank} ({host + ', ' if host else ''}{addr}:{port})"

@@ -5,9 +5,10 @@ pipe, a timeout, a connect that found nobody listening (:mod:`forensics.model.nc
 Most of these lines are the cascade of one process going away: every peer of a rank that
 died logs "Connection closed by remote peer <that rank's host>". So the verdict names the
 peer most lines point at (the host that went away, or whose link did), and the first such
-line in time; the detector that owns the kind from the state at capture,
-:func:`forensics.findings.state.hang_state`, calls this when neither the packets nor the
-address-level reset logic (:func:`logged_resets`) judged it.
+line in time. No detector here: the owner of the kind, :mod:`forensics.findings.connection_reset`
+(``reset_state``), consults :func:`socket_failures` when neither the state at capture nor the
+address-level reading (:func:`logged_resets`) judged the reset, and :func:`logged_resets` when
+the packets show none (:mod:`forensics.findings.precedence`).
 
 :func:`logged_resets` and :func:`reset_warnings` read the same WARN lines by address: the
 rank that logged "Connection reset by peer" and the peer whose address its line names.
@@ -19,7 +20,7 @@ import pandas as pd
 
 from . import warns
 from .base import Finding
-from .evidence import label, model_table as table, rank_directory, sql_evidence, sql_str, trouble_events
+from .evidence import label, model_table as table, rank_directory, sql_evidence, sql_str
 from .onset import ONSET_UNKNOWN
 
 MAX_EVIDENCE = 20
@@ -153,19 +154,15 @@ def rank_addresses(ctx) -> dict[str, int]:
 
 
 def logged_resets(ctx) -> list[Finding]:
-    """A reset that broke the ring before the capture, from NCCL's own WARN lines, when the
-    packets show none (the capture started after it; the ranks may have exited since, their
-    logs attached): the rank that logged "Connection reset by peer" names the sender."""
+    """A reset that broke the ring before the capture, from NCCL's own WARN lines (the capture
+    started after it; the ranks may have exited since, their logs attached): the rank that
+    logged "Connection reset by peer" names the sender. Consulted only when the packets show
+    no reset (:data:`forensics.findings.precedence.PRECEDENCE`)."""
     directory = rank_directory(ctx)
     w = reset_warnings(ctx, set(rank_addresses(ctx).values()) | set(directory))
     w = w[w["how"] == 0] if len(w) else w
     if w.empty:
         return []
-    # only now: the TCP trouble per link is the costliest shared table, made where the
-    # network detectors run (forensics.beside)
-    t = trouble_events(ctx)
-    if len(t) and (t["cls"] == "reset").any():
-        return []   # on the wire: connection_reset (network.py) judges it from the packets
     w0 = w.iloc[0]
     snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
     links = w[["peer_rank", "rank"]].drop_duplicates()

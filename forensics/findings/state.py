@@ -24,11 +24,13 @@ of its hosts watched (:mod:`forensics.model.windows`), and some rank is positive
 a collective. A job whose ranks all sit outside NCCL with nothing in flight is busy
 elsewhere (long compute, data loading, a checkpoint), not hung: no finding.
 
-The verdicts reuse the kinds of :mod:`.hang`: ``hang_mismatch`` (ranks behind the others,
-or outside NCCL while the others wait in it), ``hang_stuck`` (every rank inside #n: the
-dead link from the sockets and packets, else the rank whose "GPU" made no progress: the
-one its peers wait on), ``connection_reset`` (a reset on the ring before the hang). Each
-finding names the sources it rests on and the age of its evidence.
+The verdicts (:func:`late_verdicts`) are of the kinds :mod:`.hang` and
+:mod:`.connection_reset` own, which emit them (``hang_state``, ``reset_state``) under the
+precedence of :mod:`.precedence`: ``hang_mismatch`` (ranks behind the others, or outside
+NCCL while the others wait in it), ``hang_stuck`` (every rank inside #n: the dead link from
+the sockets and packets, else the rank whose "GPU" made no progress: the one its peers wait
+on), ``connection_reset`` (a reset on the ring before the hang). This module registers no
+detector. Each finding names the sources it rests on and the age of its evidence.
 """
 from __future__ import annotations
 
@@ -40,9 +42,9 @@ import numpy as np
 import pandas as pd
 
 from ..model.windows import host_windows
-from .base import HEADLINE_CHARS, Context, Finding, detector
+from .base import HEADLINE_CHARS, Context, Finding
 from .onset import ONSET_UNKNOWN, Onset, capture_start_ns, comm_onset
-from .socket_errors import logged_resets, rank_addresses, reset_warnings
+from .socket_errors import reset_warnings
 from .evidence import (dedup_counts, label, ms, model_table, rank_directory, ranks_text, shared_endpoint, sql_evidence,
                        sql_int, sql_str, trouble_events, who_text)
 
@@ -377,25 +379,17 @@ def _stuck_socket_ranks(ctx, members: set[int]) -> list[int]:
 
 # --------------------------------------------------------------------------- the verdicts
 
-@detector("hang_state", queries=True)
-def hang_state(ctx: Context) -> list[Finding]:
-    """Hangs from the state at capture, when the tracer did not see them happen (it attached
-    after the ranks entered the collectives they hang in, or it did not run)."""
-    from .hang import hang_frontiers
-    from .socket_errors import socket_failures
-    from .timeouts import watchdog_hangs
-    if len(hang_frontiers(ctx)):
-        return []   # the tracer saw the hang: hang_mismatch / hang_stuck judge it from the calls
-    out = late_hang_findings(ctx)
-    if not any(f.kind in ("hang_mismatch", "hang_stuck") for f in out):
-        out += watchdog_hangs(ctx)   # the job's own logs: PyTorch's watchdog judged it
-    if not any(f.kind == "connection_reset" for f in out):
-        out += logged_resets(ctx) or socket_failures(ctx)
-    return out
+def late_verdicts(ctx: Context) -> list[Finding]:
+    """:func:`late_hang_findings`, made once per analysis: the sources ``state at capture``
+    of :mod:`.precedence` take their kinds from it (hangs for ``hang_state``, resets for
+    ``reset_state``)."""
+    return list(ctx.memo("late_hang_findings", lambda: late_hang_findings(ctx)))
 
 
 def late_hang_findings(ctx) -> list[Finding]:
-    """Findings for the hung communicators of :func:`communicator_states`."""
+    """Findings for the hung communicators of :func:`communicator_states`: per communicator,
+    a mismatch (:func:`_mismatch`), else what it is stuck on (:func:`_stuck`: a reset on the
+    ring, a dead path, the rank the others wait on, or no cause seen)."""
     out = []
     directory = rank_directory(ctx)
     for c in communicator_states(ctx):

@@ -80,7 +80,7 @@ def entry_margins(ctx) -> pd.DataFrame:
     return e
 
 
-@detector("straggler")
+@detector("straggler", kinds=("straggler",))
 def straggler(ctx: Context) -> list[Finding]:
     e = entry_margins(ctx)
     if e.empty:

@@ -15,8 +15,9 @@ process group, the last work it enqueued and completed (``watchdog_events``, joi
 
 ``seq`` is the SeqNum (PyTorch's numbering; no opCount is known from these lines), ``since_ns``
 the earliest rank's timeout line time less how long it had waited (``ran for``): when that
-collective was enqueued, to the second. The detector that owns the hang kinds,
-:func:`forensics.findings.state.hang_state`, calls this when no capture judged the hang itself.
+collective was enqueued, to the second. No detector here: the owner of the hang kinds,
+:mod:`forensics.findings.hang` (``hang_state``), consults :func:`watchdog_hangs` when neither
+the tracer nor the state at capture saw the hang (:mod:`forensics.findings.precedence`).
 """
 from __future__ import annotations
 

@@ -17,7 +17,6 @@ from itertools import combinations
 
 import pandas as pd
 
-from .. import heap
 from ..bundle import Bundle
 from . import artifacts as artifacts_mod
 from . import logs as logs_mod
@@ -25,7 +24,7 @@ from . import nccl as nccl_mod
 from . import timing as timing_mod
 from . import tcp as tcp_mod
 from .schema import SCHEMAS, concat, conform, empty
-from .hosts import HostPart
+from .hosts import HostPart, read_host
 from .skew import SkewEstimate, estimate_skew
 
 
@@ -82,27 +81,28 @@ def derived(store: dict, key, make):
     return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
 
 
-def build_model(inputs, *, skew: bool = True, jobs: int = 1, dask: str | None = None,
-                progress=None, while_reading=None, reading=None) -> Model:
-    """The model of ``inputs``: the paths the user gave (bundles, log files, folders, archives:
-    sorted out by :func:`forensics.intake.gather`) or an :class:`~forensics.intake.Intake`
-    already made (its caller closes it). The per-host stage (:func:`.hosts.read_host`) runs on
-    ``jobs`` processes (1: this one alone; more: this one and ``jobs - 1`` workers) or on the
-    Dask cluster at ``dask``, then the merge here (:mod:`.parallel`; ``while_reading``,
-    ``reading``: see its ``read_hosts``). InputError when nothing given can be read."""
+def build_model(inputs, *, skew: bool = True) -> Model:
+    """The model of ``inputs``, read in this process: the paths the user gave (bundles, log
+    files, folders, archives: sorted out by :func:`forensics.intake.gather`) or an
+    :class:`~forensics.intake.Intake` already made (its caller closes it). Each host's part
+    is read by :func:`.hosts.read_host`, then merged by :func:`from_parts`; an analysis that
+    reads them elsewhere (worker processes, a Dask cluster) does the same through
+    :mod:`forensics.execution`. InputError when nothing given can be read."""
     from ..intake import Intake, gather
     own = not isinstance(inputs, Intake)
     intake = gather(list(inputs)) if own else inputs
     try:
-        from .parallel import read_hosts
-        sources = intake.sources(jobs if not dask else 1)
-        if reading is not None:
-            sources = reading.paths
-        parts = read_hosts(sources, skew=skew, jobs=jobs, dask=dask, progress=progress,
-                           while_reading=while_reading, reading=reading)
+        parts = [read_host(p, skew=skew) for p in intake.sources()]
     finally:
         if own:
             intake.close()
+    return from_parts(parts, skew=skew)
+
+
+def from_parts(parts: list[HostPart], *, skew: bool = True) -> Model:
+    """The model of every host's part (:func:`.hosts.read_host`, in the order of the
+    sources): loose evidence read in shares merged back, two bundles of one host kept apart,
+    then what needs every host (:func:`_build`). InputError when nothing could be read."""
     from ..loose import merge, nothing_read
     parts = merge(parts)
     nothing_read(parts)
@@ -115,9 +115,7 @@ def build_model(inputs, *, skew: bool = True, jobs: int = 1, dask: str | None = 
             if h in dup:
                 seen[h] = seen.get(h, 0) + 1
                 p.rename(f"{h}#{seen[h]}")
-    model = _build(parts, skew=skew)
-    heap.settle()     # the model lives as long as the analysis (see forensics.heap)
-    return model
+    return _build(parts, skew=skew)
 
 
 def _build(parts: list[HostPart], skew: bool) -> Model:

@@ -120,7 +120,7 @@ def _clocks(args) -> tuple[int | None, int | None]:
 
 
 def _op(name):
-    from ..parsers.nccl_debug import op_enum
+    from ..parsers.nccl_coll import op_enum
     return op_enum(name) if isinstance(name, str) else None
 
 

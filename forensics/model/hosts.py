@@ -5,8 +5,8 @@ host's own tables (``nccl_events`` rows, off-CPU samples, capture windows, the a
 tables, its endpoints and network namespaces), and runs the TCP engine once over each of
 its captures (verdict rows, flows, flow timing and the segment fingerprints for clock
 skew, all from one pass). Nothing in it needs another host: that is what runs on
-``--jobs`` processes or a Dask cluster (:mod:`forensics.model.parallel`), and what
-:func:`forensics.model.build_model` merges: the attribution to ranks, the clock skew
+``--jobs`` processes or a Dask cluster (:mod:`forensics.execution.host_reading`), and what
+:func:`forensics.model.from_parts` merges: the attribution to ranks, the clock skew
 between hosts and every cross-host table come after, in the parent.
 
 A :class:`HostPart` is plain data (DataFrames, dataclasses, lists) and pickles. Its

@@ -4,9 +4,11 @@
 
 - the manifest (what the capture saw in /proc): pid, RANK/LOCAL_RANK/WORLD_SIZE, the
   libnccl it mapped, its NCCL_*/TORCH_* environment;
-- its NCCL_DEBUG log (``logs/``): version, transport (``Using network IB|Socket`` or the
-  ``NET/IB``/``NET/Socket`` lines), IB devices and socket interfaces, GPU Direct RDMA,
-  channels, rings and trees, the ``NCCL_* set by environment`` lines, WARN count.
+- its NCCL_DEBUG log (``logs/``): version (else the one its libnccl file carries, which the
+  manifest records: a process whose init failed before logging it still has one), transport
+  (``Using network IB|Socket`` or the ``NET/IB``/``NET/Socket`` lines), IB devices and socket
+  interfaces, GPU Direct RDMA, channels, rings and trees, the ``NCCL_* set by environment``
+  lines, WARN count.
 
 A log process is matched to a manifest process by pid, else by the pid that the
 attachment record names for the file (``NCCL_DEBUG_FILE of pid N``), else by rank. A
@@ -135,6 +137,7 @@ def config_tables(bundle, arts, ranks: dict[int, int]) -> tuple[pd.DataFrame, pd
             row["in_manifest"] = True
             row["local_rank"], row["world_size"] = p.local_rank, p.world_size
             row["libnccl"] = ",".join(p.libnccl) or None
+            row["nccl_version"] = row.get("nccl_version") or p.nccl_version
             row["netns"] = p.netns
             row["manifest_env"] = _env_of(p)
     if not rows:

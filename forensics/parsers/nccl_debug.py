@@ -55,7 +55,7 @@ Every table of lines has the launcher context of its lines (:mod:`.lines`): ctx_
 ctx_local_rank, ctx_host, ctx_pid (int/str), ctx_clock (str as printed).
 
 Lines are found without a Python loop over the log (:mod:`.text`): COLL lines are parsed into
-columns by ``logscan.c`` (a line in another form, e.g. an upper-case pointer, goes through the
+columns by ``logscan.c`` (:mod:`.nccl_coll`) (a line in another form, e.g. an upper-case pointer, goes through the
 regular expressions below instead), every other NCCL line is located by its marker and only
 those lines are decoded. A WARN line hard-wrapped by a terminal (exactly as long as a common
 terminal width, followed by a line with no NCCL prefix) is joined with its continuation.
@@ -72,11 +72,14 @@ nchannels (int), env ({NCCL_*: value}), ranks ({comm pointer: rank}), comm_ids, 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
+from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
+                        last_positions, scan_coll)
 from .registry import WarningLog, register
 from .text import LogText, TextParser
 
@@ -95,13 +98,6 @@ HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>\d+)\] )?(?P<src>[^\s:()]+):(?P<src
                               r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 
-COLL_HEAD_RE = re.compile(r"^\w+: opCount ")
-COLL_RE = re.compile(
-    r"^(?P<op_name>\w+): opCount (?P<op_count>[0-9a-fA-F]+) sendbuff (?P<sendbuff>\S+) "
-    r"recvbuff (?P<recvbuff>\S+) count (?P<count>\d+) datatype (?P<datatype>\d+) "
-    r"op (?P<red_op>\d+) root (?P<root>-?\d+) comm (?P<comm>\S+) "
-    r"\[nranks=(?P<nranks>\d+)\] stream (?P<stream>\S+)\s*$"
-)
 INIT_RE = re.compile(
     r"^(?:\[Rank \d+\] )?(?:(?P<func>nccl\w+) )?comm (?P<comm>\S+) rank (?P<rank>\d+) "
     r"nranks (?P<nranks>\d+) cudaDev (?P<cuda_dev>-?\d+)(?: nvmlDev (?P<nvml_dev>-?\d+))?"
@@ -152,23 +148,6 @@ WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 2
 NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version")
 INFO_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
 
-OPS = {
-    "AllReduce": "ALL_REDUCE", "AllGather": "ALL_GATHER", "ReduceScatter": "REDUCE_SCATTER",
-    "Broadcast": "BROADCAST", "Reduce": "REDUCE", "Send": "SEND", "Recv": "RECV",
-    "AlltoAll": "ALL_TO_ALL", "AllToAll": "ALL_TO_ALL", "Gather": "GATHER", "Scatter": "SCATTER",
-}
-# ncclDataType_t: (name, bytes per element)
-DATATYPES = {
-    0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8),
-    5: ("uint64", 8), 6: ("half", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bf16", 2),
-    10: ("fp8e4m3", 1), 11: ("fp8e5m2", 1),
-}
-RED_OPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
-
-
-def op_enum(name: str) -> str:
-    return OPS.get(name) or re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).upper()
-
 
 def _int(v):
     """An int from a regex group of digits, or None where the group took no part."""
@@ -187,11 +166,7 @@ class NcclDebugParser(TextParser):
     SCHEMAS = {
         "nccl_log_lines": {"line": "int", "ts": "str", "ts_local": "time", "host": "str", "pid": "int",
                            "tid": "int", "dev": "int", "level": "str", "kind": "str", "message": "str", **CTX},
-        "nccl_coll": {"line": "int", "ts": "str", "ts_local": "time", "host": "str", "pid": "int",
-                      "tid": "int", "dev": "int", "op": "str", "op_name": "str", "op_count": "int",
-                      "sendbuff": "str", "recvbuff": "str", "count": "int", "datatype": "int",
-                      "datatype_name": "str", "bytes": "int", "red_op": "int", "red_op_name": "str",
-                      "root": "int", "peer": "int", "comm": "str", "nranks": "int", "stream": "str"},
+        "nccl_coll": COLL_SCHEMA,
         "nccl_comms": {"line": "int", "host": "str", "pid": "int", "tid": "int", "dev": "int",
                        "func": "str", "comm": "str", "rank": "int", "nranks": "int", "cuda_dev": "int",
                        "nvml_dev": "int", "bus_id": "str", "comm_id": "str", "parent": "str",
@@ -208,9 +183,7 @@ class NcclDebugParser(TextParser):
                           "func": "str", "message": "str", "peer": "str", "ib_status": "int", "peer_addr": "str",
                           "peer_port": "int", "ib_opcode": "int", "ib_len": "int", "vendor_err": "int",
                           "ib_side": "str", "local_gid": "str", "remote_gid": "str", "ib_device": "str", **CTX},
-        "nccl_coll_last": {"line": "int", "ts": "str", "host": "str", "pid": "int", "tid": "int", "dev": "int",
-                           "comm": "str", "op": "str", "op_name": "str", "op_count": "int", "count": "int",
-                           "datatype": "int", "nranks": "int", "lines": "int", **CTX},
+        "nccl_coll_last": COLL_LAST_SCHEMA,
     }
 
     MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT")
@@ -232,238 +205,40 @@ class NcclDebugParser(TextParser):
             return cls.result(label, {}, facts, log)
 
         # COLL lines in C; every other NCCL line located by its marker, decoded and read here
-        c_rows, c_last, other = _scan_coll(text, coll)
-        rows: list[_Line] = []
-        bare: list[tuple[int, str, str]] = []           # (line, version, prefix): "NCCL version x" without a prefix
-        n_mentions = 0
-        for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
-            if "NCCL" not in line:
-                continue
-            g = LINE_RE.search(line)
-            if g is None:
-                if (v := VERSION_RE.search(line)) is not None:
-                    bare.append((ln, v["version"], line[:v.start() + 1]))
-                elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
-                    rows.append(_Line(ln, h, line[:h.start()]))
-                elif MENTION_RE.search(line):
-                    n_mentions += 1
-                    log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
-                continue
-            r = _Line(ln, g, line[:g.start()])
-            if r.level == "WARN" and len(line) in WRAP_WIDTHS:
-                r.msg = _unwrap(text, end, r.msg)
-            rows.append(r)
+        c_rows, c_last, other = scan_coll(text, coll)
+        found = _read_lines(text, other, log)
+        rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
-        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - n_mentions - n_coll)
-
+        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll)
         if not rows and not n_coll:
-            for _, v, _ in bare:
-                _add_version(facts, v)
-            if not bare:
-                log.add(None, "no NCCL_DEBUG lines found")
-            bv = [{"line": ln, "level": "VERSION", "kind": "version", "message": "NCCL version " + v,
-                   **lines_mod.context(pre).as_row()} for ln, v, pre in bare]
-            return cls.result(label, {"nccl_log_lines": bv}, facts, log)
-        if any(r.ts is not None for r in rows):
-            # naive local time, as printed (NCCL >= 2.26): one vectorised parse for the log
-            stamps = pd.to_datetime(pd.Series([None if r.ts is None else r.ts.replace("_", " ") for r in rows],
-                                              dtype="object"), errors="coerce", format="mixed").tolist()
-            for r, t in zip(rows, stamps):
-                r.ts_local = t
+            return cls.result(label, _versions_only(bare, facts, log), facts, log)
+        _stamp_local_times(rows)
         info = [r for r in rows if r.level == "INFO"]
         tables: dict = {}
 
-        # --- COLL lines the C scanner left (another form), then Init START/COMPLETE lines
+        # COLL lines the C scanner left (another form), then Init START/COMPLETE lines
         coll_py = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log)
         comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log)
         py = _coll_columns(coll_py) if coll_py else None
         if coll == "rows":
-            tables["nccl_coll"] = _concat_rows([c_rows, py])
+            tables["nccl_coll"] = concat_rows([c_rows, py])
         else:
-            tables["nccl_coll_last"] = _last_positions([c_last, py])
+            tables["nccl_coll_last"] = last_positions([c_last, py])
         if comms:
-            t = _table(("line", "host", "pid", "tid", "dev"), comms)
-            for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
-                t[k] = [_int(v) for v in t[k]]
-            t.update(_contexts([r for r, _ in comms]))
-            tables["nccl_comms"] = t
-
-        # --- Channel connection lines, ring order, rings and trees (a line is one of them)
-        chans, rings = [], []
-        for r in info:
-            if r.kind != "other":
-                continue
-            msg = r.msg
-            if (c := CHANNEL_RE.search(msg)) is not None:
-                r.kind = "channel"
-                chans.append((r, c))
-                continue
-            for kind, rx in (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE)):
-                if (c := rx.search(msg)) is not None:
-                    r.kind = "tree" if kind == "tree" else "ring"
-                    row = {"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": kind}
-                    for k, v in c.groupdict().items():
-                        if v is not None:
-                            row[k] = " ".join(v.split()) if k == "order" else (v if k == "down" else int(v))
-                    rings.append(row)
-                    break
-            else:
-                if msg.startswith("Trees "):
-                    r.kind = "tree"
-                    for t in TREES_ITEM_RE.finditer(msg):
-                        rings.append({"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": "trees",
-                                      "channel": int(t["channel"]), "rank": int(t["rank"]), "up": int(t["up"]),
-                                      "down": t["down"]})
+            tables["nccl_comms"] = _comms_table(comms)
+        # channel connection lines, ring order, rings and trees; WARN lines
+        chans, rings = _topology_lines(info)
         if chans:
-            t = _table(("line", "host", "pid", "tid", "dev"), chans)
-            for k in ("channel", "conn_index", "src_rank", "dst_rank"):
-                t[k] = [_int(v) for v in t[k]]
-            vias = [VIA_RE.match(v) for v in t["via"]]
-            t["transport"] = [v["transport"] if v else None for v in vias]
-            t["net"] = [v["net"] if v and v["transport"] == "NET" else None for v in vias]
-            t["net_dev"] = [_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
-            t["gdrdma"] = ["/GDRDMA" in v for v in t["via"]]
-            tables["nccl_channels"] = t
+            tables["nccl_channels"] = _channels_table(chans)
         tables["nccl_rings"] = rings
-
-        # --- WARN lines
         warns = [r for r in rows if r.level == "WARN"]
         if warns:
-            t = _columns(BASE, warns)
-            for r in warns:
-                r.kind = "warn"
-            t["src_file"] = [r.src[0] for r in warns]
-            t["src_line"] = [_int(r.src[1]) for r in warns]
-            t["func"] = [r.src[2] for r in warns]
-            t["message"] = [r.msg for r in warns]
-            t["peer"] = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(r.msg)) else None) for r in warns]
-            t.update(_peer_parts(t["peer"]))
-            t.update(ib_fields([r.msg for r in warns]))
-            t.update(_contexts(warns))
-            tables["nccl_warnings"] = t
+            tables["nccl_warnings"] = _warnings_table(warns)
 
-        # --- Per-process facts from the remaining INFO lines
-        procs: dict = facts["processes"]
-
-        def proc(r: _Line) -> dict:
-            return proc_of(r.host, r.pid)
-
-        def proc_of(host: str, pid: int) -> dict:
-            key = f"{host}:{pid}"
-            if key not in procs:
-                procs[key] = {"host": host, "pid": pid, "version": None,
-                              "transport": None, "ib_devices": [], "oob_interface": None,
-                              "oob_address": None, "socket_interfaces": [], "interfaces": [],
-                              "gdr": None, "nchannels": None, "env": {}, "ranks": {}, "comm_ids": [],
-                              "bootstrap_address": None}
-            return procs[key]
-
-        for r in rows:
-            if r.pid is not None:
-                proc(r)
-        for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
-            if t is not None and len(t):
-                for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
-                    key = f"{host}:{pid}"
-                    if key not in procs:
-                        proc_of(host, int(pid))
-        for r in info:
-            if r.kind != "other":
-                continue
-            p, text, ln = proc(r), r.msg, r.line
-            if (g := INFO_VERSION_RE.match(text)):
-                r.kind = "version"
-                p["version"] = p["version"] or g["version"]
-                _add_version(facts, g["version"])
-            elif (g := NET_IB_RE.match(text)):
-                r.kind = "net"
-                p["ib_devices"] = [{"index": int(d["index"]), "name": d["name"], "port": int(d["port"]),
-                                    "link_layer": d["ll"]} for d in IB_DEV_RE.finditer(g["devs"])]
-                if not p["ib_devices"]:
-                    log.add(ln, f"NET/IB line lists no device: {text[:120]!r}")
-                oob_if, _, oob_addr = g["oob"].partition(":")
-                p["oob_interface"], p["oob_address"] = oob_if, re.sub(r"<\d+>$", "", oob_addr) or None
-                p["transport"] = p["transport"] or "IB"
-            elif (g := NET_SOCKET_RE.match(text)):
-                r.kind = "net"
-                p["socket_interfaces"] = [{"index": int(d["index"]), "name": d["name"], "address": d["addr"]}
-                                          for d in SOCK_DEV_RE.finditer(g["devs"])]
-                if not p["socket_interfaces"]:
-                    log.add(ln, f"NET/Socket line lists no interface: {text[:120]!r}")
-                p["transport"] = p["transport"] or "Socket"
-            elif (g := USING_NET_RE.match(text)):
-                r.kind = "net"
-                p["transport"] = g["net"]
-            elif (g := BOOTSTRAP_RE.match(text)):
-                r.kind = "net"
-                p["bootstrap_address"] = p["bootstrap_address"] or g["addr"]
-            elif (g := GDR_RE.search(text)):
-                r.kind = "gdr"
-                p["gdr"] = True if g["state"] == "Enabled" or p["gdr"] else False
-            elif (g := ENV_RE.match(text)):
-                r.kind = "env"
-                val = g["val"][:-1] if g["val"].endswith(".") else g["val"]
-                p["env"][g["var"]] = val
-            elif (g := NCHANNELS_RE.match(text)):
-                r.kind = "nchannels"
-                p["nchannels"] = int(g["n"])
-            elif TOPO_RE.match(text):
-                r.kind = "topology"
-            elif ERROR_RETURN_RE.match(text):
-                r.kind = "error_return"
-        for _, v, _ in bare:
-            _add_version(facts, v)
-        if bare and len(procs) == 1:
-            only = next(iter(procs.values()))
-            only["version"] = only["version"] or bare[0][1]
-
-        # Channels and comms refine the per-process view.
-        nets: dict[str, list[str]] = {}
-        for r, c in chans:
-            key = f"{r.host}:{r.pid}"
-            if "/GDRDMA" in c["via"]:
-                procs[key]["gdr"] = True
-            v = VIA_RE.match(c["via"])
-            if v and v["transport"] == "NET" and v["net"] is not None:
-                nets.setdefault(key, []).append(v["net"])
-        for key, used in nets.items():       # IB when any NET channel is, else the first one's
-            if procs[key]["transport"] is None:
-                procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
-        for r, c in comms:
-            p = procs[f"{r.host}:{r.pid}"]
-            p["ranks"][c["comm"]] = _int(c["rank"])
-            if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
-                p["comm_ids"].append(c["comm_id"])
-        # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
-        ring_orders: dict = {}
-        for row in rings:
-            if row["kind"] == "ring_order" and row.get("nchannels") is not None:
-                key = f"{row['host']}:{row['pid']}"
-                ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
-        for key, p in procs.items():
-            if p["nchannels"] is None and key in ring_orders:
-                p["nchannels"] = ring_orders[key]
-            p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
-                                     | ({p["oob_interface"]} if p["oob_interface"] else set()))
-
-        t = _columns(BASE, rows)
-        t["level"] = [r.level for r in rows]
-        t["kind"] = [r.kind for r in rows]
-        t["message"] = [r.msg for r in rows]
-        t.update(_contexts(rows))
-        for ln, v, pre in bare:   # the bare version lines too
-            ctx = lines_mod.context(pre).as_row()
-            for k, col in t.items():
-                col.append(ctx.get(k))
-            t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
-            t["message"][-1] = "NCCL version " + v
-        t = pd.DataFrame(t)
-        if coll == "rows" and len(tables["nccl_coll"]):
-            c = tables["nccl_coll"]
-            cl = c[[k for k in list(BASE) + ["message"] + list(CTX) if k in c]].assign(level="INFO", kind="coll")
-            t = pd.concat([t[~t["line"].isin(cl["line"])], cl], ignore_index=True) if len(t) else cl
-        t = t.sort_values("line", kind="stable").reset_index(drop=True)
-        tables["nccl_log_lines"] = t
+        # per-process facts from the remaining INFO lines, refined by channels and comms
+        procs = _process_facts(rows, info, tables, bare, facts, log)
+        _refine_processes(procs, chans, comms, rings)
+        tables["nccl_log_lines"] = _log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None)
         return cls.result(label, tables, facts, log)
 
 
@@ -522,130 +297,68 @@ def _add_version(facts: dict, version: str) -> None:
     if version not in facts["versions"]:
         facts["versions"].append(version)
 
+# --------------------------------------------------------------------------- reading the lines
 
-# --------------------------------------------------------------------------- COLL lines, in C
+@dataclass
+class _NcclLines:
+    """The NCCL lines of a log besides the COLL lines the C scanner read: ``rows`` (lines with
+    the NCCL prefix, or a WARN pasted without its host:pid:tid), ``bare`` (``NCCL version x``
+    without a prefix: (line, version, the text before it)) and ``mentions`` (lines naming an
+    NCCL level that do not parse, each warned about)."""
 
-_COLL_ROW_COLS = ("start", "pre", "ts_len", "host_off", "host_len", "host_hash", "pid", "tid", "dev", "op_off",
-                  "op_len", "op_hash", "op_count", "sendbuff", "recvbuff", "count", "datatype", "red_op", "root",
-                  "comm", "nranks", "stream")
-_COLL_LAST_COLS = ("start", "pre", "ts_len", "host_off", "host_len", "host_hash", "pid", "tid", "dev", "op_off",
-                   "op_len", "op_hash", "op_count", "count", "datatype", "comm", "nranks")
-_K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
-
-
-def _scan_coll(text: LogText, mode: str):
-    """(COLL rows as a DataFrame or None, the last line per process and communicator as a
-    DataFrame or None, offsets of the other "NCCL INFO " lines) of ``text``."""
-    from ..native import coll_chunks
-    others, parts = [], []
-    cols = _COLL_ROW_COLS if mode == "rows" else _COLL_LAST_COLS
-    for chunk, other in coll_chunks(text.data, text.size, cols):
-        others.append(other.copy())
-        if len(chunk["start"]):
-            parts.append({k: v.copy() for k, v in chunk.items()} if mode == "rows" else _last_of(chunk))
-    other = np.concatenate(others) if others else np.empty(0, np.int64)
-    if not parts:
-        return (_coll_frame(text, None) if mode == "rows" else None), None, other
-    merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    if mode == "rows":
-        return _coll_frame(text, merged), None, other
-    return None, _positions_frame(text, _last_of(merged) if len(parts) > 1 else merged), other
+    rows: list[_Line] = field(default_factory=list)
+    bare: list[tuple[int, str, str]] = field(default_factory=list)
+    mentions: int = 0
 
 
-def _last_of(c: dict) -> dict:
-    """The row of the largest opCount (the later line on a tie) of each (host, pid, comm), with
-    ``lines``: how many rows each had (summed over chunks already aggregated)."""
-    h = c["host_hash"] ^ (c["pid"].astype(np.uint64) * _K1) ^ (c["comm"] * _K2)
-    order = np.lexsort((c["start"], c["op_count"], h))
-    hs = h[order]
-    first = np.r_[True, hs[1:] != hs[:-1]]
-    last = np.r_[hs[1:] != hs[:-1], True]
-    n = c["lines"] if "lines" in c else np.ones(len(h), np.int64)
-    counts = np.add.reduceat(n[order], np.flatnonzero(first))
-    pick = order[last]
-    out = {k: v[pick] for k, v in c.items() if k != "lines"}
-    out["lines"] = counts
-    return out
+def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines:
+    """Decode the lines holding one of :data:`NEEDLES`, and the INFO lines at the offsets
+    ``other`` (those the C scanner found not to be COLL lines)."""
+    found = _NcclLines()
+    for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
+        if "NCCL" not in line:
+            continue
+        g = LINE_RE.search(line)
+        if g is None:
+            if (v := VERSION_RE.search(line)) is not None:
+                found.bare.append((ln, v["version"], line[:v.start() + 1]))
+            elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
+                found.rows.append(_Line(ln, h, line[:h.start()]))
+            elif MENTION_RE.search(line):
+                found.mentions += 1
+                log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
+            continue
+        r = _Line(ln, g, line[:g.start()])
+        if r.level == "WARN" and len(line) in WRAP_WIDTHS:
+            r.msg = _unwrap(text, end, r.msg)
+        found.rows.append(r)
+    return found
 
 
-def _strings(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> np.ndarray:
-    """The text at (offset, length) of each row, decoded once per distinct ``key`` (a hash)."""
-    if not len(key):
-        return np.empty(0, object)
-    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    vals = np.array([text.text(int(off[i]), int(off[i] + ln[i])) for i in first], dtype=object)
-    return vals[inv]
+def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:
+    """The tables of a log with no NCCL line but bare version lines (or none at all)."""
+    for _, v, _ in bare:
+        _add_version(facts, v)
+    if not bare:
+        log.add(None, "no NCCL_DEBUG lines found")
+    bv = [{"line": ln, "level": "VERSION", "kind": "version", "message": "NCCL version " + v,
+           **lines_mod.context(pre).as_row()} for ln, v, pre in bare]
+    return {"nccl_log_lines": bv}
 
 
-def _pointers(v: np.ndarray) -> np.ndarray:
-    """glibc's %p of each pointer ("(nil)" for 0 becomes NA)."""
-    uniq, inv = np.unique(v, return_inverse=True)
-    txt = np.array([None if u == 0 else f"0x{int(u):x}" for u in uniq], dtype=object)
-    return txt[inv]
+def _stamp_local_times(rows: list[_Line]) -> None:
+    """Set ``ts_local`` of the rows that print a timestamp (NCCL >= 2.26): naive local time,
+    as printed, in one vectorised parse for the log."""
+    if any(r.ts is not None for r in rows):
+        stamps = pd.to_datetime(pd.Series([None if r.ts is None else r.ts.replace("_", " ") for r in rows],
+                                          dtype="object"), errors="coerce", format="mixed").tolist()
+        for r, t in zip(rows, stamps):
+            r.ts_local = t
 
 
-def _coll_frame(text: LogText, c: dict | None) -> pd.DataFrame:
-    """``nccl_coll`` rows of the C scanner's columns (``None``: an empty frame)."""
-    if c is None or not len(c["start"]):
-        return pd.DataFrame(columns=list(NcclDebugParser.SCHEMAS["nccl_coll"]))
-    start, end, line = text.line_numbers_and_ends(c["start"])
-    op_name = _strings(text, c["op_off"], c["op_len"], c["op_hash"])
-    df = pd.DataFrame({
-        "line": line, "ts": _ts_texts(text, c), "host": _strings(text, c["host_off"], c["host_len"], c["host_hash"]),
-        "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "op_name": op_name,
-        "op_count": c["op_count"].astype(object), "sendbuff": _pointers(c["sendbuff"]),
-        "recvbuff": _pointers(c["recvbuff"]), "count": c["count"], "datatype": c["datatype"], "red_op": c["red_op"],
-        "root": c["root"], "comm": _pointers(c["comm"]), "nranks": c["nranks"], "stream": _pointers(c["stream"])})
-    df["comm"] = df["comm"].fillna("(nil)")
-    df["stream"] = df["stream"].fillna("(nil)")
-    df["message"] = [text.text(int(a), int(b)).rstrip() for a, b in zip(c["op_off"], end)]
-    df = pd.concat([df, pd.DataFrame(_c_contexts(text, c), index=df.index)], axis=1)
-    return _coll_derived(df)
+# --------------------------------------------------------------------------- the tables
 
-
-def _ts_texts(text: LogText, c: dict) -> np.ndarray:
-    out = np.full(len(c["start"]), None, dtype=object)
-    for i in np.flatnonzero(c["ts_len"] > 0):
-        out[i] = text.text(int(c["pre"][i]) + 1, int(c["pre"][i] + c["ts_len"][i]) - 1)
-    return out
-
-
-def _coll_derived(df: pd.DataFrame) -> pd.DataFrame:
-    """op, datatype_name, bytes, red_op_name, peer and ts_local of COLL rows."""
-    ops = {n: op_enum(n) for n in df["op_name"].unique()}
-    df["op"] = df["op_name"].map(ops)
-    dt = pd.to_numeric(df["datatype"], errors="coerce")
-    df["datatype_name"] = dt.map({k: v[0] for k, v in DATATYPES.items()})
-    # Python ints: a count of 20 digits times the element size must not pass through float
-    df["bytes"] = [int(n) * DATATYPES[int(d)][1] if pd.notna(d) and int(d) in DATATYPES and pd.notna(n) else None
-                   for n, d in zip(df["count"].tolist(), dt.tolist())]
-    red = pd.to_numeric(df["red_op"], errors="coerce")
-    df["red_op_name"] = red.map(RED_OPS).where(red.isna() | red.isin(list(RED_OPS)), "premulsum")
-    df["peer"] = df["root"].where(df["op"].isin(["SEND", "RECV"]))
-    if "ts" in df and df["ts"].notna().any():
-        df["ts_local"] = pd.to_datetime(df["ts"].astype("string").str.replace("_", " "), errors="coerce",
-                                        format="mixed")
-    return df
-
-
-def _positions_frame(text: LogText, c: dict) -> pd.DataFrame:
-    """``nccl_coll_last`` of the aggregated C columns, with the line numbers, times and
-    launcher contexts of those last lines."""
-    order = np.argsort(c["start"], kind="stable")
-    c = {k: v[order] for k, v in c.items()}
-    _, _, line = text.line_numbers_and_ends(c["start"])
-    df = pd.DataFrame({
-        "line": line, "ts": _ts_texts(text, c), "host": _strings(text, c["host_off"], c["host_len"], c["host_hash"]),
-        "pid": c["pid"], "tid": c["tid"], "dev": c["dev"],
-        "op_name": _strings(text, c["op_off"], c["op_len"], c["op_hash"]), "op_count": c["op_count"].astype(object),
-        "count": c["count"], "datatype": c["datatype"], "comm": _pointers(c["comm"]), "nranks": c["nranks"],
-        "lines": c["lines"]})
-    df["comm"] = df["comm"].fillna("(nil)")
-    df["op"] = df["op_name"].map(op_enum)
-    return pd.concat([df, pd.DataFrame(_c_contexts(text, c), index=df.index)], axis=1)
-
-
-def _coll_columns(pairs: list[tuple["_Line", re.Match]]) -> pd.DataFrame:
+def _coll_columns(pairs: list[tuple[_Line, re.Match]]) -> pd.DataFrame:
     """COLL rows the regular expression read (lines not in the form the C scanner reads)."""
     t = _table(BASE, pairs)
     df = pd.DataFrame(t)
@@ -656,28 +369,251 @@ def _coll_columns(pairs: list[tuple["_Line", re.Match]]) -> pd.DataFrame:
     for k in ("sendbuff", "recvbuff"):
         df[k] = [None if v == "(nil)" else v for v in df[k]]
     df = pd.concat([df, pd.DataFrame(_contexts([r for r, _ in pairs]), index=df.index)], axis=1)
-    return _coll_derived(df)
+    return coll_derived(df)
 
 
-def _concat_rows(parts: list) -> pd.DataFrame:
-    parts = [p for p in parts if p is not None and len(p)]
-    if not parts:
-        return pd.DataFrame(columns=list(NcclDebugParser.SCHEMAS["nccl_coll"]))
-    df = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    return df.sort_values("line", kind="stable").reset_index(drop=True)
+def _comms_table(comms: list[tuple[_Line, re.Match]]) -> dict[str, list]:
+    """``nccl_comms`` of the Init START/COMPLETE lines."""
+    t = _table(("line", "host", "pid", "tid", "dev"), comms)
+    for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
+        t[k] = [_int(v) for v in t[k]]
+    t.update(_contexts([r for r, _ in comms]))
+    return t
 
 
-def _last_positions(parts: list) -> pd.DataFrame:
-    """``nccl_coll_last`` of the C scanner's aggregate and any COLL rows read here."""
-    parts = [p for p in parts if p is not None and len(p)]
-    if not parts:
-        return pd.DataFrame(columns=list(NcclDebugParser.SCHEMAS["nccl_coll_last"]))
-    df = pd.concat([p.assign(lines=p["lines"] if "lines" in p else 1) for p in parts], ignore_index=True)
-    key = ["host", "pid", "comm"]
-    lines = df.groupby(key, dropna=False)["lines"].transform("sum")
-    df = df.assign(lines=lines, _oc=pd.to_numeric(df["op_count"], errors="coerce"))
-    df = df.sort_values(["_oc", "line"], kind="stable").drop_duplicates(key, keep="last")
-    return df.drop(columns="_oc").sort_values("line", kind="stable").reset_index(drop=True)
+# the topology lines besides Channel connections and "Trees", tried in this order
+TOPOLOGY_LINES = (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE))
+
+
+def _topology_lines(info: list[_Line]) -> tuple[list[tuple[_Line, re.Match]], list[dict]]:
+    """(Channel connection lines with their matches, ``nccl_rings`` rows) of the INFO lines
+    not read yet; a line is one of them, and is marked with its kind."""
+    chans, rings = [], []
+    for r in info:
+        if r.kind != "other":
+            continue
+        if (c := CHANNEL_RE.search(r.msg)) is not None:
+            r.kind = "channel"
+            chans.append((r, c))
+        else:
+            rings.extend(_ring_rows(r))
+    return chans, rings
+
+
+def _ring_rows(r: _Line) -> list[dict]:
+    """The ``nccl_rings`` rows of one line (none if it is no topology line)."""
+    msg = r.msg
+    for kind, rx in TOPOLOGY_LINES:
+        if (c := rx.search(msg)) is not None:
+            r.kind = "tree" if kind == "tree" else "ring"
+            row = {"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": kind}
+            for k, v in c.groupdict().items():
+                if v is not None:
+                    row[k] = " ".join(v.split()) if k == "order" else (v if k == "down" else int(v))
+            return [row]
+    if msg.startswith("Trees "):
+        r.kind = "tree"
+        return [{"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": "trees",
+                 "channel": int(t["channel"]), "rank": int(t["rank"]), "up": int(t["up"]), "down": t["down"]}
+                for t in TREES_ITEM_RE.finditer(msg)]
+    return []
+
+
+def _channels_table(chans: list[tuple[_Line, re.Match]]) -> dict[str, list]:
+    """``nccl_channels`` of the Channel connection lines, with the transport their ``via`` names."""
+    t = _table(("line", "host", "pid", "tid", "dev"), chans)
+    for k in ("channel", "conn_index", "src_rank", "dst_rank"):
+        t[k] = [_int(v) for v in t[k]]
+    vias = [VIA_RE.match(v) for v in t["via"]]
+    t["transport"] = [v["transport"] if v else None for v in vias]
+    t["net"] = [v["net"] if v and v["transport"] == "NET" else None for v in vias]
+    t["net_dev"] = [_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
+    t["gdrdma"] = ["/GDRDMA" in v for v in t["via"]]
+    return t
+
+
+def _warnings_table(warns: list[_Line]) -> dict[str, list]:
+    """``nccl_warnings`` of the WARN lines (each marked ``warn``)."""
+    t = _columns(BASE, warns)
+    for r in warns:
+        r.kind = "warn"
+    t["src_file"] = [r.src[0] for r in warns]
+    t["src_line"] = [_int(r.src[1]) for r in warns]
+    t["func"] = [r.src[2] for r in warns]
+    t["message"] = [r.msg for r in warns]
+    t["peer"] = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(r.msg)) else None) for r in warns]
+    t.update(_peer_parts(t["peer"]))
+    t.update(ib_fields([r.msg for r in warns]))
+    t.update(_contexts(warns))
+    return t
+
+
+def _log_lines_table(rows: list[_Line], bare: list[tuple[int, str, str]],
+                     coll_rows: pd.DataFrame | None) -> pd.DataFrame:
+    """``nccl_log_lines``: every line read here, the bare version lines, and the ``nccl_coll``
+    rows (``coll_rows``; None with ``coll="positions"``), by line."""
+    t = _columns(BASE, rows)
+    t["level"] = [r.level for r in rows]
+    t["kind"] = [r.kind for r in rows]
+    t["message"] = [r.msg for r in rows]
+    t.update(_contexts(rows))
+    for ln, v, pre in bare:   # the bare version lines too
+        ctx = lines_mod.context(pre).as_row()
+        for k, col in t.items():
+            col.append(ctx.get(k))
+        t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
+        t["message"][-1] = "NCCL version " + v
+    t = pd.DataFrame(t)
+    if coll_rows is not None and len(coll_rows):
+        c = coll_rows
+        cl = c[[k for k in list(BASE) + ["message"] + list(CTX) if k in c]].assign(level="INFO", kind="coll")
+        t = pd.concat([t[~t["line"].isin(cl["line"])], cl], ignore_index=True) if len(t) else cl
+    return t.sort_values("line", kind="stable").reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------- per-process facts
+
+def _process(procs: dict, host: str, pid: int) -> dict:
+    """The facts of process ``host:pid`` in ``procs``, made empty on first use."""
+    key = f"{host}:{pid}"
+    if key not in procs:
+        procs[key] = {"host": host, "pid": pid, "version": None,
+                      "transport": None, "ib_devices": [], "oob_interface": None,
+                      "oob_address": None, "socket_interfaces": [], "interfaces": [],
+                      "gdr": None, "nchannels": None, "env": {}, "ranks": {}, "comm_ids": [],
+                      "bootstrap_address": None}
+    return procs[key]
+
+
+def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: list[tuple[int, str, str]],
+                   facts: dict, log: WarningLog) -> dict:
+    """``facts["processes"]``: one entry per process seen (in any line or COLL row), filled from
+    the INFO lines not read yet (:data:`INFO_FACTS`, each line marked with its kind); also adds
+    the versions to ``facts``. Returns the processes."""
+    procs: dict = facts["processes"]
+    for r in rows:
+        if r.pid is not None:
+            _process(procs, r.host, r.pid)
+    for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
+        if t is not None and len(t):
+            for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
+                key = f"{host}:{pid}"
+                if key not in procs:
+                    _process(procs, host, int(pid))
+    for r in info:
+        if r.kind == "other":
+            _read_info_fact(r, _process(procs, r.host, r.pid), facts, log)
+    for _, v, _ in bare:
+        _add_version(facts, v)
+    if bare and len(procs) == 1:
+        only = next(iter(procs.values()))
+        only["version"] = only["version"] or bare[0][1]
+    return procs
+
+
+def _read_info_fact(r: _Line, p: dict, facts: dict, log: WarningLog) -> None:
+    """Mark ``r`` with the kind of the first :data:`INFO_FACTS` entry it matches, and read that
+    entry's fact into its process ``p``."""
+    for kind, find, read in INFO_FACTS:
+        if (g := find(r.msg)):
+            r.kind = kind
+            if read is not None:
+                read(p, g, r, facts, log)
+            return
+
+
+def _fact_version(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["version"] = p["version"] or g["version"]
+    _add_version(facts, g["version"])
+
+
+def _fact_net_ib(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["ib_devices"] = [{"index": int(d["index"]), "name": d["name"], "port": int(d["port"]),
+                        "link_layer": d["ll"]} for d in IB_DEV_RE.finditer(g["devs"])]
+    if not p["ib_devices"]:
+        log.add(r.line, f"NET/IB line lists no device: {r.msg[:120]!r}")
+    oob_if, _, oob_addr = g["oob"].partition(":")
+    p["oob_interface"], p["oob_address"] = oob_if, re.sub(r"<\d+>$", "", oob_addr) or None
+    p["transport"] = p["transport"] or "IB"
+
+
+def _fact_net_socket(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["socket_interfaces"] = [{"index": int(d["index"]), "name": d["name"], "address": d["addr"]}
+                              for d in SOCK_DEV_RE.finditer(g["devs"])]
+    if not p["socket_interfaces"]:
+        log.add(r.line, f"NET/Socket line lists no interface: {r.msg[:120]!r}")
+    p["transport"] = p["transport"] or "Socket"
+
+
+def _fact_using_net(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["transport"] = g["net"]
+
+
+def _fact_bootstrap(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["bootstrap_address"] = p["bootstrap_address"] or g["addr"]
+
+
+def _fact_gdr(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["gdr"] = True if g["state"] == "Enabled" or p["gdr"] else False
+
+
+def _fact_env(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    val = g["val"][:-1] if g["val"].endswith(".") else g["val"]
+    p["env"][g["var"]] = val
+
+
+def _fact_nchannels(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
+    p["nchannels"] = int(g["n"])
+
+
+# The INFO lines that give a process fact: (the kind a line gets, how it is found, what reads
+# its fact into the process; None: a kind without a fact), tried in this order.
+INFO_FACTS = (
+    ("version", INFO_VERSION_RE.match, _fact_version),
+    ("net", NET_IB_RE.match, _fact_net_ib),
+    ("net", NET_SOCKET_RE.match, _fact_net_socket),
+    ("net", USING_NET_RE.match, _fact_using_net),
+    ("net", BOOTSTRAP_RE.match, _fact_bootstrap),
+    ("gdr", GDR_RE.search, _fact_gdr),
+    ("env", ENV_RE.match, _fact_env),
+    ("nchannels", NCHANNELS_RE.match, _fact_nchannels),
+    ("topology", TOPO_RE.match, None),
+    ("error_return", ERROR_RETURN_RE.match, None),
+)
+
+
+def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: list[tuple[_Line, re.Match]],
+                      rings: list[dict]) -> None:
+    """Complete the processes' facts from their channels (GDR, the transport when no line named
+    it), comms (ranks, comm ids) and ring order (nChannels without a "N coll channels" line),
+    then list their interfaces."""
+    nets: dict[str, list[str]] = {}
+    for r, c in chans:
+        key = f"{r.host}:{r.pid}"
+        if "/GDRDMA" in c["via"]:
+            procs[key]["gdr"] = True
+        v = VIA_RE.match(c["via"])
+        if v and v["transport"] == "NET" and v["net"] is not None:
+            nets.setdefault(key, []).append(v["net"])
+    for key, used in nets.items():       # IB when any NET channel is, else the first one's
+        if procs[key]["transport"] is None:
+            procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
+    for r, c in comms:
+        p = procs[f"{r.host}:{r.pid}"]
+        p["ranks"][c["comm"]] = _int(c["rank"])
+        if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
+            p["comm_ids"].append(c["comm_id"])
+    # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
+    ring_orders: dict = {}
+    for row in rings:
+        if row["kind"] == "ring_order" and row.get("nchannels") is not None:
+            key = f"{row['host']}:{row['pid']}"
+            ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
+    for key, p in procs.items():
+        if p["nchannels"] is None and key in ring_orders:
+            p["nchannels"] = ring_orders[key]
+        p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
+                                 | ({p["oob_interface"]} if p["oob_interface"] else set()))
 
 
 # --------------------------------------------------------------------------- the other lines
@@ -702,31 +638,9 @@ def _unwrap(text: LogText, end: int, msg: str) -> str:
 
 _CTX_CACHE: dict[str, dict] = {}
 
-
 def _contexts(rows: list) -> dict[str, list]:
     """The launcher context columns of ``rows`` (lines read by the regular expressions)."""
-    return _contexts_of(r.pre for r in rows)
-
-
-def _c_contexts(text: LogText, c: dict) -> dict[str, list]:
-    """The launcher context columns of lines the C scanner read: the text from each line's
-    start to its NCCL prefix (``pre``), as :func:`_contexts` reads it for the other lines."""
-    return _contexts_of("" if a == b else text.text(int(a), int(b)) for a, b in zip(c["start"], c["pre"]))
-
-
-def _contexts_of(prefixes) -> dict[str, list]:
-    """:func:`.lines.context` of each prefix text, as columns; the same text is read once."""
-    out: dict[str, list] = {k: [] for k in lines_mod.NO_CONTEXT.as_row()}
-    for pre in prefixes:
-        ctx = _CTX_CACHE.get(pre)
-        if ctx is None:
-            ctx = lines_mod.context(pre).as_row()
-            if len(_CTX_CACHE) > 50_000:
-                _CTX_CACHE.clear()
-            _CTX_CACHE[pre] = ctx
-        for k, v in ctx.items():
-            out[k].append(v)
-    return out
+    return lines_mod.context_columns(r.pre for r in rows)
 
 
 def peer_fields(msgs: list[str]) -> dict[str, list]:

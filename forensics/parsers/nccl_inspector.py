@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 
-from .nccl_debug import op_enum
+from .nccl_coll import op_enum
 from .registry import Parser, WarningLog, decode_text, looks_binary, register
 
 PROM_RE = re.compile(r"^(?P<metric>[a-zA-Z_:][\w:]*)\{(?P<labels>.*)\}\s+(?P<value>\S+)(?:\s+\d+)?\s*$")

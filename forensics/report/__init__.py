@@ -36,19 +36,19 @@ def _heatmap(a) -> None:
     html.heatmap(a, data.rank_table(a))
 
 
-def ahead() -> list:
+def model_steps() -> list:
     """The steps of what the renderers compute from the model alone, before there are
     findings (the per-rank table and its totals, the collectives' intervals and lanes, each
-    communicator's progress, the heatmap: ~1.5 s at 512 ranks); ``analyze(ahead=ahead())``
-    makes them in a second process while the detectors run, the last ones in this process
-    once the detectors are done, and hands the values to the renderers through
-    ``Analysis.prepared`` (:func:`.data.memo`). The long ones first (at 512 ranks: the rank
-    table 0.8 s, its totals 0.35 s; intervals, progress and heatmap 0.07-0.17 s each), so that
-    the steps left at the end are short."""
-    from ..analysis import Ahead
-    return [Ahead("rank_table", data.rank_table), Ahead("rank_totals", _rank_totals, ("rank_table",)),
-            Ahead("intervals", data.intervals), Ahead("progress", data.progress_of),
-            Ahead("heatmap", _heatmap, ("rank_table",))]
+    communicator's progress, the heatmap), for an
+    :class:`~forensics.execution.Execution`'s ``model_steps``: when the work after the reading
+    is shared with a forked process, it makes them while the detectors run, this process the
+    last ones once the detectors are done, and the values reach the renderers through
+    ``Analysis.memos`` (:func:`.data.memo`). The long ones first (the rank table, then its
+    totals), so that the steps left at the end are short."""
+    from ..execution.shared_steps import ModelStep
+    return [ModelStep("rank_table", data.rank_table), ModelStep("rank_totals", _rank_totals, ("rank_table",)),
+            ModelStep("intervals", data.intervals), ModelStep("progress", data.progress_of),
+            ModelStep("heatmap", _heatmap, ("rank_table",))]
 
 
 def prepare(kinds) -> None:

@@ -106,11 +106,11 @@ def with_global_rank(model, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def memo(analysis, key: str, compute):
-    """``compute()`` made once per analysis and kept in ``analysis.prepared`` (where
-    :func:`forensics.report.ahead` may have put it already, made in another process); each
-    caller gets its own copy to change."""
-    prepared = getattr(analysis, "prepared", None)
-    return compute() if prepared is None else derived(prepared, key, compute)
+    """``compute()`` computed once per analysis and kept in ``analysis.memos`` (where
+    :func:`forensics.report.model_steps` may have put it already, made in another process);
+    each caller gets its own copy to change."""
+    memos = getattr(analysis, "memos", None)
+    return compute() if memos is None else derived(memos, key, compute)
 
 
 def rank_table(analysis) -> pd.DataFrame:
@@ -453,7 +453,7 @@ class Progress:
 
 def progress_of(analysis) -> list[Progress]:
     """:func:`progress` of the analysis's model, made once (the timeline, the hang tables and
-    the Markdown all read it; :func:`forensics.report.ahead` makes it beside the detectors)."""
+    the Markdown all read it; :func:`forensics.report.model_steps` makes it beside the detectors)."""
     return memo(analysis, "progress", lambda: progress(analysis.model))
 
 

@@ -94,16 +94,6 @@ def _thin(df: pd.DataFrame, limit: int, keep: pd.Series | None = None) -> pd.Dat
     return pd.concat([must, rest.iloc[::step]]).sort_index()
 
 
-def _rank_hosts(analysis) -> dict[int, str]:
-    """Global rank -> host, from the manifests' processes (what a late capture still knows)."""
-    out: dict[int, str] = {}
-    for c in analysis.model.captures:
-        for p in c.get("processes", []) or []:
-            if p.get("rank") is not None and c.get("host"):
-                out.setdefault(int(p["rank"]), str(c["host"]))
-    return out
-
-
 def _state_finding(analysis):
     """The top finding judged from the state at capture (a hang the tracer did not see begin)."""
     return next((f for f in analysis.findings if f.details.get("state_at_capture")), None)
@@ -118,40 +108,26 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
     """One lane per rank (collectives, TCP markers, the hang point); above ``MAX_LANES`` ranks
     only the outliers' lanes (:func:`data.outlier_ranks`). ``ranks``: :func:`data.rank_table`
     when the caller has it already."""
-    rank_stats = ranks
     iv = data.intervals(analysis)
     tcp = analysis.model.tables["tcp_events"]
     tcp = tcp.dropna(subset=["rank", "timestamp_ns"]) if len(tcp) else tcp
     state_f = _state_finding(analysis)
     windows = analysis.model.tables.get("capture_windows")
-    host_of = _rank_hosts(analysis)
     if iv.empty and tcp.empty and state_f is None:
         return None
+    rank_hosts = rank_hosts_of(analysis.model)
     span = data.time_span(analysis)
     t0 = span.start_ns
     state_ranks = {int(r) for r in (state_f.details.get("ranks") or {})} if state_f is not None else set()
     every = sorted(set(iv["rank"].astype(int)) | set(tcp["rank"].astype(int) if len(tcp) else []) | state_ranks)
-    hosts = {**host_of, **(iv.groupby("rank")["host"].first().to_dict() if len(iv) else {})}
-    # a lane names its rank's own host, and the capture's node where that differs
-    own = {r: h for r, (h, _) in rank_hosts_of(analysis.model).items() if h}
-    lane_names = {r: _short(own.get(r) or hosts.get(r, ""), 14) + (f" @ {_short(hosts[r], 12)}" if own.get(r) and
-                                                                   hosts.get(r) and hosts[r] != own[r] else "")
-                  for r in set(hosts) | set(own)}
+    # the capture node of each rank (its intervals' host first), and the lane names
+    hosts = {**{r: n for r, (_, n) in rank_hosts.items() if n},
+             **(iv.groupby("rank")["host"].first().to_dict() if len(iv) else {})}
+    lane_names = _lane_names(hosts, {r: h for r, (h, _) in rank_hosts.items() if h})
     notes: list[str] = []
-    title = "Timeline"
-    ranks = every
-    outliers = len(every) > MAX_LANES
-    if outliers:
-        table = rank_stats if rank_stats is not None else data.rank_table(analysis)
-        named, latest = data.outlier_ranks(table, every, _blamed_ranks(analysis), LATEST_LANES, MAX_BLAMED_LANES)
-        ranks = sorted(set(named) | set(latest))
-        hidden = len(every) - len(ranks)
-        title = f"Timeline: {len(ranks)} of {len(every)} ranks"
-        notes.append(f"{len(every)} ranks: lanes for {len(ranks)} of them, "
-                     + (f"the {len(named)} an error or warning blames and " if named else "")
-                     + f"the {len(latest)} latest by lateness (p99, then the most trouble); "
-                     f"{hidden} ranks are not drawn. The lateness heatmap below shows every rank, the per-rank "
-                     "table their numbers.")
+    lanes = _lanes(analysis, every, ranks, notes)
+    ranks = lanes.ranks
+    if lanes.outliers:
         keep = set(ranks)
         iv = iv[iv["rank"].astype(int).isin(keep)]
         tcp = tcp[tcp["rank"].astype(int).isin(keep)] if len(tcp) else tcp
@@ -159,88 +135,157 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
     traces: list[dict] = _window_traces(windows, hosts, ranks, pos, t0)
     if state_f is not None:
         traces += _state_traces(state_f, pos, t0)
-
     if len(iv):
-        dur_ms = (iv["end"] - iv["start"]) / 1e6
-        total = len(iv)
-        iv = _thin(iv.assign(dur_ms=dur_ms), MAX_INTERVALS,
-                   keep=iv["open"] | (dur_ms >= slow_ms)).copy()
-        if len(iv) < total:
-            notes.append(f"{total} collective calls; {len(iv)} drawn (every slow or unfinished one, "
-                         "an even sample of the rest); the tables hold all of them.")
-        iv["y"] = iv["rank"].astype(int).map(pos) + np.minimum(iv["lane"], 3) * 0.2 - 0.3
-        iv["x0"] = ((iv["start"] - t0) / 1e9).round(6)
-        iv["x1"] = ((iv["end"] - t0) / 1e9).round(6)
-        iv["src"] = iv["duration_source"].fillna("call").astype(str)
-        iv["opname"] = iv["op"].fillna("?").astype(str)
-        iv["comm"] = iv["comm_id_hash"].fillna("?").astype(str)
-        for (op, src, is_open, comm), g in iv.groupby(["opname", "src", "open", "comm"], sort=True):
-            color = "#999999" if is_open else OP_COLORS.get(op, "#444444")
-            name = f"{op} · {src}" + (" · not completed" if is_open else "")
-            k = len(g)
-            x = np.empty(3 * k, dtype=object)
-            y = np.empty(3 * k, dtype=object)
-            x[0::3], x[1::3], x[2::3] = g["x0"].to_numpy(), g["x1"].to_numpy(), None
-            y[0::3], y[1::3], y[2::3] = g["y"].round(3).to_numpy(), g["y"].round(3).to_numpy(), None
-            traces.append({"type": "scatter", "mode": "lines", "name": esc(name), "legendgroup": esc(name),
-                           "x": x.tolist(), "y": y.tolist(), "hoverinfo": "skip",
-                           "line": {"color": color, "width": 7, "dash": SOURCE_DASH.get(src, "solid")},
-                           "opacity": 0.85})
-            # per point only numbers; what is constant per trace goes in its template
-            custom = np.column_stack([g["op_count"].fillna(-1).astype("int64").to_numpy(),
-                                      g["dur_ms"].round(3).to_numpy(), g["bytes"].fillna(-1).astype("int64").to_numpy(),
-                                      g["rank"].astype("int64").to_numpy()])
-            state = "not completed by the end of the capture" if is_open else "completed"
-            traces.append({"type": "scatter", "mode": "markers", "name": esc(name), "legendgroup": esc(name),
-                           "showlegend": False, "x": ((g["x0"] + g["x1"]) / 2).round(6).tolist(),
-                           "y": g["y"].round(3).tolist(), "marker": {"size": 9, "opacity": 0, "color": color},
-                           "customdata": custom.tolist(),
-                           "hovertemplate": (f"<b>{esc(op)}</b> #%{{customdata[0]}} on rank %{{customdata[3]}}"
-                                             f"<br>%{{customdata[1]}} ms: {esc(data.DURATION_SOURCES.get(src, src))}"
-                                             f"<br>%{{customdata[2]}} bytes, comm {esc(comm)}<br>{state}"
-                                             "<extra></extra>")})
-
+        traces += _interval_traces(iv, pos, t0, slow_ms, notes)
     if len(tcp):
-        cls = data.marker_labels(tcp)   # one marker per packet, in its class (forensics/tcp/classes.py)
-        # the rendezvous store's connections (MASTER_PORT) are the launcher's, not NCCL's: their
-        # start-up resets and retries are drawn in grey and named, never as NCCL trouble
-        store = data.store_traffic(analysis.model, tcp)
-        cls = cls.where(~store | cls.isna(), STORE_LABEL)
-        tcp, cls = tcp[cls.notna().to_numpy()], cls[cls.notna()]
-        total = len(tcp)
-        tcp = _thin(tcp.assign(cls=cls), MAX_MARKERS, keep=cls.isin(["reset"]))
-        if (cls == STORE_LABEL).any():
-            notes.append("Grey markers: TCP events on the rendezvous store's connections (port "
-                         + ", ".join(map(str, sorted(data.store_ports(analysis.model)))) + "): the launcher's "
-                         "start-up handshakes and retries, not NCCL's traffic.")
-        if len(tcp) < total:
-            notes.append(f"{total} TCP events; {len(tcp)} drawn (every reset, an even sample of the rest).")
-        for c, g in tcp.groupby("cls", sort=True):
-            symbol, color = MARKERS[c]
-            text = ("<b>" + esc_each(g["event"]) + "</b> (" + esc_each(g["source"]) + ")<br>"
-                    + esc_each(g["saddr"]) + ":" + int_text(g["sport"], "-") + " → "
-                    + esc_each(g["daddr"]) + ":" + int_text(g["dport"], "-")
-                    + "<br>rank " + int_text(g["rank"], "?") + " → "
-                    + int_text(g["peer_rank"], "?") + " · "
-                    + esc_each(g["coll_op"]) + " #"
-                    + int_text(g["coll_op_count"], "-")
-                    + np.where(g["coll_in_flight"].fillna(False).astype(bool), " in flight", " done"))
-            traces.append({"type": "scatter", "mode": "markers", "name": esc(c),
-                           "x": ((g["timestamp_ns"].astype("int64") - t0) / 1e9).round(6).tolist(),
-                           "y": (g["rank"].astype(int).map(pos) - 0.42).round(3).tolist(),
-                           "marker": {"symbol": symbol, "color": color, "size": 8,
-                                      "line": {"width": 1, "color": color}},
-                           "hovertext": text.tolist(), "hoverinfo": "text"})
-
-    shapes, annotations = [], []
+        traces += _tcp_traces(analysis, tcp, pos, t0, notes)
     if state_f is not None and state_f.details.get("window_ns"):
         since = (f"Hung since {data.utc(state_f.since_ns)[11:19]} UTC, before the capture"
                  if state_f.since_ns is not None else "Hung since before the capture")
         notes.append(f"{since}: the bars are each rank's state at capture (its position in the collective sequence "
                      "and where its main thread is), not calls seen starting"
                      + ("." if state_f.since_ns is not None else "; the onset is not in this capture."))
-    # a stop marker only under a hang verdict: staggered per-host captures leave collectives
-    # that no capture saw every rank complete, and those are no stop
+    shapes, annotations = _stop_marks(analysis, t0)
+    height = max(260, (48 if lanes.outliers else 70) * len(ranks) + 140)
+    layout = {
+        "height": height, "margin": {"l": 150, "r": 20, "t": 40, "b": 50}, "hovermode": "closest",
+        # the whole capture, so the reader sees when activity stopped
+        "xaxis": {"title": {"text": f"seconds since {data.utc(t0)}"}, "zeroline": False,
+                  "range": [0, round((span.end_ns - t0) / 1e9 * 1.005, 3)] if span.end_ns else None},
+        "yaxis": {"tickvals": list(range(len(ranks))),
+                  "ticktext": [esc(f"rank {r} · {lane_names.get(r, '')}".rstrip(" ·")) for r in ranks],
+                  "autorange": "reversed", "zeroline": False, "fixedrange": True},
+        # below the axis title: a fixed distance when the plot is tall (a share of it otherwise)
+        "legend": {"orientation": "h", "y": round(-80 / (height - 90), 3) if lanes.outliers else -0.25},
+        "shapes": shapes, "annotations": annotations,
+    }
+    return Figure("timeline", lanes.title, {"data": traces, "layout": layout}, notes)
+
+
+def _lane_names(hosts: dict[int, str], own: dict[int, str]) -> dict[int, str]:
+    """Each rank's lane name: its own host (``own``: the name its process uses), and the
+    capture's node (``hosts``) where that differs; the node alone where the own host is unknown."""
+    return {r: _short(own.get(r) or hosts.get(r, ""), 14) + (f" @ {_short(hosts[r], 12)}" if own.get(r) and
+                                                             hosts.get(r) and hosts[r] != own[r] else "")
+            for r in set(hosts) | set(own)}
+
+
+@dataclass
+class _Lanes:
+    """The ranks the timeline draws a lane for, its title, and whether they are only the
+    outliers (more than ``MAX_LANES`` ranks)."""
+
+    ranks: list[int]
+    title: str
+    outliers: bool
+
+
+def _lanes(analysis, every: list[int], rank_stats: pd.DataFrame | None, notes: list[str]) -> _Lanes:
+    """Every rank's lane up to ``MAX_LANES``; beyond, the blamed ranks' and the latest ones'
+    (:func:`data.outlier_ranks` of ``rank_stats``, made here when None), said in ``notes``."""
+    if len(every) <= MAX_LANES:
+        return _Lanes(every, "Timeline", False)
+    table = rank_stats if rank_stats is not None else data.rank_table(analysis)
+    named, latest = data.outlier_ranks(table, every, _blamed_ranks(analysis), LATEST_LANES, MAX_BLAMED_LANES)
+    ranks = sorted(set(named) | set(latest))
+    hidden = len(every) - len(ranks)
+    notes.append(f"{len(every)} ranks: lanes for {len(ranks)} of them, "
+                 + (f"the {len(named)} an error or warning blames and " if named else "")
+                 + f"the {len(latest)} latest by lateness (p99, then the most trouble); "
+                 f"{hidden} ranks are not drawn. The lateness heatmap below shows every rank, the per-rank "
+                 "table their numbers.")
+    return _Lanes(ranks, f"Timeline: {len(ranks)} of {len(every)} ranks", True)
+
+
+def _interval_traces(iv: pd.DataFrame, pos: dict[int, int], t0: int, slow_ms: float, notes: list[str]) -> list[dict]:
+    """The collective calls of the drawn lanes: a bar per call, one trace per (op, duration
+    source, completed or not, communicator), and invisible markers that carry the hover text;
+    thinned to ``MAX_INTERVALS`` (every slow or unfinished call kept), said in ``notes``."""
+    traces: list[dict] = []
+    dur_ms = (iv["end"] - iv["start"]) / 1e6
+    total = len(iv)
+    iv = _thin(iv.assign(dur_ms=dur_ms), MAX_INTERVALS,
+               keep=iv["open"] | (dur_ms >= slow_ms)).copy()
+    if len(iv) < total:
+        notes.append(f"{total} collective calls; {len(iv)} drawn (every slow or unfinished one, "
+                     "an even sample of the rest); the tables hold all of them.")
+    iv["y"] = iv["rank"].astype(int).map(pos) + np.minimum(iv["lane"], 3) * 0.2 - 0.3
+    iv["x0"] = ((iv["start"] - t0) / 1e9).round(6)
+    iv["x1"] = ((iv["end"] - t0) / 1e9).round(6)
+    iv["src"] = iv["duration_source"].fillna("call").astype(str)
+    iv["opname"] = iv["op"].fillna("?").astype(str)
+    iv["comm"] = iv["comm_id_hash"].fillna("?").astype(str)
+    for (op, src, is_open, comm), g in iv.groupby(["opname", "src", "open", "comm"], sort=True):
+        color = "#999999" if is_open else OP_COLORS.get(op, "#444444")
+        name = f"{op} · {src}" + (" · not completed" if is_open else "")
+        k = len(g)
+        x = np.empty(3 * k, dtype=object)
+        y = np.empty(3 * k, dtype=object)
+        x[0::3], x[1::3], x[2::3] = g["x0"].to_numpy(), g["x1"].to_numpy(), None
+        y[0::3], y[1::3], y[2::3] = g["y"].round(3).to_numpy(), g["y"].round(3).to_numpy(), None
+        traces.append({"type": "scatter", "mode": "lines", "name": esc(name), "legendgroup": esc(name),
+                       "x": x.tolist(), "y": y.tolist(), "hoverinfo": "skip",
+                       "line": {"color": color, "width": 7, "dash": SOURCE_DASH.get(src, "solid")},
+                       "opacity": 0.85})
+        # per point only numbers; what is constant per trace goes in its template
+        custom = np.column_stack([g["op_count"].fillna(-1).astype("int64").to_numpy(),
+                                  g["dur_ms"].round(3).to_numpy(), g["bytes"].fillna(-1).astype("int64").to_numpy(),
+                                  g["rank"].astype("int64").to_numpy()])
+        state = "not completed by the end of the capture" if is_open else "completed"
+        traces.append({"type": "scatter", "mode": "markers", "name": esc(name), "legendgroup": esc(name),
+                       "showlegend": False, "x": ((g["x0"] + g["x1"]) / 2).round(6).tolist(),
+                       "y": g["y"].round(3).tolist(), "marker": {"size": 9, "opacity": 0, "color": color},
+                       "customdata": custom.tolist(),
+                       "hovertemplate": (f"<b>{esc(op)}</b> #%{{customdata[0]}} on rank %{{customdata[3]}}"
+                                         f"<br>%{{customdata[1]}} ms: {esc(data.DURATION_SOURCES.get(src, src))}"
+                                         f"<br>%{{customdata[2]}} bytes, comm {esc(comm)}<br>{state}"
+                                         "<extra></extra>")})
+    return traces
+
+
+def _tcp_traces(analysis, tcp: pd.DataFrame, pos: dict[int, int], t0: int, notes: list[str]) -> list[dict]:
+    """The TCP events of the drawn lanes: one marker trace per class (:data:`MARKERS`), the
+    rendezvous store's in grey; thinned to ``MAX_MARKERS`` (every reset kept), said in ``notes``."""
+    traces: list[dict] = []
+    cls = data.marker_labels(tcp)   # one marker per packet, in its class (forensics/tcp/classes.py)
+    # the rendezvous store's connections (MASTER_PORT) are the launcher's, not NCCL's: their
+    # start-up resets and retries are drawn in grey and named, never as NCCL trouble
+    store = data.store_traffic(analysis.model, tcp)
+    cls = cls.where(~store | cls.isna(), STORE_LABEL)
+    tcp, cls = tcp[cls.notna().to_numpy()], cls[cls.notna()]
+    total = len(tcp)
+    tcp = _thin(tcp.assign(cls=cls), MAX_MARKERS, keep=cls.isin(["reset"]))
+    if (cls == STORE_LABEL).any():
+        notes.append("Grey markers: TCP events on the rendezvous store's connections (port "
+                     + ", ".join(map(str, sorted(data.store_ports(analysis.model)))) + "): the launcher's "
+                     "start-up handshakes and retries, not NCCL's traffic.")
+    if len(tcp) < total:
+        notes.append(f"{total} TCP events; {len(tcp)} drawn (every reset, an even sample of the rest).")
+    for c, g in tcp.groupby("cls", sort=True):
+        symbol, color = MARKERS[c]
+        text = ("<b>" + esc_each(g["event"]) + "</b> (" + esc_each(g["source"]) + ")<br>"
+                + esc_each(g["saddr"]) + ":" + int_text(g["sport"], "-") + " → "
+                + esc_each(g["daddr"]) + ":" + int_text(g["dport"], "-")
+                + "<br>rank " + int_text(g["rank"], "?") + " → "
+                + int_text(g["peer_rank"], "?") + " · "
+                + esc_each(g["coll_op"]) + " #"
+                + int_text(g["coll_op_count"], "-")
+                + np.where(g["coll_in_flight"].fillna(False).astype(bool), " in flight", " done"))
+        traces.append({"type": "scatter", "mode": "markers", "name": esc(c),
+                       "x": ((g["timestamp_ns"].astype("int64") - t0) / 1e9).round(6).tolist(),
+                       "y": (g["rank"].astype(int).map(pos) - 0.42).round(3).tolist(),
+                       "marker": {"symbol": symbol, "color": color, "size": 8,
+                                  "line": {"width": 1, "color": color}},
+                       "hovertext": text.tolist(), "hoverinfo": "text"})
+    return traces
+
+
+def _stop_marks(analysis, t0: int) -> tuple[list[dict], list[dict]]:
+    """(shapes, annotations): a dotted red line where each communicator stopped, named by the
+    collective it stopped in and who never entered it or waits in it. Only under a hang
+    verdict: staggered per-host captures leave collectives that no capture saw every rank
+    complete, and those are no stop."""
+    shapes, annotations = [], []
     hung = any(f.kind in data.HANG_KINDS and f.severity == "error" for f in analysis.findings)
     for p in data.progress_of(analysis) if hung else []:
         if p.stuck_at_ns is None or p.stuck_op_count is None or p.stuck_op_count < 0:
@@ -257,20 +302,7 @@ def timeline(analysis, slow_ms: float, ranks: pd.DataFrame | None = None) -> Fig
                             "font": {"color": "#d62728"},
                             "text": esc(f"stopped: {p.stuck_op} #{p.stuck_op_count}") + "",
                             "hovertext": esc("; ".join(who) or "not completed by every rank")})
-    height = max(260, (48 if outliers else 70) * len(ranks) + 140)
-    layout = {
-        "height": height, "margin": {"l": 150, "r": 20, "t": 40, "b": 50}, "hovermode": "closest",
-        # the whole capture, so the reader sees when activity stopped
-        "xaxis": {"title": {"text": f"seconds since {data.utc(t0)}"}, "zeroline": False,
-                  "range": [0, round((span.end_ns - t0) / 1e9 * 1.005, 3)] if span.end_ns else None},
-        "yaxis": {"tickvals": list(range(len(ranks))),
-                  "ticktext": [esc(f"rank {r} · {lane_names.get(r, '')}".rstrip(" ·")) for r in ranks],
-                  "autorange": "reversed", "zeroline": False, "fixedrange": True},
-        # below the axis title: a fixed distance when the plot is tall (a share of it otherwise)
-        "legend": {"orientation": "h", "y": round(-80 / (height - 90), 3) if outliers else -0.25},
-        "shapes": shapes, "annotations": annotations,
-    }
-    return Figure("timeline", title, {"data": traces, "layout": layout}, notes)
+    return shapes, annotations
 
 
 def heatmap(analysis, ranks: pd.DataFrame | None = None) -> Figure | None:

@@ -207,11 +207,19 @@ def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[s
     """Every table section, keyed by name; a table another module adds appears only when it
     has rows. Per-rank, per-flow and per-host tables longer than ``TOP_ROWS`` show their most
     telling rows, a totals row where sums mean something, and how many more there are."""
-    model = analysis.model
+    tables: dict[str, Table] = {}
+    _rank_table(analysis, ranks, findings, blamed, tables)
+    _flow_table(analysis.model, tables)
+    _artifact_tables(analysis.model, findings, tables)
+    return tables
+
+
+def _rank_table(analysis, ranks: pd.DataFrame, findings, blamed: set[int], tables: dict[str, Table]) -> None:
+    """``tables["ranks"]``: the per-rank table (its most telling ``TOP_ROWS`` and a totals row
+    beyond), else the state at capture of a hang judged from it; nothing without either."""
     rank_cols = [c for c in ("rank", "host", "pid", "calls", "not_completed", "p50_ms", "p99_ms", "max_ms",
                              "lateness_p50_ms", "lateness_p99_ms", "duration_source", "retx_kernel", "retx_pcap",
                              "dup_acks", "resets", "offcpu_ms") if c in ranks.columns]
-    tables: dict[str, Table] = {}
     if len(ranks):
         many = len(ranks) > TOP_ROWS
         tables["ranks"] = frame_table(
@@ -235,6 +243,10 @@ def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[s
                                             note="No call was traced while the capture ran (it began after the "
                                                  "hang): each rank's last launched and completed collective, "
                                                  "its main thread and its sockets, as the capture found them.")
+
+
+def _flow_table(model, tables: dict[str, Table]) -> None:
+    """``tables["flows"]``: the TCP flows, troubled ones first (``TOP_ROWS`` and a totals row beyond)."""
     flows, nflows, totals = data.flow_table(model, limit=TOP_ROWS)
     if len(flows):
         many = nflows > len(flows)
@@ -250,6 +262,12 @@ def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[s
             t.note = (f"showing {len(flows)} of {nflows} flows (all of them in {QUERY}: table flows); "
                       "the last row: every flow together.")
             t.totals = [fmt(totals.get(c)) for c in t.columns]
+
+
+def _artifact_tables(model, findings, tables: dict[str, Table]) -> None:
+    """The tables of the other artefacts (IB counters and ports, NCCL configuration and WARN lines,
+    watchdog lines, process exits, nccl-tests, off-CPU time, stacks, Flight Recorder, host facts),
+    each added to ``tables`` only when the model has rows for it."""
     ib = data.ib_table(model)
     if ib is not None:
         tables["ib"] = frame_table("ib", "InfiniBand / RoCE port counters (end - start)", ib,
@@ -322,8 +340,6 @@ def _tables(analysis, ranks: pd.DataFrame, findings, blamed: set[int]) -> dict[s
         tables["host_facts"] = frame_table("host_facts", "Hosts", facts, limit=TOP_ROWS,
                                            more=f"hosts (all of them in {QUERY}: table host_facts)")
 
-    return tables
-
 
 def _progress_table(i: int, p) -> Table:
     """A communicator's progress per rank; more than ``TOP_ROWS`` ranks: those missing from or
@@ -380,7 +396,7 @@ def _skew(rows: list[dict]) -> tuple[list[dict], int]:
 
 def heatmap(analysis, ranks: pd.DataFrame):
     """:func:`figures.heatmap`, made once per analysis (it needs the model alone: see
-    :func:`forensics.report.ahead`)."""
+    :func:`forensics.report.model_steps`)."""
     return data.memo(analysis, "heatmap", lambda: figures.heatmap(analysis, ranks=ranks))
 
 

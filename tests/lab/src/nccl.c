@@ -46,6 +46,8 @@
 #define EXPORT __attribute__((visibility("default")))
 #define NCCL_VERSION_STRING "2.21.5"
 #define CUDA_VERSION_STRING "12.4"
+/* as NCCL's src/init.cc: one literal, so that the library itself tells its version ("strings") */
+#define VERSION_STRING "NCCL version " NCCL_VERSION_STRING "+cuda" CUDA_VERSION_STRING
 #define LAB_MAGIC 0x53534c41425f4e43ULL /* "SSLAB_NC" */
 #define MAXCH 8
 
@@ -1380,9 +1382,9 @@ static void show_version(int rank) {
   if (rank != 0 || g_level < LOG_VERSION) return;
   static int shown;
   if (__atomic_exchange_n(&shown, 1, __ATOMIC_ACQ_REL)) return;
-  printf("NCCL version %s+cuda%s\n", NCCL_VERSION_STRING, CUDA_VERSION_STRING);
+  printf("%s\n", VERSION_STRING);
   fflush(stdout);
-  if (g_log != stdout) INFO(S_ALL, "NCCL version %s+cuda%s", NCCL_VERSION_STRING, CUDA_VERSION_STRING);
+  if (g_log != stdout) INFO(S_ALL, "%s", VERSION_STRING);
 }
 
 EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {

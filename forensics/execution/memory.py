@@ -5,9 +5,8 @@ allocator told to keep what it frees for the next host (:func:`keep_freed_memory
 An analysis keeps millions of objects that CPython's collector tracks until it ends (the
 hosts' parts, then the model's tables: object columns, which numpy walks element by element
 for the collector) while it makes and drops pandas objects by the thousand. Every full
-collection walks all of it again: at 64 hosts with ``--jobs 2``, 12 full collections cost the
-analyzing process 1.0 s, and the merge alone 0.4 s of its 1.8 s, which no other core shares.
-Settled as below, one full collection is left (0.01 s) and all collections take 0.24 s.
+collection would walk all of it again, in the analyzing process, where no other core shares
+the work (what settling saves: bench/README.md, "bench/fleet.py").
 
 Within :func:`steady`, :func:`settle` puts what exists at that moment out of the collector's
 reach (``gc.freeze``: the permanent generation, which collections skip); the end of the
@@ -66,16 +65,13 @@ def keep_freed_memory() -> bool:
     """glibc's malloc told to keep what this process frees for its next allocations (a fixed
     mmap threshold, a high trim threshold: :data:`MALLOC_SETTINGS`); True when it took them.
 
-    Reading a host makes and drops about 200 MB of arrays. By default glibc gives the largest
-    blocks and the heap's free top back to the kernel, and the next host faults them in again,
-    page by page: 60-70k page faults and 0.15-0.25 s more on a process's first host, 7-12k on
-    each later one, and more still when two processes fault at once (``--jobs 2``). Kept, the
-    first host faults 27k pages and the later ones none: measured at 1M packets a host,
-    1.02-1.11 s against 1.12-1.37 s for the first host of two processes reading at once, and
-    0.94-0.98 s against 0.97-1.04 s for the later ones; peak RSS unchanged (~208 MB a
-    process). A process-wide setting: the command line sets it for itself (its forked workers
-    inherit it) and the workers for themselves, never a library caller's process. False
-    where the C library is not glibc (no ``mallopt``, or one that refuses)."""
+    Reading a host makes and drops some hundreds of MB of arrays. By default glibc gives the
+    largest blocks and the heap's free top back to the kernel, and the next host faults them in
+    again, page by page; kept, only a process's first host faults its pages in, and the peak
+    memory is unchanged (bench/README.md, "bench/fleet.py"). A process-wide setting: the
+    command line sets it for itself (its forked workers inherit it) and the workers for
+    themselves, never a library caller's process. False where the C library is not glibc
+    (no ``mallopt``, or one that refuses)."""
     try:
         import ctypes
         mallopt = ctypes.CDLL(None).mallopt

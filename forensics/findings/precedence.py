@@ -1,0 +1,143 @@
+"""Which evidence judges a hang or a reset that several bodies of evidence saw.
+
+One event can be seen several ways, each with its own sharpness:
+
+- a hang, by the **tracer** (the calls every rank entered and completed: :mod:`.hang`), by
+  the **state at capture** (positions, stacks, sockets and threads of a capture that attached
+  after the ranks entered the collective they hang in: :mod:`.state`), by **PyTorch's
+  watchdog lines** in the job's logs (:mod:`.timeouts`);
+- a reset between ranks, by the **packets** (:mod:`.connection_reset`), by the state at
+  capture (a reset on a hung communicator's ring), by **NCCL's WARN lines**: by address
+  (:func:`.socket_errors.logged_resets`), or as socket errors naming the peer that went away
+  (:func:`.socket_errors.socket_failures`).
+
+The sharpest evidence that saw the event judges it; a weaker source would say it again, with
+less (a SeqNum where the tracer knows the opCount, a log line where the packets name the
+connection and who sent the reset). :data:`PRECEDENCE` declares it: for each source a
+detector consults, the sources that take precedence over it, and :func:`consult` is the one
+function that reads it: a source is consulted only when none of those saw the event. A
+stronger source *saw* the event when it is a :data:`WITNESSES` entry that says so (the
+tracer's hung communicators, the packets' resets: evidence judged by detectors of their own,
+``hang_mismatch``, ``hang_stuck``, ``connection_reset``), or when it is a source of
+:data:`PRECEDENCE` that, consulted, gave a finding.
+
+The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, then WATCHDOG;
+``reset_state`` (:mod:`.connection_reset`): STATE_RESETS, WARN_RESETS, then SOCKET_ERRORS.
+Within one source, which verdict a body of evidence gives is that source's own reading
+(e.g. the state at capture names a reset on the ring before a dead path, :func:`.state.late_verdicts`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from .base import Context, Finding
+
+HANG_KINDS = ("hang_mismatch", "hang_stuck")
+
+# witnesses: evidence judged by detectors of its own, asked here only whether it saw the event
+TRACER = "tracer: a hung communicator"
+PACKETS = "packets: a reset between ranks"
+# sources: consulted through consult()
+STATE_HANGS = "state at capture: hangs"
+WATCHDOG = "watchdog lines: hangs"
+STATE_RESETS = "state at capture: resets"
+WARN_RESETS = "WARN lines: resets by address"
+SOCKET_ERRORS = "WARN lines: socket errors"
+
+
+@dataclass(frozen=True)
+class Witness:
+    """``saw(ctx)``: whether this evidence saw the event. ``costly``: asked only once the
+    weaker source has a finding it would drop (the same verdict, without making a costly
+    table where nothing needs it)."""
+
+    saw: Callable[[Context], bool]
+    costly: bool = False
+
+
+@dataclass(frozen=True)
+class Source:
+    """``find(ctx)``: the findings (of ``kinds``) this evidence gives, consulted only when none
+    of ``yields_to`` (witnesses or sources, strongest first) saw the event."""
+
+    kinds: tuple[str, ...]
+    find: Callable[[Context], list[Finding]]
+    yields_to: tuple[str, ...] = ()
+
+
+def _tracer_saw(ctx: Context) -> bool:
+    from .hang import hang_frontiers
+    return len(hang_frontiers(ctx)) > 0
+
+
+def _packets_saw(ctx: Context) -> bool:
+    from .evidence import trouble_events
+    t = trouble_events(ctx)
+    return bool(len(t) and (t["cls"] == "reset").any())
+
+
+def _late(kinds: tuple[str, ...]) -> Callable[[Context], list[Finding]]:
+    def find(ctx: Context) -> list[Finding]:
+        from .state import late_verdicts
+        return [f for f in late_verdicts(ctx) if f.kind in kinds]
+    return find
+
+
+def _watchdog(ctx: Context) -> list[Finding]:
+    from .timeouts import watchdog_hangs
+    return watchdog_hangs(ctx)
+
+
+def _warn_resets(ctx: Context) -> list[Finding]:
+    from .socket_errors import logged_resets
+    return logged_resets(ctx)
+
+
+def _socket_errors(ctx: Context) -> list[Finding]:
+    from .socket_errors import socket_failures
+    return socket_failures(ctx)
+
+
+WITNESSES: dict[str, Witness] = {
+    TRACER: Witness(_tracer_saw),
+    # the TCP trouble per link is the costliest shared table, made where the network detectors run
+    PACKETS: Witness(_packets_saw, costly=True),
+}
+
+PRECEDENCE: dict[str, Source] = {
+    # hangs: the tracer's calls, then the state at capture, then the watchdog's lines
+    STATE_HANGS: Source(HANG_KINDS, _late(HANG_KINDS), yields_to=(TRACER,)),
+    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS)),
+    # resets: the packets and the state at capture, then NCCL's WARN lines by address, then its
+    # socket errors; none of the late ones where the tracer saw the hang (hang_stuck names the
+    # reset that caused it)
+    STATE_RESETS: Source(("connection_reset",), _late(("connection_reset",)), yields_to=(TRACER,)),
+    WARN_RESETS: Source(("connection_reset",), _warn_resets, yields_to=(TRACER, STATE_RESETS, PACKETS)),
+    SOCKET_ERRORS: Source(("connection_reset",), _socket_errors, yields_to=(TRACER, STATE_RESETS, WARN_RESETS)),
+}
+
+
+def consult(ctx: Context, name: str) -> list[Finding]:
+    """The findings of the source ``name`` (:data:`PRECEDENCE`), or none when a source that
+    takes precedence over it saw the event; made once per analysis."""
+    return list(ctx.memo(f"precedence:{name}", lambda: _consult(ctx, name)))
+
+
+def _consult(ctx: Context, name: str) -> list[Finding]:
+    src = PRECEDENCE[name]
+    costly = [s for s in src.yields_to if s in WITNESSES and WITNESSES[s].costly]
+    if any(saw(ctx, s) for s in src.yields_to if s not in costly):
+        return []
+    found = list(src.find(ctx))
+    if found and any(saw(ctx, s) for s in costly):
+        return []
+    return found
+
+
+def saw(ctx: Context, name: str) -> bool:
+    """Whether the witness or source ``name`` saw the event (a source: consulted, it gave a
+    finding)."""
+    if name in WITNESSES:
+        return WITNESSES[name].saw(ctx)
+    return bool(consult(ctx, name))

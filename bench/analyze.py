@@ -46,7 +46,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 import synth_capture  # noqa: E402
-from capture.bundle import file_entries  # noqa: E402
+from capture.bundle_files import file_entries  # noqa: E402
 from pcap_throughput import LAUNCHER, pinned  # noqa: E402   (the report is the child's stderr)
 
 TARGET_S = 10.0

@@ -19,7 +19,7 @@ EPILOG = ("Ends after --duration or on Ctrl-C/SIGTERM and writes stallscope-<hos
 
 
 def _size(text: str) -> int:
-    from .bundle import parse_size
+    from .bundle_files import parse_size
     try:
         return parse_size(text)
     except ValueError as e:
@@ -27,7 +27,7 @@ def _size(text: str) -> int:
 
 
 def _duration(text: str) -> float:
-    from .bundle import parse_duration
+    from .bundle_files import parse_duration
     try:
         v = parse_duration(text)
     except ValueError as e:

@@ -15,7 +15,7 @@ import shutil
 import time
 from pathlib import Path
 
-from . import bundle as bd
+from . import bundle_files as bd
 from . import tracer_events
 from .options import CaptureFailed
 from .policy import ring_previous

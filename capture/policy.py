@@ -48,7 +48,7 @@ class BundlePolicy:
         file cap): None when there is, else why sampling stops. Takes the bytes from the budget."""
         if st.setdefault("bytes", 0) + size > cap:
             return f"the series reached its cap ({cap >> 20} MiB): sampling stopped"
-        from . import bundle as bd
+        from . import bundle_files as bd
         extra = 2 * bd.TAR_BLOCK if st.get("path") is None else 0
         grant = budget.take(size + extra)
         if grant < size + extra:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from . import bundle as bd
+from . import bundle_files as bd
 from . import children, tracer
 from .collectors import BUNDLE, Collector
 from .options import CaptureFailed, CaptureOptions, CaptureResult, CaptureUsageError

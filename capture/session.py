@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import bundle as bd
+from . import bundle_files as bd
 from .jobs import Jobs, NetNs
 from .options import CaptureOptions
 from .policy import BundlePolicy

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from . import __version__
-from . import bundle as bd
+from . import bundle_files as bd
 from . import tracer_events
 from .session import clock_sample, utc_span
 

@@ -47,7 +47,7 @@ import signal
 import time
 from pathlib import Path
 
-from . import bundle as bd
+from . import bundle_files as bd
 from . import procs, tracer
 from .collectors import RING
 from .incident import IncidentWriter

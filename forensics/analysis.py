@@ -73,7 +73,7 @@ class Analysis:
             return _logs_verdict(self.model)
         if n == 0:
             from .findings.base import Context
-            from .findings.state import state_verdict
+            from .findings.late_state import state_verdict
             said = state_verdict(Context(self.model, self.con, self.options))
             return said or "No NCCL collectives were captured: no verdict on the job (see the capture section)."
         if any(f.kind == "transport" and f.details.get("rule") == "rdma_invisible_to_tcp" for f in self.findings):

@@ -154,7 +154,7 @@ def gather(paths: list[str | os.PathLike], *, budget: archive.Budget | None = No
 def _budget_from_env() -> int:
     """``STALLSCOPE_UNPACK_BYTES`` (a size as capture's --max-bytes takes it: 2G, 500M, bytes),
     else archive.LOOSE_BUDGET."""
-    from capture.bundle import parse_size       # stdlib only, as the capture side must be
+    from capture.bundle_files import parse_size       # stdlib only, as the capture side must be
     v = os.environ.get("STALLSCOPE_UNPACK_BYTES", "").strip()
     if not v:
         return archive.LOOSE_BUDGET

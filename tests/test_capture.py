@@ -21,7 +21,7 @@ import pytest
 from capture_helpers import CaptureProc, alive, bundle_manifest, readable_copy
 from conftest import ROOT
 
-from capture import bundle as bd
+from capture import bundle_files as bd
 from capture import procs, tracer, tracer_events, tracer_spool
 from capture.collectors.specs import SPECS
 from capture.elf import ElfError, exported_functions

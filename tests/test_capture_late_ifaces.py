@@ -17,7 +17,7 @@ import pytest
 from capture_helpers import CaptureProc
 from netns import NetnsPair
 
-from capture import bundle as bd
+from capture import bundle_files as bd
 
 PY = sys.executable
 

@@ -60,7 +60,7 @@ def test_a_detector_module_builds_only_the_kinds_it_owns():
                   and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)}
         assert built, stem
         assert all(owners.get(k) == f"forensics.findings.{stem}" for k in built), (stem, built)
-    for stem in ("state", "timeouts", "socket_errors"):
+    for stem in ("late_state", "timeouts", "socket_errors"):
         text = (FINDINGS / f"{stem}.py").read_text()
         assert "@detector(" not in text, stem
 

@@ -11,7 +11,7 @@ from forensics.bundle import Bundle
 from forensics.model import build_model
 from forensics.model.schema import SCHEMAS
 from forensics.model.hosts import scan_pcaps
-from forensics.model.tcp import Attribution
+from forensics.model.tcp_ranks import Attribution
 from forensics.model.timing import flow_timing
 from forensics.tcp import analyze_file
 from shipped import BUNDLES, shipped_bundle

@@ -321,7 +321,7 @@ def test_collectives_do_not_expand_an_absurd_communicator_size():
 def test_collective_in_flight_compares_integer_nanoseconds():
     """A TCP event 1 ns after a collective's end is after it: epoch ns near 1.8e18 are 256 ns
     apart as float64, so a float comparison would put it inside."""
-    from forensics.model.tcp import collective_in_flight
+    from forensics.model.tcp_ranks import collective_in_flight
     t0 = 1_800_000_000_000_000_000
     end = t0 + 5_000_077          # not a multiple of 256: float64(end) rounds up past end + 1
     assert float(end) > end + 1
@@ -392,11 +392,11 @@ def test_a_database_file_is_written_whole_and_any_connection_attribute_loads_fir
 
 
 def test_attribution_lookups_give_what_left_joins_on_the_text_keys_give():
-    # the lookups match each address column's distinct values (model.tcp.Addresses), not its
+    # the lookups match each address column's distinct values (model.tcp_ranks.Addresses), not its
     # rows: the same pid and rank as a left join of (addr, port) on the endpoint table, NA
     # where unknown: an unknown address or port, a missing port, a fractional port, a port out
     # of range, an ambiguous key
-    from forensics.model.tcp import Addresses, Attribution
+    from forensics.model.tcp_ranks import Addresses, Attribution
     endpoints = pd.DataFrame({"host": ["a", "a", "b", "b", "b", "c"],
                               "addr": ["10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2", "10.0.0.9", "10.0.0.3"],
                               "port": [5000, 5001, 6000, 6000, None, 7000],

@@ -1,6 +1,6 @@
 """The collectors of a capture, registered in one table per policy.
 
-Each collector is one class with one lifecycle (``base.Collector``: start, ready, sample,
+Each collector is one class with one lifecycle (``collector.Collector``: start, ready, sample,
 adopt, stop, finish), one module each; the command specs they and the snapshots run are the
 rows of ``specs.SPECS``. The orchestrator (``capture.runner.Capture``) makes one object per
 class of its table and calls each step on all of them: in table order, except ``stop``, which
@@ -14,7 +14,7 @@ Standard library only."""
 from __future__ import annotations
 
 from .attachments import Attachments
-from .base import Collector
+from .collector import Collector
 from .fr_pipes import FlightRecorderPipes
 from .native_stacks import NativeStacks
 from .nccl_tests_run import NcclTestsRun

@@ -14,9 +14,9 @@ import stat
 import time
 from pathlib import Path
 
-from .. import bundle as bd
+from .. import bundle_files as bd
 from .. import torchfr
-from .base import Collector
+from .collector import Collector
 
 JOB_OUTPUT_TAIL = 64 << 20       # of a traced process's stdout/stderr file, the last part attached
 

@@ -11,7 +11,7 @@ import os
 import time
 
 from .. import torchfr
-from .base import Collector
+from .collector import Collector
 
 
 class FlightRecorderPipes(Collector):

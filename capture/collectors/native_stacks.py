@@ -13,10 +13,10 @@ import shlex
 import threading
 import time
 
-from .. import bundle as bd
+from .. import bundle_files as bd
 from .. import stacks
 from ..session import tail
-from .base import Collector
+from .collector import Collector
 
 
 class NativeStacks(Collector):

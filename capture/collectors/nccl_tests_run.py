@@ -11,9 +11,9 @@ import subprocess
 import threading
 import time
 
-from .. import bundle as bd
+from .. import bundle_files as bd
 from .. import children
-from .base import Collector
+from .collector import Collector
 
 
 class NcclTestsRun(Collector):

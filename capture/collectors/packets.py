@@ -13,12 +13,12 @@ import subprocess
 import time
 from pathlib import Path
 
-from .. import bundle as bd
+from .. import bundle_files as bd
 from .. import children
 from ..jobs import NetNs
 from ..session import LOG_CAP, tail
 from ..staging import rename_ring, tcpdump_files
-from .base import Collector
+from .collector import Collector
 
 TPACKET_BLOCK_S = 1.05   # libpcap retires a partly filled block of its kernel ring after tcpdump's 1 s timeout
 

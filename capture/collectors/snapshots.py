@@ -12,11 +12,11 @@ import shlex
 import time
 from pathlib import Path
 
-from .. import bundle as bd
+from .. import bundle_files as bd
 from .. import children
 from ..session import tail
 from . import specs
-from .base import Collector
+from .collector import Collector
 
 
 class Snapshots(Collector):

@@ -16,7 +16,7 @@ from .. import children, sockdiag
 from ..jobs import NetNs
 from ..session import tail
 from . import specs
-from .base import Collector
+from .collector import Collector
 
 SOCK_DIAG = "netlink-sock_diag"     # the ss series' "command" when read without ss (capture.sockdiag)
 

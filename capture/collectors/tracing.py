@@ -17,11 +17,11 @@ import threading
 import time
 from pathlib import Path
 
-from .. import bundle as bd
+from .. import bundle_files as bd
 from .. import children, procs, tracer, tracer_events, tracer_spool
 from ..offcpu import OffCpuSampler
 from ..session import LOG_CAP, clock_sample, tail, utc_span
-from .base import Collector
+from .collector import Collector
 
 TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
 

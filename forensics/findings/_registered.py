@@ -1,7 +1,7 @@
 """The detector modules; importing this module registers every detector.
 Adding a kind of finding: one module with ``@detector("name", kinds=(...))`` functions, one line here.
 Each module owns the kinds it is named after (``base.owners()``); the evidence modules its
-detectors read (``state``, ``timeouts``, ``socket_errors``, ``warns``, ...) register nothing."""
+detectors read (``late_state``, ``timeouts``, ``socket_errors``, ``warns``, ...) register nothing."""
 # noqa: F401 for every import: imported for their registration
 from . import network  # noqa: F401,E402  (network_loss, slow_link)
 from . import connection_reset  # noqa: F401,E402  (connection_reset)

@@ -132,7 +132,7 @@ ENV_RULES: tuple[EnvRule, ...] = (
     EnvRule("NCCL_DEBUG", "warning", lambda v, e: "TRACE logging on every call (heavy overhead)"
             if str(v).strip().upper() == "TRACE" else None,
             "use NCCL_DEBUG=WARN (or INFO for init only) in production"),
-    # NCCL_DEBUG_SUBSYS=COLL is never advised against: its lines place and date hangs (findings/state.py)
+    # NCCL_DEBUG_SUBSYS=COLL is never advised against: its lines place and date hangs (findings/late_state.py)
     EnvRule("TORCH_NCCL_BLOCKING_WAIT", "info", lambda v, e: "makes the host block (and spin) in every wait"
             if _truthy(v) else None, "unset TORCH_NCCL_BLOCKING_WAIT; the watchdog handles timeouts", 0.5),
 )

@@ -24,7 +24,7 @@ tracer's hung communicators, the packets' resets: evidence judged by detectors o
 The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, then WATCHDOG;
 ``reset_state`` (:mod:`.connection_reset`): STATE_RESETS, WARN_RESETS, then SOCKET_ERRORS.
 Within one source, which verdict a body of evidence gives is that source's own reading
-(e.g. the state at capture names a reset on the ring before a dead path, :func:`.state.late_verdicts`).
+(e.g. the state at capture names a reset on the ring before a dead path, :func:`.late_state.late_verdicts`).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def _packets_saw(ctx: Context) -> bool:
 
 def _late(kinds: tuple[str, ...]) -> Callable[[Context], list[Finding]]:
     def find(ctx: Context) -> list[Finding]:
-        from .state import late_verdicts
+        from .late_state import late_verdicts
         return [f for f in late_verdicts(ctx) if f.kind in kinds]
     return find
 

@@ -22,7 +22,7 @@ from . import artifacts as artifacts_mod
 from . import logs as logs_mod
 from . import nccl as nccl_mod
 from . import timing as timing_mod
-from . import tcp as tcp_mod
+from . import tcp_ranks
 from .schema import SCHEMAS, concat, conform, empty
 from .hosts import HostPart, read_host
 from .skew import SkewEstimate, estimate_skew
@@ -125,14 +125,14 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     bundles = [p.bundle for p in parts]
     pid_ranks = {p.bundle.host: p.pid_ranks for p in parts}
     endpoints = pd.concat([p.endpoints for p in parts], ignore_index=True)
-    ranks = tcp_mod.rank_table(pid_ranks)
+    ranks = tcp_ranks.rank_table(pid_ranks)
     netns = pd.concat([p.netns for p in parts], ignore_index=True)
-    attr = tcp_mod.Attribution(endpoints, ranks, netns)
+    attr = tcp_ranks.Attribution(endpoints, ranks, netns)
 
     # every host's rows attributed together: one lookup per table, not one per host
     bpf = [p.bpf_tcp for p in parts if p.bpf_tcp is not None]
-    pcap_events, packets, flows = tcp_mod.attribute_pcaps([p.pcap for p in parts], attr)
-    tcp_parts = [tcp_mod.bpf_tcp_events(pd.concat(bpf, ignore_index=True) if bpf else None, attr), pcap_events]
+    pcap_events, packets, flows = tcp_ranks.attribute_pcaps([p.pcap for p in parts], attr)
+    tcp_parts = [tcp_ranks.bpf_tcp_events(pd.concat(bpf, ignore_index=True) if bpf else None, attr), pcap_events]
     timing = timing_mod.flow_timing(attr, [t for p in parts for t in p.pcap.timing])
     nccl = concat([p.nccl for p in parts], "nccl_events").sort_values(["timestamp_ns", "rank"], kind="stable",
                                                                   na_position="last").reset_index(drop=True)
@@ -142,7 +142,7 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
                                                         {p.bundle.host: p.tables for p in parts})  # + GPU times
     # after the GPU times: those map only onto counts the tracer took from the init
     nccl = nccl_mod.unify_comm_ids(nccl, {p.bundle.host: p.comms for p in parts})
-    tcp = tcp_mod.collective_in_flight(tcp, nccl)
+    tcp = tcp_ranks.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []
     if skew and len(bundles) > 1:

@@ -28,7 +28,7 @@ from . import artifacts as artifacts_mod
 from . import nccl as nccl_mod
 from . import nccl_config
 from . import offcpu as offcpu_mod
-from . import tcp as tcp_mod
+from . import tcp_ranks
 from . import windows as windows_mod
 
 # fingerprints kept per host for the clock skew: a sample chosen by the segment's own
@@ -96,14 +96,14 @@ def read_host(path, *, skew: bool = True) -> HostPart:
         arts = artifacts_mod.read_artifacts(b)
         comms = arts.table("nccl_debug", "nccl_comms")
         ranks = nccl_mod.process_ranks(b, events, comms)
-        endpoints = tcp_mod.endpoint_table(b, events)
+        endpoints = tcp_ranks.endpoint_table(b, events)
         facts = nccl_config.host_facts(b, arts)
         pcap = scan_pcaps(b, fingerprints=skew)
     finally:
         b.close()
     flows = pd.concat(pcap.flows, ignore_index=True) if pcap.flows else None
-    return HostPart(bundle=b, comms=comms, pid_ranks=ranks, endpoints=endpoints, netns=tcp_mod.netns_pid_table(b),
-                    nccl=nccl_mod.nccl_events(b, events, ranks), bpf_tcp=tcp_mod.bpf_tcp_frame(b, events),
+    return HostPart(bundle=b, comms=comms, pid_ranks=ranks, endpoints=endpoints, netns=tcp_ranks.netns_pid_table(b),
+                    nccl=nccl_mod.nccl_events(b, events, ranks), bpf_tcp=tcp_ranks.bpf_tcp_frame(b, events),
                     offcpu=offcpu_mod.offcpu_samples(b, events, ranks),
                     windows=windows_mod.bundle_windows(b, events, flows),
                     tables=artifacts_mod.host_tables(b, arts, ranks, facts), pcap=pcap)
@@ -193,7 +193,7 @@ def scan_pcaps(bundle: Bundle, *, fingerprints: bool = True) -> PcapPart:
         elif res.stats.tcp_packets == 0:
             bundle.problems.append(f"{rel}: {res.stats.frames} frames but no TCP: no packet evidence "
                                    "(traffic over RDMA or another protocol?)")
-        pk, ev = tcp_mod.verdict_rows(res.packets, bundle.host, rel)
+        pk, ev = tcp_ranks.verdict_rows(res.packets, bundle.host, rel)
         if pk is not None:
             part.packets.append(pk)
         if ev is not None:

@@ -30,7 +30,7 @@ import pandas as pd
 
 from ..tcp.verdicts import VERDICT_BITS
 from .schema import conform, empty
-from .tcp import Addresses
+from .tcp_ranks import Addresses
 
 IDLE_NS = 10_000_000      # a longer gap between two data segments of a connection is idle time
 # a data segment that tells of a hole in the connection's sequence space: the ACKs of the
@@ -42,7 +42,7 @@ HOLE_MASK = sum(1 << VERDICT_BITS[v] for v in ("retransmission", "fast_retransmi
 class TimingCollector:
     """``analyze_file``'s per-batch hook for one capture: keeps the data segments and the
     ACK round-trip times per directed connection, so the timing needs no pass of its own
-    over the capture (:func:`forensics.model.tcp.analyse_pcaps` runs the engine once)."""
+    over the capture (:func:`forensics.model.tcp_ranks.analyse_pcaps` runs the engine once)."""
 
     def __init__(self) -> None:
         self.data: list[tuple] = []

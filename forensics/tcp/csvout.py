@@ -6,7 +6,7 @@ from typing import BinaryIO, Iterable
 import numpy as np
 
 from ..native import csv_rows
-from .analysis import PACKET_COLUMNS, PacketBatch
+from .engine import PACKET_COLUMNS, PacketBatch
 from .conversations import ConversationTable
 from .verdicts import VERDICT_BITS
 

@@ -17,7 +17,7 @@ table order:
   folder and the manifest records completed.
 
 A collector writes only under its own paths of the staging folder, takes its bytes from its
-``share`` of the budget (``capture.bundle.Budget``: ``tracer``, ``pcap``, ``other`` or
+``share`` of the budget (``capture.bundle_files.Budget``: ``tracer``, ``pcap``, ``other`` or
 ``attach``), and reports through ``session.record`` (the manifest's ``collectors``). It never
 calls another collector; the watcher (``capture.watch``) reaches a collector by its name
 (``Capture.collector``). ``stop()`` then ``start()`` again must work: a collector may be

@@ -201,7 +201,9 @@ def spawn(argv: list[str], stdout=None, stderr=None, stdin=subprocess.DEVNULL, *
     return p
 
 
-def _forget(p: subprocess.Popen) -> None:
+def forget(p: subprocess.Popen) -> None:
+    """Stop guarding ``p``'s process group (it ended, or its group was killed): the guardian
+    no longer kills it should capture die."""
     if _guardian is not None:
         _guardian.discard(p.pid)
 
@@ -220,7 +222,7 @@ def run(argv: list[str], timeout: float, stdout=subprocess.PIPE, stderr=subproce
         out, err = p.communicate()
         return None, out or b"", (err or b"") + f"\n[killed after {timeout:.0f}s]".encode()
     finally:
-        _forget(p)
+        forget(p)
 
 
 def kill_group(p: subprocess.Popen, sig: int) -> None:
@@ -246,5 +248,5 @@ def stop(p: subprocess.Popen, first: int = signal.SIGINT, grace_s: float = 5.0) 
         return None
     # the leader is gone; make sure nothing of its group lingers either
     kill_group(p, signal.SIGKILL)
-    _forget(p)
+    forget(p)
     return p.returncode

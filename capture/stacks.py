@@ -141,7 +141,7 @@ def run_bounded(argv: list[str], timeout_s: float, target_pid: int, term_grace_s
                     out, err = b"", b""
     finally:
         children.kill_group(p, signal.SIGKILL)     # whatever it left behind in its group
-        children._forget(p)
+        children.forget(p)
     res = RunResult(rc=None if killed else p.returncode, out=out or b"", err=err or b"", killed=killed,
                     seconds=time.monotonic() - t0)
     res.resumed = resume_if_stopped(target_pid, stopped_before)

@@ -293,7 +293,7 @@ def _parse_pyspy(lines, facts, log):
     # capture's comments become blank lines (ignored by the py-spy parser; line numbers kept)
     text = "\n".join("" if l.startswith("# ") or l.rstrip() == HEADER else l for l in lines)
     pfacts = {"processes": {}, "threads": 0, "errors": []}
-    frames, threads = pyspy._parse_text(text, pfacts, log)
+    frames, threads = pyspy.parse_text(text, pfacts, log)
     if facts["pid"] is None and pfacts["processes"]:
         facts["pid"] = next(iter(pfacts["processes"]))
     for t in threads:

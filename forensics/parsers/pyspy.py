@@ -86,7 +86,7 @@ class PySpyParser(Parser):
         if text.lstrip().startswith("["):
             frames, threads = _parse_json(text, facts, log)
         else:
-            frames, threads = _parse_text(text, facts, log)
+            frames, threads = parse_text(text, facts, log)
         facts["threads"] = len(threads)
         if not threads:
             log.add(None, "no threads found")
@@ -100,7 +100,10 @@ def _thread_row(ln, pid, proc, tid, status, name):
             "status": status, "active": active, "owns_gil": gil, "n_frames": 0}
 
 
-def _parse_text(text, facts, log):
+def parse_text(text, facts, log):
+    """(frames, threads) rows of a ``py-spy dump`` in text form; ``facts["processes"]`` gets
+    each process met (pid -> cmdline, python_version, parent_pid), ``log`` the lines not
+    understood. Also what :mod:`.native_stacks` reads py-spy sections of capture's files with."""
     frames, threads = [], []
     pid, proc, thread = None, {}, None
     for ln, raw in enumerate(split_lines(text), 1):

@@ -129,7 +129,7 @@ def _rank_table(model) -> pd.DataFrame:
     ranks |= set(pd.to_numeric(t["rank"], errors="coerce").dropna().astype(int)) if len(t) else set()
     if not ranks:
         return pd.DataFrame()
-    late = _lateness_long(model)
+    late = lateness_long(model)
     if late is not None and len(late):
         late = _late_global(model, late)
     t = t.dropna(subset=["rank"]).astype({"rank": "int64"}) if len(t) else t
@@ -149,7 +149,7 @@ def _rank_totals(model, ranks: pd.DataFrame) -> dict[str, Any]:
     n = model.tables["nccl_events"]
     t = model.tables["tcp_events"]
     t = t.dropna(subset=["rank"]) if len(t) else t
-    late = _lateness_long(model)
+    late = lateness_long(model)
 
     def one(df):   # every row in one group
         return df.assign(rank=0) if df is not None and len(df) else df
@@ -258,8 +258,10 @@ def rank_ranges(ranks, few: int = 16) -> str:
     return ", ".join(parts) + f" ({len(r)} ranks)"
 
 
-def _lateness_long(model) -> pd.DataFrame | None:
-    """collectives' per-rank lateness lists, one row per (comm, op_count, rank)."""
+def lateness_long(model) -> pd.DataFrame | None:
+    """collectives' per-rank lateness lists, one row per (comm, op_count, rank) with its
+    ``lateness_ms`` (ranks as the communicator numbers them); None without collectives. The
+    rank tables and the heatmap (:func:`.figures.heatmap`) read it."""
     c = model.tables.get("collectives")
     if c is None or c.empty:
         return None

@@ -331,7 +331,7 @@ def heatmap(analysis, ranks: pd.DataFrame | None = None) -> Figure | None:
         notes.append(f"op counts binned by {binsize} (the worst value of each bin).")
     g = g.assign(col=(ops // binsize) * binsize, rank=g["rank"].astype(int))
     dur = g.pivot_table(index="rank", columns="col", values="dur_ms", aggfunc="max")
-    late = data._lateness_long(analysis.model)
+    late = data.lateness_long(analysis.model)
     traces = [_heat(dur, "duration ms", visible=True)]
     buttons = [{"label": "duration", "method": "update", "args": [{"visible": [True, False]}]}]
     if late is not None and len(late):

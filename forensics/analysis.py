@@ -68,8 +68,7 @@ class Analysis:
             return (f"No finding, but {len(failed)} detector(s) failed: this analysis is incomplete (see the "
                     f"capture section): {failed[0]}")
         n = len(self.model["nccl_events"])
-        caps = self.model.captures
-        if n == 0 and caps and all(c.get("kind") == "loose" for c in caps):
+        if n == 0 and self.model.logs_only:
             return _logs_verdict(self.model)
         if n == 0:
             from .findings.base import Context

@@ -137,56 +137,6 @@ def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
         one.close()
 
 
-def _made_alike(a, b) -> None:
-    if isinstance(a, pd.DataFrame):
-        pd.testing.assert_frame_equal(a, b)
-    else:
-        assert a == b
-
-
-def test_the_detectors_shared_tables_are_made_as_the_detectors_would_make_them():
-    from forensics.findings import Context, Options
-    from forensics.findings.base import _SHARED, prefetch
-    model = build_model(EARLY_HANG)
-    made = prefetch(model, Options())
-    assert {"rank_directory", "world_rank_map", "hang_frontiers"} <= set(made)
-    trouble = [k for k in made if isinstance(k, tuple) and k[0] == "trouble_events"]
-    assert len(trouble) == 1 and len(made[trouble[0]]) > 0      # the link-down hang's retransmissions
-    assert len(made["hang_frontiers"]) == 1                      # and its hung communicator
-    con = model.connect()
-    try:
-        ctx = Context(model=model, con=con, options=Options())   # made on demand, after connect
-        for fn in _SHARED:
-            fn(ctx)
-        assert set(ctx.made) == set(made)
-        for key in made:
-            _made_alike(made[key], ctx.made[key])
-    finally:
-        con.close()
-
-
-def test_a_shared_table_that_fails_or_reads_the_database_tables_is_left_to_the_detector(monkeypatch):
-    from forensics.findings import Context, Options
-    from forensics.findings import base
-    model = build_model(EARLY_HANG)
-
-    def broken(ctx):
-        return ctx.memo("broken", lambda: 1 / 0)
-
-    def collective_count(ctx):   # collectives is made by connect(): not there to read beforehand
-        return ctx.memo("collectives", lambda: len(ctx.table("collectives")))
-
-    monkeypatch.setattr(base, "_SHARED", [broken, collective_count, *base._SHARED])
-    made = base.prefetch(model, Options())
-    assert "broken" not in made and "collectives" not in made and "rank_directory" in made
-    con = model.connect()
-    try:
-        ctx = Context(model=model, con=con, options=Options(), made=made)
-        assert collective_count(ctx) == len(model.tables["collectives"]) > 0   # the detector makes it
-    finally:
-        con.close()
-
-
 def _value_and_pid(x):
     return x * 2, os.getpid()
 

@@ -421,3 +421,14 @@ def test_attribution_lookups_give_what_left_joins_on_the_text_keys_give():
     keys = Addresses(addr)
     pd.testing.assert_frame_equal(attr.owner(keys, port), got)
     pd.testing.assert_series_equal(attr.peer_rank(keys, port), attr.peer_rank(addr, port))
+
+
+@pytest.mark.parametrize("captures, logs_only", [
+    ([], False),                                          # nothing read: no claim either way
+    ([{"kind": "loose", "files_read": []}], True),        # loose evidence alone
+    ([{"kind": "loose"}, {"host": "node1"}], False),      # logs beside a capture's bundle
+    ([{"host": "node0"}, {"host": "node1"}], False),
+])
+def test_a_model_of_loose_evidence_alone_says_it_was_made_from_logs_only(captures, logs_only):
+    from forensics.model import Model
+    assert Model(tables={}, hosts=[], captures=captures).logs_only is logs_only

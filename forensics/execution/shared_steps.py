@@ -63,8 +63,8 @@ class ModelStep:
 @dataclass(frozen=True)
 class DetectorStep:
     """A detector as a step: its value is :func:`~forensics.findings.base.run_detector`'s
-    (findings, problems). The values several detectors share (``@shared``) are made in each
-    process that needs them: at the front of the list the network detectors, which share the
+    (findings, problems). The values several detectors share (``Context.memo``) are made in
+    each process that needs them: at the front of the list the network detectors, which share the
     costliest (the TCP trouble per link), stay together in the child."""
 
     name: str

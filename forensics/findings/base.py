@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from ..model import derived
+from ..model import memo
 
 SCHEMA_VERSION = 1
 SEVERITIES = ("error", "warning", "info")
@@ -133,17 +133,17 @@ class Context:
     model: Any
     con: Any
     options: Options = field(default_factory=Options)
-    # the derived values made so far, by memo key (given made already: :func:`prefetch`)
-    made: dict = field(default_factory=dict, repr=False, compare=False)
+    # the values computed once so far (:meth:`memo`), by key
+    memos: dict = field(default_factory=dict, repr=False, compare=False)
 
     def table(self, name: str):
         return self.model.tables[name]
 
     def memo(self, key, make: Callable[[], Any]):
-        """``make()``'s result, computed once per analysis for ``key`` (a derived table
-        several detectors read, e.g. the TCP trouble per link): a DataFrame comes back as
-        a copy, so no detector changes another's view of it."""
-        return derived(self.made, key, make)
+        """``make()``'s result, computed once per analysis for ``key`` and kept in
+        :attr:`memos` (a table several detectors read, e.g. the TCP trouble per link): a
+        DataFrame comes back as a copy, so no detector changes another's view of it."""
+        return memo(self.memos, key, make)
 
     def sql(self, query: str, *params):
         return self.con.execute(query, list(params) if params else None).df()
@@ -161,7 +161,7 @@ def detector(name: str, *, kinds: tuple[str, ...], queries: bool = False) -> Cal
     fails it otherwise). A kind has one owner: every detector that emits it is defined in the
     same module (ValueError at registration otherwise). ``queries``: it may run SQL
     (:meth:`Context.sql`), so it runs where the database is (not in a forked process beside
-    the others, see :mod:`forensics.beside`)."""
+    the others, see :mod:`forensics.execution.shared_steps`)."""
     if not kinds:
         raise ValueError(f"detector {name!r} declares no finding kind")
 
@@ -214,33 +214,6 @@ class _NoDatabase:
 
 
 NO_DATABASE = _NoDatabase()
-
-
-# the derived tables several detectors share that need the model's frames alone, never the
-# database nor the tables made there (the TCP trouble per link, the hung communicators'
-# frontiers, who is who): each declared with @shared and made through Context.memo. With
-# more than one job, analyze makes them while DuckDB loads the event tables on another
-# thread (:func:`prefetch`), and the detectors find them made.
-_SHARED: list[Callable[[Context], Any]] = []
-
-
-def shared(fn: Callable[[Context], Any]) -> Callable[[Context], Any]:
-    _SHARED.append(fn)
-    return fn
-
-
-def prefetch(model, options: Options | None = None) -> dict:
-    """Every @shared value of ``model``, by its memo key (what ``Context(made=...)`` takes),
-    made from the model less its database tables (``Model.without_database_tables``). A
-    value that fails (one that reads such a table included) is left out: the detector that
-    needs it makes it itself, and says why if it fails there too."""
-    ctx = Context(model=model.without_database_tables(), con=None, options=options or Options())
-    for fn in _SHARED:
-        try:
-            fn(ctx)
-        except Exception:   # noqa: BLE001 - the detector meets the same error and says so
-            pass
-    return ctx.made
 
 
 def order(findings: list[Finding]) -> list[Finding]:

@@ -43,7 +43,7 @@ HOST_SOURCES = (
 
 def rank_hosts(ctx: Context) -> dict[int, tuple[str | None, str | None]]:
     """Global rank -> (its own host name, the capture node holding its evidence); either
-    may be None. Made once per analysis."""
+    may be None. A memo of the analysis (:meth:`Context.memo`)."""
     return ctx.memo("rank_hosts", lambda: rank_hosts_of(ctx.model))
 
 
@@ -83,7 +83,7 @@ def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
         where = rank_hosts(ctx)
     except Exception:   # noqa: BLE001 - a model without these tables: the detectors' own names stay
         where = {}
-    logs_only = bool(ctx.model.captures) and all(c.get("kind") == "loose" for c in ctx.model.captures)
+    logs_only = ctx.model.logs_only
     for f in findings:
         blamed = [int(r) for r in f.ranks if int(r) in where]
         own = sorted({where[r][0] for r in blamed if where[r][0]})

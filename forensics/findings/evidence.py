@@ -32,7 +32,6 @@ from ..model.nccl import world_ranks
 # tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
 from ..tcp.classes import (DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, dense_codes,  # noqa: F401
                            subsumed_sql)
-from .base import shared
 
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
@@ -71,7 +70,6 @@ class RankInfo:
         return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
 
 
-@shared
 def rank_directory(ctx) -> dict[int, RankInfo]:
     """Global rank -> host (its own name where the logs say it, else its capture's) and the
     address its TCP connections use (the most frequent one)."""
@@ -295,7 +293,6 @@ def capture_end_ns(ctx) -> int | None:
     return max(last) if last else None
 
 
-@shared
 def world_rank_map(ctx) -> pd.DataFrame:
     """(comm_id_hash, comm rank) -> global rank: a process's rank on the largest
     communicator it belongs to (the world, :func:`forensics.model.nccl.world_ranks`), so
@@ -324,12 +321,11 @@ WORLD_RANK_SQL = """seen AS (
 
 # --------------------------------------------------------------------------- TCP trouble per link
 
-@shared
 def trouble_events(ctx, classes=LOSS_CLASSES + ("reset",)) -> pd.DataFrame:
     """tcp_events of the given classes between two known ranks, with columns
     cls, sender, receiver (ranks: who sent the retransmission / the RST), a, b (the
-    unordered link), key (directed connection), src (which source saw it). Computed once
-    per analysis and classes (several detectors read it)."""
+    unordered link), key (directed connection), src (which source saw it). A memo of the
+    analysis per classes (several detectors read it)."""
     every = tuple(dict.fromkeys(LOSS_CLASSES + DATA_LOSS_CLASSES + ("reset",) + tuple(classes)))
     t = ctx.memo(("trouble_events", every), lambda: _trouble_events(ctx, every))
     return t[t["cls"].isin(classes).to_numpy()].reset_index(drop=True)

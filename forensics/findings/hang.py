@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector, shared
+from .base import Context, Finding, detector
 from ..model.windows import common_end
 from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
@@ -57,7 +57,6 @@ FRONTIER_COLUMNS = ["comm_id_hash", "kind", "op_count", "op", "nranks", "members
                     "stuck_at", "first_entry_ns", "waited_ns", "last_progress_ns", "p99_ns", "nranks_claimed"]
 
 
-@shared
 def hang_frontiers(ctx) -> pd.DataFrame:
     """Per hung communicator: what kind of hang, and at which collective.
 

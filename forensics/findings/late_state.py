@@ -380,7 +380,7 @@ def _stuck_socket_ranks(ctx, members: set[int]) -> list[int]:
 # --------------------------------------------------------------------------- the verdicts
 
 def late_verdicts(ctx: Context) -> list[Finding]:
-    """:func:`late_hang_findings`, made once per analysis: the sources ``state at capture``
+    """:func:`late_hang_findings`, a memo of the analysis: the sources ``state at capture``
     of :mod:`.precedence` take their kinds from it (hangs for ``hang_state``, resets for
     ``reset_state``)."""
     return list(ctx.memo("late_hang_findings", lambda: late_hang_findings(ctx)))

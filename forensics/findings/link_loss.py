@@ -22,7 +22,7 @@ def link_loss_rates(ctx: Context) -> pd.DataFrame:
     """Per link between two ranks (a < b): its retransmitted or lost data segments (``lost``:
     per directed connection the larger of the two, each counted once over the captures that
     saw it), its data segments (``data``: flow_timing's, the capture that saw the most), the
-    ``rate`` and whether it is ``lossy`` (LOSSY_RATE and LOSSY_MIN_SEGMENTS). Made once per
+    ``rate`` and whether it is ``lossy`` (LOSSY_RATE and LOSSY_MIN_SEGMENTS). A memo of the
     analysis: the blame, the severity floor and the headline all read it."""
     return ctx.memo("link_loss_rates", lambda: _link_loss_rates(ctx))
 

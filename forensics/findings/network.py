@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector, impact_severity, shared
+from .base import Context, Finding, detector, impact_severity
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
 from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, clean_baselines, collective_windows,
@@ -355,7 +355,6 @@ def _rtt_split(cand: pd.DataFrame) -> int | None:
     return k
 
 
-@shared
 def link_queue_delays(ctx) -> pd.DataFrame:
     """Per link (a, b): ``q``, the clean ACK round-trip p90 that *every* data connection of the
     link shows (per connection the largest over the capture points that saw it, then the least
@@ -364,7 +363,7 @@ def link_queue_delays(ctx) -> pd.DataFrame:
     connection through it; loss delays only the segments behind a hole, and
     Linux's delayed ACK (up to 40 ms for a lone small segment) only the directions that
     carry little, which are left out (less than BULK_SHARE of the busiest connections' bytes).
-    Made once per analysis: network_loss and slow_link read it up to five times."""
+    A memo of the analysis: network_loss and slow_link read it up to five times."""
     return ctx.memo("link_queue_delays", lambda: _link_queue_delays(ctx))
 
 

@@ -120,7 +120,7 @@ PRECEDENCE: dict[str, Source] = {
 
 def consult(ctx: Context, name: str) -> list[Finding]:
     """The findings of the source ``name`` (:data:`PRECEDENCE`), or none when a source that
-    takes precedence over it saw the event; made once per analysis."""
+    takes precedence over it saw the event; a memo of the analysis (:meth:`Context.memo`)."""
     return list(ctx.memo(f"precedence:{name}", lambda: _consult(ctx, name)))
 
 

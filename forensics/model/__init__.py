@@ -10,7 +10,6 @@ live in :mod:`forensics.model.schema`.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -28,10 +27,6 @@ from .hosts import HostPart, read_host
 from .skew import SkewEstimate, estimate_skew
 
 
-# the tables connect() makes with SQL (an empty frame until then)
-MADE_BY_CONNECT = ("collectives",)
-
-
 @dataclass
 class Model:
     tables: dict[str, pd.DataFrame]
@@ -44,10 +39,12 @@ class Model:
     def __getitem__(self, name: str) -> pd.DataFrame:
         return self.tables[name]
 
-    def without_database_tables(self) -> Model:
-        """This model less the tables :meth:`connect` makes in DuckDB (``collectives``): what
-        may be read on one thread while another connects (it sets them when done)."""
-        return dataclasses.replace(self, tables={k: v for k, v in self.tables.items() if k not in MADE_BY_CONNECT})
+    @property
+    def logs_only(self) -> bool:
+        """Whether this model was made from the logs alone: every input was loose evidence
+        (:mod:`forensics.loose`), so no tracer, no packets and no process facts of a capture.
+        The verdict, the findings' wording and the report's first lines say so."""
+        return bool(self.captures) and all(c.get("kind") == "loose" for c in self.captures)
 
     def skew_report(self) -> str:
         if len(self.captures) < 2:
@@ -71,13 +68,13 @@ class Model:
         return con
 
 
-def derived(store: dict, key, make):
-    """``make()`` computed once for ``key`` and kept in ``store`` (the tables the detectors
+def memo(memos: dict, key, make):
+    """``make()`` computed once for ``key`` and kept in ``memos`` (the values the detectors
     share, ``findings.Context.memo``; the report's, ``report.data.memo``): a DataFrame or dict
     comes back as a copy, so no reader changes another's view of it."""
-    if key not in store:
-        store[key] = make()
-    v = store[key]
+    if key not in memos:
+        memos[key] = make()
+    v = memos[key]
     return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
 
 

@@ -138,7 +138,7 @@ class Attribution:
             self.netns_owner = npids[n == 1].drop_duplicates(["host", "netns"])[["host", "netns", "pid", "rank"]]
         else:
             self.netns_owner = pd.DataFrame(columns=["host", "netns", "pid", "rank"])
-        # the lookup tables as the queries below read them (prepared once, not per query)
+        # the lookup tables as the queries below read them (built here once, not per query)
         e = self.endpoints.astype({"addr": str})
         self._endpoints = _Table(e.assign(port=pd.to_numeric(e["port"])), ("pid", "rank"), by_port=True)
         self._addr_rank = _Table(self.addr_rank.astype({"addr": str}), ("rank",), by_port=False)

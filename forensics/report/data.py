@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..model import derived
+from .. import model as event_model
 from ..model.nccl import world_ranks
 from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of
 
@@ -106,11 +106,12 @@ def with_global_rank(model, df: pd.DataFrame) -> pd.DataFrame:
 
 
 def memo(analysis, key: str, compute):
-    """``compute()`` computed once per analysis and kept in ``analysis.memos`` (where
-    :func:`forensics.report.model_steps` may have put it already, made in another process);
-    each caller gets its own copy to change."""
+    """``compute()`` computed once per analysis and kept in ``analysis.memos``
+    (:func:`forensics.model.memo`; :func:`forensics.report.model_steps` may have put it there
+    already, made in another process); each caller gets its own copy to change. An analysis
+    without memos (a test's stand-in) computes it each time."""
     memos = getattr(analysis, "memos", None)
-    return compute() if memos is None else derived(memos, key, compute)
+    return compute() if memos is None else event_model.memo(memos, key, compute)
 
 
 def rank_table(analysis) -> pd.DataFrame:
@@ -454,7 +455,7 @@ class Progress:
 
 
 def progress_of(analysis) -> list[Progress]:
-    """:func:`progress` of the analysis's model, made once (the timeline, the hang tables and
+    """:func:`progress` of the analysis's model, a memo (the timeline, the hang tables and
     the Markdown all read it; :func:`forensics.report.model_steps` makes it beside the detectors)."""
     return memo(analysis, "progress", lambda: progress(analysis.model))
 

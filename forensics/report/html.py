@@ -395,7 +395,7 @@ def _skew(rows: list[dict]) -> tuple[list[dict], int]:
 
 
 def heatmap(analysis, ranks: pd.DataFrame):
-    """:func:`figures.heatmap`, made once per analysis (it needs the model alone: see
+    """:func:`figures.heatmap`, a memo of the analysis (it needs the model alone: see
     :func:`forensics.report.model_steps`)."""
     return data.memo(analysis, "heatmap", lambda: figures.heatmap(analysis, ranks=ranks))
 
@@ -460,7 +460,7 @@ def context(analysis) -> dict[str, Any]:
         "show_hang": show_hang, "stuck": stuck, "hang_tables": hang_tables,
         "captures": captures, "capture_hosts": capture_hosts, "hosts_left": hosts_left,
         "notes": list(getattr(model, "notes", [])),
-        "logs_only": bool(model.captures) and all(c.get("kind") == "loose" for c in model.captures),
+        "logs_only": model.logs_only,
         "nwarn": len(model.tables.get("nccl_warnings", ())),
         "nwatchdog": len(model.tables.get("watchdog_events", ())),
         "skew": skew, "skew_left": skew_left, "problems": analysis.problems,

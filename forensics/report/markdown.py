@@ -65,12 +65,11 @@ def render(analysis) -> str:
     lines = ["# stallscope: " + text(analysis.verdict()), ""]
     if serious:
         lines += [f"- **{fl.label}:** {text(fl.text)}" for fl in data.first_screen(analysis, serious[0])]
-    loose = [c for c in model.captures if c.get("kind") == "loose"]
     hosts = [str(h) for h in model.hosts]
     hosts_txt = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'} ({text(', '.join(hosts[:6]))}" \
         + (" …)" if len(hosts) > 6 else ")")
-    if loose and len(loose) == len(model.captures):     # the logs alone
-        read = sum(len(c.get("files_read") or []) for c in loose)
+    if model.logs_only:
+        read = sum(len(c.get("files_read") or []) for c in model.captures)
         lines.append(f"- **Read:** {hosts_txt}; the logs alone: {read} file(s), {len(model.tables['nccl_warnings'])} "
                      f"NCCL WARN lines, {len(model.tables.get('watchdog_events', ()))} PyTorch watchdog lines")
     else:

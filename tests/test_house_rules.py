@@ -1,5 +1,5 @@
-"""The house rules the product's code keeps (the working rules of docs/DESIGN.md), checked on
-its source with :mod:`ast`, so that a change that breaks one fails here, naming where.
+"""The house rules the product's code keeps (docs/DESIGN.md, "House rules"), checked on its
+source with :mod:`ast`, so that a change that breaks one fails here, naming where.
 
 - No private name across modules: ``from X import _name``, ``import X._name`` and
   ``X._name`` (X a module of the project) only inside the module that defines ``_name``; a

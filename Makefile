@@ -16,7 +16,8 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min image-tag image clean
+.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min watch-unknown-jobs \
+  image-tag image clean
 
 all: test
 
@@ -87,6 +88,11 @@ lab:
 # minutes writes no bundle, while two hangs injected beside it each get theirs
 watch-clean-5min: debs venv
 	STALLSCOPE_WATCH_CLEAN_S=300 $(PY) -m pytest -q -p no:cacheprovider tests/test_watch.py -k under_watch
+
+# the watcher before jobs it knows nothing about, the whole matrix (~6 minutes): the first job 30-60 s
+# after it, a second from another copy, one in its own mount namespace, one it cannot trace
+watch-unknown-jobs: debs venv
+	STALLSCOPE_UNKNOWN_ALL=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_watch_unknown.py
 
 regimes-clean-10: debs venv
 	@ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do \

@@ -17,7 +17,9 @@ per-pair values, the CPU the capture and bpftrace used, and the verdict
 against the 2% target.
 
 ``--watch`` (issue 13) measures the black box instead: the traced rounds run
-``python3 -m capture --watch --ring-bytes R`` (the tracer in ring mode, without the collectives'
+``python3 -m capture --watch --ring-bytes R`` as deploy/ runs it, with no --pid and no
+--nccl-lib, started before the job (its tracer is restarted on the job's library when that
+appears: the re-attach is part of what is measured; the tracer in ring mode, without the collectives'
 returns unless ``--capture-arg=--call-returns``; the packet ring, which with the
 default ``--pcap-ring on-trouble`` runs only after TCP trouble, so not on this healthy job:
 ``--capture-arg=--pcap-ring=always`` measures the always-on ring, whose tcpdump taps every
@@ -220,8 +222,9 @@ class Watch(Capture):
     ring_bytes = "1G"
 
     def argv(self, job_pid: int) -> list[str]:
-        return [sys.executable, "-m", "capture", "--watch", "--pid", str(job_pid), "--nccl-lib",
-                str(BUILD / "libnccl.so.2"), "-o", str(self.bundles), "--ring-bytes", self.ring_bytes]
+        # as deployed (deploy/): no --pid, no --nccl-lib; the job starts after the watcher, whose
+        # tracer is restarted on the job's library when it appears (the re-attach is measured too)
+        return [sys.executable, "-m", "capture", "--watch", "-o", str(self.bundles), "--ring-bytes", self.ring_bytes]
 
     def __init__(self, work: Path, job_pid: int, extra: list[str]):
         super().__init__(work, job_pid, extra)

@@ -79,15 +79,22 @@ class Jobs:
                 return pid
         return None
 
-    def discover(self, symbols) -> list[procs.ProcInfo]:
+    def discover(self, symbols, by_env: bool = False) -> list[procs.ProcInfo]:
         """Processes of the job not followed yet (``symbols``: the NCCL API a library must
-        export to count); each is added with its namespace."""
+        export to count; ``by_env``: a process carrying NCCL_* variables counts too, see
+        ``procs.discover``); each is added with its namespace."""
         found = procs.discover(symbols, pids=self.o.pids or None, nccl_lib_override=self.o.nccl_libs,
-                               skip=set(self.procs), not_nccl=self.not_nccl)
+                               skip=set(self.procs), not_nccl=self.not_nccl, by_env=by_env)
         for info in found:
             self.procs[info.pid] = info
             self.ensure_netns(info.netns_inode, info.pid).pids.append(info.pid)
         return found
+
+    def refresh_libraries(self, symbols) -> list[procs.ProcInfo]:
+        """The followed processes whose NCCL, CUDA runtime or driver libraries changed since
+        they were read (a job found before it loaded them, a library loaded later)."""
+        return [info for pid, info in sorted(self.procs.items())
+                if os.path.isdir(f"/proc/{pid}") and procs.refresh(info, symbols, self.o.nccl_libs)]
 
     def forget(self, pid: int) -> None:
         """Stop following a process (the watcher, once it is long gone)."""

@@ -297,6 +297,64 @@ class RingMonitor(ProgressMonitor):
             self.thread_last.pop(tid, None)
 
 
+# --------------------------------------------------------------------------- the tracer-free trigger
+class QuietJobs:
+    """A hang seen without the tracer, for the jobs it does not cover (NCCL linked statically or
+    with its symbols hidden, an untraceable build, a tracer that failed or cannot run): from the
+    ss series the watcher samples anyway (``capture.collectors.ss_series``: every --ss-every s,
+    each namespace of the job), per process, the bytes its TCP connections had acknowledged and
+    received. A process is quiet when none of that moved for ``after`` while data waited on one
+    of its connections (bytes unacknowledged, or queued to send or to be read): a stalled
+    collective, not a job between steps, whose queues are empty. Only processes with a data
+    connection (one that carried ``DATA_BYTES``) count: a launcher or a shell that carries NCCL_*
+    variables never looks hung."""
+
+    DATA_BYTES = 1 << 20
+
+    def __init__(self):
+        self.seen: dict[int, int] = {}                  # netns inode -> time of the sample read
+        self.procs: dict[int, dict] = {}               # pid -> its counters and times
+
+    def feed(self, latest: dict[int, tuple[int, bytes]], pids: set[int]) -> None:
+        """Read the samples not read yet (``latest``: netns inode -> (CLOCK_MONOTONIC ns, ss
+        text)) for the processes ``pids``."""
+        from .procs import parse_ss_tinp
+        for inode, (t, text) in list(latest.items()):
+            if self.seen.get(inode) == t:
+                continue
+            self.seen[inode] = t
+            per: dict[int, list[dict]] = {}
+            for row in parse_ss_tinp(text.decode("utf-8", "replace")):
+                if row.get("state") != "ESTAB":
+                    continue
+                for pid in set(row.get("pids") or ()) & pids:
+                    per.setdefault(pid, []).append(row)
+            for pid, rows in per.items():
+                self._sample(pid, t, rows)
+
+    def _sample(self, pid: int, t: int, rows: list[dict]) -> None:
+        st = self.procs.setdefault(pid, {"moved": None, "last_move": t, "data": False, "waiting": 0,
+                                         "sockets": 0})
+        moved = sum(r.get("bytes_acked", 0) + r.get("bytes_received", 0) for r in rows)
+        if st["moved"] is None or moved > st["moved"]:
+            st["last_move"] = t
+        st["moved"] = moved
+        st["data"] |= any(r.get("bytes_acked", 0) + r.get("bytes_received", 0) >= self.DATA_BYTES for r in rows)
+        st["waiting"] = sum(1 for r in rows if r.get("unacked", 0) or r.get("send_q", 0) or r.get("recv_q", 0))
+        st["sockets"] = len(rows)
+
+    def stuck(self, now_ns: int, after_ns: int) -> list[dict]:
+        """The quiet processes: {pid, quiet_ns, waiting (connections with data waiting), sockets}."""
+        return [{"pid": pid, "quiet_ns": now_ns - st["last_move"], "waiting": st["waiting"], "sockets": st["sockets"],
+                 "last_move_ns": st["last_move"]}
+                for pid, st in sorted(self.procs.items())
+                if st["data"] and st["waiting"] and now_ns - st["last_move"] >= after_ns]
+
+    def forget(self, pids) -> None:
+        for pid in pids:
+            self.procs.pop(pid, None)
+
+
 # --------------------------------------------------------------------------- the log trigger
 # each starts with a literal, which re finds at memchr speed: an alternation, or a leading
 # character class ("[Cc]ollective"), makes re try every byte of a chatty job's logs (60x slower:

@@ -34,6 +34,7 @@ class BundlePolicy:
     tracer_ring: bool = False          # the tracer keeps its records in a kernel ring (bpf/README.md)
     stacks_at_start: bool = True       # --stacks always/auto run from the start of the capture
     buffered_pcap: bool = False        # tcpdump buffers packets (flushed with SIGUSR2 before a cut)
+    jobs_by_env: bool = False          # a process with NCCL_* variables but no NCCL library is a job too
 
     def spool_max_age(self) -> float | None:
         """How long the tracer's spooled segments are kept (None: until the byte share is used)."""
@@ -67,6 +68,9 @@ class RingPolicy(BundlePolicy):
     tracer_ring: bool = True
     stacks_at_start: bool = False      # stacks are taken at an incident (capture.watch)
     buffered_pcap: bool = True
+    # the watcher knows nothing of the jobs it protects: one whose NCCL cannot be traced (linked
+    # statically, symbols hidden) is still a job, for the tracer-free hang trigger
+    jobs_by_env: bool = True
 
     def spool_max_age(self) -> float | None:
         return self.age_s

@@ -736,11 +736,12 @@ def netns_established(pid: int | str) -> dict[int, str]:
     return out
 
 
-_SS_HEAD = re.compile(r"^(?P<state>\S+)\s+\d+\s+\d+\s+(?P<local>\S+)\s+(?P<peer>\S+)(?P<rest>.*)$")
+_SS_HEAD = re.compile(r"^(?P<state>\S+)\s+(?P<recv_q>\d+)\s+(?P<send_q>\d+)\s+(?P<local>\S+)\s+(?P<peer>\S+)"
+                      r"(?P<rest>.*)$")
 
 
 def parse_ss_tinp(text: str) -> list[dict]:
-    """``ss -tinpH`` (or without -H) -> one dict per socket: tuple, pids, retrans counters."""
+    """``ss -tinpH`` (or without -H) -> one dict per socket: tuple, queues, pids, counters."""
     out: list[dict] = []
     cur = None
     for line in text.splitlines():
@@ -750,6 +751,7 @@ def parse_ss_tinp(text: str) -> list[dict]:
         if m:
             local, peer = m.group("local"), m.group("peer")
             cur = {"state": m.group("state"), "local": local, "peer": peer,
+                   "recv_q": int(m.group("recv_q")), "send_q": int(m.group("send_q")),
                    "pids": [int(p) for p in re.findall(r"pid=(\d+)", m.group("rest"))]}
             out.append(cur)
             continue

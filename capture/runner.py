@@ -212,7 +212,7 @@ class Capture:
         o, s = self.o, self.s
         s.clock.append(clock_sample())
         s.jobs.own()
-        s.jobs.discover(tracer.NCCL_SYMBOLS)
+        s.jobs.discover(tracer.NCCL_SYMBOLS, by_env=s.policy.jobs_by_env)
         if o.pids:
             missing = [p for p in o.pids if p not in s.procs]
             if missing:
@@ -257,12 +257,15 @@ class Capture:
         """New processes of the job (and their namespaces and interfaces), and interfaces newly
         in use by those already followed, handed to every collector."""
         s = self.s
-        fresh = s.jobs.discover(tracer.NCCL_SYMBOLS)
+        fresh = s.jobs.discover(tracer.NCCL_SYMBOLS, by_env=s.policy.jobs_by_env)
+        changed = [i for i in s.jobs.refresh_libraries(tracer.NCCL_SYMBOLS) if i not in fresh]
         if fresh:
             s.log(f"new NCCL process(es): {', '.join(str(i.pid) for i in fresh)}")
             packets = self.collector("tcpdump")
             new_ns, new_ifaces = s.jobs.adopt(fresh, packets.has_tap if packets else (lambda inode: False))
             self.each("adopt", fresh, new_ns, new_ifaces)
+        if changed:
+            self.each("adopt", changed, [], [])
         later = s.jobs.refresh_ifaces()
         if later:
             s.log("interfaces now in use: " + ", ".join(f"{ns.label}/{i}" for ns, i in later))

@@ -483,6 +483,8 @@ class _Span:
 
     def __init__(self):
         self.start = self.stop = self.lo = self.hi = None
+        self.last_start = None
+        self.stops: list[int] = []
 
     def add(self, kind: str, ev: dict) -> None:
         if kind == "offcpu":
@@ -490,8 +492,9 @@ class _Span:
         t = ev.get("t")
         if kind == "tracer_start" and isinstance(t, int):
             self.start = t if self.start is None else min(self.start, t)
+            self.last_start = t if self.last_start is None else max(self.last_start, t)
         elif kind in ("tracer_stopped", "tracer_end") and isinstance(t, int):
-            self.stop = t if self.stop is None else min(self.stop, t)
+            self.stops.append(t)
         for k in ("t0", "t", "t1"):
             v = ev.get(k)
             if isinstance(v, int) and v > 0:
@@ -499,6 +502,10 @@ class _Span:
                 self.hi = v if self.hi is None else max(self.hi, v)
 
     def result(self) -> list[int] | None:
+        # a tracer restarted (capture.collectors.tracing) ran several programs: the span ends
+        # with the last one's stop (or end) mark, the first mark after its start
+        last_run = [t for t in self.stops if self.last_start is None or t >= self.last_start]
+        self.stop = min(last_run) if last_run else None
         first = self.start if self.start is not None else self.lo
         last = self.stop if self.stop is not None else self.hi
         return [first, last] if first is not None and last is not None and first <= last else None

@@ -66,17 +66,34 @@ class Spool:
         self.dropped_lines = 0    # hot-path records of dropped segments
         self.dropped_segments = 0
         self.attached_probes: int | None = None
+        self.ring_dumps = 0       # ring mode: dumps of the record ring read (their end marks)
         self._segments: list[Path] = []
         self._seg_fh = None
         self._seg_size = 0
         self._carry = b""
         self._seq = 0
         self._thread: threading.Thread | None = None
+        self._nonblocking()
+
+    def _nonblocking(self) -> None:
         try:
             os.set_blocking(self.fd, False)
             fcntl.fcntl(self.fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
         except OSError:
             pass
+
+    def follow(self, stream) -> "Spool":
+        """Go on with a new bpftrace's stdout (the tracer restarted on other libraries): the
+        reader of the old one is done (its end of file read), the same segments, byte share
+        and counters go on; ``ready``, ``ended`` and ``stopped`` are the new program's."""
+        self.join(timeout=30)
+        self.stream = stream
+        self.fd = stream.fileno()
+        self._nonblocking()
+        for ev in (self.ready, self.ended, self.stopped, self.done):
+            ev.clear()
+        self.attached_probes = None
+        return self.start()
 
     # -- the reader
     def start(self) -> "Spool":
@@ -135,6 +152,8 @@ class Spool:
             self.ended.set()
         if b'"tracer_stopped"' in whole:
             self.stopped.set()
+        if RING_DUMP_TAG in whole:
+            self.ring_dumps += whole.count(RING_DUMP_TAG)
         self._append(whole)
 
     def _append(self, whole: bytes) -> None:

@@ -51,7 +51,7 @@ from . import bundle_files as bd
 from . import procs, tracer
 from .collectors import RING
 from .incident import IncidentWriter
-from .monitors import LogWatch, ProgressMonitor, RingMonitor
+from .monitors import LogWatch, ProgressMonitor, QuietJobs, RingMonitor
 from .options import CaptureResult, CaptureUsageError
 from .policy import RingPolicy
 from .runner import Capture
@@ -80,6 +80,9 @@ class Watcher:
         self.monitor: ProgressMonitor | None = None
         self.stuck_kw: dict = {}
         self.logwatch = LogWatch()
+        self.quiet = QuietJobs()                    # the tracer-free hang trigger
+        self.quiet_cleared: dict[int, int] = {}     # pid -> its last move when its quiet hang was reported
+        self.ss = self.cap.collector("ss-series")
         self.logs_found: tuple[float, frozenset, list] | None = None    # (when, pids, log_paths())
         self.incident: dict | None = None           # the open incident: triggers, due time
         self.last_incident_end = -1e18              # monotonic s
@@ -215,6 +218,7 @@ class Watcher:
         if now >= self.next_logs:
             self.next_logs = now + 2.0
             self.check_logs()
+            self.check_quiet()
         if now >= self.next_prune:
             self.next_prune = now + 10.0
             self.prune()
@@ -267,6 +271,40 @@ class Watcher:
         self.fire(Trigger("hang", f"collective in flight with nothing returned for {quiet:.0f}s (hang after "
                           f"{after / 1e9:g}s) in {', '.join(ranks)}", time.time_ns(), now_ns, pids=pids,
                           source="tracer"))
+
+    def untraced(self) -> set[int]:
+        """The followed processes whose NCCL calls the tracer does not see: no tracer running,
+        or none of their NCCL libraries among those it covers (static, hidden, not yet attached)."""
+        s, tr = self.s, self.tracing
+        if not tr.alive():
+            return set(s.procs)
+        return {pid for pid, info in s.procs.items() if not any(l.key in tr.covered for l in info.nccl_libs)}
+
+    def check_quiet(self) -> None:
+        """The tracer-free hang trigger (``QuietJobs``) on the processes the tracer does not cover."""
+        pids = self.untraced()
+        if not pids or self.ss is None:
+            return
+        self.quiet.feed(self.ss.latest, pids)
+        now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        after = int((self.o.hang_after_s or HANG_AFTER_FLOOR_S) * 1e9)
+        stuck = [st for st in self.quiet.stuck(now_ns, after)
+                 if st["pid"] in pids and self.quiet_cleared.get(st["pid"]) != st["last_move_ns"]]
+        if not stuck:
+            return
+        for st in stuck:     # once: again only after its connections moved
+            self.quiet_cleared[st["pid"]] = st["last_move_ns"]
+        ranks = []
+        for st in stuck:
+            info = self.s.procs.get(st["pid"])
+            r = info.rank_facts().get("rank") if info else None
+            why = ", ".join(info.job_reasons) if info and info.job_reasons else "job"
+            ranks.append(f"pid {st['pid']}" + (f" (rank {r})" if r is not None else "") + f" [{why}]")
+        quiet = max(st["quiet_ns"] for st in stuck) / 1e9
+        self.fire(Trigger("hang", f"no TCP progress for {quiet:.0f}s with data waiting on "
+                          f"{sum(st['waiting'] for st in stuck)} connection(s) (hang after {after / 1e9:g}s; "
+                          f"its NCCL calls are not traced) in {', '.join(ranks)}", time.time_ns(), now_ns,
+                          pids=[st["pid"] for st in stuck], source="tracer-free (ss series)"))
 
     def log_paths(self) -> list[tuple[str, str]]:
         """The job's logs to tail, found again when its processes change or every
@@ -327,6 +365,8 @@ class Watcher:
         for pid in gone:
             s.jobs.forget(pid)
             self.dead_since.pop(pid, None)
+            self.quiet_cleared.pop(pid, None)
+        self.quiet.forget(gone)
         if gone and self.monitor is not None:
             self.monitor.forget(gone)
         self.packets.prune(keep_s)

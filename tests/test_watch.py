@@ -26,7 +26,7 @@ from capture_helpers import send_last_datagrams, udp_payloads_in_bundle
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
-from capture import monitors, tracer, tracer_spool, triggers
+from capture import monitors, tracer, tracer_events, tracer_spool, triggers
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -303,6 +303,69 @@ def test_spool_ring_drops_old_segments_and_compacts_the_kept_lines(tmp_path):
     kept = (raw / tracer_spool.KEEP_FILE).read_bytes()
     assert b"tcp_retransmit_skb" not in kept and b"comm_init" in kept
     os.close(w)
+
+
+def test_spool_follows_a_restarted_tracer_into_the_same_segments(tmp_path):
+    """A tracer restarted on other libraries (capture.collectors.tracing) goes on into the same
+    spool: the same segments, one stream; the new program's start mark makes it ready again."""
+    raw = tmp_path / "raw"
+    r1, w1 = os.pipe()
+    sp = tracer_spool.Spool(os.fdopen(r1, "rb"), raw, max_bytes=1 << 20, poll_s=0.01).start()
+    os.write(w1, b'{"ev":"tracer_start","t":100,"tracer_pid":1}\n{"ev":"ring_dump","t":150,"slots":4}\n'
+                 b'{"ev":"tracer_end","t":200}\n')
+    os.close(w1)
+    assert sp.join(5) and sp.ready.is_set() and sp.ended.is_set() and sp.ring_dumps == 1
+    r2, w2 = os.pipe()
+    sp.follow(os.fdopen(r2, "rb"))
+    assert not sp.ready.is_set() and not sp.ended.is_set()
+    os.write(w2, b'{"ev":"tracer_start","t":300,"tracer_pid":2}\n{"ev":"tracer_end","t":400}\n')
+    os.close(w2)
+    assert sp.join(5) and sp.ready.is_set() and sp.ended.is_set()
+    text = b"".join(p.read_bytes() for p in tracer_spool.raw_files(raw))
+    assert text.count(b"tracer_start") == 2 and text.index(b'"t":100') < text.index(b'"t":300')
+    assert sp.lines == 5
+    # the events it becomes cover both programs: from the first start to the last one's end
+    out = tmp_path / "events.jsonl"
+    summ = tracer_events.postprocess(raw, out, 1 << 20)
+    assert summ["span_monotonic_ns"] == [100, 400], summ.get("span_monotonic_ns")
+
+
+def _ss_text(rows):
+    """ss -tinpeH lines for (local, peer, pid, acked, received, unacked, send_q, recv_q)."""
+    out = []
+    for local, peer, pid, acked, rcvd, unacked, sq, rq in rows:
+        out.append(f'ESTAB {rq} {sq} {local} {peer} users:(("rank",pid={pid},fd=5)) ino:1\n'
+                   f"\t cubic bytes_acked:{acked} bytes_received:{rcvd} unacked:{unacked}\n")
+    return "".join(out).encode()
+
+
+def test_quiet_jobs_tell_a_stalled_collective_from_a_job_between_steps():
+    """The tracer-free trigger: connections that stopped moving with data waiting are a hang;
+    the same silence with empty queues (a job between steps, a launcher) is not."""
+    q = monitors.QuietJobs()
+    S = 10**9
+    big = 50 << 20
+    a, b = "10.0.0.1:5000", "10.0.0.2:6000"
+    # t=0..4 s: moving; then frozen from t=4 s with 3 bytes unacknowledged on pid 7's connection
+    for i, t in enumerate((0, 2, 4)):
+        q.feed({1: (t * S, _ss_text([(a, b, 7, big + i * S, big, 0, 0, 0), (b, a, 8, big, big + i * S, 0, 0, 0)]))},
+               {7, 8})
+    for t in (6, 8, 40):
+        q.feed({1: (t * S, _ss_text([(a, b, 7, big + 2 * S, big, 3, 65536, 0),
+                                     (b, a, 8, big, big + 2 * S, 0, 0, 0)]))}, {7, 8})
+    stuck = q.stuck(40 * S, 30 * S)
+    assert [st["pid"] for st in stuck] == [7] and stuck[0]["quiet_ns"] == 36 * S and stuck[0]["waiting"] == 1
+    assert q.stuck(20 * S, 30 * S) == []                       # not quiet long enough yet
+    # a sample already read is not read again; a process not asked about is not judged
+    q.feed({1: (40 * S, b"")}, {7, 8})
+    assert [st["pid"] for st in q.stuck(40 * S, 30 * S)] == [7]
+    # idle between steps: quiet, queues empty -> no hang; a small control connection -> no data socket
+    idle = monitors.QuietJobs()
+    for t in (0, 40):
+        idle.feed({1: (t * S, _ss_text([(a, b, 9, big, big, 0, 0, 0), (a, b, 10, 100, 100, 5, 5, 0)]))}, {9, 10})
+    assert idle.stuck(40 * S, 30 * S) == []
+    q.forget([7])
+    assert q.stuck(40 * S, 30 * S) == []
 
 
 # ---------------------------------------------------------------- a real watcher (root)

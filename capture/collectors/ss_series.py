@@ -33,6 +33,9 @@ class SsSeries(Collector):
         self.busy = threading.Event()
         self.sockdiag: dict[int, sockdiag.SockDiag | None] = {}   # netns inode -> its socket (None: use ss)
         self.last = 0.0
+        # the newest sample of each namespace (CLOCK_MONOTONIC ns, ss text): what the watcher's
+        # tracer-free hang trigger reads (capture.monitors.QuietJobs)
+        self.latest: dict[int, tuple[int, bytes]] = {}
 
     def start(self) -> None:
         self.last = time.monotonic()
@@ -93,6 +96,7 @@ class SsSeries(Collector):
                                      f"ss still running after {c.timeout_s:g}s: killed"),
                              stderr_tail=tail(se))
                     continue
+                self.latest[ns.inode] = (t_mono, so)
                 block = f"# stallscope-sample realtime_ns={t_ns} monotonic_ns={t_mono}\n".encode() + so
                 path = s.staging / s.fill(c.out, {"ns": ns, "phase": "continuous"})
                 st["stopped"] = s.policy.series_room(st, len(block), c.per_file_max, path, s.budget)

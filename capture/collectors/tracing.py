@@ -24,11 +24,24 @@ from ..session import LOG_CAP, clock_sample, tail, utc_span
 from .collector import Collector
 
 TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
+RETARGET_SETTLE_S = 1.0     # a job maps its libraries within a moment: they are traced together after this
+RETARGET_EVERY_S = 10.0     # at most one restart this often (a burst of new jobs is one restart)
+DETACH_AFTER_S = 60.0       # a traced library no followed process maps any more is detached after this
+RING_DUMP_WAIT_S = 5.0      # before a restart, the wait for the ring's records to be spooled
 
 
 class Tracing(Collector):
     """The tracer's bpftrace (``proc``) and its spool (``spool``, also ``session.spool``), and
-    the off-CPU sampler (``offcpu``). The manifest records ``tracer`` and ``offcpu``."""
+    the off-CPU sampler (``offcpu``). The manifest records ``tracer`` and ``offcpu``.
+
+    The tracer follows the libraries of the job: when a process maps an NCCL (or CUDA)
+    library the running program does not cover, from any mount namespace, the tracer is
+    restarted with the union of the libraries the followed processes map (``retarget``);
+    libraries whose last process is gone are dropped at the next restart, or after
+    ``DETACH_AFTER_S``. A restart first has the ring printed (ring mode), then stops bpftrace
+    (its END prints its last records) and starts the new program into the same spool; the
+    watcher's monitor keeps the call state it read. Each restart is listed in the record's
+    ``restarts``; the seconds between the two programs are not traced (bpf/README.md)."""
 
     name = "tracer"
     share = "tracer"
@@ -44,6 +57,14 @@ class Tracing(Collector):
         self.offcpu_span: list[int] | None = None     # UTC ns of the first and last off-CPU sample kept
         self.last_offcpu = 0.0
         self.stopper: threading.Thread | None = None
+        self.covered: dict[tuple, str] = {}    # NCCL libraries of the running program: (dev, inode) -> path
+        self.versions: dict[str, str] = {}     # their NCCL version strings, by path
+        self.retarget_why: str | None = None
+        self.retarget_at = 0.0
+        self.last_start = 0.0
+        self.last_check = 0.0
+        self.orphaned_since: float | None = None
+        self.restarts: list[dict] = []
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -71,14 +92,25 @@ class Tracing(Collector):
         if self.proc is not None and self.proc.poll() is not None and s.records["tracer"]["status"] == "running":
             s.record("tracer", status="failed")
             s.log("tracer exited early")
+        if self.proc is None or not self.alive():
+            return
+        if now - self.last_check >= 2.0:
+            self.last_check = now
+            self.check_orphans(now)
+        if self.retarget_why and now >= max(self.retarget_at, self.last_start + RETARGET_EVERY_S):
+            why, self.retarget_why = self.retarget_why, None
+            self.retarget(why)
 
     def adopt(self, fresh, new_ns, new_ifaces) -> None:
-        s = self.s
+        """New processes, or known ones whose libraries changed: those mapping an NCCL library the
+        running program does not cover get the tracer restarted for them (after a settle time)."""
         for info in fresh:
-            new_libs = {l.host_path for l in info.nccl_libs} - self.libs
-            if new_libs and self.proc is not None:
-                s.notes.append(f"pid {info.pid} maps {sorted(new_libs)} that appeared after the tracer "
-                               "started: its NCCL calls are not traced (use --nccl-lib)")
+            new = sorted({l.host_path for l in info.nccl_libs if l.key not in self.covered})
+            if new and self.proc is not None:
+                if not self.retarget_why:
+                    self.retarget_at = time.monotonic() + RETARGET_SETTLE_S
+                self.retarget_why = ((self.retarget_why + "; " if self.retarget_why else "")
+                                     + f"pid {info.pid} maps {', '.join(new)}")[:1000]
         if fresh and self.offcpu is not None:   # a first off-CPU sample right away (short jobs)
             try:
                 self.offcpu.sample([i.pid for i in fresh])
@@ -111,9 +143,9 @@ class Tracing(Collector):
             self.stderr_fh.close()
 
     # ------------------------------------------------------------------ the tracer
-    def start_tracer(self) -> None:
+    def start_tracer(self, restart: bool = False) -> None:
         """bpftrace on the libraries the job's processes map (and --nccl-lib's), its raw lines
-        spooled as they come."""
+        spooled as they come; ``restart``: a new program into the same spool and record."""
         s = self.s
         c = self.spec
         key = "tracer"
@@ -122,12 +154,21 @@ class Tracing(Collector):
         if reason:
             s.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=t0)
             return
+        self.last_start = time.monotonic()
         # --pid roots and their descendants alive now; later forks are followed in the kernel
         want = sorted(set(s.o.pids) | procs.descendants(s.o.pids)) if s.o.pids else []
         targets = tracer.TraceTargets(want_pids=want)
+        covered: dict[tuple, str] = {}
         for info in s.procs.values():
+            if not os.path.isdir(f"/proc/{info.pid}"):
+                continue              # gone: its libraries' paths may be gone with its mount namespace
             for lib in info.nccl_libs:
+                if lib.key in covered:
+                    continue          # the same file through another path (another namespace's)
+                covered[lib.key] = lib.host_path
                 targets.nccl.setdefault(lib.host_path, set()).update(lib.symbols or set(tracer.NCCL_SYMBOLS))
+                if lib.version:
+                    self.versions[lib.host_path] = lib.version
             for lib in info.cudart_libs:
                 targets.cudart.setdefault(lib.host_path, set()).update(lib.symbols & set(tracer.CUDART_SYMBOLS))
             for lib in info.cuda_libs:
@@ -156,6 +197,7 @@ class Tracing(Collector):
                 if cs and not any(os.path.samefile(real, k) for k in targets.cudart):
                     targets.cudart[real] = cs
         self.libs = set(targets.nccl)
+        self.covered = covered
         libc = tracer.own_libc()
         try:
             if libc and tracer.STOP_SYMBOL in exported_functions_cached(libc):
@@ -173,20 +215,26 @@ class Tracing(Collector):
         bpf_dir.mkdir(parents=True, exist_ok=True)
         script_path = bpf_dir / "nccl.generated.bt"
         script_path.write_text(script)
-        s.budget.take(len(script) + 1024)
+        if not restart:
+            s.budget.take(len(script) + 1024)
         argv = ["bpftrace", "-B", "line", str(script_path)]
-        self.stderr_fh = open(bpf_dir / "tracer.stderr.txt", "wb")
+        self.stderr_fh = open(bpf_dir / "tracer.stderr.txt", "ab" if restart else "wb")
         env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
                    BPFTRACE_MAP_KEYS_MAX=keys)
         self.proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.stderr_fh, env=env)
         # raw lines are spooled as they come (no parsing while the job runs) and become
         # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
-        self.spool = tracer_spool.Spool(self.proc.stdout, s.raw_dir, s.budget.tracer,
-                                        max_age_s=s.policy.spool_max_age()).start()
+        if restart and self.spool is not None:
+            self.spool.follow(self.proc.stdout)
+        else:
+            self.spool = tracer_spool.Spool(self.proc.stdout, s.raw_dir, s.budget.tracer,
+                                            max_age_s=s.policy.spool_max_age()).start()
         s.spool = self.spool
         s.record(key, status="running", command=shlex.join(["bpftrace", "-B", "line", "bpf/nccl.generated.bt"]),
-                 started_ns=t0, files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
+                 **({} if restart else {"started_ns": t0}),
+                 files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
                  libraries=sorted(targets.nccl), cuda_libraries=sorted(set(targets.cudart) | set(targets.cuda)),
+                 library_versions={p: v for p, v in sorted(self.versions.items()) if p in targets.nccl},
                  blocks=blocks, kernel_tracepoints=sorted(feats.tracepoints), btf=feats.btf,
                  call_returns=s.o.call_returns, **({"ring_slots": ring} if ring else {}))
 
@@ -202,6 +250,60 @@ class Tracing(Collector):
                 self.spool.join(2)
                 break
         return self.spool.ready.is_set()
+
+    # ------------------------------------------------------------------ following the job's libraries
+    def check_orphans(self, now: float) -> None:
+        """Traced libraries that no followed, live process maps any more: detached (a restart
+        without them) once that has lasted DETACH_AFTER_S, so the next job's tracer does not
+        keep uprobes on a file nobody runs."""
+        live = {lib.key for info in list(self.s.procs.values()) if os.path.isdir(f"/proc/{info.pid}")
+                for lib in info.nccl_libs}
+        if not self.covered or set(self.covered) <= live:
+            self.orphaned_since = None
+            return
+        self.orphaned_since = self.orphaned_since or now
+        if now - self.orphaned_since >= DETACH_AFTER_S and not self.retarget_why:
+            gone = sorted(p for k, p in self.covered.items() if k not in live)
+            self.retarget_why = f"no process maps {', '.join(gone)} any more"
+            self.retarget_at = now
+
+    def retarget(self, why: str) -> None:
+        """Restart the tracer on the libraries the followed processes map now. Ring mode: the
+        ring is printed first (its records would go with the program). The monitor reading the
+        spool keeps the call state it read; the spool and the record go on."""
+        s = self.s
+        t0 = time.time_ns()
+        before = sorted(self.covered.values())
+        if self.spool is not None and (s.records.get("tracer") or {}).get("ring_slots") and self.alive():
+            dumps = self.spool.ring_dumps
+            tracer.trigger_dump()
+            deadline = time.monotonic() + RING_DUMP_WAIT_S
+            while self.spool.ring_dumps == dumps and time.monotonic() < deadline and self.alive():
+                time.sleep(0.05)
+        self.halt()
+        self.start_tracer(restart=True)
+        after = sorted(self.covered.values())
+        self.restarts = self.restarts[-49:] + [{"at_ns": t0, "why": why, "libraries": after,
+                                                 "stopped_ns": t0, "started_ns": time.time_ns()}]
+        s.record("tracer", restarts=list(self.restarts))
+        s.log(f"tracer restarted ({why}): tracing {len(after)} NCCL librar{'y' if len(after) == 1 else 'ies'}"
+              + (f" (was {len(before)})" if before != after else ""))
+
+    def halt(self) -> None:
+        """Stop the running bpftrace for a restart: SIGINT, its END's last records spooled (bounded),
+        the spool's reader at the end of that program's output."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            children.kill_group(proc, signal.SIGINT)
+            deadline = time.monotonic() + TRACER_STOP_S + 0.5 * (self.spool.attached_probes or 50)
+            while time.monotonic() < deadline and proc.poll() is None and not self.spool.ended.is_set():
+                time.sleep(0.05)
+        children.stop(proc, signal.SIGINT, grace_s=10)
+        self.spool.join(timeout=15)
+        self.stderr_fh.close()
+        self.proc = None
 
     def stop_tracer(self) -> None:
         s = self.s

@@ -1,0 +1,203 @@
+"""The black box as an operator runs it (root, the lab): a watcher started long before jobs it
+knows nothing about, with no --pid and no --nccl-lib, as deploy/ runs it. Each job brings its
+own copy of the lab's NCCL from a path the watcher has never seen; the watcher must trace it
+(capture.collectors.tracing: the tracer restarted on the libraries that appear), catch its hang,
+and write a bundle that holds the onset and names the rank.
+
+The default suite runs one job (a link-down hang from a fresh library path) a short while after
+the watcher started. ``make watch-unknown-jobs`` runs the whole matrix (STALLSCOPE_UNKNOWN_ALL=1):
+the first job 30-60 s after the watcher, a mismatch hang from another copy after it, a job in its
+own mount namespace (a container: the library bind-mounted at a path that exists only there),
+and a job whose NCCL is linked in and stripped (nothing to trace: the tracer-free trigger)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, require_root, require_tool
+
+PY = sys.executable
+LAB = ROOT / "tests" / "lab"
+S = 1_000_000_000
+ALL = os.environ.get("STALLSCOPE_UNKNOWN_ALL") == "1"
+HANG_AFTER_S, AFTER_S = 5, 5
+SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
+
+
+def _wait_for(pred, timeout: float, what: str, poll: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+
+
+def _manifest(bundle: Path) -> dict:
+    with tarfile.open(bundle) as t:
+        name = next(n for n in t.getnames() if n.endswith("/manifest.json"))
+        return json.load(t.extractfile(name))
+
+
+class Watch:
+    """One watcher for the whole module (it sees every job of the host), and the jobs run under it
+    one after the other; each job's bundle is the one that appeared during it."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.bundles = base / "bundles"
+        self.bundles.mkdir()
+        self.err = base / "watch.err"
+        self.proc = subprocess.Popen(
+            [PY, "-m", "forensics", "capture", "--watch", "-o", str(self.bundles), "--status-every", "30s",
+             "--hang-after", f"{HANG_AFTER_S}s", "--after", f"{AFTER_S}s", "--before", "60s", "--cooldown", "0s"],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.err, "wb"))
+        _wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.proc.poll() is not None, 120,
+                  "the watcher to start")
+        assert self.proc.poll() is None, self.err.read_text()
+        self.started = time.monotonic()
+
+    def run_job(self, name: str, build: Path, lab_args: list[str], wrap: list[str] | None = None) -> dict:
+        """Run a lab job to its end (the launcher holds the hang, then tears it down); its truth and
+        the bundles written meanwhile."""
+        before = set(self.bundles.glob("stallscope-*.tar.gz"))
+        out = self.base / name
+        argv = [PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out / "lab"), *lab_args]
+        p = subprocess.run((wrap or []) + argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           timeout=400)
+        assert p.returncode == 0, p.stderr.decode()[-3000:]
+        time.sleep(2)
+        new = sorted(set(self.bundles.glob("stallscope-*.tar.gz")) - before)
+        return {"truth": json.loads((out / "lab" / "scenario.json").read_text()), "bundles": new}
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    require_root()
+    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc",
+                 "strip")
+    from tests.lab import netns
+    build = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(LAB), "all", "static", f"BUILD={build}"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    netns.sweep()
+    base = tmp_path_factory.mktemp("unknown")
+    watch = Watch(base)
+    try:
+        yield {"build": build, "base": base, "watch": watch}
+    finally:
+        watch.close()
+        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+
+
+def _fresh_copy(build: Path, where: Path) -> Path:
+    """The lab's binaries and libraries in a path nobody has used (a job's own venv or image)."""
+    dest = where / f"opt-{random.randrange(1 << 30):x}" / "nccl"
+    shutil.copytree(build, dest, ignore=shutil.ignore_patterns("static"))
+    return dest
+
+
+def _check(job: dict, watch: Watch, kind: str, link: bool, source: str | None = None) -> dict:
+    from forensics.analysis import analyze
+    truth = job["truth"]
+    onset = truth["fault"]["start_time_ns"]
+    assert len(job["bundles"]) == 1, (job["bundles"], watch.err.read_text()[-3000:])
+    m = _manifest(job["bundles"][0])
+    assert m["trigger"]["kind"] == "hang", m["trigger"]
+    if source:
+        assert m["trigger"]["source"].startswith(source), m["trigger"]
+    assert m["ended_ns"] - onset <= (HANG_AFTER_S + AFTER_S + 10) * S, (m["ended_ns"] - onset) / S
+    assert m["watch"]["window_ns"][0] <= onset - 5 * S
+    res = analyze([str(job["bundles"][0])])
+    top = res.findings[0]
+    assert top.kind == kind, [(f.kind, f.summary) for f in res.findings[:3]]
+    assert set(truth["fault"]["ranks"]) <= set(top.ranks), (top.ranks, top.summary)
+    if link:
+        addr = truth["fault"]["link"]["addr"]
+        assert any(addr in (lk.get("saddr"), lk.get("daddr")) for lk in top.links), top.links
+    return m
+
+
+def _traced(m: dict, lib_dir: Path) -> None:
+    """The tracer covered the job's own library (found by itself, not given)."""
+    rec = m["collectors"]["tracer"]
+    libs = [p for r in rec.get("restarts") or [] for p in r["libraries"]] + list(rec.get("libraries") or [])
+    assert any(str(lib_dir) in p or "/proc/" in p for p in libs), (libs, rec.get("restarts"))
+    assert m["options"]["pids"] == [] and m["options"]["nccl_libs"] == []
+    versions = {p.get("nccl_version") for p in m["processes"] if p.get("libnccl")}
+    assert versions and None not in versions, versions
+
+
+def test_a_job_from_an_unseen_library_path_is_traced_and_its_hang_caught(lab):
+    watch, base = lab["watch"], lab["base"]
+    delay = random.uniform(30, 60) if ALL else 8.0
+    time.sleep(max(0.0, delay - (time.monotonic() - watch.started)))
+    lib = _fresh_copy(lab["build"], base)
+    job = watch.run_job("link-down-a", lib, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
+                                             "--start-s", "14", "--hold-s", "25"] + SMALL)
+    m = _check(job, watch, "hang_stuck", True, source="tracer")
+    _traced(m, lib)
+    assert "tracer restarted" in watch.err.read_text()
+
+
+@pytest.mark.skipif(not ALL, reason="the full matrix: make watch-unknown-jobs (STALLSCOPE_UNKNOWN_ALL=1)")
+def test_a_second_job_from_another_copy_after_the_first(lab):
+    watch = lab["watch"]
+    lib = _fresh_copy(lab["build"], lab["base"])
+    job = watch.run_job("mismatch-b", lib, ["--scenario", "mismatch-hang", "--rank", "1", "--ranks", "3",
+                                            "--at-op", "150", "--hold-s", "25"] + SMALL)
+    m = _check(job, watch, "hang_mismatch", False, source="tracer")
+    _traced(m, lib)
+
+
+@pytest.mark.skipif(not ALL, reason="the full matrix: make watch-unknown-jobs (STALLSCOPE_UNKNOWN_ALL=1)")
+def test_a_job_in_its_own_mount_namespace(lab):
+    """As a container: the library bind-mounted at a path that exists only in the job's mount
+    namespace; the watcher reaches it through /proc/PID/root."""
+    watch = lab["watch"]
+    lib = _fresh_copy(lab["build"], lab["base"])
+    inside = "/run/stallscope-test-container/nccl"
+    script = (f"mkdir -p /run/stallscope-test-container && mount -t tmpfs tmpfs /run/stallscope-test-container && "
+              f"mkdir {inside} && mount --bind {lib} {inside} && exec \"$@\"")
+    job = watch.run_job("container-c", Path(inside),
+                        ["--scenario", "link-down-hang", "--rank", "1", "--ranks", "3", "--start-s", "14",
+                         "--hold-s", "25"] + SMALL,
+                        wrap=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
+    assert not Path(inside).exists()                     # the path exists only in the job's namespace
+    m = _check(job, watch, "hang_stuck", True, source="tracer")
+    rec = m["collectors"]["tracer"]
+    libs = [p for r in rec.get("restarts") or [] for p in r["libraries"]]
+    assert any(p.startswith("/proc/") and p.endswith("libnccl.so.2") for p in libs), libs
+
+
+@pytest.mark.skipif(not ALL, reason="the full matrix: make watch-unknown-jobs (STALLSCOPE_UNKNOWN_ALL=1)")
+def test_a_job_the_tracer_cannot_attach_to_is_caught_without_it(lab):
+    """NCCL linked into the executable, its symbols hidden and stripped: no library to trace. The
+    job is found by its NCCL_* variables and its hang by the tracer-free trigger (its connections
+    stopped with data waiting)."""
+    watch = lab["watch"]
+    static = _fresh_copy(lab["build"] / "static", lab["base"])
+    job = watch.run_job("static-d", static, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
+                                             "--start-s", "10", "--hold-s", "30"] + SMALL)
+    m = _check(job, watch, "hang_stuck", True, source="tracer-free")
+    assert any("nccl-env" in (p.get("job_reasons") or []) for p in m["processes"]), m["processes"]

@@ -24,9 +24,13 @@ from .snapshots import Snapshots
 from .ss_series import SsSeries
 from .tracing import Tracing
 
-# a capture: one bundle
+# a capture: one bundle. The order is the lifecycle's: the tracer starts first (it takes longest
+# to attach); the end snapshots are taken once the tracer has stopped (Snapshots.finish after
+# Tracing.finish), right before the manifest's ended_ns, which the analyzer takes as their time;
+# native stacks being taken finish, and the Flight Recorder pipes get their byte, before the
+# others stop (stop goes in reverse); the attachments are copied last (the dumps are in by then).
 BUNDLE: tuple[type[Collector], ...] = (
-    Snapshots, Tracing, Packets, NcclTestsRun, FlightRecorderPipes, NativeStacks, SsSeries, Attachments,
+    Tracing, Snapshots, Packets, NcclTestsRun, FlightRecorderPipes, NativeStacks, SsSeries, Attachments,
 )
 
 # the watcher (capture.watch): the same, with tcpdump running only from TCP trouble on

@@ -21,9 +21,10 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import manifest as schema
+
 TAR_BLOCK = 512
 TAR_RECORD = 10240
-SCHEMA_VERSION = 1
 MIN_BUDGET = 256 * 1024
 
 
@@ -107,9 +108,9 @@ class Budget:
                 self._other_used = max(0, self._other_used - n)
 
     def to_manifest(self) -> dict:
-        return {"max_bytes": self.max_bytes, "pcap": self.pcap, "tracer": self.tracer, "other": self.other,
-                "attach": self.attach, "reserve": self.reserve, "other_used": self._other_used,
-                "attach_used": self._attach_used}
+        return schema.BUDGET.make(max_bytes=self.max_bytes, pcap=self.pcap, tracer=self.tracer, other=self.other,
+                                  attach=self.attach, reserve=self.reserve, other_used=self._other_used,
+                                  attach_used=self._attach_used)
 
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
@@ -197,7 +198,7 @@ def file_entries(staging: Path, exclude: tuple[str, ...] = ("manifest.json",)) -
         rel = p.relative_to(staging).as_posix()
         if rel in exclude:
             continue
-        out.append({"path": rel, "bytes": p.stat().st_size, "sha256": sha256_file(p)})
+        out.append(schema.FILE.make(path=rel, bytes=p.stat().st_size, sha256=sha256_file(p)))
     return out
 
 
@@ -248,7 +249,7 @@ def timezone_facts() -> dict:
     its offset east of UTC now, in seconds."""
     import time
     t = time.localtime()
-    return {"name": t.tm_zone, "utc_offset_s": int(t.tm_gmtoff)}
+    return schema.TIMEZONE.make(name=t.tm_zone, utc_offset_s=int(t.tm_gmtoff))
 
 
 def boot_id() -> str | None:
@@ -408,5 +409,5 @@ def gz_ok(path: Path) -> bool:
 
 __all__ = ["Budget", "parse_size", "parse_duration", "choose_output", "write_archive", "commit_archive",
            "file_entries", "archive_bound", "tar_total_bytes", "gzip_bound", "truncate_file", "utc_stamp",
-           "short_host", "boot_id", "timezone_facts", "dumps_manifest", "write_capped", "stream_copy", "SCHEMA_VERSION",
+           "short_host", "boot_id", "timezone_facts", "dumps_manifest", "write_capped", "stream_copy",
            "MIN_BUDGET"]

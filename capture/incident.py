@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from . import bundle_files as bd
+from . import manifest as schema
 from . import tracer_events
 from .options import CaptureFailed
 from .policy import ring_previous
@@ -71,17 +72,17 @@ class IncidentWriter:
                 if rec.get("status") == "running":
                     rec["status"] = "ok"
             manifest = w.cap.manifest_dict(time.time_ns(), s.jobs.process_facts(s.staging), partial=False)
-            manifest["trigger"] = dict(first.to_manifest(),
-                                       also=[t.to_manifest() for t in inc["triggers"][1:]][:50])
-            manifest["watch"] = {"started_ns": s.started_ns, "before_s": self.o.before_s,
-                                 "after_s": self.o.after_s, "hang_after": w.hang_after_text(),
-                                 "ring_bytes": self.o.ring_bytes, "window_ns": [w0_real, time.time_ns()],
-                                 "watcher_pid": os.getpid(),
-                                 "pcap_ring": {"mode": w.packets.mode(),
-                                               "linger_s": w.packets.linger_s,
-                                               "runs": [r for r in w.packets.runs
-                                                        if r.get("stopped_ns", time.time_ns()) >= w0_real]}}
-            manifest["options"]["watch"] = True
+            manifest.update(schema.TOP.make(
+                trigger=dict(first.to_manifest(),
+                             **schema.TRIGGER.make(also=[t.to_manifest() for t in inc["triggers"][1:]][:50])),
+                watch=schema.WATCH.make(
+                    started_ns=s.started_ns, before_s=self.o.before_s, after_s=self.o.after_s,
+                    hang_after=w.hang_after_text(), ring_bytes=self.o.ring_bytes,
+                    window_ns=[w0_real, time.time_ns()], watcher_pid=os.getpid(),
+                    pcap_ring=schema.PCAP_RING.make(mode=w.packets.mode(), linger_s=w.packets.linger_s,
+                                                    runs=[r for r in w.packets.runs
+                                                          if r.get("stopped_ns", time.time_ns()) >= w0_real]))))
+            manifest["options"].update(schema.OPTIONS.make(watch=True))
             try:
                 fit_budget(dest, out, arcroot, manifest, self.o.max_bytes)
             except OSError as e:

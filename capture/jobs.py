@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import manifest as schema
 from . import procs
 from .options import CaptureOptions
 
@@ -209,8 +210,7 @@ class Jobs:
         for pid, info in sorted(self.procs.items()):
             d = info.to_manifest()
             ns = self.ensure_netns(info.netns_inode, pid)
-            d["netns"] = ns.label
-            d["alive_at_end"] = os.path.isdir(f"/proc/{pid}")
+            d.update(schema.PROCESS.make(netns=ns.label, alive_at_end=os.path.isdir(f"/proc/{pid}")))
             socks = procs.tcp_sockets(pid) if d["alive_at_end"] else []
             ss = ss_by_ns.get(ns.inode, [])
             for s in socks:
@@ -219,15 +219,15 @@ class Jobs:
                 for row in ss:
                     if row["local"].replace("[", "").replace("]", "").endswith(loc) and \
                             row["peer"].replace("[", "").replace("]", "").endswith(peer):
-                        for k in ("retrans_now", "retrans_total", "bytes_retrans", "bytes_sent", "bytes_received",
-                                  "lost", "rtt_ms", "cwnd", "segs_out"):
+                        for k in schema.SS_COUNTERS:
                             if k in row:
                                 s[k] = row[k]
                         break
-            d["sockets"] = socks
+            d.update(schema.PROCESS.make(sockets=socks))
             out.append(d)
         return out
 
     def manifest_netns(self) -> list[dict]:
-        return [{"inode": ns.inode, "label": ns.label, "name": ns.name, "own": ns.own, "pids": list(ns.pids),
-                 "ifaces": list(ns.ifaces)} for ns in list(self.netns.values())]
+        """The manifest's ``netns`` (``capture.manifest.NETNS``)."""
+        return [schema.NETNS.make(inode=ns.inode, label=ns.label, name=ns.name, own=ns.own, pids=list(ns.pids),
+                                  ifaces=list(ns.ifaces)) for ns in list(self.netns.values())]

@@ -36,6 +36,7 @@ import struct
 import subprocess
 from dataclasses import dataclass, field
 
+from . import manifest as schema
 from .elf import ElfError, exported_functions_cached
 from .libversion import nccl_version
 
@@ -132,14 +133,15 @@ class ProcInfo:
         }
 
     def to_manifest(self) -> dict:
-        d = {"pid": self.pid, **self.rank_facts(), "comm": self.comm, "exe": self.exe,
-             "cmdline": self.cmdline, "env": self.env,
-             "libnccl": [l.path for l in self.nccl_libs + self.untraced_nccl_libs],
-             "libnccl_untraced": [l.path for l in self.untraced_nccl_libs], "nccl_version": self.nccl_version,
-             "job_reasons": list(self.job_reasons), "libcudart": [l.path for l in self.cudart_libs],
-             "libcuda": [l.path for l in self.cuda_libs], "netns_inode": self.netns_inode,
-             "start_ticks": self.start_ticks, "python": self.python, "hostname": self.hostname}
-        return d
+        """The manifest's process entry (``capture.manifest.PROCESS``; ``Jobs.process_facts`` adds
+        the keys of a finished capture)."""
+        return schema.PROCESS.make(
+            pid=self.pid, **self.rank_facts(), comm=self.comm, exe=self.exe, cmdline=self.cmdline, env=self.env,
+            libnccl=[l.path for l in self.nccl_libs + self.untraced_nccl_libs],
+            libnccl_untraced=[l.path for l in self.untraced_nccl_libs], nccl_version=self.nccl_version,
+            job_reasons=list(self.job_reasons), libcudart=[l.path for l in self.cudart_libs],
+            libcuda=[l.path for l in self.cuda_libs], netns_inode=self.netns_inode, start_ticks=self.start_ticks,
+            python=self.python, hostname=self.hostname)
 
 
 def _read(path: str, mode: str = "r") -> str | bytes | None:
@@ -693,7 +695,8 @@ def _addr(hexaddr: str) -> tuple[str, int]:
 
 
 def tcp_sockets(pid: int) -> list[dict]:
-    """pid's TCP sockets as /proc/PID/net/tcp{,6} (its own network namespace) lists them."""
+    """pid's TCP sockets as /proc/PID/net/tcp{,6} (its own network namespace) lists them, as the
+    manifest's socket entries (``capture.manifest.SOCKET``)."""
     inodes = socket_inodes(pid)
     out = []
     for fam in ("tcp", "tcp6"):
@@ -712,10 +715,10 @@ def tcp_sockets(pid: int) -> list[dict]:
                 continue
             (lip, lport), (rip, rport) = _addr(f[1]), _addr(f[2])
             st = int(f[3], 16)
-            out.append({"fd": inodes[inode], "inode": inode, "family": 6 if fam == "tcp6" else 4,
-                        "saddr": lip, "sport": lport, "daddr": rip, "dport": rport,
-                        "state": TCP_STATE_NAMES.get(st, str(st)),
-                        "retransmits": int(f[6], 16) if len(f) > 6 and re.fullmatch(r"[0-9A-Fa-f]+", f[6]) else None})
+            out.append(schema.SOCKET.make(
+                fd=inodes[inode], inode=inode, family=6 if fam == "tcp6" else 4, saddr=lip, sport=lport, daddr=rip,
+                dport=rport, state=TCP_STATE_NAMES.get(st, str(st)),
+                retransmits=int(f[6], 16) if len(f) > 6 and re.fullmatch(r"[0-9A-Fa-f]+", f[6]) else None))
     return out
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from . import __version__
 from . import bundle_files as bd
 from . import children, tracer
+from . import manifest as schema
 from .collectors import BUNDLE, Collector
 from .options import CaptureFailed, CaptureOptions, CaptureResult, CaptureUsageError
 from .policy import BundlePolicy
@@ -162,33 +163,33 @@ class Capture:
 
     # ------------------------------------------------------------------ the manifest
     def manifest_dict(self, ended_ns: int | None, processes: list[dict], partial: bool) -> dict:
-        """The bundle's ``manifest.json`` (docs/DESIGN.md, "The bundle")."""
+        """The bundle's ``manifest.json``: the ``always`` keys of ``capture.manifest.TOP``
+        (docs/DESIGN.md, "Bundle layout"); ``files`` is filled when the archive is written."""
         s, o = self.s, self.o
-        return {
-            "schema_version": bd.SCHEMA_VERSION,
-            "tool": "stallscope", "tool_version": __version__,
-            "host": s.host, "hostname": os.uname().nodename, "boot_id": bd.boot_id(),
-            "kernel": os.uname().release, "machine": os.uname().machine,
-            "timezone": bd.timezone_facts(),
-            "started_ns": s.started_ns, "ended_ns": ended_ns,
-            "partial": partial,
-            "clock": "bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",
-            "clock_samples": list(s.clock),
-            "options": {"duration_s": o.duration_s if o.duration_s != float("inf") else None,
-                        "pids": o.pids, "ifaces": o.ifaces,
-                        "max_bytes": o.max_bytes, "nccl_libs": o.nccl_libs,
-                        "nccl_tests": o.nccl_tests, "attach": o.attach, "bpf": o.bpf,
-                        "pcap": o.pcap, "snaplen": o.snaplen, "call_returns": o.call_returns,
-                        "stacks": o.stacks, "stacks_grace_s": o.stacks_grace_s,
-                        "stacks_timeout_s": o.stacks_timeout_s, "fr_dump_wait_s": o.fr_dump_wait_s},
-            "root": s.is_root,
-            "budget": s.budget.to_manifest(),
-            "collectors": {k: dict(v) for k, v in sorted(s.records.items())},
-            "netns": s.jobs.manifest_netns(),
-            "processes": processes,
-            "notes": list(s.notes),
-            "files": [],
-        }
+        return schema.TOP.make(
+            schema_version=schema.SCHEMA_VERSION,
+            tool="stallscope", tool_version=__version__,
+            host=s.host, hostname=os.uname().nodename, boot_id=bd.boot_id(),
+            kernel=os.uname().release, machine=os.uname().machine,
+            timezone=bd.timezone_facts(),
+            started_ns=s.started_ns, ended_ns=ended_ns,
+            partial=partial,
+            clock="bpf nsecs and *_ns of events are CLOCK_MONOTONIC; convert with clock_samples",
+            clock_samples=list(s.clock),
+            options=schema.OPTIONS.make(
+                duration_s=o.duration_s if o.duration_s != float("inf") else None,
+                pids=o.pids, ifaces=o.ifaces, max_bytes=o.max_bytes, nccl_libs=o.nccl_libs,
+                nccl_tests=o.nccl_tests, attach=o.attach, bpf=o.bpf, pcap=o.pcap, snaplen=o.snaplen,
+                call_returns=o.call_returns, stacks=o.stacks, stacks_grace_s=o.stacks_grace_s,
+                stacks_timeout_s=o.stacks_timeout_s, fr_dump_wait_s=o.fr_dump_wait_s),
+            root=s.is_root,
+            budget=s.budget.to_manifest(),
+            collectors={k: dict(v) for k, v in sorted(s.records.items())},
+            netns=s.jobs.manifest_netns(),
+            processes=processes,
+            notes=list(s.notes),
+            files=[],
+        )
 
     def write_staged_manifest(self) -> None:
         """The manifest so far, kept in the staging folder while capturing: what a recovery
@@ -198,8 +199,8 @@ class Capture:
             with s.lock:
                 m = self.manifest_dict(None, [info.to_manifest() for _, info in sorted(s.procs.items())],
                                        partial=True)
-            m["capture"] = {"pid": os.getpid(), "bundle": str(self.out_path), "arcroot": self.arcroot,
-                            "staged_ns": time.time_ns()}
+            m["capture"] = schema.STAGED.make(pid=os.getpid(), bundle=str(self.out_path), arcroot=self.arcroot,
+                                              staged_ns=time.time_ns())
             tmp = s.staging / ".manifest.staged.tmp"
             tmp.write_bytes(bd.dumps_manifest(m))
             os.replace(tmp, s.staging / STAGED_MANIFEST)
@@ -363,8 +364,8 @@ class Capture:
             manifest.setdefault("notes", []).append(
                 f"the output file system was full ({err.strerror}): the staged files were cut to about {keep} bytes "
                 "(cut and dropped files are listed above) to write this bundle")
-            manifest["partial"] = True
-            manifest["partial_reason"] = f"the output file system was full ({err.strerror}); see notes"
+            manifest.update(schema.TOP.make(
+                partial=True, partial_reason=f"the output file system was full ({err.strerror}); see notes"))
             try:
                 return fit_budget(staging, self.out_path, self.arcroot, manifest, self.o.max_bytes)
             except OSError as e:

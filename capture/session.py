@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from . import bundle_files as bd
+from . import manifest as schema
 from .jobs import Jobs, NetNs
 from .options import CaptureOptions
 from .policy import BundlePolicy
@@ -32,7 +33,7 @@ def clock_sample() -> dict:
         m1 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         if best is None or m1 - m0 < best[2]:
             best = ((m0 + m1) // 2, r, m1 - m0)
-    return {"monotonic_ns": best[0], "realtime_ns": best[1], "uncertainty_ns": best[2]}
+    return schema.CLOCK_SAMPLE.make(monotonic_ns=best[0], realtime_ns=best[1], uncertainty_ns=best[2])
 
 
 def utc_span(samples: list[dict], span) -> list[int] | None:
@@ -103,11 +104,12 @@ class Session:
             print(f"stallscope capture: {msg}", file=self.err, flush=True)
 
     def record(self, key: str, **kw) -> dict:
-        """Create or update the manifest record ``key`` (thread-safe); returns it."""
+        """Create or update the manifest record ``key`` (thread-safe); returns it. A new record
+        holds ``capture.manifest.RECORD``'s ``always`` keys; ``kw`` are keys of that table."""
         with self.lock:
-            rec = self.records.setdefault(key, {"status": None, "reason": None, "command": None, "rc": None,
-                                                "files": [], "stderr_tail": "", "started_ns": None,
-                                                "ended_ns": None})
+            rec = self.records.get(key)
+            if rec is None:
+                rec = self.records[key] = schema.RECORD.defaults()
             rec.update(kw)
             return rec
 

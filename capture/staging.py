@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import __version__
 from . import bundle_files as bd
+from . import manifest as schema
 from . import tracer_events
 from .session import clock_sample, utc_span
 
@@ -210,33 +211,34 @@ def recover_staging(staging: Path, log=None, output_folder: Path | None = None) 
         collectors = staged.get("collectors", {})
         for key, rec in collectors.items():
             if rec.get("status") in ("running", None):
-                rec["status"] = "failed"
-                rec["reason"] = "the capture process was killed while this ran; its output up to then is kept"
+                rec.update(schema.RECORD.make(
+                    status="failed", reason="the capture process was killed while this ran; its output up to then "
+                                            "is kept"))
             if key == "tracer" and summary is not None:
-                rec["summary"] = {k: v for k, v in summary.items() if k != "messages"}
-                rec["covered_ns"] = utc_span([c for c in staged.get("clock_samples") or [] if isinstance(c, dict)
-                                              and isinstance(c.get("monotonic_ns"), int)
-                                              and isinstance(c.get("realtime_ns"), int)],
-                                             summary.get("span_monotonic_ns"))
+                rec.update(schema.RECORD.make(
+                    summary={k: v for k, v in summary.items() if k != "messages"},
+                    covered_ns=utc_span([c for c in staged.get("clock_samples") or [] if isinstance(c, dict)
+                                         and isinstance(c.get("monotonic_ns"), int)
+                                         and isinstance(c.get("realtime_ns"), int)],
+                                        summary.get("span_monotonic_ns"))))
         for f in (STAGED_MANIFEST, DIED_MARKER, ".manifest.staged.tmp"):
             (staging / f).unlink(missing_ok=True)
-        manifest = dict(staged) if staged else {"schema_version": bd.SCHEMA_VERSION, "tool": "stallscope",
-                                                "tool_version": __version__, "host": host,
-                                                "kernel": os.uname().release, "clock_samples": [],
-                                                "collectors": {}, "processes": []}
+        manifest = dict(staged) if staged else schema.TOP.make(
+            schema_version=schema.SCHEMA_VERSION, tool="stallscope", tool_version=__version__, host=host,
+            kernel=os.uname().release, clock_samples=[], collectors={}, processes=[])
         samples = list(manifest.get("clock_samples", []))
         if manifest.get("boot_id") in (None, bd.boot_id()):   # same boot: the clocks' relation still holds
             if died.get("detected_monotonic_ns") and died.get("detected_realtime_ns"):
-                samples.append({"monotonic_ns": died["detected_monotonic_ns"],
-                                "realtime_ns": died["detected_realtime_ns"], "uncertainty_ns": None,
-                                "source": "guardian, when the capture died"})
-            samples.append(dict(clock_sample(), source="recovery"))
-        manifest.update({"started_ns": started, "ended_ns": ended, "partial": True, "collectors": collectors,
-                         "clock_samples": samples,
-                         "partial_reason": f"capture process {capture_pid} was killed before it wrote its bundle; "
-                                           "recovered from its staging folder", "notes": notes,
-                         "recovered": {"by_pid": os.getpid(), "at_ns": time.time_ns(),
-                                       "staging": staging.name, "died": died or None}})
+                samples.append(schema.CLOCK_SAMPLE.make(
+                    monotonic_ns=died["detected_monotonic_ns"], realtime_ns=died["detected_realtime_ns"],
+                    uncertainty_ns=None, source="guardian, when the capture died"))
+            samples.append(dict(clock_sample(), **schema.CLOCK_SAMPLE.make(source="recovery")))
+        manifest.update(schema.TOP.make(
+            started_ns=started, ended_ns=ended, partial=True, collectors=collectors, clock_samples=samples,
+            partial_reason=f"capture process {capture_pid} was killed before it wrote its bundle; "
+                           "recovered from its staging folder", notes=notes,
+            recovered=schema.RECOVERED.make(by_pid=os.getpid(), at_ns=time.time_ns(), staging=staging.name,
+                                            died=died or None)))
         (staging / LOCK_FILE).unlink(missing_ok=True)
         folder = Path(output_folder) if output_folder else staging.parent
         out = bd.choose_output(str(folder), host, started)

@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import manifest as schema
+
 PENDING = ".incident-pending"        # in the ring's staging folder while an incident's data are only there
 TRIGGER_NAME = "stallscope.trigger"
 
@@ -35,8 +37,8 @@ class Trigger:
     source: str | None = None
 
     def to_manifest(self) -> dict:
-        return {"kind": self.kind, "reason": self.reason, "realtime_ns": self.realtime_ns,
-                "monotonic_ns": self.monotonic_ns, "pids": self.pids, "source": self.source}
+        return schema.TRIGGER.make(kind=self.kind, reason=self.reason, realtime_ns=self.realtime_ns,
+                                   monotonic_ns=self.monotonic_ns, pids=self.pids, source=self.source)
 
 
 # --------------------------------------------------------------------------- --trigger

@@ -12,6 +12,10 @@ A bundle that unpacks but is partly broken (missing pcap, truncated events file,
 collector, missing clock samples, manifest fields of the wrong type) still loads; each
 defect becomes one line in :attr:`Bundle.problems`.
 
+The manifest's schema is ``capture/manifest.py``: each field of the typed records below
+(:class:`Manifest`, :class:`ProcessInfo`, ...) is a key of one of its tables, read by the kind
+the table gives it (:func:`field_readers`); a field the schema lacks fails at import.
+
 Clock: bpftrace times are CLOCK_MONOTONIC ns; the manifest's ``clock_samples`` pair
 them with CLOCK_REALTIME. :class:`ClockMap` converts piecewise linearly between samples
 and holds the nearest sample's offset beyond the first and last.
@@ -23,17 +27,19 @@ import os
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
+from capture import manifest as schema
+
 from .archive import MAX_MEMBER_BYTES, MAX_MEMBERS, MAX_TOTAL_BYTES, safe_relpath, unpack_archive
 from .errors import InputError
 from .layout import BUNDLE_NAME_RE, bundle_name, find_root, regular as _regular
 
-SUPPORTED_SCHEMA = 1
+SUPPORTED_SCHEMA = schema.SCHEMA_VERSION    # the analyzer reads what this capture writes
 
 
 # --------------------------------------------------------------------------- records
@@ -127,6 +133,24 @@ class Manifest:
     options: dict[str, Any]
     raw: dict[str, Any]
 
+    def value(self, key: str) -> Any:
+        """The value of the top-level key ``key`` as manifest.json has it (None when absent), for
+        keys without a typed attribute. KeyError for a key ``capture.manifest.TOP`` lacks."""
+        schema.TOP.field(key)
+        return self.raw.get(key) if isinstance(self.raw, dict) else None
+
+    def record_values(self, key: str) -> list[tuple[str, Any]]:
+        """(collector key, value of ``key``) of every collector record that is an object, as
+        manifest.json has it (None when absent). KeyError for a key ``capture.manifest.RECORD`` lacks."""
+        schema.RECORD.field(key)
+        cols = self.raw.get("collectors") if isinstance(self.raw, dict) else None
+        return [(name, c.get(key)) for name, c in cols.items() if isinstance(c, dict)] \
+            if isinstance(cols, dict) else []
+
+    def record_value(self, name: str, key: str) -> Any:
+        """The value of ``key`` in the record of collector ``name`` (None when absent)."""
+        return dict(self.record_values(key)).get(name)
+
 
 # --------------------------------------------------------------------------- clock
 
@@ -161,6 +185,9 @@ class ClockMap:
 
 
 # --------------------------------------------------------------------------- manifest parsing
+# Each field of the records above is read by the kind ``capture.manifest`` gives its key: one
+# reader per kind, each returning a value of the record's type or None (an empty sequence or
+# mapping) for anything else, so a field of the wrong type is dropped, never raised on.
 
 def _int(v) -> int | None:
     """An integer that fits int64 (every manifest number does: ns times, pids, counts), or None."""
@@ -196,35 +223,115 @@ def _seq(v) -> list | tuple:
     return v if isinstance(v, (list, tuple)) else ()
 
 
+def _strs(v) -> tuple[str, ...]:
+    return tuple(x for x in _seq(v) if isinstance(x, str))
+
+
+def _ints(v) -> tuple[int, ...]:
+    return tuple(x for x in _seq(v) if isinstance(x, int))
+
+
+def _argv(v) -> tuple[str, ...]:
+    return tuple(str(a) for a in _seq(v) if isinstance(a, (str, int)))
+
+
+def _str_map(v) -> dict[str, str]:
+    return {str(k): str(x) for k, x in v.items()} if isinstance(v, dict) else {}
+
+
+def _object(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+_KIND_READERS = {schema.INT: _int, schema.STR: _str, schema.INTERVAL: _interval, schema.STRS: _strs,
+                 schema.INTS: _ints, schema.ARGV: _argv, schema.MAP: _str_map, schema.OBJECT: _object}
+
+
+def field_readers(cls, table: schema.Table, derived: tuple[str, ...] = (),
+                  nested: tuple[str, ...] = ()) -> tuple[tuple[str, Any], ...]:
+    """(field, reader) for each field of the record class ``cls``: the reader of the kind
+    ``table`` gives the key of that name. ``derived``: fields not read from a key (the
+    collector's name is its key in ``collectors``); ``nested``: fields read from a key of a
+    kind of nested objects, by the caller. A field that ``table`` lacks, or of a kind no reader
+    reads, raises (at import: the reader reads only what the schema defines)."""
+    out = []
+    for f in fields(cls):
+        if f.name in derived:
+            continue
+        spec = table.field(f.name)
+        if f.name in nested:
+            if spec.kind not in (schema.RECORDS, schema.RECORD_MAP):
+                raise TypeError(f"{cls.__name__}.{f.name}: {table.name} says {spec.kind}, not nested objects")
+            continue
+        if spec.kind not in _KIND_READERS:
+            raise TypeError(f"{cls.__name__}.{f.name}: no reader of kind {spec.kind!r}")
+        out.append((f.name, _KIND_READERS[spec.kind]))
+    return tuple(out)
+
+
+def _read(readers, obj: dict) -> dict:
+    """The fields of one manifest object, each read by its kind."""
+    return {name: read(obj.get(name)) for name, read in readers}
+
+
+def read_key(table: schema.Table, obj: dict, key: str):
+    """One key of a manifest object, read by the kind ``table`` gives it (KeyError: not in the schema)."""
+    return _KIND_READERS[table.field(key).kind](obj.get(key))
+
+
+_CLOCK = field_readers(ClockSample, schema.CLOCK_SAMPLE)
+_SOCKET = field_readers(SocketInfo, schema.SOCKET)
+_PROCESS = field_readers(ProcessInfo, schema.PROCESS, nested=("sockets",))
+_RECORD = field_readers(CollectorStatus, schema.RECORD, derived=("name",))
+_NETNS = field_readers(NetnsInfo, schema.NETNS)
+_FILE = field_readers(FileEntry, schema.FILE)
+_TOP = field_readers(Manifest, schema.TOP, derived=("raw",),
+                     nested=("clock_samples", "collectors", "processes", "netns", "files"))
+
+
+def _sockets(v) -> tuple[SocketInfo, ...]:
+    out = []
+    for s in _seq(v):
+        if not isinstance(s, dict):
+            continue
+        d = _read(_SOCKET, s)
+        if d["saddr"] and d["sport"] is not None:
+            out.append(SocketInfo(**dict(d, daddr=d["daddr"] or "", dport=d["dport"] or 0)))
+    return tuple(out)
+
+
 def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifest:
     """Typed view of manifest.json; what does not validate is dropped with a problem line."""
     if not isinstance(raw, dict):
         problems.append("manifest.json: not a JSON object; using defaults")
         raw = {}
-    schema = _int(raw.get("schema_version"))
-    if schema is None:
+    top = _read(_TOP, raw)
+    schema_version = top["schema_version"]
+    if schema_version is None:
         problems.append("manifest.json: schema_version missing or not an integer")
-    elif schema > SUPPORTED_SCHEMA:
-        problems.append(f"manifest.json: schema_version {schema} is newer than this stallscope reads "
+    elif schema_version > SUPPORTED_SCHEMA:
+        problems.append(f"manifest.json: schema_version {schema_version} is newer than this stallscope reads "
                         f"({SUPPORTED_SCHEMA}); reading what it can")
-    host = _str(raw.get("host")) or _str(raw.get("hostname"))
+    host = top["host"] or read_key(schema.TOP, raw, "hostname")
     if not host:
         problems.append(f"manifest.json: no host name; using {fallback_host!r}")
         host = fallback_host
     elif not host.isprintable():
         problems.append(f"manifest.json: host name {host!r} has control characters; escaped")
         host = _printable(host)
+    top["host"] = host
 
     samples = []
     cs = raw.get("clock_samples")
     if not isinstance(cs, list):
         cs = []
     for i, s in enumerate(cs):
-        mono, real = (_int(s.get("monotonic_ns")), _int(s.get("realtime_ns"))) if isinstance(s, dict) else (None, None)
+        d = _read(_CLOCK, s) if isinstance(s, dict) else {}
+        mono, real = d.get("monotonic_ns"), d.get("realtime_ns")
         if mono is None or real is None or mono < 0 or real < 0:   # (both >= 0: their difference fits int64)
             problems.append(f"manifest.json: clock_samples[{i}] is not a {{monotonic_ns, realtime_ns}} pair; ignored")
             continue
-        samples.append(ClockSample(mono, real, _int(s.get("uncertainty_ns"))))
+        samples.append(ClockSample(**d))
     if not samples:
         problems.append("manifest.json: no clock samples; tracer times cannot be put on the UTC timeline exactly")
 
@@ -235,52 +342,33 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
             if not isinstance(c, dict):
                 problems.append(f"manifest.json: collector {name!r} is not an object; ignored")
                 continue
-            files = tuple(f for f in _seq(c.get("files")) if isinstance(f, str))
-            collectors[name] = CollectorStatus(name, _str(c.get("status")) or "unknown", _str(c.get("reason")),
-                                               _str(c.get("command")), _int(c.get("rc")), files,
-                                               _interval(c.get("covered_ns")))
+            d = _read(_RECORD, c)
+            collectors[name] = CollectorStatus(name=name, **dict(d, status=d["status"] or "unknown"))
     elif cols is not None:
         problems.append("manifest.json: collectors is not an object; ignored")
 
     processes = []
     for i, p in enumerate(raw.get("processes") if isinstance(raw.get("processes"), list) else []):
-        pid = _int(p.get("pid")) if isinstance(p, dict) else None
-        if pid is None:
+        d = _read(_PROCESS, p) if isinstance(p, dict) else {}
+        if d.get("pid") is None:
             problems.append(f"manifest.json: processes[{i}] has no pid; ignored")
             continue
-        env = p.get("env") if isinstance(p.get("env"), dict) else {}
-        socks = []
-        for s in _seq(p.get("sockets")):
-            if isinstance(s, dict) and _str(s.get("saddr")) and _int(s.get("sport")) is not None:
-                socks.append(SocketInfo(s["saddr"], _int(s["sport"]), _str(s.get("daddr")) or "",
-                                        _int(s.get("dport")) or 0, _str(s.get("state"))))
-        processes.append(ProcessInfo(
-            pid=pid, rank=_int(p.get("rank")), local_rank=_int(p.get("local_rank")),
-            world_size=_int(p.get("world_size")), master_addr=_str(p.get("master_addr")),
-            master_port=_int(p.get("master_port")), comm=_str(p.get("comm")),
-            cmdline=tuple(str(a) for a in _seq(p.get("cmdline")) if isinstance(a, (str, int))),
-            env={str(k): str(v) for k, v in env.items()},
-            libnccl=tuple(x for x in _seq(p.get("libnccl")) if isinstance(x, str)),
-            netns_inode=_int(p.get("netns_inode")), netns=_str(p.get("netns")), sockets=tuple(socks),
-            hostname=_str(p.get("hostname")), nccl_version=_str(p.get("nccl_version"))))
+        processes.append(ProcessInfo(**d, sockets=_sockets(p.get("sockets"))))
 
     netns = []
     for n in raw.get("netns") if isinstance(raw.get("netns"), list) else []:
-        if isinstance(n, dict) and _int(n.get("inode")) is not None:
-            netns.append(NetnsInfo(_int(n["inode"]), _str(n.get("label")) or str(n["inode"]), _str(n.get("name")),
-                                   tuple(x for x in _seq(n.get("pids")) if isinstance(x, int)),
-                                   tuple(x for x in _seq(n.get("ifaces")) if isinstance(x, str))))
+        d = _read(_NETNS, n) if isinstance(n, dict) else {}
+        if d.get("inode") is not None:
+            netns.append(NetnsInfo(**dict(d, label=d["label"] or str(n["inode"]))))
 
     files = []
     for f in raw.get("files") if isinstance(raw.get("files"), list) else []:
-        if isinstance(f, dict) and _str(f.get("path")):
-            files.append(FileEntry(f["path"], _int(f.get("bytes")), _str(f.get("sha256"))))
+        d = _read(_FILE, f) if isinstance(f, dict) else {}
+        if d.get("path"):
+            files.append(FileEntry(**d))
 
-    return Manifest(schema_version=schema, tool_version=_str(raw.get("tool_version")), host=host,
-                    boot_id=_str(raw.get("boot_id")), kernel=_str(raw.get("kernel")),
-                    started_ns=_int(raw.get("started_ns")), ended_ns=_int(raw.get("ended_ns")),
-                    clock_samples=samples, collectors=collectors, processes=processes, netns=netns, files=files,
-                    options=raw.get("options") if isinstance(raw.get("options"), dict) else {}, raw=raw)
+    return Manifest(**top, clock_samples=samples, collectors=collectors, processes=processes, netns=netns,
+                    files=files, raw=raw)
 
 
 # --------------------------------------------------------------------------- the bundle
@@ -496,10 +584,7 @@ class Bundle:
         bounds the offset from above. Without a ``tracer_start``, the events' span must lie
         inside ``started_ns..ended_ns``: the midpoint is used. The problem line gives the
         bound, so each finding's timing can be judged against it."""
-        raw = self.manifest.raw if isinstance(self.manifest.raw, dict) else {}
-        c = raw.get("collectors") if isinstance(raw.get("collectors"), dict) else {}
-        tracer = c.get("tracer") if isinstance(c.get("tracer"), dict) else {}
-        spawned = _int(tracer.get("started_ns"))
+        spawned = _int(self.manifest.record_value("tracer", "started_ns"))
         start_ns, end_ns = self.manifest.started_ns, self.manifest.ended_ns
         p = self.path("bpf/events.jsonl")
         if p is None:
@@ -606,4 +691,4 @@ def open_bundle(path: str | os.PathLike, **kw) -> Bundle:
 
 
 __all__ = ["bundle_name", "find_root", "Bundle", "Manifest", "ClockSample", "ClockMap", "ProcessInfo", "SocketInfo", "CollectorStatus",
-           "NetnsInfo", "FileEntry", "open_bundle", "unpack_archive", "parse_manifest"]
+           "NetnsInfo", "FileEntry", "open_bundle", "unpack_archive", "parse_manifest", "field_readers", "read_key"]

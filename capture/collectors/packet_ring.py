@@ -12,6 +12,7 @@ import signal
 import time
 
 from .. import children
+from .. import manifest as schema
 from ..staging import tcpdump_files
 from .packets import Packets
 
@@ -94,7 +95,7 @@ class PacketRing(Packets):
         with s.lock:
             if (s.records.get("tcpdump") or {}).get("waiting"):
                 del s.records["tcpdump"]
-        self.runs = self.runs[-19:] + [{"started_ns": time.time_ns(), "why": why}]
+        self.runs = self.runs[-19:] + [schema.PCAP_RUN.make(started_ns=time.time_ns(), why=why)]
         self.start_tcpdumps(list(self.wanted.values()))     # returns once they listen
         s.log(f"packet ring on ({why})")
 
@@ -111,7 +112,7 @@ class PacketRing(Packets):
             self.done.append(t)
         self.gen += 1
         if self.runs:
-            self.runs[-1]["stopped_ns"] = time.time_ns()
+            self.runs[-1].update(schema.PCAP_RUN.make(stopped_ns=time.time_ns()))
         self.waiting(f"stopped after {self.linger_s:g}s without TCP trouble")
         self.s.log(f"packet ring off: no TCP trouble for {self.linger_s:g}s")
 

@@ -179,12 +179,12 @@ def capture_summary(b: Bundle) -> dict:
                 **b.summary(),
                 "problems": list(b.problems),
                 "collectors": [], "processes": [], "started_ns": None, "ended_ns": None}
-    tz = m.raw.get("timezone") if isinstance(m.raw, dict) else None
+    tz = m.value("timezone")
     return {
         "host": b.host, "bundle": str(b.source), "schema_version": m.schema_version,
         "tool_version": m.tool_version, "kernel": m.kernel, "started_ns": m.started_ns, "ended_ns": m.ended_ns,
-        "partial": bool(m.raw.get("partial")) if isinstance(m.raw, dict) else False,
-        "partial_reason": m.raw.get("partial_reason") if isinstance(m.raw, dict) else None,
+        "partial": bool(m.value("partial")),
+        "partial_reason": m.value("partial_reason"),
         "clock_samples": len(m.clock_samples),
         "collectors": [{"name": c.name, "status": c.status, "reason": c.reason, "command": c.command, "rc": c.rc,
                         "files": list(c.files), "covered_ns": list(c.covered_ns) if c.covered_ns else None}

@@ -48,10 +48,8 @@ def _is_nccl_process(p) -> bool:
 def _attachment_pids(bundle) -> dict[str, int]:
     """bundle path of an attached log -> the pid whose NCCL_DEBUG_FILE it was."""
     out = {}
-    for c in (bundle.manifest.raw.get("collectors") or {}).values() if isinstance(bundle.manifest.raw, dict) else ():
-        if not isinstance(c, dict):
-            continue
-        for s in c.get("sources") or ():
+    for _, sources in bundle.manifest.record_values("sources"):
+        for s in sources or ():
             if isinstance(s, dict) and isinstance(s.get("path"), str) and (m := WHY_PID_RE.search(str(s.get("why")))):
                 out[s["path"]] = int(m[1])
     return out

@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from forensics.model import build_model
 from shipped import shipped_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
 LOSS = shipped_bundle("loss")
 
 

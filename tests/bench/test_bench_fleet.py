@@ -3,13 +3,12 @@ stage started together, and one alone, on small scaled bundles."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from shipped import shipped_bundle
 
-ROOT = Path(__file__).resolve().parent.parent
 LOSS = shipped_bundle("loss")
 
 

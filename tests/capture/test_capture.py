@@ -4,7 +4,6 @@ stdlib-only promise, and a real (short) capture with the privileged collectors
 skipped."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import CaptureProc, alive, bundle_manifest, readable_copy
+from capture_helpers import CaptureProc, alive, bundle_manifest, check_bundle, readable_copy
 from conftest import ROOT
 
 from capture import bundle_files as bd
@@ -535,25 +534,6 @@ def test_cli_bad_usage_exits_2(tmp_path):
     assert existing.read_bytes() == b"x"
 
 
-def _check_bundle(path: Path) -> dict:
-    with tarfile.open(path) as t:
-        members = {m.name.split("/", 1)[1]: m for m in t.getmembers() if m.isfile()}
-        manifest = json.load(t.extractfile(members["manifest.json"]))
-        listed = {f["path"]: f for f in manifest["files"]}
-        assert set(listed) == set(members) - {"manifest.json"}
-        for name, f in listed.items():
-            data = t.extractfile(members[name]).read()
-            assert len(data) == f["bytes"] and hashlib.sha256(data).hexdigest() == f["sha256"], name
-    assert manifest["schema_version"] == 1 and manifest["host"] and manifest["kernel"]
-    assert manifest["started_ns"] < manifest["ended_ns"]
-    for rec in manifest["collectors"].values():
-        assert rec["status"] in ("ok", "skipped", "failed")
-        assert rec["status"] != "skipped" or rec["reason"]
-    samples = manifest["clock_samples"]
-    assert len(samples) >= 2 and all(s["monotonic_ns"] > 0 and s["realtime_ns"] > 0 for s in samples)
-    return manifest
-
-
 def test_capture_without_tracer_and_pcap_still_writes_a_bundle(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("NCCL INFO something\n")
@@ -568,7 +548,7 @@ def test_capture_without_tracer_and_pcap_still_writes_a_bundle(tmp_path):
     finally:
         target.kill()
         target.wait()
-    m = _check_bundle(res.path)
+    m = check_bundle(res.path)
     assert m["collectors"]["tracer"]["status"] == "skipped" and m["collectors"]["tracer"]["reason"] == "--no-bpf"
     assert m["collectors"]["attachments:end"]["status"] == "ok"
     assert any(f["path"] == "logs/x.log" for f in m["files"])
@@ -637,7 +617,7 @@ def test_sigkill_stops_nccl_tests_children_and_keeps_the_data(tmp_path):
             assert p.returncode == 0, p.stderr
             recovered = [Path(p.stdout.strip())]
         assert not [d for d in out.iterdir() if d.name.startswith(".")]
-        m = _check_bundle(recovered[0])
+        m = check_bundle(recovered[0])
         assert m["partial"] is True and "killed" in m["partial_reason"]
         assert m["recovered"]["died"]["capture_pid"] == cap.p.pid
         rec = m["collectors"]["nccl-tests"]
@@ -688,7 +668,7 @@ def test_without_root_the_privileged_collectors_are_skipped(lab_lib, tmp_path):
             target.wait()
         err = "".join(cap.err)
         assert rc == 0, err
-        m = _check_bundle(Path(stdout.strip()))
+        m = check_bundle(Path(stdout.strip()))
         assert m["root"] is False and m["partial"] is False
         col = m["collectors"]
         assert col["tracer"]["status"] == "skipped" and col["tracer"]["reason"] == "needs root"
@@ -867,7 +847,7 @@ def test_the_jobs_own_output_file_is_attached_and_read_as_its_log(tmp_path):
     finally:
         target.kill()
         target.wait()
-    m = _check_bundle(res.path)
+    m = check_bundle(res.path)
     files = [f["path"] for f in m["files"] if f["path"].startswith("logs/job-")]
     assert files == [f"logs/job-stdout-{target.pid}-slurm-77.out"], files     # stdout and stderr: one file, once
     src = m["collectors"]["attachments:end"]["sources"]

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import CaptureProc
+from capture_helpers import CaptureProc, check_bundle
 from conftest import ROOT, require_root, require_tool
-from test_capture import _check_bundle, _rec, lab_lib  # noqa: F401  (lab_lib is a fixture)
+from test_capture import _rec, lab_lib  # noqa: F401  (lab_lib is a fixture)
 
 from capture import ncclras, stacks, torchfr
 
@@ -66,7 +66,7 @@ def _paused_nccl_process(lib: Path, env=None) -> subprocess.Popen:
 
 def _bundle(stdout: str) -> tuple[dict, tarfile.TarFile]:
     path = Path(stdout.strip().splitlines()[-1])
-    m = _check_bundle(path)
+    m = check_bundle(path)
     return m, tarfile.open(path)
 
 

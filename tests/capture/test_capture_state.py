@@ -8,14 +8,12 @@ import subprocess
 import sys
 import tarfile
 import time
-from pathlib import Path
 
 import pytest
 
 from capture.threads import thread_states
+from conftest import ROOT
 from forensics.parsers import get
-
-REPO = Path(__file__).resolve().parents[1]
 
 # a process whose main thread polls one socket for input, a second thread blocked in
 # recv() on another, a third in poll() for output on a full socketpair
@@ -108,7 +106,7 @@ def test_capture_samples_ss_every_interval_and_records_what_it_covered(tmp_path)
         ino = os.stat(f"/proc/{p.pid}/fd/{fd}").st_ino
         r = subprocess.run([sys.executable, "-m", "capture", "--pid", str(p.pid), "--duration", "5s", "--no-bpf",
                             "--no-pcap", "--ss-every", "1", "-o", f"{tmp_path}/", "--progress", "off"],
-                           capture_output=True, text=True, cwd=REPO, timeout=120)
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     finally:
         p.kill()
         p.wait()

@@ -1,9 +1,9 @@
 """Capture faults (issue 7, capture side; root).
 
 - SIGKILL of a capture leaves no tracer, tcpdump or probe behind: covered with the real
-  tracer and tcpdump by tests/test_capture_lab.py::
+  tracer and tcpdump by tests/lab_runs/test_capture_lab.py::
   test_sigkill_mid_capture_leaves_no_child_no_probe_and_a_recoverable_bundle, and without
-  root by tests/test_capture.py::test_sigkill_stops_nccl_tests_children_and_keeps_the_data.
+  root by tests/capture/test_capture.py::test_sigkill_stops_nccl_tests_children_and_keeps_the_data.
 - A full disk (a 2 MiB tmpfs as the output folder): the staged files are cut to what fits
   and a valid bundle of them is written, marked partial with notes, exit code 3, a clear
   message, no traceback; where not even that fits, one line says where the staged data

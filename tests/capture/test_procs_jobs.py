@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from capture import elf, libversion, procs, tracer
 
-ROOT = Path(__file__).resolve().parent.parent
 
 HIDDEN_SRC = r"""
 /* a libnccl whose NCCL API is not exported (as NCCL linked with hidden visibility) */

@@ -14,8 +14,8 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 CONTAINERFILE = DEPLOY / "image" / "Containerfile"
 DAEMONSET = DEPLOY / "kubernetes" / "stallscope-daemonset.yaml"

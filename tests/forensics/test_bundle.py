@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import FIXTURES
 from forensics.bundle import Bundle, ClockMap, ClockSample, unpack_archive
 from forensics.errors import InputError
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
+BUNDLES = FIXTURES / "bundles"
 SCENARIOS = sorted(p.name for p in BUNDLES.iterdir() if p.is_dir()) if BUNDLES.is_dir() else []
 
 

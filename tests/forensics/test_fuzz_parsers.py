@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import FIXTURES
 from fuzz import runner
 from fuzz.targets import ALL_TARGETS, PWNED, TARGETS, Workdir, malicious_pickle
 
@@ -32,7 +33,7 @@ DEEP = {"ib_counters_tree": max(1, EXAMPLES // 5), "bundle_archive": max(1, EXAM
         "bpf_events_model": max(1, EXAMPLES // 40), "loose_archive": max(1, EXAMPLES // 10)}
 HYPO = settings(max_examples=max(1, EXAMPLES // 20), deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
-REGRESSIONS = Path(__file__).parent / "fixtures" / "fuzz"
+REGRESSIONS = FIXTURES / "fuzz"
 
 
 # the targets that cost about a millisecond an input or more run in worker processes (two cores

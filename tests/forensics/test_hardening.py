@@ -1,6 +1,6 @@
 """Hostile and broken bundles, end to end (issue 7, analyzer side).
 
-tests/test_bundle.py covers the unpacker's rules one by one at the library level; here the
+tests/forensics/test_bundle.py covers the unpacker's rules one by one at the library level; here the
 same inputs go through the command line (one line on stderr, exit code 2, no traceback), a
 real decompression bomb is stopped early, folders and archives give the same tables, files
 that are not regular files (FIFOs, devices, links) in an unpacked folder are never read

@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from capture.procs import descendants
-from capture_helpers import CaptureProc, alive
+from capture_helpers import CaptureProc, alive, check_bundle
 from conftest import ROOT, require_root, require_tool
-from test_capture import _check_bundle
 
 LAB = ROOT / "tests" / "lab"
 LIB = LAB / "build" / "libnccl.so.2"
@@ -125,7 +124,7 @@ def test_loss_scenario_bundle_matches_the_lab(lab_ready, tmp_path):
         run.cleanup()
     assert rc == 0, "".join(run.err_lines)
     assert leftovers(str(tmp_path)) == []
-    _check_bundle(bundle)
+    check_bundle(bundle)
     manifest, events, root = read_events(bundle)
     ranks = {r["pid"]: r for r in truth["ranks"]}
     assert set(ranks) <= {p["pid"] for p in manifest["processes"]}
@@ -194,7 +193,7 @@ def test_small_budget_and_ctrl_c_mid_capture(lab_ready, tmp_path):
     assert rc in (0, 3), "".join(run.err_lines)
     assert stop_s < 60
     assert bundle.stat().st_size <= budget
-    manifest = _check_bundle(bundle)
+    manifest = check_bundle(bundle)
     assert manifest["options"]["max_bytes"] == budget
     assert manifest["collectors"]["tracer"]["status"] == "ok"
     assert any(k.startswith("tcpdump@") and v["status"] == "ok" for k, v in manifest["collectors"].items())
@@ -253,7 +252,7 @@ def test_sigkill_mid_capture_leaves_no_child_no_probe_and_a_recoverable_bundle(l
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     bundle = Path(p.stdout.strip())
-    manifest = _check_bundle(bundle)
+    manifest = check_bundle(bundle)
     assert manifest["partial"] is True
     assert manifest["collectors"]["tracer"]["status"] == "failed" and "killed" in manifest["collectors"]["tracer"]["reason"]
     manifest, events, root = read_events(bundle)

@@ -2,7 +2,7 @@
 
 Each case runs the fault-injection lab with another faulted rank, world size or rate than
 tests/lab/make_bundles.sh uses, captures it with ``stallscope capture`` exactly as a user
-would (tests/test_capture_lab.py's gated Run), and checks that ``analyze`` puts the right
+would (tests/lab_runs/test_capture_lab.py's gated Run), and checks that ``analyze`` puts the right
 kind of finding on top, naming the faulted rank from the lab's scenario.json. Small
 tensors and few steps keep the five runs around 80 seconds together.
 """

@@ -21,13 +21,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-LAB = REPO / "tests" / "lab"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from conftest import ROOT
+from forensics.ids import comm_id_fold, nccl_comm_hash
+from tests.lab import netns
 
-from forensics.ids import comm_id_fold, nccl_comm_hash  # noqa: E402
-from tests.lab import netns  # noqa: E402
+LAB = ROOT / "tests" / "lab"
 
 PY = sys.executable
 IS_ROOT = os.geteuid() == 0
@@ -126,7 +124,7 @@ def lab_build(tmp_path_factory) -> Path:
 
 def launch(build: Path, out: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     cmd = [PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out), *args]
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def scenario_json(out: Path) -> dict:
@@ -285,7 +283,7 @@ def root_lab(lab_build):
 def run_scenario(build: Path, out: Path, *args: str) -> dict:
     t0 = time.monotonic()
     p = subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out), *args],
-                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     so, se = p.communicate(timeout=240)
     assert p.returncode == 0, se
     assert_no_leftovers(p.pid)   # namespaces, veths and processes are gone after every run
@@ -554,7 +552,7 @@ def test_traffic_never_leaves_the_lab(root_lab, tmp_path):
             lab_pid_seen["root_links"] = netns.root_links_with_prefix()
 
         p = subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(root_lab), "--out", str(tmp_path / "o"),
-                              "--scenario", "clean", "--steps", "20", *SMALL], cwd=REPO,
+                              "--scenario", "clean", "--steps", "20", *SMALL], cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while "routes" not in lab_pid_seen and p.poll() is None and time.monotonic() < deadline:
@@ -578,7 +576,7 @@ def test_traffic_never_leaves_the_lab(root_lab, tmp_path):
 @pytest.mark.parametrize("where", ["setup", "running"])
 def test_teardown_after_failed_run(root_lab, tmp_path, where):
     p = subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(root_lab), "--out", str(tmp_path),
-                          "--scenario", "loss", "--rank", "1", "--fail-at", where, *SMALL], cwd=REPO,
+                          "--scenario", "loss", "--rank", "1", "--fail-at", where, *SMALL], cwd=ROOT,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     so, se = p.communicate(timeout=120)
     assert p.returncode == 1 and f"--fail-at {where}" in se
@@ -593,7 +591,7 @@ def test_launcher_killed_hard_is_swept(root_lab, tmp_path):
             "--rank", "0", "--at-op", "5", "--hold-s", "30", "--no-stacks", *SMALL]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         out = tmp_path / sig.name
-        p = subprocess.Popen(args + ["--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        p = subprocess.Popen(args + ["--out", str(out)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 60
         while not (out / "logs" / "rank0.out").exists() or "skip" not in (out / "logs" / "rank0.out").read_text():
             assert time.monotonic() < deadline and p.poll() is None

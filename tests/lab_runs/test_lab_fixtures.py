@@ -8,17 +8,14 @@ import re
 import shutil
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-FIX = REPO / "tests" / "fixtures" / "lab"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from conftest import ROOT
+from forensics.ids import comm_id_fold, nccl_comm_hash
 
-from forensics.ids import comm_id_fold, nccl_comm_hash  # noqa: E402
+FIX = ROOT / "tests" / "fixtures" / "lab"
 
 SCENARIOS = ["clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-down-hang", "reset"]
 COLL_RE = re.compile(r"^(?P<host>[^\s:]*):(?P<pid>\d+):(?P<tid>\d+) \[\d+\] NCCL INFO "

@@ -20,14 +20,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-LAB = REPO / "tests" / "lab"
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from capture_helpers import bundle_manifest
+from conftest import ROOT
+from forensics.parsers import registry
+from tests.lab import launcher, netns, scenarios
 
-from capture_helpers import bundle_manifest  # noqa: E402
-from forensics.parsers import registry  # noqa: E402
-from tests.lab import launcher, netns, scenarios  # noqa: E402
+LAB = ROOT / "tests" / "lab"
 
 PY = sys.executable
 SMALL = ["--buckets", "131072,65536", "--compute-ms", "30"]
@@ -66,7 +64,7 @@ def lab_build(tmp_path_factory) -> Path:
 
 def start(build: Path, out: Path, *args: str) -> subprocess.Popen:
     return subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out), *args],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def finish(p: subprocess.Popen, out: Path, rc: int = 0, timeout: float = 240) -> dict:

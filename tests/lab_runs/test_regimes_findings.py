@@ -32,15 +32,12 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from forensics.analysis import analyze  # noqa: E402
-from tests.lab import netns  # noqa: E402
+from conftest import ROOT
+from forensics.analysis import analyze
+from tests.lab import netns
 
 PY = sys.executable
-LAB = REPO / "tests" / "lab"
+LAB = ROOT / "tests" / "lab"
 SMALL = ["--buckets", "131072,65536", "--compute-ms", "30"]
 # the on-call capture: 10 s after the onset, 15 s long, hosts 0-5 s apart
 LATE = ["--capture", "per-host", "--capture-start", "onset+10", "--capture-duration-s", "15",
@@ -171,7 +168,7 @@ class Runs:
         out = self.base / name
         argv = [PY, "-m", "tests.lab.launcher", "--build", str(self.build), "--out", str(out), "--seed",
                 str(sum(map(ord, name))), *CASES[name].args]
-        p = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _, se = p.communicate(timeout=420)
         finally:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PRODUCT = ("forensics", "capture")
 SIZED = PRODUCT + ("tests/lab",)
 MAX_MODULE_LINES = 900

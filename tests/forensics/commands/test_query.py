@@ -4,13 +4,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from forensics.cli import Env, main
 
-BUNDLES = Path(__file__).parent / "fixtures" / "bundles"
+BUNDLES = FIXTURES / "bundles"
 pytestmark = pytest.mark.skipif(not (BUNDLES / "loss").is_dir(), reason="no shipped bundles")
 
 # the NCCL-vs-TCP article's query, verbatim

@@ -6,13 +6,13 @@ a healthy job gives no warning and no error."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from forensics.analysis import analyze
 
-SETS = Path(__file__).resolve().parent / "fixtures" / "bundles-per-host"
+SETS = FIXTURES / "bundles-per-host"
 CASES = sorted(p.name for p in SETS.iterdir() if p.is_dir()) if SETS.is_dir() else []
 # the lab's fault kind -> the finding that names it
 EXPECTED = {"mismatch-hang": "hang_mismatch", "link-down-hang": "hang_stuck", "gpu-hang": "hang_stuck",

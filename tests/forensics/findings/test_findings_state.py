@@ -8,21 +8,14 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
-
 from forensics.findings import Context
 from forensics.findings.connection_reset import reset_state
 from forensics.findings.hang import hang_frontiers, hang_state as hangs_at_capture, hang_stuck
-from forensics.model import Model
-from forensics.model.schema import conform, empty
-from forensics.model.schema import TABLES
+from forensics.model.schema import empty
+from captured_job import RANKS, S, T0, WINDOW, captures, context, windows
 
-T0 = 1_800_000_000_000_000_000
-S = 1_000_000_000
 MS = 1_000_000
 COMM = "0x92504a7cbb72bbba"
-RANKS = 4
-WINDOW = (T0, T0 + 15 * S)   # a 15 s capture on every host
 
 
 def hang_state(ctx: Context) -> list:
@@ -33,29 +26,6 @@ def hang_state(ctx: Context) -> list:
 
 def addr(r: int) -> str:
     return f"10.9.0.{10 + r}"
-
-
-def captures(window=WINDOW, world=RANKS):
-    return [{"host": f"node{r}", "started_ns": window[0], "ended_ns": window[1],
-             "bundle": f"node{r}.tar.gz", "collectors": [], "files": 0, "bytes": 0, "clock_samples": 2,
-             "processes": [{"pid": 100 + r, "rank": r, "world_size": world, "comm": "sslab_rank", "cmdline": "",
-                            "libnccl": []}]} for r in range(RANKS)]
-
-
-def windows(spans=None, kind="capture"):
-    spans = spans or {r: WINDOW for r in range(RANKS)}
-    return [{"host": f"node{r}", "collector": kind, "kind": kind, "first_ns": a, "last_ns": b, "source": "manifest"}
-            for r, (a, b) in spans.items()]
-
-
-def context(caps=None, **rows) -> Context:
-    tables = {name: empty(name) for name in TABLES}
-    rows.setdefault("capture_windows", windows())
-    for name, rs in rows.items():
-        if rs:
-            tables[name] = conform(pd.DataFrame(list(rs)), name)
-    m = Model(tables=tables, hosts=[f"node{r}" for r in range(RANKS)], captures=caps or captures())
-    return Context(model=m, con=m.connect())
 
 
 def coll_logs(pos: dict[int, int]):

@@ -11,16 +11,14 @@ These tests need only the engine, not tshark.
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import oracle  # noqa: E402
+import oracle
+from conftest import FIXTURES
 
-CRAFTED = Path(__file__).resolve().parent / "fixtures" / "pcaps" / "crafted"
+CRAFTED = FIXTURES / "pcaps" / "crafted"
 MANIFEST = json.loads((CRAFTED / "MANIFEST.json").read_text())
 V4 = sorted(n for n, e in MANIFEST.items() if e["group"] == "base_flow")
 V6 = sorted(n for n, e in MANIFEST.items() if e["group"] == "base_flow_v6")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import ROOT
 from forensics.analysis import analyze as run_analysis
 from forensics.findings import Finding
 from forensics.report import html as html_report
@@ -383,7 +384,7 @@ def test_templates_ship_with_the_package():
     """The templates are found from the checkout, and pyproject installs every one of them
     as data files where html.template_dir() looks in an installed package."""
     tomllib = pytest.importorskip("tomllib")     # Python 3.11+
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     assert html_report.template_dir() == root / "templates"
     conf = tomllib.loads((root / "pyproject.toml").read_text())
     globs = conf["tool"]["setuptools"]["data-files"]["share/stallscope/templates"]
@@ -493,7 +494,7 @@ def test_rank_table_and_timeline_use_global_ranks_with_sub_communicators():
     from types import SimpleNamespace
 
     from forensics.report import data, figures
-    from tests.test_findings_synthetic import MS, T0, context, subcomm_job, tcp
+    from traced_job import MS, T0, context, subcomm_job, tcp
     rows = subcomm_job(members=(3, 1), skip_at=99, n_ops=6, world_ops=5)
     ctx = context(rows, [tcp(T0 + 700 * MS, 3, 1)], ended_ns=T0 + 2000 * MS)
     analysis = SimpleNamespace(model=ctx.model, findings=[])
@@ -523,7 +524,7 @@ def test_progress_names_global_ranks_and_survives_an_unknown_nranks():
     from types import SimpleNamespace
 
     from forensics.report import data
-    from tests.test_findings_synthetic import MS, T0, context, subcomm_job
+    from traced_job import MS, T0, context, subcomm_job
     rows = subcomm_job(members=(3, 1), skip_at=3, n_ops=6, world_ops=5)
     p = {x.comm_id_hash: x for x in data.progress(context(rows, ended_ns=T0 + 3000 * MS).model)}["0xbeef"]
     # global rank 1 (comm rank 1) skipped #3; global rank 3 (comm rank 0) waits in it

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES
 from tests.report_helpers import ARTIFACTS, PAYLOAD, SCENARIOS, analyze, bundle, hostile_bundle
 
 pytestmark = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles")
@@ -188,7 +188,7 @@ def test_artifact_sections_in_chromium(browser, tmp_path):
 
 
 # ---- issue 36: the first screen an on-call engineer reads, at a desk and on a phone ------------
-PER_HOST = Path(__file__).resolve().parent / "fixtures" / "bundles-per-host"
+PER_HOST = FIXTURES / "bundles-per-host"
 FIRST_SCREENS = {   # case -> (bundles, whether a serious finding leads)
     "late-hang": (lambda: sorted((PER_HOST / "mismatch-hang-late").glob("*.tar.gz")), True),
     "per-host-clean": (lambda: sorted((PER_HOST / "clean").glob("*.tar.gz")), False),

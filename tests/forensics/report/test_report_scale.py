@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from markupsafe import escape
 
+from conftest import ROOT
 from forensics.analysis import analyze as run_analysis
 from forensics.execution import Execution
 from forensics.report import data, figures
@@ -24,7 +25,6 @@ from forensics.report import html as html_report
 from tests.report_helpers import ARTIFACTS, SCENARIOS, bundle, copy_report
 
 pytestmark = pytest.mark.skipif("loss" not in SCENARIOS, reason="no shipped loss bundle")
-ROOT = Path(__file__).resolve().parent.parent
 RANKS, HOSTS = 256, 16
 MAX_REPORT_BYTES = 6 * 1024 * 1024
 VIEWPORT = {"width": 1280, "height": 800}

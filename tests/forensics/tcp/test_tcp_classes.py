@@ -10,7 +10,7 @@ import pandas as pd
 from forensics.findings.evidence import trouble_events
 from forensics.report import data
 from forensics.tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of, subsumed_sql
-from test_findings_state import T0, context
+from captured_job import T0, context
 
 
 def tcp(event: str, t: int, rank: int = 0, peer: int = 1, source: str = "pcap", frame: int | None = None) -> dict:

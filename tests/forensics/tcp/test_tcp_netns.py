@@ -28,14 +28,12 @@ and the kernel's RetransSegs.
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netns  # noqa: E402
-import oracle  # noqa: E402
+import netns
+import oracle
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 

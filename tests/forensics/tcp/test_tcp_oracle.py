@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "craft"))   # capture builders (fuzzing)
-import oracle  # noqa: E402
+import oracle
+from conftest import FIXTURES, TESTS
 
-PCAPS = Path(__file__).resolve().parent / "fixtures" / "pcaps"
+sys.path.insert(0, str(TESTS / "craft"))   # capture builders (fuzzing)
+
+PCAPS = FIXTURES / "pcaps"
 CRAFTED = PCAPS / "crafted"
 
 

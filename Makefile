@@ -54,7 +54,7 @@ demo: venv
 	@echo "open $(DEMO_OUT)/report.html in a browser (offline; ui.perfetto.dev opens $(DEMO_OUT)/trace.json)"
 
 # the shipped bundle sets' JSON, Markdown and Perfetto outputs, kept byte for byte in
-# tests/fixtures/golden/ (tests/test_golden.py): regenerate only for a change meant to alter them
+# tests/fixtures/golden/ (tests/forensics/test_golden.py): regenerate only for a change meant to alter them
 golden: venv
 	$(PY) -m tests.golden
 
@@ -87,21 +87,22 @@ lab:
 # issue 13's long check (root, ~6 minutes): a clean job watched by capture --watch for five
 # minutes writes no bundle, while two hangs injected beside it each get theirs
 watch-clean-5min: debs venv
-	STALLSCOPE_WATCH_CLEAN_S=300 $(PY) -m pytest -q -p no:cacheprovider tests/test_watch.py -k under_watch
+	STALLSCOPE_WATCH_CLEAN_S=300 $(PY) -m pytest -q -p no:cacheprovider tests/capture/test_watch.py -k under_watch
 
 # the watcher before jobs it knows nothing about, the whole matrix (~6 minutes): the first job 30-60 s
 # after it, a second from another copy, one in its own mount namespace, one it cannot trace
 watch-unknown-jobs: debs venv
-	STALLSCOPE_UNKNOWN_ALL=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_watch_unknown.py
+	STALLSCOPE_UNKNOWN_ALL=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_unknown.py
 
 regimes-clean-10: debs venv
 	@ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do \
-	  if $(PY) -m pytest -q -p no:cacheprovider tests/test_regimes_findings.py -k 'per_host and clean' >/tmp/stallscope-clean-$$i.log 2>&1; \
+	  if $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_regimes_findings.py -k 'per_host and clean' \
+	       >/tmp/stallscope-clean-$$i.log 2>&1; \
 	  then ok=$$((ok+1)); echo "run $$i: passed"; else echo "run $$i: FAILED (/tmp/stallscope-clean-$$i.log)"; fi; \
 	done; echo "clean per-host runs: $$ok of 10 passed"; [ $$ok -eq 10 ]
 
 # the watcher's image (deploy/image/Containerfile), tagged with pyproject.toml's version: the
-# reference deploy/kubernetes/stallscope-daemonset.yaml names (tests/test_deploy.py checks it)
+# reference deploy/kubernetes/stallscope-daemonset.yaml names (tests/deploy/test_deploy.py checks it)
 image-tag:
 	@deploy/image/image.sh tag
 

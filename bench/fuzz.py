@@ -5,7 +5,7 @@
     python bench/fuzz.py --atheris --target nccl_debug [--atheris-runs 100000]
 
 The targets, their seed samples and the contract they must keep live in tests/fuzz/
-(``targets.py``); the CI-sized run is tests/test_fuzz_parsers.py. Each target gets
+(``targets.py``); the CI-sized run is tests/forensics/test_fuzz_parsers.py. Each target gets
 ``--examples`` inputs, split over ``--jobs`` worker processes (different seeds; a worker
 that dies, e.g. of a crash in native code, is reported with the input it was on). Inputs
 that break a contract are shrunk and written to ``--crash-dir``; copy one into

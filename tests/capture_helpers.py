@@ -2,6 +2,7 @@
 stderr is read as it comes, and the manifest of a bundle it wrote."""
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 import subprocess
@@ -87,6 +88,28 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def check_bundle(path: Path) -> dict:
+    """The bundle at ``path`` is whole: every file the manifest lists is in it with the listed
+    size and sha256 and nothing else is, every collector has a status (a skip with its reason),
+    and the clock was sampled at least twice. Returns the manifest."""
+    with tarfile.open(path) as t:
+        members = {m.name.split("/", 1)[1]: m for m in t.getmembers() if m.isfile()}
+        manifest = json.load(t.extractfile(members["manifest.json"]))
+        listed = {f["path"]: f for f in manifest["files"]}
+        assert set(listed) == set(members) - {"manifest.json"}
+        for name, f in listed.items():
+            data = t.extractfile(members[name]).read()
+            assert len(data) == f["bytes"] and hashlib.sha256(data).hexdigest() == f["sha256"], name
+    assert manifest["schema_version"] == 1 and manifest["host"] and manifest["kernel"]
+    assert manifest["started_ns"] < manifest["ended_ns"]
+    for rec in manifest["collectors"].values():
+        assert rec["status"] in ("ok", "skipped", "failed")
+        assert rec["status"] != "skipped" or rec["reason"]
+    samples = manifest["clock_samples"]
+    assert len(samples) >= 2 and all(s["monotonic_ns"] > 0 and s["realtime_ns"] > 0 for s in samples)
+    return manifest
 
 
 def bundle_manifest(bundle: Path) -> dict:

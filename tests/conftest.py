@@ -10,9 +10,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+TESTS = ROOT / "tests"
+FIXTURES = TESTS / "fixtures"
+# The test modules sit in folders that mirror the product's packages (tests/forensics/parsers/,
+# tests/capture/, ..., docs/DESIGN.md "Tests"); the helpers they share (shipped.py, oracle.py,
+# capture_helpers.py, fuzz/, craft/, ...) sit here, importable from every folder, after the
+# repository root (the product's packages and ``tests.lab``).
+for _path in (TESTS, ROOT):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 
 def run_python(code: str, timeout: float) -> subprocess.CompletedProcess:
@@ -51,12 +57,13 @@ def browser():
 
 
 # ------------------------------------------------------------------ overlap: lab pool + pure-CPU tests
-# The regimes tests' lab runs (test_regimes_findings.py, ~12 minutes) spend most of their time
+# The regimes tests' lab runs (lab_runs/test_regimes_findings.py, ~12 minutes) spend most of their time
 # waiting: on held hangs, on captures, and on the kernel, which detaches uprobes one at a time for
 # the whole machine (~0.1 s each, bpf/README.md). In a run that selects them as root, their pool
 # starts before these pure-CPU modules (no root, no lab, no bpftrace, no namespace, no subprocess
 # with a tight timeout), which then run at the lowest CPU priority while it goes on; the regimes
-# tests come last and check the results. STALLSCOPE_OVERLAP=0 keeps the plain order.
+# tests come last and check the results. STALLSCOPE_OVERLAP=0 keeps the plain order. Modules are
+# named by file name, unique under tests/ whatever their folder.
 OVERLAP_MODULES = {
     "test_fuzz_parsers.py", "test_parsers_fuzz.py", "test_parsers_flight_recorder.py", "test_parsers_ib_counters.py",
     "test_parsers_native_stacks.py", "test_parsers_nccl_debug.py", "test_parsers_nccl_inspector.py",

@@ -1,5 +1,5 @@
 """The outputs of every shipped bundle set, kept as golden files (issue 37: a restructuring
-must change no output). ``python -m tests.golden`` writes them; tests/test_golden.py compares.
+must change no output). ``python -m tests.golden`` writes them; tests/forensics/test_golden.py compares.
 
 Each case is one shipped set (tests/fixtures/bundles/<scenario>/, one capture; and
 tests/fixtures/bundles-per-host/<case>/, one bundle per host), analysed with its bundles

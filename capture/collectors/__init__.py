@@ -8,7 +8,7 @@ goes in reverse (the last started stops first: native stacks being taken finish 
 tracer they read stops; the Flight Recorder pipes are written while the others stop).
 
 Adding a collector: one class (a module here) and one row in ``BUNDLE`` (and ``RING`` when
-the watcher should run it too). ``tests/test_capture_collectors.py`` shows it with a toy one.
+the watcher should run it too). ``tests/capture/collectors/test_capture_collectors.py`` shows it with a toy one.
 
 Standard library only."""
 from __future__ import annotations

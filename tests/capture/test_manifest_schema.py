@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FIXTURES, ROOT
+
 from capture import bundle_files as bd
 from capture import manifest as schema
 from capture import procs
@@ -28,8 +30,6 @@ from capture.staging import recover_staging
 from forensics.bundle import (ClockSample, CollectorStatus, FileEntry, Manifest, NetnsInfo, ProcessInfo, SocketInfo,
                               field_readers, parse_manifest)
 
-ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
 
 # the reader's typed records and the table each is read from
 READER_RECORDS = [(ClockSample, schema.CLOCK_SAMPLE), (SocketInfo, schema.SOCKET), (ProcessInfo, schema.PROCESS),

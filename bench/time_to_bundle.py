@@ -39,7 +39,7 @@ PROFILES = {"defaults": {"args": [], "hang_after_s": 30.0, "after_s": 30.0},
 
 
 def start_watcher(bundles: Path, args: list[str], err: Path) -> subprocess.Popen:
-    p = subprocess.Popen([PY, "-m", "capture", "--watch", "-o", str(bundles), "--cooldown", "0s", *args],
+    p = subprocess.Popen([PY, "-m", "capture", "--watch", "-o", str(bundles), "--cooldown", "1s", *args],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(err, "wb"))
     deadline = time.monotonic() + 120
     while b"capturing:" not in err.read_bytes():

@@ -274,11 +274,15 @@ class Watcher:
 
     def untraced(self) -> set[int]:
         """The followed processes whose NCCL calls the tracer does not see: no tracer running,
-        or none of their NCCL libraries among those it covers (static, hidden, not yet attached)."""
-        s, tr = self.s, self.tracing
+        none of their NCCL libraries among those it covers (static, hidden, not yet attached), or
+        no call of theirs seen since it covers them (a job that hung before the tracer attached:
+        its threads make no call the tracer could see)."""
+        s, tr, mon = self.s, self.tracing, self.monitor
         if not tr.alive():
             return set(s.procs)
-        return {pid for pid, info in s.procs.items() if not any(l.key in tr.covered for l in info.nccl_libs)}
+        seen = (set(mon.last_coll) | set(mon.last_return) | {v[0] for v in mon.open.values()}) if mon else set()
+        return {pid for pid, info in s.procs.items()
+                if pid not in seen or not any(l.key in tr.covered for l in info.nccl_libs)}
 
     def check_quiet(self) -> None:
         """The tracer-free hang trigger (``QuietJobs``) on the processes the tracer does not cover."""

@@ -24,8 +24,8 @@ from ..session import LOG_CAP, clock_sample, tail, utc_span
 from .collector import Collector
 
 TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
-RETARGET_SETTLE_S = 1.0     # a job maps its libraries within a moment: they are traced together after this
-RETARGET_EVERY_S = 10.0     # at most one restart this often (a burst of new jobs is one restart)
+RETARGET_SETTLE_S = 0.5     # a job maps its libraries within a moment: they are traced together after this
+RETARGET_EVERY_S = 10.0     # restarts at most this often (a burst of new jobs is one restart)
 DETACH_AFTER_S = 60.0       # a traced library no followed process maps any more is detached after this
 RING_DUMP_WAIT_S = 5.0      # before a restart, the wait for the ring's records to be spooled
 
@@ -61,7 +61,7 @@ class Tracing(Collector):
         self.versions: dict[str, str] = {}     # their NCCL version strings, by path
         self.retarget_why: str | None = None
         self.retarget_at = 0.0
-        self.last_start = 0.0
+        self.last_restart = -1e18       # monotonic s of the last restart (the first one waits for nothing)
         self.last_check = 0.0
         self.orphaned_since: float | None = None
         self.restarts: list[dict] = []
@@ -97,7 +97,7 @@ class Tracing(Collector):
         if now - self.last_check >= 2.0:
             self.last_check = now
             self.check_orphans(now)
-        if self.retarget_why and now >= max(self.retarget_at, self.last_start + RETARGET_EVERY_S):
+        if self.retarget_why and now >= max(self.retarget_at, self.last_restart + RETARGET_EVERY_S):
             why, self.retarget_why = self.retarget_why, None
             self.retarget(why)
 
@@ -154,7 +154,6 @@ class Tracing(Collector):
         if reason:
             s.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=t0)
             return
-        self.last_start = time.monotonic()
         # --pid roots and their descendants alive now; later forks are followed in the kernel
         want = sorted(set(s.o.pids) | procs.descendants(s.o.pids)) if s.o.pids else []
         targets = tracer.TraceTargets(want_pids=want)
@@ -280,6 +279,7 @@ class Tracing(Collector):
             deadline = time.monotonic() + RING_DUMP_WAIT_S
             while self.spool.ring_dumps == dumps and time.monotonic() < deadline and self.alive():
                 time.sleep(0.05)
+        self.last_restart = time.monotonic()
         self.halt()
         self.start_tracer(restart=True)
         after = sorted(self.covered.values())

@@ -20,6 +20,9 @@ nothing measurable is no warning, however many there are.
 """
 from __future__ import annotations
 
+import os
+import traceback
+
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -242,6 +245,8 @@ def run_detector(name: str, ctx: Context) -> tuple[list[Finding], list[str]]:
     except NeedsDatabase:
         raise
     except Exception as exc:   # one broken detector must not cost the others' findings
+        if os.environ.get("STALLSCOPE_DEBUG"):
+            traceback.print_exc()
         return [], [f"detector {name} failed: {type(exc).__name__}: {exc}"]
 
 

@@ -50,7 +50,9 @@ def connection_reset(ctx: Context) -> list[Finding]:
     in_flight = in_windows(t, t0, t1)
     done_end = np.sort(w.loc[w["complete"], "t1"].to_numpy(dtype=np.int64))
     i = np.searchsorted(done_end, t, side="right") - 1
-    last_progress = np.where(i >= 0, done_end[np.maximum(i, 0)], t0.min() if len(t0) else 0)
+    first = t0.min() if len(t0) else 0
+    # nothing completed at all (no returns traced: the watcher; a job hung before the capture)
+    last_progress = np.where(i >= 0, done_end[np.maximum(i, 0)], first) if len(done_end) else np.full(len(t), first)
     dur = w.loc[w["complete"], "duration_ns"].to_numpy(dtype=np.float64)
     stall = max(STALL_MIN_NS, STALL_FACTOR * float(np.quantile(dur, 0.99))) if len(dur) else STALL_MIN_NS
     # trouble before the reset since the last progress: the reset is then a consequence

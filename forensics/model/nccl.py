@@ -81,7 +81,10 @@ def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
     last rank's data completes it for all; entries differ by any straggle, ends do not), so
     each such process's counts are shifted onto a reference process of the communicator (one
     whose tracer saw the init, else the one with the most calls): per call, the reference's
-    call of the same op and count that ended nearest; the shift most of them agree on. A
+    call of the same op and count that ended nearest; the shift most of them agree on. Where a
+    process's calls have no end (the watcher traces no returns, and a hung job completes
+    nothing), their entries are matched to the reference's entries instead: in a job that
+    steps in lockstep they are closer to each other than to the next call. A
     process with no such agreement (captures that do not overlap) keeps no op_count: its
     calls are its own, never joined to another rank's by a number that means nothing. A
     communicator none of whose tracers saw its init counts from the first call any of them
@@ -100,18 +103,20 @@ def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
         absolute = [p for p in proc[in_comm & ~rel].unique()]
         ref = absolute[0] if absolute else proc[in_comm].value_counts().index[0]
         ref_rows = out[in_comm & (proc == ref).to_numpy()]
-        r = pd.DataFrame({"end": pd.to_numeric(ref_rows["end_ns"], errors="coerce").astype("float64"), "op": ref_rows["op"].astype(str),
-                          "count": pd.to_numeric(ref_rows["count"], errors="coerce").astype("float64"),
-                          "ref_oc": oc[ref_rows.index]}).dropna().sort_values("end")
         for p in sorted(procs_rel - {ref}):
             rows = out[in_comm & (proc == p).to_numpy()]
-            q = pd.DataFrame({"end": pd.to_numeric(rows["end_ns"], errors="coerce").astype("float64"), "op": rows["op"].astype(str),
-                              "count": pd.to_numeric(rows["count"], errors="coerce").astype("float64"),
-                              "oc": oc[rows.index]}).dropna().sort_values("end")
+            at = "end_ns" if pd.to_numeric(rows["end_ns"], errors="coerce").notna().sum() >= ALIGN_MIN_MATCHES \
+                else "timestamp_ns"
+            r = _align_frame(ref_rows, at, oc, "ref_oc")
+            q = _align_frame(rows, at, oc, "oc")
             shift = None
             if len(q) and len(r):
-                ends = np.unique(r["end"].to_numpy())     # calls synced by one wait share their end
-                gap = float(np.median(np.diff(ends))) if len(ends) > 1 else 1e9
+                if at == "end_ns":
+                    ends = np.unique(r["end"].to_numpy())     # calls synced by one wait share their end
+                    gap = float(np.median(np.diff(ends))) if len(ends) > 1 else 1e9
+                else:   # entries: half the time between two calls of one kind (a step), straggle within it
+                    steps = r.groupby(["op", "count"])["end"].diff().dropna()
+                    gap = float(steps.median()) if len(steps) else 1e9
                 m = pd.merge_asof(q, r, on="end", by=["op", "count"], direction="nearest",
                                   tolerance=max(gap / 2, 1e6)).dropna(subset=["ref_oc"])
                 if len(m) >= ALIGN_MIN_MATCHES:
@@ -126,6 +131,14 @@ def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
                 new_oc[in_comm] -= base
     out["op_count"] = pd.array(new_oc.round(), dtype="Int64")
     return out
+
+
+def _align_frame(rows: pd.DataFrame, at: str, oc: pd.Series, name: str) -> pd.DataFrame:
+    """One process's calls for :func:`align_op_counts`: time (column ``at``), op, count, op_count."""
+    return pd.DataFrame({"end": pd.to_numeric(rows[at], errors="coerce").astype("float64"),
+                         "op": rows["op"].astype(str),
+                         "count": pd.to_numeric(rows["count"], errors="coerce").astype("float64"),
+                         name: oc[rows.index]}).dropna().sort_values("end")
 
 
 def world_ranks(nccl: pd.DataFrame) -> pd.DataFrame:

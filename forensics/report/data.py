@@ -267,6 +267,8 @@ def lateness_long(model) -> pd.DataFrame | None:
     if c is None or c.empty:
         return None
     e = c[["comm_id_hash", "op_count", "op", "ranks", "lateness_ns"]].explode(["ranks", "lateness_ns"])
+    # a list's missing rank (a process whose rank no source names) may come back masked, not NaN
+    e = e.assign(ranks=pd.to_numeric(e["ranks"].map(lambda v: None if np.ma.is_masked(v) else v), errors="coerce"))
     e = e.dropna(subset=["ranks"])
     return pd.DataFrame({"comm_id_hash": e["comm_id_hash"], "op_count": e["op_count"], "op": e["op"],
                          "rank": e["ranks"].astype("int64"),

@@ -75,3 +75,16 @@ def test_a_tracer_that_saw_the_init_keeps_its_hash_and_numbers_and_the_others_fo
     n0 = out[out["rank"] == 0]["op_count"].astype(int).tolist()
     assert n0 == list(range(60))                                       # absolute numbers untouched
     assert out[out["rank"] == 1]["op_count"].astype(int).tolist() == list(range(18, 48))
+
+
+def test_calls_without_ends_are_aligned_by_their_entries():
+    """The watcher traces no returns and a hung job completes nothing: a communicator whose
+    inits no tracer saw (a job started after the watcher) is aligned by the calls' entries,
+    which differ by a rank's straggle but much less than a step."""
+    starts = {0: 0, 1: 2, 2: 5}
+    rows = [r for rank, s in starts.items() for r in calls("vm", rank, s, 30, late_ms=7 * rank)]
+    for r in rows:
+        r["end_ns"] = r["duration_ns"] = None
+    out = unify_comm_ids(frame(rows), {"vm": pd.concat([comms(r) for r in starts])})
+    first = {rank: int(out[out["rank"] == rank]["op_count"].min()) for rank in starts}
+    assert {rank: first[rank] - first[0] for rank in starts} == {0: 0, 1: 6, 2: 15}

@@ -89,8 +89,9 @@ lab:
 watch-clean-5min: debs venv
 	STALLSCOPE_WATCH_CLEAN_S=300 $(PY) -m pytest -q -p no:cacheprovider tests/capture/test_watch.py -k under_watch
 
-# the watcher before jobs it knows nothing about, the whole matrix (~6 minutes): the first job 30-60 s
-# after it, a second from another copy, one in its own mount namespace, one it cannot trace
+# the watcher before jobs it knows nothing about, the whole matrix (~13 minutes): the first job 30-60 s
+# after it, a second from another copy, one in its own mount namespace, one it cannot trace, and a
+# clean job for 5 minutes (STALLSCOPE_UNKNOWN_CLEAN_S)
 watch-unknown-jobs: debs venv
 	STALLSCOPE_UNKNOWN_ALL=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_unknown.py
 

@@ -3,10 +3,10 @@
 
     sudo .venv/bin/python bench/time_to_bundle.py [--runs N] [--profile defaults|fast|both] [--seed S]
 
-A watcher runs as deploy/ runs it (``stallscope capture --watch`` with no --pid and no --nccl-lib),
-and lab jobs (tests/lab: 3 ranks in network namespaces, each job from its own copy of the lab's
-NCCL, so the tracer is re-attached for every job) start after it, one after the other, each
-with an injected hang: a link down and a skipped collective (mismatch) in turn, at a random
+Per run, a watcher starts as deploy/ runs it (``stallscope capture --watch`` with no --pid and
+no --nccl-lib), then a lab job (tests/lab: 3 ranks in network namespaces, from its own copy of
+the lab's NCCL, so the tracer is re-attached for it) with an injected hang (a fresh watcher per
+run: a bundle of a hang right after another job's would hold both, README "Limits"): a link down and a skipped collective (mismatch) in turn, at a random
 time. Per run: the onset (the lab's truth, the fault's start), the bundle complete on disk (the
 archive's rename into place), and the verdict (``stallscope analyze`` run on it once it is
 there: its wall time added). Printed: each run, then the median and the 90th percentile of
@@ -49,7 +49,18 @@ def start_watcher(bundles: Path, args: list[str], err: Path) -> subprocess.Popen
     return p
 
 
-def one_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: random.Random) -> dict:
+def one_run(i: int, build: Path, work: Path, profile: dict, rng: random.Random) -> dict:
+    bundles = work / f"job-{i}" / "bundles"
+    bundles.mkdir(parents=True)
+    w = start_watcher(bundles, profile["args"], work / f"job-{i}" / "watch.err")
+    try:
+        return job_run(i, build, work, bundles, profile, rng)
+    finally:
+        w.terminate()
+        w.wait(timeout=120)
+
+
+def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: random.Random) -> dict:
     lib = work / f"job-{i}" / "nccl"
     shutil.copytree(build, lib, ignore=shutil.ignore_patterns("static"))
     hold = profile["hang_after_s"] + profile["after_s"] + 25
@@ -105,18 +116,11 @@ def main() -> int:
     results: dict[str, list[dict]] = {}
     for name in (["defaults", "fast"] if a.profile == "both" else [a.profile]):
         profile = PROFILES[name]
-        bundles = work / name / "bundles"
-        bundles.mkdir(parents=True)
-        w = start_watcher(bundles, profile["args"], work / name / "watch.err")
         rows = []
-        try:
-            for i in range(a.runs or (3 if name == "defaults" else 5)):
-                row = one_run(i, build, work / name, bundles, profile, rng)
-                rows.append(row)
-                print(f"{name:8s} run {i}: {json.dumps(row, default=str)}", flush=True)
-        finally:
-            w.terminate()
-            w.wait(timeout=120)
+        for i in range(a.runs or (3 if name == "defaults" else 5)):
+            row = one_run(i, build, work / name, profile, rng)
+            rows.append(row)
+            print(f"{name:8s} run {i}: {json.dumps(row, default=str)}", flush=True)
         results[name] = rows
     print()
     for name, rows in results.items():

@@ -8,7 +8,8 @@ The default suite runs one job (a link-down hang from a fresh library path) a sh
 the watcher started. ``make watch-unknown-jobs`` runs the whole matrix (STALLSCOPE_UNKNOWN_ALL=1):
 the first job 30-60 s after the watcher, a mismatch hang from another copy after it, a job in its
 own mount namespace (a container: the library bind-mounted at a path that exists only there),
-and a job whose NCCL is linked in and stripped (nothing to trace: the tracer-free trigger)."""
+a job whose NCCL is linked in and stripped (nothing to trace: the tracer-free trigger), and a
+clean job watched for 5 minutes (no bundle)."""
 from __future__ import annotations
 
 import json
@@ -221,3 +222,20 @@ def test_a_job_the_tracer_cannot_attach_to_is_caught_without_it(lab):
     ranks = {p["pid"]: p for p in m["processes"]}
     assert m["trigger"]["pids"] and all("nccl-env" in (ranks[p].get("job_reasons") or [])
                                         and not ranks[p].get("libnccl") for p in m["trigger"]["pids"])
+
+
+@pytest.mark.skipif(not ALL, reason="the full matrix: make watch-unknown-jobs (STALLSCOPE_UNKNOWN_ALL=1)")
+def test_a_clean_job_started_after_it_writes_no_bundle(lab):
+    """Five minutes (STALLSCOPE_UNKNOWN_CLEAN_S) of a healthy job from yet another library path,
+    traced after a restart like the others: no trigger, no bundle."""
+    watch = lab["watch"]
+    clean_s = float(os.environ.get("STALLSCOPE_UNKNOWN_CLEAN_S", "300"))
+    lib = _fresh_copy(lab["build"], lab["base"])
+    restarts = watch.err.read_text().count("tracer restarted")
+    # about 40 ms a step (30 ms of "compute" and the collectives): the job lasts clean_s
+    job = watch.run_job("clean-e", lib, ["--scenario", "clean", "--ranks", "3", "--steps", str(int(clean_s / 0.04)),
+                                         "--run-timeout-s", f"{clean_s + 120:g}"] + SMALL)
+    err = watch.err.read_text()
+    assert job["bundles"] == [] and "TRIGGER" not in err.split("tracer restarted")[-1], err[-3000:]
+    assert err.count("tracer restarted") > restarts          # its library was traced too
+    assert watch.proc.poll() is None, err[-2000:]

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import time
 import threading
 from pathlib import Path
 
@@ -110,6 +111,17 @@ def check_bundle(path: Path) -> dict:
     samples = manifest["clock_samples"]
     assert len(samples) >= 2 and all(s["monotonic_ns"] > 0 and s["realtime_ns"] > 0 for s in samples)
     return manifest
+
+
+def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
+    """pred()'s first truthy value within timeout seconds; AssertionError naming what otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def bundle_manifest(bundle: Path) -> dict:

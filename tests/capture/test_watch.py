@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import send_last_datagrams, udp_payloads_in_bundle
+from capture_helpers import send_last_datagrams, udp_payloads_in_bundle, wait_for
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
@@ -247,7 +247,7 @@ def test_inside_call_reads_the_threads_stack(tmp_path):
     p = subprocess.Popen([str(exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         sp, ret = (int(x) for x in p.stdout.readline().split())
-        _wait_for(lambda: procs.blocked_sp(p.pid, p.pid) is not None, 10, "the helper to block")
+        wait_for(lambda: procs.blocked_sp(p.pid, p.pid) is not None, 10, "the helper to block")
         assert procs.inside_call(p.pid, p.pid, sp, ret) is True
         assert procs.inside_call(p.pid, p.pid, sp, ret + 1) is False      # another call's slot
         p.stdin.write(b"x")
@@ -374,16 +374,6 @@ def _watcher(out: Path, *args: str, log: Path) -> subprocess.Popen:
                              *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=open(log, "wb"), text=True)
 
 
-def _wait_for(pred, timeout: float, what: str, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
 def _ring(out: Path) -> list[Path]:
     return sorted(out.glob(".stallscope-*-watch.staging-*"))
 
@@ -414,7 +404,7 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
     out.mkdir()
     w = _watcher(out, "--before", "30s", "--after", "1s", log=tmp_path / "w.err")
     try:
-        _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
+        wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
         ring = _ring(out)
         assert len(ring) == 1
         assert _children_of_ring(ring[0]), "the tracer runs from the ring"
@@ -422,18 +412,18 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 0, p.stderr
         assert f"triggered watcher {w.pid}" in p.stderr
-        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        bundle = wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
         m = _manifest(bundle)
         assert m["trigger"]["kind"] == "on-demand" and m["trigger"]["reason"] == "test: on demand"
         assert m["watch"]["before_s"] == 30 and not m["partial"]
         # a second one by the trigger file (no cooldown for on-demand triggers)
         (out / triggers.TRIGGER_NAME).write_text("by the file\n")
-        _wait_for(lambda: len(list(out.glob("stallscope-*.tar.gz"))) == 2, 60, "the second bundle")
+        wait_for(lambda: len(list(out.glob("stallscope-*.tar.gz"))) == 2, 60, "the second bundle")
         assert not (out / triggers.TRIGGER_NAME).exists()
         w.send_signal(signal.SIGKILL)
         w.wait(timeout=10)
-        _wait_for(lambda: not _children_of_ring(ring[0]), 15, "the watcher's children to be stopped")
-        _wait_for(lambda: not ring[0].exists(), 15, "the guardian to remove the rings")
+        wait_for(lambda: not _children_of_ring(ring[0]), 15, "the watcher's children to be stopped")
+        wait_for(lambda: not ring[0].exists(), 15, "the guardian to remove the rings")
         assert not list(out.glob(".*staging*")), "nothing left for --recover: no incident was pending"
     finally:
         if w.poll() is None:
@@ -500,13 +490,13 @@ def test_a_thread_blocked_inside_a_collective_triggers_without_its_return(tmp_pa
         pids = [str(p.pid) for p in procs.values()]
         w = _watcher(out, "--pid", pids[0], "--pid", pids[1], "--nccl-lib", str(lib), "--no-pcap",
                      "--hang-after", "3s", "--before", "30s", "--after", "1s", log=tmp_path / "w.err")
-        _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes() or w.poll() is not None, 90,
+        wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes() or w.poll() is not None, 90,
                   "the watcher to start")
         assert w.poll() is None, (tmp_path / "w.err").read_text()
         for p in procs.values():
             p.stdin.write(b"g")
             p.stdin.flush()
-        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        bundle = wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
         m = _manifest(bundle)
         assert m["trigger"]["kind"] == "hang", m["trigger"]
         assert m["trigger"]["pids"] == [procs["1"].pid], (m["trigger"], procs["0"].pid)
@@ -585,7 +575,7 @@ def test_threads_that_end_together_are_all_forgotten(tmp_path):
         bt = subprocess.Popen(["bpftrace", "-B", "line", str(tmp_path / "gen.bt")], stdout=fh,
                               stderr=subprocess.STDOUT, env=dict(os.environ, BPFTRACE_MAP_KEYS_MAX="16384"))
     try:
-        _wait_for(lambda: b"tracer_start" in out.read_bytes() or bt.poll() is not None, 60, "bpftrace to start")
+        wait_for(lambda: b"tracer_start" in out.read_bytes() or bt.poll() is not None, 60, "bpftrace to start")
         assert bt.poll() is None, out.read_text()[-2000:]
         for p in procs + [stays]:
             p.stdin.write(b"g")
@@ -631,10 +621,10 @@ def test_the_packets_just_before_the_cut_are_in_the_incident_bundle(tmp_path):
     w = _watcher(out, "--iface", "lo", "--no-bpf", "--pcap-ring", "always", "--before", "30s", "--after", "0.1s",
                  log=tmp_path / "w.err")
     try:
-        _wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
+        wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
         port, sent = send_last_datagrams()
         (out / triggers.TRIGGER_NAME).write_text("now\n")
-        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        bundle = wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
     finally:
         w.terminate()
         w.wait(timeout=60)
@@ -681,7 +671,7 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
     conn, _ = srv.accept()
     w = _watcher(out, "--iface", "lo", "--before", "4s", "--after", "0.5s", "--pcap-linger", "1s", log=err)
     try:
-        _wait_for(lambda: b"capturing:" in err.read_bytes(), 90, "the watcher to start")
+        wait_for(lambda: b"capturing:" in err.read_bytes(), 90, "the watcher to start")
         ring = _ring(out)[0]
         early_port, _early = send_last_datagrams()
         time.sleep(1.5)
@@ -691,11 +681,11 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
                     ["add", "rule", "inet", table, "inp", "tcp", "dport", str(port), "drop"]):
             subprocess.run(["nft", *cmd], check=True, timeout=10)
         cli.send(b"x" * 100)                    # dropped: the kernel retransmits it (RTO)
-        _wait_for(lambda: b"packet ring on (" in err.read_bytes(), 30, "the packet ring to start")
+        wait_for(lambda: b"packet ring on (" in err.read_bytes(), 30, "the packet ring to start")
         assert _tcpdumps_of(ring)
         late_port, late = send_last_datagrams()
         (out / triggers.TRIGGER_NAME).write_text("now\n")
-        bundle = _wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
+        bundle = wait_for(lambda: sorted(out.glob("stallscope-*.tar.gz")), 60, "the incident's bundle")[0]
         subprocess.run(["nft", "delete", "table", "inet", table], check=True, timeout=10)
         runs = _manifest(bundle)["watch"]["pcap_ring"]
         assert runs["mode"] == "on-trouble" and "tcp_retransmit_skb" in runs["runs"][0]["why"], runs
@@ -703,8 +693,8 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
         assert udp_payloads_in_bundle(bundle, early_port) == [], "sent before the trouble: not tapped"
         assert _tcp_segments_to(bundle, port) >= 1, "the retransmissions after the ring started"
         # --pcap-linger is at least --before + --after + 30 s: then tcpdump stops
-        _wait_for(lambda: b"packet ring off:" in err.read_bytes(), 90, "the packet ring to stop")
-        _wait_for(lambda: not _tcpdumps_of(ring), 10, "tcpdump to end")
+        wait_for(lambda: b"packet ring off:" in err.read_bytes(), 90, "the packet ring to stop")
+        wait_for(lambda: not _tcpdumps_of(ring), 10, "tcpdump to end")
     finally:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True, timeout=10)
         for s in (cli, conn, srv):
@@ -748,7 +738,7 @@ class WatchedRun:
         self.err = base / f"{name}.watch.err"
         self.watcher = _watcher(self.bundles, "--pid", str(self.launcher.pid), "--nccl-lib",
                                 str(build / "libnccl.so.2"), *watch_args, log=self.err)
-        _wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.watcher.poll() is not None, 120,
+        wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.watcher.poll() is not None, 120,
                   f"{name}'s watcher to start")
         assert self.watcher.poll() is None, self.err.read_text()
         self.ring = _ring(self.bundles)[0]
@@ -870,8 +860,8 @@ def test_mismatch_hang_under_watch(watched, tmp_path):
     assert 1 not in {ranks.get(p) for p in stuck}, "the rank that skipped is not inside a collective"
     run.watcher.send_signal(signal.SIGKILL)
     run.watcher.wait(timeout=10)
-    _wait_for(lambda: not _children_of_ring(run.ring), 15, "the watcher's children to stop")
-    _wait_for(lambda: not run.ring.exists(), 15, "the guardian to remove the rings")
+    wait_for(lambda: not _children_of_ring(run.ring), 15, "the watcher's children to stop")
+    wait_for(lambda: not run.ring.exists(), 15, "the guardian to remove the rings")
 
 
 def test_clean_job_under_watch_writes_no_bundle(watched):

@@ -18,12 +18,12 @@ import random
 import shutil
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+from capture_helpers import bundle_manifest, wait_for
 from conftest import ROOT, require_root, require_tool
 
 from capture.watch import RING_SLACK_S
@@ -34,22 +34,6 @@ S = 1_000_000_000
 ALL = os.environ.get("STALLSCOPE_UNKNOWN_ALL") == "1"
 HANG_AFTER_S, AFTER_S, BEFORE_S = 5, 5, 20
 SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
-
-
-def _wait_for(pred, timeout: float, what: str, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-
-
-def _manifest(bundle: Path) -> dict:
-    with tarfile.open(bundle) as t:
-        name = next(n for n in t.getnames() if n.endswith("/manifest.json"))
-        return json.load(t.extractfile(name))
 
 
 class Watch:
@@ -66,7 +50,7 @@ class Watch:
              "--hang-after", f"{HANG_AFTER_S}s", "--after", f"{AFTER_S}s", "--before", f"{BEFORE_S}s",
              "--cooldown", "1s"],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.err, "wb"))
-        _wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.proc.poll() is not None, 120,
+        wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.proc.poll() is not None, 120,
                   "the watcher to start")
         assert self.proc.poll() is None, self.err.read_text()
         self.started = time.monotonic()
@@ -134,7 +118,7 @@ def _check(job: dict, watch: Watch, kind: str | None, link: bool, source: str | 
     truth = job["truth"]
     onset = truth["fault"]["start_time_ns"]
     assert len(job["bundles"]) == 1, (job["bundles"], watch.err.read_text()[-3000:])
-    m = _manifest(job["bundles"][0])
+    m = bundle_manifest(job["bundles"][0])
     assert m["trigger"]["kind"] == "hang", m["trigger"]
     if source:
         assert m["trigger"]["source"].startswith(source), m["trigger"]

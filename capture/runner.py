@@ -57,9 +57,15 @@ class Capture:
         return next((c for c in self.table if c.name == name), None)
 
     def each(self, step: str, *args, reverse: bool = False) -> None:
-        """Call ``step`` on every collector, in table order (``reverse``: the other way)."""
+        """Call ``step`` on every collector, in table order (``reverse``: the other way). A
+        collector that raises is recorded as failed (its record ``<name>``, stderr) and the
+        others go on: one broken collector must not cost the bundle."""
         for c in (reversed(self.table) if reverse else self.table):
-            getattr(c, step)(*args)
+            try:
+                getattr(c, step)(*args)
+            except Exception as e:  # noqa: BLE001 - see above
+                self.s.record(c.name, status="failed", reason=f"{step}: {type(e).__name__}: {e}")
+                self.s.log(f"collector {c.name} failed in {step}: {type(e).__name__}: {e}")
 
     # ------------------------------------------------------------------ main
     def on_signal(self, signum, frame) -> None:

@@ -129,3 +129,18 @@ def test_the_tables():
     # the watcher runs the same collectors; only tcpdump differs (the packet ring)
     assert [c for c in BUNDLE if c is not Packets] == [c for c in RING if c is not PacketRing]
     assert Packets in BUNDLE and PacketRing in RING and Packets not in RING
+
+
+def test_a_collector_that_raises_is_recorded_and_the_capture_goes_on(tmp_path):
+    class Broken(Collector):
+        name = "broken"
+
+        def sample(self, now):
+            raise RuntimeError("boom")
+
+    cap = Capture(options(tmp_path), table=BUNDLE + (Broken,))
+    res = cap.run()
+    m, names = manifest_and_names(res.path)
+    assert m["collectors"]["broken"]["status"] == "failed" and "sample: RuntimeError: boom" in \
+        m["collectors"]["broken"]["reason"]
+    assert res.exit_code == 3 and m["collectors"]["ss@host:end"]["status"] == "ok"

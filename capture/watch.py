@@ -282,7 +282,7 @@ class Watcher:
             return set(s.procs)
         seen = (set(mon.last_coll) | set(mon.last_return) | {v[0] for v in mon.open.values()}) if mon else set()
         return {pid for pid, info in s.procs.items()
-                if pid not in seen or not any(l.key in tr.covered for l in info.nccl_libs)}
+                if pid not in seen or not any(tr.covers(l) for l in info.nccl_libs)}
 
     def check_quiet(self) -> None:
         """The tracer-free hang trigger (``QuietJobs``) on the processes the tracer does not cover."""

@@ -58,6 +58,7 @@ class Tracing(Collector):
         self.last_offcpu = 0.0
         self.stopper: threading.Thread | None = None
         self.covered: dict[tuple, str] = {}    # NCCL libraries of the running program: (dev, inode) -> path
+        self.pinned: set[tuple] = set()         # those of --nccl-lib: traced whether or not a process maps them
         self.versions: dict[str, str] = {}     # their NCCL version strings, by path
         self.retarget_why: str | None = None
         self.retarget_at = 0.0
@@ -105,7 +106,7 @@ class Tracing(Collector):
         """New processes, or known ones whose libraries changed: those mapping an NCCL library the
         running program does not cover get the tracer restarted for them (after a settle time)."""
         for info in fresh:
-            new = sorted({l.host_path for l in info.nccl_libs if l.key not in self.covered})
+            new = sorted({l.host_path for l in info.nccl_libs if not self.covers(l)})
             if new and self.proc is not None:
                 if not self.retarget_why:
                     self.retarget_at = time.monotonic() + RETARGET_SETTLE_S
@@ -185,7 +186,14 @@ class Tracing(Collector):
                                      f"({', '.join(tracer.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
                 s.log(self.problems[-1])
                 continue
-            targets.nccl.setdefault(str(Path(path).resolve()), set()).update(syms)
+            real = str(Path(path).resolve())
+            targets.nccl.setdefault(real, set()).update(syms)
+            try:
+                st = os.stat(real)
+                covered.setdefault((st.st_dev, st.st_ino), real)
+                self.pinned.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
             # processes not started yet: look for the CUDA runtime next to the given libnccl
             for sib in sorted(glob.glob(str(Path(path).resolve().parent / "libcudart.so*"))):
                 try:
@@ -251,18 +259,29 @@ class Tracing(Collector):
         return self.spool.ready.is_set()
 
     # ------------------------------------------------------------------ following the job's libraries
+    def covers(self, lib) -> bool:
+        """Whether the running program probes that library (``procs.MappedLib``): the same file
+        by device and inode, or by its resolved path (a --nccl-lib on a file system whose
+        device /proc/PID/maps names otherwise)."""
+        if lib.key in self.covered:
+            return True
+        try:
+            return os.path.realpath(lib.host_path) in set(self.covered.values())
+        except OSError:
+            return False
+
     def check_orphans(self, now: float) -> None:
         """Traced libraries that no followed, live process maps any more: detached (a restart
         without them) once that has lasted DETACH_AFTER_S, so the next job's tracer does not
         keep uprobes on a file nobody runs."""
         live = {lib.key for info in list(self.s.procs.values()) if os.path.isdir(f"/proc/{info.pid}")
                 for lib in info.nccl_libs}
-        if not self.covered or set(self.covered) <= live:
+        if not self.covered or set(self.covered) - self.pinned <= live:
             self.orphaned_since = None
             return
         self.orphaned_since = self.orphaned_since or now
         if now - self.orphaned_since >= DETACH_AFTER_S and not self.retarget_why:
-            gone = sorted(p for k, p in self.covered.items() if k not in live)
+            gone = sorted(p for k, p in self.covered.items() if k not in live and k not in self.pinned)
             self.retarget_why = f"no process maps {', '.join(gone)} any more"
             self.retarget_at = now
 

@@ -51,7 +51,6 @@ class Tracing(Collector):
         self.proc: subprocess.Popen | None = None
         self.spool: tracer_spool.Spool | None = None
         self.stderr_fh = None
-        self.libs: set[str] = set()            # the NCCL libraries the running tracer covers
         self.problems: list[str] = []          # asked-for libraries the tracer cannot attach to
         self.offcpu: OffCpuSampler | None = None
         self.offcpu_span: list[int] | None = None     # UTC ns of the first and last off-CPU sample kept
@@ -182,9 +181,11 @@ class Tracing(Collector):
                 s.record(key, status="failed", reason=f"--nccl-lib {path}: {e}", started_ns=t0, ended_ns=t0)
                 return
             if not syms:   # a wrong library: say so (manifest, stderr, exit code 3); trace the rest
-                self.problems.append(f"--nccl-lib {path}: exports none of the NCCL API "
-                                     f"({', '.join(tracer.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
-                s.log(self.problems[-1])
+                problem = (f"--nccl-lib {path}: exports none of the NCCL API "
+                           f"({', '.join(tracer.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
+                if problem not in self.problems:      # once, not again at each restart
+                    self.problems.append(problem)
+                    s.log(problem)
                 continue
             real = str(Path(path).resolve())
             targets.nccl.setdefault(real, set()).update(syms)
@@ -203,7 +204,6 @@ class Tracing(Collector):
                 real = str(Path(sib).resolve())
                 if cs and not any(os.path.samefile(real, k) for k in targets.cudart):
                     targets.cudart[real] = cs
-        self.libs = set(targets.nccl)
         self.covered = covered
         libc = tracer.own_libc()
         try:

@@ -112,10 +112,12 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9,
-            headline=("Hang: {who} called a different collective than {peers} at SeqNum " + f"{n} ({{since}})"),
+            headline=(("Hang: {who} called a different collective than {peers} at SeqNum " if others else
+                       "Hang: {who} called different collectives at SeqNum ") + f"{n} ({{since}})"),
             confidence_note="each rank's own watchdog line names the call it waits in",
-            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)} while "
-                     f"{ranks_text(others)} called {majority}; every one timed out after {_secs(ran)}."),
+            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
+                     + (f" while {ranks_text(others)} called {majority}" if others else "")
+                     + f"; every one timed out after {_secs(ran)}."),
             ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
             action=(f"Find why {ranks_text(odd)} issued a different collective at this step (a data-dependent branch, "
                     "uneven buckets or batches): every rank must issue the same collectives in the same order."),

@@ -38,6 +38,7 @@ from . import nccl_errors
 from .schema import conform
 
 UNKNOWN = "unknown:"
+YEAR_ASSUMED = "this year (no line gives one)"     # the note saying the times' year is a guess
 
 
 @dataclass
@@ -82,6 +83,27 @@ class Directory:
 def _s(v) -> str:
     """A cell as text ("" for NA)."""
     return "" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+
+
+def host_text(host) -> str:
+    """A host as a person reads it: the name the log prints, and for rows whose lines name no
+    host (``unknown:<file>``) "host unknown (<file name>)": the file, never its path."""
+    h = str(host)
+    if not h.startswith(UNKNOWN):
+        return h
+    rel = h[len(UNKNOWN):]
+    name = rel.replace(":", "/").rstrip("/").rsplit("/", 1)[-1] or rel
+    return f"host unknown ({name})"
+
+
+_UNKNOWN_IN_TEXT = re.compile(r"unknown:(?P<rel>[^\s,;()]+?)(?=:?(?:\s|$|[,;()]))")
+
+
+def hosts_in_text(text: str) -> str:
+    """``text`` with every ``unknown:<file>`` placeholder read as :func:`host_text` says."""
+    if UNKNOWN not in text:
+        return text
+    return _UNKNOWN_IN_TEXT.sub(lambda m: host_text(UNKNOWN + m["rel"]), text)
 
 
 def short_host(name) -> str | None:
@@ -157,7 +179,7 @@ class Clocks:
         elif starts:
             year, why = datetime.fromtimestamp(min(starts) / 1e9, tz=timezone.utc).year, "the capture's year"
         else:
-            year, why = datetime.now(timezone.utc).year, "this year (no line gives one)"
+            year, why = datetime.now(timezone.utc).year, YEAR_ASSUMED
         notes = []
         if offsets:
             notes.append(f"log times without a zone are read in each capture host's zone ({', '.join(sorted(zones))}); "
@@ -384,4 +406,5 @@ def _watchdog(wd: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     return conform(wd, "watchdog_events")
 
 
-__all__ = ["Clocks", "Directory", "attribute", "directory", "file_hosts", "job_hosts", "short_host", "UNKNOWN"]
+__all__ = ["Clocks", "Directory", "attribute", "directory", "file_hosts", "host_text", "hosts_in_text", "job_hosts",
+           "short_host", "UNKNOWN", "YEAR_ASSUMED"]

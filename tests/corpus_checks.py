@@ -84,7 +84,7 @@ def analyze_attached(sample: Path, tmp: Path) -> Outcome:
     ``stallscope capture --attach`` does)."""
     from synthetic_bundle import make_bundle
     files = {f"logs/{p.relative_to(sample).as_posix().replace('/', '_')}": p for p in evidence_files(sample)}
-    b = make_bundle(tmp, "capture-node", [], files)
+    b = make_bundle(tmp, "capture-node", [], files, attached=True)
     return _analyze([str(b)], tmp, db=False)
 
 

@@ -52,6 +52,9 @@ class Directory:
     addr: dict[str, tuple[str | None, int | None]] = field(default_factory=dict)
     file_hosts: dict[str, set] = field(default_factory=dict)
     hosts: set = field(default_factory=set)
+    # (node, bundle path) of files the user attached by hand: maybe the whole job's log, so a
+    # line of theirs that names no host is not given the capture's host
+    attached: set = field(default_factory=set)
 
     def host_of_rank(self, rank) -> str | None:
         if rank is None or pd.isna(rank):
@@ -219,6 +222,7 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
     """Fill the log tables' hosts, ranks, pids and times in place (module docstring); the notes
     on the assumptions made, for the report."""
     d = directory(tables)
+    d.attached = {(c.get("host"), p) for c in captures for p in c.get("user_attached") or ()}
     texts = _clock_texts(tables)
     clocks = Clocks.of(captures, texts)
     notes = list(clocks.notes) if texts else []
@@ -321,7 +325,12 @@ def _fill_hosts(df: pd.DataFrame, d: Directory) -> pd.Series:
         host = host.fillna(pd.Series([d.host_of_rank(r) for r in df["ctx_rank"]], index=df.index, dtype="string"))
     one = {a: next(iter(h)) for a, h in d.file_hosts.items() if len(h) == 1}
     host = host.fillna(df["artifact"].map(one).astype("string"))
-    host = host.fillna(df["node"].astype("string"))
+    node = df["node"].astype("string")
+    if d.attached:        # a file the user attached speaks for the job, not for the capture's host
+        shared = pd.Series([(n, a) in d.attached for n, a in zip(node, df["artifact"].astype("string"))],
+                           index=df.index, dtype=bool)
+        node = node.mask(shared)
+    host = host.fillna(node)
     return host.fillna(UNKNOWN + df["artifact"].astype("string"))
 
 

@@ -180,7 +180,9 @@ def counter_errors(ctx: Context) -> list[Finding]:
         top = g.iloc[0]
         moved = ", ".join(f"{r.counter} +{int(r.delta)}" for r in g.head(6).itertuples(index=False))
         port_txt = f"{dev} port {int(port)}" if pd.notna(port) else f"{dev}"
-        summary = (f"{host} {port_txt}: {moved} during the capture; worst: {top['counter']} "
+        when = ("since the counters were last cleared (one snapshot)" if g["start"].isna().all()
+                else "during the capture")
+        summary = (f"{host} {port_txt}: {moved} {when}; worst: {top['counter']} "
                    f"({top['meaning']}).")
         actions = [f"{r.counter}: {r.action}" for r in g.drop_duplicates("counter").itertuples(index=False)
                    if isinstance(r.action, str) and r.action]

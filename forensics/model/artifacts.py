@@ -46,14 +46,14 @@ WARNINGS_PER_FILE = 5
 # parsers tried on files under logs/ and on loose evidence (content decides: every text parser
 # whose markers the file holds, or the one structured format its first bytes show)
 LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug",
-               "torch_watchdog", "torch_elastic", "ib_status")
+               "torch_watchdog", "torch_elastic", "ib_status", "ib_counters", "ncclras")
 # loose evidence may also be what a capture would have put in its own folders
-LOOSE_PARSERS = LOG_PARSERS + ("ib_counters", "ss", "native_stacks", "ncclras")
+LOOSE_PARSERS = LOG_PARSERS + ("ss", "native_stacks")
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
                    "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
-                   "process_exits", "ib_ports")
+                   "process_exits", "ib_ports", "ras_ranks")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
@@ -168,7 +168,7 @@ def read_artifacts(bundle) -> BundleArtifacts:
         from ..parsers.ib_counters import IbCountersParser
         res = IbCountersParser.parse(bundle.root / "ib")
         bundle.problems.extend(res.warnings[:WARNINGS_PER_FILE])
-        arts.results["ib_counters"] = [("ib", res)]
+        arts.results.setdefault("ib_counters", []).insert(0, ("ib", res))
     if arts.empty_logs:
         bundle.problems.append(f"logs/: {len(arts.empty_logs)} NCCL log file(s) are empty "
                                f"({', '.join(arts.empty_logs[:4])}{', ...' if len(arts.empty_logs) > 4 else ''}); "
@@ -385,15 +385,41 @@ def log_table(bundle, arts: BundleArtifacts, parser: str, table: str, name: str)
     return conform(df, name)
 
 
+def ras_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
+    """What NCCL RAS reports named (``ras_ranks``): the ranks of its communicator entries and
+    the job processes it lists missing or dead (rank NA); ``host`` is the node RAS names."""
+    parts = []
+    for name in ("ras_ranks", "ras_processes"):
+        df = arts.table("ncclras", name)
+        if len(df):
+            df = df.rename(columns={"node": "host", "line": "log_line", "gpus": "gpu"})
+            parts.append(df.assign(behind=True, missing=True) if name == "ras_processes" else df)
+    if not parts:
+        return empty("ras_ranks")
+    df = pd.concat(parts, ignore_index=True)
+    df["node"] = bundle.node
+    return conform(df, "ras_ranks")
+
+
 # --------------------------------------------------------------------------- IB counters
 
 def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
-    """Start/end deltas per port and counter of the bundle's ib/ tree."""
-    from ..parsers.ib_counters import ib_deltas
+    """Start/end deltas per port and counter of the bundle's ib/ tree; for a snapshot without
+    phases (loose ``perfquery`` output), the values since the counters were last cleared
+    (``start`` NA, :func:`forensics.parsers.ib_counters.snapshot_values`)."""
+    from ..parsers.ib_counters import ib_deltas, snapshot_values
     df = arts.table("ib_counters", "ib_counters")
     if df.empty:
         return empty("ib_counters")
-    d = ib_deltas(df.drop(columns="artifact"))
+    # start/end snapshots give deltas; a file of one snapshot (a pasted perfquery) its values since
+    # the last clear
+    phased = df.groupby("artifact")["phase"].transform(lambda p: p.notna().any()).astype(bool)
+    parts = [t for t in (ib_deltas(df[phased].drop(columns="artifact")) if phased.any() else None,
+                         snapshot_values(df[~phased].drop(columns="artifact")) if (~phased).any() else None)
+             if t is not None and len(t)]
+    if not parts:
+        return empty("ib_counters")
+    d = pd.concat(parts, ignore_index=True)
     d["host"] = bundle.host
     return conform(d, "ib_counters")
 
@@ -412,6 +438,7 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
             "watchdog_events": log_table(b, arts, "torch_watchdog", "watchdog", "watchdog_events"),
             "process_exits": log_table(b, arts, "torch_elastic", "process_exits", "process_exits"),
             "ib_ports": log_table(b, arts, "ib_status", "ib_ports", "ib_ports"),
+            "ras_ranks": ras_table(b, arts),
             "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
             "ib_counters": ib_counters_table(b, arts), "coll_log_ops": state.coll_log_table(b, arts, cfg),
             "sockets": sockets_table(b, arts, ranks),

@@ -261,6 +261,15 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "exitcode": "INTEGER", "signal": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "error_file": "VARCHAR",
         "traceback": "VARCHAR", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
+    # what NCCL RAS (ncclras, parsers/ncclras.py) named: ranks of a communicator in trouble (missing,
+    # with other op counts or status, errors) and job processes missing or dead (rank and comm NULL);
+    # host: the node RAS names
+    "ras_ranks": {
+        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "gpu": "VARCHAR", "comm_id": "VARCHAR",
+        "comm_hash": "VARCHAR", "kind": "VARCHAR", "status": "VARCHAR", "op_count": "BIGINT", "collective": "VARCHAR",
+        "error": "VARCHAR", "missing": "BOOLEAN", "behind": "BOOLEAN", "peers_op_count": "BIGINT",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",

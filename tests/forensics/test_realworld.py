@@ -5,8 +5,9 @@ reader finds in it (``expect.json``; schema in the folder's README). Every case 
 a user gives it (its files, loose) and attached to a one-host capture; both must read every
 fact, say nothing is wrong only where nothing is, and name the culprit the thread establishes.
 
-A case the analyzer still gets wrong is listed in ``known_misses.txt`` with why: it runs as a
-strict xfail, so the list can only shrink (a case that starts passing fails until its line goes).
+A case the analyzer still gets wrong is listed in ``known_misses.txt`` (``loose|attached
+NNN-slug: why``): it runs as a strict xfail, so the list can only shrink (a case that starts
+passing fails until its line goes).
 """
 from __future__ import annotations
 
@@ -25,13 +26,15 @@ CLASSES = ("watchdog", "flight-recorder", "ras", "net-warn", "other-warn", "init
 MIN_CASES, MIN_PER_CLASS = 150, 5
 
 
-def _misses() -> dict[str, str]:
+def _misses() -> dict[tuple[str, str], str]:
+    """(mode, case) -> why, from ``known_misses.txt``."""
     f = CORPUS / "known_misses.txt"
     out = {}
     for line in f.read_text().splitlines() if f.is_file() else []:
         if line.strip() and not line.startswith("#"):
-            name, _, why = line.partition(":")
-            out[name.strip()] = why.strip()
+            head, _, why = line.partition(":")
+            mode, _, name = head.strip().partition(" ")
+            out[(mode, name.strip())] = why.strip()
     return out
 
 
@@ -39,8 +42,8 @@ MISSES = _misses()
 
 
 def _param(cases, mode):
-    return [pytest.param(c, id=c.name, marks=pytest.mark.xfail(reason=MISSES[c.name], strict=True))
-            if c.name in MISSES else pytest.param(c, id=c.name) for c in cases]
+    return [pytest.param(c, id=c.name, marks=pytest.mark.xfail(reason=MISSES[(mode, c.name)], strict=True))
+            if (mode, c.name) in MISSES else pytest.param(c, id=c.name) for c in cases]
 
 
 def test_the_corpus_covers_every_class():
@@ -56,7 +59,8 @@ def test_the_corpus_covers_every_class():
         urls.setdefault(src["class"], set()).add(src["url"].split("#")[0])
     for cls in CLASSES:
         assert len(urls.get(cls, ())) >= MIN_PER_CLASS, (cls, classes[cls], sorted(urls.get(cls, ())))
-    assert set(MISSES) <= {c.name for c in CASES}, set(MISSES) - {c.name for c in CASES}
+    assert {n for _, n in MISSES} <= {c.name for c in CASES}, {n for _, n in MISSES} - {c.name for c in CASES}
+    assert {m for m, _ in MISSES} <= {"loose", "attached"}, {m for m, _ in MISSES}
 
 
 @pytest.mark.parametrize("case", _param(CASES, "loose"))

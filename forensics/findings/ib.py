@@ -42,7 +42,7 @@ def ib_errors(ctx: Context) -> list[Finding]:
 
 def logged_ib_errors(ctx: Context) -> list[Finding]:
     """One finding per IB failure the logs report: completion errors grouped by status (causes
-    before flushes), async events, libfabric errors."""
+    before flushes), async events, libfabric (EFA) completion errors and its own error lines."""
     rows = warns.rows_of(ctx, warns.classes_of("ib_errors"))
     if rows.empty:
         return []
@@ -51,7 +51,7 @@ def logged_ib_errors(ctx: Context) -> list[Finding]:
     comp = rows[rows["class"] == "ib_completion"]
     for st, g in comp.groupby(pd.to_numeric(comp["ib_status"], errors="coerce").fillna(-1), sort=False):
         out.append(_completion_finding(ctx, int(st), g, total))
-    for cls in ("ib_async", "ofi_completion", "ib_fatal_followup"):
+    for cls in ("ib_async", "ofi_completion", "libfabric", "ib_fatal_followup"):
         g = rows[rows["class"] == cls]
         if len(g):
             out.append(warns.class_finding(ctx, "ib_errors", cls, g, confidence=0.8))

@@ -230,6 +230,13 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         cfg = cfg.copy()
         cfg["host"] = _fill_hosts(cfg.assign(artifact=cfg["artifact"].astype("string").str.split(",").str[0]), d)
         tables["nccl_config"] = conform(cfg, "nccl_config")
+    ke = tables.get("kernel_events")
+    if ke is not None and len(ke):
+        ke = ke.copy()
+        ke["host"] = _fill_hosts(ke, d)
+        human = ke["time"].astype("string").where(ke["time"].astype("string").str.contains(":", regex=False))
+        ke["time_ns"] = clocks.utc_ns(human, ke["node"])      # dmesg's seconds since boot give no time
+        tables["kernel_events"] = conform(ke, "kernel_events")
     ib = tables.get("ib_ports")
     if ib is not None and len(ib):
         ib = ib.copy()

@@ -373,7 +373,7 @@ def _warnings(w: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     w["peer_rank"] = [r if r is not None else (next(iter(by_host[h])) if h in by_host and len(by_host[h]) == 1
                                                 else None) for r, h in zip(ranks, w["peer_host"])]
     if "class" not in w or w["class"].isna().all():
-        w["class"] = nccl_errors.classify(w["message"])
+        w["class"] = nccl_errors.classify(w["message"], w.get("src_file"))
     w["cascade"] = nccl_errors.is_cascade(w["class"].astype("string").fillna("other"), w["ib_status"])
     w["ib_status_name"] = w["ib_status"].map(nccl_errors.ib_status_name)
     w["first"] = nccl_errors.first_failures(w.assign(time_ns=pd.to_numeric(w["time_ns"], errors="coerce")))

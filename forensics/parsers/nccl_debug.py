@@ -197,7 +197,7 @@ class NcclDebugParser(TextParser):
         "nccl_coll_last": COLL_LAST_SCHEMA,
     }
 
-    MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT", b"<warn>")
+    MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT", b"libfabric:")
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:

@@ -4,7 +4,8 @@
   its buffers; a kernel fault, an ECC or NVLink error; a driver, NVML or P2P setup failure;
 - PyTorch's watchdog stuck (its heartbeat monitor): a CUDA or NCCL call blocked the watchdog
   thread itself for minutes, which a hung GPU or driver does;
-- NVIDIA Xid lines in a captured host's kernel log (``host_facts``).
+- NVIDIA Xid lines in a kernel log (``kernel_events``: the GPU's PCI address, each Xid's meaning;
+  else a captured host's ``host_facts`` count).
 
 Each names the host and the ranks on it, and the check to run there.
 """
@@ -63,12 +64,53 @@ def _watchdog_stuck(ctx: Context) -> list[Finding]:
         details={"rule": "watchdog_stuck", "lines": int(len(g))})]
 
 
+KERNEL_SQL = ("SELECT host, time_ns, xid, pci, pid, process, message, artifact, log_line FROM kernel_events "
+              "WHERE kind = 'xid' ORDER BY host, time_ns NULLS LAST, log_line")
+
+
+def _kernel_xids(ctx: Context) -> list[Finding]:
+    """One finding per host from the kernel log's Xid lines (``kernel_events``): which GPU (its
+    PCI address), which Xids and what they mean, the first line quoted."""
+    from ..parsers.kernel_log import HARDWARE_XIDS, xid_meaning
+    k = ctx.model.tables.get("kernel_events")
+    if k is None or k.empty:
+        return []
+    x = k[k["kind"] == "xid"]
+    out = []
+    for host, g in x.groupby("host", sort=True):
+        xids = sorted({int(v) for v in pd.to_numeric(g["xid"], errors="coerce").dropna()})
+        pcis = list(dict.fromkeys(g["pci"].dropna().astype(str)))
+        named = "; ".join(f"Xid {v}: {xid_meaning(v)}" for v in xids if xid_meaning(v)) or \
+            "Xid " + ", ".join(map(str, xids)) + " (see NVIDIA's Xid table)"
+        hw = bool(set(xids) & HARDWARE_XIDS)
+        t = pd.to_numeric(g["time_ns"], errors="coerce")
+        gpu = f"GPU {pcis[0]}" if len(pcis) == 1 else f"{len(pcis)} GPUs ({', '.join(pcis[:3])})"
+        out.append(Finding(
+            kind="gpu_error", severity="error", confidence=0.85 if hw else 0.75,
+            headline=f"GPU fault on {host}: {gpu}, Xid {', '.join(map(str, xids[:4]))}" + " ({since})",
+            summary=(f"{host}: {len(g)} NVIDIA Xid line(s) on {gpu}: {named}. First: \"{str(g.iloc[0]['message'])[:160]}\""
+                     + (" A hardware fault: the ranks on that GPU fail or hang, their peers wait." if hw else "")),
+            ranks=warns.ranks_of_hosts(ctx, [host]) if isinstance(host, str) else [], hosts=[host],
+            evidence=warns.evidence(g, ["host", "time_ns", "xid", "pci", "pid", "process", "message", "artifact",
+                                        "log_line"]),
+            sql=KERNEL_SQL,
+            action=(f"On {host}: nvidia-smi -q for {pcis[0] if pcis else 'that GPU'} (ECC, retired pages, NVLink); "
+                    + ("drain the GPU and have it checked or reset" if hw else
+                       "an application fault: the kernel or the memory access that faulted (compute-sanitizer)")),
+            score=warns.FIRST_FAILURE_SCORE if hw else warns.LOG_FINDING_SCORE,
+            since_ns=int(t.min()) if t.notna().any() else None,
+            since_source="kernel log time" if t.notna().any() else None,
+            details={"rule": "kernel_xid", "xids": xids, "pci": pcis, "hardware": hw}))
+    return out
+
+
 def _xids(ctx: Context) -> list[Finding]:
+    out = _kernel_xids(ctx)
     hf = ctx.model.tables.get("host_facts")
     if hf is None or hf.empty or "xid_count" not in hf:
-        return []
-    bad = hf[pd.to_numeric(hf["xid_count"], errors="coerce").fillna(0) > 0]
-    out = []
+        return out
+    bad = hf[(pd.to_numeric(hf["xid_count"], errors="coerce").fillna(0) > 0) & ~hf["host"].isin({h for f in out
+                                                                                               for h in f.hosts})]
     for r in bad.itertuples(index=False):
         out.append(Finding(
             kind="gpu_error", severity="error", confidence=0.8,

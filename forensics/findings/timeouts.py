@@ -92,7 +92,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     members = sorted(set(timed) | set(pos) | set(world))
     behind = sorted(r for r in members if n is not None and r in pos and pos[r] < n)
     silent = sorted(r for r in world if r not in pos and r not in timed)        # logged, never timed out
-    dir_hosts = _rank_hosts(ctx)
+    dir_hosts = rank_hosts(ctx)
     since_ns = _since(to)
     ran = pd.to_numeric(to["ran_for_ms"], errors="coerce").max()
     pg_txt = f"process group {pg}"
@@ -212,7 +212,7 @@ def _since(to: pd.DataFrame) -> int | None:
     return int(t.min()) if t.notna().any() else None
 
 
-def _rank_hosts(ctx) -> dict[int, str]:
+def rank_hosts(ctx) -> dict[int, str]:
     """rank -> the first host the evidence places it on (:func:`.warns.host_ranks`)."""
     out: dict[int, str] = {}
     for h, rs in warns.host_ranks(ctx).items():
@@ -246,4 +246,4 @@ def _evidence(g: pd.DataFrame, wd: pd.DataFrame) -> list[dict]:
     return warns.evidence(rows.sort_values(["rank", "kind"], kind="stable"), cols, MAX_EVIDENCE)
 
 
-__all__ = ["watchdog_hangs"]
+__all__ = ["rank_hosts", "watchdog_hangs"]

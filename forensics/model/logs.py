@@ -256,6 +256,13 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         cfg = cfg.copy()
         cfg["host"] = _fill_hosts(cfg.assign(artifact=cfg["artifact"].astype("string").str.split(",").str[0]), d)
         tables["nccl_config"] = conform(cfg, "nccl_config")
+    ke = tables.get("kernel_events")
+    if ke is not None and len(ke):
+        ke = ke.copy()
+        ke["host"] = _fill_hosts(ke, d)
+        human = ke["time"].astype("string").where(ke["time"].astype("string").str.contains(":", regex=False))
+        ke["time_ns"] = clocks.utc_ns(human, ke["node"])      # dmesg's seconds since boot give no time
+        tables["kernel_events"] = conform(ke, "kernel_events")
     ib = tables.get("ib_ports")
     if ib is not None and len(ib):
         ib = ib.copy()
@@ -397,7 +404,7 @@ def _warnings(w: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     w["peer_rank"] = [r if r is not None else (next(iter(by_host[h])) if h in by_host and len(by_host[h]) == 1
                                                 else None) for r, h in zip(ranks, w["peer_host"])]
     if "class" not in w or w["class"].isna().all():
-        w["class"] = nccl_errors.classify(w["message"])
+        w["class"] = nccl_errors.classify(w["message"], w.get("src_file"))
     w["cascade"] = nccl_errors.is_cascade(w["class"].astype("string").fillna("other"), w["ib_status"])
     w["ib_status_name"] = w["ib_status"].map(nccl_errors.ib_status_name)
     w["first"] = nccl_errors.first_failures(w.assign(time_ns=pd.to_numeric(w["time_ns"], errors="coerce")))

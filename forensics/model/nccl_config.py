@@ -242,7 +242,7 @@ def _warnings(bundle, warns: pd.DataFrame, pmap: dict, rows: dict, ranks: dict, 
     w["rank"] = [(ranks.get(k[1]) if o else None) for o, k in zip(own, keys)]
     w["rank"] = pd.to_numeric(w["rank"], errors="coerce").astype("Float64").fillna(
         pd.Series([rows.get(k, {}).get("log_rank") for k in keys], index=w.index, dtype="Float64"))
-    w["class"] = classify(w["message"])
+    w["class"] = classify(w["message"], w.get("src_file"))
     return conform(w, "nccl_warnings")
 
 

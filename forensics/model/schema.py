@@ -270,6 +270,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "error": "VARCHAR", "missing": "BOOLEAN", "behind": "BOOLEAN", "peers_op_count": "BIGINT",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
+    # kernel log events (parsers/kernel_log.py: dmesg, journal): NVIDIA Xid, NIC link loss, OOM kills
+    "kernel_events": {
+        "host": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "kind": "VARCHAR",   # xid | nic_link | oom_kill
+        "xid": "INTEGER", "pci": "VARCHAR", "pid": "INTEGER", "process": "VARCHAR", "message": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",

@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (imported for their registration)
     flight_recorder,
     ib_counters,
     ib_status,
+    kernel_log,
     native_stacks,
     nccl_debug,
     nccl_inspector,

@@ -36,6 +36,7 @@ SOURCES = {
     "proc_threads": ["proc_threads/python_poll_recv_end.json"],
     "torch_elastic": ["torch_elastic/childfailed.log"],
     "ib_status": ["ib_status/ibstat_one_down.txt", "ib_status/ibstatus.txt", "ib_status/ibv_devinfo_v.txt"],
+    "kernel_log": ["kernel_log/dmesg_xid_link_oom.txt"],
 }
 LINES = {name: [ln for f in files for ln in (P / f).read_bytes().splitlines()] for name, files in SOURCES.items()}
 PICKLES = [(P / "flight_recorder" / n).read_bytes() for n in ("nccl_trace_rank_0", "proto5_nccl_trace_rank_1",

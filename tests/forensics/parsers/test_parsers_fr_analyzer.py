@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from conftest import FIXTURES
 from forensics.parsers.fr_analyzer import FrAnalyzerParser
 from forensics.parsers.text import LogText
 
@@ -122,3 +123,14 @@ def test_not_a_report(text):
 def test_claims_only_reports():
     assert FrAnalyzerParser.claims(LogText(b"x\nNot all ranks joining collective, sequence number: 4\n", "a"))
     assert not FrAnalyzerParser.claims(LogText(b"NCCL WARN Call to connect returned Connection refused\n", "a"))
+
+
+def test_fixture_files():
+    r = FrAnalyzerParser.parse(FIXTURES / "parsers" / "fr_analyzer" / "fr_trace_2_7.txt")
+    t = r.tables["fr_report"]
+    assert r.warnings == [] and t["kind"].tolist() == ["not_joined", "errors", "undecided", "too_many_mismatches"]
+    assert t["missing_ranks"].fillna("").tolist() == ["3", "", "5", ""] and t["culprit_ranks"].iloc[1] == "2"
+    r = FrAnalyzerParser.parse(FIXTURES / "parsers" / "fr_analyzer" / "fr_trace_2_5.txt")
+    t = r.tables["fr_report"]
+    assert t[["seq", "record_id", "state"]].values.tolist() == [[12, 11, "started"], [13, 12, "scheduled"]]
+    assert t["missing_ranks"].iloc[0] == "1,6" and t["error_type"].iloc[1] == "COLLECTIVE_TYPE_MISMATCH"

@@ -5,7 +5,8 @@ One event can be seen several ways, each with its own sharpness:
 - a hang, by the **tracer** (the calls every rank entered and completed: :mod:`.hang`), by
   the **state at capture** (positions, stacks, sockets and threads of a capture that attached
   after the ranks entered the collective they hang in: :mod:`.state`), by **NCCL RAS's
-  report** (the ranks behind: :mod:`.reports`), by **PyTorch's watchdog lines** in the job's
+  report** (the ranks behind: :mod:`.reports`), by **the Flight Recorder analyzer's report** (the
+  ranks missing from a collective or culprit of a mismatch: :mod:`.reports`), by **PyTorch's watchdog lines** in the job's
   logs (:mod:`.timeouts`);
 - a reset between ranks, by the **packets** (:mod:`.connection_reset`), by the state at
   capture (a reset on a hung communicator's ring), by **NCCL's WARN lines**: by address
@@ -22,7 +23,7 @@ tracer's hung communicators, the packets' resets: evidence judged by detectors o
 ``hang_mismatch``, ``hang_stuck``, ``connection_reset``), or when it is a source of
 :data:`PRECEDENCE` that, consulted, gave a finding.
 
-The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, RAS_REPORT, then WATCHDOG;
+The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, RAS_REPORT, FR_REPORT, then WATCHDOG;
 ``reset_state`` (:mod:`.connection_reset`): STATE_RESETS, WARN_RESETS, then SOCKET_ERRORS.
 Within one source, which verdict a body of evidence gives is that source's own reading
 (e.g. the state at capture names a reset on the ring before a dead path, :func:`.late_state.late_verdicts`).
@@ -42,6 +43,7 @@ PACKETS = "packets: a reset between ranks"
 # sources: consulted through consult()
 STATE_HANGS = "state at capture: hangs"
 RAS_REPORT = "NCCL RAS report: ranks behind"
+FR_REPORT = "Flight Recorder analyzer report: ranks missing or culprit"
 WATCHDOG = "watchdog lines: hangs"
 STATE_RESETS = "state at capture: resets"
 WARN_RESETS = "WARN lines: resets by address"
@@ -96,6 +98,11 @@ def _ras(ctx: Context) -> list[Finding]:
     return ras_hangs(ctx)
 
 
+def _fr_report(ctx: Context) -> list[Finding]:
+    from .reports import fr_report_hangs
+    return fr_report_hangs(ctx)
+
+
 def _warn_resets(ctx: Context) -> list[Finding]:
     from .socket_errors import logged_resets
     return logged_resets(ctx)
@@ -117,7 +124,9 @@ PRECEDENCE: dict[str, Source] = {
     # every rank's counts: it names the rank behind), then the watchdog's lines (the ranks that waited)
     STATE_HANGS: Source(HANG_KINDS, _late(HANG_KINDS), yields_to=(TRACER,)),
     RAS_REPORT: Source(HANG_KINDS, _ras, yields_to=(TRACER, STATE_HANGS)),
-    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS, RAS_REPORT)),
+    # the Flight Recorder analyzer matched every rank's dump: it names the ranks missing or culprit
+    FR_REPORT: Source(HANG_KINDS, _fr_report, yields_to=(TRACER, STATE_HANGS)),
+    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT)),
     # resets: the packets and the state at capture, then NCCL's WARN lines by address, then its
     # socket errors; none of the late ones where the tracer saw the hang (hang_stuck names the
     # reset that caused it)

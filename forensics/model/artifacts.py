@@ -7,7 +7,7 @@ turns all bundles' artefacts into the tables ``nccl_config``, ``nccl_warnings``,
 ``host_facts`` (:mod:`.nccl_config`), ``fr_entries``, ``fr_pg_status`` and the GPU
 durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``nccl_tests_runs``,
 ``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits``,
-``ib_ports`` and ``kernel_events`` (:func:`log_table`; joined across files by :mod:`.logs`).
+``ib_ports`` and ``kernel_events``, ``fr_report`` (:func:`log_table`; joined across files by :mod:`.logs`).
 
 Where a parser looks:
 
@@ -46,14 +46,14 @@ WARNINGS_PER_FILE = 5
 # parsers tried on files under logs/ and on loose evidence (content decides: every text parser
 # whose markers the file holds, or the one structured format its first bytes show)
 LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug",
-               "torch_watchdog", "torch_elastic", "ib_status", "ib_counters", "ncclras", "kernel_log")
+               "torch_watchdog", "torch_elastic", "ib_status", "ib_counters", "ncclras", "kernel_log", "fr_analyzer")
 # loose evidence may also be what a capture would have put in its own folders
 LOOSE_PARSERS = LOG_PARSERS + ("ss", "native_stacks")
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
                    "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
-                   "process_exits", "ib_ports", "ras_ranks", "kernel_events")
+                   "process_exits", "ib_ports", "ras_ranks", "kernel_events", "fr_report")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
@@ -440,6 +440,7 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
             "ib_ports": log_table(b, arts, "ib_status", "ib_ports", "ib_ports"),
             "ras_ranks": ras_table(b, arts),
             "kernel_events": log_table(b, arts, "kernel_log", "kernel_events", "kernel_events"),
+            "fr_report": log_table(b, arts, "fr_analyzer", "fr_report", "fr_report"),
             "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
             "ib_counters": ib_counters_table(b, arts), "coll_log_ops": state.coll_log_table(b, arts, cfg),
             "sockets": sockets_table(b, arts, ranks),

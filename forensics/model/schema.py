@@ -276,6 +276,15 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "xid": "INTEGER", "pci": "VARCHAR", "pid": "INTEGER", "process": "VARCHAR", "message": "VARCHAR",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
+    # what the Flight Recorder analyzer (fr_trace / torchfrtrace, parsers/fr_analyzer.py) reported: per
+    # collective the ranks that did not join it (missing_ranks) or whose entry disagrees (culprit_ranks),
+    # comma lists; host NULL (the report covers the job)
+    "fr_report": {
+        "host": "VARCHAR", "kind": "VARCHAR", "pg": "VARCHAR", "seq": "BIGINT", "record_id": "BIGINT",
+        "op": "VARCHAR", "state": "VARCHAR", "world_size": "INTEGER", "expected_ranks": "VARCHAR",
+        "missing_ranks": "VARCHAR", "culprit_ranks": "VARCHAR", "error_type": "VARCHAR", "message": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",

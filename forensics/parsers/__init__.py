@@ -6,6 +6,7 @@ and content) or :func:`get` (by name).
 """
 from . import (  # noqa: F401  (imported for their registration)
     flight_recorder,
+    fr_analyzer,
     ib_counters,
     ib_status,
     kernel_log,

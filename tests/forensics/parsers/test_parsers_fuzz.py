@@ -32,6 +32,7 @@ SOURCES = {
     "pyspy": ["pyspy/pyspy_dump_rank0.txt", "pyspy/pyspy_dump_native_locals_rank1.txt", "pyspy/pyspy_dump_rank1.json"],
     "torch_watchdog": ["torch_watchdog/watchdog.log"],
     "native_stacks": ["native_stacks/eu-stack_pause.txt", "native_stacks/gdb_pause.txt"],
+    "fr_analyzer": ["fr_analyzer/fr_trace_2_5.txt", "fr_analyzer/fr_trace_2_7.txt"],
     "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
     "proc_threads": ["proc_threads/python_poll_recv_end.json"],
     "torch_elastic": ["torch_elastic/childfailed.log"],

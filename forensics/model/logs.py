@@ -233,9 +233,10 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         tables["nccl_warnings"] = _warnings(w, d, clocks)
     ex = tables.get("process_exits")
     if ex is not None and len(ex):
-        known = {short_host(h) for h in d.hosts}
+        # a summary's full name (gpu187.cluster.local) becomes NCCL's short one only when another
+        # line names the host by it; else it stays as printed
         ex = ex.copy()
-        ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in known else h).astype("string")
+        ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in d.hosts else h).astype("string")
         ex["host"] = _fill_hosts(ex, d)
         ex["time_ns"] = clocks.utc_ns(ex["time"].astype("string").str.replace("_", " ", regex=False), ex["node"])
         tables["process_exits"] = conform(ex, "process_exits")

@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (imported for their registration)
     flight_recorder,
     ib_counters,
     ib_status,
+    launcher_exits,
     native_stacks,
     nccl_debug,
     nccl_inspector,
@@ -18,6 +19,7 @@ from . import (  # noqa: F401  (imported for their registration)
     pyspy,
     ss,
     torch_elastic,
+    torch_init,
     torch_watchdog,
 )
 from .registry import ParseResult, get, parse_file, parse_tree, parsers, select  # noqa: F401

@@ -7,7 +7,7 @@ turns all bundles' artefacts into the tables ``nccl_config``, ``nccl_warnings``,
 ``host_facts`` (:mod:`.nccl_config`), ``fr_entries``, ``fr_pg_status`` and the GPU
 durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``nccl_tests_runs``,
 ``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits``,
-``ib_ports`` and ``kernel_events``, ``fr_report`` (:func:`log_table`; joined across files by :mod:`.logs`).
+``ib_ports``, ``kernel_events`` and ``fr_report`` (:func:`log_table`; joined across files by :mod:`.logs`).
 
 Where a parser looks:
 
@@ -46,14 +46,15 @@ WARNINGS_PER_FILE = 5
 # parsers tried on files under logs/ and on loose evidence (content decides: every text parser
 # whose markers the file holds, or the one structured format its first bytes show)
 LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug",
-               "torch_watchdog", "torch_elastic", "ib_status", "ib_counters", "ncclras", "kernel_log", "fr_analyzer")
+               "torch_watchdog", "torch_elastic", "ib_status", "ib_counters", "ncclras", "kernel_log", "fr_analyzer",
+               "launcher_exits", "torch_init")
 # loose evidence may also be what a capture would have put in its own folders
 LOOSE_PARSERS = LOG_PARSERS + ("ss", "native_stacks")
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
                    "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
-                   "process_exits", "ib_ports", "ras_ranks", "kernel_events", "fr_report")
+                   "process_exits", "ib_ports", "ras_ranks", "kernel_events", "fr_report", "init_errors")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
@@ -436,7 +437,9 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
     insp = [r for r in (gpu_times.inspector_records(b, arts), gpu_times.profiler_records(b, arts)) if len(r)]
     return {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": host_facts,
             "watchdog_events": log_table(b, arts, "torch_watchdog", "watchdog", "watchdog_events"),
-            "process_exits": log_table(b, arts, "torch_elastic", "process_exits", "process_exits"),
+            "process_exits": concat([log_table(b, arts, p, "process_exits", "process_exits")
+                                     for p in ("torch_elastic", "launcher_exits")], "process_exits"),
+            "init_errors": log_table(b, arts, "torch_init", "init_errors", "init_errors"),
             "ib_ports": log_table(b, arts, "ib_status", "ib_ports", "ib_ports"),
             "ras_ranks": ras_table(b, arts),
             "kernel_events": log_table(b, arts, "kernel_log", "kernel_events", "kernel_events"),

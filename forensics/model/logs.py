@@ -237,12 +237,19 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         tables["nccl_warnings"] = _warnings(w, d, clocks)
     ex = tables.get("process_exits")
     if ex is not None and len(ex):
-        known = {short_host(h) for h in d.hosts}
+        # a summary's full name (gpu187.cluster.local) becomes NCCL's short one only when another
+        # line names the host by it; else it stays as printed
         ex = ex.copy()
-        ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in known else h).astype("string")
+        ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in d.hosts else h).astype("string")
         ex["host"] = _fill_hosts(ex, d)
         ex["time_ns"] = clocks.utc_ns(ex["time"].astype("string").str.replace("_", " ", regex=False), ex["node"])
         tables["process_exits"] = conform(ex, "process_exits")
+    ie = tables.get("init_errors")
+    if ie is not None and len(ie):
+        ie = ie.copy()
+        ie["host"] = _fill_hosts(ie, d)
+        ie["time_ns"] = clocks.utc_ns(ie["ctx_clock"], ie["node"])
+        tables["init_errors"] = conform(ie, "init_errors")
     co = tables.get("coll_log_ops")
     if co is not None and len(co):
         co = co.copy()
@@ -272,7 +279,8 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
 
 
 # the log tables whose rows carry a host (after :func:`attribute`)
-HOSTED_TABLES = ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "ib_ports", "coll_log_ops")
+HOSTED_TABLES = ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "init_errors", "ib_ports",
+                 "coll_log_ops")
 
 
 def file_hosts(tables: dict[str, pd.DataFrame]) -> dict[str, list[str]]:

@@ -92,7 +92,8 @@ CLASSES: tuple[WarnClass, ...] = (
        "on the connection sequence", "another job on the same ports, scanners, mixed NCCL versions"),
     _c("bootstrap", r"Bootstrap(?: Root)? ?: (?:mismatch|rank \d+ of \d+ ranks has already checked in"
                     r"|no socket interface)|no device found matching|No IP interface found|Invalid NCCL_COMM_ID"
-                    r"|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId|Failed to find .*interface",
+                    r"|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId|Failed to find .*interface"
+                    r"|is neither AF_INET\(2\) nor AF_INET6",
        "misconfiguration", False,
        "the ranks' bootstrap disagrees: a wrong world size, a rank started twice, two jobs on one "
        "NCCL_COMM_ID, or an interface filter that matches nothing",

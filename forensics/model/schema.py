@@ -255,7 +255,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "time_ns": "BIGINT", "time_source": "VARCHAR",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
-    # processes torchrun reported failed or killed (parsers/torch_elastic.py)
+    # processes a launcher reported failed or killed (parsers/torch_elastic.py, launcher_exits.py)
     "process_exits": {
         "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "local_rank": "INTEGER", "kind": "VARCHAR",
         "exitcode": "INTEGER", "signal": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "error_file": "VARCHAR",
@@ -284,6 +284,13 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "op": "VARCHAR", "state": "VARCHAR", "world_size": "INTEGER", "expected_ranks": "VARCHAR",
         "missing_ranks": "VARCHAR", "culprit_ranks": "VARCHAR", "error_type": "VARCHAR", "message": "VARCHAR",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # ranks that never met: rendezvous and c10d store failures before the first collective
+    # (parsers/torch_init.py)
+    "init_errors": {
+        "host": "VARCHAR", "rank": "INTEGER", "root_rank": "INTEGER", "kind": "VARCHAR", "address": "VARCHAR",
+        "timeout_ms": "BIGINT", "error": "VARCHAR", "message": "VARCHAR", "ctx_rank": "INTEGER", "ctx_host": "VARCHAR",
+        "ctx_clock": "VARCHAR", "time_ns": "BIGINT", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
     "ib_ports": {

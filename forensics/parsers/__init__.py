@@ -10,6 +10,7 @@ from . import (  # noqa: F401  (imported for their registration)
     ib_counters,
     ib_status,
     kernel_log,
+    launcher_exits,
     native_stacks,
     nccl_debug,
     nccl_inspector,
@@ -20,6 +21,7 @@ from . import (  # noqa: F401  (imported for their registration)
     pyspy,
     ss,
     torch_elastic,
+    torch_init,
     torch_watchdog,
 )
 from .registry import ParseResult, get, parse_file, parse_tree, parsers, select  # noqa: F401

@@ -36,6 +36,8 @@ SOURCES = {
     "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
     "proc_threads": ["proc_threads/python_poll_recv_end.json"],
     "torch_elastic": ["torch_elastic/childfailed.log"],
+    "launcher_exits": ["launcher_exits/deaths.log"],
+    "torch_init": ["torch_init/never_met.log", "torch_init/agent_traceback.log"],
     "ib_status": ["ib_status/ibstat_one_down.txt", "ib_status/ibstatus.txt", "ib_status/ibv_devinfo_v.txt"],
     "kernel_log": ["kernel_log/dmesg_xid_link_oom.txt"],
 }

@@ -19,7 +19,8 @@ port's host (:mod:`.lines`); otherwise the model gives the file's host.
 
 Table ``ib_ports`` (one row per device and port): line (int, of its first line), tool (ibstat|
 ibstatus|ibv_devinfo|sysfs), host (str: the tag's, NA without one), device (str), port (int),
-state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…), phys_state (LinkUp|Polling|Disabled|Sleep|
+state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…; MISSING: a device ``ibpanic`` could not
+open, its port NA), phys_state (LinkUp|Polling|Disabled|Sleep|
 PortConfigurationTraining|LinkErrorRecovery|PhyTest|…), rate_gbps (float), width (str, e.g.
 4X), speed (str, e.g. HDR or "25.0 Gbps"), link_layer (InfiniBand|Ethernet), lid, sm_lid (str),
 guid (str), firmware (str), ca_type (str).
@@ -49,7 +50,10 @@ KV_RE = re.compile(r"^\s*(?P<k>[A-Za-z][A-Za-z _]*?)\s*:\s*(?P<v>.*?)\s*$")
 SYSFS_RE = re.compile(r"/(?:sys/class/infiniband/)?(?P<dev>[\w-]+)/ports/(?P<port>\d+)/(?P<attr>state|phys_state|rate"
                       r"|link_layer|lid|sm_lid)\s*:\s*(?P<v>.*?)\s*$")
 RATE_RE = re.compile(r"(?P<g>[\d.]+)\s*(?:Gb/sec|Gbps|Gb/s)?(?:\s*\((?P<w>\d+X)\s*(?P<s>\w+)\))?", re.I)
-NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/")
+# infiniband-diags' fatal error naming a device that vanished: "ibpanic: [1323906] main: stat of
+# IB device 'mlx5_8' failed: No such file or directory" (its port: NA, its state: MISSING)
+IBPANIC_RE = re.compile(r"\bibpanic: .*?'(?P<dev>[\w.-]+)'(?P<why>.*?)\s*$")
+NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/", b"ibpanic: ")
 # what ibstat prints; "ibstat CA port" prints them unindented (every other block line is indented)
 IBSTAT_KEYS = frozenset({"ca type", "number of ports", "firmware version", "hardware version", "node guid",
                          "system image guid", "state", "physical state", "rate", "base lid", "lmc", "sm lid",
@@ -93,7 +97,7 @@ class IbStatusParser(TextParser):
     NAME = "ib_status"
     DESCRIPTION = "InfiniBand/RoCE port state: ibstat, ibstatus, ibv_devinfo, sysfs port files"
     GLOBS = ("ib/ibstat*", "ib/ibv_devinfo*", "ib/ibstatus*")
-    MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:")
+    MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:", b"ibpanic: ")
     SCHEMAS = {"ib_ports": {
         "line": "int", "tool": "str", "host": "str", "device": "str", "port": "int", "state": "str",
         "phys_state": "str", "rate_gbps": "float", "width": "str", "speed": "str", "link_layer": "str",
@@ -168,6 +172,12 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict]) -> N
             host = lines_mod.context(raw[:m.start()]).host
             dev, port, tool, ca = m["dev"], None, "ibv_devinfo", {}
             indented = False
+            continue
+        if (m := IBPANIC_RE.search(raw)):
+            h = lines_mod.context(raw[:m.start()]).host or host
+            rows.setdefault((h, m["dev"], None), {"line": ln, "tool": "ibstat", "host": h, "device": m["dev"],
+                                                  "port": None, "state": "MISSING"})
+            dev = None
             continue
         if dev is None:
             continue

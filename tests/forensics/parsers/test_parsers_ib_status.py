@@ -85,3 +85,12 @@ def test_ibstat_ca_port_prints_its_block_unindented():
     p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
     assert p[["device", "port", "state", "phys_state", "rate_gbps", "lid"]].values.tolist() == [
         ["mlx5_0", 1, "DOWN", "Polling", 10.0, "65535"]]
+
+
+def test_ibpanic_names_a_vanished_device():
+    text = ("CA 'mlx5_7'\n\tCA type: MT4123\n\tNumber of ports: 1\n\tPort 1:\n\t\tState: Active\n"
+            "\t\tPhysical state: LinkUp\n\t\tRate: 200\n"
+            "ibpanic: [1323906] main: stat of IB device 'mlx5_8' failed: No such file or directory\n")
+    p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
+    assert p[["device", "state"]].values.tolist() == [["mlx5_7", "ACTIVE"], ["mlx5_8", "MISSING"]]
+    assert p["port"].isna().tolist() == [False, True]

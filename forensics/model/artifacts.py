@@ -6,8 +6,8 @@ registry (:mod:`forensics.parsers`) assigns by folder and content; :func:`artifa
 turns all bundles' artefacts into the tables ``nccl_config``, ``nccl_warnings``,
 ``host_facts`` (:mod:`.nccl_config`), ``fr_entries``, ``fr_pg_status`` and the GPU
 durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``nccl_tests_runs``,
-``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits`` and
-``ib_ports`` (:func:`log_table`; joined across files by :mod:`.logs`).
+``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits``,
+``ib_ports`` and ``gpu_events`` (:func:`log_table`; joined across files by :mod:`.logs`).
 
 Where a parser looks:
 
@@ -46,14 +46,14 @@ WARNINGS_PER_FILE = 5
 # parsers tried on files under logs/ and on loose evidence (content decides: every text parser
 # whose markers the file holds, or the one structured format its first bytes show)
 LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug",
-               "torch_watchdog", "torch_elastic", "ib_status")
+               "torch_watchdog", "torch_elastic", "ib_status", "nvidia_smi")
 # loose evidence may also be what a capture would have put in its own folders
 LOOSE_PARSERS = LOG_PARSERS + ("ib_counters", "ss", "native_stacks", "ncclras")
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
                    "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
-                   "process_exits", "ib_ports")
+                   "process_exits", "ib_ports", "gpu_events")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
@@ -316,6 +316,28 @@ def attribute_sockets(df: pd.DataFrame, attr) -> pd.DataFrame:
 FAILURE_HOST_RE = re.compile(r"^\s*(?:\.\.\s*)?(?P<host>[^\s:]+?)(?: pid \d+)?: Test (?:NCCL |CUDA )?(?:failure|timeout)")
 
 
+# the cause nccl-tests quotes after a failure: "Test NCCL failure common.cu:1204 'unhandled cuda error'"
+FAILURE_CAUSE_RE = re.compile(r"Test (?:NCCL |CUDA )?failure \S+ '")
+
+
+def failure_hosts(failures: list) -> list[str]:
+    """The hosts nccl-tests' failure lines name (``HOST: Test NCCL failure ...``, `` .. HOST pid
+    N: Test failure ...``), in the order they first fail."""
+    return list(dict.fromkeys(m["host"] for f in failures if (m := FAILURE_HOST_RE.search(str(f)))))
+
+
+def failure_text(failures: list) -> str | None:
+    """The failure line to quote: the first that says why (nccl-tests' quoted cause), else the
+    first; without the host in front (the finding names the hosts)."""
+    if not failures:
+        return None
+    text = str(next((f for f in failures if FAILURE_CAUSE_RE.search(str(f))), failures[0]))
+    if (m := FAILURE_HOST_RE.search(text)):
+        text = text[m.end("host"):].lstrip(" :")
+        text = re.sub(r"^pid \d+:\s*", "", text)
+    return text.strip()
+
+
 def _tests_host(bundle, rel: str, devs, failures: list) -> str:
     """The host an nccl-tests run is reported under: the one its failure line names (nccl-tests
     prints the failing host), else the capture's, else (loose output) the host of its rank 0,
@@ -365,7 +387,8 @@ def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.D
                 "avg_busbw_gbps": avg, "avg_status": f.get("avg_busbw_status"),
                 "wrong_total": float(pd.to_numeric(sub["wrong"], errors="coerce").sum()) if len(sub) else None,
                 "out_of_bounds": f.get("out_of_bounds"), "failures": len(f.get("failures") or []),
-                "failure_text": (f.get("failures") or [None])[0],
+                "failure_text": failure_text(f.get("failures") or []),
+                "failure_hosts": ",".join(failure_hosts(f.get("failures") or [])) or None,
             })
     tests = conform(pd.concat(rows, ignore_index=True), "nccl_tests") if rows else empty("nccl_tests")
     return tests, conform(pd.DataFrame(runs), "nccl_tests_runs") if runs else empty("nccl_tests_runs")
@@ -412,6 +435,7 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
             "watchdog_events": log_table(b, arts, "torch_watchdog", "watchdog", "watchdog_events"),
             "process_exits": log_table(b, arts, "torch_elastic", "process_exits", "process_exits"),
             "ib_ports": log_table(b, arts, "ib_status", "ib_ports", "ib_ports"),
+            "gpu_events": log_table(b, arts, "nvidia_smi", "gpu_events", "gpu_events"),
             "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
             "ib_counters": ib_counters_table(b, arts), "coll_log_ops": state.coll_log_table(b, arts, cfg),
             "sockets": sockets_table(b, arts, ranks),

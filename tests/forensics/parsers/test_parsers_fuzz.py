@@ -35,6 +35,7 @@ SOURCES = {
     "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
     "proc_threads": ["proc_threads/python_poll_recv_end.json"],
     "torch_elastic": ["torch_elastic/childfailed.log"],
+    "nvidia_smi": ["nvidia_smi/gpu_lost.txt"],
     "ib_status": ["ib_status/ibstat_one_down.txt", "ib_status/ibstatus.txt", "ib_status/ibv_devinfo_v.txt"],
 }
 LINES = {name: [ln for f in files for ln in (P / f).read_bytes().splitlines()] for name, files in SOURCES.items()}

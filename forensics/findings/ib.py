@@ -130,18 +130,19 @@ def port_state(ctx: Context) -> list[Finding]:
     out = []
     used = _nccl_devices(ctx)
     state = p["state"].astype("string").str.upper().fillna("")
-    down = p[state.isin(["DOWN", "INIT", "ARMED", "NOP"]) | p["phys_state"].astype("string").isin(
+    down = p[state.isin(["DOWN", "INIT", "ARMED", "NOP", "MISSING"]) | p["phys_state"].astype("string").isin(
         ["Disabled", "Polling", "Sleep", "LinkErrorRecovery", "PortConfigurationTraining"]).fillna(False)
         .to_numpy()]
     for (host, ), g in down.groupby(["host"], sort=True):
-        ports = [f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
+        ports = [f"{r.device} gone (the tool could not open the device)" if r.state == "MISSING" else
+                 f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
                  + (f" ({r.phys_state})" if isinstance(r.phys_state, str) else "") for r in g.itertuples(index=False)]
         in_use = [r.device for r in g.itertuples(index=False) if (host, r.device) in used or (None, r.device) in used]
         tools = ", ".join(sorted(set(g["tool"].dropna().astype(str)))) or "ibstat"
         summary = (f"{host}: InfiniBand {'port' if len(ports) == 1 else 'ports'} not active: {'; '.join(ports)}"
                    + (f"; NCCL uses {', '.join(sorted(set(in_use)))}" if in_use else "") + f" ({tools}).")
         out.append(Finding(
-            kind="ib_errors", severity="error" if in_use or state[g.index].eq("DOWN").any() else "warning",
+            kind="ib_errors", severity="error" if in_use or state[g.index].isin(["DOWN", "MISSING"]).any() else "warning",
             confidence=0.9, summary=summary, ranks=warns.ranks_of_hosts(ctx, [host]), hosts=[host],
             evidence=warns.evidence(g, ["host", "device", "port", "state", "phys_state", "rate_gbps", "link_layer",
                                         "tool", "artifact", "log_line"]),

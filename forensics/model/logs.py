@@ -275,12 +275,18 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         ib = ib.copy()
         ib["host"] = _fill_hosts(ib, d)
         tables["ib_ports"] = conform(ib, "ib_ports")
+    for name in ("gpu_events",):
+        t = tables.get(name)
+        if t is not None and len(t):
+            t = t.copy()
+            t["host"] = _fill_hosts(t, d)
+            tables[name] = conform(t, name)
     return notes
 
 
 # the log tables whose rows carry a host (after :func:`attribute`)
 HOSTED_TABLES = ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "init_errors", "ib_ports",
-                 "coll_log_ops")
+                 "coll_log_ops", "gpu_events")
 
 
 def file_hosts(tables: dict[str, pd.DataFrame]) -> dict[str, list[str]]:

@@ -176,7 +176,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "max_busbw_size_bytes": "BIGINT", "busbw_at_max_size_gbps": "DOUBLE",
         "avg_busbw_gbps": "DOUBLE",      # the footer's "# Avg bus bandwidth"
         "avg_status": "VARCHAR", "wrong_total": "DOUBLE", "out_of_bounds": "INTEGER", "failures": "INTEGER",
-        "failure_text": "VARCHAR",
+        "failure_text": "VARCHAR",       # the failure line that says why (its host left out)
+        "failure_hosts": "VARCHAR",      # every host a failure line names, comma-separated
     },
     # py-spy frames (depth 0 = innermost) of the traced processes
     "stacks": {
@@ -296,6 +297,11 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",
         "rate_gbps": "DOUBLE", "width": "VARCHAR", "speed": "VARCHAR", "link_layer": "VARCHAR", "tool": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # a GPU lost as nvidia-smi or the driver says it without an Xid (parsers/nvidia_smi.py)
+    "gpu_events": {
+        "host": "VARCHAR", "bus_id": "VARCHAR", "kind": "VARCHAR", "tool": "VARCHAR", "message": "VARCHAR",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # per thread of the traced processes at the start and end of the capture (/proc/PID/task)

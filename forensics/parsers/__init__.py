@@ -17,6 +17,7 @@ from . import (  # noqa: F401  (imported for their registration)
     nccl_profiler_trace,
     nccl_tests,
     ncclras,
+    nvidia_smi,
     proc_threads,
     pyspy,
     ss,

@@ -28,7 +28,8 @@ port's host (:mod:`.lines`); else a pasted shell prompt above (``[root@gpu-e03 ~
 
 Table ``ib_ports`` (one row per device and port): line (int, of its first line), tool (ibstat|
 ibstatus|ibv_devinfo|sysfs|ibdev2netdev|iblinkinfo), host (str: the tag's, NA without one), device (str), port (int),
-state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…), phys_state (LinkUp|Polling|Disabled|Sleep|
+state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…; MISSING: a device ``ibpanic`` could not
+open, its port NA), phys_state (LinkUp|Polling|Disabled|Sleep|
 PortConfigurationTraining|LinkErrorRecovery|PhyTest|…), rate_gbps (float), width (str, e.g.
 4X), speed (str, e.g. HDR or "25.0 Gbps"), link_layer (InfiniBand|Ethernet), lid, sm_lid (str),
 guid (str), firmware (str), ca_type (str).
@@ -64,8 +65,11 @@ LINK_HEAD_RE = re.compile(r"^(?P<type>Switch|CA|Router): (?:0x[0-9a-fA-F]+ )?(?P
 LINK_PORT_RE = re.compile(r"^(?P<pre>.*?)\s*(?P<lid>\d+)\s+(?P<port>\d+)\[[\s\d]*\] ==\(\s*(?:(?P<width>\d+X)\s+"
                           r"(?P<speed>[\d.]+ Gbps(?: \(\w+\))?)\s+)?(?P<state>\w+)/\s*(?P<phys>\w+)\)")
 LINE_MODE_RE = re.compile(r'0x[0-9a-fA-F]+ "\s*(?P<desc>[^"]*)"')
+# infiniband-diags' fatal error naming a device that vanished: "ibpanic: [1323906] main: stat of
+# IB device 'mlx5_8' failed: No such file or directory" (its port: NA, its state: MISSING)
+IBPANIC_RE = re.compile(r"\bibpanic: .*?'(?P<dev>[\w.-]+)'(?P<why>.*?)\s*$")
 NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/", b" ==> ", b")==>", b"Switch: 0x",
-           b"CA: ")
+           b"CA: ", b"ibpanic: ")
 # what ibstat prints; "ibstat CA port" prints them unindented (every other block line is indented)
 IBSTAT_KEYS = frozenset({"ca type", "number of ports", "firmware version", "hardware version", "node guid",
                          "system image guid", "state", "physical state", "rate", "base lid", "lmc", "sm lid",
@@ -110,7 +114,7 @@ class IbStatusParser(TextParser):
     DESCRIPTION = "InfiniBand/RoCE port state: ibstat, ibstatus, ibv_devinfo, sysfs port files"
     GLOBS = ("ib/ibstat*", "ib/ibv_devinfo*", "ib/ibstatus*")
     MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:",
-               b" port 1 ==> ", b" port 2 ==> ", b")==>  ")
+               b" port 1 ==> ", b" port 2 ==> ", b")==>  ", b"ibpanic: ")
     SCHEMAS = {"ib_ports": {
         "line": "int", "tool": "str", "host": "str", "device": "str", "port": "int", "state": "str",
         "phys_state": "str", "rate_gbps": "float", "width": "str", "speed": "str", "link_layer": "str",
@@ -210,6 +214,12 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict], prom
             host = tagged or prompt_host
             dev, port, tool, ca = m["dev"], None, "ibv_devinfo", {}
             indented = False
+            continue
+        if (m := IBPANIC_RE.search(raw)):
+            h = lines_mod.context(raw[:m.start()]).host or host
+            rows.setdefault((h, m["dev"], None), {"line": ln, "tool": "ibstat", "host": h, "device": m["dev"],
+                                                  "port": None, "state": "MISSING"})
+            dev = None
             continue
         if dev is None:
             continue

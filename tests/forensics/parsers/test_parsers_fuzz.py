@@ -38,6 +38,7 @@ SOURCES = {
     "torch_elastic": ["torch_elastic/childfailed.log"],
     "launcher_exits": ["launcher_exits/deaths.log"],
     "torch_init": ["torch_init/never_met.log", "torch_init/agent_traceback.log"],
+    "nvidia_smi": ["nvidia_smi/gpu_lost.txt"],
     "ib_status": ["ib_status/ibstat_one_down.txt", "ib_status/ibstatus.txt", "ib_status/ibv_devinfo_v.txt"],
     "kernel_log": ["kernel_log/dmesg_xid_link_oom.txt"],
 }

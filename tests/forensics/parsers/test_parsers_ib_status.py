@@ -113,3 +113,10 @@ def test_iblinkinfo_line_mode_names_each_lines_node():
         ["MF0;sw-ib-01:MQM8700/U1", 1, "ACTIVE", "LinkUp"], ["MF0;sw-ib-01:MQM8700/U1", 2, "DOWN", "Disabled"],
         ["mlx5_0", 1, "ACTIVE", "LinkUp"]]
     assert p["host"].iloc[2] == "gpu-b01" and p["rate_gbps"].iloc[0] == 212.5
+def test_ibpanic_names_a_vanished_device():
+    text = ("CA 'mlx5_7'\n\tCA type: MT4123\n\tNumber of ports: 1\n\tPort 1:\n\t\tState: Active\n"
+            "\t\tPhysical state: LinkUp\n\t\tRate: 200\n"
+            "ibpanic: [1323906] main: stat of IB device 'mlx5_8' failed: No such file or directory\n")
+    p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
+    assert p[["device", "state"]].values.tolist() == [["mlx5_7", "ACTIVE"], ["mlx5_8", "MISSING"]]
+    assert p["port"].isna().tolist() == [False, True]

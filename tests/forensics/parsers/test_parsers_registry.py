@@ -15,7 +15,7 @@ from forensics.parsers import get, parse_file, parse_tree, parsers, registry
 P = FIXTURES / "parsers"
 NAMES = {"nccl_debug", "nccl_tests", "ib_counters", "ss", "flight_recorder", "nccl_inspector",
          "nccl_profiler_trace", "pyspy", "torch_watchdog", "proc_threads", "native_stacks", "ncclras",
-         "torch_elastic", "ib_status", "kernel_log", "fr_analyzer", "launcher_exits", "torch_init"}
+         "torch_elastic", "ib_status", "kernel_log", "fr_analyzer", "launcher_exits", "torch_init", "nvidia_smi"}
 
 
 def test_every_format_registered_once_with_its_declarations():

@@ -81,6 +81,8 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
             "SEND": "SEND", "RECV": "RECV", "RECVANYSOURCE": "RECV", "ALLTOALL": "ALL_TO_ALL",
             "ALLTOALL_BASE": "ALL_TO_ALL", "BARRIER": "BARRIER", "GATHER": "GATHER", "SCATTER": "SCATTER",
             "COALESCED": "COALESCED", "ALLREDUCE_COALESCED": "ALL_REDUCE"}
+CODE_MARKERS = tuple(f"nccl{c}Error: ".encode() for c in
+                     ("Remote", "System", "Internal", "UnhandledCuda", "InvalidUsage", "InvalidArgument"))
 # literal markers of the lines read (each found with memmem, :mod:`.text`)
 NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"nccl", b"light recorder",
            b"eartbeat", b"dump signal", b"global timeout", b"Last error")
@@ -99,7 +101,10 @@ class TorchWatchdogParser(TextParser):
     NAME = "torch_watchdog"
     DESCRIPTION = "PyTorch ProcessGroupNCCL watchdog timeouts, NCCL errors and dump lines"
     GLOBS = ("logs/*", "logs/**/*")
-    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught")
+    # an NCCL result code with its text ("ncclInternalError: Internal check failed.") is read
+    # wherever it stands, whatever launcher printed it
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught",
+               *CODE_MARKERS)
     SCHEMAS = {"watchdog": {
         "line": "int", "kind": "str", "severity": "str", "log_time": "str", "src_file": "str", "src_line": "int",
         "rank": "int", "pg_id": "int", "pg_guid": "str", "pg_desc": "str", "seq_num": "int", "op_type": "str",

@@ -182,7 +182,7 @@ def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
     """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
     hosts = df["host"].astype("string").fillna("")
     pids = pd.to_numeric(df["pid"], errors="coerce")
-    return pd.Series([pmap.get((a, h, int(p)) if p == p else None, (h or None, p))
+    return pd.Series([pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p))
                       for a, h, p in zip(df["artifact"], hosts, pids)], index=df.index, dtype=object)
 
 

@@ -86,7 +86,7 @@ from .text import LogText, TextParser
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T_][^\]]*|[A-Z][a-z]{2} [^\]]*\d)\] ?)?"
-    r"(?P<host>[^\s:]*):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?P<host>[A-Za-z0-9._-]*):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>\d+)\] )?"
     r"(?:(?P<tms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) "
     r"|(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"
@@ -97,6 +97,15 @@ VERSION_RE = re.compile(r"(?:^|[\s\]>:])NCCL version (?P<version>\d+\.\d+\.\d+\S
 HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
                               r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
+# WARN lines before NCCL 2.3 printed "NCCL " before the level (NVIDIA/nccl's history: 1.x's
+# core.h, 2.3's debug.h): 2.0-2.2 "host:pid:tid [dev] file:line WARN msg" (2.0: "host [dev] ...",
+# the host often stripped or redacted by the reporter), 1.x "WARN file:line msg". The source
+# file names the line as NCCL's; a host is [A-Za-z0-9._-] (punctuation glued before it is not).
+OLD_SRC = r"(?P<src>[\w./-]+\.(?:h|hpp|hh|c|cc|cu|cpp|cxx)):(?P<srcline>\d+)"
+OLD_WARN_RE = re.compile(r"(?:(?:(?P<host>[A-Za-z0-9._-]+)(?::(?P<pid>\d+):(?P<tid>\d+))? )?\[(?P<dev>\d+)\] )?"
+                         + OLD_SRC + r" (?P<level>WARN) ?(?P<msg>.*)$")
+V1_WARN_RE = re.compile(r"(?<![\w.])(?P<level>WARN) " + OLD_SRC + r" ?(?P<msg>.*)$")
+OLD_NEEDLES = (b"WARN ",)
 
 INIT_RE = re.compile(
     r"^(?:\[Rank \d+\] )?(?:(?P<func>nccl\w+) )?comm (?P<comm>\S+) rank (?P<rank>\d+) "
@@ -145,7 +154,7 @@ IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
 PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
 WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256})
 # needles of the NCCL lines other than INFO (INFO lines come from the COLL scanner's "other")
-NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version")
+NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version", *OLD_NEEDLES)
 INFO_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
 
 
@@ -193,6 +202,21 @@ class NcclDebugParser(TextParser):
         lines = head.decode("utf-8", "replace").splitlines()[:200]
         return any(MENTION_RE.search(ln) and LINE_RE.search(ln) for ln in lines) \
             or any(ln.startswith("NCCL version ") for ln in lines)
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        """Its markers, or (a log of NCCL before 2.3) a WARN line of the old forms among the
+        first lines holding ``WARN ``."""
+        if super().claims(text):
+            return True
+        if not text.holds_any(OLD_NEEDLES):
+            return False
+        for n, (_, line, _) in enumerate(text.iter(text.lines_with(OLD_NEEDLES))):
+            if n >= OLD_CLAIM_LINES:
+                break
+            if _old_warn(line) is not None:
+                return True
+        return False
 
     @classmethod
     def parse_text(cls, text: LogText, label: str, coll: str = "rows"):
@@ -256,10 +280,10 @@ class _Line:
         fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
         self.ts, self.ts_local, self.host, self.level = fields.get("ts"), None, fields.get("host") or "", g["level"]
         # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
-        self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
+        self.src = (fields.get("src"), fields.get("srcline"), fields.get("func")) if self.level == "WARN" else None
         # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
         # turns out-of-range values into NA)
-        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(g["dev"])
+        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(fields.get("dev"))
         self.msg = g["msg"].rstrip()
         self.kind = "other"
 
@@ -317,6 +341,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
     found = _NcclLines()
     for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
         if "NCCL" not in line:
+            if (o := _old_warn(line)) is not None:        # NCCL before 2.3: no "NCCL " in its lines
+                found.rows.append(_Line(ln, o, line[:o.start()]))
             continue
         g = LINE_RE.search(line)
         if g is None:
@@ -324,6 +350,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
             elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
                 found.rows.append(_Line(ln, h, line[:h.start()]))
+            elif (o := _old_warn(line)) is not None:
+                found.rows.append(_Line(ln, o, line[:o.start()]))
             elif MENTION_RE.search(line):
                 found.mentions += 1
                 log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
@@ -333,6 +361,16 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
             r.msg = _unwrap(text, end, r.msg)
         found.rows.append(r)
     return found
+
+
+OLD_CLAIM_LINES = 200      # lines holding "WARN " looked at for an old WARN line before a log is let go
+
+
+def _old_warn(line: str) -> re.Match | None:
+    """A WARN line of NCCL before 2.3 (:data:`OLD_WARN_RE`, :data:`V1_WARN_RE`), or None."""
+    if "WARN " not in line:
+        return None
+    return OLD_WARN_RE.search(line) or V1_WARN_RE.search(line)
 
 
 def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:

@@ -1,11 +1,14 @@
-"""NCCL_DEBUG logs (``NCCL_DEBUG=INFO|WARN|TRACE``, any NCCL from 2.5 to 2.30).
+"""NCCL_DEBUG logs (``NCCL_DEBUG=INFO|WARN|TRACE``, any NCCL from 2.3 to 2.30; WARN lines of 1.x-2.2).
 
 A line is ``[<timestamp>] <host>:<pid>:<tid> [<cudaDev>] NCCL <LEVEL> <message>`` after
 any launcher prefix (Ray ``(RayTrainWorker pid=…)``, Open MPI ``[1,0]<stdout>:``,
 torchrun ``[0]``, log collectors ``<date> <host> >>``), which is skipped by anchoring
 on the NCCL prefix itself. The timestamp (NCCL >= 2.26) is optional, ``host`` may be
 empty, WARN lines carry ``file:line`` and, from 2.30.7, ``(func)``. Bare
-``NCCL version x`` lines (no prefix) are read too. Lines that carry no NCCL prefix
+``NCCL version x`` lines (no prefix) are read too, and WARN lines of NCCL before 2.3, which
+printed no ``NCCL`` (``host:pid:tid [dev] file:line WARN msg``, 2.0's ``host [dev] …``, 1.x's
+``WARN file:line msg``: :data:`OLD_WARN_RE`). A host name is ``[A-Za-z0-9._-]``: a backtick,
+quote or word glued before the prefix is not part of it. Lines that carry no NCCL prefix
 (application output) are counted, not warned about; lines that mention NCCL but do
 not parse, and recognised messages whose fields are malformed, are warned about.
 

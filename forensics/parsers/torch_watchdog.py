@@ -168,10 +168,9 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
                    rank=_int(m["prank"]))
         pre = raw[:m.start()]
     else:
-        msg = raw.strip()
-        pre = ""
+        pre, msg = lines_mod.strip_tags(raw.strip())       # a launcher's tags say whose line it is
         if (w := msg.find("what():")) >= 0:
-            pre, msg = msg[:w], msg[w + len("what():"):].strip()
+            pre, msg = pre + msg[:w], msg[w + len("what():"):].strip()
     row.update({k: v for k, v in lines_mod.context(pre).as_row().items() if v is not None})
     row["message"] = msg.strip()
     if (t := PG_TAG_RE.search(msg)):

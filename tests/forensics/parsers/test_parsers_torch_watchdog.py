@@ -87,3 +87,16 @@ def test_newer_status_lines_nccl_errors_last_error_and_old_version_codes():
     assert w.iloc[2]["nccl_version"] == "2.11.4" and w.iloc[2]["error"] == "unhandled system error"
     last = w.iloc[4]
     assert last["error"].startswith("NET/IB : Got completion") and last["ctx_host"] == "w-1"
+
+
+def test_a_result_code_and_last_error_behind_torchx_tags_are_claimed_and_read():
+    """A log holding only NCCL's result code and its quoted last error (corpus 076)."""
+    from forensics.parsers.text import LogText
+    from forensics.parsers.torch_watchdog import TorchWatchdogParser
+    data = (b"[trainer0|0]:ncclInternalError: Internal check failed.\n[trainer0|0]:Last error:\n"
+            b"[trainer0|0]:ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor "
+            b"AF_INET6(10)\n")
+    assert TorchWatchdogParser.claims(LogText.of(data, "x"))
+    wd = TorchWatchdogParser.parse(data).tables["watchdog"]
+    assert wd["kind"].tolist() == ["nccl_error", "last_error"]
+    assert wd["error"].tolist()[1].startswith("ncclSocketInit:") and wd["ctx_local_rank"].tolist() == [0, 0]

@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from ..model.logs import host_text, hosts_in_text
+from ..model.logs import ZONE_ASSUMED, host_text, hosts_in_text
 from .base import HEADLINE_CHARS, Context, Finding
 from .evidence import ranks_text
 
@@ -85,6 +85,8 @@ def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
     except Exception:   # noqa: BLE001 - a model without these tables: the detectors' own names stay
         where = {}
     logs_only = ctx.model.logs_only
+    # the logs alone, their times printed without a zone: what they say is the hosts' local time
+    zone_assumed = logs_only and any(ZONE_ASSUMED in n for n in ctx.model.notes)
     for f in findings:
         blamed = [int(r) for r in f.ranks if int(r) in where]
         own = sorted({where[r][0] for r in blamed if where[r][0]})
@@ -95,19 +97,21 @@ def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
             f.nodes = nodes
         if not f.headline:
             f.headline = headline_of(f.summary)
-        f.headline = shorten(hosts_in_text(fill(f.headline, f, where, logs_only)))
+        f.headline = shorten(hosts_in_text(fill(f.headline, f, where, logs_only, zone_assumed)))
         f.summary = hosts_in_text(f.summary)
         f.action = hosts_in_text(f.action) if f.action else f.action
         f.hosts = [host_text(h) for h in f.hosts]
     return findings
 
 
-def fill(text: str, f: Finding, where: dict, logs_only: bool = False) -> str:
+def fill(text: str, f: Finding, where: dict, logs_only: bool = False, zone_assumed: bool = False) -> str:
     """``text`` with ``{who}``, ``{peers}`` and ``{since}`` filled from ``f`` (an undated
-    finding of the logs alone is "time not in the logs", of a capture "since before it")."""
+    finding of the logs alone is "time not in the logs", of a capture "since before it";
+    ``zone_assumed``: its time was printed without a zone and read as UTC, which it says)."""
     if "{" not in text:
         return text
-    since = since_text(f.since_ns) if f.since_ns is not None or not logs_only else "time not in the logs"
+    since = since_text(f.since_ns, zone_assumed) if f.since_ns is not None or not logs_only \
+        else "time not in the logs"
     peers = ranks_text(f.peer_ranks) if len(f.peer_ranks) else "the other ranks"
     return text.replace("{who}", who(f.ranks, where)).replace("{peers}", peers).replace("{since}", since)
 
@@ -125,10 +129,13 @@ def who(ranks, where: dict) -> str:
                                                      else named[0])
 
 
-def since_text(ns) -> str:
+def since_text(ns, zone_assumed: bool = False) -> str:
+    """"since 09:55:53 UTC"; ``zone_assumed``: "since 09:55:53, zone assumed UTC" (the logs
+    print the host's local time without its zone)."""
     if ns is None or pd.isna(ns):
         return "since before the capture"
-    return "since " + datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime("%H:%M:%S UTC")
+    return "since " + datetime.fromtimestamp(int(ns) / 1e9, tz=timezone.utc).strftime(
+        "%H:%M:%S, zone assumed UTC" if zone_assumed else "%H:%M:%S UTC")
 
 
 _CLAUSE = re.compile(r"(?<=[.;:])\s")                 # where a clause ends

@@ -39,6 +39,8 @@ from .schema import conform
 
 UNKNOWN = "unknown:"
 YEAR_ASSUMED = "this year (no line gives one)"     # the note saying the times' year is a guess
+# the note saying times printed without a zone were read as UTC, a guess (the host's local time)
+ZONE_ASSUMED = "log times without a zone are read as UTC"
 
 
 @dataclass
@@ -187,8 +189,8 @@ class Clocks:
         if offsets:
             notes.append(f"log times without a zone are read in each capture host's zone ({', '.join(sorted(zones))}); "
                          "loose logs' in UTC")
-        else:
-            notes.append("log times without a zone are read as UTC (no capture recorded the hosts' zone)")
+        elif any(t is not None and t.tzinfo is None for t in (lines_mod.clock(x, year) for x in texts)):
+            notes.append(f"{ZONE_ASSUMED} (no capture recorded the hosts' zone)")
         notes.append(f"times without a year (PyTorch's c10 log prefix) are read in {year}: {why}")
         return cls(offsets, year, notes)
 
@@ -437,4 +439,4 @@ def _watchdog(wd: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
 
 
 __all__ = ["Clocks", "Directory", "attribute", "directory", "file_hosts", "host_text", "hosts_in_text", "job_hosts",
-           "short_host", "UNKNOWN", "YEAR_ASSUMED"]
+           "short_host", "UNKNOWN", "YEAR_ASSUMED", "ZONE_ASSUMED"]

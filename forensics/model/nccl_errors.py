@@ -90,14 +90,22 @@ CLASSES: tuple[WarnClass, ...] = (
     _c("socket_handshake", r"socketFinalizeAccept|wrong magic|wrong type \d+ != \d+", "misconfiguration", False,
        "a connection from something that is not this job's NCCL reached its port, or the ranks disagree "
        "on the connection sequence", "another job on the same ports, scanners, mixed NCCL versions"),
-    _c("bootstrap", r"Bootstrap(?: Root)? ?: (?:mismatch|rank \d+ of \d+ ranks has already checked in"
-                    r"|no socket interface)|no device found matching|No IP interface found|Invalid NCCL_COMM_ID"
-                    r"|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId|Failed to find .*interface"
-                    r"|is neither AF_INET\(2\) nor AF_INET6",
+    # before "bootstrap": no interface at all is the host's setup, not the ranks disagreeing;
+    # the garbage address family of an uninitialised address (2.27) and a socket of a family
+    # the host has no interface for are the same failure, worded later
+    _c("no_interface", r"no socket interface(?: found)?|no device found matching|No IP interface found"
+                       r"|NET/Socket ?: no interface found|is neither AF_INET\(2\) nor AF_INET6"
+                       r"|Socket creation failed ?: Address family not supported|Failed to find .*interface",
+       "misconfiguration", False,
+       "no network interface NCCL can use: NCCL_SOCKET_IFNAME (or NCCL_OOB_NET_IFNAME) names none that "
+       "exists and is up on the host, or the host has no IP interface",
+       "ip -br addr on that host; set NCCL_SOCKET_IFNAME to an interface that exists and is up there (=eth0, "
+       "or ^lo,docker to exclude), or unset it"),
+    _c("bootstrap", r"Bootstrap(?: Root)? ?: (?:mismatch|rank \d+ of \d+ ranks has already checked in)"
+                    r"|Invalid NCCL_COMM_ID|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId",
        "misconfiguration", False,
        "the ranks' bootstrap disagrees: a wrong world size, a rank started twice, two jobs on one "
-       "NCCL_COMM_ID, or an interface filter that matches nothing",
-       "RANK / WORLD_SIZE / MASTER_ADDR of the launcher; NCCL_SOCKET_IFNAME / NCCL_OOB_NET_IFNAME"),
+       "NCCL_COMM_ID", "RANK / WORLD_SIZE / MASTER_ADDR of the launcher; NCCL_COMM_ID"),
     _c("topology", r"ring \d+ does not (?:loop back|contain)|Duplicate GPU detected|Mismatched NCCL version"
                    r"|version mismatch with remote peer|no algorithm/protocol available|incompatible devices",
        "misconfiguration", False,
@@ -114,6 +122,15 @@ CLASSES: tuple[WarnClass, ...] = (
                       r"|ibv_open_device|Failed to open libibverbs", "misconfiguration", False,
        "an IB device could not be opened or a queue pair could not be connected (wrong GID index, "
        "unreachable rail)", "NCCL_IB_GID_INDEX, NCCL_IB_HCA, NCCL_CROSS_NIC; ibstat on both ends"),
+    # before "resource_shm": the segment another process made is not there to attach to (2.24+
+    # processes of different NCCL versions name it differently; containers without a shared /dev/shm)
+    _c("shm_attach", r"(?:Error while )?attaching to shared memory segment", "misconfiguration", False,
+       "a process could not attach to another process's shared memory segment: the segment is gone or named "
+       "otherwise (processes of different NCCL versions, a regression of a newer NCCL, containers that do not "
+       "share /dev/shm), not a /dev/shm too small",
+       "one NCCL version in every process of the host (a wheel bundling its own libnccl, LD_LIBRARY_PATH); "
+       "a shared /dev/shm (docker --ipc=host); else the previous NCCL release (2.21.5 fixed it where 2.24 "
+       "failed), or NCCL_SHM_DISABLE=1"),
     _c("resource_shm", r"/dev/shm|shared memory segment|posix_fallocate|failed to extend|Could not map",
        "misconfiguration", False, "NCCL could not create its shared memory: /dev/shm is too small",
        "the container's shm size (docker --shm-size, a memory emptyDir on Kubernetes), or NCCL_SHM_DISABLE=1"),

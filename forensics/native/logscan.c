@@ -20,6 +20,10 @@
 
 static inline int is_term(uint8_t c) { return c == '\n' || c == '\r'; }
 static inline int is_space(uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+/* a host name's characters ([A-Za-z0-9._-]): a backtick, quote or word glued before it is no part of it */
+static inline int is_host(uint8_t c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+}
 static inline int is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 static inline int is_word(uint8_t c) {
     return is_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
@@ -153,7 +157,7 @@ static int prefix(const uint8_t *buf, int64_t ls, int64_t h, coll_cols *o, int64
     for (int64_t k = q; k < pe; k++) pid = pid * 10 + (buf[k] - '0');
     q--;                                     /* at ':' */
     int64_t he = q;
-    while (q > ls && !is_space(buf[q - 1]) && buf[q - 1] != ':') q--;
+    while (q > ls && is_host(buf[q - 1])) q--;
     int64_t hs = q;
     /* an NCCL >= 2.26 time "[%F %T] " just before the host */
     int64_t pre = hs;

@@ -3,8 +3,8 @@
 A job's output reaches the log through one or more launchers, each putting its own tag in
 front of the line: ``srun --label`` (``12: ``), Open MPI ``--tag-output`` (``[1,12]<stdout>:``,
 after ``--timestamp-output``'s ``Fri Aug 11 12:31:45 2023``), torchrun ``--tee``
-(``[default3]:``: a *local* rank), PyTorch's own c10 logger (``[rank12]:``), Ray
-(``(RayTrainWorker pid=4711, ip=10.0.0.3)``), pdsh (``node07: ``), ``kubectl logs --prefix``
+(``[default3]:``, ``[trainer3]:`` with a role: a *local* rank; torchx ``[trainer0|3]:``),
+PyTorch's own c10 logger (``[rank12]:``), Ray (``(RayTrainWorker pid=4711, ip=10.0.0.3)``), pdsh (``node07: ``), ``kubectl logs --prefix``
 (``[pod/trainer-3/main]``), log shippers and syslog (a time and a host), Python logging
 (``[2024-01-02 03:04:05,678]``), and a copy pasted into a bug report adds its own (line
 numbers, indents, ANSI colours, a progress bar glued in front). The parsers anchor on their
@@ -57,6 +57,10 @@ _HOSTNAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 PREFIXES: tuple[Prefix, ...] = (
     _p("open_mpi", r"\[(?P<job>\d+),(?P<rank>\d+)\]<std(?:out|err|diag)>:"),
     _p("torchrun", r"\[default(?P<local_rank>\d+)\]:"),
+    # torchrun with a role of its own (torchx names it: ``[trainer3]:``, the local rank), and
+    # torchx's ``[role<replica>|<local rank>]:``
+    _p("torchrun_role", r"\[(?!rank\d|default\d)[A-Za-z_][A-Za-z_-]*(?P<local_rank>\d+)\]:"),
+    _p("torchx", r"\[(?!rank\d)[A-Za-z_][A-Za-z_-]*\d+\|(?P<local_rank>\d+)\]:"),
     _p("c10_rank", r"\[rank(?P<rank>\d+)\]:"),
     _p("ray", r"\((?:[A-Za-z_][\w.:-]* )?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[0-9A-Fa-f.:]+))?\)"),
     _p("kubectl", r"\[pod/(?P<host>" + _HOSTNAME + r")/[^\]\s]+\]"),
@@ -151,7 +155,7 @@ def context_columns(prefixes: Iterable[str]) -> dict[str, list]:
 
 # the tags a line may start with, in any number and order (strip_tags)
 _LEADING_TAG = re.compile(
-    r"\s*(?:\[pod/[^\]\s]+\]|\[default\d+\]:|\[[A-Za-z_][\w-]*\d(?:\|\d+)?\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
+    r"\s*(?:\[pod/[^\]\s]+\]|\[[A-Za-z_][A-Za-z_-]*\d+(?:\|\d+)?\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
     r"|\((?:[A-Za-z_][\w.:-]* )?pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)|\d{1,6}:(?=\s)|" + _ISO + r"|" + _CTIME
     + r"|" + _HOSTNAME + r" >>|\[[^\]]{0,40}\d{2}:\d{2}:\d{2}[^\]]{0,20}\])\s*")
 

@@ -1,11 +1,14 @@
-"""NCCL_DEBUG logs (``NCCL_DEBUG=INFO|WARN|TRACE``, any NCCL from 2.5 to 2.30).
+"""NCCL_DEBUG logs (``NCCL_DEBUG=INFO|WARN|TRACE``, any NCCL from 2.3 to 2.30; WARN lines of 1.x-2.2).
 
 A line is ``[<timestamp>] <host>:<pid>:<tid> [<cudaDev>] NCCL <LEVEL> <message>`` after
 any launcher prefix (Ray ``(RayTrainWorker pid=…)``, Open MPI ``[1,0]<stdout>:``,
 torchrun ``[0]``, log collectors ``<date> <host> >>``), which is skipped by anchoring
 on the NCCL prefix itself. The timestamp (NCCL >= 2.26) is optional, ``host`` may be
 empty, WARN lines carry ``file:line`` and, from 2.30.7, ``(func)``. Bare
-``NCCL version x`` lines (no prefix) are read too. Lines that carry no NCCL prefix
+``NCCL version x`` lines (no prefix) are read too, and WARN lines of NCCL before 2.3, which
+printed no ``NCCL`` (``host:pid:tid [dev] file:line WARN msg``, 2.0's ``host [dev] …``, 1.x's
+``WARN file:line msg``: :data:`OLD_WARN_RE`). A host name is ``[A-Za-z0-9._-]``: a backtick,
+quote or word glued before the prefix is not part of it. Lines that carry no NCCL prefix
 (application output) are counted, not warned about; lines that mention NCCL but do
 not parse, and recognised messages whose fields are malformed, are warned about.
 
@@ -87,7 +90,7 @@ from .text import LogText, TextParser
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T_][^\]]*|[A-Z][a-z]{2} [^\]]*\d)\] ?)?"
-    r"(?P<host>[^\s:]*):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?P<host>[A-Za-z0-9._-]*):(?P<pid>\d+):(?P<tid>\d+) "
     r"(?:\[(?P<dev>\d+)\] )?"
     r"(?:(?P<tms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) "
     r"|(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"
@@ -98,6 +101,15 @@ VERSION_RE = re.compile(r"(?:^|[\s\]>:])NCCL version (?P<version>\d+\.\d+\.\d+\S
 HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
                               r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
+# WARN lines before NCCL 2.3 printed "NCCL " before the level (NVIDIA/nccl's history: 1.x's
+# core.h, 2.3's debug.h): 2.0-2.2 "host:pid:tid [dev] file:line WARN msg" (2.0: "host [dev] ...",
+# the host often stripped or redacted by the reporter), 1.x "WARN file:line msg". The source
+# file names the line as NCCL's; a host is [A-Za-z0-9._-] (punctuation glued before it is not).
+OLD_SRC = r"(?P<src>[\w./-]+\.(?:h|hpp|hh|c|cc|cu|cpp|cxx)):(?P<srcline>\d+)"
+OLD_WARN_RE = re.compile(r"(?:(?:(?P<host>[A-Za-z0-9._-]+)(?::(?P<pid>\d+):(?P<tid>\d+))? )?\[(?P<dev>\d+)\] )?"
+                         + OLD_SRC + r" (?P<level>WARN) ?(?P<msg>.*)$")
+V1_WARN_RE = re.compile(r"(?<![\w.])(?P<level>WARN) " + OLD_SRC + r" ?(?P<msg>.*)$")
+OLD_NEEDLES = (b"WARN ",)
 
 INIT_RE = re.compile(
     r"^(?:\[Rank \d+\] )?(?:(?P<func>nccl\w+) )?comm (?P<comm>\S+) rank (?P<rank>\d+) "
@@ -156,7 +168,7 @@ IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
 PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
 WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256})
 # needles of the NCCL lines other than INFO (INFO lines come from the COLL scanner's "other")
-NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version", b"libfabric:")
+NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version", b"libfabric:", *OLD_NEEDLES)
 INFO_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
 
 
@@ -204,6 +216,21 @@ class NcclDebugParser(TextParser):
         lines = head.decode("utf-8", "replace").splitlines()[:200]
         return any(MENTION_RE.search(ln) and LINE_RE.search(ln) for ln in lines) \
             or any(ln.startswith("NCCL version ") for ln in lines)
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        """Its markers, or (a log of NCCL before 2.3) a WARN line of the old forms among the
+        first lines holding ``WARN ``."""
+        if super().claims(text):
+            return True
+        if not text.holds_any(OLD_NEEDLES):
+            return False
+        for n, (_, line, _) in enumerate(text.iter(text.lines_with(OLD_NEEDLES))):
+            if n >= OLD_CLAIM_LINES:
+                break
+            if _old_warn(line) is not None:
+                return True
+        return False
 
     @classmethod
     def parse_text(cls, text: LogText, label: str, coll: str = "rows"):
@@ -267,10 +294,10 @@ class _Line:
         fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
         self.ts, self.ts_local, self.host, self.level = fields.get("ts"), None, fields.get("host") or "", g["level"]
         # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
-        self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
+        self.src = (fields.get("src"), fields.get("srcline"), fields.get("func")) if self.level == "WARN" else None
         # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
         # turns out-of-range values into NA)
-        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(g["dev"])
+        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(fields.get("dev"))
         self.msg = g["msg"].rstrip()
         self.kind = "other"
 
@@ -330,6 +357,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
         if "NCCL" not in line:
             if (lf := _libfabric(ln, line)) is not None:
                 found.rows.append(lf)
+            elif (o := _old_warn(line)) is not None:        # NCCL before 2.3: no "NCCL " in its lines
+                found.rows.append(_Line(ln, o, line[:o.start()]))
             continue
         g = LINE_RE.search(line)
         if g is None:
@@ -337,6 +366,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
             elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
                 found.rows.append(_Line(ln, h, line[:h.start()]))
+            elif (o := _old_warn(line)) is not None:
+                found.rows.append(_Line(ln, o, line[:o.start()]))
             elif MENTION_RE.search(line):
                 found.mentions += 1
                 log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
@@ -383,6 +414,16 @@ def _error_returns(info: list[_Line]) -> list[_Line]:
         w.host, w.ts, w.ts_local = r.host, r.ts, r.ts_local
         out.append(w)
     return out
+
+
+OLD_CLAIM_LINES = 200      # lines holding "WARN " looked at for an old WARN line before a log is let go
+
+
+def _old_warn(line: str) -> re.Match | None:
+    """A WARN line of NCCL before 2.3 (:data:`OLD_WARN_RE`, :data:`V1_WARN_RE`), or None."""
+    if "WARN " not in line:
+        return None
+    return OLD_WARN_RE.search(line) or V1_WARN_RE.search(line)
 
 
 def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:

@@ -81,6 +81,8 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
             "SEND": "SEND", "RECV": "RECV", "RECVANYSOURCE": "RECV", "ALLTOALL": "ALL_TO_ALL",
             "ALLTOALL_BASE": "ALL_TO_ALL", "BARRIER": "BARRIER", "GATHER": "GATHER", "SCATTER": "SCATTER",
             "COALESCED": "COALESCED", "ALLREDUCE_COALESCED": "ALL_REDUCE"}
+CODE_MARKERS = tuple(f"nccl{c}Error: ".encode() for c in
+                     ("Remote", "System", "Internal", "UnhandledCuda", "InvalidUsage", "InvalidArgument"))
 # literal markers of the lines read (each found with memmem, :mod:`.text`)
 NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"nccl", b"light recorder",
            b"eartbeat", b"dump signal", b"global timeout", b"Last error")
@@ -103,7 +105,10 @@ class TorchWatchdogParser(TextParser):
     NAME = "torch_watchdog"
     DESCRIPTION = "PyTorch ProcessGroupNCCL watchdog timeouts, NCCL errors and dump lines"
     GLOBS = ("logs/*", "logs/**/*")
-    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught", b"Last error:")
+    # an NCCL result code with its text ("ncclInternalError: Internal check failed.") is read
+    # wherever it stands, whatever launcher printed it
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught",
+               b"Last error:", *CODE_MARKERS)
     SCHEMAS = {"watchdog": {
         "line": "int", "kind": "str", "severity": "str", "log_time": "str", "src_file": "str", "src_line": "int",
         "rank": "int", "pg_id": "int", "pg_guid": "str", "pg_desc": "str", "seq_num": "int", "op_type": "str",
@@ -172,10 +177,9 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
                    rank=_int(m["prank"]))
         pre = raw[:m.start()]
     else:
-        msg = raw.strip()
-        pre = ""
+        pre, msg = lines_mod.strip_tags(raw.strip())       # a launcher's tags say whose line it is
         if (w := msg.find("what():")) >= 0:
-            pre, msg = msg[:w], msg[w + len("what():"):].strip()
+            pre, msg = pre + msg[:w], msg[w + len("what():"):].strip()
     row.update({k: v for k, v in lines_mod.context(pre).as_row().items() if v is not None})
     row["message"] = msg.strip()
     if (t := PG_TAG_RE.search(msg)):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .. import model as event_model
-from ..model.logs import YEAR_ASSUMED
+from ..model.logs import YEAR_ASSUMED, ZONE_ASSUMED
 from ..model.nccl import world_ranks
 from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of
 
@@ -717,6 +717,8 @@ def since_field(analysis, f) -> str:
     if any(YEAR_ASSUMED in n for n in analysis.model.notes):     # c10's prefix prints no year
         when = dt.datetime.fromtimestamp(f.since_ns / 1e9, tz=dt.timezone.utc).strftime("%b %d %H:%M:%S") \
             + " UTC (the logs print no year)"
+    if logs_only and any(ZONE_ASSUMED in n for n in analysis.model.notes):   # the hosts' local time
+        when = when.replace(" UTC", ", zone assumed UTC", 1)
     parts = []
     if start is not None and f.since_ns < start and f.kind in HANG_KINDS:
         parts.append(f"{ms(start - f.since_ns)} before the capture")

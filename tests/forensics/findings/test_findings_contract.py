@@ -64,6 +64,8 @@ def test_an_undated_finding_of_the_logs_alone_says_so():
     complete(Context(model=m, con=None), [f])
     assert f.headline == "Hang (time not in the logs)"
     assert since_text(None) == "since before the capture" and since_text(T) == "since 09:01:30 UTC"
+    # the logs alone print the host's local time without its zone: the reading says it is a guess
+    assert since_text(T, zone_assumed=True) == "since 09:01:30, zone assumed UTC"
 
 
 def test_headline_of_a_long_summary_is_its_first_clauses_and_never_dangles():

@@ -219,3 +219,37 @@ def test_error_return_alone_is_a_warn_row():
     w = NcclDebugParser.parse_bytes(text, "x.log").tables["nccl_warnings"]
     w = w if hasattr(w, "to_dict") else pd.DataFrame(w)
     assert list(w["message"]) == ["transport/net.cc:700 -> 2 (ncclSystemError)"] and list(w["host"]) == ["node3"]
+
+
+def test_warn_lines_of_nccl_before_2_3_are_warn_lines():
+    """NCCL 2.0-2.2 printed no "NCCL " before the level; 1.x put the level first. A log holding
+    only such lines is claimed by this reader (corpus 058, 075)."""
+    from forensics.parsers.text import LogText
+    data = (b"server [0] include/socket.h:185 WARN Call to connect failed : Connection refused\n"
+            b"NCCL failure MyProgram.cu:110 'unhandled system error'\n"
+            b"gpu3:11:12 [1] misc/ibvwrap.cu:61 WARN Failed to open libibverbs.so[.1]\n"
+            b"include/socket.h:344 WARN Socket creation failed : Address family not supported by protocol\n"
+            b"WARN src/core.cu:512 Cuda failure 'out of memory'\n"
+            b"2024-01-02 WARNING something else WARN here\n")
+    assert NcclDebugParser.claims(LogText.of(data.splitlines(keepends=True)[3], "x"))    # the 2019 line alone
+    assert not NcclDebugParser.claims(LogText.of(b"app: WARN disk almost full\n" * 3, "x"))
+    r = NcclDebugParser.parse(data)
+    w = r.tables["nccl_warnings"]
+    assert w["message"].str.startswith(("Call to connect", "Failed to open", "Socket creation", "Cuda failure")).all()
+    assert w["host"].tolist() == ["server", "gpu3", "", ""]
+    assert w["src_file"].tolist() == ["include/socket.h", "misc/ibvwrap.cu", "include/socket.h", "src/core.cu"]
+    assert w["src_line"].tolist() == [185, 61, 344, 512]
+    assert w["pid"].tolist()[1] == 11 and w["dev"].tolist()[:2] == [0, 1]
+
+
+def test_a_host_name_takes_no_punctuation_glued_before_it():
+    """A backtick, quote or word glued onto the prefix is no part of the host (corpus 041,
+    043), on the WARN path and on the C scanner's COLL path alike."""
+    data = (b"`hostname-test:984:1357 [4] ib_plugin.c:1615 NCCL WARN NET/IB : Got completion from peer "
+            b"10.0.0.2<44206> with status=12 opcode=129 len=65536 vendor err 129 (Recv)\n"
+            b"error log `H100-2:19989:20082 [1] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion\n"
+            b"\"node7:1:2 [0] NCCL INFO AllReduce: opCount 1a sendbuff 0x7f00 recvbuff 0x7f10 count 1024 "
+            b"datatype 7 op 0 root 0 comm 0x55aa [nranks=8] stream 0x99\n")
+    t = NcclDebugParser.parse(data).tables
+    assert t["nccl_warnings"]["host"].tolist() == ["hostname-test", "H100-2"]
+    assert t["nccl_coll"]["host"].tolist() == ["node7"]

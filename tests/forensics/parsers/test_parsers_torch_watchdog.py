@@ -104,3 +104,16 @@ def test_last_error_in_a_reversed_paste_and_behind_a_torchx_role_tag():
     assert TorchWatchdogParser.claims(LogText(torchx, "x"))
     t = TorchWatchdogParser.parse(torchx).tables["watchdog"]
     assert t.loc[t["kind"] == "last_error", "error"].iloc[0].startswith("ncclSocketInit: connecting")
+
+
+def test_a_result_code_and_last_error_behind_torchx_tags_are_claimed_and_read():
+    """A log holding only NCCL's result code and its quoted last error (corpus 076)."""
+    from forensics.parsers.text import LogText
+    from forensics.parsers.torch_watchdog import TorchWatchdogParser
+    data = (b"[trainer0|0]:ncclInternalError: Internal check failed.\n[trainer0|0]:Last error:\n"
+            b"[trainer0|0]:ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor "
+            b"AF_INET6(10)\n")
+    assert TorchWatchdogParser.claims(LogText.of(data, "x"))
+    wd = TorchWatchdogParser.parse(data).tables["watchdog"]
+    assert wd["kind"].tolist() == ["nccl_error", "last_error"]
+    assert wd["error"].tolist()[1].startswith("ncclSocketInit:") and wd["ctx_local_rank"].tolist() == [0, 0]

@@ -123,7 +123,7 @@ def test_dump_signal_names_the_rank_that_fired_first(tmp_path):
     ("NET/OFI Creating new endpoint for domain 0x7f9befa99380 failed: Invalid argument", "ofi_setup"),
     ("NET/OFI Request 0x7f00 completed with error. RC: 21. Error: unknown error", "ofi_completion"),
     ("libfabric efa:cq: efa_rdm_cq_readerr(): Error reading from CQ: Input/output error", "libfabric"),
-    ("Bootstrap : no socket interface found", "bootstrap"),
+    ("Bootstrap : no socket interface found", "no_interface"),
     ("Duplicate GPU detected : rank 1 and rank 0 both on CUDA device 1b000", "topology"),
     ("Error while creating shared memory segment /dev/shm/nccl-abc (size 9637888)", "resource_shm"),
     ("Cuda failure 'invalid device ordinal'", "cuda_setup"),

@@ -122,17 +122,26 @@ def _completion_finding(ctx, st: int, g: pd.DataFrame, total: int) -> Finding:
 
 
 def port_state(ctx: Context) -> list[Finding]:
-    """A port that is down, or slower than its host's other ports (``ib_ports``)."""
+    """A port that is down, or slower than its host's other ports (``ib_ports``).
+
+    A switch port iblinkinfo lists down with no node at its other end is an unused port (a
+    fabric's switches have many), not a failure. A port down is an error where NCCL uses it, or
+    where the port's state says so; a RoCE netdev ``ibdev2netdev`` shows Down is a warning
+    unless NCCL uses the device (a dual-port Ethernet NIC's second port is often unwired)."""
     p = ctx.model.tables.get("ib_ports")
     if p is None or p.empty:
         return []
     p = p.drop_duplicates(["host", "device", "port"], keep="last")
+    for col in ("node_type", "peer"):
+        if col not in p.columns:
+            p = p.assign(**{col: pd.NA})
     out = []
     used = _nccl_devices(ctx)
     state = p["state"].astype("string").str.upper().fillna("")
-    down = p[state.isin(["DOWN", "INIT", "ARMED", "NOP", "MISSING"]) | p["phys_state"].astype("string").isin(
-        ["Disabled", "Polling", "Sleep", "LinkErrorRecovery", "PortConfigurationTraining"]).fillna(False)
-        .to_numpy()]
+    idle = (p["tool"].eq("iblinkinfo") & p["node_type"].eq("Switch") & p["peer"].isna()).fillna(False).to_numpy()
+    down = p[(state.isin(["DOWN", "INIT", "ARMED", "NOP", "MISSING"]) | p["phys_state"].astype("string").isin(
+        ["Disabled", "Polling", "Sleep", "LinkErrorRecovery", "PortConfigurationTraining"]).fillna(False))
+        .to_numpy() & ~idle]
     for (host, ), g in down.groupby(["host"], sort=True):
         ports = [f"{r.device} gone (the tool could not open the device)" if r.state == "MISSING" else
                  f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
@@ -142,7 +151,10 @@ def port_state(ctx: Context) -> list[Finding]:
         summary = (f"{host}: InfiniBand {'port' if len(ports) == 1 else 'ports'} not active: {'; '.join(ports)}"
                    + (f"; NCCL uses {', '.join(sorted(set(in_use)))}" if in_use else "") + f" ({tools}).")
         out.append(Finding(
-            kind="ib_errors", severity="error" if in_use or state[g.index].isin(["DOWN", "MISSING"]).any() else "warning",
+            kind="ib_errors", severity="error" if in_use or (state[g.index].isin(["DOWN", "MISSING"])
+                                                            & ~(g["tool"].eq("ibdev2netdev")
+                                                                & g["link_layer"].eq("Ethernet")).fillna(False)
+                                                            ).any() else "warning",
             confidence=0.9, summary=summary, ranks=warns.ranks_of_hosts(ctx, [host]), hosts=[host],
             evidence=warns.evidence(g, ["host", "device", "port", "state", "phys_state", "rate_gbps", "link_layer",
                                         "tool", "artifact", "log_line"]),
@@ -153,7 +165,9 @@ def port_state(ctx: Context) -> list[Finding]:
                     "until the port is Active/LinkUp"),
             score=warns.LOG_FINDING_SCORE, details={"ports": ports}))
     # degraded: a port well below the fastest port of its host (or of the job)
+    # a switch's SHARP Aggregation Node (a CA inside the switch) runs at the switch's own rate
     act = active_ports(p)
+    act = act[~act["device"].astype("string").str.contains("Aggregation Node", regex=False).fillna(False).to_numpy()]
     if len(act) > 1:
         best = float(act["rate_gbps"].max())
         slow = act[act["rate_gbps"] < best / 1.9]

@@ -50,42 +50,73 @@ def _what(r) -> str:
     return f"status {status}" if status else "behind"
 
 
+def _who(r) -> str:
+    if pd.notna(r.rank):
+        return f"rank {int(r.rank)}"
+    if pd.notna(r.group_ranks):
+        return f"{int(r.group_ranks)} ranks RAS counted but did not list"
+    return f"process {int(r.pid)}" if pd.notna(r.pid) else "a process"
+
+
+def _counts_only(g: pd.DataFrame) -> bool:
+    """Whether RAS names these ranks behind only by their operation counts (a MISMATCH): no
+    rank missing, dead, without a communicator or still initialising."""
+    from ..parsers.ncclras import LAGGING_STATUS
+    lagging = g["missing"].fillna(False).astype(bool) | g["status"].isin(LAGGING_STATUS) | (g["kind"] == "DEAD")
+    return bool(g["op_count"].notna().all() and not lagging.any())
+
+
 def ras_hangs(ctx: Context) -> list[Finding]:
-    """One ``hang_mismatch`` finding per RAS report that names ranks or processes behind."""
+    """One ``hang_mismatch`` finding per RAS report that names ranks or processes behind.
+
+    An error where RAS names a rank missing, dead, without a communicator or still
+    initialising, or a lone rank whose operation count lags all the others'. Several ranks a
+    few operations behind (or a group RAS only counted) is a warning: NCCL files a MISMATCH
+    under Warnings, and its guide shows one in a job that was only mid-collective when queried
+    -- a hang when a later query shows the same counts."""
     t = ctx.model.tables.get("ras_ranks")
     if t is None or t.empty:
         return []
+    if "group_ranks" not in t.columns:
+        t = t.assign(group_ranks=pd.NA)
     behind = t[t["behind"].fillna(False).astype(bool)]
     out = []
     for art, g in behind.groupby("artifact", sort=True, dropna=False):
         ranks = sorted({int(r) for r in g["rank"].dropna()})
         hosts = sorted({h for h in g["host"].dropna().astype(str)})
+        counted = int(g["group_ranks"].dropna().sum())
         parts = []
-        for r in g.drop_duplicates(["rank", "pid", "host", "kind"]).head(6).itertuples(index=False):
-            who = (f"rank {int(r.rank)}" if pd.notna(r.rank) else f"process {int(r.pid)}" if pd.notna(r.pid)
-                   else "a process")
+        for r in g.drop_duplicates(["rank", "pid", "host", "kind", "group_ranks"]).head(6).itertuples(index=False):
             where = f" on {r.host}" if isinstance(r.host, str) else ""
             comm = f" (communicator {r.comm_id})" if isinstance(r.comm_id, str) else ""
-            parts.append(f"{who}{where}{comm}: {_what(r)}")
-        subject = ranks_text(ranks) if ranks else \
-            f"{'host' if len(hosts) == 1 else 'hosts'} {', '.join(hosts)}"
+            parts.append(f"{_who(r)}{where}{comm}: {_what(r)}")
+        subject = (ranks_text(ranks) if ranks else
+                   f"{'host' if len(hosts) == 1 else 'hosts'} {', '.join(hosts)}" if hosts else
+                   f"{counted} ranks")
         ahead = t[(t["artifact"] == art) & ~t["behind"].fillna(False).astype(bool)]
         note = (f"; the {len(ahead)} rank(s) RAS lists ahead of them are waiting, not the cause"
                 if len(ahead) else "")
+        transient = _counts_only(g) and (counted > 0 or len(ranks) > 1)
+        if transient:
+            note += ("; a query that catches a job mid-collective shows such counts too: a hang if a later "
+                     "query shows the same counts")
         summary = f"NCCL RAS names {subject} behind the rest of the job: {'; '.join(parts)}{note}."
         out.append(Finding(
-            kind="hang_mismatch", severity="error", confidence=0.85, summary=summary,
+            kind="hang_mismatch", severity="warning" if transient else "error",
+            confidence=0.5 if transient else 0.85, summary=summary,
             ranks=ranks, hosts=hosts,
-            evidence=warns.evidence(g, ["host", "rank", "pid", "gpu", "comm_id", "comm_hash", "kind", "status",
-                                        "op_count", "peers_op_count", "collective", "artifact", "log_line"],
+            evidence=warns.evidence(g, ["host", "rank", "group_ranks", "pid", "gpu", "comm_id", "comm_hash", "kind",
+                                        "status", "op_count", "peers_op_count", "collective", "artifact", "log_line"],
                                     MAX_EVIDENCE),
-            sql=("SELECT host, rank, pid, gpu, comm_id, kind, status, op_count, peers_op_count, collective, artifact, "
-                 "log_line FROM ras_ranks WHERE behind ORDER BY rank"),
+            sql=("SELECT host, rank, group_ranks, pid, gpu, comm_id, kind, status, op_count, peers_op_count, "
+                 "collective, artifact, log_line FROM ras_ranks WHERE behind ORDER BY rank"),
             action=(f"Look at {subject}: its process (py-spy dump, its last log lines) -- it did not launch what its "
-                    "peers did: a crash, a hang before the collective, or another code path"),
+                    "peers did: a crash, a hang before the collective, or another code path"
+                    + ("; query RAS again: counts that moved on were a snapshot mid-collective" if transient else "")),
             score=warns.LOG_FINDING_SCORE,
             op_count=int(g["op_count"].dropna().min()) if g["op_count"].notna().any() else None,
-            details={"source": "ncclras", "artifact": art, "ranks_behind": ranks, "hosts": hosts}))
+            details={"source": "ncclras", "artifact": art, "ranks_behind": ranks, "hosts": hosts,
+                     "ranks_counted_behind": counted}))
     return out
 
 

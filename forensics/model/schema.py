@@ -264,12 +264,13 @@ SCHEMAS: dict[str, dict[str, str]] = {
     },
     # what NCCL RAS (ncclras, parsers/ncclras.py) named: ranks of a communicator in trouble (missing,
     # with other op counts or status, errors) and job processes missing or dead (rank and comm NULL);
-    # host: the node RAS names
+    # host: the node RAS names; group_ranks: a row for ranks RAS counted behind but did not list
+    # (rank NULL), how many
     "ras_ranks": {
         "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "gpu": "VARCHAR", "comm_id": "VARCHAR",
         "comm_hash": "VARCHAR", "kind": "VARCHAR", "status": "VARCHAR", "op_count": "BIGINT", "collective": "VARCHAR",
         "error": "VARCHAR", "missing": "BOOLEAN", "behind": "BOOLEAN", "peers_op_count": "BIGINT",
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+        "group_ranks": "INTEGER", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # kernel log events (parsers/kernel_log.py: dmesg, journal): NVIDIA Xid, NIC link loss, OOM kills
     "kernel_events": {
@@ -297,6 +298,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",
         "rate_gbps": "DOUBLE", "width": "VARCHAR", "speed": "VARCHAR", "link_layer": "VARCHAR", "tool": "VARCHAR",
+        "node_type": "VARCHAR", "peer": "VARCHAR",   # iblinkinfo: Switch|CA|Router; the node at the other end
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # a GPU lost as nvidia-smi or the driver says it without an Xid (parsers/nvidia_smi.py)

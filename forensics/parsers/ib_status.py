@@ -13,14 +13,19 @@ link is up at all, and at what rate. Formats (infiniband-diags, rdma-core):
   Gbps (32)``, ``phys_state: LINK_UP (5)``;
 - sysfs (``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}`` as ``grep
   . …`` prints them): ``…/mlx5_0/ports/1/state:4: ACTIVE``;
-- ``ibdev2netdev`` (MLNX_OFED): ``mlx5_0 port 1 ==> ib0 (Up)``; with ``-v`` the IB port state
-  before the arrow (``… fw 20.31.1014 port 1 (ACTIVE) ==> ib0 (Up)``), which decides; else the
-  netdev's Up/Down is read as ACTIVE/DOWN;
+- ``ibdev2netdev`` (MLNX_OFED): ``mlx5_0 port 1 ==> ib0 (Up)`` (``| column -t`` widens the
+  spaces); with ``-v`` the IB port state before the arrow (``… fw 20.31.1014 port 1 (ACTIVE) ==>
+  ib0 (Up)``), which decides; else the netdev's state: Up is ACTIVE (a netdev is up only over
+  an active port); Down is DOWN for a RoCE netdev (its carrier is the port's link), and says
+  nothing of the port for an IPoIB one (``ib*``: a fabric without IPoIB leaves it down over
+  an active port), whose state is then NA and link_layer InfiniBand;
 - ``iblinkinfo`` (infiniband-diags): a ``Switch: 0x<guid> <desc>:`` or ``CA: <desc>:`` header,
   then per port ``<lid> <port>[<ext>] ==( 4X 25.78125 Gbps Active/  LinkUp)==> <remote>`` (a
   down port: ``==(                Down/ Polling)==>``); ``-l`` puts ``0x<guid> "<desc>"`` on
   every line instead. The device is the node's description; a CA's host is the first word of
-  its description (``node01 mlx5_0``: node01, device mlx5_0).
+  its description (``node01 mlx5_0``: node01, device mlx5_0). node_type is the header's
+  (Switch|CA|Router), peer the description of the node at the link's other end (NA where none
+  is listed: an unused port).
 
 Lines may carry a launcher's or pdsh's tag (``node7: CA 'mlx5_0'``): the host it names is the
 port's host (:mod:`.lines`); else a pasted shell prompt above (``[root@gpu-e03 ~]# ibstat``,
@@ -32,7 +37,8 @@ state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…; MISSING: a device ``ibpanic`
 open, its port NA), phys_state (LinkUp|Polling|Disabled|Sleep|
 PortConfigurationTraining|LinkErrorRecovery|PhyTest|…), rate_gbps (float), width (str, e.g.
 4X), speed (str, e.g. HDR or "25.0 Gbps"), link_layer (InfiniBand|Ethernet), lid, sm_lid (str),
-guid (str), firmware (str), ca_type (str).
+guid (str), firmware (str), ca_type (str), node_type (str: iblinkinfo's Switch|CA|Router), peer
+(str: iblinkinfo's remote node description).
 """
 from __future__ import annotations
 
@@ -59,17 +65,18 @@ KV_RE = re.compile(r"^\s*(?P<k>[A-Za-z][A-Za-z _]*?)\s*:\s*(?P<v>.*?)\s*$")
 SYSFS_RE = re.compile(r"/(?:sys/class/infiniband/)?(?P<dev>[\w-]+)/ports/(?P<port>\d+)/(?P<attr>state|phys_state|rate"
                       r"|link_layer|lid|sm_lid)\s*:\s*(?P<v>.*?)\s*$")
 RATE_RE = re.compile(r"(?P<g>[\d.]+)\s*(?:Gb/sec|Gbps|Gb/s)?(?:\s*\((?P<w>\d+X)\s*(?P<s>\w+)\))?", re.I)
-IBDEV2NETDEV_RE = re.compile(r"(?P<dev>mlx\w+|[a-z]\w*_\d+)\b.*? port (?P<port>\d+)(?: \((?P<state>[A-Z_]+)\s*\))? ==> "
-                             r"(?P<netdev>\S+) \((?P<link>Up|Down)\)")
+IBDEV2NETDEV_RE = re.compile(r"(?P<dev>mlx\w+|[a-z]\w*_\d+)\b.*? port +(?P<port>\d+)(?: +\((?P<state>[A-Z_]+)\s*\))? +==> +"
+                             r"(?P<netdev>\S+) +\((?P<link>Up|Down)\)")
 LINK_HEAD_RE = re.compile(r"^(?P<type>Switch|CA|Router): (?:0x[0-9a-fA-F]+ )?(?P<desc>.+?):\s*$")
 LINK_PORT_RE = re.compile(r"^(?P<pre>.*?)\s*(?P<lid>\d+)\s+(?P<port>\d+)\[[\s\d]*\] ==\(\s*(?:(?P<width>\d+X)\s+"
                           r"(?P<speed>[\d.]+ Gbps(?: \(\w+\))?)\s+)?(?P<state>\w+)/\s*(?P<phys>\w+)\)")
+LINK_PEER_RE = re.compile(r'==>\s+(?:0x[0-9a-fA-F]+\s+)?\d+\s+\d+\[[\s\d]*\]\s+"(?P<peer>[^"]+)"')
 LINE_MODE_RE = re.compile(r'0x[0-9a-fA-F]+ "\s*(?P<desc>[^"]*)"')
 # infiniband-diags' fatal error naming a device that vanished: "ibpanic: [1323906] main: stat of
 # IB device 'mlx5_8' failed: No such file or directory" (its port: NA, its state: MISSING)
 IBPANIC_RE = re.compile(r"\bibpanic: .*?'(?P<dev>[\w.-]+)'(?P<why>.*?)\s*$")
-NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/", b" ==> ", b")==>", b"Switch: 0x",
-           b"CA: ", b"ibpanic: ")
+NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/", b" ==> ", b"  ==>  ", b")==>",
+           b"Switch: 0x", b"CA: ", b"ibpanic: ")
 # what ibstat prints; "ibstat CA port" prints them unindented (every other block line is indented)
 IBSTAT_KEYS = frozenset({"ca type", "number of ports", "firmware version", "hardware version", "node guid",
                          "system image guid", "state", "physical state", "rate", "base lid", "lmc", "sm lid",
@@ -114,16 +121,17 @@ class IbStatusParser(TextParser):
     DESCRIPTION = "InfiniBand/RoCE port state: ibstat, ibstatus, ibv_devinfo, sysfs port files"
     GLOBS = ("ib/ibstat*", "ib/ibv_devinfo*", "ib/ibstatus*")
     MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:",
-               b" port 1 ==> ", b" port 2 ==> ", b")==>  ", b"ibpanic: ")
+               b" port 1 ==> ", b" port 2 ==> ", b"  port  1  ==>  ", b"  port  2  ==>  ", b")==>  ", b"ibpanic: ")
     SCHEMAS = {"ib_ports": {
         "line": "int", "tool": "str", "host": "str", "device": "str", "port": "int", "state": "str",
         "phys_state": "str", "rate_gbps": "float", "width": "str", "speed": "str", "link_layer": "str",
-        "lid": "str", "sm_lid": "str", "guid": "str", "firmware": "str", "ca_type": "str"}}
+        "lid": "str", "sm_lid": "str", "guid": "str", "firmware": "str", "ca_type": "str", "node_type": "str",
+        "peer": "str"}}
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         return bool(re.search(rb"CA:? '[^']+'|Infiniband device '[^']+' port \d+ status|hca_id:\s*\S+"
-                              rb"|/ports/\d+/(?:state|phys_state):| port \d+ (?:\(\w+\) )?==> \S+ \((?:Up|Down)\)"
+                              rb"|/ports/\d+/(?:state|phys_state):| port +\d+ +(?:\(\w+\) +)?==> +\S+ +\((?:Up|Down)\)"
                               rb"|\)==>  ", head))
 
     @classmethod
@@ -143,7 +151,7 @@ class IbStatusParser(TextParser):
             body = text.region(int(hits.start[a]), int(hits.end[b - 1]) + BLOCK_TAIL)
             before = [m for ln in text.preceding(int(hits.start[a]), 2) if (m := PROMPT_RE.match(ln))]
             _parse_lines(body, int(hits.line[a]), rows, (before[-1]["h1"] or before[-1]["h2"]) if before else None)
-        rows = list(rows.values())
+        rows = _ipoib_down(list(rows.values()))
         if not rows:
             log.add(None, "no InfiniBand port status found")
         return cls.result(label, {"ib_ports": rows}, {}, log)
@@ -168,7 +176,7 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict], prom
             rows[key] = {"line": ln, "tool": tool, "host": host, "device": dev, "port": port, **ca}
         return rows[key]
 
-    link_node: tuple | None = None      # iblinkinfo: the (host, device) of the node header above
+    link_node: tuple | None = None      # iblinkinfo: the (host, device, node type) of the node header above
     tagged = None                       # prompt_host: a pasted shell prompt's (``[root@gpu-e03 ~]# ibstat``)
     for i, raw in enumerate(body):
         ln = first_line + i
@@ -181,13 +189,18 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict], prom
             h = lines_mod.context(raw[:m.start()]).host or prompt_host
             r = rows.setdefault((h, m["dev"], int(m["port"])), {"line": ln, "tool": "ibdev2netdev", "host": h,
                                                                 "device": m["dev"], "port": int(m["port"])})
-            r["state"] = _state(m["state"]) if m["state"] else ("ACTIVE" if m["link"] == "Up" else "DOWN")
+            ipoib = m["netdev"].startswith("ib")
+            r["link_layer"] = r.get("link_layer") or ("InfiniBand" if ipoib else "Ethernet")
+            r["state"] = (_state(m["state"]) if m["state"] else "ACTIVE" if m["link"] == "Up"
+                          else None if ipoib else "DOWN")
+            if ipoib and not m["state"] and m["link"] == "Down":
+                r["_ipoib_down"] = True          # decided with the host's other IPoIB netdevs
             continue
         if "==(" in raw and (m := LINK_PORT_RE.match(raw)):
             _link_port(m, ln, link_node, rows)
             continue
         if (m := LINK_HEAD_RE.match(raw.strip())) and "'" not in raw:
-            link_node = _link_node(m["desc"])
+            link_node = _link_node(m["desc"]) + (m["type"],)
             dev = None
             continue
         if (m := SYSFS_RE.search(raw)):
@@ -254,6 +267,18 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict], prom
             _set(r, k, v)
 
 
+def _ipoib_down(rows: list[dict]) -> list[dict]:
+    """An IPoIB netdev ``ibdev2netdev`` shows Down over a port of unknown state: the port is
+    DOWN where another IPoIB netdev of its host is Up (IPoIB is configured there, this one
+    lost its link), else unknown (a fabric without IPoIB)."""
+    up = {r.get("host") for r in rows if r.get("tool") == "ibdev2netdev" and r.get("link_layer") == "InfiniBand"
+          and r.get("state") == "ACTIVE"}
+    for r in rows:
+        if r.pop("_ipoib_down", False) and r.get("host") in up:
+            r["state"] = "DOWN"
+    return rows
+
+
 PROMPT_RE = re.compile(r"^\s*(?:\[[\w.-]+@(?P<h1>[\w-]+)[^\]]*\]|[\w.-]+@(?P<h2>[\w-]+):\S*)\s?[#$] ")
 CA_DESC_RE = re.compile(r"^(?P<host>\S+)\s+(?P<dev>mlx\d+_\d+|HCA-\d+|[a-z]+\w*_\d+)$")
 
@@ -268,12 +293,15 @@ def _link_node(desc: str) -> tuple[str | None, str]:
 
 def _link_port(m: re.Match, ln: int, node: tuple | None, rows: dict[tuple, dict]) -> None:
     """One iblinkinfo port line: its node from ``-l``'s own columns, else the header above."""
+    kind = node[2] if node else None
     if (lm := LINE_MODE_RE.search(m["pre"])):
-        node = _link_node(lm["desc"])
-    host, dev = node if node else (None, f"lid{m['lid']}")
+        node = _link_node(lm["desc"]) + (kind,)
+    host, dev = node[:2] if node else (None, f"lid{m['lid']}")
     port = int(m["port"])
     r = rows.setdefault((host, dev, port), {"line": ln, "tool": "iblinkinfo", "host": host, "device": dev,
-                                            "port": port, "lid": m["lid"]})
+                                            "port": port, "lid": m["lid"], "node_type": kind})
+    peer = LINK_PEER_RE.search(m.string, m.end())
+    r["peer"] = peer["peer"].strip() if peer and peer["peer"].strip() else None
     r["state"], r["phys_state"] = _state(m["state"]), _phys(m["phys"])
     if m["width"]:
         r["width"], r["speed"] = m["width"], m["speed"]

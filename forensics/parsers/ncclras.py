@@ -51,6 +51,14 @@ releases; ``The unknown ranks: R,S`` or ``Rank R has status UNKNOWN`` in 2.24/2.
 2.26), ``Rank R -- [process information not found]``. Capture's own comment lines
 (``# ...``) are skipped; anything else unexpected is a warning, never an exception.
 
+The report may be pasted: indented as a whole (the NCCL guide's blocks by 2 spaces, a quoted
+paste), fenced, or among a job's other log lines (the job's stdout before it, a watchdog
+timeout after it). The indentation of its headings is removed from every line; lines before
+the first heading and another log's lines (unindented, in a log's shape: ``[rank3]:``, a glog
+or NCCL prefix, a timestamp, a Markdown fence) are not RAS output and are passed over
+silently -- such a line ends the RAS section it interrupts. The other formats' lines are
+read by their own parsers (this is a text parser that shares the file).
+
 Tables:
 
 ``ras_comm_groups`` -- the Communicators table: line (int), group (int), comms (int: in the
@@ -69,7 +77,10 @@ Tables:
     else AllReduce, Broadcast, ...), error (str: for ERROR entries), missing (bool: a
     missing rank of an INCOMPLETE entry), behind (bool: the rank lags its communicator: missing,
     no communicator (UNKNOWN/NOCOMM), still in INIT, dead, or fewer operations of a collective
-    than the most any rank launched), peers_op_count (int: that most, for the op-count rows).
+    than the most any rank launched), peers_op_count (int: that most, for the op-count rows),
+    group_ranks (int: on a row standing for ranks RAS only counted -- ``30 ranks have launched
+    up to operation 640`` with none of them listed, as it lists the smaller group, which may be
+    the one ahead -- how many; rank NA).
 ``ras_rank_counts`` -- the group lines: line, comm_hash, comm_id, kind, what
     (op_count|status|error|init_error|async_error), collective, value (str), ranks (int).
 ``ras_processes`` -- job processes listed under INCOMPLETE / DEAD: line, kind, pid (int),
@@ -88,7 +99,10 @@ from __future__ import annotations
 
 import re
 
-from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
+import numpy as np
+
+from .registry import WarningLog, decode_text, looks_binary, register, split_lines
+from .text import LogText, TextParser
 
 VERSION_RE = re.compile(r"^NCCL version (?P<v>\S+)(?: compiled with CUDA (?P<cuda>\S+))?\s*$")
 CUDA_RE = re.compile(r"^CUDA runtime version (?P<rt>-?\d+), driver version (?P<drv>-?\d+)\s*$")
@@ -117,10 +131,25 @@ ERR_HEAD_RE = re.compile(r"^\s+(?P<what>Initialization|Asynchronous) errors? on 
 TABLE_HEAD = ("Group     Comms", "    #  in group")
 INT_ROW_RE = re.compile(r"^\s*\d+(?:\s+\d+)*\s*$")
 NO_COMMS = "No communicator data collected!"
+# the headings whose indentation is the whole report's (a pasted or quoted copy)
+ANCHOR_RE = re.compile(r"^(?P<indent>[ \t]*)(?:Job summary|Communicators\.\.\.|Errors|Warnings|Group     Comms|"
+                       r"NCCL version \S+ compiled|#\d+-\d+ \([0-9a-fA-Fx]+\) (?:INCOMPLETE|ERROR|MISMATCH))\s*$|"
+                       r"^(?P<indent2>[ \t]*)(?:Group     Comms|NCCL version \S+ compiled)")
+# an unindented line of another log among the report's (PyTorch, glog, NCCL_DEBUG, a launcher,
+# a timestamped shipper line, a Markdown fence, a shell prompt)
+FOREIGN_RE = re.compile(r"^(?:\[(?:rank|default|E|W|I)|[IWEF]\d{4} |\[?\d{4}-\d\d-\d\d|\S+:\d+:\d+ \[\d+\] NCCL |"
+                        r"```|~~~|\$ |Traceback |\S+\.(?:py|cpp|cc):\d+|torch\.|RuntimeError|\w+Error:)")
+MARKERS = (b"Communicators... (", b"Group     Comms     Nodes", b"Missing communicator data from",
+           b"considered dead (unreachable via the RAS network)", b"Communicator ranks have different",
+           b"communication timeouts while gathering communicator data", NO_COMMS.encode(),
+           b"Job summary\n=====", b"Job summary\r\n=====")
+REGION_MIN_BYTES = 4 << 20    # a larger log is read around its RAS lines only
 
 
-class NcclRasParser(Parser):
-    STRUCTURED = True     # a whole file of its own format
+class NcclRasParser(TextParser):
+    # a text format: a report may stand among a job's other log lines (its JSON form is a whole
+    # file, told by its first bytes)
+    MARKERS = MARKERS
     NAME = "ncclras"
     DESCRIPTION = "NCCL RAS status (ncclras -v): job summary, communicators, missing/dead ranks, mismatches"
     GLOBS = ("sys/**/ncclras*", "*ncclras*")
@@ -134,7 +163,7 @@ class NcclRasParser(Parser):
         "ras_ranks": {"line": "int", "comm_hash": "str", "comm_id": "str", "kind": "str", "rank": "int",
                       "gpu": "str", "pid": "int", "node": "str", "status": "str", "op_count": "int",
                       "collective": "str", "error": "str", "missing": "bool", "behind": "bool",
-                      "peers_op_count": "int"},
+                      "peers_op_count": "int", "group_ranks": "int"},
         "ras_rank_counts": {"line": "int", "comm_hash": "str", "comm_id": "str", "kind": "str", "what": "str",
                             "collective": "str", "value": "str", "ranks": "int"},
         "ras_processes": {"line": "int", "kind": "str", "pid": "int", "node": "str", "gpus": "str"},
@@ -145,11 +174,24 @@ class NcclRasParser(Parser):
         t = head.decode("utf-8", "replace")
         if t.lstrip().startswith("{") and '"communicators' in t and '"nccl_version"' in t:
             return True                 # ncclras -f json (2.28.9 and later)
-        return re.search(r"(?m)^(?:Job summary\n=+$|Communicators\.\.\.|Group     Comms     Nodes|"
+        return re.search(r"(?m)^[ \t]*(?:Job summary\n[ \t]*=+$|Communicators\.\.\.|Group     Comms     Nodes|"
                          r"#\d+-\d+ \([0-9a-fA-Fx]+\) (?:INCOMPLETE|ERROR|MISMATCH)\s*$)", t) is not None
 
     @classmethod
-    def parse_bytes(cls, data: bytes, label: str):
+    def parse_text(cls, text: LogText, label: str):
+        """A large log is read around its RAS lines only (a report is a few hundred lines)."""
+        if text.size <= REGION_MIN_BYTES:
+            return cls.parse_bytes(bytes(text.data), label)
+        hits = text.lines_with(cls.MARKERS + (b"Job summary", b"NCCL version"))
+        if not len(hits):
+            return cls.parse_bytes(b"", label)
+        a, b = max(0, int(hits.start[0]) - (64 << 10)), min(text.size, int(hits.end[-1]) + (256 << 10))
+        lines = text.region(a, b)
+        first = int(text.line_numbers(np.array([a]))[0]) if a else 1
+        return cls.parse_bytes("\n".join(lines).encode(), label, first_line=first)
+
+    @classmethod
+    def parse_bytes(cls, data: bytes, label: str, first_line: int = 1):
         log = WarningLog(label)
         facts = {"sections": [], "missing_processes": 0, "dead_processes": 0, "timeouts": 0, "outlier_nodes": [],
                  "no_communicators": False}
@@ -165,7 +207,7 @@ class NcclRasParser(Parser):
             _read_json(text, facts, tables, log)
             mark_behind(tables["ras_ranks"], tables["ras_rank_counts"])
             return cls.result(label, tables, facts, log)
-        _Reader(facts, tables, log).run(split_lines(text))
+        _Reader(facts, tables, log).run(split_lines(text), first_line)
         _finalize_detail(tables["ras_communicators"])
         mark_behind(tables["ras_ranks"], tables["ras_rank_counts"])
         if not facts["sections"]:
@@ -186,14 +228,21 @@ class _Reader:
     def warn(self, ln, line):
         self.log.add(ln, f"unexpected line in {self.section or 'preamble'}: {line.strip()[:120]!r}")
 
-    def run(self, lines):
-        for ln, raw in enumerate(lines, 1):
+    def run(self, lines, first_line: int = 1):
+        indent = _indent(lines)
+        for ln, raw in enumerate(lines, first_line):
             line = raw.rstrip()
+            if indent and line.startswith(indent):
+                line = line[len(indent):]
             if not line.strip():
                 if self.section in ("errors", "warnings"):
                     self.block = None        # a blank line ends an entry
                 continue
             if line.startswith("# ") or set(line.strip()) == {"="}:
+                continue
+            if FOREIGN_RE.match(line):       # another log's line, or a fence: the RAS section ends
+                self.finish_summary()
+                self.section, self.block = None, None
                 continue
             self.line(ln, line)
         self.finish_summary()
@@ -249,7 +298,9 @@ class _Reader:
             return self.summary_line(ln, line)
         if self.section in ("errors", "warnings"):
             return self.issue_line(ln, line)
-        self.warn(ln, line)
+        if self.section is not None:
+            self.warn(ln, line)
+        # before the report's first heading (or after another log's line): not RAS output
 
     # ---- job summary
     def summary_line(self, ln, line):
@@ -396,6 +447,18 @@ class _Reader:
         self.warn(ln, line)
 
 
+def _indent(lines: list[str]) -> str:
+    """The indentation of the report's headings (``""`` when they are not all indented alike
+    with spaces, or there are none)."""
+    seen = set()
+    for line in lines:
+        if line[:1] in (" ", "\t") or line.startswith(("J", "C", "E", "W", "G", "N", "#")):
+            m = ANCHOR_RE.match(line)
+            if m:
+                seen.add(m["indent"] if m["indent"] is not None else m["indent2"])
+    return min(seen, key=len) if seen and all(i.startswith(min(seen, key=len)) for i in seen) else ""
+
+
 LAGGING_STATUS = frozenset({"UNKNOWN", "NOCOMM", "INIT", "DEAD", "UNRESPONSIVE"})
 
 
@@ -417,6 +480,18 @@ def mark_behind(ranks: list[dict], counts: list[dict]) -> None:
         r["peers_op_count"] = top
         r["behind"] = bool(r.get("missing") or r.get("status") in LAGGING_STATUS
                            or (top is not None and r["op_count"] < top))
+    listed = {(r.get("comm_hash"), r.get("collective"), int(r["op_count"])) for r in ranks
+              if r.get("op_count") is not None}
+    for c in counts:
+        if c.get("what") != "op_count":
+            continue
+        key = (c.get("comm_hash"), c.get("collective"))
+        op = int(c["value"])
+        if op < most.get(key, op) and (key[0], key[1], op) not in listed:
+            # the ranks behind, counted but not listed (RAS listed the smaller group, ahead)
+            ranks.append({"line": c["line"], "comm_hash": c.get("comm_hash"), "comm_id": c.get("comm_id"),
+                          "kind": c.get("kind"), "rank": None, "op_count": op, "collective": c.get("collective"),
+                          "behind": True, "peers_op_count": most[key], "group_ranks": int(c["ranks"])})
 
 
 def _read_json(text: str, facts: dict, t: dict, log: WarningLog) -> None:

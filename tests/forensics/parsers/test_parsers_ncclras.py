@@ -178,10 +178,13 @@ def test_behind_is_the_smaller_op_count_not_the_outliers_ahead():
             "  Rank 4 -- GPU 4 managed by process 11 on node n1\n  Rank 9 -- GPU 1 managed by process 12 on node n2\n"
             "  1 ranks have launched up to operation 810\n  Rank 17 -- GPU 1 managed by process 13 on node n3\n")
     t = NcclRasParser.parse(text.encode()).tables["ras_ranks"]
-    assert dict(zip(t["rank"], t["behind"])) == {4: False, 9: False, 17: True}     # 4, 9 are ahead
+    listed, counted = t[t["rank"].notna()], t[t["rank"].isna()]
+    assert dict(zip(listed["rank"], listed["behind"])) == {4: False, 9: False, 17: True}     # 4, 9 are ahead
+    # the 30 ranks at 811 RAS only counted are behind too: one row stands for them
+    assert counted[["op_count", "peers_op_count", "group_ranks", "behind"]].values.tolist() == [[811, 812, 30, True]]
     text = text.replace("811\n", "813\n")              # now 4 and 9 are behind the 30, 17 more so
     t = NcclRasParser.parse(text.encode()).tables["ras_ranks"]
-    assert set(t["peers_op_count"]) == {813} and t["behind"].all()
+    assert set(t["peers_op_count"]) == {813} and t["behind"].all() and t["rank"].notna().all()
 
 
 def test_json_2_28_9_with_its_missing_comma():

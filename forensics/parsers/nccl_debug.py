@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -217,8 +218,8 @@ class NcclDebugParser(TextParser):
         tables: dict = {}
 
         # COLL lines the C scanner left (another form), then Init START/COMPLETE lines
-        coll_py = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log)
-        comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log)
+        coll_py = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log, needle=": opCount ")
+        comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log, needle=" - Init ")
         py = _coll_columns(coll_py) if coll_py else None
         if coll == "rows":
             tables["nccl_coll"] = concat_rows([c_rows, py])
@@ -246,6 +247,9 @@ BASE = ("line", "ts", "ts_local", "host", "pid", "tid", "dev")
 VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
 
 
+_LINE_FIELDS = ("ts", "host", "pid", "tid", "dev", "level", "msg")
+
+
 class _Line:
     """One line with the NCCL prefix: its fields, and the kind of line it turns out to be."""
     __slots__ = ("line", "src", "ts", "ts_local", "host", "pid", "tid", "dev", "level", "msg", "kind", "pre")
@@ -253,29 +257,51 @@ class _Line:
     def __init__(self, line: int, g: re.Match, pre: str = ""):
         self.line = line
         self.pre = pre                       # the text before the NCCL prefix (launcher tags)
-        fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
-        self.ts, self.ts_local, self.host, self.level = fields.get("ts"), None, fields.get("host") or "", g["level"]
-        # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
-        self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
         # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
         # turns out-of-range values into NA)
-        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(g["dev"])
-        self.msg = g["msg"].rstrip()
+        if g.re is LINE_RE:                  # the common form, every field by position
+            self.ts, host, pid, tid, dev, self.level, msg = g.group(*_LINE_FIELDS)
+            self.host, self.pid, self.tid = host or "", int(pid), int(tid)
+            self.dev = None if dev is None else int(dev)
+        else:
+            fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
+            self.ts, self.host, self.level = fields.get("ts"), fields.get("host") or "", g["level"]
+            self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(g["dev"])
+            msg = g["msg"]
+        self.ts_local = None
+        # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
+        self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
+        self.msg = msg.rstrip()
         self.kind = "other"
 
 
+_FINDERS: dict = {}
+
+
+def _finder(rx: re.Pattern):
+    """``rx.search``, or the same as ``rx.match`` where ``rx`` is anchored at the start (``^``,
+    no alternative at the top): a search tries every position of the line."""
+    f = _FINDERS.get(rx)
+    if f is None:
+        f = _FINDERS[rx] = rx.match if rx.pattern.startswith("^") and "|" not in rx.pattern \
+            and not rx.flags & re.MULTILINE else rx.search
+    return f
+
+
 def _columns(names, rows: list) -> dict[str, list]:
-    return {k: [getattr(r, k) for r in rows] for k in names}
+    return {k: list(map(attrgetter(k), rows)) for k in names}
 
 
 def _section(info: list, hint: re.Pattern, rx: re.Pattern, kind: str, what: str,
-             log: WarningLog) -> list[tuple[_Line, re.Match]]:
+             log: WarningLog, needle: str = "") -> list[tuple[_Line, re.Match]]:
     """The lines ``hint`` picks, each with its ``rx`` match and marked ``kind``; a one-line
-    warning for each that ``rx`` does not match."""
+    warning for each that ``rx`` does not match. ``needle``: text every line ``hint`` picks
+    holds (the others are passed over without a search)."""
     out = []
+    hint_at, find = _finder(hint), _finder(rx)
     for r in info:
-        if hint.search(r.msg):
-            if (c := rx.search(r.msg)) is None:
+        if needle in r.msg and hint_at(r.msg):
+            if (c := find(r.msg)) is None:
                 log.add(r.line, f"malformed {what} line: {r.msg[:120]!r}")
             else:
                 r.kind = kind
@@ -315,10 +341,12 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
     """Decode the lines holding one of :data:`NEEDLES`, and the INFO lines at the offsets
     ``other`` (those the C scanner found not to be COLL lines)."""
     found = _NcclLines()
-    for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
+    sel = text.lines_with(NEEDLES, also=[other])
+    search = LINE_RE.search
+    for ln, line, end in zip(sel.line.tolist(), text.texts(sel), sel.end.tolist()):
         if "NCCL" not in line:
             continue
-        g = LINE_RE.search(line)
+        g = search(line)
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
@@ -385,14 +413,19 @@ def _comms_table(comms: list[tuple[_Line, re.Match]]) -> dict[str, list]:
 TOPOLOGY_LINES = (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE))
 
 
+# how every topology line starts (each of their expressions is anchored on one of these)
+TOPOLOGY_STARTS = ("Channel ", "Ring ", "Tree")
+
+
 def _topology_lines(info: list[_Line]) -> tuple[list[tuple[_Line, re.Match]], list[dict]]:
     """(Channel connection lines with their matches, ``nccl_rings`` rows) of the INFO lines
     not read yet; a line is one of them, and is marked with its kind."""
     chans, rings = [], []
+    search = CHANNEL_RE.match
     for r in info:
-        if r.kind != "other":
+        if r.kind != "other" or not r.msg.startswith(TOPOLOGY_STARTS):
             continue
-        if (c := CHANNEL_RE.search(r.msg)) is not None:
+        if (c := search(r.msg)) is not None:
             r.kind = "channel"
             chans.append((r, c))
         else:
@@ -404,7 +437,7 @@ def _ring_rows(r: _Line) -> list[dict]:
     """The ``nccl_rings`` rows of one line (none if it is no topology line)."""
     msg = r.msg
     for kind, rx in TOPOLOGY_LINES:
-        if (c := rx.search(msg)) is not None:
+        if (c := _finder(rx)(msg)) is not None:
             r.kind = "tree" if kind == "tree" else "ring"
             row = {"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": kind}
             for k, v in c.groupdict().items():

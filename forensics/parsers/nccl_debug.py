@@ -440,6 +440,13 @@ def _ring_rows(r: _Line) -> list[dict]:
         if (c := _finder(rx)(msg)) is not None:
             r.kind = "tree" if kind == "tree" else "ring"
             row = {"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": kind}
+            if kind == "ring_order":      # the most common by far: one per channel per rank
+                channel, n, order = c.group("channel", "nchannels", "order")
+                row["channel"] = int(channel)
+                if n is not None:
+                    row["nchannels"] = int(n)
+                row["order"] = " ".join(order.split())
+                return [row]
             for k, v in c.groupdict().items():
                 if v is not None:
                     row[k] = " ".join(v.split()) if k == "order" else (v if k == "down" else int(v))
@@ -457,7 +464,8 @@ def _channels_table(chans: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     t = _table(("line", "host", "pid", "tid", "dev"), chans)
     for k in ("channel", "conn_index", "src_rank", "dst_rank"):
         t[k] = [_int(v) for v in t[k]]
-    vias = [VIA_RE.match(v) for v in t["via"]]
+    parsed = {v: VIA_RE.match(v) for v in dict.fromkeys(t["via"])}      # a log has few distinct vias
+    vias = [parsed[v] for v in t["via"]]
     t["transport"] = [v["transport"] if v else None for v in vias]
     t["net"] = [v["net"] if v and v["transport"] == "NET" else None for v in vias]
     t["net_dev"] = [_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
@@ -485,10 +493,8 @@ def _log_lines_table(rows: list[_Line], bare: list[tuple[int, str, str]],
                      coll_rows: pd.DataFrame | None) -> pd.DataFrame:
     """``nccl_log_lines``: every line read here, the bare version lines, and the ``nccl_coll``
     rows (``coll_rows``; None with ``coll="positions"``), by line."""
-    t = _columns(BASE, rows)
-    t["level"] = [r.level for r in rows]
-    t["kind"] = [r.kind for r in rows]
-    t["message"] = [r.msg for r in rows]
+    t = _columns(BASE + ("level", "kind", "msg"), rows)
+    t["message"] = t.pop("msg")
     t.update(_contexts(rows))
     for ln, v, pre in bare:   # the bare version lines too
         ctx = lines_mod.context(pre).as_row()
@@ -496,7 +502,8 @@ def _log_lines_table(rows: list[_Line], bare: list[tuple[int, str, str]],
             col.append(ctx.get(k))
         t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
         t["message"][-1] = "NCCL version " + v
-    t = pd.DataFrame(t)
+    # the values as read (object columns: no type inferred, no int through float)
+    t = pd.DataFrame({k: np.asarray(v, np.int64) if k == "line" else pd.array(v, dtype=object) for k, v in t.items()})
     if coll_rows is not None and len(coll_rows):
         c = coll_rows
         cl = c[[k for k in list(BASE) + ["message"] + list(CTX) if k in c]].assign(level="INFO", kind="coll")
@@ -524,9 +531,8 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
     the INFO lines not read yet (:data:`INFO_FACTS`, each line marked with its kind); also adds
     the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
-    for r in rows:
-        if r.pid is not None:
-            _process(procs, r.host, r.pid)
+    for host, pid in dict.fromkeys((r.host, r.pid) for r in rows if r.pid is not None):
+        _process(procs, host, pid)
     for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
         if t is not None and len(t):
             for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
@@ -621,13 +627,16 @@ def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: l
     it), comms (ranks, comm ids) and ring order (nChannels without a "N coll channels" line),
     then list their interfaces."""
     nets: dict[str, list[str]] = {}
-    for r, c in chans:
-        key = f"{r.host}:{r.pid}"
-        if "/GDRDMA" in c["via"]:
+    vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
+    for (host, pid), via in zip(((r.host, r.pid) for r, _ in chans), [c["via"] for _, c in chans]):
+        key = f"{host}:{pid}"
+        if "/GDRDMA" in via:
             procs[key]["gdr"] = True
-        v = VIA_RE.match(c["via"])
-        if v and v["transport"] == "NET" and v["net"] is not None:
-            nets.setdefault(key, []).append(v["net"])
+        if via not in vias:
+            v = VIA_RE.match(via)
+            vias[via] = v["net"] if v and v["transport"] == "NET" else None
+        if vias[via] is not None:
+            nets.setdefault(key, []).append(vias[via])
     for key, used in nets.items():       # IB when any NET channel is, else the first one's
         if procs[key]["transport"] is None:
             procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]

@@ -137,8 +137,7 @@ def _fast_column(values, kind: str):
     if isinstance(values, _ARRAYS):
         if values.dtype == _TYPED.get(kind, None):
             return values.copy()
-        if kind == "int" and isinstance(values, np.ndarray) and values.dtype.kind in "iu" \
-                and values.dtype.itemsize <= (8 if values.dtype.kind == "i" else 4):
+        if _numpy_int64(values, kind):
             return pd.array(values.astype(np.int64), dtype="Int64")
         return None
     plain = _PLAIN.get(kind)
@@ -152,12 +151,18 @@ def _fast_column(values, kind: str):
     return out
 
 
+def _numpy_int64(values, kind: str) -> bool:
+    """``values`` are numpy integers that int64 holds, for an int column."""
+    return kind == "int" and isinstance(values, np.ndarray) and values.dtype.kind in "iu" \
+        and values.dtype.itemsize <= (8 if values.dtype.kind == "i" else 4)
+
+
 def _column(values: list, kind: str):
     fast = _fast_column(values, kind)
     if fast is not None:
         return fast
     if isinstance(values, _ARRAYS):
-        values = values.tolist()
+        values = list(values)           # as a dict of columns always was
     if kind == "str":
         return pd.array([None if _is_na(v) else (v if isinstance(v, str) else str(v)) for v in values],
                         dtype="string")
@@ -290,7 +295,7 @@ class Parser:
                 # column by column (tolist gives Python objects, as the rows' dicts would):
                 # no dict per row; a column the frame lacks is NA in every row
                 df = rows
-                rows = {c: _values(df[c]) for c in schema if c in df.columns}
+                rows = {c: _values(df[c], kind) for c, kind in schema.items() if c in df.columns}
                 if len(df) and not rows:
                     rows = {next(iter(schema)): [None] * len(df)}
             typed[name] = frame(rows if rows is not None else [], schema)
@@ -298,12 +303,15 @@ class Parser:
                            warnings=log.result())
 
 
-def _values(col: pd.Series):
-    """A frame's column for :func:`frame`: its array where that has a table dtype already,
-    else its Python objects (converted value by value, as rows' dicts would be)."""
+def _values(col: pd.Series, kind: str):
+    """A frame's column for :func:`frame` as a ``kind`` column: its array where that is taken
+    as it is (the column's dtype, or numpy int64 for an int column), else its Python objects
+    (converted value by value, as rows' dicts would be)."""
     arr = col.array
-    if arr.dtype in _TYPED.values() or (isinstance(arr.dtype, np.dtype) and arr.dtype.kind in "iu"):
-        return arr if not isinstance(arr, pd.arrays.NumpyExtensionArray) else arr.to_numpy()
+    if arr.dtype == _TYPED.get(kind, None):
+        return arr
+    if isinstance(arr, pd.arrays.NumpyExtensionArray) and _numpy_int64(arr.to_numpy(), kind):
+        return arr.to_numpy()
     return col.tolist()
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pandas as pd
 
 from .schema import conform, empty
@@ -179,24 +180,47 @@ def _log_world_ranks(comms: pd.DataFrame) -> dict[tuple[str, int], int]:
 
 
 def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
-    """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
+    """The ``nccl_config`` row key of each log row (artifact, host, pid), looked up once per
+    distinct (artifact, host, pid): a log has a few processes and up to millions of rows."""
     hosts = df["host"].astype("string").fillna("")
     pids = pd.to_numeric(df["pid"], errors="coerce")
-    return pd.Series([pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p))
-                      for a, h, p in zip(df["artifact"], hosts, pids)], index=df.index, dtype=object)
+    triples = list(zip(df["artifact"].tolist(), hosts.tolist(), pids.tolist()))
+    keys = {}
+    for a, h, p in dict.fromkeys(triples):
+        p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
+        keys[(a, h, p)] = pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p))
+    return pd.Series([keys[t] for t in triples], index=df.index, dtype=object)
+
+
+def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
+    """(the index of each row's key in the keys, the keys in order of first appearance)."""
+    codes, uniq = pd.factorize(_keys(df, pmap), sort=False)
+    return codes, list(uniq)
+
+
+def _distinct_channels(codes: np.ndarray, channel: pd.Series, pick, n: int) -> np.ndarray:
+    """How many distinct non-NA channels of the rows ``pick`` each key has."""
+    d = pd.DataFrame({"k": codes, "c": channel.to_numpy(dtype=object, na_value=None)})[np.asarray(pick, bool)]
+    d = d[d["c"].notna()].drop_duplicates()
+    return np.bincount(d["k"].to_numpy(np.int64), minlength=n)
 
 
 def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
     if chans.empty:
         return {}
-    c = chans.assign(key=_keys(chans, pmap))
-    c["kind"] = c["transport"].fillna("?") + c["net"].map(lambda n: f"/{n}" if isinstance(n, str) else "")
+    codes, keys = _per_key(chans, pmap)
+    kind = (chans["transport"].fillna("?") + ("/" + chans["net"]).fillna("")).tolist()
+    kinds: list[set] = [set() for _ in keys]
+    for k, v in set(zip(codes.tolist(), kind)):
+        kinds[k].add(v)
+    net = _distinct_channels(codes, chans["channel"], (chans["transport"] == "NET").fillna(False), len(keys))
+    gdr = np.bincount(codes, weights=chans["gdrdma"].fillna(False).astype(bool).to_numpy(np.float64),
+                      minlength=len(keys))
     out = {}
-    for key, g in c.groupby("key", sort=False):
-        out[key] = {"channel_transports": ",".join(sorted(set(g["kind"]))),
-                    "net_channels": int(g.loc[g["transport"] == "NET", "channel"].nunique()),
-                    "gdr_channels": int(g["gdrdma"].fillna(False).astype(bool).sum())}
-        if g["gdrdma"].fillna(False).astype(bool).any():
+    for i, key in enumerate(keys):
+        out[key] = {"channel_transports": ",".join(sorted(kinds[i])), "net_channels": int(net[i]),
+                    "gdr_channels": int(gdr[i])}
+        if gdr[i] > 0:
             out[key]["gdr"] = True
     return out
 
@@ -204,14 +228,17 @@ def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
 def _ring_summary(rings: pd.DataFrame, pmap: dict) -> dict:
     if rings.empty:
         return {}
-    r = rings.assign(key=_keys(rings, pmap))
-    out = {}
-    for key, g in r.groupby("key", sort=False):
-        ring = g[g["kind"] == "ring"].sort_values("channel")
-        out[key] = {"ring_channels": int(ring["channel"].nunique()),
-                    "tree_channels": int(g.loc[g["kind"].isin(["tree", "trees"]), "channel"].nunique()),
-                    "ring_prev": ring["prev"].iloc[0] if len(ring) else None,
-                    "ring_next": ring["next"].iloc[0] if len(ring) else None}
+    codes, keys = _per_key(rings, pmap)
+    is_ring = (rings["kind"] == "ring").fillna(False).to_numpy(bool)
+    nring = _distinct_channels(codes, rings["channel"], is_ring, len(keys))
+    ntree = _distinct_channels(codes, rings["channel"], rings["kind"].isin(["tree", "trees"]), len(keys))
+    out = {key: {"ring_channels": int(nring[i]), "tree_channels": int(ntree[i]), "ring_prev": None,
+                 "ring_next": None} for i, key in enumerate(keys)}
+    if is_ring.any():             # each process's ring on its lowest channel
+        ring = rings[is_ring].assign(_k=codes[is_ring])
+        for k, g in ring.groupby("_k", sort=False):
+            g = g.sort_values("channel")
+            out[keys[k]].update(ring_prev=g["prev"].iloc[0], ring_next=g["next"].iloc[0])
     return out
 
 

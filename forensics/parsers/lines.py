@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
+from operator import itemgetter
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
@@ -141,17 +142,17 @@ _CONTEXT_CACHE: dict[str, dict] = {}
 def context_columns(prefixes: Iterable[str]) -> dict[str, list]:
     """:meth:`Context.as_row` of each prefix text (the text before a line's message), as columns
     keyed like :data:`CONTEXT_COLUMNS`; the same text is read once (a log repeats few prefixes)."""
-    out: dict[str, list] = {k: [] for k in NO_CONTEXT.as_row()}
+    rows = []
+    get = _CONTEXT_CACHE.get
     for pre in prefixes:
-        ctx = _CONTEXT_CACHE.get(pre)
+        ctx = get(pre)
         if ctx is None:
             ctx = context(pre).as_row()
             if len(_CONTEXT_CACHE) > 50_000:
                 _CONTEXT_CACHE.clear()
             _CONTEXT_CACHE[pre] = ctx
-        for k, v in ctx.items():
-            out[k].append(v)
-    return out
+        rows.append(ctx)
+    return {k: list(map(itemgetter(k), rows)) for k in NO_CONTEXT.as_row()}
 
 # the tags a line may start with, in any number and order (strip_tags)
 _LEADING_TAG = re.compile(

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 import pandas as pd
@@ -255,8 +256,8 @@ class NcclDebugParser(TextParser):
         tables: dict = {}
 
         # COLL lines the C scanner left (another form), then Init START/COMPLETE lines
-        coll_py = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log)
-        comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log)
+        coll_py = _section(info, COLL_HEAD_RE, COLL_RE, "coll", "COLL", log, needle=": opCount ")
+        comms = _section(info, INIT_HINT_RE, INIT_RE, "init", "Init", log, needle=" - Init ")
         py = _coll_columns(coll_py) if coll_py else None
         if coll == "rows":
             tables["nccl_coll"] = concat_rows([c_rows, py])
@@ -284,6 +285,9 @@ BASE = ("line", "ts", "ts_local", "host", "pid", "tid", "dev")
 VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
 
 
+_LINE_FIELDS = ("ts", "host", "pid", "tid", "dev", "level", "msg")
+
+
 class _Line:
     """One line with the NCCL prefix: its fields, and the kind of line it turns out to be."""
     __slots__ = ("line", "src", "ts", "ts_local", "host", "pid", "tid", "dev", "level", "msg", "kind", "pre")
@@ -291,29 +295,53 @@ class _Line:
     def __init__(self, line: int, g: re.Match, pre: str = ""):
         self.line = line
         self.pre = pre                       # the text before the NCCL prefix (launcher tags)
-        fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
-        self.ts, self.ts_local, self.host, self.level = fields.get("ts"), None, fields.get("host") or "", g["level"]
-        # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
-        self.src = (fields.get("src"), fields.get("srcline"), fields.get("func")) if self.level == "WARN" else None
         # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
         # turns out-of-range values into NA)
-        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(fields.get("dev"))
-        self.msg = g["msg"].rstrip()
+        if g.re is LINE_RE:                  # the common form, every field by position
+            self.ts, host, pid, tid, dev, self.level, msg = g.group(*_LINE_FIELDS)
+            self.host, self.pid, self.tid = host or "", int(pid), int(tid)
+            self.dev = None if dev is None else int(dev)
+            src = (g["src"], g["srcline"], g["func"])
+        else:
+            fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
+            self.ts, self.host, self.level = fields.get("ts"), fields.get("host") or "", g["level"]
+            self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(fields.get("dev"))
+            msg = g["msg"]
+            src = (fields.get("src"), fields.get("srcline"), fields.get("func"))
+        self.ts_local = None
+        # WARN lines' file:line (func): not kept for the others (a COLL log has millions of lines)
+        self.src = src if self.level == "WARN" else None
+        self.msg = msg.rstrip()
         self.kind = "other"
 
 
+_FINDERS: dict = {}
+
+
+def _finder(rx: re.Pattern):
+    """``rx.search``, or the same as ``rx.match`` where ``rx`` is anchored at the start (``^``,
+    no alternative at the top): a search tries every position of the line."""
+    f = _FINDERS.get(rx)
+    if f is None:
+        f = _FINDERS[rx] = rx.match if rx.pattern.startswith("^") and "|" not in rx.pattern \
+            and not rx.flags & re.MULTILINE else rx.search
+    return f
+
+
 def _columns(names, rows: list) -> dict[str, list]:
-    return {k: [getattr(r, k) for r in rows] for k in names}
+    return {k: list(map(attrgetter(k), rows)) for k in names}
 
 
 def _section(info: list, hint: re.Pattern, rx: re.Pattern, kind: str, what: str,
-             log: WarningLog) -> list[tuple[_Line, re.Match]]:
+             log: WarningLog, needle: str = "") -> list[tuple[_Line, re.Match]]:
     """The lines ``hint`` picks, each with its ``rx`` match and marked ``kind``; a one-line
-    warning for each that ``rx`` does not match."""
+    warning for each that ``rx`` does not match. ``needle``: text every line ``hint`` picks
+    holds (the others are passed over without a search)."""
     out = []
+    hint_at, find = _finder(hint), _finder(rx)
     for r in info:
-        if hint.search(r.msg):
-            if (c := rx.search(r.msg)) is None:
+        if needle in r.msg and hint_at(r.msg):
+            if (c := find(r.msg)) is None:
                 log.add(r.line, f"malformed {what} line: {r.msg[:120]!r}")
             else:
                 r.kind = kind
@@ -353,14 +381,16 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
     """Decode the lines holding one of :data:`NEEDLES`, and the INFO lines at the offsets
     ``other`` (those the C scanner found not to be COLL lines)."""
     found = _NcclLines()
-    for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
+    sel = text.lines_with(NEEDLES, also=[other])
+    search = LINE_RE.search
+    for ln, line, end in zip(sel.line.tolist(), text.texts(sel), sel.end.tolist()):
         if "NCCL" not in line:
             if (lf := _libfabric(ln, line)) is not None:
                 found.rows.append(lf)
             elif (o := _old_warn(line)) is not None:        # NCCL before 2.3: no "NCCL " in its lines
                 found.rows.append(_Line(ln, o, line[:o.start()]))
             continue
-        g = LINE_RE.search(line)
+        g = search(line)
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
@@ -476,14 +506,19 @@ def _comms_table(comms: list[tuple[_Line, re.Match]]) -> dict[str, list]:
 TOPOLOGY_LINES = (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TREE_RE))
 
 
+# how every topology line starts (each of their expressions is anchored on one of these)
+TOPOLOGY_STARTS = ("Channel ", "Ring ", "Tree")
+
+
 def _topology_lines(info: list[_Line]) -> tuple[list[tuple[_Line, re.Match]], list[dict]]:
     """(Channel connection lines with their matches, ``nccl_rings`` rows) of the INFO lines
     not read yet; a line is one of them, and is marked with its kind."""
     chans, rings = [], []
+    search = CHANNEL_RE.match
     for r in info:
-        if r.kind != "other":
+        if r.kind != "other" or not r.msg.startswith(TOPOLOGY_STARTS):
             continue
-        if (c := CHANNEL_RE.search(r.msg)) is not None:
+        if (c := search(r.msg)) is not None:
             r.kind = "channel"
             chans.append((r, c))
         else:
@@ -495,9 +530,16 @@ def _ring_rows(r: _Line) -> list[dict]:
     """The ``nccl_rings`` rows of one line (none if it is no topology line)."""
     msg = r.msg
     for kind, rx in TOPOLOGY_LINES:
-        if (c := rx.search(msg)) is not None:
+        if (c := _finder(rx)(msg)) is not None:
             r.kind = "tree" if kind == "tree" else "ring"
             row = {"line": r.line, "host": r.host, "pid": r.pid, "dev": r.dev, "kind": kind}
+            if kind == "ring_order":      # the most common by far: one per channel per rank
+                channel, n, order = c.group("channel", "nchannels", "order")
+                row["channel"] = int(channel)
+                if n is not None:
+                    row["nchannels"] = int(n)
+                row["order"] = " ".join(order.split())
+                return [row]
             for k, v in c.groupdict().items():
                 if v is not None:
                     row[k] = " ".join(v.split()) if k == "order" else (v if k == "down" else int(v))
@@ -515,7 +557,8 @@ def _channels_table(chans: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     t = _table(("line", "host", "pid", "tid", "dev"), chans)
     for k in ("channel", "conn_index", "src_rank", "dst_rank"):
         t[k] = [_int(v) for v in t[k]]
-    vias = [VIA_RE.match(v) for v in t["via"]]
+    parsed = {v: VIA_RE.match(v) for v in dict.fromkeys(t["via"])}      # a log has few distinct vias
+    vias = [parsed[v] for v in t["via"]]
     t["transport"] = [v["transport"] if v else None for v in vias]
     t["net"] = [v["net"] if v and v["transport"] == "NET" else None for v in vias]
     t["net_dev"] = [_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
@@ -543,10 +586,8 @@ def _log_lines_table(rows: list[_Line], bare: list[tuple[int, str, str]],
                      coll_rows: pd.DataFrame | None) -> pd.DataFrame:
     """``nccl_log_lines``: every line read here, the bare version lines, and the ``nccl_coll``
     rows (``coll_rows``; None with ``coll="positions"``), by line."""
-    t = _columns(BASE, rows)
-    t["level"] = [r.level for r in rows]
-    t["kind"] = [r.kind for r in rows]
-    t["message"] = [r.msg for r in rows]
+    t = _columns(BASE + ("level", "kind", "msg"), rows)
+    t["message"] = t.pop("msg")
     t.update(_contexts(rows))
     for ln, v, pre in bare:   # the bare version lines too
         ctx = lines_mod.context(pre).as_row()
@@ -554,7 +595,8 @@ def _log_lines_table(rows: list[_Line], bare: list[tuple[int, str, str]],
             col.append(ctx.get(k))
         t["line"][-1], t["level"][-1], t["kind"][-1] = ln, "VERSION", "version"
         t["message"][-1] = "NCCL version " + v
-    t = pd.DataFrame(t)
+    # the values as read (object columns: no type inferred, no int through float)
+    t = pd.DataFrame({k: np.asarray(v, np.int64) if k == "line" else pd.array(v, dtype=object) for k, v in t.items()})
     if coll_rows is not None and len(coll_rows):
         c = coll_rows
         cl = c[[k for k in list(BASE) + ["message"] + list(CTX) if k in c]].assign(level="INFO", kind="coll")
@@ -582,9 +624,9 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
     the INFO lines not read yet (:data:`INFO_FACTS`, each line marked with its kind); also adds
     the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
-    for r in rows:
-        if r.pid is not None and not (r.src and r.src[0] == "libfabric"):     # libfabric's own lines: no NCCL process
-            _process(procs, r.host, r.pid)
+    for host, pid in dict.fromkeys((r.host, r.pid) for r in rows if r.pid is not None
+                                   and not (r.src and r.src[0] == "libfabric")):   # libfabric's lines: no NCCL process
+        _process(procs, host, pid)
     for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
         if t is not None and len(t):
             for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
@@ -679,13 +721,16 @@ def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: l
     it), comms (ranks, comm ids) and ring order (nChannels without a "N coll channels" line),
     then list their interfaces."""
     nets: dict[str, list[str]] = {}
-    for r, c in chans:
-        key = f"{r.host}:{r.pid}"
-        if "/GDRDMA" in c["via"]:
+    vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
+    for (host, pid), via in zip(((r.host, r.pid) for r, _ in chans), [c["via"] for _, c in chans]):
+        key = f"{host}:{pid}"
+        if "/GDRDMA" in via:
             procs[key]["gdr"] = True
-        v = VIA_RE.match(c["via"])
-        if v and v["transport"] == "NET" and v["net"] is not None:
-            nets.setdefault(key, []).append(v["net"])
+        if via not in vias:
+            v = VIA_RE.match(via)
+            vias[via] = v["net"] if v and v["transport"] == "NET" else None
+        if vias[via] is not None:
+            nets.setdefault(key, []).append(vias[via])
     for key, used in nets.items():       # IB when any NET channel is, else the first one's
         if procs[key]["transport"] is None:
             procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]

@@ -104,7 +104,7 @@ def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str]) -> pd.
     warn; this is the last line of defence.
     """
     if isinstance(rows, dict):
-        cols = {k: list(v) for k, v in rows.items()}
+        cols = {k: v if isinstance(v, _ARRAYS) else list(v) for k, v in rows.items()}
         n = max((len(v) for v in cols.values()), default=0)
     else:
         rows = list(rows)
@@ -122,7 +122,47 @@ def _is_na(v) -> bool:
     return isinstance(v, float) and v != v
 
 
+_ARRAYS = (np.ndarray, pd.api.extensions.ExtensionArray)
+_NONE = type(None)
+# the exact dtype each kind's column gets (what the value-by-value conversion gives)
+_TYPED = {"str": pd.array([], dtype="string").dtype, "int": pd.Int64Dtype(), "uint": pd.UInt64Dtype(),
+          "bool": pd.BooleanDtype()}
+_PLAIN = {"str": {str, _NONE}, "int": {int, _NONE}, "uint": {int, _NONE}, "bool": {bool, _NONE}}
+
+
+def _fast_column(values, kind: str):
+    """The column of ``values`` without a Python call per value where they already have the
+    kind's type (an array of its dtype, numpy integers for ints, or Python values of the one
+    type, with None); else None: the value-by-value conversion decides."""
+    if isinstance(values, _ARRAYS):
+        if values.dtype == _TYPED.get(kind, None):
+            return values.copy()
+        if _numpy_int64(values, kind):
+            return pd.array(values.astype(np.int64), dtype="Int64")
+        return None
+    plain = _PLAIN.get(kind)
+    if plain is None or not set(map(type, values)) <= plain:
+        return None
+    try:
+        with np.errstate(all="ignore"):     # an int past int64 goes through float, then is refused
+            out = pd.array(values, dtype=_TYPED[kind])
+    except (TypeError, ValueError, OverflowError):      # out of range: NA, value by value
+        return None
+    return out
+
+
+def _numpy_int64(values, kind: str) -> bool:
+    """``values`` are numpy integers that int64 holds, for an int column."""
+    return kind == "int" and isinstance(values, np.ndarray) and values.dtype.kind in "iu" \
+        and values.dtype.itemsize <= (8 if values.dtype.kind == "i" else 4)
+
+
 def _column(values: list, kind: str):
+    fast = _fast_column(values, kind)
+    if fast is not None:
+        return fast
+    if isinstance(values, _ARRAYS):
+        values = list(values)           # as a dict of columns always was
     if kind == "str":
         return pd.array([None if _is_na(v) else (v if isinstance(v, str) else str(v)) for v in values],
                         dtype="string")
@@ -255,12 +295,24 @@ class Parser:
                 # column by column (tolist gives Python objects, as the rows' dicts would):
                 # no dict per row; a column the frame lacks is NA in every row
                 df = rows
-                rows = {c: df[c].tolist() for c in schema if c in df.columns}
+                rows = {c: _values(df[c], kind) for c, kind in schema.items() if c in df.columns}
                 if len(df) and not rows:
                     rows = {next(iter(schema)): [None] * len(df)}
             typed[name] = frame(rows if rows is not None else [], schema)
         return ParseResult(parser=cls.NAME, source=label, tables=typed, facts=facts,
                            warnings=log.result())
+
+
+def _values(col: pd.Series, kind: str):
+    """A frame's column for :func:`frame` as a ``kind`` column: its array where that is taken
+    as it is (the column's dtype, or numpy int64 for an int column), else its Python objects
+    (converted value by value, as rows' dicts would be)."""
+    arr = col.array
+    if arr.dtype == _TYPED.get(kind, None):
+        return arr
+    if isinstance(arr, pd.arrays.NumpyExtensionArray) and _numpy_int64(arr.to_numpy(), kind):
+        return arr.to_numpy()
+    return col.tolist()
 
 
 _REGISTRY: dict[str, type[Parser]] = {}

@@ -142,6 +142,17 @@ class LogText:
         for ln, text, _, e in self.iter_spans(lines):
             yield ln, text, e
 
+    def texts(self, lines: Lines) -> list[str]:
+        """The text of each selected line, as :meth:`iter` gives it, decoded in one call."""
+        if not len(lines):
+            return []
+        data = self.data
+        joined = b"\n".join([data[s:e] for s, e in zip(lines.start.tolist(), lines.end.tolist())])
+        out = joined.decode("utf-8", errors="replace").split("\n")
+        if b"\xef\xbb\xbf" in joined:
+            out = [t[1:] if t.startswith("\ufeff") else t for t in out]     # each line's byte-order mark
+        return out
+
     def iter_spans(self, lines: Lines) -> Iterator[tuple[int, str, int, int]]:
         """(line number, text, start offset, end offset) of each selected line."""
         data = self.data

@@ -134,6 +134,8 @@ TREE_RE = re.compile(r"^Tree (?P<channel>\d+) : (?P<up>-?\d+) -> (?P<rank>-?\d+)
 TREES_ITEM_RE = re.compile(r"\[(?P<channel>\d+)\] (?P<down>[-\d/]+)->(?P<rank>-?\d+)->(?P<up>-?\d+)")
 NET_IB_RE = re.compile(r"^NET/IB ?: Using (?P<devs>.*?)\s*;\s*OOB (?P<oob>\S+)")
 IB_DEV_RE = re.compile(r"\[(?P<index>\d+)\](?P<name>[^\s:\[\]]+):(?P<port>\d+)(?::\d+)*/(?P<ll>\w+)")
+# "NET/IB : Using [RO]; OOB eth0:…" (2.2x): relaxed ordering on, and no IB device found: nothing wrong
+NO_IB_DEVICE_RE = re.compile(r"^(?:\[RO\])?\s*$")
 NET_SOCKET_RE = re.compile(r"^NET/Socket ?: Using (?P<devs>.+)$")
 SOCK_DEV_RE = re.compile(r"\[(?P<index>\d+)\](?P<name>[^\s:\[\]]+):(?P<addr>\S+?)<\d+>")
 USING_NET_RE = re.compile(r"^Using network (?P<net>\S+)")
@@ -663,7 +665,7 @@ def _fact_version(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) 
 def _fact_net_ib(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
     p["ib_devices"] = [{"index": int(d["index"]), "name": d["name"], "port": int(d["port"]),
                         "link_layer": d["ll"]} for d in IB_DEV_RE.finditer(g["devs"])]
-    if not p["ib_devices"]:
+    if not p["ib_devices"] and not NO_IB_DEVICE_RE.search(g["devs"]):
         log.add(r.line, f"NET/IB line lists no device: {r.msg[:120]!r}")
     oob_if, _, oob_addr = g["oob"].partition(":")
     p["oob_interface"], p["oob_address"] = oob_if, re.sub(r"<\d+>$", "", oob_addr) or None

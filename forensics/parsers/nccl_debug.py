@@ -13,7 +13,7 @@ Tables (every table also has ``line``: 1-based line number in the file):
 
 ``nccl_log_lines`` -- one row per NCCL line:
     ts (str, the timestamp as printed or NA), ts_local (datetime, naive local time),
-    host (str, may be empty), pid (int), tid (int), dev (int, NA on CALL/VERSION lines),
+    host (str, may be empty), pid (int), tid (int), dev (int, NA on CALL/VERSION lines and ``[-1]``),
     level (INFO|WARN|TRACE|CALL|ABORT|VERSION), kind (init|coll|channel|net|gdr|env|ring|
     tree|topology|nchannels|version|error_return|warn|other), message (str).
 ``nccl_coll`` -- COLL lines (``<Op>: opCount <hex> sendbuff … stream …``), issued ops:
@@ -87,14 +87,14 @@ from .text import LogText, TextParser
 LINE_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T_][^\]]*|[A-Z][a-z]{2} [^\]]*\d)\] ?)?"
     r"(?P<host>[^\s:]*):(?P<pid>\d+):(?P<tid>\d+) "
-    r"(?:\[(?P<dev>\d+)\] )?"
+    r"(?:\[(?P<dev>-?\d+)\] )?"
     r"(?:(?P<tms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) "
     r"|(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)$"
 )
 VERSION_RE = re.compile(r"(?:^|[\s\]>:])NCCL version (?P<version>\d+\.\d+\.\d+\S*)")
 # a WARN line pasted without its host:pid:tid (users strip hosts from the logs they post)
-HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
+HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>-?\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
                               r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 
@@ -152,6 +152,13 @@ INFO_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
 def _int(v):
     """An int from a regex group of digits, or None where the group took no part."""
     return None if v is None else int(v)
+
+
+def _dev(v):
+    """The cudaDev of a line's ``[N]``: None where absent, or ``[-1]`` (NCCL prints -1 before the
+    communicator has a device: a ``ncclCommInitRank`` that failed on its CUDA call)."""
+    d = _int(v)
+    return None if d is None or d < 0 else d
 
 
 # the launcher context of a line (lines.Context.as_row)
@@ -259,7 +266,7 @@ class _Line:
         self.src = (g["src"], g["srcline"], g["func"]) if self.level == "WARN" else None
         # Python ints: a corrupt 30-digit pid must not overflow int64 here (the typed table
         # turns out-of-range values into NA)
-        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(g["dev"])
+        self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _dev(g["dev"])
         self.msg = g["msg"].rstrip()
         self.kind = "other"
 

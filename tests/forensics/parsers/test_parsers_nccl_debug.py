@@ -199,3 +199,15 @@ def test_launcher_tags_on_coll_lines_are_tags_not_times_on_both_paths():
         assert [None if pd.isna(v) else v for v in ll["ts"]] == [ts, ts], pre
         assert [None if pd.isna(v) else int(v) for v in ll["ctx_rank"]] == [rank, rank], pre
         assert t["nccl_coll"]["op_count"].tolist() == [0x1a, 0x1b]
+
+
+def test_a_warn_line_of_device_minus_one_keeps_its_process():
+    """libnccl 2.18.1 without a GPU: the init's WARN prints ``[-1]`` for its device; the line is
+    still the process's (host, pid), its device NA."""
+    r = parse("nccl_2.18.1_no_gpu.log")
+    w = r.tables["nccl_warnings"]
+    assert r.warnings == [] and len(w) == 4
+    assert set(w["host"]) == {"vm"} and set(w["pid"]) == {18171}
+    init = w[w["src_file"] == "init.cc"].iloc[0]
+    assert pd.isna(init["dev"]) and init["message"].startswith("Cuda failure 'CUDA driver version")
+    assert list(r.facts["processes"]) == ["vm:18171"]

@@ -179,10 +179,12 @@ def _log_world_ranks(comms: pd.DataFrame) -> dict[tuple[str, int], int]:
 
 
 def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
-    """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
+    """The ``nccl_config`` row key of each log row (artifact, host, pid). A row without a pid
+    (a WARN line pasted without its prefix; the column is nullable: NA, not NaN) keys
+    ``(host or None, None)``."""
     hosts = df["host"].astype("string").fillna("")
-    pids = pd.to_numeric(df["pid"], errors="coerce")
-    return pd.Series([pmap.get((a, h, int(p)) if p == p else None, (h or None, p))
+    pids = [None if pd.isna(p) else int(p) for p in pd.to_numeric(df["pid"], errors="coerce")]
+    return pd.Series([pmap.get((a, h, p), (h or None, p)) if p is not None else (h or None, None)
                       for a, h, p in zip(df["artifact"], hosts, pids)], index=df.index, dtype=object)
 
 

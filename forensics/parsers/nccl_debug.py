@@ -198,7 +198,7 @@ class NcclDebugParser(TextParser):
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         lines = head.decode("utf-8", "replace").splitlines()[:200]
-        return any(MENTION_RE.search(ln) and LINE_RE.search(ln) for ln in lines) \
+        return any(MENTION_RE.search(ln) and prefixed(LINE_RE, ln) for ln in lines) \
             or any(ln.startswith("NCCL version ") for ln in lines)
 
     @classmethod
@@ -325,11 +325,11 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
     for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
         if "NCCL" not in line:
             continue
-        g = LINE_RE.search(line)
+        g = prefixed(LINE_RE, line)
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
-            elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
+            elif (h := prefixed(HOSTLESS_WARN_RE, line)) is not None:
                 found.rows.append(_Line(ln, h, line[:h.start()]))
             elif MENTION_RE.search(line):
                 found.mentions += 1
@@ -340,6 +340,25 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
             r.msg = _unwrap(text, end, r.msg)
         found.rows.append(r)
     return found
+
+
+PREFIX_SPAN = 1024      # the most characters a line's NCCL prefix (time, host:pid:tid, device, file:line (func)) spans
+MENTIONS_TRIED = 8      # per line: the first mentions of "NCCL <LEVEL>" whose prefix is looked for
+
+
+def prefixed(rx: re.Pattern, line: str) -> re.Match | None:
+    """``rx.search(line)`` (:data:`LINE_RE` or :data:`HOSTLESS_WARN_RE`) for a line whose prefix
+    spans at most :data:`PREFIX_SPAN` characters before one of its first mentions of
+    ``NCCL <LEVEL>``: only there is a match looked for, then taken on the whole line. A plain
+    search tries every position of the line, each running its host or file name to the next
+    colon: quadratic, minutes on a line of a few megabytes (a log with no newlines, a dump)."""
+    for i, m in enumerate(MENTION_RE.finditer(line)):
+        if i == MENTIONS_TRIED:
+            break
+        g = rx.search(line, max(0, m.start() - PREFIX_SPAN), m.end())
+        if g is not None:
+            return rx.match(line, g.start())
+    return None
 
 
 def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:
@@ -635,7 +654,7 @@ def _unwrap(text: LogText, end: int, msg: str) -> str:
     """A WARN message hard-wrapped by a terminal, joined with its continuation lines (up to 3:
     while each is as long as the wrap, and none is an NCCL line of its own)."""
     for nxt in text.following(end, 3):
-        if not nxt.strip() or LINE_RE.search(nxt) or "NCCL " in nxt:
+        if not nxt.strip() or prefixed(LINE_RE, nxt) or "NCCL " in nxt:
             break
         msg += nxt.rstrip()
         if len(nxt) not in WRAP_WIDTHS:

@@ -121,8 +121,10 @@ def test_real_libnccl_captured_and_analysed(which, driver, tmp_path):
     assert rc == 0, "".join(cap.err)
     bundle = stdout.strip().splitlines()[-1]
     calls = dict(re.findall(r"^call (\w+) rc=(\d+)", log.read_text(errors="replace"), re.M))
-    assert calls == {"ncclGetVersion": "0", "ncclGetUniqueId": "0", "ncclCommInitRank": "1", "ncclAllReduce": "4",
-                     "ncclBroadcast": "4", "ncclCommDestroy": "0"}, calls
+    # ncclCommInitRank: ncclUnhandledCudaError (1) without a GPU; ncclSuccess on a machine with one
+    gpu = calls.get("ncclCommInitRank") == "0"
+    assert calls == {"ncclGetVersion": "0", "ncclGetUniqueId": "0", "ncclCommInitRank": "0" if gpu else "1",
+                     "ncclAllReduce": "4", "ncclBroadcast": "4", "ncclCommDestroy": "0"}, calls
 
     # analyze: a report, never an internal error
     so, se = io.StringIO(), io.StringIO()
@@ -137,14 +139,14 @@ def test_real_libnccl_captured_and_analysed(which, driver, tmp_path):
     mine = [e for e in events if e.get("pid") == job.pid]
     assert any(e["ev"] == "unique_id" for e in mine), mine
     init = [e for e in mine if e["ev"] == "comm_init"]
-    assert [(e["fn"], e.get("rc")) for e in init] == [("ncclCommInitRank", 1)], init
+    assert [(e["fn"], e.get("rc")) for e in init] == [("ncclCommInitRank", 0 if gpu else 1)], init
     assert {e["fn"]: e.get("rc") for e in mine if e["ev"] == "coll"} == {"ncclAllReduce": 4, "ncclBroadcast": 4}
     assert any(e["ev"] == "comm_destroy" for e in mine), mine
     m = build_model([bundle])
     nccl = m["nccl_events"]
     assert sorted(nccl["op"]) == ["ALL_REDUCE", "BROADCAST"] and set(nccl["pid"]) == {job.pid}
 
-    # the library's version: from its file (the init failed before NCCL printed it)
+    # the library's version: from its file (without a GPU the init fails before NCCL prints it)
     cfg = m["nccl_config"]
     row = cfg[cfg["pid"] == job.pid].iloc[0]
     assert str(row["nccl_version"]).startswith(version), row.to_dict()
@@ -153,7 +155,7 @@ def test_real_libnccl_captured_and_analysed(which, driver, tmp_path):
     # the WARN lines: the CUDA failure of the init, the NULL communicator of each collective
     w = m["nccl_warnings"]
     msgs = w.loc[w["pid"] == job.pid, "message"].tolist()
-    assert any("Cuda failure" in x for x in msgs), msgs
+    assert gpu or any("Cuda failure" in x for x in msgs), msgs
     assert any(x.startswith("AllReduce : comm argument is NULL") for x in msgs), msgs
     assert any(x.startswith("Broadcast : comm argument is NULL") for x in msgs), msgs
     assert row["warnings"] == len(msgs) == log.read_text(errors="replace").count(" NCCL WARN ")

@@ -353,10 +353,20 @@ def refresh(info: ProcInfo, nccl_symbols, nccl_lib_override: list[str] | None = 
     read when nothing changed: a watcher calls it on every rescan for its jobs, at least for
     those found before they mapped a traceable libnccl."""
     ident = _identity(info.pid)
-    if ident is None or ident == info.ident:
+    if ident is None or ident == info.ident or ident[1] == 0:
+        # gone, unchanged, or exiting (virtual size 0: its memory is released, a zombie): an
+        # exiting process's maps are empty, not changed; what it mapped stays its record
+        # (the manifest's libnccl and version of a job that ended during the capture)
         return False
     before = [l.key for l in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs]
+    kept = (info.ident, info.nccl_libs, info.untraced_nccl_libs, info.cudart_libs, info.cuda_libs, info.python,
+            list(info.job_reasons))
     _read_libs(info, nccl_symbols, nccl_lib_override)
+    if info.ident is None or (info.ident[1] == 0 and not info.nccl_libs + info.untraced_nccl_libs):
+        # it exited between the two reads
+        (info.ident, info.nccl_libs, info.untraced_nccl_libs, info.cudart_libs, info.cuda_libs, info.python,
+         info.job_reasons) = kept
+        return False
     return before != [l.key for l in info.nccl_libs + info.untraced_nccl_libs + info.cudart_libs + info.cuda_libs]
 
 

@@ -6,8 +6,8 @@ torchrun log folder, every rank's output merged by the launcher), an nccl-tests 
 before (:class:`forensics.bundle.Bundle`), and the rest as one :class:`LooseSet`, read as a
 pseudo-bundle whose files are typed by content (:mod:`forensics.loose`).
 
-- A folder holding a bundle's ``manifest.json`` (or, given directly, a ``bpf/`` or ``pcap/``)
-  is a bundle; any other folder is walked, links followed and their loops ended.
+- A folder holding a bundle's ``manifest.json`` (one stallscope wrote: not another tool's of
+  that name), or, given directly, a ``bpf/`` or ``pcap/``, is a bundle; any other folder is walked, links followed and their loops ended.
 - An archive named like a bundle, or whose first members show a bundle's layout, is a bundle;
   any other archive (tar, tar.gz/bz2/xz, zip) or compressed file (gz, bz2, xz) is unpacked
   under the lenient rules of :func:`forensics.archive.unpack_loose`, into a folder this intake
@@ -215,7 +215,10 @@ class _Walk:
         if what:
             raise InputError(f"{path}: {what}, not a file or folder; not read")
         if stat.S_ISDIR(st.st_mode):
-            if find_root(path) is not None:
+            root = find_root(path)
+            # another tool's manifest.json (a run's metadata) does not make a folder a bundle:
+            # it would be read as one with no capture in it, and the logs beside it lost
+            if root is not None and (_our_manifest(root) or (root / "bpf").is_dir() or (root / "pcap").is_dir()):
                 self.bundles.append(str(path))
                 return
             self.folder(path, str(path), 0)

@@ -230,11 +230,12 @@ class _Names:
     "comm rank 3" (a rank of a sub-communicator that was never traced has no known global rank)."""
 
     def __init__(self, ctx, gmap: pd.DataFrame, comm: str, directory):
-        g = gmap[gmap["comm_id_hash"] == comm].dropna(subset=["global_rank"])
+        # comm_id_hash is NA for a call whose communicator the tracer never saw created: not this one
+        g = gmap[gmap["comm_id_hash"].eq(comm).fillna(False).to_numpy(bool)].dropna(subset=["rank", "global_rank"])
         self.map = dict(zip(g["rank"].astype("int64"), g["global_rank"].astype("int64")))
         n = ctx.table("nccl_events")
         sizes = pd.to_numeric(n["nranks"], errors="coerce")
-        mine = sizes[(n["comm_id_hash"] == comm).to_numpy()]
+        mine = sizes[n["comm_id_hash"].eq(comm).fillna(False).to_numpy(bool)]
         self.world = bool(len(mine.dropna())) and float(mine.max()) >= float(sizes.max())
         self.directory = directory
 

@@ -115,9 +115,9 @@ def communicator_states(ctx) -> list[CommState]:
         ranks: dict[int, RankState] = {}
         for r in pos.itertuples(index=False):
             g = int(r.rank)
-            st = ranks.setdefault(g, RankState(g, r.host, _int(r.pid)))
+            st = ranks.setdefault(g, RankState(g, _str(r.host), _int(r.pid)))
             if pd.notna(r.position):
-                st.position, st.position_op, st.position_source = int(r.position), r.op, r.source
+                st.position, st.position_op, st.position_source = int(r.position), _str(r.op), r.source
                 st.sources.add(r.source)
             if pd.notna(r.completed):
                 st.completed = int(r.completed)
@@ -135,6 +135,11 @@ def _int(v) -> int | None:
     return None if v is None or pd.isna(v) else int(v)
 
 
+def _str(v) -> str | None:
+    """A nullable string column's value: None for NA (whose truth value raises)."""
+    return v if isinstance(v, str) else None
+
+
 def _positions(ctx) -> dict[str, tuple[str, int | None, pd.DataFrame]]:
     """communicator key -> (label, nranks, rows: rank, host, pid, position, op, source, completed)."""
     cols = ["rank", "host", "pid", "position", "op", "source", "completed"]
@@ -150,7 +155,8 @@ def _positions(ctx) -> dict[str, tuple[str, int | None, pd.DataFrame]]:
             n = pd.to_numeric(g["nranks"], errors="coerce").max()
             out[str(cid)] = (f"communicator {cid}", None if pd.isna(n) else int(n), rows[cols])
         big = logs.sort_values("nranks", kind="stable").drop_duplicates(["host", "pid"], keep="last")
-        world_of = {(h, int(p)): str(c) for h, p, c in zip(big["host"], big["pid"], big["comm_id"])}
+        world_of = {(h, int(p)): str(c) for h, p, c in zip(big["host"], big["pid"], big["comm_id"])
+                    if pd.notna(p)}       # a row of no pid names no process's world
     fr = model_table(ctx, "fr_pg_status")
     if len(fr):
         fr = fr.dropna(subset=["rank", "pid"])

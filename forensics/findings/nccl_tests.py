@@ -136,7 +136,7 @@ def _link_rate(ctx: Context, host: str, test_hosts) -> tuple[float, int, str | N
     ports = ctx.model.tables.get("ib_ports")
     if ports is None or ports.empty:
         return None
-    hosts = {host, *[x for x in str(test_hosts or "").split(",") if x]}
+    hosts = {host, *[x for x in (test_hosts if isinstance(test_hosts, str) else "").split(",") if x]}   # NA: none
     from .ib import active_ports
     act = active_ports(ports)
     mine = act[act["host"].isin(hosts)]

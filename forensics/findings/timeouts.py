@@ -95,6 +95,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     dir_hosts = rank_hosts(ctx)
     since_ns = _since(to)
     ran = pd.to_numeric(to["ran_for_ms"], errors="coerce").max()
+    ran = None if pd.isna(ran) else float(ran)      # no line said how long: NA (nullable), not 0
     pg_txt = f"process group {pg}"
     op = _op_at(to, n)
     what = f"collective SeqNum {n}" + (f" ({op})" if op else "") if n is not None else "a collective"

@@ -123,7 +123,7 @@ def since(rows: pd.DataFrame) -> tuple[int | None, str | None]:
         return None, None
     i = t.idxmin()
     src = rows.loc[i].get("time_source") if "time_source" in rows else None
-    return int(t.loc[i]), f"log line times ({src or 'log'})"
+    return int(t.loc[i]), f"log line times ({src if isinstance(src, str) and src else 'log'})"   # NA: unknown
 
 
 def cascade_text(ctx, rows: pd.DataFrame) -> str:

@@ -85,10 +85,12 @@ def profiler_records(bundle, arts) -> pd.DataFrame:
         if ev is None or ev.empty:
             continue
         ev = ev.reset_index(drop=True)
-        is_coll = (ev["cat"] == "COLL") & (ev["ph"] == "b")
+        # cat and ph are nullable strings: an event without one compares NA, taken as no match
+        began = ev["ph"].eq("b").fillna(False).to_numpy(bool)
+        is_coll = ev["cat"].eq("COLL").fillna(False).to_numpy(bool) & began
         owner = pd.Series(np.where(is_coll, ev.index, np.nan), index=ev.index)
         ev["coll_row"] = owner.groupby([ev["pid"], ev["tid"]], dropna=False).ffill()
-        k = ev[(ev["cat"] == "GPU") & (ev["ph"] == "b") & ev["coll_row"].notna()]
+        k = ev[ev["cat"].eq("GPU").fillna(False).to_numpy(bool) & began & ev["coll_row"].notna().to_numpy()]
         if k.empty:
             continue
         clk = [_clocks(a) for a in k["args"]]

@@ -353,7 +353,9 @@ COLLECTIVES_SQL = """
 WITH e AS (
   SELECT coalesce(comm_id_hash, host || ':' || CAST(pid AS VARCHAR) || ':' || comm_ptr) AS comm_id_hash,
          op_count, op, nranks, rank, timestamp_ns, end_ns, completed, bytes
-  FROM nccl_events WHERE op_count IS NOT NULL
+  -- a call of no known rank (its communicator made before the tracer attached, no RANK in its
+  -- environment) has no place in the per-rank lists
+  FROM nccl_events WHERE op_count IS NOT NULL AND rank IS NOT NULL
 ), g AS (
   SELECT comm_id_hash, op_count,
          mode(op) AS op, count(DISTINCT op) > 1 AS ops_differ,

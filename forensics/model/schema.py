@@ -369,7 +369,9 @@ def conform(df: pd.DataFrame, table: str) -> pd.DataFrame:
         if dt == "object":
             out[c] = s
             continue
-        if dt in ("Int64", "UInt64"):
+        if dt in ("Int64", "UInt64", "float64"):
+            # an object column may hold any kind of missing value (None, NaN, pandas NA): NA
+            # does not convert to float64 by astype
             s = pd.to_numeric(s, errors="coerce") if s.dtype == object else s
         out[c] = s if s.dtype == dt else s.astype(dt)   # the same dtype: no copy
     return pd.DataFrame(out, index=df.index, copy=False).reset_index(drop=True)

@@ -16,7 +16,7 @@ Tables (every table also has ``line``: 1-based line number in the file):
 
 ``nccl_log_lines`` -- one row per NCCL line:
     ts (str, the timestamp as printed or NA), ts_local (datetime, naive local time),
-    host (str, may be empty), pid (int), tid (int), dev (int, NA on CALL/VERSION lines),
+    host (str, may be empty), pid (int), tid (int), dev (int, NA on CALL/VERSION lines and ``[-1]``),
     level (INFO|WARN|TRACE|CALL|ABORT|VERSION), kind (init|coll|channel|net|gdr|env|ring|
     tree|topology|nchannels|version|error_return|warn|other), message (str).
 ``nccl_coll`` -- COLL lines (``<Op>: opCount <hex> sendbuff … stream …``), issued ops:
@@ -92,14 +92,14 @@ from .text import LogText, TextParser
 LINE_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T_][^\]]*|[A-Z][a-z]{2} [^\]]*\d)\] ?)?"
     r"(?P<host>[A-Za-z0-9._-]*):(?P<pid>\d+):(?P<tid>\d+) "
-    r"(?:\[(?P<dev>\d+)\] )?"
+    r"(?:\[(?P<dev>-?\d+)\] )?"
     r"(?:(?P<tms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) "
     r"|(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"
     r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)$"
 )
 VERSION_RE = re.compile(r"(?:^|[\s\]>:])NCCL version (?P<version>\d+\.\d+\.\d+\S*)")
 # a WARN line pasted without its host:pid:tid (users strip hosts from the logs they post)
-HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
+HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>-?\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
                               r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 # WARN lines before NCCL 2.3 printed "NCCL " before the level (NVIDIA/nccl's history: 1.x's
@@ -180,6 +180,13 @@ def _int(v):
     return None if v is None else int(v)
 
 
+def _dev(v):
+    """The cudaDev of a line's ``[N]``: None where absent, or ``[-1]`` (NCCL prints -1 before the
+    communicator has a device: a ``ncclCommInitRank`` that failed on its CUDA call)."""
+    d = _int(v)
+    return None if d is None or d < 0 else d
+
+
 # the launcher context of a line (lines.Context.as_row)
 CTX = lines_mod.CONTEXT_COLUMNS
 
@@ -217,7 +224,7 @@ class NcclDebugParser(TextParser):
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         lines = head.decode("utf-8", "replace").splitlines()[:200]
-        return any(MENTION_RE.search(ln) and LINE_RE.search(ln) for ln in lines) \
+        return any(MENTION_RE.search(ln) and prefixed(LINE_RE, ln) for ln in lines) \
             or any(ln.startswith("NCCL version ") for ln in lines)
 
     @classmethod
@@ -302,12 +309,12 @@ class _Line:
         if g.re is LINE_RE:                  # the common form, every field by position
             self.ts, host, pid, tid, dev, self.level, msg = g.group(*_LINE_FIELDS)
             self.host, self.pid, self.tid = host or "", int(pid), int(tid)
-            self.dev = None if dev is None else int(dev)
+            self.dev = _dev(dev)
             src = (g["src"], g["srcline"], g["func"])
         else:
             fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
             self.ts, self.host, self.level = fields.get("ts"), fields.get("host") or "", g["level"]
-            self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _int(fields.get("dev"))
+            self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _dev(fields.get("dev"))
             msg = g["msg"]
             src = (fields.get("src"), fields.get("srcline"), fields.get("func"))
         self.ts_local = None
@@ -392,11 +399,11 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
             elif (o := _old_warn(line)) is not None:        # NCCL before 2.3: no "NCCL " in its lines
                 found.rows.append(_Line(ln, o, line[:o.start()]))
             continue
-        g = search(line)
+        g = search(line) if len(line) <= LONG_LINE else prefixed(LINE_RE, line)
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
-            elif (h := HOSTLESS_WARN_RE.search(line)) is not None:
+            elif (h := prefixed(HOSTLESS_WARN_RE, line)) is not None:
                 found.rows.append(_Line(ln, h, line[:h.start()]))
             elif (o := _old_warn(line)) is not None:
                 found.rows.append(_Line(ln, o, line[:o.start()]))
@@ -453,9 +460,29 @@ OLD_CLAIM_LINES = 200      # lines holding "WARN " looked at for an old WARN lin
 
 def _old_warn(line: str) -> re.Match | None:
     """A WARN line of NCCL before 2.3 (:data:`OLD_WARN_RE`, :data:`V1_WARN_RE`), or None."""
-    if "WARN " not in line:
+    if "WARN " not in line or len(line) > LONG_LINE:     # no file name runs on for megabytes
         return None
     return OLD_WARN_RE.search(line) or V1_WARN_RE.search(line)
+
+
+LONG_LINE = 4096        # longer lines are searched for their prefix only near their NCCL mentions
+PREFIX_SPAN = 1024      # the most characters a line's NCCL prefix (time, host:pid:tid, device, file:line (func)) spans
+MENTIONS_TRIED = 8      # per line: the first mentions of "NCCL <LEVEL>" whose prefix is looked for
+
+
+def prefixed(rx: re.Pattern, line: str) -> re.Match | None:
+    """``rx.search(line)`` (:data:`LINE_RE` or :data:`HOSTLESS_WARN_RE`) for a line whose prefix
+    spans at most :data:`PREFIX_SPAN` characters before one of its first mentions of
+    ``NCCL <LEVEL>``: only there is a match looked for, then taken on the whole line. A plain
+    search tries every position of the line, each running its host or file name to the next
+    colon: quadratic, minutes on a line of a few megabytes (a log with no newlines, a dump)."""
+    for i, m in enumerate(MENTION_RE.finditer(line)):
+        if i == MENTIONS_TRIED:
+            break
+        g = rx.search(line, max(0, m.start() - PREFIX_SPAN), m.end())
+        if g is not None:
+            return rx.match(line, g.start())
+    return None
 
 
 def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:
@@ -766,7 +793,7 @@ def _unwrap(text: LogText, end: int, msg: str) -> str:
     """A WARN message hard-wrapped by a terminal, joined with its continuation lines (up to 3:
     while each is as long as the wrap, and none is an NCCL line of its own)."""
     for nxt in text.following(end, 3):
-        if not nxt.strip() or LINE_RE.search(nxt) or "NCCL " in nxt:
+        if not nxt.strip() or prefixed(LINE_RE, nxt) or "NCCL " in nxt:
             break
         msg += nxt.rstrip()
         if len(nxt) not in WRAP_WIDTHS:

@@ -103,7 +103,8 @@ def with_global_rank(model, df: pd.DataFrame) -> pd.DataFrame:
                                        df.loc[ok, "pid"].astype("int64").astype(object).to_numpy()])
         g[ok] = look.reindex(q).to_numpy()
     rank = pd.to_numeric(df["rank"], errors="coerce")
-    return df.assign(comm_rank=rank, rank=g.fillna(rank).astype("Int64"))
+    # float64 both (rank may be Int64 with NA: a nullable fill value into float64 is deprecated)
+    return df.assign(comm_rank=rank, rank=g.fillna(rank.astype("float64")).astype("Int64"))
 
 
 def memo(analysis, key: str, compute):

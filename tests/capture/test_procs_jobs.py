@@ -303,3 +303,23 @@ def test_refresh_shows_the_libnccl_of_a_job_found_by_its_variables_before_it_loa
     finally:
         p.kill()
         p.wait()
+
+
+def test_refresh_keeps_the_libnccl_of_a_job_that_exits(libs):
+    """A job that ends during the capture is a zombie until reaped: virtual size 0, no maps. Its
+    record keeps the libnccl and version it had (the manifest's, the analyzer's library version)."""
+    script = f"import ctypes; ctypes.CDLL({str(libs['lab'])!r}); print('loaded', flush=True)\n"
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=_plain_env())
+    try:
+        assert p.stdout.readline() == b"loaded\n"
+        info = _inspect(p.pid)
+        assert info.traceable and info.nccl_version == "2.21.5+cuda12.4"
+        for _ in range(200):                       # exited, not reaped: a zombie
+            if "Z" in (Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[:1] or [""])[0]:
+                break
+            time.sleep(0.02)
+        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is False
+        assert info.traceable and info.nccl_version == "2.21.5+cuda12.4" and "libnccl" in info.job_reasons
+    finally:
+        p.kill()
+        p.wait()

@@ -76,6 +76,22 @@ def test_bundles_inside_a_folder_and_loose_files_beside_them(tmp_path):
     assert "notes.txt" in html and "not read: no parser recognises" in html
 
 
+def test_a_folder_with_another_tools_manifest_is_walked_not_read_as_a_bundle(tmp_path):
+    """A run folder whose manifest.json is its own metadata, beside the job's log: the log is
+    read; a folder with stallscope's manifest is still a bundle."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text('{"run": 1, "config": {"lr": 0.1}}\n')
+    (run / "job.log").write_bytes(WARN)
+    with gather([run]) as intake:
+        assert intake.bundles == [] and [Path(f.rel).name for f in intake.loose.files] == ["job.log", "manifest.json"]
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "manifest.json").write_text('{"schema_version": 3, "collectors": {}}\n')
+    with gather([ours]) as intake:
+        assert intake.bundles == [str(ours)]
+
+
 def _zip(path: Path, members: list[tuple[str, bytes]]) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data in members:

@@ -424,3 +424,15 @@ def test_no_gpu_times_on_a_communicator_the_tracer_joined_late(tmp_path):
     assert len(r2) == len(ops2) - 5
     assert "gpu" not in set(r2["duration_source"])
     assert any(f"pid {pid2}: communicator(s) created before the tracer attached" in p for p in m.problems), m.problems
+
+
+def test_nccl_config_counts_warn_lines_without_a_pid(tmp_path):
+    """A WARN line pasted without its host:pid:tid beside a process's lines: its pid is NA
+    (nullable), it is counted under no process, and the model is built."""
+    log = tmp_path / "pasted.log"
+    log.write_text("vm:17:17 [0] NCCL INFO Bootstrap : Using eth0:192.0.2.2<0>\n"
+                   "misc/argcheck.cc:30 NCCL WARN AllReduce : comm argument is NULL\n")
+    m = build_model([log])
+    cfg = m["nccl_config"]
+    assert cfg["pid"].tolist() == [17] and cfg["warnings"].tolist() == [0]
+    assert len(m["nccl_warnings"]) == 1

@@ -253,3 +253,26 @@ def test_a_host_name_takes_no_punctuation_glued_before_it():
     t = NcclDebugParser.parse(data).tables
     assert t["nccl_warnings"]["host"].tolist() == ["hostname-test", "H100-2"]
     assert t["nccl_coll"]["host"].tolist() == ["node7"]
+
+
+def test_a_warn_line_of_device_minus_one_keeps_its_process():
+    """libnccl 2.18.1 without a GPU: the init's WARN prints ``[-1]`` for its device; the line is
+    still the process's (host, pid), its device NA."""
+    r = parse("nccl_2.18.1_no_gpu.log")
+    w = r.tables["nccl_warnings"]
+    assert r.warnings == [] and len(w) == 4
+    assert set(w["host"]) == {"vm"} and set(w["pid"]) == {18171}
+    init = w[w["src_file"] == "init.cc"].iloc[0]
+    assert pd.isna(init["dev"]) and init["message"].startswith("Cuda failure 'CUDA driver version")
+    assert list(r.facts["processes"]) == ["vm:18171"]
+
+
+def test_a_line_of_megabytes_is_read_in_linear_time():
+    """One 2 MB line after an NCCL mention (a log with no newlines): the prefix is looked for
+    only just before the mention; a search at every position took minutes."""
+    import time
+    t = time.monotonic()
+    r = NcclDebugParser.parse(b"NCCL INFO " + b"x" * 2_000_000 + b"\nnode1:1:2 [0] NCCL INFO " + b"y" * 2_000_000)
+    assert time.monotonic() - t < 10
+    lines = r.tables["nccl_log_lines"]
+    assert lines["host"].tolist() == ["node1"] and lines["message"].str.len().tolist() == [2_000_000]

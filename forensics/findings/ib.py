@@ -143,7 +143,7 @@ def port_state(ctx: Context) -> list[Finding]:
         ["Disabled", "Polling", "Sleep", "LinkErrorRecovery", "PortConfigurationTraining"]).fillna(False))
         .to_numpy() & ~idle]
     for (host, ), g in down.groupby(["host"], sort=True):
-        ports = [f"{r.device} gone (the tool could not open the device)" if r.state == "MISSING" else
+        ports = [f"{r.device} gone (the tool could not open the device)" if str(r.state) == "MISSING" else
                  f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
                  + (f" ({r.phys_state})" if isinstance(r.phys_state, str) else "") for r in g.itertuples(index=False)]
         in_use = [r.device for r in g.itertuples(index=False) if (host, r.device) in used or (None, r.device) in used]

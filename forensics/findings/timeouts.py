@@ -186,7 +186,9 @@ def _signatures(to: pd.DataFrame, n) -> tuple[list[int], str, dict[int, str]] | 
     name different collectives (op type or element count); None when they agree."""
     if n is None:
         return None
-    at = to[pd.to_numeric(to["seq_num"], errors="coerce") == n].drop_duplicates("_r", keep="first")
+    # a timeout line without the WorkNCCL description ("Timeout at NCCL work: n") names no call
+    at = to[(pd.to_numeric(to["seq_num"], errors="coerce") == n) & to["op_type"].notna()]
+    at = at.drop_duplicates("_r", keep="first")
     if len(at) < 2:
         return None
     sig = at["op_type"].astype("string").fillna("?") + pd.Series(

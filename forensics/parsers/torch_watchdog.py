@@ -10,8 +10,9 @@ launchers, line numbers and progress bars may precede it (their tags are read by
   PyTorch < 1.10 prints no SeqNum (``WorkNCCL(OpType=…, Timeout(ms)=…)``); also inside
   ``Process group watchdog thread terminated with exception:`` and ``what():``;
 - ``[PG <tag> Rank r] Exception (either an error or timeout) detected by watchdog at work:
-  <seq>, last enqueued NCCL work: <n>, last completed NCCL work: <n>.`` and ``Timeout at
-  NCCL work: …`` (the same three numbers);
+  <seq>, last enqueued NCCL work: <n>, last completed NCCL work: <n>.`` (kind exception) and
+  ``Timeout at NCCL work: …`` (the same three numbers; kind timeout: that work timed out, its
+  op type and time run unknown);
 - ``NCCL error in: <file>:<line>, <error>, NCCL version <v>`` / ``NCCL error: <error>, NCCL
   version <v>`` (DistBackendError, the watchdog's own), the ``ncclRemoteError: …`` explanation
   line after it, and the ``Last error:`` line after that (NCCL's last WARN, without its prefix);
@@ -210,8 +211,10 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
     if (e := EXC_RE.search(msg)):
         enq, done = int(e["enq"]), int(e["done"])
         # 2.3 can print an uninitialised "last completed" (larger than anything enqueued)
-        row.update(kind="exception", seq_num=int(e["seq"]), last_enqueued=enq,
-                   last_completed=done if done <= max(enq, int(e["seq"])) else None)
+        # "Timeout at NCCL work: n" is printed only when work n ran past its timeout: a timeout
+        # of that rank (without the WorkNCCL description: no op type, no time run)
+        row.update(kind="timeout" if "Timeout at NCCL work" in e[0] else "exception", seq_num=int(e["seq"]),
+                   last_enqueued=enq, last_completed=done if done <= max(enq, int(e["seq"])) else None)
         return row
     if "NCCL error" in msg and (e := NCCL_ERROR_RE.search(msg[msg.index("NCCL error"):])):
         row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=_version(e["version"]))

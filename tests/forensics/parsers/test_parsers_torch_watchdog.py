@@ -81,7 +81,9 @@ def test_newer_status_lines_nccl_errors_last_error_and_old_version_codes():
             "Last error:\n"
             "[pod/w-1/main] NET/IB : Got completion from peer 10.1.2.3<41234> with error 12, opcode 0, len 0, vendor err 129\n")
     w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
-    assert w["kind"].tolist() == ["exception", "exception", "nccl_error", "nccl_error", "last_error"]
+    # "Timeout at NCCL work" is that rank's timeout, without the WorkNCCL description
+    assert w["kind"].tolist() == ["exception", "timeout", "nccl_error", "nccl_error", "last_error"]
+    assert (w.iloc[1]["rank"], w.iloc[1]["seq_num"]) == (1, 6463) and pd.isna(w.iloc[1]["op_type"])
     e = w.iloc[0]
     assert (e["rank"], e["seq_num"], e["last_enqueued"], e["last_completed"]) == (2, 493, 493, 492)
     assert pd.isna(w.iloc[1]["last_completed"])           # an uninitialised value (2.3) is no position

@@ -106,3 +106,14 @@ def test_last_error_in_a_reversed_paste_and_behind_a_torchx_role_tag():
     assert TorchWatchdogParser.claims(LogText(torchx, "x"))
     t = TorchWatchdogParser.parse(torchx).tables["watchdog"]
     assert t.loc[t["kind"] == "last_error", "error"].iloc[0].startswith("ncclSocketInit: connecting")
+
+
+def test_glog_prefix_behind_a_torchx_tag_and_a_dump_debug_info_line():
+    text = (b"trainer/0 [0]:E0927 12:07:22.643702 1012209 ProcessGroupNCCL.cpp:1356] [PG ID 0 PG GUID 0(default_pg) "
+            b"Rank 0] ProcessGroupNCCL preparing to dump debug info.\n"
+            b"trainer/0 [0]:I0927 12:07:22.643784 1012209 ProcessGroupNCCL.cpp:392] NCCL_PROFILER_PLUGIN: /x.so\n")
+    w = TorchWatchdogParser.parse(text).tables["watchdog"]
+    assert w["kind"].tolist() == ["dump_signal"]
+    r = w.iloc[0]
+    assert (r["severity"], r["log_time"], r["src_line"], r["rank"]) == ("E", "0927 12:07:22.643702", 1356, 0)
+    assert r["message"].startswith("[PG ID 0") and pd.isna(r["peer_rank"])

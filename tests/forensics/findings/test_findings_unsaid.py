@@ -61,6 +61,11 @@ EVIDENCE = {
                  "misconfiguration"),
     "libfabric": ("libfabric:12345:1700000000::efa:cq:efa_rdm_cq_readerr():123<warn> Error reading from CQ: "
                   "Input/output error\n", "ib_errors"),
+    # only consequences: the proxy giving up, then the peer closing (no cause in the logs)
+    "proxy_then_closed": ("node3:922:1158 [3] proxy.cc:1485 NCCL WARN [Service thread] Error encountered progressing "
+                          "operation=Connect, res=2, closing connection\n"
+                          "node3:922:1149 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote "
+                          "peer node4.ibnet<53735>\n", "connection_reset"),
 }
 
 

@@ -7,8 +7,12 @@ of kind ``oom_kill``). A rank killed from outside (SIGKILL: the OOM killer or th
 crash: SIGSEGV, SIGBUS) is the culprit over the ranks that then time out waiting for it: its
 finding ranks above the hang and the resets it causes. A rank that aborted (SIGABRT) or exited
 with an error code while PyTorch's watchdog timed out is the watchdog's own teardown, a
-consequence (a warning); without a timeout in the logs it is an error of its own. The processes
-torchrun stopped after the first failure (``closing signal SIGTERM``) are not blamed.
+consequence (a warning); without a timeout in the logs it is an error of its own. A Ray actor
+that died (``ActorDiedError``: no exit code, no signal) is a failed process on the node its ip
+names. The processes torchrun stopped after the first failure (``closing signal SIGTERM``) and
+those DeepSpeed's launcher killed (``Killing subprocess``) are not blamed: where they are all
+the logs say of a death, :func:`stopped` says that a worker failed unseen (DeepSpeed) or that the
+job was stopped from outside (torchrun's agent got a death signal), blaming none of them.
 """
 from __future__ import annotations
 
@@ -22,25 +26,32 @@ KILLED_SCORE = 3.5e6          # above the first NCCL failure (3e6) and the hang 
 KILL_SIGNALS = ("SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
 COLS = ["host", "rank", "local_rank", "pid", "kind", "exitcode", "signal", "traceback", "time_ns", "artifact",
         "log_line"]
+NOT_DEATHS = ("sigterm", "agent_signal", "deepspeed_kill")   # the launcher stopping processes, not one dying
+STOPS = ("agent_signal", "deepspeed_kill")
 SQL = ("SELECT host, rank, local_rank, pid, kind, exitcode, signal, traceback, time_ns, artifact, log_line "
-       "FROM process_exits WHERE kind <> 'sigterm' AND (signal IS NOT NULL OR exitcode <> 0) "
-       "ORDER BY time_ns NULLS LAST, artifact, log_line")
+       "FROM process_exits WHERE kind NOT IN ('sigterm', 'agent_signal', 'deepspeed_kill') AND (signal IS NOT NULL "
+       "OR exitcode <> 0 OR kind = 'ray_actor_died') ORDER BY time_ns NULLS LAST, artifact, log_line")
+STOP_SQL = ("SELECT host, rank, local_rank, pid, kind, exitcode, signal, traceback, time_ns, artifact, log_line "
+            "FROM process_exits WHERE kind IN ('agent_signal', 'deepspeed_kill', 'sigterm') "
+            "ORDER BY time_ns NULLS LAST, artifact, log_line")
 OOM_SQL = ("SELECT host, time_ns, kind, pid, message, artifact, log_line FROM kernel_events WHERE kind = 'oom_kill' "
            "ORDER BY time_ns NULLS LAST, artifact, log_line")
 
 
 @detector("process_exit", kinds=("process_exit",))
 def process_exit(ctx: Context) -> list[Finding]:
-    return killed(ctx) + failed(ctx)
+    return killed(ctx) + failed(ctx) + stopped(ctx)
 
 
 def exits(ctx: Context) -> pd.DataFrame:
-    """The failed processes' rows (no SIGTERM torchrun sent, no clean exit), in time and line order."""
+    """The failed processes' rows (no SIGTERM torchrun sent, no process its launcher stopped, no
+    clean exit; a Ray actor's death, which has no code), in time and line order."""
     ex = ctx.model.tables.get("process_exits")
     if ex is None or ex.empty:
         return pd.DataFrame(columns=COLS)
     code = pd.to_numeric(ex["exitcode"], errors="coerce")
-    bad = ex[(ex["kind"] != "sigterm") & (ex["signal"].notna() | (code.fillna(0) != 0))]
+    bad = ex[~ex["kind"].isin(NOT_DEATHS) & (ex["signal"].notna() | (code.fillna(0) != 0)
+                                             | (ex["kind"] == "ray_actor_died"))]
     return bad.assign(_t=pd.to_numeric(bad["time_ns"], errors="coerce")).sort_values(
         ["_t", "artifact", "log_line"], kind="stable", na_position="last").drop(columns="_t")
 
@@ -161,12 +172,13 @@ def failed(ctx: Context) -> list[Finding]:
         return []
     wd = ctx.model.tables.get("watchdog_events")
     timed_out = wd is not None and len(wd) and wd["kind"].isin(("timeout", "terminated", "exception", "teardown")).any()
-    own = ex[ex["signal"].ne("SIGTERM")]
+    own = ex[ex["signal"].astype("string").fillna("") != "SIGTERM"]
     g = own if len(own) else ex
     ranks, hosts, who = _who(g)
     sigs = sorted(set(g["signal"].dropna().astype(str)))
     codes = sorted({int(c) for c in pd.to_numeric(g["exitcode"], errors="coerce").dropna()})
-    how = "/".join(sigs) if sigs else "exit code " + ", ".join(map(str, codes[:3]))
+    # a Ray actor's death says neither: its reason stands in the traceback
+    how = "/".join(sigs) if sigs else "exit code " + ", ".join(map(str, codes[:3])) if codes else None
     t = pd.to_numeric(g["time_ns"], errors="coerce")
     said = (_s(g.iloc[0].get("traceback")) or _s(g.iloc[0].get("error_file")))[:120]
     if timed_out:
@@ -178,12 +190,61 @@ def failed(ctx: Context) -> list[Finding]:
     return [Finding(
         kind="process_exit", severity="warning" if timed_out or not len(own) else "error",
         confidence=0.5 if timed_out else 0.7,
-        headline=f"Process failed: {who} ended with {how}" + " ({since})",
-        summary=(f"{who[0].upper() + who[1:]} ended with {how} ({len(g)} report(s)" + (f", \"{said}\"" if said else "")
-                 + f"): {why}."),
+        headline=(f"Process failed: {who} ended with {how}" if how else f"Process died: {who}") + " ({since})",
+        summary=(f"{who[0].upper() + who[1:]} " + (f"ended with {how}" if how else "died") + f" ({len(g)} report(s)"
+                 + (f", \"{said}\"" if said else "") + f"): {why}."),
         ranks=ranks, hosts=hosts, evidence=warns.evidence(g, COLS), sql=SQL,
         action=(f"The last lines of {who}'s own output (its traceback or error file); "
                 "torchrun's error_file where it names one"),
         score=1e5 if timed_out else warns.LOG_FINDING_SCORE, since_ns=int(t.min()) if t.notna().any() else None,
         since_source="the launcher's failure time" if t.notna().any() else None,
         details={"rule": "failed", "signals": sigs, "exitcodes": codes, "after_timeout": bool(timed_out)})]
+
+
+def stopped(ctx: Context) -> list[Finding]:
+    """Where the only deaths the logs tell are processes a launcher stopped: DeepSpeed's launcher
+    killing its workers (it does after one of them failed, or when it is interrupted: the
+    failed one's own lines are not in the logs), or torchrun's agent receiving a death signal
+    (the job stopped from outside: the scheduler, a preemption, a user) and sending its workers
+    SIGTERM. One finding that blames none of the stopped processes."""
+    ex = ctx.model.tables.get("process_exits")
+    if ex is None or ex.empty or not exits(ctx).empty or not _kernel_ooms(ctx).empty:
+        return []
+    g = ex[ex["kind"].isin(STOPS)]
+    if g.empty:
+        return []
+    t = pd.to_numeric(g["time_ns"], errors="coerce")
+    hosts = sorted({h for h in g["host"].dropna().astype(str) if not h.startswith("unknown:")})
+    where = f" on {', '.join(hosts[:3])}" if hosts else ""
+    stopped_pids = sorted({int(p) for p in pd.to_numeric(ex.loc[ex["kind"].isin(("sigterm", "deepspeed_kill")), "pid"],
+                                                          errors="coerce").dropna()})
+    n = len(stopped_pids)
+    if (g["kind"] == "deepspeed_kill").any():
+        severity, kind = "error", "deepspeed_kill"
+        headline = f"Process failed: a worker failed and the DeepSpeed launcher killed its {n} subprocesses{where}"
+        summary = (f"DeepSpeed's launcher killed its {n} worker subprocess(es){where} (pid "
+                   f"{', '.join(map(str, stopped_pids[:8]))}{' ...' if n > 8 else ''}): it does so after one worker "
+                   "exited failing (or when it is interrupted). The failed worker's own error is not in these lines; "
+                   "the killed processes are its consequence, not the cause.")
+        action = ("The output of every worker before the 'Killing subprocess' lines (the first traceback, an exit "
+                  "code), and the launcher's own 'exits with return code' line")
+    else:
+        sig = str(g.loc[g["kind"] == "agent_signal", "signal"].dropna().iloc[0]) \
+            if g["signal"].notna().any() else "a death signal"
+        severity, kind = "error", "agent_signal"
+        headline = f"Job stopped from outside: torchrun's agent{where} received {sig} and stopped its workers"
+        summary = (f"torchrun's agent{where} received {sig} and sent its {n} worker(s) SIGTERM (pid "
+                   f"{', '.join(map(str, stopped_pids[:8]))}{' ...' if n > 8 else ''}): the job was stopped from "
+                   "outside (the scheduler's time limit or a cancel, a preemption, a user, or the job's own "
+                   "controller after a failure elsewhere); no worker is blamed.")
+        action = ("Who sent the signal: the scheduler's record of the job (time limit, cancel, preemption), the "
+                  "controller's log; if the job hung before, its watchdog lines and stacks")
+    return [Finding(
+        kind="process_exit", severity=severity, confidence=0.5,
+        headline=headline + " ({since})", summary=summary,
+        confidence_note="the launcher's lines tell the processes it stopped, not the first failure",
+        ranks=[], hosts=hosts, evidence=warns.evidence(ex[ex["kind"].isin(STOPS + ("sigterm",))], COLS),
+        sql=STOP_SQL, action=action, score=warns.LOG_FINDING_SCORE,
+        since_ns=int(t.min()) if t.notna().any() else None,
+        since_source="the launcher's line time" if t.notna().any() else None,
+        details={"rule": f"stopped_{kind}", "stopped_pids": stopped_pids})]

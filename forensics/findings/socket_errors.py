@@ -49,9 +49,12 @@ def socket_failures(ctx) -> list[Finding]:
     if rows.empty:
         return []
     # lines that only follow another class's first failure (the proxy giving up after a memlock
-    # error, peers closing after a rank died of a CUDA fault) are its cascade, not a finding
+    # error, peers closing after a rank died of a CUDA fault) are its cascade, not a finding; a
+    # first line that is itself a consequence (the proxy giving up, where the logs hold no cause)
+    # explains nothing, and the socket lines say more: whose connection went
     w = ctx.table("nccl_warnings")
-    first_elsewhere = w["first"].fillna(False).astype(bool) & ~w["class"].isin(CLASSES)
+    first_elsewhere = (w["first"].fillna(False).astype(bool) & ~w["class"].isin(CLASSES)
+                       & ~w["cascade"].fillna(True).astype(bool))
     if first_elsewhere.any() and rows["cascade"].fillna(True).astype(bool).all():
         return []
     total = len(warns.job_hosts(ctx))

@@ -187,7 +187,9 @@ def _signatures(to: pd.DataFrame, n) -> tuple[list[int], str, dict[int, str]] | 
     name different collectives (op type or element count); None when they agree."""
     if n is None:
         return None
-    at = to[pd.to_numeric(to["seq_num"], errors="coerce") == n].drop_duplicates("_r", keep="first")
+    # a timeout line without the WorkNCCL description ("Timeout at NCCL work: n") names no call
+    at = to[(pd.to_numeric(to["seq_num"], errors="coerce") == n) & to["op_type"].notna()]
+    at = at.drop_duplicates("_r", keep="first")
     if len(at) < 2:
         return None
     sig = at["op_type"].astype("string").fillna("?") + pd.Series(
@@ -209,7 +211,14 @@ def _op_at(to: pd.DataFrame, n) -> str | None:
 
 
 def _since(to: pd.DataFrame) -> int | None:
-    t = pd.to_numeric(to["time_ns"], errors="coerce") - pd.to_numeric(to["ran_for_ms"], errors="coerce").fillna(0) * 1e6
+    """The earliest dated timeout line less how long its work had run; a line that does not say
+    (``Timeout at NCCL work``) takes the time another rank's line gives for the same SeqNum, else
+    its own timeout, else none."""
+    seq = pd.to_numeric(to["seq_num"], errors="coerce")
+    ran = pd.to_numeric(to["ran_for_ms"], errors="coerce")
+    by_seq = ran.groupby(seq).max()
+    ran = ran.fillna(seq.map(by_seq)).fillna(pd.to_numeric(to["timeout_ms"], errors="coerce")).fillna(0)
+    t = pd.to_numeric(to["time_ns"], errors="coerce") - ran * 1e6
     return int(t.min()) if t.notna().any() else None
 
 

@@ -244,7 +244,9 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         ex = ex.copy()
         ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in d.hosts else h).astype("string")
         ex["host"] = _fill_hosts(ex, d)
-        ex["time_ns"] = clocks.utc_ns(ex["time"].astype("string").str.replace("_", " ", regex=False), ex["node"])
+        # the summary's own time, else the clock of the line's launcher or log shipper prefix
+        t = clocks.utc_ns(ex["time"].astype("string").str.replace("_", " ", regex=False), ex["node"])
+        ex["time_ns"] = t.fillna(clocks.utc_ns(ex["ctx_clock"], ex["node"])) if "ctx_clock" in ex else t
         tables["process_exits"] = conform(ex, "process_exits")
     ie = tables.get("init_errors")
     if ie is not None and len(ie):
@@ -320,7 +322,7 @@ def job_hosts(tables: dict[str, pd.DataFrame], names: tuple[str, ...] = HOSTED_T
 def _clock_texts(tables) -> list[str]:
     out: list[str] = []
     for name, cols in (("nccl_warnings", ("ts", "ctx_clock")), ("watchdog_events", ("log_time", "ctx_clock")),
-                       ("process_exits", ("time",)), ("coll_log_ops", ("last_ts", "ctx_clock"))):
+                       ("process_exits", ("time", "ctx_clock")), ("coll_log_ops", ("last_ts", "ctx_clock"))):
         t = tables.get(name)
         if t is None or t.empty:
             continue

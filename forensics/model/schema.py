@@ -260,7 +260,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "process_exits": {
         "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "local_rank": "INTEGER", "kind": "VARCHAR",
         "exitcode": "INTEGER", "signal": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "error_file": "VARCHAR",
-        "traceback": "VARCHAR", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+        "traceback": "VARCHAR", "ctx_clock": "VARCHAR",     # the clock of the line's launcher or shipper prefix
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # what NCCL RAS (ncclras, parsers/ncclras.py) named: ranks of a communicator in trouble (missing,
     # with other op counts or status, errors) and job processes missing or dead (rank and comm NULL);

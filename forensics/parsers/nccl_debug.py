@@ -1,6 +1,8 @@
 """NCCL_DEBUG logs (``NCCL_DEBUG=INFO|WARN|TRACE``, any NCCL from 2.3 to 2.30; WARN lines of 1.x-2.2).
 
-A line is ``[<timestamp>] <host>:<pid>:<tid> [<cudaDev>] NCCL <LEVEL> <message>`` after
+A line is ``[<timestamp>] <host>:<pid>:<tid> [<cudaDev>] NCCL <LEVEL> <message>`` (some
+collectors print ``<host> [<cudaDev>]``, no pid:tid; a WARN pasted without any host is read
+too) after
 any launcher prefix (Ray ``(RayTrainWorker pid=…)``, Open MPI ``[1,0]<stdout>:``,
 torchrun ``[0]``, log collectors ``<date> <host> >>``), which is skipped by anchoring
 on the NCCL prefix itself. The timestamp (NCCL >= 2.26) is optional, ``host`` may be
@@ -101,6 +103,12 @@ VERSION_RE = re.compile(r"(?:^|[\s\]>:])NCCL version (?P<version>\d+\.\d+\.\d+\S
 # a WARN line pasted without its host:pid:tid (users strip hosts from the logs they post)
 HOSTLESS_WARN_RE = re.compile(r"(?:\[(?P<dev>-?\d+)\] )?(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?"
                               r"NCCL (?P<level>WARN) ?(?P<msg>.*)$")
+# the prefix with a host but no pid:tid (``gpu-server320 [5] NCCL INFO …``, as some log
+# collectors print it): the host is a word before the device. A timestamp before it is left to
+# the launcher context (:mod:`.lines`), which also reads a shipper's zoned clock there
+PIDLESS_RE = re.compile(r"(?<!\S)(?P<host>[A-Za-z][\w.-]*\w) "
+                        r"\[(?P<dev>\d+)\] (?:(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"
+                        r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
 # WARN lines before NCCL 2.3 printed "NCCL " before the level (NVIDIA/nccl's history: 1.x's
 # core.h, 2.3's debug.h): 2.0-2.2 "host:pid:tid [dev] file:line WARN msg" (2.0: "host [dev] ...",
@@ -377,7 +385,7 @@ def _add_version(facts: dict, version: str) -> None:
 @dataclass
 class _NcclLines:
     """The NCCL lines of a log besides the COLL lines the C scanner read: ``rows`` (lines with
-    the NCCL prefix, or a WARN pasted without its host:pid:tid), ``bare`` (``NCCL version x``
+    the NCCL prefix, with or without pid:tid, or a WARN pasted without its host:pid:tid), ``bare`` (``NCCL version x``
     without a prefix: (line, version, the text before it)) and ``mentions`` (lines naming an
     NCCL level that do not parse, each warned about)."""
 
@@ -403,7 +411,7 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
-            elif (h := prefixed(HOSTLESS_WARN_RE, line)) is not None:
+            elif (h := prefixed(PIDLESS_RE, line) or prefixed(HOSTLESS_WARN_RE, line)) is not None:
                 found.rows.append(_Line(ln, h, line[:h.start()]))
             elif (o := _old_warn(line)) is not None:
                 found.rows.append(_Line(ln, o, line[:o.start()]))

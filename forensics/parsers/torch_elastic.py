@@ -25,13 +25,15 @@ failed process with the host it ran on, its global and local rank, exit code and
       ...
 
 (torch 1.9+; the same fields in every version since). The agent's own lines:
-``failed (exitcode: -6) local_rank: 0 (pid: 41234) of binary: ...`` and ``Sending process 41234
-closing signal SIGTERM`` (with Python logging, c10 or ``[default0]:`` prefixes, all skipped by
+``failed (exitcode: -6) local_rank: 0 (pid: 41234) of binary: ...``, ``Sending process 41234
+closing signal SIGTERM`` and ``Received 15 death signal, shutting down workers`` (the agent
+itself signalled from outside) (with Python logging, c10 or ``[default0]:`` prefixes, all skipped by
 searching). These tie global ranks to hosts and pids when no NCCL line does, and tell the first
 process that died from the ones torchrun killed after it.
 
 Table ``process_exits`` (one row per process a summary or agent line names):
-    line (int), kind (root_cause|failure|agent_failed|sigterm; launchers' own lines: slurm_task,
+    line (int), kind (root_cause|failure|agent_failed|sigterm|agent_signal (the agent's own
+    death signal: no pid, signal set); launchers' own lines: slurm_task,
     slurm_oom, mpi_rank, launch: :func:`launcher_rows`), time (str as printed), host
     (str), rank (int: global), local_rank (int), exitcode (int), pid (int), signal (str:
     SIGABRT, SIGKILL, ... from a negative exit code or the traceback line), error_file (str),
@@ -52,6 +54,9 @@ RANK_RE = re.compile(r"^(?P<rank>-?\d+)\s*\(local_rank:\s*(?P<local>-?\d+)\)")
 EXIT_RE = re.compile(r"^(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
 AGENT_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
 SIGTERM_RE = re.compile(r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
+# the agent itself signalled (the scheduler, a preemption, a user): "Received 15 death signal, shutting down
+# workers" (Python < 3.11 prints the signal as "Signals.SIGTERM")
+DEATH_RE = re.compile(r"Received (?:(?P<n>\d+)|Signals\.(?P<name>SIG[A-Z]+)) death signal")
 SIGNAL_IN_TEXT_RE = re.compile(r"Signal (?P<n>\d+) \((?P<name>SIG[A-Z]+)\)")
 # Slurm: "srun: error: node7: task 3: Killed", "...: tasks 0-7: Exited with exit code 1", "... Out Of Memory";
 # slurmstepd's cgroup OOM killer: "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=1234.0 cgroup"
@@ -72,7 +77,7 @@ SRUN_SIGNALS = {"killed": "SIGKILL", "out of memory": "SIGKILL", "segmentation f
                 "floating point exception": "SIGFPE"}
 EXIT_CODE_RE = re.compile(r"[Ee]xited with exit code (?P<code>\d+)")
 MAX_TASKS = 64
-NEEDLES = (b"exitcode", b"closing signal", b"srun: error:", b"slurmstepd", b"exited on signal", b"CalledProcessError")
+NEEDLES = (b"exitcode", b"closing signal", b"death signal", b"srun: error:", b"slurmstepd", b"exited on signal", b"CalledProcessError")
 
 
 def _int(v):
@@ -97,7 +102,8 @@ class TorchElasticParser(TextParser):
     NAME = "torch_elastic"
     DESCRIPTION = "torchrun's failure summary and agent lines: the failed processes' hosts, ranks, exit codes"
     GLOBS = ("logs/*", "logs/**/*")
-    MARKERS = (b"ChildFailedError", b"exitcode  :", b"exitcode :", b"(exitcode: ", b"closing signal", b"srun: error:",
+    MARKERS = (b"ChildFailedError", b"exitcode  :", b"exitcode :", b"(exitcode: ", b"closing signal", b"death signal",
+               b"srun: error:",
                b"slurmstepd: error:", b"exited on signal", b"died with <Signals.", b"non-zero exit status")
     SCHEMAS = {"process_exits": {
         "line": "int", "kind": "str", "time": "str", "host": "str", "rank": "int", "local_rank": "int",
@@ -126,6 +132,11 @@ class TorchElasticParser(TextParser):
                              **lines_mod.context(line[:m.start()]).as_row()})
             elif (m := SIGTERM_RE.search(line)):
                 rows.append({"line": ln, "kind": "sigterm", "pid": int(m["pid"]), "signal": m["sig"],
+                             **lines_mod.context(line[:m.start()]).as_row()})
+            elif (m := DEATH_RE.search(line)):
+                sig = m["name"] or signal_name(-int(m["n"]))
+                rows.append({"line": ln, "kind": "agent_signal", "signal": sig,
+                             "traceback": f"torchrun's agent received {sig}, shutting down its workers",
                              **lines_mod.context(line[:m.start()]).as_row()})
             elif (f := FIELD_RE.search(line)) and f["key"] == "exitcode" and EXIT_RE.match(f["value"]):
                 rows.append(_block(text, ln, line, start, end, f))

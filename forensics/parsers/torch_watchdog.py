@@ -1,7 +1,8 @@
 """PyTorch ProcessGroupNCCL lines in a job's output: watchdog timeouts, NCCL errors, dumps.
 
 c10 log prefix ``[rank<N>]:[<E|W|I|F><MMDD> <HH:MM:SS.ns> <file>:<line>]`` (older:
-``[E ProcessGroupNCCL.cpp:458]``, ``[E ProcessGroupNCCL.hpp:...]``), anywhere in the line:
+``[E ProcessGroupNCCL.cpp:458]``, ``[E ProcessGroupNCCL.hpp:...]``; glog's, in builds logging
+through it: ``E0927 12:07:22.643702 1012209 ProcessGroupNCCL.cpp:1356]``), anywhere in the line:
 launchers, line numbers and progress bars may precede it (their tags are read by
 :mod:`.lines`). Messages read (PyTorch 1.8 to 2.x):
 
@@ -10,14 +11,16 @@ launchers, line numbers and progress bars may precede it (their tags are read by
   PyTorch < 1.10 prints no SeqNum (``WorkNCCL(OpType=…, Timeout(ms)=…)``); also inside
   ``Process group watchdog thread terminated with exception:`` and ``what():``;
 - ``[PG <tag> Rank r] Exception (either an error or timeout) detected by watchdog at work:
-  <seq>, last enqueued NCCL work: <n>, last completed NCCL work: <n>.`` and ``Timeout at
-  NCCL work: …`` (the same three numbers);
+  <seq>, last enqueued NCCL work: <n>, last completed NCCL work: <n>.`` (kind exception) and
+  ``Timeout at NCCL work: …`` (the same three numbers; kind timeout: that work timed out, its
+  op type and time run unknown);
 - ``NCCL error in: <file>:<line>, <error>, NCCL version <v>`` / ``NCCL error: <error>, NCCL
   version <v>`` (DistBackendError, the watchdog's own), the ``ncclRemoteError: …`` explanation
   line after it, and the ``Last error:`` line after that (NCCL's last WARN, without its prefix);
 - a dump signal ``from rank N`` (rank N timed out first) with, since 2.5, this rank's own
   ``Last enqueued NCCL work: E, last completed NCCL work: C``; the watchdog stuck (heartbeat),
   ``… flight recorder dumps to finish``, the teardown, ``NCCL communicator was aborted``;
+  ``ProcessGroupNCCL preparing to dump debug info`` (a dump asked for: kind dump_signal);
 - the c10d store's ``store->get(...) got error`` while exchanging the ncclUniqueId.
 
 The PG tag forms: ``PG 1``, ``PG ID 0 PG GUID 0(default_pg)``, none. SeqNum is the Flight
@@ -47,7 +50,8 @@ from . import lines as lines_mod
 from .registry import WarningLog, register
 from .text import LogText, TextParser
 
-PREFIX_RE = re.compile(r"(?:\[rank(?P<prank>\d+)\]:)?\[(?P<sev>[EWIF])(?P<date>\d{3,4})? ?(?P<time>[\d:.]+)? ?"
+PREFIX_RE = re.compile(r"(?:\[rank(?P<prank>\d+)\]:)?(?:\[|\b(?=[EWIF]\d{4} [\d:.]+ +\d+ ))"
+                       r"(?P<sev>[EWIF])(?P<date>\d{3,4})? ?(?P<time>[\d:.]+)? *(?:\d+ )?"
                        r"(?P<file>[\w.]+\.(?:cpp|cc|hpp|h|py)):(?P<srcline>\d+)\] ?(?P<msg>.*)$")
 PG_TAG_RE = re.compile(r"\[(?:PG (?:ID )?(?P<pg>\d+)(?: PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)]*)\))?)? )?"
                        r"Rank (?P<rank>\d+)\]")
@@ -67,8 +71,8 @@ FR_WAIT_RE = re.compile(r"timed out after waiting for (?P<ms>\d+)ms flight recor
 DUMP_SIGNAL_RE = re.compile(r"(?:dump signal|flight recorder dump signal|global timeout).*?(?:from rank|rank) "
                             r"(?P<peer>\d+)", re.I)
 DUMP_WORK_RE = re.compile(r"Last enqueued NCCL work: (?P<enq>-?\d+), last completed NCCL work: (?P<done>-?\d+)")
-DUMP_ANY_RE = re.compile(r"(?:Received|Observed) (?:a )?(?:dump signal|flight recorder dump signal|global timeout)",
-                         re.I)
+DUMP_ANY_RE = re.compile(r"(?:Received|Observed) (?:a )?(?:dump signal|flight recorder dump signal|global timeout)"
+                         r"|ProcessGroupNCCL preparing to dump debug info", re.I)
 STUCK_RE = re.compile(r"watchdog got stuck for (?P<s>\d+) seconds|Heartbeat monitor timed out"
                       r"|[Ww]atchdog (?:thread )?(?:is )?(?:stuck|hang)", re.I)
 TEARDOWN_RE = re.compile(r"Some NCCL operations have failed or timed out|taking the entire process down")
@@ -214,8 +218,10 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
     if (e := EXC_RE.search(msg)):
         enq, done = int(e["enq"]), int(e["done"])
         # 2.3 can print an uninitialised "last completed" (larger than anything enqueued)
-        row.update(kind="exception", seq_num=int(e["seq"]), last_enqueued=enq,
-                   last_completed=done if done <= max(enq, int(e["seq"])) else None)
+        # "Timeout at NCCL work: n" is printed only when work n ran past its timeout: a timeout
+        # of that rank (without the WorkNCCL description: no op type, no time run)
+        row.update(kind="timeout" if "Timeout at NCCL work" in e[0] else "exception", seq_num=int(e["seq"]),
+                   last_enqueued=enq, last_completed=done if done <= max(enq, int(e["seq"])) else None)
         return row
     if "NCCL error" in msg and (e := NCCL_ERROR_RE.search(msg[msg.index("NCCL error"):])):
         row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=_version(e["version"]))

@@ -61,6 +61,18 @@ EVIDENCE = {
                  "misconfiguration"),
     "libfabric": ("libfabric:12345:1700000000::efa:cq:efa_rdm_cq_readerr():123<warn> Error reading from CQ: "
                   "Input/output error\n", "ib_errors"),
+    # only consequences: the proxy giving up, then the peer closing (no cause in the logs)
+    "proxy_then_closed": ("node3:922:1158 [3] proxy.cc:1485 NCCL WARN [Service thread] Error encountered progressing "
+                          "operation=Connect, res=2, closing connection\n"
+                          "node3:922:1149 [3] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote "
+                          "peer node4.ibnet<53735>\n", "connection_reset"),
+    "ray_actor_died": ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.\n"
+                       "\tclass_name: WorkerDict\n\tactor_id: d9cc4672\n\tpid: 20174\n\tip: 10.1.2.3\n", "process_exit"),
+    "deepspeed_kills_only": ("".join(f"[2021-11-21 08:32:07,148] [INFO] [launch.py:131:sigkill_handler] Killing "
+                                     f"subprocess {p}\n" for p in (250621, 250622)), "process_exit"),
+    "agent_death_signal": ("WARNING:torch.distributed.elastic.agent.server.api:Received 15 death signal, shutting down "
+                           "workers\nWARNING:torch.distributed.elastic.multiprocessing.api:Sending process 165 closing "
+                           "signal SIGTERM\n", "process_exit"),
 }
 
 
@@ -85,6 +97,17 @@ def test_evidence_alone_is_never_no_failure(name, tmp_path):
     assert serious, doc["findings"]
     if kind is not None:
         assert any(f["kind"] == kind for f in serious), [(f["kind"], f["summary"]) for f in serious]
+
+
+def test_a_ray_actors_death_names_its_node_and_launcher_stops_blame_no_process(tmp_path):
+    _, doc = _analyze(tmp_path, "ray", EVIDENCE["ray_actor_died"][0])
+    f = next(f for f in doc["findings"] if f["kind"] == "process_exit")
+    assert f["hosts"] == ["10.1.2.3"] and f["severity"] == "error" and "20174" in f["headline"]
+    for name in ("deepspeed_kills_only", "agent_death_signal"):
+        (tmp_path / name).mkdir()
+        _, doc = _analyze(tmp_path / name, name, EVIDENCE[name][0])
+        f = next(f for f in doc["findings"] if f["kind"] == "process_exit")
+        assert f["ranks"] == [] and f["details"]["rule"].startswith("stopped_"), f
 
 
 def test_killed_rank_is_named_and_first(tmp_path):

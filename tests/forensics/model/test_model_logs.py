@@ -105,3 +105,12 @@ def test_warn_lines_prefixed_by_a_bare_rank_are_read(tmp_path):
                                         "peer 10.10.1.3<36138>\n[0] NCCL INFO misc/socket.cc:80 -> 6\n")
     w = build_model([tmp_path]).tables["nccl_warnings"]
     assert len(w) == 1 and w["class"].iloc[0] == "socket_closed"
+
+
+def test_a_launcher_line_without_a_time_of_its_own_takes_its_shippers_clock(tmp_path):
+    (tmp_path / "trial.log").write_text(
+        "[2024-02-27T21:35:32.106517Z] fa88a9df || WARNING: torch.distributed.elastic.multiprocessing.api:Sending "
+        "process 165 closing signal SIGTERM\n")
+    ex = build_model([tmp_path]).tables["process_exits"]
+    t = ex["time_ns"].iloc[0]
+    assert pd.Timestamp(int(t), unit="ns").strftime("%Y-%m-%d %H:%M:%S") == "2024-02-27 21:35:32"

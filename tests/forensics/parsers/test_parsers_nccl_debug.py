@@ -174,6 +174,17 @@ def test_warn_lines_pasted_without_their_host_prefix_are_still_warn_lines():
     assert r.facts["processes"] == {}
 
 
+def test_a_host_without_pid_and_tid_is_the_lines_host():
+    data = (b"2025-11-24T03:20:21.001125857Z [2025-11-24 11:20:21] gpu-server320 [5] misc/socket.cc:46 NCCL WARN "
+            b"socketProgressOpt: Call to send to 10.44.137.149<52905> failed : Connection reset by peer\n"
+            b"2025-11-24T03:20:21.001128133Z gpu-server320 [5] NCCL INFO misc/socket.cc:64 -> 6\n")
+    r = NcclDebugParser.parse(data)
+    w = r.tables["nccl_warnings"]
+    assert r.warnings == [] and w["host"].tolist() == ["gpu-server320"] and w["dev"].tolist() == [5]
+    assert w["pid"].isna().all() and w["src_line"].tolist() == [46]
+    assert r.tables["nccl_log_lines"]["host"].tolist() == ["gpu-server320"] * 2
+
+
 def test_launcher_tags_before_a_bare_version_line_and_the_warn_lines():
     data = (b"Fri Aug 11 12:31:45 2023[1,0]<stdout>:NCCL version 2.18.3+cuda12.1\n"
             b"Fri Aug 11 12:31:46 2023[1,3]<stdout>:gpu7:11:12 [0] misc/socket.cc:49 NCCL WARN socketProgress: "

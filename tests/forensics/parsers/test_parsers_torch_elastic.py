@@ -47,3 +47,14 @@ def test_launcher_lines_give_process_exits():
     assert got[3][0] == "slurm_oom" and got[3][4] == "SIGKILL"
     assert got[4] == ("mpi_rank", "node7", 3, -11, "SIGSEGV")
     assert rows[5]["kind"] == "launch" and rows[5]["local_rank"] == 3 and rows[5]["signal"] == "SIGKILL"
+
+
+def test_the_agents_own_death_signal_behind_a_shipper_prefix():
+    text = (b"[2024-02-27T21:35:32.106313Z] fa88a9df || WARNING: torch.distributed.elastic.agent.server.api:Received 15 "
+            b"death signal, shutting down workers\n"
+            b"[2024-02-27T21:35:32.106517Z] fa88a9df || WARNING: torch.distributed.elastic.multiprocessing.api:Sending "
+            b"process 165 closing signal SIGTERM\n"
+            b"WARNING:torch.distributed.elastic.agent.server.api:Received Signals.SIGINT death signal, shutting down\n")
+    t = TorchElasticParser.parse(text).tables["process_exits"]
+    assert t["kind"].tolist() == ["agent_signal", "sigterm", "agent_signal"]
+    assert t["signal"].tolist() == ["SIGTERM", "SIGTERM", "SIGINT"] and t["pid"].isna().tolist() == [True, False, True]

@@ -81,7 +81,9 @@ def test_newer_status_lines_nccl_errors_last_error_and_old_version_codes():
             "Last error:\n"
             "[pod/w-1/main] NET/IB : Got completion from peer 10.1.2.3<41234> with error 12, opcode 0, len 0, vendor err 129\n")
     w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
-    assert w["kind"].tolist() == ["exception", "exception", "nccl_error", "nccl_error", "last_error"]
+    # "Timeout at NCCL work" is that rank's timeout, without the WorkNCCL description
+    assert w["kind"].tolist() == ["exception", "timeout", "nccl_error", "nccl_error", "last_error"]
+    assert (w.iloc[1]["rank"], w.iloc[1]["seq_num"]) == (1, 6463) and pd.isna(w.iloc[1]["op_type"])
     e = w.iloc[0]
     assert (e["rank"], e["seq_num"], e["last_enqueued"], e["last_completed"]) == (2, 493, 493, 492)
     assert pd.isna(w.iloc[1]["last_completed"])           # an uninitialised value (2.3) is no position
@@ -117,3 +119,14 @@ def test_a_result_code_and_last_error_behind_torchx_tags_are_claimed_and_read():
     wd = TorchWatchdogParser.parse(data).tables["watchdog"]
     assert wd["kind"].tolist() == ["nccl_error", "last_error"]
     assert wd["error"].tolist()[1].startswith("ncclSocketInit:") and wd["ctx_local_rank"].tolist() == [0, 0]
+
+
+def test_glog_prefix_behind_a_torchx_tag_and_a_dump_debug_info_line():
+    text = (b"trainer/0 [0]:E0927 12:07:22.643702 1012209 ProcessGroupNCCL.cpp:1356] [PG ID 0 PG GUID 0(default_pg) "
+            b"Rank 0] ProcessGroupNCCL preparing to dump debug info.\n"
+            b"trainer/0 [0]:I0927 12:07:22.643784 1012209 ProcessGroupNCCL.cpp:392] NCCL_PROFILER_PLUGIN: /x.so\n")
+    w = TorchWatchdogParser.parse(text).tables["watchdog"]
+    assert w["kind"].tolist() == ["dump_signal"]
+    r = w.iloc[0]
+    assert (r["severity"], r["log_time"], r["src_line"], r["rank"]) == ("E", "0927 12:07:22.643702", 1356, 0)
+    assert r["message"].startswith("[PG ID 0") and pd.isna(r["peer_rank"])

@@ -93,7 +93,7 @@ from .text import LogText, TextParser
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
     r"(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T_][^\]]*|[A-Z][a-z]{2} [^\]]*\d)\] ?)?"
-    r"(?P<host>[A-Za-z0-9._-]*):(?P<pid>\d+):(?P<tid>\d+) "
+    r"(?P<host><[\w.-]+>|[A-Za-z0-9._-]*):(?P<pid>\d+):(?P<tid>\d+) "   # <name>: a reporter's redaction
     r"(?:\[(?P<dev>-?\d+)\] )?"
     r"(?:(?P<tms>\d+\.\d+) (?P<tfunc>[^\s:]+):(?P<tline>\d+) "
     r"|(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"

@@ -177,7 +177,7 @@ def class_finding(ctx, kind: str, cls: str, g: pd.DataFrame, *, confidence: floa
     ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()}) or ranks_of_hosts(ctx, hosts)
     first = bool(g["first"].fillna(False).any())
     since_ns, src = since(g)
-    summary = (f"{c.meaning[0].upper() + c.meaning[1:]}, on {hosts_text(hosts, len(job_hosts(ctx)))}{detail}: "
+    summary = (f"{capital(c.meaning)}, on {hosts_text(hosts, len(job_hosts(ctx)))}{detail}: "
                f"\"{str(g.iloc[0]['message'])[:160]}\" ({len(g)} line(s), first on {first_text(g)}"
                + (", the first failure in the logs" if first else "") + ")" + cascade_text(ctx, g) + ".")
     return Finding(
@@ -194,12 +194,21 @@ _CODE = re.compile(r"\b([A-Z][A-Z0-9]*_[A-Z0-9_]+)\b")
 _PAREN = re.compile(r"\s*\([^()]*\)")
 
 
+def capital(text: str) -> str:
+    """``text`` with a capital first letter, unless its first word is a name written in lower
+    case (``aws-ofi-nccl``, ``nccl-tests``, ``libfabric``, ``ncclras``): those stay as spelled."""
+    first = text.split(" ", 1)[0]
+    if not text or "-" in first or "_" in first or first.startswith(("nccl", "lib", "ib", "mlx")):
+        return text
+    return text[:1].upper() + text[1:]
+
+
 def short_meaning(meaning: str) -> str:
     """A failure class's meaning cut to its name for a headline: its first clause without
     the parenthesised asides, and an error code it names ("RETRY_EXC_ERR")."""
     head = re.split(r"\s*[:;]", _PAREN.sub("", meaning), maxsplit=1)[0].strip().rstrip(",")
     code = _CODE.search(meaning)
-    text = head[:1].upper() + head[1:]
+    text = capital(head)
     return text + (f" ({code.group(1)})" if code and code.group(1) not in text else "")
 
 
@@ -208,6 +217,6 @@ def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
     return sorted({r for h in hosts for r in hr.get(h, [])})
 
 
-__all__ = ["Blame", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
+__all__ = ["Blame", "capital", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
            "evidence", "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "links",
            "ranks_of_hosts", "rows_of", "short_meaning", "since", "sql", "utc_clock"]

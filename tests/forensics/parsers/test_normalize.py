@@ -229,7 +229,9 @@ def _files(sample: Path) -> dict[str, bytes]:
 
 
 def _key(v):
-    return None if v is None or v != v or v is registry.pd.NA else (int(v) if isinstance(v, float) else v)
+    if v is None or registry.pd.isna(v):
+        return None
+    return int(v) if isinstance(v, float) else (v if isinstance(v, str) else int(v))
 
 
 def digest(files: dict[str, bytes]) -> dict[str, frozenset]:

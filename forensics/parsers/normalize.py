@@ -44,6 +44,7 @@ HEAD_BYTES = 64 << 10          # else: the head, and WINDOWS windows of WINDOW_B
 WINDOW_BYTES = 16 << 10
 WINDOWS = 4
 MIN_WIDTH, MAX_WIDTH = 60, 200  # the hard-wrap widths recognised
+GLUE_MIN_CHARS = 120           # a line holding two log lines is at least this long
 
 
 @dataclass(frozen=True)
@@ -588,7 +589,10 @@ class GluedLines(Repair):
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return bool(_glue_points(seg))
+        # two line heads on one line make it long: only long lines are searched
+        starts, ends, _, _ = _lines(seg)
+        long = np.flatnonzero(ends - starts > GLUE_MIN_CHARS)
+        return any(_glue_points(seg[s:e]) for s, e in zip(starts[long].tolist(), ends[long].tolist()))
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """Reading job logs: MB/s per core beside ``grep -c NCCL`` on the same file, in one run.
 
-    python bench/logs.py [--mb 512] [--ranks 64] [--runs 3] [--dir /tmp/stallscope-bench-logs]
+    python bench/logs.py [--shape coll|init] [--mb 512] [--ranks 64] [--runs 3] [--dir /tmp/stallscope-bench-logs]
 
 Builds (once, under --dir) what a big job leaves: every rank's output merged into one file by
 the launcher (``srun --label`` tags, NCCL_DEBUG=INFO with a COLL line per collective among
@@ -97,6 +97,81 @@ def generate(folder: Path, mb: int, ranks: int, seed: int = 1) -> tuple[Path, li
     return merged, sorted(per_rank.iterdir())
 
 
+def init_lines(h: str, p: int, r: int, ranks: int, comm: str, cid: str) -> list[str]:
+    """One rank's NCCL_DEBUG=INFO lines for one communicator's creation (NCCL 2.21's shape):
+    Init START, topology, rings and trees, every channel's connections, Init COMPLETE."""
+    d, pre = r % 8, f"{h}:{p}:{p + 5} [{r % 8}] NCCL INFO "
+    nxt, prv = (r + 1) % ranks, (r - 1) % ranks
+    out = [f"{pre}Using network IB",
+           f"{pre}ncclCommInitRank comm {comm} rank {r} nranks {ranks} cudaDev {d} nvmlDev {d} busId {d + 1}8000 "
+           f"commId {cid} - Init START",
+           f"{pre}Setting affinity for GPU {d} to ffff,ffffffff",
+           f"{pre}comm {comm} rank {r} nRanks {ranks} nNodes {(ranks + 7) // 8} localRanks 8 localRank {d} MNNVL 0"]
+    for c in range(16):
+        out.append(f"{pre}Channel {c:02d}/16 :    " + " ".join(f"{x:3d}" for x in range(0, min(ranks, 16))))
+    out.append(f"{pre}Trees [0] {nxt}/-1/-1->{r}->{prv} [1] {nxt}/-1/-1->{r}->{prv} [2] -1/-1/-1->{r}->{prv}")
+    out.append(f"{pre}P2P Chunksize set to 524288")
+    for c in range(16):
+        via = "NET/IB/0/GDRDMA" if d == 7 else "P2P/IPC/read"
+        out.append(f"{pre}Channel {c:02d}/0 : {r}[{d}] -> {nxt}[{nxt % 8}] via {via}")
+    out += [f"{pre}Connected all rings", f"{pre}Connected all trees",
+            f"{pre}threadThresholds 8/8/64 | 512/8/64 | 512 | 512",
+            f"{pre}16 coll channels, 16 collnet channels, 0 nvls channels, 16 p2p channels, 16 p2p channels per peer",
+            f"{pre}ncclCommInitRank comm {comm} rank {r} nranks {ranks} cudaDev {d} nvmlDev {d} busId {d + 1}8000 "
+            f"commId {cid} - Init COMPLETE",
+            f"{pre}Init timings: rank {r} nranks {ranks} total 0.52 (kernels 0.15, alloc 0.01, bootstrap 0.02, "
+            f"allgathers 0.00, topo 0.08, graphs 0.00, connections 0.24, rest 0.01)"]
+    return out
+
+
+def generate_init(folder: Path, mb: int, ranks: int, comms: int = 200, seed: int = 1) -> tuple[Path, list[Path]]:
+    """A log heavy with INFO init lines: a job that creates ``comms`` communicators (every
+    rank's Init, Channel, Ring, Tree and Connected lines), the ranks' lines interleaved as a
+    launcher merges them, repeated (a restarted job) up to about ``mb`` MiB; then the same hang
+    as :func:`generate` (rank BEHIND never launches the last collective)."""
+    merged = folder / f"slurm-init-{mb}mb-{ranks}r.out"
+    per_rank = folder / f"per-rank-init-{mb}mb-{ranks}r"
+    if merged.exists() and per_rank.is_dir():
+        return merged, sorted(per_rank.iterdir())
+    rng = random.Random(seed)
+    per_rank.mkdir(parents=True, exist_ok=True)
+    hosts = [f"gpu-node{h:03d}" for h in range((ranks + 7) // 8)]
+    files = {r: open(per_rank / f"rank{r:03d}.log", "wb") for r in range(ranks)}
+    size, target = 0, mb << 20
+    with open(merged, "wb") as out:
+        attempt = 0
+        while size < target - ranks * 600:
+            for c in range(comms):
+                if size >= target - ranks * 600:
+                    break
+                cid = f"0x{rng.getrandbits(64):016x}"
+                blocks = []
+                for r in range(ranks):
+                    p = 31000 + 17 * r + attempt
+                    blocks.append([f"{r}: {ln}\n".encode() for ln in
+                                   init_lines(hosts[r // 8], p, r, ranks, f"0x55d4{c:04x}{r:04x}", cid)])
+                for i in range(max(len(b) for b in blocks)):       # the ranks' lines interleaved
+                    for r, b in enumerate(blocks):
+                        if i < len(b):
+                            out.write(b[i])
+                            files[r].write(b[i][len(f"{r}: "):])
+                            size += len(b[i])
+            attempt += 1
+        seq = 4000
+        for r in range(ranks):
+            if r == BEHIND % ranks:
+                continue
+            line = (f"{r}: [rank{r}]:[E1128 03:14:{r % 60:02d}.123456789 ProcessGroupNCCL.cpp:616] [Rank {r}] "
+                    f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, "
+                    f"NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600{r % 100:03d} "
+                    f"milliseconds before timing out.\n").encode()
+            out.write(line)
+            files[r].write(line[len(f"{r}: "):])
+    for f in files.values():
+        f.close()
+    return merged, sorted(per_rank.iterdir())
+
+
 def timed(cmd: list[str]) -> tuple[float, str]:
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
@@ -123,10 +198,13 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dir", type=Path, default=Path("/tmp/stallscope-bench-logs"))
+    ap.add_argument("--shape", choices=("coll", "init"), default="coll",
+                    help="coll: a COLL line per collective among progress lines; init: a job creating 200 "
+                         "communicators (every rank's Init, Channel, Ring, Tree, Connected lines)")
     a = ap.parse_args(argv)
     a.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    merged, per_rank = generate(a.dir, a.mb, a.ranks)
+    merged, per_rank = (generate if a.shape == "coll" else generate_init)(a.dir, a.mb, a.ranks)
     mib = merged.stat().st_size / 2 ** 20
     print(f"inputs: {merged} ({mib:.0f} MiB, {a.ranks} ranks), {len(per_rank)} per-rank files "
           f"(made in {time.perf_counter() - t0:.1f} s)")

@@ -151,6 +151,14 @@ class Manifest:
         """The value of ``key`` in the record of collector ``name`` (None when absent)."""
         return dict(self.record_values(key)).get(name)
 
+    def user_attached(self) -> list[str]:
+        """Bundle paths of the files the user attached by hand (``--attach``): a log of the whole
+        job perhaps, not this host's own output, unlike the job's stdout, stderr and
+        ``NCCL_DEBUG_FILE`` files the capture found itself."""
+        return sorted({str(s.get("path")) for _, srcs in self.record_values("sources") if isinstance(srcs, list)
+                       for s in srcs if isinstance(s, dict) and s.get("path")
+                       and str(s.get("why") or "").startswith("--attach")})
+
 
 # --------------------------------------------------------------------------- clock
 

@@ -73,9 +73,28 @@ def console() -> None:
     sys.exit(code)
 
 
+WAYS_IN = """stallscope: forensics for stalled and hung multi-node NCCL training jobs.
+
+Two ways in:
+  during the incident, on each host (as root):
+      stallscope capture -o /var/tmp/stallscope --duration 120s
+      (one bundle per host; Ctrl-C ends it early)
+  afterwards, anywhere, on the bundles or on the logs you already have:
+      stallscope analyze stallscope-*.tar.gz
+      stallscope analyze slurm-1234.out nccl-debug/ torchrun-logs.tar.gz
+      (writes report.html; pasted, wrapped or quoted text is read as it is)
+
+Then: stallscope query BUNDLES "SQL" (tables nccl_events, tcp_events, ...); stallscope tcp PCAP.
+stallscope COMMAND --help for each command's options; stallscope --help for the list."""
+
+
 def _dispatch(argv: list[str] | None, env: Env | None) -> tuple[int, object]:
-    """(the exit code, the command module that ran; None when the arguments were refused)."""
+    """(the exit code, the command module that ran; None when the arguments were refused).
+    No arguments at all: the two ways in (:data:`WAYS_IN`), exit code 2."""
     env = env or Env()
+    if not (sys.argv[1:] if argv is None else argv):
+        print(WAYS_IN, file=env.stderr)
+        return ExitCode.BAD_INPUT, None
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)

@@ -28,8 +28,15 @@ def process(pid: int, rank: int | None, env: dict | None = None, world: int = 4,
 
 
 def make_bundle(root: Path, host: str, processes: list[dict], files: dict[str, object],
-                collectors: dict | None = None) -> Path:
+                collectors: dict | None = None, attached: bool = False) -> Path:
+    """``attached``: the files under ``logs/`` are recorded as the user's ``--attach``
+    (the attachments collector's ``sources``), as ``stallscope capture --attach`` records them."""
     d = root / host
+    if attached:
+        logs = [rel for rel in files if rel.startswith("logs/")]
+        collectors = {**(collectors or {}), "attachments:end": {
+            "status": "ok", "files": logs,
+            "sources": [{"source": f"/shared/{rel[5:]}", "path": rel, "why": "--attach"} for rel in logs]}}
     d.mkdir(parents=True)
     manifest = {"schema_version": 1, "tool_version": "test", "host": host, "kernel": "6.1.0-test",
                 "started_ns": T0, "ended_ns": T0 + 10**10,

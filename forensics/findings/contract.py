@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from ..model.logs import host_text, hosts_in_text
 from .base import HEADLINE_CHARS, Context, Finding
 from .evidence import ranks_text
 
@@ -94,7 +95,10 @@ def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
             f.nodes = nodes
         if not f.headline:
             f.headline = headline_of(f.summary)
-        f.headline = shorten(fill(f.headline, f, where, logs_only))
+        f.headline = shorten(hosts_in_text(fill(f.headline, f, where, logs_only)))
+        f.summary = hosts_in_text(f.summary)
+        f.action = hosts_in_text(f.action) if f.action else f.action
+        f.hosts = [host_text(h) for h in f.hosts]
     return findings
 
 
@@ -104,8 +108,8 @@ def fill(text: str, f: Finding, where: dict, logs_only: bool = False) -> str:
     if "{" not in text:
         return text
     since = since_text(f.since_ns) if f.since_ns is not None or not logs_only else "time not in the logs"
-    return (text.replace("{who}", who(f.ranks, where)).replace("{peers}", ranks_text(f.peer_ranks))
-            .replace("{since}", since))
+    peers = ranks_text(f.peer_ranks) if len(f.peer_ranks) else "the other ranks"
+    return text.replace("{who}", who(f.ranks, where)).replace("{peers}", peers).replace("{since}", since)
 
 
 def who(ranks, where: dict) -> str:

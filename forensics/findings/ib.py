@@ -37,12 +37,39 @@ MAX_EVIDENCE = 20
 
 @detector("ib_errors", kinds=("ib_errors",))
 def ib_errors(ctx: Context) -> list[Finding]:
-    return logged_ib_errors(ctx) + port_state(ctx) + counter_errors(ctx)
+    return logged_ib_errors(ctx) + port_state(ctx) + counter_errors(ctx) + kernel_nic_events(ctx)
+
+
+def kernel_nic_events(ctx: Context) -> list[Finding]:
+    """One finding per host whose kernel log says a NIC lost its link or module (``kernel_events``
+    of kind ``nic_link``: mlx5_core's "Link down", a cable unplugged, a PCI or health error)."""
+    k = ctx.model.tables.get("kernel_events")
+    if k is None or k.empty:
+        return []
+    out = []
+    for host, g in k[k["kind"] == "nic_link"].groupby("host", sort=True):
+        pcis = list(dict.fromkeys(g["pci"].dropna().astype(str)))
+        t = pd.to_numeric(g["time_ns"], errors="coerce")
+        out.append(Finding(
+            kind="ib_errors", severity="error", confidence=0.75,
+            headline=f"NIC link lost on {host}: {', '.join(pcis[:2]) or 'a NIC'}" + " ({since})",
+            summary=(f"{host}'s kernel log: {len(g)} NIC link or module event(s) on {', '.join(pcis[:3]) or 'a NIC'}; "
+                     f"first: \"{str(g.iloc[0]['message'])[:160]}\". The ranks on that host lose their peers."),
+            ranks=warns.ranks_of_hosts(ctx, [host]), hosts=[host],
+            evidence=warns.evidence(g, ["host", "time_ns", "pci", "process", "message", "artifact", "log_line"]),
+            sql=("SELECT host, time_ns, pci, process, message, artifact, log_line FROM kernel_events "
+                 "WHERE kind = 'nic_link' ORDER BY host, time_ns NULLS LAST, log_line"),
+            action=(f"On {host}: ibstat / ip link for that port, the cable and transceiver, the switch port's log; "
+                    "drain the node if the link flaps"),
+            score=warns.LOG_FINDING_SCORE, since_ns=int(t.min()) if t.notna().any() else None,
+            since_source="kernel log time" if t.notna().any() else None,
+            details={"rule": "kernel_nic_link", "pci": pcis, "lines": int(len(g))}))
+    return out
 
 
 def logged_ib_errors(ctx: Context) -> list[Finding]:
     """One finding per IB failure the logs report: completion errors grouped by status (causes
-    before flushes), async events, libfabric errors."""
+    before flushes), async events, libfabric (EFA) completion errors and its own error lines."""
     rows = warns.rows_of(ctx, warns.classes_of("ib_errors"))
     if rows.empty:
         return []
@@ -51,7 +78,7 @@ def logged_ib_errors(ctx: Context) -> list[Finding]:
     comp = rows[rows["class"] == "ib_completion"]
     for st, g in comp.groupby(pd.to_numeric(comp["ib_status"], errors="coerce").fillna(-1), sort=False):
         out.append(_completion_finding(ctx, int(st), g, total))
-    for cls in ("ib_async", "ofi_completion", "ib_fatal_followup"):
+    for cls in ("ib_async", "ofi_completion", "libfabric", "ib_fatal_followup"):
         g = rows[rows["class"] == cls]
         if len(g):
             out.append(warns.class_finding(ctx, "ib_errors", cls, g, confidence=0.8))
@@ -103,18 +130,19 @@ def port_state(ctx: Context) -> list[Finding]:
     out = []
     used = _nccl_devices(ctx)
     state = p["state"].astype("string").str.upper().fillna("")
-    down = p[state.isin(["DOWN", "INIT", "ARMED", "NOP"]) | p["phys_state"].astype("string").isin(
+    down = p[state.isin(["DOWN", "INIT", "ARMED", "NOP", "MISSING"]) | p["phys_state"].astype("string").isin(
         ["Disabled", "Polling", "Sleep", "LinkErrorRecovery", "PortConfigurationTraining"]).fillna(False)
         .to_numpy()]
     for (host, ), g in down.groupby(["host"], sort=True):
-        ports = [f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
+        ports = [f"{r.device} gone (the tool could not open the device)" if r.state == "MISSING" else
+                 f"{r.device} port {int(r.port) if pd.notna(r.port) else '?'} {r.state}"
                  + (f" ({r.phys_state})" if isinstance(r.phys_state, str) else "") for r in g.itertuples(index=False)]
         in_use = [r.device for r in g.itertuples(index=False) if (host, r.device) in used or (None, r.device) in used]
         tools = ", ".join(sorted(set(g["tool"].dropna().astype(str)))) or "ibstat"
         summary = (f"{host}: InfiniBand {'port' if len(ports) == 1 else 'ports'} not active: {'; '.join(ports)}"
                    + (f"; NCCL uses {', '.join(sorted(set(in_use)))}" if in_use else "") + f" ({tools}).")
         out.append(Finding(
-            kind="ib_errors", severity="error" if in_use or state[g.index].eq("DOWN").any() else "warning",
+            kind="ib_errors", severity="error" if in_use or state[g.index].isin(["DOWN", "MISSING"]).any() else "warning",
             confidence=0.9, summary=summary, ranks=warns.ranks_of_hosts(ctx, [host]), hosts=[host],
             evidence=warns.evidence(g, ["host", "device", "port", "state", "phys_state", "rate_gbps", "link_layer",
                                         "tool", "artifact", "log_line"]),
@@ -180,7 +208,9 @@ def counter_errors(ctx: Context) -> list[Finding]:
         top = g.iloc[0]
         moved = ", ".join(f"{r.counter} +{int(r.delta)}" for r in g.head(6).itertuples(index=False))
         port_txt = f"{dev} port {int(port)}" if pd.notna(port) else f"{dev}"
-        summary = (f"{host} {port_txt}: {moved} during the capture; worst: {top['counter']} "
+        when = ("since the counters were last cleared (one snapshot)" if g["start"].isna().all()
+                else "during the capture")
+        summary = (f"{host} {port_txt}: {moved} {when}; worst: {top['counter']} "
                    f"({top['meaning']}).")
         actions = [f"{r.counter}: {r.action}" for r in g.drop_duplicates("counter").itertuples(index=False)
                    if isinstance(r.action, str) and r.action]

@@ -203,17 +203,35 @@ def _wrong_results(runs: pd.DataFrame) -> list[Finding]:
         from ..model.nccl_errors import CLASS_BY_NAME, classify
         cls = classify(pd.Series([text])).iloc[0]
         why = f": \"{text[:200]}\"" + (f" ({CLASS_BY_NAME[cls].meaning})" if cls in CLASS_BY_NAME else "")
-    hosts = sorted(set(bad["host"].dropna().astype(str)))
+    failed = _failed_hosts(bad)
+    hosts = sorted(set(bad["host"].dropna().astype(str)) | set(failed))
+    wrong, lines = int(bad["wrong_total"].fillna(0).sum()), int(bad["failures"].fillna(0).sum())
+    if len(failed) > 1 and not wrong and not bad["out_of_bounds"].fillna(0).gt(0).any():
+        # every process prints its own failure: several hosts failing alike is no one host's fault
+        shown = ", ".join(failed[:HOSTS_SHOWN]) + (f" and {len(failed) - HOSTS_SHOWN} more"
+                                                   if len(failed) > HOSTS_SHOWN else "")
+        summary = (f"nccl-tests failed alike on {len(failed)} hosts ({shown}), no single culprit{why}; "
+                   f"{lines} failure line(s) in {len(bad)} run(s).")
+    else:
+        summary = (f"nccl-tests reported wrong results or failures in {len(bad)} run(s) "
+                   f"({', '.join(hosts)}): {wrong} wrong values, {lines} failure line(s){why}.")
     return [Finding(
-        kind="nccl_tests_bandwidth", severity="error", confidence=0.9,
-        summary=(f"nccl-tests reported wrong results or failures in {len(bad)} run(s) "
-                 f"({', '.join(hosts)}): {int(bad['wrong_total'].fillna(0).sum())} wrong values, "
-                 f"{int(bad['failures'].fillna(0).sum())} failure line(s){why}."),
+        kind="nccl_tests_bandwidth", severity="error", confidence=0.9, summary=summary,
         hosts=hosts, evidence=_records(bad),
-        sql=RUNS_SQL.replace("avg_busbw_gbps", "avg_busbw_gbps, wrong_total, out_of_bounds, failures, failure_text")
+        sql=RUNS_SQL.replace("avg_busbw_gbps", "avg_busbw_gbps, wrong_total, out_of_bounds, failures, failure_text, "
+                                               "failure_hosts")
         + "WHERE wrong_total > 0 OR out_of_bounds > 0 OR failures > 0",
         action="treat the node as faulty until a rerun is clean: data corruption or a failing GPU/NIC",
-        score=3.0, details={"rule": "wrong_results"})]
+        score=3.0, details={"rule": "wrong_results", "failed_hosts": failed})]
+
+
+HOSTS_SHOWN = 8
+
+
+def _failed_hosts(bad: pd.DataFrame) -> list[str]:
+    """The hosts the runs' failure lines name, in the order they failed."""
+    col = bad["failure_hosts"] if "failure_hosts" in bad else pd.Series(dtype=object)
+    return list(dict.fromkeys(h for v in col.dropna().astype(str) for h in v.split(",") if h))
 
 
 def _size(n: int) -> str:

@@ -4,8 +4,10 @@ One event can be seen several ways, each with its own sharpness:
 
 - a hang, by the **tracer** (the calls every rank entered and completed: :mod:`.hang`), by
   the **state at capture** (positions, stacks, sockets and threads of a capture that attached
-  after the ranks entered the collective they hang in: :mod:`.state`), by **PyTorch's
-  watchdog lines** in the job's logs (:mod:`.timeouts`);
+  after the ranks entered the collective they hang in: :mod:`.state`), by **NCCL RAS's
+  report** (the ranks behind: :mod:`.reports`), by **the Flight Recorder analyzer's report** (the
+  ranks missing from a collective or culprit of a mismatch: :mod:`.reports`), by **PyTorch's watchdog lines** in the job's
+  logs (:mod:`.timeouts`);
 - a reset between ranks, by the **packets** (:mod:`.connection_reset`), by the state at
   capture (a reset on a hung communicator's ring), by **NCCL's WARN lines**: by address
   (:func:`.socket_errors.logged_resets`), or as socket errors naming the peer that went away
@@ -21,7 +23,7 @@ tracer's hung communicators, the packets' resets: evidence judged by detectors o
 ``hang_mismatch``, ``hang_stuck``, ``connection_reset``), or when it is a source of
 :data:`PRECEDENCE` that, consulted, gave a finding.
 
-The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, then WATCHDOG;
+The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, RAS_REPORT, FR_REPORT, then WATCHDOG;
 ``reset_state`` (:mod:`.connection_reset`): STATE_RESETS, WARN_RESETS, then SOCKET_ERRORS.
 Within one source, which verdict a body of evidence gives is that source's own reading
 (e.g. the state at capture names a reset on the ring before a dead path, :func:`.late_state.late_verdicts`).
@@ -40,6 +42,8 @@ TRACER = "tracer: a hung communicator"
 PACKETS = "packets: a reset between ranks"
 # sources: consulted through consult()
 STATE_HANGS = "state at capture: hangs"
+RAS_REPORT = "NCCL RAS report: ranks behind"
+FR_REPORT = "Flight Recorder analyzer report: ranks missing or culprit"
 WATCHDOG = "watchdog lines: hangs"
 STATE_RESETS = "state at capture: resets"
 WARN_RESETS = "WARN lines: resets by address"
@@ -89,6 +93,16 @@ def _watchdog(ctx: Context) -> list[Finding]:
     return watchdog_hangs(ctx)
 
 
+def _ras(ctx: Context) -> list[Finding]:
+    from .reports import ras_hangs
+    return ras_hangs(ctx)
+
+
+def _fr_report(ctx: Context) -> list[Finding]:
+    from .reports import fr_report_hangs
+    return fr_report_hangs(ctx)
+
+
 def _warn_resets(ctx: Context) -> list[Finding]:
     from .socket_errors import logged_resets
     return logged_resets(ctx)
@@ -106,9 +120,13 @@ WITNESSES: dict[str, Witness] = {
 }
 
 PRECEDENCE: dict[str, Source] = {
-    # hangs: the tracer's calls, then the state at capture, then the watchdog's lines
+    # hangs: the tracer's calls, then the state at capture, then NCCL RAS's report (it compared
+    # every rank's counts: it names the rank behind), then the watchdog's lines (the ranks that waited)
     STATE_HANGS: Source(HANG_KINDS, _late(HANG_KINDS), yields_to=(TRACER,)),
-    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS)),
+    RAS_REPORT: Source(HANG_KINDS, _ras, yields_to=(TRACER, STATE_HANGS)),
+    # the Flight Recorder analyzer matched every rank's dump: it names the ranks missing or culprit
+    FR_REPORT: Source(HANG_KINDS, _fr_report, yields_to=(TRACER, STATE_HANGS)),
+    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT)),
     # resets: the packets and the state at capture, then NCCL's WARN lines by address, then its
     # socket errors; none of the late ones where the tracer saw the hang (hang_stuck names the
     # reset that caused it)

@@ -92,7 +92,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     members = sorted(set(timed) | set(pos) | set(world))
     behind = sorted(r for r in members if n is not None and r in pos and pos[r] < n)
     silent = sorted(r for r in world if r not in pos and r not in timed)        # logged, never timed out
-    dir_hosts = _rank_hosts(ctx)
+    dir_hosts = rank_hosts(ctx)
     since_ns = _since(to)
     ran = pd.to_numeric(to["ran_for_ms"], errors="coerce").max()
     pg_txt = f"process group {pg}"
@@ -112,10 +112,12 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9,
-            headline=("Hang: {who} called a different collective than {peers} at SeqNum " + f"{n} ({{since}})"),
+            headline=(("Hang: {who} called a different collective than {peers} at SeqNum " if others else
+                       "Hang: {who} called different collectives at SeqNum ") + f"{n} ({{since}})"),
             confidence_note="each rank's own watchdog line names the call it waits in",
-            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)} while "
-                     f"{ranks_text(others)} called {majority}; every one timed out after {_secs(ran)}."),
+            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
+                     + (f" while {ranks_text(others)} called {majority}" if others else "")
+                     + f"; every one timed out after {_secs(ran)}."),
             ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
             action=(f"Find why {ranks_text(odd)} issued a different collective at this step (a data-dependent branch, "
                     "uneven buckets or batches): every rank must issue the same collectives in the same order."),
@@ -210,7 +212,7 @@ def _since(to: pd.DataFrame) -> int | None:
     return int(t.min()) if t.notna().any() else None
 
 
-def _rank_hosts(ctx) -> dict[int, str]:
+def rank_hosts(ctx) -> dict[int, str]:
     """rank -> the first host the evidence places it on (:func:`.warns.host_ranks`)."""
     out: dict[int, str] = {}
     for h, rs in warns.host_ranks(ctx).items():
@@ -244,4 +246,4 @@ def _evidence(g: pd.DataFrame, wd: pd.DataFrame) -> list[dict]:
     return warns.evidence(rows.sort_values(["rank", "kind"], kind="stable"), cols, MAX_EVIDENCE)
 
 
-__all__ = ["watchdog_hangs"]
+__all__ = ["rank_hosts", "watchdog_hangs"]

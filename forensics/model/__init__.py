@@ -194,6 +194,7 @@ def capture_summary(b: Bundle) -> dict:
                        "hostname": p.hostname} for p in m.processes],
         "files": len(m.files), "bytes": sum(f.bytes or 0 for f in m.files),
         "problems": list(b.problems),
+        **({"user_attached": attached} if (attached := m.user_attached()) else {}),
         **({"timezone": tz} if isinstance(tz, dict) else {}),
     }
 

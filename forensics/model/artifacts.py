@@ -6,8 +6,8 @@ registry (:mod:`forensics.parsers`) assigns by folder and content; :func:`artifa
 turns all bundles' artefacts into the tables ``nccl_config``, ``nccl_warnings``,
 ``host_facts`` (:mod:`.nccl_config`), ``fr_entries``, ``fr_pg_status`` and the GPU
 durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``nccl_tests_runs``,
-``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits`` and
-``ib_ports`` (:func:`log_table`; joined across files by :mod:`.logs`).
+``stacks``, ``sockets`` and the job's own logs' ``watchdog_events``, ``process_exits``,
+``ib_ports``, ``kernel_events``, ``fr_report`` and ``gpu_events`` (:func:`log_table`; joined across files by :mod:`.logs`).
 
 Where a parser looks:
 
@@ -46,14 +46,15 @@ WARNINGS_PER_FILE = 5
 # parsers tried on files under logs/ and on loose evidence (content decides: every text parser
 # whose markers the file holds, or the one structured format its first bytes show)
 LOG_PARSERS = ("nccl_inspector", "nccl_profiler_trace", "nccl_tests", "flight_recorder", "pyspy", "nccl_debug",
-               "torch_watchdog", "torch_elastic", "ib_status")
+               "torch_watchdog", "torch_elastic", "ib_status", "ib_counters", "ncclras", "kernel_log", "fr_analyzer",
+               "launcher_exits", "torch_init", "nvidia_smi")
 # loose evidence may also be what a capture would have put in its own folders
-LOOSE_PARSERS = LOG_PARSERS + ("ib_counters", "ss", "native_stacks", "ncclras")
+LOOSE_PARSERS = LOG_PARSERS + ("ss", "native_stacks")
 # folder -> the parser its files are for (content does not decide: a bad file there is a warning)
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
                    "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
-                   "process_exits", "ib_ports")
+                   "process_exits", "ib_ports", "ras_ranks", "kernel_events", "fr_report", "init_errors", "gpu_events")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
@@ -168,7 +169,7 @@ def read_artifacts(bundle) -> BundleArtifacts:
         from ..parsers.ib_counters import IbCountersParser
         res = IbCountersParser.parse(bundle.root / "ib")
         bundle.problems.extend(res.warnings[:WARNINGS_PER_FILE])
-        arts.results["ib_counters"] = [("ib", res)]
+        arts.results.setdefault("ib_counters", []).insert(0, ("ib", res))
     if arts.empty_logs:
         bundle.problems.append(f"logs/: {len(arts.empty_logs)} NCCL log file(s) are empty "
                                f"({', '.join(arts.empty_logs[:4])}{', ...' if len(arts.empty_logs) > 4 else ''}); "
@@ -318,6 +319,28 @@ def attribute_sockets(df: pd.DataFrame, attr) -> pd.DataFrame:
 FAILURE_HOST_RE = re.compile(r"^\s*(?:\.\.\s*)?(?P<host>[^\s:]+?)(?: pid \d+)?: Test (?:NCCL |CUDA )?(?:failure|timeout)")
 
 
+# the cause nccl-tests quotes after a failure: "Test NCCL failure common.cu:1204 'unhandled cuda error'"
+FAILURE_CAUSE_RE = re.compile(r"Test (?:NCCL |CUDA )?failure \S+ '")
+
+
+def failure_hosts(failures: list) -> list[str]:
+    """The hosts nccl-tests' failure lines name (``HOST: Test NCCL failure ...``, `` .. HOST pid
+    N: Test failure ...``), in the order they first fail."""
+    return list(dict.fromkeys(m["host"] for f in failures if (m := FAILURE_HOST_RE.search(str(f)))))
+
+
+def failure_text(failures: list) -> str | None:
+    """The failure line to quote: the first that says why (nccl-tests' quoted cause), else the
+    first; without the host in front (the finding names the hosts)."""
+    if not failures:
+        return None
+    text = str(next((f for f in failures if FAILURE_CAUSE_RE.search(str(f))), failures[0]))
+    if (m := FAILURE_HOST_RE.search(text)):
+        text = text[m.end("host"):].lstrip(" :")
+        text = re.sub(r"^pid \d+:\s*", "", text)
+    return text.strip()
+
+
 def _tests_host(bundle, rel: str, devs, failures: list) -> str:
     """The host an nccl-tests run is reported under: the one its failure line names (nccl-tests
     prints the failing host), else the capture's, else (loose output) the host of its rank 0,
@@ -367,7 +390,8 @@ def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.D
                 "avg_busbw_gbps": avg, "avg_status": f.get("avg_busbw_status"),
                 "wrong_total": float(pd.to_numeric(sub["wrong"], errors="coerce").sum()) if len(sub) else None,
                 "out_of_bounds": f.get("out_of_bounds"), "failures": len(f.get("failures") or []),
-                "failure_text": (f.get("failures") or [None])[0],
+                "failure_text": failure_text(f.get("failures") or []),
+                "failure_hosts": ",".join(failure_hosts(f.get("failures") or [])) or None,
             })
     tests = conform(pd.concat(rows, ignore_index=True), "nccl_tests") if rows else empty("nccl_tests")
     return tests, conform(pd.DataFrame(runs), "nccl_tests_runs") if runs else empty("nccl_tests_runs")
@@ -387,15 +411,41 @@ def log_table(bundle, arts: BundleArtifacts, parser: str, table: str, name: str)
     return conform(df, name)
 
 
+def ras_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
+    """What NCCL RAS reports named (``ras_ranks``): the ranks of its communicator entries and
+    the job processes it lists missing or dead (rank NA); ``host`` is the node RAS names."""
+    parts = []
+    for name in ("ras_ranks", "ras_processes"):
+        df = arts.table("ncclras", name)
+        if len(df):
+            df = df.rename(columns={"node": "host", "line": "log_line", "gpus": "gpu"})
+            parts.append(df.assign(behind=True, missing=True) if name == "ras_processes" else df)
+    if not parts:
+        return empty("ras_ranks")
+    df = pd.concat(parts, ignore_index=True)
+    df["node"] = bundle.node
+    return conform(df, "ras_ranks")
+
+
 # --------------------------------------------------------------------------- IB counters
 
 def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
-    """Start/end deltas per port and counter of the bundle's ib/ tree."""
-    from ..parsers.ib_counters import ib_deltas
+    """Start/end deltas per port and counter of the bundle's ib/ tree; for a snapshot without
+    phases (loose ``perfquery`` output), the values since the counters were last cleared
+    (``start`` NA, :func:`forensics.parsers.ib_counters.snapshot_values`)."""
+    from ..parsers.ib_counters import ib_deltas, snapshot_values
     df = arts.table("ib_counters", "ib_counters")
     if df.empty:
         return empty("ib_counters")
-    d = ib_deltas(df.drop(columns="artifact"))
+    # start/end snapshots give deltas; a file of one snapshot (a pasted perfquery) its values since
+    # the last clear
+    phased = df.groupby("artifact")["phase"].transform(lambda p: p.notna().any()).astype(bool)
+    parts = [t for t in (ib_deltas(df[phased].drop(columns="artifact")) if phased.any() else None,
+                         snapshot_values(df[~phased].drop(columns="artifact")) if (~phased).any() else None)
+             if t is not None and len(t)]
+    if not parts:
+        return empty("ib_counters")
+    d = pd.concat(parts, ignore_index=True)
     d["host"] = bundle.host
     return conform(d, "ib_counters")
 
@@ -412,8 +462,14 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
     insp = [r for r in (gpu_times.inspector_records(b, arts), gpu_times.profiler_records(b, arts)) if len(r)]
     return {"nccl_config": cfg, "nccl_warnings": warns, "host_facts": host_facts,
             "watchdog_events": log_table(b, arts, "torch_watchdog", "watchdog", "watchdog_events"),
-            "process_exits": log_table(b, arts, "torch_elastic", "process_exits", "process_exits"),
+            "process_exits": concat([log_table(b, arts, p, "process_exits", "process_exits")
+                                     for p in ("torch_elastic", "launcher_exits")], "process_exits"),
+            "init_errors": log_table(b, arts, "torch_init", "init_errors", "init_errors"),
             "ib_ports": log_table(b, arts, "ib_status", "ib_ports", "ib_ports"),
+            "ras_ranks": ras_table(b, arts),
+            "kernel_events": log_table(b, arts, "kernel_log", "kernel_events", "kernel_events"),
+            "fr_report": log_table(b, arts, "fr_analyzer", "fr_report", "fr_report"),
+            "gpu_events": log_table(b, arts, "nvidia_smi", "gpu_events", "gpu_events"),
             "nccl_tests": tests, "nccl_tests_runs": runs, "stacks": stacks_table(b, arts, ranks),
             "ib_counters": ib_counters_table(b, arts), "coll_log_ops": state.coll_log_table(b, arts, cfg),
             "sockets": sockets_table(b, arts, ranks),

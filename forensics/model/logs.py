@@ -38,6 +38,7 @@ from . import nccl_errors
 from .schema import conform
 
 UNKNOWN = "unknown:"
+YEAR_ASSUMED = "this year (no line gives one)"     # the note saying the times' year is a guess
 
 
 @dataclass
@@ -51,6 +52,9 @@ class Directory:
     addr: dict[str, tuple[str | None, int | None]] = field(default_factory=dict)
     file_hosts: dict[str, set] = field(default_factory=dict)
     hosts: set = field(default_factory=set)
+    # (node, bundle path) of files the user attached by hand: maybe the whole job's log, so a
+    # line of theirs that names no host is not given the capture's host
+    attached: set = field(default_factory=set)
 
     def host_of_rank(self, rank) -> str | None:
         if rank is None or pd.isna(rank):
@@ -82,6 +86,27 @@ class Directory:
 def _s(v) -> str:
     """A cell as text ("" for NA)."""
     return "" if v is None or v is pd.NA or (isinstance(v, float) and v != v) else str(v)
+
+
+def host_text(host) -> str:
+    """A host as a person reads it: the name the log prints, and for rows whose lines name no
+    host (``unknown:<file>``) "host unknown (<file name>)": the file, never its path."""
+    h = str(host)
+    if not h.startswith(UNKNOWN):
+        return h
+    rel = h[len(UNKNOWN):]
+    name = rel.replace(":", "/").rstrip("/").rsplit("/", 1)[-1] or rel
+    return f"host unknown ({name})"
+
+
+_UNKNOWN_IN_TEXT = re.compile(r"unknown:(?P<rel>[^\s,;()]+?)(?=:?(?:\s|$|[,;()]))")
+
+
+def hosts_in_text(text: str) -> str:
+    """``text`` with every ``unknown:<file>`` placeholder read as :func:`host_text` says."""
+    if UNKNOWN not in text:
+        return text
+    return _UNKNOWN_IN_TEXT.sub(lambda m: host_text(UNKNOWN + m["rel"]), text)
 
 
 def short_host(name) -> str | None:
@@ -157,7 +182,7 @@ class Clocks:
         elif starts:
             year, why = datetime.fromtimestamp(min(starts) / 1e9, tz=timezone.utc).year, "the capture's year"
         else:
-            year, why = datetime.now(timezone.utc).year, "this year (no line gives one)"
+            year, why = datetime.now(timezone.utc).year, YEAR_ASSUMED
         notes = []
         if offsets:
             notes.append(f"log times without a zone are read in each capture host's zone ({', '.join(sorted(zones))}); "
@@ -197,6 +222,7 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
     """Fill the log tables' hosts, ranks, pids and times in place (module docstring); the notes
     on the assumptions made, for the report."""
     d = directory(tables)
+    d.attached = {(c.get("host"), p) for c in captures for p in c.get("user_attached") or ()}
     texts = _clock_texts(tables)
     clocks = Clocks.of(captures, texts)
     notes = list(clocks.notes) if texts else []
@@ -211,12 +237,19 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         tables["nccl_warnings"] = _warnings(w, d, clocks)
     ex = tables.get("process_exits")
     if ex is not None and len(ex):
-        known = {short_host(h) for h in d.hosts}
+        # a summary's full name (gpu187.cluster.local) becomes NCCL's short one only when another
+        # line names the host by it; else it stays as printed
         ex = ex.copy()
-        ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in known else h).astype("string")
+        ex["host"] = ex["host"].map(lambda h: short_host(h) if short_host(h) in d.hosts else h).astype("string")
         ex["host"] = _fill_hosts(ex, d)
         ex["time_ns"] = clocks.utc_ns(ex["time"].astype("string").str.replace("_", " ", regex=False), ex["node"])
         tables["process_exits"] = conform(ex, "process_exits")
+    ie = tables.get("init_errors")
+    if ie is not None and len(ie):
+        ie = ie.copy()
+        ie["host"] = _fill_hosts(ie, d)
+        ie["time_ns"] = clocks.utc_ns(ie["ctx_clock"], ie["node"])
+        tables["init_errors"] = conform(ie, "init_errors")
     co = tables.get("coll_log_ops")
     if co is not None and len(co):
         co = co.copy()
@@ -230,16 +263,30 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         cfg = cfg.copy()
         cfg["host"] = _fill_hosts(cfg.assign(artifact=cfg["artifact"].astype("string").str.split(",").str[0]), d)
         tables["nccl_config"] = conform(cfg, "nccl_config")
+    ke = tables.get("kernel_events")
+    if ke is not None and len(ke):
+        ke = ke.copy()
+        ke["host"] = _fill_hosts(ke, d)
+        human = ke["time"].astype("string").where(ke["time"].astype("string").str.contains(":", regex=False))
+        ke["time_ns"] = clocks.utc_ns(human, ke["node"])      # dmesg's seconds since boot give no time
+        tables["kernel_events"] = conform(ke, "kernel_events")
     ib = tables.get("ib_ports")
     if ib is not None and len(ib):
         ib = ib.copy()
         ib["host"] = _fill_hosts(ib, d)
         tables["ib_ports"] = conform(ib, "ib_ports")
+    for name in ("gpu_events",):
+        t = tables.get(name)
+        if t is not None and len(t):
+            t = t.copy()
+            t["host"] = _fill_hosts(t, d)
+            tables[name] = conform(t, name)
     return notes
 
 
 # the log tables whose rows carry a host (after :func:`attribute`)
-HOSTED_TABLES = ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "ib_ports", "coll_log_ops")
+HOSTED_TABLES = ("nccl_config", "nccl_warnings", "watchdog_events", "process_exits", "init_errors", "ib_ports",
+                 "coll_log_ops", "gpu_events")
 
 
 def file_hosts(tables: dict[str, pd.DataFrame]) -> dict[str, list[str]]:
@@ -299,7 +346,12 @@ def _fill_hosts(df: pd.DataFrame, d: Directory) -> pd.Series:
         host = host.fillna(pd.Series([d.host_of_rank(r) for r in df["ctx_rank"]], index=df.index, dtype="string"))
     one = {a: next(iter(h)) for a, h in d.file_hosts.items() if len(h) == 1}
     host = host.fillna(df["artifact"].map(one).astype("string"))
-    host = host.fillna(df["node"].astype("string"))
+    node = df["node"].astype("string")
+    if d.attached:        # a file the user attached speaks for the job, not for the capture's host
+        shared = pd.Series([(n, a) in d.attached for n, a in zip(node, df["artifact"].astype("string"))],
+                           index=df.index, dtype=bool)
+        node = node.mask(shared)
+    host = host.fillna(node)
     return host.fillna(UNKNOWN + df["artifact"].astype("string"))
 
 
@@ -366,7 +418,7 @@ def _warnings(w: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     w["peer_rank"] = [r if r is not None else (next(iter(by_host[h])) if h in by_host and len(by_host[h]) == 1
                                                 else None) for r, h in zip(ranks, w["peer_host"])]
     if "class" not in w or w["class"].isna().all():
-        w["class"] = nccl_errors.classify(w["message"])
+        w["class"] = nccl_errors.classify(w["message"], w.get("src_file"))
     w["cascade"] = nccl_errors.is_cascade(w["class"].astype("string").fillna("other"), w["ib_status"])
     w["ib_status_name"] = w["ib_status"].map(nccl_errors.ib_status_name)
     w["first"] = nccl_errors.first_failures(w.assign(time_ns=pd.to_numeric(w["time_ns"], errors="coerce")))
@@ -384,4 +436,5 @@ def _watchdog(wd: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     return conform(wd, "watchdog_events")
 
 
-__all__ = ["Clocks", "Directory", "attribute", "directory", "file_hosts", "job_hosts", "short_host", "UNKNOWN"]
+__all__ = ["Clocks", "Directory", "attribute", "directory", "file_hosts", "host_text", "hosts_in_text", "job_hosts",
+           "short_host", "UNKNOWN", "YEAR_ASSUMED"]

@@ -182,7 +182,7 @@ def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
     """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
     hosts = df["host"].astype("string").fillna("")
     pids = pd.to_numeric(df["pid"], errors="coerce")
-    return pd.Series([pmap.get((a, h, int(p)) if p == p else None, (h or None, p))
+    return pd.Series([pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p))
                       for a, h, p in zip(df["artifact"], hosts, pids)], index=df.index, dtype=object)
 
 
@@ -242,7 +242,7 @@ def _warnings(bundle, warns: pd.DataFrame, pmap: dict, rows: dict, ranks: dict, 
     w["rank"] = [(ranks.get(k[1]) if o else None) for o, k in zip(own, keys)]
     w["rank"] = pd.to_numeric(w["rank"], errors="coerce").astype("Float64").fillna(
         pd.Series([rows.get(k, {}).get("log_rank") for k in keys], index=w.index, dtype="Float64"))
-    w["class"] = classify(w["message"])
+    w["class"] = classify(w["message"], w.get("src_file"))
     return conform(w, "nccl_warnings")
 
 

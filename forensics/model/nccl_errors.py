@@ -50,11 +50,22 @@ CLASSES: tuple[WarnClass, ...] = (
     _c("ib_fatal_followup", r"communicator encountered a fatal error|Call to ibv_poll_cq\(\) returned"
                             r"|ibv_post_send\(\) failed", "ib_errors", True,
        "an IB call failed because the device or queue had already failed", "find the earlier IB error"),
-    _c("ofi_completion", r"NET/OFI (?:Request.*completed with error|Remote write completed with error"
-                         r"|Fatal: .*recv completed with error|Unable to read from fi_cq_readerr)", "ib_errors", False,
+    _c("ofi_completion", r"NET/OFI (?:.*completed with error|Fatal: .*recv completed with error"
+                         r"|Unable to (?:read from fi_cq_readerr|retrieve next completion)|.*fi_cq_read\w* failed)",
+       "ib_errors", False,
        "a libfabric (EFA, Slingshot) request completed with an error",
        "EHOSTUNREACH / prov_errno 4126 or 15: the security group or reachability between the instances; "
        "103 / 13 / 4124: the peer stopped responding (did it die?)"),
+    _c("ofi_setup", r"NET/OFI (?:Unable to|Couldn't|Could not|Failed to|.*\bfi_\w+ (?:failed|returned)|.*\bfailed\b"
+                    r"|.*(?:error|Error:|RC: -\d+))", "misconfiguration", False,
+       "aws-ofi-nccl (the libfabric plugin for EFA, Slingshot) could not set up: a fabric, domain, endpoint or "
+       "address vector it could not open, memory it could not register, or a provider libfabric does not offer",
+       "fi_info -p efa (the provider and device are there), the EFA driver and libfabric versions of the image, "
+       "FI_PROVIDER, the security group (EFA needs all traffic to itself), ulimit -l, FI_EFA_USE_DEVICE_RDMA"),
+    _c("libfabric", r"^libfabric[: ]", "ib_errors", False,
+       "libfabric (the EFA or Slingshot provider under aws-ofi-nccl) logged an error",
+       "the provider's error (fi_info -p efa; an unreachable peer: the security group and the subnet; a CQ "
+       "error: the peer process, did it die?)"),
     _c("size_mismatch", r"message truncated|collective mismatch error|posted incorrect receive info"
                         r"|Mismatched collective detected|may be hanging, this may be caused by a collective mismatch",
        "hang_mismatch", False,
@@ -80,7 +91,9 @@ CLASSES: tuple[WarnClass, ...] = (
        "a connection from something that is not this job's NCCL reached its port, or the ranks disagree "
        "on the connection sequence", "another job on the same ports, scanners, mixed NCCL versions"),
     _c("bootstrap", r"Bootstrap(?: Root)? ?: (?:mismatch|rank \d+ of \d+ ranks has already checked in"
-                    r"|no socket interface)|no device found matching|No IP interface found|Invalid NCCL_COMM_ID",
+                    r"|no socket interface)|no device found matching|No IP interface found|Invalid NCCL_COMM_ID"
+                    r"|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId|Failed to find .*interface"
+                    r"|is neither AF_INET\(2\) nor AF_INET6",
        "misconfiguration", False,
        "the ranks' bootstrap disagrees: a wrong world size, a rank started twice, two jobs on one "
        "NCCL_COMM_ID, or an interface filter that matches nothing",
@@ -104,6 +117,11 @@ CLASSES: tuple[WarnClass, ...] = (
     _c("resource_shm", r"/dev/shm|shared memory segment|posix_fallocate|failed to extend|Could not map",
        "misconfiguration", False, "NCCL could not create its shared memory: /dev/shm is too small",
        "the container's shm size (docker --shm-size, a memory emptyDir on Kubernetes), or NCCL_SHM_DISABLE=1"),
+    _c("nvls", r"\bNVLS\b|[Mm]ulticast|cuMulticast|\bIMEX\b|NVLink SHARP", "gpu_error", False,
+       "NVLink SHARP (NVLS) or CUDA multicast could not be set up: the fabric manager or IMEX service, the "
+       "driver, or a GPU without NVSwitch multicast",
+       "nvidia-fabricmanager (and IMEX on GB200) on that host, the driver version, nvidia-smi -q (fabric state); "
+       "NCCL_NVLS_ENABLE=0 to run without it"),
     _c("cuda_oom", r"Cuda failure (?:\d+ )?'out of memory'", "gpu_error", False,
        "the GPU had no memory left for NCCL's buffers",
        "leave headroom for NCCL (the framework's caching allocator), smaller NCCL_BUFFSIZE"),
@@ -118,9 +136,32 @@ CLASSES: tuple[WarnClass, ...] = (
                      r" supported", "gpu_error", False,
        "a CUDA or NVML call failed on that GPU (driver or toolkit mismatch, P2P/NVLink disabled, the "
        "fabric manager down)", "nvidia-smi, the driver and CUDA versions of the image, nvidia-fabricmanager"),
+    _c("error_return", r"^[\w./-]+:\d+ (?:\(\w+\) )?-> \d+", "none", True,
+       "an NCCL call failed and returned an error code, with no WARN line that says why (the ``file:line -> N`` "
+       "lines: 1 a CUDA error, 2 a system or network error, 3 internal, 4/5 a wrong argument or usage, 6 a "
+       "remote peer's error)",
+       "the job's first failure: the same process's output before it (NCCL_DEBUG=WARN or INFO to see why), "
+       "the peers' logs for a WARN line"),
+    _c("invalid_usage", r"invalid usage|Invalid (?:config|rank|root|nranks|comm|communicator|argument|value|"
+                        r"data ?type|reduction|op\b|type|size|count|buffer|pointer|device|group)|is (?:invalid|out of "
+                        r"range)|Trying to (?:use|call)|has already been (?:destroyed|finalized)|must be called",
+       "misconfiguration", False,
+       "NCCL was called the wrong way (ncclInvalidUsage / ncclInvalidArgument): an argument, a rank, a "
+       "communicator already destroyed, a group call left open, or a setting out of range",
+       "the call and its arguments the WARN names (the framework's collective on that rank); NCCL_* values"),
     _c("proxy", r"\[Proxy Service \d+\]|\[Service thread\]|Socket recv failed while polling|Proxy Call to rank"
                 r"|is in abort state|ncclProxyCall|commReclaim|Could not receive type from localRank",
        "none", True, "NCCL's proxy gave up because of an earlier failure (or a local rank exited)",
+       "the WARN before it on the same process, or the job's first failure"),
+    _c("plugin_load", r"(?:NET|TUNER|PROFILER|ENV|COLLNET|GIN|RAS)/Plugin ?:|Plugin load|[Ff]ailed to (?:load|open|find)"
+                      r" .*(?:[Pp]lugin|\.so)|cannot open shared object|dlopen", "none", False,
+       "NCCL could not load a plugin (network, tuner, profiler): it falls back to its internal transport (IB or "
+       "sockets), which on EFA or another fabric means slow sockets",
+       "the plugin library on LD_LIBRARY_PATH (libnccl-net.so, aws-ofi-nccl), NCCL_NET_PLUGIN; harmless where "
+       "the internal IB transport is what the job uses"),
+    _c("system_error", r"unhandled system error|ncclSystemError|System call \(e\.g\. socket, malloc\)"
+                       r"|remote process exited or there was a network error|internal error|ncclInternalError",
+       "none", True, "an NCCL call returned an error code after an earlier failure",
        "the WARN before it on the same process, or the job's first failure"),
     _c("socket_other", r"NET/Socket : socket progress error|socketProgress|Call to recv|Call to send"
                        r"|socketPollConnect|socketStartConnect", "connection_reset", True,
@@ -186,8 +227,23 @@ def ib_status_name(st) -> str | None:
         return None
 
 
-def classify(messages: pd.Series) -> pd.Series:
-    """The :data:`CLASSES` name of each WARN message ("other" where none matches)."""
+# the source file of a WARN whose message names no class (NCCL >= 2.9 prints it): its class
+SOURCE_CLASSES = (("bootstrap", re.compile(r"^bootstrap\.cc$")),)
+
+
+def classify(messages: pd.Series, src_files: pd.Series | None = None) -> pd.Series:
+    """The :data:`CLASSES` name of each WARN message ("other" where none matches); a message no
+    pattern matches takes the class of its source file where :data:`SOURCE_CLASSES` names it."""
+    out = _classify(messages)
+    if src_files is not None and (out == "other").any():
+        src = src_files.astype("string").fillna("").reindex(out.index, fill_value="")
+        for name, rx in SOURCE_CLASSES:
+            hit = (out == "other") & src.str.contains(rx, regex=True).fillna(False).astype(bool)
+            out[hit] = name
+    return out
+
+
+def _classify(messages: pd.Series) -> pd.Series:
     msg = messages.astype("string").fillna("")
     out = pd.Series("other", index=msg.index, dtype="object")
     left = np.ones(len(msg), bool)

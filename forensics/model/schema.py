@@ -176,7 +176,8 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "max_busbw_size_bytes": "BIGINT", "busbw_at_max_size_gbps": "DOUBLE",
         "avg_busbw_gbps": "DOUBLE",      # the footer's "# Avg bus bandwidth"
         "avg_status": "VARCHAR", "wrong_total": "DOUBLE", "out_of_bounds": "INTEGER", "failures": "INTEGER",
-        "failure_text": "VARCHAR",
+        "failure_text": "VARCHAR",       # the failure line that says why (its host left out)
+        "failure_hosts": "VARCHAR",      # every host a failure line names, comma-separated
     },
     # py-spy frames (depth 0 = innermost) of the traced processes
     "stacks": {
@@ -255,16 +256,52 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "time_ns": "BIGINT", "time_source": "VARCHAR",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
-    # processes torchrun reported failed or killed (parsers/torch_elastic.py)
+    # processes a launcher reported failed or killed (parsers/torch_elastic.py, launcher_exits.py)
     "process_exits": {
         "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "local_rank": "INTEGER", "kind": "VARCHAR",
         "exitcode": "INTEGER", "signal": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "error_file": "VARCHAR",
         "traceback": "VARCHAR", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
+    # what NCCL RAS (ncclras, parsers/ncclras.py) named: ranks of a communicator in trouble (missing,
+    # with other op counts or status, errors) and job processes missing or dead (rank and comm NULL);
+    # host: the node RAS names
+    "ras_ranks": {
+        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "gpu": "VARCHAR", "comm_id": "VARCHAR",
+        "comm_hash": "VARCHAR", "kind": "VARCHAR", "status": "VARCHAR", "op_count": "BIGINT", "collective": "VARCHAR",
+        "error": "VARCHAR", "missing": "BOOLEAN", "behind": "BOOLEAN", "peers_op_count": "BIGINT",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # kernel log events (parsers/kernel_log.py: dmesg, journal): NVIDIA Xid, NIC link loss, OOM kills
+    "kernel_events": {
+        "host": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "kind": "VARCHAR",   # xid | nic_link | oom_kill
+        "xid": "INTEGER", "pci": "VARCHAR", "pid": "INTEGER", "process": "VARCHAR", "message": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # what the Flight Recorder analyzer (fr_trace / torchfrtrace, parsers/fr_analyzer.py) reported: per
+    # collective the ranks that did not join it (missing_ranks) or whose entry disagrees (culprit_ranks),
+    # comma lists; host NULL (the report covers the job)
+    "fr_report": {
+        "host": "VARCHAR", "kind": "VARCHAR", "pg": "VARCHAR", "seq": "BIGINT", "record_id": "BIGINT",
+        "op": "VARCHAR", "state": "VARCHAR", "world_size": "INTEGER", "expected_ranks": "VARCHAR",
+        "missing_ranks": "VARCHAR", "culprit_ranks": "VARCHAR", "error_type": "VARCHAR", "message": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # ranks that never met: rendezvous and c10d store failures before the first collective
+    # (parsers/torch_init.py)
+    "init_errors": {
+        "host": "VARCHAR", "rank": "INTEGER", "root_rank": "INTEGER", "kind": "VARCHAR", "address": "VARCHAR",
+        "timeout_ms": "BIGINT", "error": "VARCHAR", "message": "VARCHAR", "ctx_rank": "INTEGER", "ctx_host": "VARCHAR",
+        "ctx_clock": "VARCHAR", "time_ns": "BIGINT", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",
         "rate_gbps": "DOUBLE", "width": "VARCHAR", "speed": "VARCHAR", "link_layer": "VARCHAR", "tool": "VARCHAR",
+        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
+    },
+    # a GPU lost as nvidia-smi or the driver says it without an Xid (parsers/nvidia_smi.py)
+    "gpu_events": {
+        "host": "VARCHAR", "bus_id": "VARCHAR", "kind": "VARCHAR", "tool": "VARCHAR", "message": "VARCHAR",
         "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
     # per thread of the traced processes at the start and end of the capture (/proc/PID/task)

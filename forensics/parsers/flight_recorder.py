@@ -19,7 +19,7 @@ trailing number, as the official analyzer infers it; NA if neither):
 
 ``fr_entries`` -- one row per entry:
     rank, record_id (int), pg_id (int), pg_name, pg_desc (str; ``process_group`` tuple),
-    collective_seq_id, p2p_seq_id, op_id (int), profiling_name (str, e.g.
+    collective_seq_id (``seq_id`` in the oldest dumps), p2p_seq_id, op_id (int), profiling_name (str, e.g.
     ``nccl:all_reduce``), op (str: ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST,
     REDUCE, SEND, RECV, ALL_TO_ALL, BARRIER, COALESCED, … from profiling_name),
     is_p2p (bool), state (scheduled|started|completed), time_created_ns,
@@ -193,6 +193,8 @@ class FlightRecorderParser(Parser):
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 log.add(getattr(e, "lineno", None), f"neither a pickle nor valid JSON: {e}")
                 return cls.result(label, {}, facts, log)
+        if isinstance(doc, list) and all(isinstance(e, dict) for e in doc):
+            doc = {"entries": doc}      # a bare list of entries: no version or pg_config
         if not isinstance(doc, dict):
             log.add(None, f"dump is a {type(doc).__name__}, expected a dict")
             return cls.result(label, {}, facts, log)
@@ -288,6 +290,8 @@ def _entry(e: dict, rank, i: int, log: WarningLog) -> dict | None:
     for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
         if row[k] == 0:
             row[k] = None
+    if row["collective_seq_id"] is None and _int(e.get("seq_id")) is not None:
+        row["collective_seq_id"] = e["seq_id"]          # dumps before collective_seq_id/p2p_seq_id (2.2)
     if row["collective_seq_id"] is None and row["p2p_seq_id"] is None and row["record_id"] is None:
         log.add(None, f"entries[{i}] has no record_id or sequence ids, skipped")
         return None

@@ -172,6 +172,8 @@ FLAT_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9_]*)\s*[:=]\s*(?P<value>\S.*?
 FLAT_HEADER_RE = re.compile(r"^#\s*(?:device\s+)?(?P<dev>[A-Za-z][\w.-]*?)\s+port\s+(?P<port>\d+)\s*$")
 DEVICE_NAME_RE = re.compile(r"^(?:mlx\d+_\d+|hfi\d+_\d+|qib\d+|bnxt_re\d+|irdma\d*|rxe\w*|siw\w*|efa_\d+|"
                             r"ionic_\d+|erdma_\d+|[a-z]+\d*_\d+)$")
+# a pasted command line: ``[root@gpu-d02 ~]# perfquery -x -C mlx5_1 -P 1`` names the block's HCA and port
+PERFQ_CMD_RE = re.compile(r"\bperfquery\b(?P<args>[^#]*)$")
 PHASES = {"start": "start", "begin": "start", "before": "start", "pre": "start",
           "end": "end", "after": "end", "post": "end", "stop": "end"}
 PHASE_RE = re.compile(r"(?:^|[/_.\-])(start|begin|before|pre|end|after|post|stop)(?=$|[/_.\-])", re.I)
@@ -338,17 +340,28 @@ def _one_value_file(data, label, rel, group, name, rows, ports, log):
          "hw_counters" if group == "hw_counters" else "sysfs")
 
 
+def _perfquery_ca(args: str) -> str | None:
+    """The HCA of ``perfquery``'s ``-C mlx5_1`` / ``--Ca=mlx5_1`` option, if given."""
+    m = re.search(r"(?:-C|--Ca)(?:\s+|=)(?P<ca>\S+)", args)
+    return m["ca"] if m else None
+
+
 def _parse_text(text, label, pathish, rows, ports, log):
     phase = phase_of(pathish)
     path_dev, path_port = _device_from_path(pathish)
     block = None          # (source, device, port) of the current perfquery block
     flat = (path_dev, path_port)
+    cmd_dev = None        # the HCA a pasted perfquery command line names (-C)
     for ln, raw in enumerate(split_lines(text), 1):
         line = raw.strip()
         if not line:
             continue
+        if not line.startswith("#") and (m := PERFQ_CMD_RE.search(line)):
+            cmd_dev = _perfquery_ca(m["args"])
+            block = None
+            continue
         if (m := PERFQ_HEADER_RE.match(line)):
-            dev = path_dev or (f"lid{m['lid']}" if m["lid"] else None)
+            dev = path_dev or cmd_dev or (f"lid{m['lid']}" if m["lid"] else None)
             block = ["perfquery_ext" if m["ext"] else "perfquery", dev, int(m["port"])]
             key = f"{dev}/{int(m['port'])}"
             if m["lid"]:
@@ -382,7 +395,7 @@ def _parse_text(text, label, pathish, rows, ports, log):
                         block[2] = v
                 continue
             if block is None:      # a paste without the "# Port counters" header
-                block = ["perfquery", path_dev or "unknown", path_port]
+                block = ["perfquery", path_dev or cmd_dev or "unknown", path_port]
             value, ok = _value(m["value"])
             if not ok:
                 log.add(ln, f"counter value is not a number: {line[:120]!r}")
@@ -456,6 +469,18 @@ def ib_deltas(start: pd.DataFrame, end: pd.DataFrame | None = None) -> pd.DataFr
                     "kind": kind, "meaning": meaning, "action": action,
                     "problem": bool(kind in ("error", "congestion", "retransmission") and delta)})
     return frame(out, DELTA_SCHEMA)
+
+
+def snapshot_values(df: pd.DataFrame) -> pd.DataFrame:
+    """One snapshot (no start/end phase: a pasted ``perfquery``) read as what the counters
+    gathered since they were last cleared: :func:`ib_deltas`' columns with ``start`` NA and
+    ``delta`` the value itself (a problem counter above 0 is a problem)."""
+    d = ib_deltas(df.iloc[0:0], df.assign(phase="end"))
+    d["delta"] = d["end"]
+    d["bytes"] = [v * 4 if c in ("port_xmit_data", "port_rcv_data") and not pd.isna(v) else None
+                  for c, v in zip(d["counter"], d["end"])]
+    d["problem"] = d["kind"].isin(["error", "congestion", "retransmission"]) & (d["end"].fillna(0) > 0)
+    return d
 
 
 DELTA_SCHEMA = {"device": "str", "port": "int", "counter": "str", "start": "uint", "end": "uint", "delta": "uint",

@@ -12,14 +12,24 @@ link is up at all, and at what rate. Formats (infiniband-diags, rdma-core):
   ``link_layer: Ethernet``; with ``-v`` also ``active_width: 4X (2)``, ``active_speed: 25.0
   Gbps (32)``, ``phys_state: LINK_UP (5)``;
 - sysfs (``/sys/class/infiniband/<dev>/ports/<n>/{state,phys_state,rate,link_layer}`` as ``grep
-  . …`` prints them): ``…/mlx5_0/ports/1/state:4: ACTIVE``.
+  . …`` prints them): ``…/mlx5_0/ports/1/state:4: ACTIVE``;
+- ``ibdev2netdev`` (MLNX_OFED): ``mlx5_0 port 1 ==> ib0 (Up)``; with ``-v`` the IB port state
+  before the arrow (``… fw 20.31.1014 port 1 (ACTIVE) ==> ib0 (Up)``), which decides; else the
+  netdev's Up/Down is read as ACTIVE/DOWN;
+- ``iblinkinfo`` (infiniband-diags): a ``Switch: 0x<guid> <desc>:`` or ``CA: <desc>:`` header,
+  then per port ``<lid> <port>[<ext>] ==( 4X 25.78125 Gbps Active/  LinkUp)==> <remote>`` (a
+  down port: ``==(                Down/ Polling)==>``); ``-l`` puts ``0x<guid> "<desc>"`` on
+  every line instead. The device is the node's description; a CA's host is the first word of
+  its description (``node01 mlx5_0``: node01, device mlx5_0).
 
 Lines may carry a launcher's or pdsh's tag (``node7: CA 'mlx5_0'``): the host it names is the
-port's host (:mod:`.lines`); otherwise the model gives the file's host.
+port's host (:mod:`.lines`); else a pasted shell prompt above (``[root@gpu-e03 ~]# ibstat``,
+``user@gpu-e03:~$ ibdev2netdev``) names it; otherwise the model gives the file's host.
 
 Table ``ib_ports`` (one row per device and port): line (int, of its first line), tool (ibstat|
-ibstatus|ibv_devinfo|sysfs), host (str: the tag's, NA without one), device (str), port (int),
-state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…), phys_state (LinkUp|Polling|Disabled|Sleep|
+ibstatus|ibv_devinfo|sysfs|ibdev2netdev|iblinkinfo), host (str: the tag's, NA without one), device (str), port (int),
+state (ACTIVE|DOWN|INIT|ARMED|ACTIVE_DEFER|NOP|…; MISSING: a device ``ibpanic`` could not
+open, its port NA), phys_state (LinkUp|Polling|Disabled|Sleep|
 PortConfigurationTraining|LinkErrorRecovery|PhyTest|…), rate_gbps (float), width (str, e.g.
 4X), speed (str, e.g. HDR or "25.0 Gbps"), link_layer (InfiniBand|Ethernet), lid, sm_lid (str),
 guid (str), firmware (str), ca_type (str).
@@ -49,7 +59,17 @@ KV_RE = re.compile(r"^\s*(?P<k>[A-Za-z][A-Za-z _]*?)\s*:\s*(?P<v>.*?)\s*$")
 SYSFS_RE = re.compile(r"/(?:sys/class/infiniband/)?(?P<dev>[\w-]+)/ports/(?P<port>\d+)/(?P<attr>state|phys_state|rate"
                       r"|link_layer|lid|sm_lid)\s*:\s*(?P<v>.*?)\s*$")
 RATE_RE = re.compile(r"(?P<g>[\d.]+)\s*(?:Gb/sec|Gbps|Gb/s)?(?:\s*\((?P<w>\d+X)\s*(?P<s>\w+)\))?", re.I)
-NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/")
+IBDEV2NETDEV_RE = re.compile(r"(?P<dev>mlx\w+|[a-z]\w*_\d+)\b.*? port (?P<port>\d+)(?: \((?P<state>[A-Z_]+)\s*\))? ==> "
+                             r"(?P<netdev>\S+) \((?P<link>Up|Down)\)")
+LINK_HEAD_RE = re.compile(r"^(?P<type>Switch|CA|Router): (?:0x[0-9a-fA-F]+ )?(?P<desc>.+?):\s*$")
+LINK_PORT_RE = re.compile(r"^(?P<pre>.*?)\s*(?P<lid>\d+)\s+(?P<port>\d+)\[[\s\d]*\] ==\(\s*(?:(?P<width>\d+X)\s+"
+                          r"(?P<speed>[\d.]+ Gbps(?: \(\w+\))?)\s+)?(?P<state>\w+)/\s*(?P<phys>\w+)\)")
+LINE_MODE_RE = re.compile(r'0x[0-9a-fA-F]+ "\s*(?P<desc>[^"]*)"')
+# infiniband-diags' fatal error naming a device that vanished: "ibpanic: [1323906] main: stat of
+# IB device 'mlx5_8' failed: No such file or directory" (its port: NA, its state: MISSING)
+IBPANIC_RE = re.compile(r"\bibpanic: .*?'(?P<dev>[\w.-]+)'(?P<why>.*?)\s*$")
+NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/", b" ==> ", b")==>", b"Switch: 0x",
+           b"CA: ", b"ibpanic: ")
 # what ibstat prints; "ibstat CA port" prints them unindented (every other block line is indented)
 IBSTAT_KEYS = frozenset({"ca type", "number of ports", "firmware version", "hardware version", "node guid",
                          "system image guid", "state", "physical state", "rate", "base lid", "lmc", "sm lid",
@@ -93,7 +113,8 @@ class IbStatusParser(TextParser):
     NAME = "ib_status"
     DESCRIPTION = "InfiniBand/RoCE port state: ibstat, ibstatus, ibv_devinfo, sysfs port files"
     GLOBS = ("ib/ibstat*", "ib/ibv_devinfo*", "ib/ibstatus*")
-    MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:")
+    MARKERS = (b"\tCA type:", b"Infiniband device '", b"hca_id:", b"Physical state:", b"phys state:",
+               b" port 1 ==> ", b" port 2 ==> ", b")==>  ", b"ibpanic: ")
     SCHEMAS = {"ib_ports": {
         "line": "int", "tool": "str", "host": "str", "device": "str", "port": "int", "state": "str",
         "phys_state": "str", "rate_gbps": "float", "width": "str", "speed": "str", "link_layer": "str",
@@ -102,7 +123,8 @@ class IbStatusParser(TextParser):
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         return bool(re.search(rb"CA:? '[^']+'|Infiniband device '[^']+' port \d+ status|hca_id:\s*\S+"
-                              rb"|/ports/\d+/(?:state|phys_state):", head))
+                              rb"|/ports/\d+/(?:state|phys_state):| port \d+ (?:\(\w+\) )?==> \S+ \((?:Up|Down)\)"
+                              rb"|\)==>  ", head))
 
     @classmethod
     def parse_text(cls, text: LogText, label: str):
@@ -119,16 +141,18 @@ class IbStatusParser(TextParser):
         cut = np.flatnonzero(hits.start[1:] - hits.end[:-1] > CLUSTER_GAP) + 1
         for a, b in zip(np.r_[0, cut], np.r_[cut, len(hits.start)]):
             body = text.region(int(hits.start[a]), int(hits.end[b - 1]) + BLOCK_TAIL)
-            _parse_lines(body, int(hits.line[a]), rows)
+            before = [m for ln in text.preceding(int(hits.start[a]), 2) if (m := PROMPT_RE.match(ln))]
+            _parse_lines(body, int(hits.line[a]), rows, (before[-1]["h1"] or before[-1]["h2"]) if before else None)
         rows = list(rows.values())
         if not rows:
             log.add(None, "no InfiniBand port status found")
         return cls.result(label, {"ib_ports": rows}, {}, log)
 
 
-def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict]) -> None:
+def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict], prompt_host: str | None = None) -> None:
     """Add the ports of the lines ``body`` (the first numbered ``first_line``) to ``rows``, keyed
-    (host, device, port). A block's lines are indented (``ibstat CA port`` prints its own
+    (host, device, port); ``prompt_host``: the host of a shell prompt just above. A block's
+    lines are indented (``ibstat CA port`` prints its own
     unindented); its first other line ends it, so the job's output after it is not read as
     the port's fields."""
     dev = tool = ca = None
@@ -144,9 +168,28 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict]) -> N
             rows[key] = {"line": ln, "tool": tool, "host": host, "device": dev, "port": port, **ca}
         return rows[key]
 
+    link_node: tuple | None = None      # iblinkinfo: the (host, device) of the node header above
+    tagged = None                       # prompt_host: a pasted shell prompt's (``[root@gpu-e03 ~]# ibstat``)
     for i, raw in enumerate(body):
         ln = first_line + i
         raw = lines_mod.ANSI_RE.sub("", raw)
+        if (m := PROMPT_RE.match(raw)):
+            prompt_host = m["h1"] or m["h2"]
+            dev = None
+            continue
+        if (m := IBDEV2NETDEV_RE.search(raw)):
+            h = lines_mod.context(raw[:m.start()]).host or prompt_host
+            r = rows.setdefault((h, m["dev"], int(m["port"])), {"line": ln, "tool": "ibdev2netdev", "host": h,
+                                                                "device": m["dev"], "port": int(m["port"])})
+            r["state"] = _state(m["state"]) if m["state"] else ("ACTIVE" if m["link"] == "Up" else "DOWN")
+            continue
+        if "==(" in raw and (m := LINK_PORT_RE.match(raw)):
+            _link_port(m, ln, link_node, rows)
+            continue
+        if (m := LINK_HEAD_RE.match(raw.strip())) and "'" not in raw:
+            link_node = _link_node(m["desc"])
+            dev = None
+            continue
         if (m := SYSFS_RE.search(raw)):
             h = lines_mod.context(raw[:m.start()]).host
             key = (h, m["dev"], int(m["port"]))
@@ -154,24 +197,33 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict]) -> N
             _set(r, m["attr"], m["v"])
             continue
         if (m := IBSTATUS_RE.search(raw)):
-            host = lines_mod.context(raw[:m.start()]).host
+            tagged = lines_mod.context(raw[:m.start()]).host
+            host = tagged or prompt_host
             dev, port, tool, ca = m["dev"], int(m["port"]), "ibstatus", {}
             indented = False
             cur()
             continue
         if (m := CA_RE.search(raw)):
-            host = lines_mod.context(raw[:m.start()]).host
+            tagged = lines_mod.context(raw[:m.start()]).host
+            host = tagged or prompt_host
             dev, port, tool, ca = m["dev"], None, "ibstat", {}
             indented = False
             continue
         if (m := HCA_RE.search(raw)):
-            host = lines_mod.context(raw[:m.start()]).host
+            tagged = lines_mod.context(raw[:m.start()]).host
+            host = tagged or prompt_host
             dev, port, tool, ca = m["dev"], None, "ibv_devinfo", {}
             indented = False
             continue
+        if (m := IBPANIC_RE.search(raw)):
+            h = lines_mod.context(raw[:m.start()]).host or host
+            rows.setdefault((h, m["dev"], None), {"line": ln, "tool": "ibstat", "host": h, "device": m["dev"],
+                                                  "port": None, "state": "MISSING"})
+            dev = None
+            continue
         if dev is None:
             continue
-        stripped = re.sub(r"^\S+: (?=\s)", "", raw) if host else raw      # pdsh's "node7: " before the tabs
+        stripped = re.sub(r"^\S+: (?=\s)", "", raw) if tagged else raw      # pdsh's "node7: " before the tabs
         if not stripped.strip():
             continue
         if (m := PORT_RE.match(stripped)):
@@ -200,6 +252,33 @@ def _parse_lines(body: list[str], first_line: int, rows: dict[tuple, dict]) -> N
         r = cur()
         if r is not None:
             _set(r, k, v)
+
+
+PROMPT_RE = re.compile(r"^\s*(?:\[[\w.-]+@(?P<h1>[\w-]+)[^\]]*\]|[\w.-]+@(?P<h2>[\w-]+):\S*)\s?[#$] ")
+CA_DESC_RE = re.compile(r"^(?P<host>\S+)\s+(?P<dev>mlx\d+_\d+|HCA-\d+|[a-z]+\w*_\d+)$")
+
+
+def _link_node(desc: str) -> tuple[str | None, str]:
+    """(host, device) of an iblinkinfo node description: ``node01 mlx5_0`` is a host's HCA;
+    anything else (a switch's ``MF0;sw-ib-01:MQM8700/U1``) is its own device, on no host."""
+    desc = desc.strip()
+    m = CA_DESC_RE.match(desc)
+    return (m["host"], m["dev"]) if m else (None, desc)
+
+
+def _link_port(m: re.Match, ln: int, node: tuple | None, rows: dict[tuple, dict]) -> None:
+    """One iblinkinfo port line: its node from ``-l``'s own columns, else the header above."""
+    if (lm := LINE_MODE_RE.search(m["pre"])):
+        node = _link_node(lm["desc"])
+    host, dev = node if node else (None, f"lid{m['lid']}")
+    port = int(m["port"])
+    r = rows.setdefault((host, dev, port), {"line": ln, "tool": "iblinkinfo", "host": host, "device": dev,
+                                            "port": port, "lid": m["lid"]})
+    r["state"], r["phys_state"] = _state(m["state"]), _phys(m["phys"])
+    if m["width"]:
+        r["width"], r["speed"] = m["width"], m["speed"]
+        lanes = int(m["width"][:-1])
+        r["rate_gbps"] = round(lanes * float(m["speed"].split()[0]), 3)
 
 
 def _set(r: dict | None, k: str, v: str) -> None:

@@ -151,7 +151,7 @@ def context_columns(prefixes: Iterable[str]) -> dict[str, list]:
 
 # the tags a line may start with, in any number and order (strip_tags)
 _LEADING_TAG = re.compile(
-    r"\s*(?:\[pod/[^\]\s]+\]|\[default\d+\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
+    r"\s*(?:\[pod/[^\]\s]+\]|\[default\d+\]:|\[[A-Za-z_][\w-]*\d(?:\|\d+)?\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
     r"|\((?:[A-Za-z_][\w.:-]* )?pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)|\d{1,6}:(?=\s)|" + _ISO + r"|" + _CTIME
     + r"|" + _HOSTNAME + r" >>|\[[^\]]{0,40}\d{2}:\d{2}:\d{2}[^\]]{0,20}\])\s*")
 

@@ -39,7 +39,8 @@ Tables (every table also has ``line``: 1-based line number in the file):
     channel (int), rank (int), prev, next (int, rings), up (int), down (str
     ``d0/d1/d2``; trees), order (str, ring_order: the ranks in ring order), nchannels
     (int, ring_order's ``/NN``).
-``nccl_warnings`` -- WARN lines: ts, ts_local, host, pid, tid, dev, src_file, src_line
+``nccl_warnings`` -- WARN lines (and libfabric's error lines, ``src_file`` ``libfabric``; in a log
+    without a WARN line, each process's first ``file:line -> N`` error return): ts, ts_local, host, pid, tid, dev, src_file, src_line
     (int), func (str, NCCL >= 2.30.7), message, peer (str: the peer named in socket/IB
     errors), ib_status (int: IB work completion status in completion errors).
 
@@ -128,6 +129,16 @@ GDR_RE = re.compile(r"GPU Direct RDMA (?P<state>Enabled|Disabled)\b")
 ENV_RE = re.compile(r"^(?P<var>NCCL_\w+) set (?:by environment )?to (?P<val>.*?)\s*$")
 NCHANNELS_RE = re.compile(r"^(?P<n>\d+) coll channels\b")
 ERROR_RETURN_RE = re.compile(r"^\S+:\d+ (?:\(\w+\) )?-> \d+")
+ERROR_RETURN_FIELDS_RE = re.compile(r"^(?P<src>[^\s:]+):(?P<srcline>\d+) (?:\((?P<func>\w+)\) )?-> (?P<code>\d+)")
+# ncclResult_t (nccl.h): what an error return's code says
+NCCL_RESULTS = {1: "ncclUnhandledCudaError", 2: "ncclSystemError", 3: "ncclInternalError", 4: "ncclInvalidArgument",
+                5: "ncclInvalidUsage", 6: "ncclRemoteError", 7: "ncclInProgress"}
+# libfabric's own log line (FI_LOG_LEVEL, aws-ofi-nccl's provider): "libfabric:<pid>:<epoch s>:[<domain>:]<prov>:
+# <subsys>:<func>():<line><level> <message>"; the ones that say something failed are kept as WARN rows
+LIBFABRIC_RE = re.compile(r"libfabric:(?P<pid>\d+):(?P<epoch>\d+):(?P<path>(?:[^:<\s]*:)*?)(?P<func>[\w.]+)\(\):"
+                          r"(?P<srcline>\d+)<(?P<lvl>warn|error)>\s*(?P<msg>.*?)\s*$")
+LIBFABRIC_ERROR_RE = re.compile(r"error|fail|unable|cannot|can't|couldn't|unreachable|timed? ?out|refused|empty list"
+                                r"|not (?:supported|available)|denied|invalid|no route", re.I)
 PEER_RE = re.compile(r"\b(?:peer|from|to) (?P<peer>[^\s,]*<\d+>)|\bpeer (?P<peer2>[^\s,]+)")
 IB_STATUS_RE = re.compile(r"\bwith (?:error |status=)(?:[A-Za-z_ ]+\()?(?P<st>\d+)")
 # an IB completion error in every wording (NCCL 2.3 to 2.30, the HPC-X IB plugin): "with error 12,
@@ -145,7 +156,7 @@ IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
 PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
 WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256})
 # needles of the NCCL lines other than INFO (INFO lines come from the COLL scanner's "other")
-NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version")
+NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version", b"libfabric:")
 INFO_VERSION_RE = re.compile(r"^NCCL version (?P<version>\S+)")
 
 
@@ -186,7 +197,7 @@ class NcclDebugParser(TextParser):
         "nccl_coll_last": COLL_LAST_SCHEMA,
     }
 
-    MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT")
+    MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT", b"libfabric:")
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
@@ -231,7 +242,7 @@ class NcclDebugParser(TextParser):
         if chans:
             tables["nccl_channels"] = _channels_table(chans)
         tables["nccl_rings"] = rings
-        warns = [r for r in rows if r.level == "WARN"]
+        warns = [r for r in rows if r.level == "WARN"] or _error_returns(info)
         if warns:
             tables["nccl_warnings"] = _warnings_table(warns)
 
@@ -317,6 +328,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
     found = _NcclLines()
     for ln, line, end in text.iter(text.lines_with(NEEDLES, also=[other])):
         if "NCCL" not in line:
+            if (lf := _libfabric(ln, line)) is not None:
+                found.rows.append(lf)
             continue
         g = LINE_RE.search(line)
         if g is None:
@@ -333,6 +346,43 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
             r.msg = _unwrap(text, end, r.msg)
         found.rows.append(r)
     return found
+
+
+def _synthetic(line: int, pre: str, **fields) -> _Line:
+    """A WARN row of a line without NCCL's prefix (libfabric's, an error return)."""
+    r = _Line.__new__(_Line)
+    r.line, r.pre, r.ts, r.ts_local, r.host, r.level, r.kind = line, pre, None, None, "", "WARN", "other"
+    r.pid, r.tid, r.dev = fields.get("pid"), fields.get("tid"), fields.get("dev")
+    r.src = (fields.get("src"), fields.get("srcline"), fields.get("func"))
+    r.msg = fields["msg"]
+    return r
+
+
+def _libfabric(ln: int, line: str) -> _Line | None:
+    """libfabric's own warning line as a WARN row (message ``libfabric <prov:subsys>: ...``),
+    when it says something failed (:data:`LIBFABRIC_ERROR_RE`; the provider's notices are not kept)."""
+    m = LIBFABRIC_RE.search(line)
+    if m is None or not LIBFABRIC_ERROR_RE.search(m["msg"]):
+        return None
+    where = ":".join(p for p in m["path"].split(":") if p)
+    return _synthetic(ln, line[:m.start()], pid=int(m["pid"]), src="libfabric", srcline=m["srcline"],
+                      func=m["func"], msg=f"libfabric {where}: {m['func']}(): {m['msg']}")
+
+
+def _error_returns(info: list[_Line]) -> list[_Line]:
+    """A log with no WARN line: the first ``file:line -> N`` error return of each process as a
+    WARN row (``init.cc:1200 -> 2 (ncclSystemError)``): NCCL failed, and this is all it said."""
+    out, seen = [], set()
+    for r in info:
+        if "->" not in r.msg or (m := ERROR_RETURN_FIELDS_RE.match(r.msg)) is None or (r.host, r.pid) in seen:
+            continue
+        seen.add((r.host, r.pid))
+        code = int(m["code"])
+        w = _synthetic(r.line, r.pre, pid=r.pid, tid=r.tid, dev=r.dev, src=m["src"], srcline=m["srcline"],
+                       func=m["func"], msg=f"{m['src']}:{m['srcline']} -> {code} ({NCCL_RESULTS.get(code, 'error')})")
+        w.host, w.ts, w.ts_local = r.host, r.ts, r.ts_local
+        out.append(w)
+    return out
 
 
 def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:
@@ -492,7 +542,7 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
     the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
     for r in rows:
-        if r.pid is not None:
+        if r.pid is not None and not (r.src and r.src[0] == "libfabric"):     # libfabric's own lines: no NCCL process
             _process(procs, r.host, r.pid)
     for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
         if t is not None and len(t):

@@ -41,10 +41,24 @@ import re
 
 import numpy as np
 
+from .lines import strip_tags
 from .registry import WarningLog, decode_text, looks_binary, register, split_lines
 from .text import LogText, TextParser
 
 OMPI_TAG_RE = re.compile(r"^(?:.*?\d{4})?\[\d+,\d+\]<std(?:out|err)>:")
+QUOTE_RE = re.compile(r"^\s*(?:>\s*)+")          # a Markdown quote of a pasted line
+# launcher tags and quote marks a pasted line may carry before an nccl-tests line (sniffing)
+_LEAD = r"(?m)^[>\s]*(?:(?:\[[^\]\n]{1,40}\](?:<std\w+>)?|\S+ >>|\d{1,6}):?[ \t]*)*"
+# the data types and reduction operations nccl-tests prints, every version (1.x: char, int)
+DTYPES = r"(?:u?int(?:8|32|64)?|half|float|double|bfloat16|f8e4m3|f8e5m2|char)"
+REDOPS = r"(?:sum|prod|max|min|avg|mulsum|premulsum|none)"
+_NUM = r"(?:-?\d+(?:\.\d+)?(?:e[+-]\d+)?|N/A|nan|inf)"
+# a result row by its shape, header or not: size count type [redop] [root], then 3 or 4
+# values per side (time algbw busbw [#wrong|error]), one or two sides, [a -S 1 timestamp]
+ROW_SHAPE_RE = re.compile(_LEAD + r"[ \t]*\d+[ \t]+\d+[ \t]+" + DTYPES + r"[ \t]+(?:" + REDOPS + r"[ \t]+)?"
+                          r"(?:-?\d+[ \t]+)?(?:" + _NUM + r"[ \t]+){2,}" + _NUM + r"[ \t]*(?:\d{4}-\d\d-\d\d[ \t]+\S+)?"
+                          r"[ \t]*\r?$")
+ROWS_TO_CLAIM = 2                                  # row-shaped lines that make a headerless table
 RANK_TAG_RE = re.compile(r"\[\d+\]")
 VERSION_RE = re.compile(r"^#\s*nccl-tests version (?P<v>\S+)(?: \((?P<git>[^)]*)\))?"
                         r"(?: nccl-headers=(?P<h>\d+))?(?: nccl-library=(?P<l>\d+))?")
@@ -70,6 +84,7 @@ MS_UNITS_RE = re.compile(r"^#?\s*\(B\)\s+\(elements\).*\(ms\)")
 
 
 REGION_MIN_BYTES = 16 << 20
+INT_RE = re.compile(r"^-?\d+$")
 HEADER_RE = re.compile(r"^\s*#?\s*size\s+count\s+type\b")
 
 
@@ -92,14 +107,31 @@ class NcclTestsParser(TextParser):
                                "device": "int", "bus_id": "str", "gpu": "str"},
     }
 
+    # the header's units line and the commonest rows' type/redop columns (``%8s  %6s``) find a
+    # table body pasted without its "#" header lines (its rows are then told by their shape)
     MARKERS = (b"# nThread", b"nccl-tests version", b"# Avg bus bandwidth", b"# Out of bounds values",
-               b"Test NCCL failure", b"Test CUDA failure", b": Test failure", b"Collective test starting")
+               b"Test NCCL failure", b"Test CUDA failure", b": Test failure", b"Collective test starting",
+               b"(B)    (elements)", b"   float     sum  ", b"   float    none  ", b"bfloat16     sum  ",
+               b"    half     sum  ")
+
+    @classmethod
+    def claims(cls, text: LogText) -> bool:
+        if cls.sniff(text.head()):
+            return True
+        hits = text.first(cls.MARKERS)
+        if any(hits.get(m, -1) >= 0 for m in cls.MARKERS[:8]):
+            return True
+        # a row-type marker alone is not enough: the rows around it must have the shape
+        at = min((o for o in hits.values() if o >= 0), default=-1)
+        return at >= 0 and _rows_in(bytes(text.data[max(0, at - 4096):at + 4096]))
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         t = head.decode("utf-8", "replace")
-        if re.search(r"(?m)^(?:\S*\]:?)?#\s*(?:nThread \d|nccl-tests version|Collective test starting"
-                     r"|\s*size\s+count\s+type|Avg bus bandwidth|Out of bounds values)", t):
+        if re.search(_LEAD + r"#\s*(?:nThread \d|nccl-tests version|Collective test starting"
+                     r"|\s*size\s+count\s+type|\s*\(B\)\s+\(elements\)|Avg bus bandwidth|Out of bounds values)", t):
+            return True
+        if _rows_in(head):
             return True
         return t.lstrip().startswith("{") and '"results"' in t and ('"nccl_version"' in t or '"experiment_name"' in t)
 
@@ -138,9 +170,20 @@ class NcclTestsParser(TextParser):
         facts["hosts"] = sorted({d["host"] for d in devices if d.get("host")})
         facts["ranks"] = len({d["rank"] for d in devices if d.get("rank") is not None})
         facts["devices"] = len(devices)
-        if not rows and not devices:
+        if not rows and not devices and not facts["failures"] and facts["avg_busbw_gbps"] is None:
             log.add(None, "no nccl-tests results found")
         return cls.result(label, {"nccl_tests": rows, "nccl_tests_devices": devices}, facts, log)
+
+
+def _rows_in(data: bytes) -> bool:
+    """Whether ``data`` holds a results table's rows (by their shape, no header needed)."""
+    t = data.decode("utf-8", "replace")
+    n = 0
+    for _ in ROW_SHAPE_RE.finditer(t):
+        n += 1
+        if n >= ROWS_TO_CLAIM:
+            return True
+    return False
 
 
 def _layout_from_header(tokens: list[str]) -> tuple[list[str], list[list[str]], bool] | None:
@@ -165,8 +208,9 @@ def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | Non
     layout = None
     scale = 1.0                      # nccl-tests 1.x timed in ms: its times are kept in us
     for ln, raw in enumerate(split_lines(text), first_line):
-        line = OMPI_TAG_RE.sub("", raw).strip()
-        line = re.sub(r"^\[\d+\]\s*", "", line)
+        line = OMPI_TAG_RE.sub("", QUOTE_RE.sub("", raw)).strip()
+        if line[:1] in "[(" or (line[:1].isdigit() and ":" in line[:8]):
+            line = strip_tags(line)[1].strip()
         if not line:
             continue
         if UNMARKED_RE.match(line):
@@ -250,10 +294,18 @@ def _parse_row(tokens: list[str], layout) -> tuple[dict, list[dict], str | None]
         elif len(tokens) == len(keys) + len(sides[0]) if sides else False:
             candidates.append((keys, sides[:1]))
     for nkeys in (5, 4):
+        # 4 keys: no root (2017's all_reduce: "bytes N type op") or no redop ("bytes N type root")
+        keys = (["size", "count", "type", "redop", "root"] if nkeys == 5 else
+                ["size", "count", "type", "root" if INT_RE.match(tokens[3] if len(tokens) > 3 else "") else "redop"])
         rest = len(tokens) - nkeys
-        if rest in (4, 8):
-            keys = ["size", "count", "type", "redop", "root"][:nkeys]
-            candidates.append((keys, [["time", "algbw", "busbw", "#wrong"]] * (rest // 4)))
+        for per in (4, 3):                  # time algbw busbw [#wrong]: no #wrong column before 2018
+            if rest in (per, 2 * per):
+                candidates.append((keys, [["time", "algbw", "busbw", "#wrong"][:per]] * (rest // per)))
+    # a root is an integer and a time never negative (a row cut short is no row); a time under
+    # 10 ms has decimals: these tell "5 keys, 3 per side" from "4 keys, 4 per side"
+    candidates = [c for c in candidates if ("root" not in c[0] or INT_RE.match(tokens[c[0].index("root")]))
+                  and not tokens[len(c[0])].startswith("-")]
+    candidates.sort(key=lambda c: bool(INT_RE.match(tokens[len(c[0])])) and c[0][-1] == "redop")
     if not candidates:
         return f"result row with {len(tokens)} fields fits no known column layout"
     keys, sides = candidates[0]

@@ -47,7 +47,8 @@ node`` rows, then ``(total)`` rows) and ``The outlier node(s):``; communicators 
 ``#<group>-<index> (<commHash>)``; per-rank lines are ``Rank R -- GPU G managed by process
 P on node N`` or ``Rank R has status S -- ...`` / ``has launched up to operation N -- ...``
 / ``reported <error> -- ...`` (the one-member case), ``The missing rank: R`` (older
-releases), ``Rank R -- [process information not found]``. Capture's own comment lines
+releases; ``The unknown ranks: R,S`` or ``Rank R has status UNKNOWN`` in 2.24/2.25, NOCOMM from
+2.26), ``Rank R -- [process information not found]``. Capture's own comment lines
 (``# ...``) are skipped; anything else unexpected is a warning, never an exception.
 
 Tables:
@@ -66,11 +67,16 @@ Tables:
     FINALIZE, UNKNOWN/NOCOMM), op_count (int: the operation count group it is listed
     under; 0 for "not launched any"), collective (str: ``collective`` in older releases,
     else AllReduce, Broadcast, ...), error (str: for ERROR entries), missing (bool: a
-    missing rank of an INCOMPLETE entry).
+    missing rank of an INCOMPLETE entry), behind (bool: the rank lags its communicator: missing,
+    no communicator (UNKNOWN/NOCOMM), still in INIT, dead, or fewer operations of a collective
+    than the most any rank launched), peers_op_count (int: that most, for the op-count rows).
 ``ras_rank_counts`` -- the group lines: line, comm_hash, comm_id, kind, what
     (op_count|status|error|init_error|async_error), collective, value (str), ranks (int).
 ``ras_processes`` -- job processes listed under INCOMPLETE / DEAD: line, kind, pid (int),
     node (str), gpus (str).
+
+The JSON form (``ncclras -f json``, NCCL 2.28.9 and later) fills the same tables
+(:func:`_read_json`); ``ras_ranks.comm_id`` is then ``#<index>``.
 
 Facts: nccl_version, cuda_compiled, cuda_runtime, cuda_driver (str/int as printed), nodes,
 processes, gpus, processes_per_node, gpus_per_process (int when uniform),
@@ -95,7 +101,9 @@ OUTLIER_NODE_RE = re.compile(r"^\s+Node (?P<node>\S+) running process(?:es)? (?P
 RANK_TAIL = r"(?: -- (?:GPU (?P<gpu>.+?) managed by process (?P<pid>\d+) on node (?P<node>\S+)|\[process information not found\]))"
 RANK_RE = re.compile(r"^\s+Rank (?P<rank>\d+)(?: has status (?P<status>[A-Z]+)| has launched up to operation "
                      r"(?P<op>\d+)| has not launched any operations(?P<none>)| reported (?P<err>.+?))?" + RANK_TAIL + r"\s*$")
-MISSING_RANK_RE = re.compile(r"^\s+The missing ranks?: (?P<ranks>[\d, ]+)\s*$")
+MISSING_RANK_RE = re.compile(r"^\s+The (?:missing|unknown) ranks?: (?P<ranks>[\d, ]+)\s*$")
+# 2.24/2.25: one rank without a communicator, no process information: "Rank 5 has status UNKNOWN"
+BARE_STATUS_RE = re.compile(r"^\s+Rank (?P<rank>\d+) has status (?P<status>[A-Z]+)\s*$")
 MISSING_RE = re.compile(r"^\s+Missing communicator data from (?P<n>\d+) (?P<what>job process(?:es)?|ranks?)\s*$")
 DEAD_RE = re.compile(r"^\s+(?P<n>\d+) job process(?:es are| is) considered dead")
 TIMEOUT_RE = re.compile(r"^\s+Encountered (?P<n>\d+) communication timeouts? while gathering")
@@ -125,7 +133,8 @@ class NcclRasParser(Parser):
                               "detail": "str"},
         "ras_ranks": {"line": "int", "comm_hash": "str", "comm_id": "str", "kind": "str", "rank": "int",
                       "gpu": "str", "pid": "int", "node": "str", "status": "str", "op_count": "int",
-                      "collective": "str", "error": "str", "missing": "bool"},
+                      "collective": "str", "error": "str", "missing": "bool", "behind": "bool",
+                      "peers_op_count": "int"},
         "ras_rank_counts": {"line": "int", "comm_hash": "str", "comm_id": "str", "kind": "str", "what": "str",
                             "collective": "str", "value": "str", "ranks": "int"},
         "ras_processes": {"line": "int", "kind": "str", "pid": "int", "node": "str", "gpus": "str"},
@@ -134,6 +143,8 @@ class NcclRasParser(Parser):
     @classmethod
     def sniff(cls, head: bytes) -> bool:
         t = head.decode("utf-8", "replace")
+        if t.lstrip().startswith("{") and '"communicators' in t and '"nccl_version"' in t:
+            return True                 # ncclras -f json (2.28.9 and later)
         return re.search(r"(?m)^(?:Job summary\n=+$|Communicators\.\.\.|Group     Comms     Nodes|"
                          r"#\d+-\d+ \([0-9a-fA-Fx]+\) (?:INCOMPLETE|ERROR|MISMATCH)\s*$)", t) is not None
 
@@ -149,8 +160,14 @@ class NcclRasParser(Parser):
         if looks_binary(data):
             log.add(None, "binary data, not ncclras output")
             return cls.result(label, tables, facts, log)
-        _Reader(facts, tables, log).run(split_lines(decode_text(data)))
+        text = decode_text(data)
+        if text.lstrip().startswith("{"):
+            _read_json(text, facts, tables, log)
+            mark_behind(tables["ras_ranks"], tables["ras_rank_counts"])
+            return cls.result(label, tables, facts, log)
+        _Reader(facts, tables, log).run(split_lines(text))
         _finalize_detail(tables["ras_communicators"])
+        mark_behind(tables["ras_ranks"], tables["ras_rank_counts"])
         if not facts["sections"]:
             log.add(None, "no RAS section found (Job summary, Communicators, Errors, Warnings)")
         return cls.result(label, tables, facts, log)
@@ -316,9 +333,16 @@ class _Reader:
             c["missing_ranks"] = int(m["n"])
             return
         if (m := MISSING_RANK_RE.match(line)):
+            unknown = "unknown" in line
             for r in re.findall(r"\d+", m["ranks"]):
-                t["ras_ranks"].append(dict(base, line=ln, rank=int(r), missing=True))
+                t["ras_ranks"].append(dict(base, line=ln, rank=int(r), missing=True,
+                                           status="UNKNOWN" if unknown else None))
                 c["ranks_listed"] += 1
+            return
+        if (m := BARE_STATUS_RE.match(line)):
+            t["ras_ranks"].append(dict(base, line=ln, rank=int(m["rank"]), status=m["status"],
+                                       missing=m["status"] in ("UNKNOWN", "NOCOMM") or None))
+            c["ranks_listed"] += 1
             return
         if (m := DIFF_COUNTS_RE.match(line)):
             self.collective, self.group = m["coll"], {}
@@ -370,6 +394,102 @@ class _Reader:
             return
         c["detail"].pop()
         self.warn(ln, line)
+
+
+LAGGING_STATUS = frozenset({"UNKNOWN", "NOCOMM", "INIT", "DEAD", "UNRESPONSIVE"})
+
+
+def mark_behind(ranks: list[dict], counts: list[dict]) -> None:
+    """Set ``behind`` and ``peers_op_count`` on the ``ras_ranks`` rows: RAS lists the outliers,
+    which may be the ranks ahead as well as the ones behind; the culprit of a hang is the rank
+    that has not launched what its peers did (or has no communicator, or is missing)."""
+    most: dict[tuple, int] = {}
+    for c in counts:
+        if c.get("what") == "op_count":
+            key = (c.get("comm_hash"), c.get("collective"))
+            most[key] = max(most.get(key, 0), int(c["value"]))
+    for r in ranks:
+        if r.get("op_count") is not None:
+            key = (r.get("comm_hash"), r.get("collective"))
+            most[key] = max(most.get(key, 0), int(r["op_count"]))
+    for r in ranks:
+        top = most.get((r.get("comm_hash"), r.get("collective"))) if r.get("op_count") is not None else None
+        r["peers_op_count"] = top
+        r["behind"] = bool(r.get("missing") or r.get("status") in LAGGING_STATUS
+                           or (top is not None and r["op_count"] < top))
+
+
+def _read_json(text: str, facts: dict, t: dict, log: WarningLog) -> None:
+    """``ncclras -f json`` (2.28.9+): one document of communicators, each with its ranks (status,
+    per-collective operation counts) and missing ranks. 2.28.9 printed no comma after a missing
+    rank's ``nvml_dev`` (fixed in 2.29); that is mended before decoding. Rows as the text's:
+    a rank whose count of some collective differs from its peers' (MISMATCH, one row per such
+    collective), a rank with an asynchronous error (ERROR), a missing rank (INCOMPLETE; status
+    DEAD when RAS considers its process dead, UNRESPONSIVE when it did not answer)."""
+    import json
+    fixed = re.sub(r'("nvml_dev": -?\d+)(\s*\n\s*"status")', r"\1,\2", text)
+    try:
+        doc = json.loads(fixed)
+    except json.JSONDecodeError as e:
+        log.add(e.lineno, f"not valid JSON: {e.msg}")
+        return
+    if not isinstance(doc, dict):
+        log.add(None, "JSON document is not an object")
+        return
+    facts["sections"].append("json")
+    facts["nccl_version"] = doc.get("nccl_version")
+    facts["cuda_runtime"], facts["cuda_driver"] = doc.get("cuda_runtime_version"), doc.get("cuda_driver_version")
+    ras = doc.get("ras") if isinstance(doc.get("ras"), dict) else {}
+    facts["timeouts"] = ras.get("timeouts_count") or 0
+    facts["collection_s"] = ras.get("collection_time_sec")
+    comms = doc.get("communicators") if isinstance(doc.get("communicators"), list) else []
+    for i, c in enumerate(comms):
+        if isinstance(c, dict):
+            _json_comm(i, c, t)
+    if not comms:
+        facts["no_communicators"] = True
+
+
+def _json_comm(i: int, c: dict, t: dict) -> None:
+    h = str(c.get("hash") or "")
+    base = {"comm_hash": h[2:] if h.startswith("0x") else h, "comm_id": f"#{i}", "line": None}
+    ranks = [r for r in c.get("ranks") or [] if isinstance(r, dict)]
+    missing = [r for r in c.get("missing_ranks") or [] if isinstance(r, dict)]
+    kinds = []
+
+    def who(r):
+        return {"rank": r.get("rank"), "node": r.get("host"), "pid": r.get("pid"),
+                "gpu": None if r.get("cuda_dev") is None else str(r.get("cuda_dev"))}
+    counts: dict[str, dict] = {}
+    for r in ranks:
+        for coll, n in (r.get("collective_counts") or {}).items():
+            counts.setdefault(coll, {})[r.get("rank")] = n
+    for coll, by_rank in counts.items():
+        values = set(by_rank.values())
+        if len(values) < 2:
+            continue
+        kinds.append("MISMATCH")
+        for n, k in sorted({(v, sum(1 for x in by_rank.values() if x == v)) for v in values}):
+            t["ras_rank_counts"].append(dict(base, kind="MISMATCH", what="op_count", collective=coll, value=str(n),
+                                             ranks=k))
+        for r in ranks:
+            t["ras_ranks"].append(dict(base, **who(r), kind="MISMATCH", op_count=by_rank.get(r.get("rank")),
+                                       collective=coll))
+    for r in ranks:
+        st = r.get("status") if isinstance(r.get("status"), dict) else {}
+        if st.get("async_error"):
+            kinds.append("ERROR")
+            t["ras_ranks"].append(dict(base, **who(r), kind="ERROR", error=f"error {st['async_error']}",
+                                       status="ABORT" if st.get("abort_flag") else None))
+    for r in missing:
+        st = r.get("status") if isinstance(r.get("status"), dict) else {}
+        kinds.append("INCOMPLETE")
+        status = "DEAD" if st.get("considered_dead") else "UNRESPONSIVE" if st.get("unresponsive") else None
+        t["ras_ranks"].append(dict(base, **who(r), kind="INCOMPLETE", missing=True, status=status))
+    for kind in dict.fromkeys(kinds):
+        t["ras_communicators"].append(dict(base, section="json", group=None, index=i, kind=kind,
+                                           missing_ranks=len(missing) if kind == "INCOMPLETE" else None,
+                                           ranks_listed=len(ranks) + len(missing), detail=None))
 
 
 def _finalize_detail(rows):

@@ -1,5 +1,9 @@
 """torchrun (torch.distributed.elastic) reports of the job's processes: who failed, where, how.
 
+Also the launchers' own words for a process that died: Slurm's ``srun: error: node7: task 3:
+Killed`` and slurmstepd's OOM kill, Open MPI's ``exited on signal 9 (Killed)``, the older
+torch.distributed.launch's ``CalledProcessError ... died with <Signals.SIGKILL: 9>``.
+
 When a worker dies, torchrun's agent logs it and, as it exits, prints a summary naming every
 failed process with the host it ran on, its global and local rank, exit code and pid:
 
@@ -27,7 +31,8 @@ searching). These tie global ranks to hosts and pids when no NCCL line does, and
 process that died from the ones torchrun killed after it.
 
 Table ``process_exits`` (one row per process a summary or agent line names):
-    line (int), kind (root_cause|failure|agent_failed|sigterm), time (str as printed), host
+    line (int), kind (root_cause|failure|agent_failed|sigterm; launchers' own lines: slurm_task,
+    slurm_oom, mpi_rank, launch: :func:`launcher_rows`), time (str as printed), host
     (str), rank (int: global), local_rank (int), exitcode (int), pid (int), signal (str:
     SIGABRT, SIGKILL, ... from a negative exit code or the traceback line), error_file (str),
     traceback (str: its first line), and the launcher context (ctx_rank, ctx_local_rank,
@@ -48,7 +53,26 @@ EXIT_RE = re.compile(r"^(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
 AGENT_RE = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)")
 SIGTERM_RE = re.compile(r"Sending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
 SIGNAL_IN_TEXT_RE = re.compile(r"Signal (?P<n>\d+) \((?P<name>SIG[A-Z]+)\)")
-NEEDLES = (b"exitcode", b"closing signal")
+# Slurm: "srun: error: node7: task 3: Killed", "...: tasks 0-7: Exited with exit code 1", "... Out Of Memory";
+# slurmstepd's cgroup OOM killer: "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=1234.0 cgroup"
+SRUN_RE = re.compile(r"srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>[\d,\-\[\] ]+?): (?P<what>.+?)\s*$")
+SLURM_OOM_RE = re.compile(r"slurmstepd(?:-[\w.-]+)?: error: (?:Detected (?P<n>\d+) oom[-_]kill event|.*\bOOM[ -]?Kill"
+                          r"|.*[Oo]ut [Oo]f [Mm]emory)")
+# Open MPI: "mpirun noticed that process rank 3 with PID 4242 on node node7 exited on signal 9 (Killed)."
+MPIRUN_RE = re.compile(r"noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node (?P<host>\S+?) "
+                       r"exited on signal (?P<sig>\d+)(?: \((?P<what>[^)]*)\))?")
+# torch.distributed.launch (before torchrun): "subprocess.CalledProcessError: Command '[..., '--local_rank=3']'
+# died with <Signals.SIGKILL: 9>." or "... returned non-zero exit status 1."
+LAUNCH_RE = re.compile(r"CalledProcessError: Command .*?(?:--local[-_]rank[= ](?P<local>\d+).*?)?'?\]?'? "
+                       r"(?:died with <Signals\.(?P<sig>SIG[A-Z]+): (?P<n>\d+)>|returned non-zero exit status "
+                       r"(?P<code>-?\d+))")
+# what srun says of a task: the signal it names
+SRUN_SIGNALS = {"killed": "SIGKILL", "out of memory": "SIGKILL", "segmentation fault": "SIGSEGV", "aborted": "SIGABRT",
+                "terminated": "SIGTERM", "bus error": "SIGBUS", "illegal instruction": "SIGILL",
+                "floating point exception": "SIGFPE"}
+EXIT_CODE_RE = re.compile(r"[Ee]xited with exit code (?P<code>\d+)")
+MAX_TASKS = 64
+NEEDLES = (b"exitcode", b"closing signal", b"srun: error:", b"slurmstepd", b"exited on signal", b"CalledProcessError")
 
 
 def _int(v):
@@ -73,7 +97,8 @@ class TorchElasticParser(TextParser):
     NAME = "torch_elastic"
     DESCRIPTION = "torchrun's failure summary and agent lines: the failed processes' hosts, ranks, exit codes"
     GLOBS = ("logs/*", "logs/**/*")
-    MARKERS = (b"ChildFailedError", b"exitcode  :", b"exitcode :", b"(exitcode: ", b"closing signal")
+    MARKERS = (b"ChildFailedError", b"exitcode  :", b"exitcode :", b"(exitcode: ", b"closing signal", b"srun: error:",
+               b"slurmstepd: error:", b"exited on signal", b"died with <Signals.", b"non-zero exit status")
     SCHEMAS = {"process_exits": {
         "line": "int", "kind": "str", "time": "str", "host": "str", "rank": "int", "local_rank": "int",
         "exitcode": "int", "pid": "int", "signal": "str", "error_file": "str", "traceback": "str",
@@ -104,9 +129,47 @@ class TorchElasticParser(TextParser):
                              **lines_mod.context(line[:m.start()]).as_row()})
             elif (f := FIELD_RE.search(line)) and f["key"] == "exitcode" and EXIT_RE.match(f["value"]):
                 rows.append(_block(text, ln, line, start, end, f))
+            else:
+                rows.extend(launcher_rows(ln, line))
         if not rows:
             log.add(None, "no torchrun failure report found")
         return cls.result(label, {"process_exits": rows}, {}, log)
+
+
+def launcher_rows(ln: int, line: str) -> list[dict]:
+    """The ``process_exits`` rows of one Slurm, Open MPI or torch.distributed.launch line (none
+    when it is none of theirs): kinds ``slurm_task`` (one row per task, ``rank`` the task id),
+    ``slurm_oom`` (slurmstepd's cgroup OOM kill: no rank), ``mpi_rank``, ``launch``."""
+    if (m := SRUN_RE.search(line)):
+        what = m["what"].strip().rstrip(".")
+        sig = SRUN_SIGNALS.get(what.lower())
+        code = EXIT_CODE_RE.search(what)
+        if sig is None and code is None:
+            return []
+        base = {"line": ln, "kind": "slurm_task", "host": m["host"], "signal": sig, "traceback": what,
+                "exitcode": int(code["code"]) if code else None}
+        return [{**base, "rank": t} for t in _tasks(m["tasks"])] or [base]
+    if (m := SLURM_OOM_RE.search(line)):
+        return [{"line": ln, "kind": "slurm_oom", "signal": "SIGKILL", "traceback": line[m.start():].strip()[:200],
+                 **lines_mod.context(line[:m.start()]).as_row()}]
+    if (m := MPIRUN_RE.search(line)):
+        return [{"line": ln, "kind": "mpi_rank", "rank": int(m["rank"]), "pid": int(m["pid"]), "host": m["host"],
+                 "exitcode": -int(m["sig"]), "signal": signal_name(-int(m["sig"])), "traceback": m["what"]}]
+    if (m := LAUNCH_RE.search(line)):
+        code = -int(m["n"]) if m["n"] else int(m["code"])
+        return [{"line": ln, "kind": "launch", "local_rank": _int(m["local"]), "exitcode": code,
+                 "signal": m["sig"] or signal_name(code), **lines_mod.context(line[:m.start()]).as_row()}]
+    return []
+
+
+def _tasks(text: str) -> list[int]:
+    """Slurm's task list ("3", "0-7", "[0-3,5]"): the task ids, at most MAX_TASKS."""
+    out: list[int] = []
+    for part in text.strip("[] ").split(","):
+        a, _, b = part.strip().partition("-")
+        if a.isdigit() and (not b or b.isdigit()):
+            out += list(range(int(a), min(int(b or a), int(a) + MAX_TASKS) + 1))
+    return out[:MAX_TASKS]
 
 
 def _unwrapped(text: LogText, end: int, line: str) -> str:

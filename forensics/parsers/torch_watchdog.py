@@ -84,6 +84,10 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
 # literal markers of the lines read (each found with memmem, :mod:`.text`)
 NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"nccl", b"light recorder",
            b"eartbeat", b"dump signal", b"global timeout", b"Last error")
+# what stands after "Last error:" when it is not NCCL's quoted WARN: the error's own lines (a
+# reversed paste puts the quoted text before "Last error:")
+NOT_QUOTED_RE = re.compile(r"\s*(?:nccl(?:[A-Za-z]+Error|InvalidUsage|InvalidArgument): |[\w.]*(?:DistBackendError|RuntimeError): NCCL error"
+                           r"|Traceback \(most recent|File \")")
 WRAP_JOIN = 4            # lines after a cut one that may complete it
 
 
@@ -99,7 +103,7 @@ class TorchWatchdogParser(TextParser):
     NAME = "torch_watchdog"
     DESCRIPTION = "PyTorch ProcessGroupNCCL watchdog timeouts, NCCL errors and dump lines"
     GLOBS = ("logs/*", "logs/**/*")
-    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught")
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught", b"Last error:")
     SCHEMAS = {"watchdog": {
         "line": "int", "kind": "str", "severity": "str", "log_time": "str", "src_file": "str", "src_line": "int",
         "rank": "int", "pg_id": "int", "pg_guid": "str", "pg_desc": "str", "seq_num": "int", "op_type": "str",
@@ -119,13 +123,18 @@ class TorchWatchdogParser(TextParser):
         if cls.unreadable(text, log, "a text log"):
             return cls.result(label, {}, facts, log)
         rows = []
-        for ln, raw, end in text.iter(text.lines_with(NEEDLES)):
+        for ln, raw, start, end in text.iter_spans(text.lines_with(NEEDLES)):
             row = _parse_line(raw, ln, log, text, end)
             if row is None:
                 continue
             if row["kind"] == "last_error_head":
-                # NCCL's last WARN text stands on the next line(s), without a prefix
+                # NCCL's last WARN text stands on the next line(s), without a prefix; in a paste
+                # whose lines came reversed, on the line before
                 following = [x for x in text.following(end, 3) if lines_mod.strip_tags(x)[1].strip()]
+                if following and NOT_QUOTED_RE.match(lines_mod.strip_tags(following[0])[1]):
+                    before = [x for x in text.preceding(start, 2) if lines_mod.strip_tags(x)[1].strip()]
+                    following = before[-1:] if before and not NOT_QUOTED_RE.match(
+                        lines_mod.strip_tags(before[-1])[1]) else []
                 if following:
                     tags, quoted = lines_mod.strip_tags(following[0])
                     ctx = {k: v for k, v in lines_mod.context(tags).as_row().items() if v is not None}

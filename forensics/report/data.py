@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .. import model as event_model
+from ..model.logs import YEAR_ASSUMED
 from ..model.nccl import world_ranks
 from ..tcp.classes import CLASS_LABEL, DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of
 
@@ -672,7 +673,12 @@ def first_screen(analysis, f) -> list[Field]:
         where.append("links " + ", ".join(f"{lk['rank']} ↔ {lk['peer_rank']}" for lk in links)
                      + (" …" if len(f.links) > 3 else ""))
     elif f.peer_ranks:
-        where.append("peers " + ", ".join(map(str, f.peer_ranks[:8])) + (" …" if len(f.peer_ranks) > 8 else ""))
+        waiting = f.kind in HANG_KINDS
+        listed = ", ".join(map(str, f.peer_ranks[:8])) + (" …" if len(f.peer_ranks) > 8 else "")
+        if waiting and not f.ranks:
+            where.append(f"no rank named behind; ranks {listed} waiting")
+        else:
+            where.append(("waiting: ranks " if waiting else "peers ") + listed)
     if f.nodes:
         where.append("captured on " + ", ".join(f.nodes[:4]))
     if where:
@@ -700,12 +706,17 @@ def first_screen(analysis, f) -> list[Field]:
 
 def since_field(analysis, f) -> str:
     """"09:55:53 UTC, 28.1 s before the capture (Flight Recorder, within 100 ms)"."""
+    logs_only = analysis.model.logs_only
     if f.since_ns is None:
-        return "not dated by this evidence (it began before the capture, or the evidence has no times)"
+        return "not dated: the lines it rests on carry no time" if logs_only else \
+            "not dated by this evidence (it began before the capture, or the evidence has no times)"
     from ..findings.evidence import ms
     from ..findings.onset import capture_start_ns
     start = capture_start_ns(analysis.model)
     when = utc(f.since_ns)[:23] + " UTC"
+    if any(YEAR_ASSUMED in n for n in analysis.model.notes):     # c10's prefix prints no year
+        when = dt.datetime.fromtimestamp(f.since_ns / 1e9, tz=dt.timezone.utc).strftime("%b %d %H:%M:%S") \
+            + " UTC (the logs print no year)"
     parts = []
     if start is not None and f.since_ns < start and f.kind in HANG_KINDS:
         parts.append(f"{ms(start - f.since_ns)} before the capture")

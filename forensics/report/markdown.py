@@ -67,7 +67,7 @@ def render(analysis) -> str:
         lines += [f"- **{fl.label}:** {text(fl.text)}" for fl in data.first_screen(analysis, serious[0])]
     hosts = [str(h) for h in model.hosts]
     hosts_txt = f"{len(hosts)} host{'' if len(hosts) == 1 else 's'} ({text(', '.join(hosts[:6]))}" \
-        + (" …)" if len(hosts) > 6 else ")")
+        + (" …)" if len(hosts) > 6 else ")") if hosts else "no host named in the logs"
     if model.logs_only:
         read = sum(len(c.get("files_read") or []) for c in model.captures)
         lines.append(f"- **Read:** {hosts_txt}; the logs alone: {read} file(s), {len(model.tables['nccl_warnings'])} "

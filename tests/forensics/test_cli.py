@@ -189,3 +189,15 @@ def test_other_commands_and_refused_arguments_end_as_usual():
     assert p.returncode == 0 and "duplicate_ack" in p.stdout and "TEARDOWN" in p.stderr
     p = _console(["analyze"])
     assert p.returncode == 2 and "TEARDOWN" in p.stderr
+
+
+def test_no_command_shows_the_two_ways_in():
+    """``stallscope`` alone answers with the two ways in (capture during the incident, analyze
+    the logs you have), not an argparse error; exit code 2 (nothing was done)."""
+    import io
+    from forensics.cli import Env, main
+    out, err = io.StringIO(), io.StringIO()
+    assert main([], Env(stdout=out, stderr=err)) == 2
+    text = err.getvalue()
+    assert "stallscope capture" in text and "stallscope analyze" in text, text
+    assert "error" not in text and "required" not in text, text

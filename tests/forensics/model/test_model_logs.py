@@ -86,3 +86,22 @@ def test_log_times_are_read_in_the_capture_hosts_zone(tmp_path):
     t = int(m.tables["nccl_warnings"]["time_ns"].iloc[0])
     assert t == int(pd.Timestamp("2026-03-30 17:02:44").value)
     assert any("zone (CEST)" in n for n in m.notes)
+
+
+SUMMARY = ("Root Cause (first observed failure):\n[0]:\n  time      : 2023-06-03_22:45:52\n  host      : {h}\n"
+           "  rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: 19414)\n  error_file: <N/A>\n")
+
+
+def test_a_summary_host_stays_as_printed_unless_nccl_names_it_short(tmp_path):
+    (tmp_path / "slurm.out").write_text(SUMMARY.format(h="gpu187.cluster.local"))
+    assert list(build_model([tmp_path]).tables["process_exits"]["host"]) == ["gpu187.cluster.local"]
+    (tmp_path / "nccl.log").write_text("gpu187:19414:19414 [0] NCCL INFO comm 0x5000 rank 0 nranks 4 cudaDev 0 "
+                                       "nvmlDev 0 busId 1000 commId 0xfeed - Init COMPLETE\n")
+    assert list(build_model([tmp_path]).tables["process_exits"]["host"]) == ["gpu187"]
+
+
+def test_warn_lines_prefixed_by_a_bare_rank_are_read(tmp_path):
+    (tmp_path / "rank0.log").write_text("[0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote "
+                                        "peer 10.10.1.3<36138>\n[0] NCCL INFO misc/socket.cc:80 -> 6\n")
+    w = build_model([tmp_path]).tables["nccl_warnings"]
+    assert len(w) == 1 and w["class"].iloc[0] == "socket_closed"

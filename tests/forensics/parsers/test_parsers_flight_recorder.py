@@ -107,3 +107,30 @@ def test_torch_objects_refused_and_damaged_dumps_warn(tmp_path):
                                       ("xccl:broadcast", "BROADCAST"), (None, None)])
 def test_op_names(name, op):
     assert op_from_profiling_name(name) == op
+
+
+def _entry(**kw):
+    e = {"record_id": 0, "pg_id": 0, "process_group": ("0", "default_pg"), "profiling_name": "nccl:all_reduce",
+         "time_created_ns": 1_700_000_000_000_000_000, "input_sizes": [[4]], "output_sizes": [[4]],
+         "state": "scheduled", "frames": [{"name": "f", "filename": "t.py", "line": 3}]}
+    e.update(kw)
+    return e
+
+
+@pytest.mark.parametrize("layout", ["seq_id", "collective_seq_id", "entries_only"])
+def test_dump_layouts(layout):
+    """Dumps that number a collective ``seq_id`` (before ``collective_seq_id`` and
+    ``p2p_seq_id``, 2.3's keys) and a bare list of entries are read as the dict form."""
+    if layout == "seq_id":
+        doc = {"version": "1.1", "entries": [_entry(seq_id=7)]}
+    elif layout == "collective_seq_id":
+        doc = {"version": "2.3", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+               "pg_status": {"0": {"last_enqueued_collective": 7, "last_started_collective": 6,
+                                   "last_completed_collective": 6}},
+               "entries": [_entry(collective_seq_id=7, p2p_seq_id=0, op_id=7, is_p2p=False,
+                                  time_discovered_started_ns=None, time_discovered_completed_ns=None)]}
+    else:
+        doc = [_entry(seq_id=7)]
+    r = FlightRecorderParser.parse_bytes(pickle.dumps(doc, protocol=2), "nccl_trace_rank_1")
+    e = r.tables["fr_entries"]
+    assert e[["rank", "collective_seq_id", "op", "state"]].values.tolist() == [[1, 7, "ALL_REDUCE", "scheduled"]]

@@ -32,10 +32,15 @@ SOURCES = {
     "pyspy": ["pyspy/pyspy_dump_rank0.txt", "pyspy/pyspy_dump_native_locals_rank1.txt", "pyspy/pyspy_dump_rank1.json"],
     "torch_watchdog": ["torch_watchdog/watchdog.log"],
     "native_stacks": ["native_stacks/eu-stack_pause.txt", "native_stacks/gdb_pause.txt"],
+    "fr_analyzer": ["fr_analyzer/fr_trace_2_5.txt", "fr_analyzer/fr_trace_2_7.txt"],
     "ncclras": ["ncclras/doc_incomplete.txt", "ncclras/doc_mismatch_op_counts.txt", "ncclras/doc_mismatch_status.txt"],
     "proc_threads": ["proc_threads/python_poll_recv_end.json"],
     "torch_elastic": ["torch_elastic/childfailed.log"],
+    "launcher_exits": ["launcher_exits/deaths.log"],
+    "torch_init": ["torch_init/never_met.log", "torch_init/agent_traceback.log"],
+    "nvidia_smi": ["nvidia_smi/gpu_lost.txt"],
     "ib_status": ["ib_status/ibstat_one_down.txt", "ib_status/ibstatus.txt", "ib_status/ibv_devinfo_v.txt"],
+    "kernel_log": ["kernel_log/dmesg_xid_link_oom.txt"],
 }
 LINES = {name: [ln for f in files for ln in (P / f).read_bytes().splitlines()] for name, files in SOURCES.items()}
 PICKLES = [(P / "flight_recorder" / n).read_bytes() for n in ("nccl_trace_rank_0", "proto5_nccl_trace_rank_1",

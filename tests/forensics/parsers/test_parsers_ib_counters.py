@@ -111,3 +111,16 @@ def test_malformed_counter_lines_warn(tmp_path):
     assert t.loc["symbol_error", "value"] == 7 and pd.isna(t.loc["link_downed", "value"])
     assert len(r.warnings) == 1 and "port_rcv_errors" in r.warnings[0]
     assert IbCountersParser.parse(b"").warnings == ["<bytes>: empty file"]
+
+
+def test_pasted_perfquery_command_names_the_hca_and_one_snapshot_counts_since_clear():
+    from forensics.parsers.ib_counters import snapshot_values
+    r = IbCountersParser.parse(FIXTURES / "parsers" / "ib_counters" / "perfquery_pasted_prompt_errors.txt")
+    assert r.warnings == []
+    t = r.tables["ib_counters"]
+    assert set(t["device"]) == {"mlx5_1"} and set(t["port"]) == {1} and t["phase"].isna().all()
+    d = snapshot_values(t).set_index("counter")
+    assert d.loc["symbol_error", "delta"] == 1472 and pd.isna(d.loc["symbol_error", "start"])
+    assert bool(d.loc["symbol_error", "problem"]) and bool(d.loc["link_downed", "problem"])
+    assert not bool(d.loc["port_rcv_remote_physical_errors", "problem"])     # 0: nothing to say
+    assert not bool(d.loc["port_xmit_data", "problem"]) and d.loc["port_xmit_data", "bytes"] == 2310784512 * 4

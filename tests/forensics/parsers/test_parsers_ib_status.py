@@ -85,3 +85,38 @@ def test_ibstat_ca_port_prints_its_block_unindented():
     p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
     assert p[["device", "port", "state", "phys_state", "rate_gbps", "lid"]].values.tolist() == [
         ["mlx5_0", 1, "DOWN", "Polling", 10.0, "65535"]]
+
+
+def test_ibdev2netdev_up_and_down_and_the_verbose_port_state():
+    p = ports("ibdev2netdev.txt")
+    assert p[["tool", "device", "port", "state"]].values.tolist() == [
+        ["ibdev2netdev", "mlx5_0", 1, "ACTIVE"], ["ibdev2netdev", "mlx5_1", 1, "DOWN"],
+        ["ibdev2netdev", "mlx5_2", 1, "ACTIVE"]]
+    v = ports("ibdev2netdev_v.txt")           # -v: the IB port state, "(DOWN  )" padded
+    assert v[["device", "state"]].values.tolist() == [["mlx5_0", "ACTIVE"], ["mlx5_3", "DOWN"]]
+
+
+def test_iblinkinfo_switch_and_ca_ports_with_the_down_ones():
+    p = ports("iblinkinfo.txt")
+    got = [[None if pd.isna(h) else h, d, pt, s, ph] for h, d, pt, s, ph in
+           p[["host", "device", "port", "state", "phys_state"]].values.tolist()]
+    sw = "MF0;sw-ib-01:MQM8700/U1"
+    assert got == [[None, sw, 1, "ACTIVE", "LinkUp"], [None, sw, 2, "ACTIVE", "LinkUp"], [None, sw, 3, "DOWN", "Polling"],
+                   ["gpu-a01", "mlx5_0", 1, "ACTIVE", "LinkUp"], ["gpu-a03", "mlx5_1", 1, "INIT", "LinkUp"]]
+    assert p["rate_gbps"].tolist()[:2] == [103.125, 103.125] and p["width"].iloc[4] == "1X"
+    assert (p["tool"] == "iblinkinfo").all() and p["line"].tolist() == [2, 3, 4, 6, 8]
+
+
+def test_iblinkinfo_line_mode_names_each_lines_node():
+    p = ports("iblinkinfo_line_mode.txt")
+    assert p[["device", "port", "state", "phys_state"]].values.tolist() == [
+        ["MF0;sw-ib-01:MQM8700/U1", 1, "ACTIVE", "LinkUp"], ["MF0;sw-ib-01:MQM8700/U1", 2, "DOWN", "Disabled"],
+        ["mlx5_0", 1, "ACTIVE", "LinkUp"]]
+    assert p["host"].iloc[2] == "gpu-b01" and p["rate_gbps"].iloc[0] == 212.5
+def test_ibpanic_names_a_vanished_device():
+    text = ("CA 'mlx5_7'\n\tCA type: MT4123\n\tNumber of ports: 1\n\tPort 1:\n\t\tState: Active\n"
+            "\t\tPhysical state: LinkUp\n\t\tRate: 200\n"
+            "ibpanic: [1323906] main: stat of IB device 'mlx5_8' failed: No such file or directory\n")
+    p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
+    assert p[["device", "state"]].values.tolist() == [["mlx5_7", "ACTIVE"], ["mlx5_8", "MISSING"]]
+    assert p["port"].isna().tolist() == [False, True]

@@ -199,3 +199,23 @@ def test_launcher_tags_on_coll_lines_are_tags_not_times_on_both_paths():
         assert [None if pd.isna(v) else v for v in ll["ts"]] == [ts, ts], pre
         assert [None if pd.isna(v) else int(v) for v in ll["ctx_rank"]] == [rank, rank], pre
         assert t["nccl_coll"]["op_count"].tolist() == [0x1a, 0x1b]
+
+
+def test_libfabric_errors_and_error_returns_as_warn_rows():
+    text = (b"libfabric:462:1673041636:efa:core:rxr_info_to_rxr():506<warn> FI_HMEM capability requires RDMA, "
+            b"which this device does not support.\n"
+            b"libfabric:85:1747438790::core:core:fi_getinfo_():1392<warn> fi_getinfo: provider efa output empty list\n"
+            b"node3:1234:1300 [2] NCCL INFO transport/net.cc:700 -> 2\n"
+            b"node3:1234:1300 [2] NCCL INFO init.cc:1200 -> 2\n")
+    w = NcclDebugParser.parse_bytes(text, "x.log").tables["nccl_warnings"]
+    w = w if hasattr(w, "to_dict") else pd.DataFrame(w)
+    msgs = list(w["message"])
+    assert msgs == ["libfabric core:core: fi_getinfo_(): fi_getinfo: provider efa output empty list"]
+
+
+def test_error_return_alone_is_a_warn_row():
+    text = (b"node3:1234:1300 [2] NCCL INFO transport/net.cc:700 -> 2\n"
+            b"node3:1234:1300 [2] NCCL INFO init.cc:1200 -> 2\n")
+    w = NcclDebugParser.parse_bytes(text, "x.log").tables["nccl_warnings"]
+    w = w if hasattr(w, "to_dict") else pd.DataFrame(w)
+    assert list(w["message"]) == ["transport/net.cc:700 -> 2 (ncclSystemError)"] and list(w["host"]) == ["node3"]

@@ -129,3 +129,63 @@ def test_nccl_tests_1x_layout_without_marks_and_in_milliseconds():
     t = r.tables["nccl_tests"]
     assert r.warnings == [] and t["time_us"].tolist() == [105.0, 104.0] and t["busbw_gbps"].tolist() == [9.99, 10.08]
     assert (r.facts["avg_busbw_gbps"], r.facts["out_of_bounds"], r.facts["config"]["nGpus"]) == (5.0175, 0, 2)
+
+
+BODY = ("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n"
+        "           8             2     float     sum      -1    40.64    0.00    0.00      0    45.02    0.00    0.00      0\n"
+        "         256            64     float     sum      -1    48.23    0.01    0.01      0    47.77    0.01    0.01      0\n"
+        "           8             2     float     sum      -1    46.80    0.00    0.00      0    56.22    0.00    0.00      0\n"
+        "        1024           256     float     sum      -1    47.44    0.02    0.02      0    53.56    0.02    0.02      0\n")
+
+
+def test_a_table_body_without_its_header_is_claimed_by_its_rows_and_read():
+    """A pasted table body (two runs' rows interleaved, no "# size count" header) is nccl-tests
+    output by its rows' shape, with or without the units line; every row is kept."""
+    from forensics.parsers.text import LogText
+    rows_only = "".join(BODY.splitlines(keepends=True)[1:])
+    for text in (BODY, rows_only, "job output\n" + rows_only):
+        assert NcclTestsParser.claims(LogText.of(text.encode(), "paste.txt")), text
+        r = NcclTestsParser.parse(text.encode())
+        t = r.tables["nccl_tests"]
+        assert r.warnings == [] and len(t) == 8 and t["busbw_gbps"].max() == 0.02
+    # 4 key columns (no root, 2017's all_reduce) and no #wrong column are rows too
+    old = "   8388608   2097152   float   sum   4.140   2.03   3.04   4.153   2.02   3.03\n" * 2
+    assert NcclTestsParser.claims(LogText.of(old.encode(), "f"))
+    assert not NcclTestsParser.claims(LogText.of(b"1 2 3 4 5 6 7 8\n10 20 30 40 50 60 70 80\n", "f"))
+
+
+def test_launcher_tags_and_markdown_quotes_before_rows_and_footer():
+    from forensics.parsers.text import LogText
+    text = ("```\n[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong"
+            "     time   algbw   busbw  #wrong\n"
+            "[1,0]<stdout>:           8             2     float     sum      -1    12.90    0.00    0.00      0"
+            "    12.87    0.00    0.00      0\n"
+            ">        [1,0]<stdout>:# Avg bus bandwidth    : 92.3405 \n")
+    assert NcclTestsParser.claims(LogText.of(text.encode(), "f"))
+    r = NcclTestsParser.parse(text.encode())
+    assert len(r.tables["nccl_tests"]) == 2 and r.facts["avg_busbw_gbps"] == 92.3405
+
+
+def test_failure_lines_alone_are_read_without_a_warning():
+    r = NcclTestsParser.parse(b"HCA-14: Test NCCL failure common.cu:1204 'unhandled cuda error / '\n"
+                              b" .. HCA-14 pid 1015577: Test failure common.cu:915\n")
+    assert r.warnings == [] and len(r.facts["failures"]) == 2
+
+
+def test_headerless_rows_of_every_layout():
+    """Without a header the layout is told by the fields: root or not, redop or not, #wrong or not."""
+    cases = {
+        "8388608 2097152 float sum 4.140 2.03 3.04 4.153 2.02 3.03": ("sum", None, 2, None),
+        "8388608 2097152 float sum -1 4.140 2.03 3.04 4.153 2.02 3.03": ("sum", -1, 2, None),
+        "8388608 2097152 float sum 4.140 2.03 3.04 0e+00 4.153 2.02 3.03 0e+00": ("sum", None, 2, 0.0),
+        "8388608 2097152 float 0 4.140 2.03 3.04 0 4.153 2.02 3.03 0": (None, 0, 2, 0.0),
+        "8388608 2097152 float sum -1 4.140 2.03 3.04 0": ("sum", -1, 1, 0.0),
+    }
+    for row, (redop, root, n, wrong) in cases.items():
+        r = NcclTestsParser.parse((row + "\n").encode())
+        t = r.tables["nccl_tests"]
+        assert r.warnings == [] and len(t) == n, (row, r.warnings)
+        got = t.iloc[0]
+        assert (got["redop"] if pd.notna(got["redop"]) else None) == redop, row
+        assert (int(got["root"]) if pd.notna(got["root"]) else None) == root, row
+        assert got["busbw_gbps"] == 3.04 and (got["wrong"] if pd.notna(got["wrong"]) else None) == wrong, row

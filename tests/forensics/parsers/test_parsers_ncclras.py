@@ -162,3 +162,36 @@ def test_selected_by_path_and_content():
     assert registry.select("sys/host/ncclras-end.txt", head)[0] is NcclRasParser
     assert NcclRasParser.sniff(head) and NcclRasParser.sniff(SOURCE_FORMAT)
     assert not NcclRasParser.sniff(b"State Recv-Q Send-Q Local Address:Port Peer Address:Port\n")
+
+
+def test_v2_24_unknown_ranks_lines_are_missing_and_behind():
+    r = NcclRasParser.parse(FIXTURES / "parsers" / "ncclras" / "v2_24_unknown_ranks.txt")
+    assert r.warnings == []
+    t = r.tables["ras_ranks"]
+    assert sorted(t["rank"]) == [9, 11, 13] and set(t["status"]) == {"UNKNOWN"}
+    assert t["behind"].all() and t["missing"].all()
+
+
+def test_behind_is_the_smaller_op_count_not_the_outliers_ahead():
+    text = ("#0-0 (27a079b828ff1a75) MISMATCH\n  Communicator ranks have different AllReduce operation counts\n"
+            "  30 ranks have launched up to operation 811\n  2 ranks have launched up to operation 812\n"
+            "  Rank 4 -- GPU 4 managed by process 11 on node n1\n  Rank 9 -- GPU 1 managed by process 12 on node n2\n"
+            "  1 ranks have launched up to operation 810\n  Rank 17 -- GPU 1 managed by process 13 on node n3\n")
+    t = NcclRasParser.parse(text.encode()).tables["ras_ranks"]
+    assert dict(zip(t["rank"], t["behind"])) == {4: False, 9: False, 17: True}     # 4, 9 are ahead
+    text = text.replace("811\n", "813\n")              # now 4 and 9 are behind the 30, 17 more so
+    t = NcclRasParser.parse(text.encode()).tables["ras_ranks"]
+    assert set(t["peers_op_count"]) == {813} and t["behind"].all()
+
+
+def test_json_2_28_9_with_its_missing_comma():
+    r = NcclRasParser.parse(FIXTURES / "parsers" / "ncclras" / "v2_28_9_json_missing_comma.json")
+    assert r.warnings == [] and r.facts["nccl_version"] == "2.28.9+cuda12.9" and r.facts["timeouts"] == 1
+    t = r.tables["ras_ranks"]
+    behind = t[t["behind"]]
+    assert sorted(behind["rank"]) == [1, 3]
+    b1 = behind[behind["rank"] == 1].iloc[0]
+    assert (b1["collective"], b1["op_count"], b1["peers_op_count"], b1["node"]) == ("AllReduce", 5120, 5121, "gpu-f01")
+    b3 = behind[behind["rank"] == 3].iloc[0]
+    assert (b3["kind"], b3["status"], b3["node"], b3["pid"]) == ("INCOMPLETE", "DEAD", "gpu-f02", 40202)
+    assert NcclRasParser.sniff((FIXTURES / "parsers" / "ncclras" / "v2_28_9_json_missing_comma.json").read_bytes())

@@ -15,7 +15,7 @@ from forensics.parsers import get, parse_file, parse_tree, parsers, registry
 P = FIXTURES / "parsers"
 NAMES = {"nccl_debug", "nccl_tests", "ib_counters", "ss", "flight_recorder", "nccl_inspector",
          "nccl_profiler_trace", "pyspy", "torch_watchdog", "proc_threads", "native_stacks", "ncclras",
-         "torch_elastic", "ib_status"}
+         "torch_elastic", "ib_status", "kernel_log", "fr_analyzer", "launcher_exits", "torch_init", "nvidia_smi"}
 
 
 def test_every_format_registered_once_with_its_declarations():
@@ -56,6 +56,7 @@ def test_module_docstring_documents_every_column():
     ("native_stacks/eu-stack_pause.txt", "native_stacks"),
     ("native_stacks/gdb_pause.txt", "native_stacks"),
     ("ncclras/doc_healthy.txt", "ncclras"),
+    ("kernel_log/dmesg_xid_link_oom.txt", "kernel_log"),
 ])
 def test_content_sniffing_picks_the_parser(path, name):
     # fixture paths say nothing about the format: selection is by content alone
@@ -170,10 +171,10 @@ def test_parse_tree_reads_a_bundle_folder(tmp_path):
     results = parse_tree(b)
     by_parser = {r.parser: r for r in results}
     assert set(by_parser) == {"nccl_debug", "torch_watchdog", "ss", "pyspy", "flight_recorder", "nccl_tests",
-                              "ib_counters"}
-    # manifest.json and dmesg are nobody's; the ib/ tree is one result; a headerless
-    # nccl-tests fragment is read because only nccl_tests claims nccl-tests/
-    assert len(results) == 8
+                              "ib_counters", "kernel_log"}
+    # manifest.json is nobody's; dmesg's Xid line is the kernel log's; the ib/ tree is one result;
+    # a headerless nccl-tests fragment is read because only nccl_tests claims nccl-tests/
+    assert len(results) == 9
     rows_only = [r for r in results if r.source.endswith("rows-only.txt")][0]
     assert len(rows_only.tables["nccl_tests"]) == 2
     assert by_parser["ss"].facts["phase"] == "start"

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pandas as pd
 
 from conftest import FIXTURES
+from forensics.parsers.text import LogText
 from forensics.parsers.torch_watchdog import TorchWatchdogParser
 
 D = FIXTURES / "parsers" / "torch_watchdog"
@@ -87,3 +88,19 @@ def test_newer_status_lines_nccl_errors_last_error_and_old_version_codes():
     assert w.iloc[2]["nccl_version"] == "2.11.4" and w.iloc[2]["error"] == "unhandled system error"
     last = w.iloc[4]
     assert last["error"].startswith("NET/IB : Got completion") and last["ctx_host"] == "w-1"
+
+
+def test_last_error_in_a_reversed_paste_and_behind_a_torchx_role_tag():
+    reversed_paste = (b"Duplicate GPU detected : rank 9 and rank 1 both on CUDA device 34000\n Last error:\n"
+                      b"ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+                      b"torch.distributed.DistBackendError: NCCL error in: NCCLUtils.hpp:268, invalid usage, "
+                      b"NCCL version 2.21.5\n")
+    t = TorchWatchdogParser.parse(reversed_paste).tables["watchdog"]
+    assert t.loc[t["kind"] == "last_error", "error"].tolist() == [
+        "Duplicate GPU detected : rank 9 and rank 1 both on CUDA device 34000"]
+    torchx = (b"[trainer0|0]:ncclInternalError: Internal check failed.\n[trainer0|0]:Last error:\n"
+              b"[trainer0|0]:ncclSocketInit: connecting to address  with family 59936 is neither AF_INET(2) nor "
+              b"AF_INET6(10)\n")
+    assert TorchWatchdogParser.claims(LogText(torchx, "x"))
+    t = TorchWatchdogParser.parse(torchx).tables["watchdog"]
+    assert t.loc[t["kind"] == "last_error", "error"].iloc[0].startswith("ncclSocketInit: connecting")

@@ -43,8 +43,8 @@ SMALL_BYTES = 256 << 10        # texts up to this size are sniffed whole
 HEAD_BYTES = 64 << 10          # else: the head, and WINDOWS windows of WINDOW_BYTES further in
 WINDOW_BYTES = 16 << 10
 WINDOWS = 4
+LINE_NUMBER_BYTES = 8 << 10     # line numbers are looked for in each window's first lines
 MIN_WIDTH, MAX_WIDTH = 60, 200  # the hard-wrap widths recognised
-GLUE_MIN_CHARS = 120           # a line holding two log lines is at least this long
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class ContainerLog(Repair):
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return bool(_DOCKER_RE.search(seg)) or len(_CRI_RE.findall(seg[:8192])) >= 2
+        return b'{"log":"' in seg and bool(_DOCKER_RE.search(seg)) or len(_CRI_RE.findall(seg[:8192])) >= 2
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
@@ -243,21 +243,21 @@ class MarkdownQuote(Repair):
 
 
 _FENCE_SEEN_RE = re.compile(rb"(?m)^[ \t]*(?:```|~~~)|```[ \t]*$")
-_FENCE_LINE_RE = re.compile(rb"(?m)^[ \t]*(?:`{3,}|~{3,})[\w+.-]*[ \t]*(?:\n|$)")
+_FENCE_LINE_RE = re.compile(rb"(?m)^[ \t]*(?:`{3,}|~{3,})[\w+.-]*[ \t]*$")
 _FENCE_OPEN_RE = re.compile(rb"(?m)^([ \t]*)(?:`{3,}|~{3,})")
 _FENCE_CLOSE_RE = re.compile(rb"(?m)`{3,}[ \t]*$")
 
 
 class CodeFences(Repair):
     """Markdown code fences: a line of three or more backticks or tildes (with an info string
-    such as ``text`` or ``shell``) is removed; a fence glued to a log line's start or end is cut
-    off the line."""
+    such as ``text`` or ``shell``) is emptied (kept as a blank line: the lines keep their
+    numbers); a fence glued to a log line's start or end is cut off the line."""
 
     NAME = "code_fences"
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return bool(_FENCE_SEEN_RE.search(seg))
+        return (b"```" in seg or b"~~~" in seg) and bool(_FENCE_SEEN_RE.search(seg))
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
@@ -279,7 +279,7 @@ class Backticks(Repair):
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return bool(_TICK_SEEN_RE.search(seg))
+        return b"`" in seg and bool(_TICK_SEEN_RE.search(seg))
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
@@ -317,7 +317,8 @@ class LineNumbers(Repair):
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return cls._style(seg) is not None
+        # numbers mark every line: the window's first lines show them
+        return cls._style(_whole_lines(seg[:LINE_NUMBER_BYTES], head=True)) is not None
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
@@ -364,18 +365,6 @@ def _lines(data: bytes):
     return starts, ends, chars, trail
 
 
-def _flag(data: bytes, rx: re.Pattern, starts: np.ndarray) -> np.ndarray:
-    """Lines (by start offset) at whose start ``rx`` matches."""
-    out = np.zeros(len(starts), bool)
-    offs = np.fromiter((m.start() for m in rx.finditer(data)), np.int64)
-    if len(offs):
-        idx = np.searchsorted(starts, offs)
-        ok = idx < len(starts)
-        idx, offs = idx[ok], offs[ok]
-        out[idx[starts[idx] == offs]] = True
-    return out
-
-
 @dataclass(frozen=True)
 class _Wrap:
     width: int
@@ -385,18 +374,52 @@ class _Wrap:
     padded: bool             # lines padded with blanks to the width (removed)
 
 
-def _wrap(data: bytes) -> _Wrap | None:
+_HEAD_AT_RE: re.Pattern | None = None
+_NAME_COLON_RE = re.compile(rb"[\w.-]+: ")     # ``srun: error``, ``ncclInvalidUsage: ...``
+_EXCEPTION_RE = re.compile(rb"[ \t]*[\w.]*(?:Error|Exception)\b")     # an exception's message line
+_DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _begins_like_log(data: bytes, at: int) -> bool:
+    """Whether the line starting at offset ``at`` begins like a log line: a line head of
+    :data:`_LOG_START_RE`, a separator, or (after blanks and launcher tags) any line head the
+    glued-line split knows (:func:`_heads`)."""
+    return bool(_LOG_START_RE.match(data, at) or _SEPARATOR_RE.match(data, at) or _head_at().match(data, at))
+
+
+def _head_at() -> re.Pattern:
+    """A line head of :class:`GluedLines` (with its launcher tags) at a line's start."""
+    global _HEAD_AT_RE
+    if _HEAD_AT_RE is None:
+        _HEAD_AT_RE = re.compile(rb"[ \t]*" + _split_re().pattern)
+    return _HEAD_AT_RE
+
+
+def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True) -> bool:
+    """Whether line ``i + 1`` reads as the continuation of line ``i``: it does not begin like a
+    log line, and the two do not begin alike, digits aside (a list of like lines: paths,
+    counters, numbered devices, table rows)."""
+    s, t = int(starts[i]), int(starts[i + 1])
+    if _SEPARATOR_RE.match(data, s) or _LOG_START_RE.match(data, t) or _SEPARATOR_RE.match(data, t) \
+            or heads and _begins_like_log(data, t):
+        return False
+    a = data[s:s + 6].translate(_DIGITS_AS_0)
+    return not (len(a) == 6 and data[t:t + 6].translate(_DIGITS_AS_0) == a)
+
+
+def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
+    """The hard wrap of ``data``, or None: see :class:`HardWrap`. ``limit``: at most that many
+    candidate lines are looked at (the sniff: its cost stays bounded)."""
     if not data:
         return None
+    nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    if len(nl) < 2 or int(np.diff(nl, prepend=-1).max()) - 1 < MIN_WIDTH and len(data) - 1 - int(nl[-1]) < MIN_WIDTH:
+        return None              # no line as long as the narrowest width (bytes >= characters)
     starts, ends, chars, trail = _lines(data)
     n = len(starts)
     if n < 3:
         return None
     blank = trail == (ends - starts)
-    start = _flag(data, _LOG_START_RE, starts)
-    sep = _flag(data, _SEPARATOR_RE, starts)
-    nxt_ok = np.zeros(n, bool)
-    nxt_ok[:-1] = ~blank[1:] & ~start[1:] & ~sep[1:]
     nonblank = ~blank
     if nonblank.sum() < 3:
         return None
@@ -404,37 +427,57 @@ def _wrap(data: bytes) -> _Wrap | None:
     if not MIN_WIDTH <= W <= MAX_WIDTH:
         return None
     padded = bool((chars[nonblank] == W).mean() > 0.6 and (trail[nonblank] > 0).mean() > 0.3)
-    # a list of like lines (paths, counters) is not a wrap: a continuation starts unlike its line
-    like = np.zeros(n, bool)
-    cand = np.flatnonzero(nxt_ok & (chars >= W - 24))
-    for i in cand[:400].tolist():
-        a = data[starts[i]:starts[i] + 6]
-        like[i] = len(a) == 6 and data[starts[i + 1]:starts[i + 1] + 6] == a
-    nxt_ok &= ~like
-    full = (chars == W) & nxt_ok & ~sep
+    followed = np.zeros(n, bool)
+    followed[:-1] = nonblank[1:]
+    edge = nonblank & followed & (chars == W)        # reaching the width: cut there, or not
     if padded:
-        hard = full & (trail == 0)
-        space = full & (trail == 1)
-        joins = hard | space
+        edge &= trail <= 1                           # the text itself reaches the edge
+        soft = np.zeros(n, bool)
     else:
-        hard = full
-        space = np.zeros(n, bool)
         # wrapped at a blank (``fold -s``): the line keeps its blank, nearly the width long
-        soft = nxt_ok & ~sep & (trail > 0) & (chars >= W - 24) & (chars < W)
-        joins = hard | soft
-    if hard.sum() + space.sum() < 2 and not (joins.sum() >= 3 and hard.sum() >= 1):
-        # one wrap alone: taken when it fell mid-word (no blank on either side, the
-        # continuation not starting like a sentence)
-        one = np.flatnonzero(hard)
-        if len(one) != 1:
+        soft = nonblank & followed & (trail > 0) & (chars >= W - 24) & (chars < W)
+    cand = np.flatnonzero(edge | soft)
+    if limit is not None:
+        cand = cand[:limit]
+    if not len(cand):
+        return None
+
+    def verdict(ok):
+        e, s = edge[cand], soft[cand]
+        he, hc, se, sc = int(e.sum()), int((e & ok).sum()), int(s.sum()), int((s & ok).sum())
+        # most lines reaching the width go on in the next line: the lines of a log that merely
+        # share the longest length (one format, many lines) are followed by log lines as often
+        hard_ok = hc >= 2 and hc >= 0.75 * he
+        soft_ok = hc >= 1 and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
+        lone = he == hc == 1 and sc == 0
+        return e, s, hard_ok, soft_ok, lone
+
+    # the cheap test first (the line heads of _LOG_START_RE): the full one only tells fewer
+    # lines apart as continuations, so when the cheap one finds no wrap there is none
+    quick = np.fromiter((_continues(data, starts, i, heads=False) for i in cand.tolist()), bool, len(cand))
+    if not any(verdict(quick)[2:]):
+        return None
+    ok = quick.copy()
+    ok[quick] = [_continues(data, starts, i) for i in cand[quick].tolist()]
+    e, s, hard_ok, soft_ok, lone = verdict(ok)
+    joins = cand[(e | s) & ok] if soft_ok else cand[e & ok]
+    if not (hard_ok or soft_ok):
+        if not lone:
             return None
-        i = int(one[0])
-        last, first = data[ends[i] - 1:ends[i]], data[starts[i + 1]:starts[i + 1] + 1]
-        if last.isspace() or first.isspace() or first.isupper():
+        # one wrap alone: taken only when it cut a line a parser reads mid-word: the line
+        # begins with a line head of GluedLines or an exception's message, no blank on either
+        # side of the cut, and the next line begins like no line a program prints (not a
+        # capital, not ``name: ``)
+        i = int(cand[e & ok][0])
+        last, nxt = data[ends[i] - 1:ends[i]], data[starts[i + 1]:starts[i + 1] + 1]
+        if not (last.isalnum() and nxt.isalnum() and not nxt.isupper()) \
+                or _NAME_COLON_RE.match(data, int(starts[i + 1])) \
+                or not (_head_at().match(data, int(starts[i])) or _EXCEPTION_RE.match(data, int(starts[i]))):
             return None
-        joins = hard
+        joins = np.array([i])
+    space = joins[trail[joins] == 1] if padded else np.zeros(0, np.int64)
     # indented continuations: the indent most of them share
-    ji = np.flatnonzero(joins) + 1
+    ji = joins + 1
     ind = np.array([len(data[s:e]) - len(data[s:e].lstrip(b" \t")) for s, e in
                     zip(starts[ji[:200]].tolist(), ends[ji[:200]].tolist())])
     indent = 0
@@ -443,26 +486,34 @@ def _wrap(data: bytes) -> _Wrap | None:
         k = int(vals[counts.argmax()])
         if k > 0 and counts.max() >= 0.7 * len(ind):
             indent = k
-    return _Wrap(W, np.flatnonzero(joins), np.flatnonzero(space), indent, padded)
+    return _Wrap(W, joins, space, indent, padded)
 
 
 class HardWrap(Repair):
     """Lines hard-wrapped at a fixed width (60 to 200 columns) by a terminal, a renderer or a
     mail client, mid-word or at a blank, the continuation indented or not, every line padded
-    with blanks to the width or not (a GitHub-rendered terminal paste). The width is the
-    longest line's (no line of a wrapped text is longer), taken only when at least two lines
-    of exactly that width (or one and more lines ending in a blank just short of it, or a
-    single one cut mid-word) are each followed by a line that does not begin like a log line (:data:`_LOG_START_RE`: launcher
-    tags, NCCL's ``host:pid:tid [dev]``, ``[rankN]:``, c10's ``[E1112 ...]``, timestamps,
-    Python tracebacks, nccl-tests rows, torchrun's summary). Such a line is joined with the
-    next: mid-word with nothing between, at a blank keeping it; a line that begins like a log
-    line is never joined onto the one before. Padding is removed from every line."""
+    with blanks to the width or not (a GitHub-rendered terminal paste). The width W is the
+    longest line's (no line of a wrapped text is longer). A wrap is declared only when it is
+    plain: at least two lines reach W and three in four of those that do are followed by a
+    line that reads as their continuation: one that does not begin like a log line
+    (:data:`_LOG_START_RE`: launcher tags, NCCL's ``host:pid:tid [dev]``, ``[rankN]:``, c10's
+    ``[E1112 ...]``, timestamps, Python tracebacks, nccl-tests rows, torchrun's summary; or
+    any line head of :class:`GluedLines`) and does not begin like the line itself (a list of
+    like lines). A log whose lines merely share the longest length (one format: the lines
+    after them are log lines as often as not) is not wrapped; nor is one long line before a
+    short one, unless the cut fell mid-word in a line that begins with a line head a parser
+    reads (:class:`GluedLines`'s) or with an exception's name, and the next begins with a
+    lower-case word that is no ``name: ``. ``fold -s`` wraps (lines ending in a blank just
+    short of W) count with those reaching W. Such a line is joined with the next: mid-word
+    with nothing between, at a blank keeping it; a line that begins like a log line is never
+    joined onto the one before. Padding is removed from every line. The sniff
+    looks at no more than 400 candidate lines per sampled window."""
 
     NAME = "hard_wrap"
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return _wrap(seg.replace(b"\r\n", b"\n")) is not None
+        return _wrap(seg.replace(b"\r\n", b"\n"), limit=400) is not None
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
@@ -513,7 +564,7 @@ def _tests_markers() -> bytes:
 def _heads() -> bytes:
     return b"|".join((
         rb"(?<![\w.-])" + _NCCL_HEAD + rb"(?:[\w./-]+:\d+ (?:\(\w+\) )?)?NCCL (?:" + _nccl_markers() + rb")\b",
-        rb"(?<!INFO )(?<!, )(?<!\w)NCCL version \d",
+        _VERSION_HEAD.pattern,
         rb"\[rank\d+\]:",                                   # PyTorch >= 2.2 stderr
         rb"\[" + _GLOG + rb" +\d+ [\w/.-]+:\d+\]",          # c10 logger, bracketed
         _GLOG + rb" +\d+ [\w/.-]+:\d+\]",                   # c10 / torchrun glog
@@ -530,7 +581,8 @@ def _heads() -> bytes:
         _tests_markers(),
         _TEST_ROW[len(rb"[ \t]+"):],
         rb"\S+: Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure",
-        rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<= )\t+",
+        rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<![\w.-])(?:Switch: 0x[0-9a-fA-F]+|CA|Router): \S",
+        rb"(?<= )\t+",
     ))
 
 
@@ -574,6 +626,30 @@ def _glue_points(data: bytes) -> list[int]:
 _TEST_ROW_AT = re.compile(rb"\d+[ \t]+\d+[ \t]+" + _DTYPES)
 
 
+_GLUE_CANDIDATES: tuple[re.Pattern, ...] | None = None
+_VERSION_HEAD = re.compile(rb"(?<!INFO )(?<!, )(?<!\w)NCCL version \d")    # as in _heads()
+
+
+def _glue_candidates() -> tuple[re.Pattern, ...]:
+    """Cheap stand-ins for the line heads of :func:`_heads`, most led by a literal (searched
+    at memchr speed): every head the split takes holds the end of one of their matches, so a
+    line that the split cuts holds two of these hits (the sniff runs the full split only on
+    such lines). ``[rankN]:`` before a c10 head is one head with it (a tag of the head)."""
+    global _GLUE_CANDIDATES
+    if _GLUE_CANDIDATES is None:
+        _GLUE_CANDIDATES = tuple(re.compile(x) for x in (
+            rb"NCCL (?:" + _nccl_markers() + rb")\b", rb"NCCL version \d",     # [1]: filtered by _VERSION_HEAD
+            rb"\[rank\d+\]:(?!\[" + _GLOG[:13] + rb")", _GLOG[:-len(rb"(?:\.\d+)?")],
+            rb"\[[EWIF] ProcessGroupNCCL\.cpp:\d+\]", rb":torch\.distributed", rb"ChildFailedError",
+            rb"Traceback \(most recent call last\):", rb"terminate called after throwing", rb"Exception raised from ",
+            rb"frame #\d+: ", b"=" * 20, rb"Root Cause \(first observed failure\):", rb"Failures:", rb"\[\d+\]:",
+            rb"\s\s(?:time|host|rank|exitcode|error_file|traceback)\s*: ", _tests_markers(),
+            rb"[ \t]" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
+            rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
+            rb"Infiniband device '", rb"Switch: 0x", rb"CA: ", rb"Router: ", rb" \t"))
+    return _GLUE_CANDIDATES
+
+
 class GluedLines(Repair):
     """Log lines glued together: a whole log joined onto one line (newlines become blanks in a
     form field or a chat), or a line run into the next (a progress bar without its newline).
@@ -581,18 +657,25 @@ class GluedLines(Repair):
     ``NcclDebugParser.MARKERS``, ``[rankN]:``, c10's ``[E1112 ...]``, PyTorch 1.x's
     ``[E ProcessGroupNCCL.cpp:N]``, torchrun's ``ERROR:torch.distributed...`` and its
     failure summary's fields, nccl-tests' ``#`` lines from ``NcclTestsParser.MARKERS`` and its
-    table rows, ibstat/ibv_devinfo blocks, tracebacks), with the launcher tags before it
+    table rows, ibstat/ibv_devinfo/iblinkinfo blocks, tracebacks), with the launcher tags before it
     (``12: ``, ``[1,0]<stdout>:``, a timestamp...), standing mid-line starts a new line there;
-    one blank before it, the join's, is dropped."""
+    one blank before it, the join's, is dropped. The sniff searches the sampled windows with
+    cheap stand-ins of the heads (:func:`_glue_candidates`) and runs the full split only on
+    the lines holding two hits or more."""
 
     NAME = "glued_lines"
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        # two line heads on one line make it long: only long lines are searched
-        starts, ends, _, _ = _lines(seg)
-        long = np.flatnonzero(ends - starts > GLUE_MIN_CHARS)
-        return any(_glue_points(seg[s:e]) for s, e in zip(starts[long].tolist(), ends[long].tolist()))
+        hits = [m.end() - 1 for rx in _glue_candidates() for m in rx.finditer(seg)
+                if rx is not _glue_candidates()[1] or _VERSION_HEAD.match(seg, m.start())]
+        if len(hits) < 2:
+            return False
+        nl = np.flatnonzero(np.frombuffer(seg, np.uint8) == 10)
+        line, count = np.unique(np.searchsorted(nl, np.asarray(hits, np.int64)), return_counts=True)
+        starts = np.concatenate(([0], nl + 1))
+        ends = np.concatenate((nl, [len(seg)]))
+        return any(_glue_points(seg[starts[i]:ends[i]]) for i in line[count >= 2].tolist())
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
@@ -634,7 +717,7 @@ def normalize(data) -> Normalized:
             or head.decode("utf-8", "replace").count("\ufffd") > len(head) // 100:
         return Normalized(data)        # binary, compressed, or a structured JSON document
     segs = sample(data)
-    if not any(r.needed(segs) for r in PIPELINE):
+    if not any(r.needed(segs) for r in dict.fromkeys(PIPELINE)):
         return Normalized(data)
     out = bytes(data)
     if out.startswith(b"\xef\xbb\xbf"):

@@ -245,7 +245,9 @@ def _parse(parser, text: LogText, rel: str, bundle) -> ParseResult:
         elif hasattr(parser, "parse_text"):
             res = parser.parse_text(text, rel)
         else:
-            res = parser.parse_bytes(bytes(text.data), rel)
+            # a structured format (JSON, a pickle) reads the bytes as they are; the other
+            # parsers the text as repaired (:mod:`forensics.parsers.normalize`)
+            res = parser.parse_bytes(bytes(text.raw if parser.STRUCTURED else text.data), rel)
     except Exception as exc:   # parsers promise not to raise; if one does, it is a warning, not a crash
         msg = f"{rel}: {parser.NAME} parser failed: {type(exc).__name__}: {exc}"
         bundle.problems.append(msg)

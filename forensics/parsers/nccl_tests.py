@@ -48,7 +48,7 @@ from .text import LogText, TextParser
 OMPI_TAG_RE = re.compile(r"^(?:.*?\d{4})?\[\d+,\d+\]<std(?:out|err)>:")
 QUOTE_RE = re.compile(r"^\s*(?:>\s*)+")          # a Markdown quote of a pasted line
 # launcher tags and quote marks a pasted line may carry before an nccl-tests line (sniffing)
-_LEAD = r"(?m)^[>\s]*(?:(?:\[[^\]\n]{1,40}\](?:<std\w+>)?|\S+ >>|\d{1,6}):?[ \t]*)*"
+_LEAD = r"(?m)^[>\s]*(?:(?:\[[^\]\n]{1,40}\](?:<std\w+>)?|\S+ >>|\d{1,6}(?!\d)):?[ \t]*)*"
 # the data types and reduction operations nccl-tests prints, every version (1.x: char, int)
 DTYPES = r"(?:u?int(?:8|32|64)?|half|float|double|bfloat16|f8e4m3|f8e5m2|char)"
 REDOPS = r"(?:sum|prod|max|min|avg|mulsum|premulsum|none)"

@@ -9,6 +9,13 @@ read: a 512 MB log costs no copy.
 
 Line numbers are 1-based and count ``\\n``, ``\\r\\n`` and a lone ``\\r`` (a progress
 bar's rewrite) as line ends, as :func:`.registry.split_lines` does.
+
+Text as pasted (hard-wrapped, joined onto one line, Markdown-quoted, in docker JSON...) is
+repaired here, once, before any parser sees it: every :class:`LogText` holds the text
+:func:`.normalize.normalize` made of its bytes (``data``; the bytes themselves, mapped, when
+they need no repair) beside the bytes as read (``raw``, for structured formats). Where a repair
+joined or split lines, line numbers count the lines of the repaired text (``repairs`` names
+what was done).
 """
 from __future__ import annotations
 
@@ -48,7 +55,13 @@ class Lines:
 class LogText:
     """The bytes of one text log (``bytes`` or a read-only map of the file)."""
 
-    def __init__(self, data, label: str):
+    def __init__(self, data, label: str, normalize: bool = True):
+        self.raw = data
+        self.repairs: tuple[str, ...] = ()
+        if normalize:
+            from .normalize import normalize as _normalize
+            fixed = _normalize(data)
+            data, self.repairs = fixed.data, fixed.repairs
         self.data = data
         self.label = label
         self.size = len(data)
@@ -199,8 +212,9 @@ class LogText:
         return re.split(r"\r\n|\r|\n", decode_text(bytes(self.data[a:b])))
 
     def close(self) -> None:
-        if isinstance(self.data, mmap.mmap):
-            self.data.close()
+        for d in (self.data, self.raw):
+            if isinstance(d, mmap.mmap) and not d.closed:
+                d.close()
 
 
 class TextParser(Parser):

@@ -668,10 +668,10 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
         if t is not None and len(t):
             for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
                 key = f"{host}:{pid}"
-                if key not in procs:
+                if key not in procs and pd.notna(pid):
                     _process(procs, host, int(pid))
     for r in info:
-        if r.kind == "other":
+        if r.kind == "other" and r.pid is not None:     # a line of no pid tells of no process
             _read_info_fact(r, _process(procs, r.host, r.pid), facts, log)
     for _, v, _ in bare:
         _add_version(facts, v)
@@ -761,6 +761,8 @@ def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: l
     vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
     for (host, pid), via in zip(((r.host, r.pid) for r, _ in chans), [c["via"] for _, c in chans]):
         key = f"{host}:{pid}"
+        if key not in procs:          # a line of no pid (the process's facts are keyed by it)
+            continue
         if "/GDRDMA" in via:
             procs[key]["gdr"] = True
         if via not in vias:
@@ -772,7 +774,8 @@ def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: l
         if procs[key]["transport"] is None:
             procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
     for r, c in comms:
-        p = procs[f"{r.host}:{r.pid}"]
+        if (p := procs.get(f"{r.host}:{r.pid}")) is None:
+            continue
         p["ranks"][c["comm"]] = _int(c["rank"])
         if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
             p["comm_ids"].append(c["comm_id"])

@@ -220,6 +220,27 @@ class HtmlEntities(Repair):
         return data
 
 
+# GitHub links what looks like a file or an address in a comment; copied back as Markdown it
+# reads "transport/[net_ib.cc:101](http://net_ib.cc:101/)": the link whose target is its own text
+_AUTOLINK_RE = re.compile(rb"\[([^\]\n]{1,200})\]\((?:https?://)?\1/?\)")
+
+
+class AutoLinks(Repair):
+    """Links a tracker made of a log's own words (a file name, an address) and Markdown kept:
+    ``[net_ib.cc:101](http://net_ib.cc:101/)`` becomes ``net_ib.cc:101``. A link to anything
+    else is the reporter's and stays."""
+
+    NAME = "auto_links"
+
+    @classmethod
+    def seen(cls, seg: bytes) -> bool:
+        return b"](http" in seg and _AUTOLINK_RE.search(seg) is not None
+
+    @classmethod
+    def apply(cls, data: bytes) -> bytes:
+        return _AUTOLINK_RE.sub(rb"\1", data)
+
+
 _QUOTE_LINE_RE = re.compile(rb"(?m)^[ \t]{0,3}>(?:[ \t]|$)")
 _QUOTE_RE = re.compile(rb"(?m)^[ \t]{0,3}(?:>[ \t]?)+")
 _NONBLANK_RE = re.compile(rb"(?m)^[ \t]*\S")
@@ -698,8 +719,8 @@ class GluedLines(Repair):
 # the order matters: unwrap the shippers' containers first, then the Markdown around the text,
 # then the lines themselves (a hard wrap is undone before line numbers are stripped, since a
 # paste numbers its lines before wrapping them, and again after, for the other order)
-PIPELINE: tuple[type[Repair], ...] = (ContainerLog, ExportColumns, HtmlEntities, MarkdownQuote, CodeFences, Backticks,
-                                      HardWrap, LineNumbers, HardWrap, GluedLines)
+PIPELINE: tuple[type[Repair], ...] = (ContainerLog, ExportColumns, HtmlEntities, AutoLinks, MarkdownQuote, CodeFences,
+                                      Backticks, HardWrap, LineNumbers, HardWrap, GluedLines)
 REPAIRS: dict[str, type[Repair]] = {r.NAME: r for r in PIPELINE}
 
 

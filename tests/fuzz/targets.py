@@ -465,6 +465,11 @@ TARGETS: dict[str, Target] = {t.name: t for t in [
     _text_target("ncclras", "parsers/ncclras"),
     _text_target("torch_elastic", "parsers/torch_elastic"),
     _text_target("ib_status", "parsers/ib_status"),
+    _text_target("kernel_log", "parsers/kernel_log"),
+    _text_target("fr_analyzer", "parsers/fr_analyzer"),
+    _text_target("launcher_exits", "parsers/launcher_exits"),
+    _text_target("torch_init", "parsers/torch_init"),
+    _text_target("nvidia_smi", "parsers/nvidia_smi"),
 ]}
 
 # slower, deeper paths: fuzzed with fewer inputs (their inputs are counted separately)

@@ -46,8 +46,8 @@ def test_clean_text_is_the_same_object():
 
 
 def test_registry_lists_every_repair_with_a_contract():
-    assert set(REPAIRS) == {"container_log", "export_columns", "html_entities", "markdown_quote", "code_fences",
-                            "backticks", "hard_wrap", "line_numbers", "glued_lines"}
+    assert set(REPAIRS) == {"container_log", "export_columns", "html_entities", "auto_links", "markdown_quote",
+                            "code_fences", "backticks", "hard_wrap", "line_numbers", "glued_lines"}
     for r in PIPELINE:
         assert r.__doc__ and len(r.__doc__) > 80, r.NAME
 
@@ -458,3 +458,14 @@ def test_every_sample_survives_every_transform(sample, transform):
 def test_facts_survive_any_wrap_width(sample, transform, w):
     if sample is not None:
         _check(sample, transform, w)
+
+
+def test_links_a_tracker_made_of_the_logs_own_words_are_undone():
+    """GitHub links file names and addresses in a comment; a Markdown copy keeps the link
+    (corpus 046). A link to anything else is the reporter's and stays."""
+    from forensics.parsers.normalize import normalize
+    text = (b"node201:127799:127863 [0] transport/[net_ib.cc:101](http://net_ib.cc:101/) NCCL WARN NET/IB : x\n"
+            b"peer [10.1.3.201](http://10.1.3.201/)<33057> see [the docs](https://docs.nvidia.com/nccl)\n")
+    out = bytes(normalize(text).data)
+    assert b"transport/net_ib.cc:101 NCCL WARN" in out and b"peer 10.1.3.201<33057>" in out
+    assert b"[the docs](https://docs.nvidia.com/nccl)" in out

@@ -241,6 +241,27 @@ class AutoLinks(Repair):
         return _AUTOLINK_RE.sub(rb"\1", data)
 
 
+# Markdown's escapes, kept when a rendered comment is copied as source: "frame \#0:", "NCCL\_DEBUG"
+_MD_ESCAPE_RE = re.compile(rb"(?<!\\)\\([#*_`<>\[\]])")
+
+
+class MarkdownEscapes(Repair):
+    """A paste copied out of a Markdown source keeps the editor's escapes: ``frame \\#0:``,
+    ``NCCL\\_DEBUG``; they go (a backslash before one of ``# * _ ` < > [ ]``), where a text shows
+    at least two (a log's own backslashes are Windows paths and escapes of other characters).
+    A line's length is then the terminal's again, so a wrap is told by its width."""
+
+    NAME = "markdown_escapes"
+
+    @classmethod
+    def seen(cls, seg: bytes) -> bool:
+        return b"\\" in seg and len(_MD_ESCAPE_RE.findall(seg[:65536])) >= 2
+
+    @classmethod
+    def apply(cls, data: bytes) -> bytes:
+        return _MD_ESCAPE_RE.sub(rb"\1", data)
+
+
 _QUOTE_LINE_RE = re.compile(rb"(?m)^[ \t]{0,3}>(?:[ \t]|$)")
 _QUOTE_RE = re.compile(rb"(?m)^[ \t]{0,3}(?:>[ \t]?)+")
 _NONBLANK_RE = re.compile(rb"(?m)^[ \t]*\S")
@@ -719,8 +740,8 @@ class GluedLines(Repair):
 # the order matters: unwrap the shippers' containers first, then the Markdown around the text,
 # then the lines themselves (a hard wrap is undone before line numbers are stripped, since a
 # paste numbers its lines before wrapping them, and again after, for the other order)
-PIPELINE: tuple[type[Repair], ...] = (ContainerLog, ExportColumns, HtmlEntities, AutoLinks, MarkdownQuote, CodeFences,
-                                      Backticks, HardWrap, LineNumbers, HardWrap, GluedLines)
+PIPELINE: tuple[type[Repair], ...] = (ContainerLog, ExportColumns, HtmlEntities, AutoLinks, MarkdownEscapes,
+                                      MarkdownQuote, CodeFences, Backticks, HardWrap, LineNumbers, HardWrap, GluedLines)
 REPAIRS: dict[str, type[Repair]] = {r.NAME: r for r in PIPELINE}
 
 

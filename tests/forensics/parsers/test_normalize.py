@@ -46,8 +46,8 @@ def test_clean_text_is_the_same_object():
 
 
 def test_registry_lists_every_repair_with_a_contract():
-    assert set(REPAIRS) == {"container_log", "export_columns", "html_entities", "auto_links", "markdown_quote",
-                            "code_fences", "backticks", "hard_wrap", "line_numbers", "glued_lines"}
+    assert set(REPAIRS) == {"container_log", "export_columns", "html_entities", "auto_links", "markdown_escapes",
+                            "markdown_quote", "code_fences", "backticks", "hard_wrap", "line_numbers", "glued_lines"}
     for r in PIPELINE:
         assert r.__doc__ and len(r.__doc__) > 80, r.NAME
 
@@ -469,3 +469,13 @@ def test_links_a_tracker_made_of_the_logs_own_words_are_undone():
     out = bytes(normalize(text).data)
     assert b"transport/net_ib.cc:101 NCCL WARN" in out and b"peer 10.1.3.201<33057>" in out
     assert b"[the docs](https://docs.nvidia.com/nccl)" in out
+
+
+def test_markdown_escapes_go_and_a_wrap_is_told_by_its_width_again():
+    """A paste copied from a comment's Markdown source keeps ``\\#`` (corpus 010): the escape
+    goes, a line is the terminal's width again and its wrap is rejoined."""
+    from forensics.parsers.normalize import normalize
+    text = (b"frame \\#0: c10::Error::Error(c10::SourceLocation) + 0x57 (0x7fab1c8d7d87 in /usr/lib/libc10.so)\n"
+            b"frame \\#1: NCCL\\_DEBUG=INFO and a path C:\\Users\\x stays\n")
+    out = bytes(normalize(text).data)
+    assert b"frame #0: c10" in out and b"frame #1: NCCL_DEBUG=INFO" in out and b"C:\\Users\\x" in out

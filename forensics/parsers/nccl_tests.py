@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import re
 
-import numpy as np
 
 from .lines import strip_tags
 from .registry import WarningLog, decode_text, looks_binary, register, split_lines
@@ -138,15 +137,7 @@ class NcclTestsParser(TextParser):
     @classmethod
     def parse_text(cls, text: LogText, label: str):
         """A large log is read around its nccl-tests lines only (a run is a few hundred lines)."""
-        if text.size <= REGION_MIN_BYTES:
-            return cls.parse_bytes(bytes(text.data), label)
-        hits = text.lines_with(cls.MARKERS + (b"#       size", b"#  Rank"))
-        if not len(hits):
-            return cls.parse_bytes(b"", label)
-        a, b = max(0, int(hits.start[0]) - (64 << 10)), min(text.size, int(hits.end[-1]) + (256 << 10))
-        lines = text.region(a, b)
-        first = int(text.line_numbers(np.array([a]))[0]) if a else 1
-        return cls.parse_bytes("\n".join(lines).encode(), label, first_line=first)
+        return cls.parse_region(text, label, REGION_MIN_BYTES, cls.MARKERS + (b"#       size", b"#  Rank"))
 
     @classmethod
     def parse_bytes(cls, data: bytes, label: str, first_line: int = 1):

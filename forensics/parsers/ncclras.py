@@ -99,7 +99,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 
 from .registry import WarningLog, decode_text, looks_binary, register, split_lines
 from .text import LogText, TextParser
@@ -180,15 +179,7 @@ class NcclRasParser(TextParser):
     @classmethod
     def parse_text(cls, text: LogText, label: str):
         """A large log is read around its RAS lines only (a report is a few hundred lines)."""
-        if text.size <= REGION_MIN_BYTES:
-            return cls.parse_bytes(bytes(text.data), label)
-        hits = text.lines_with(cls.MARKERS + (b"Job summary", b"NCCL version"))
-        if not len(hits):
-            return cls.parse_bytes(b"", label)
-        a, b = max(0, int(hits.start[0]) - (64 << 10)), min(text.size, int(hits.end[-1]) + (256 << 10))
-        lines = text.region(a, b)
-        first = int(text.line_numbers(np.array([a]))[0]) if a else 1
-        return cls.parse_bytes("\n".join(lines).encode(), label, first_line=first)
+        return cls.parse_region(text, label, REGION_MIN_BYTES, cls.MARKERS + (b"Job summary", b"NCCL version"))
 
     @classmethod
     def parse_bytes(cls, data: bytes, label: str, first_line: int = 1):

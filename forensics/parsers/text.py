@@ -238,6 +238,22 @@ class TextParser(Parser):
     def parse_text(cls, text: LogText, label: str):  # pragma: no cover - each format's own
         raise NotImplementedError
 
+    @classmethod
+    def parse_region(cls, text: LogText, label: str, min_bytes: int, needles: tuple[bytes, ...]):
+        """``parse_bytes(data, label, first_line=)`` of the whole text when it is at most
+        ``min_bytes``, else of the lines from 64 KiB before the first line holding one of
+        ``needles`` to 256 KiB after the last (a report or a table is a few hundred lines in a log
+        of gigabytes); of nothing when no line holds one."""
+        if text.size <= min_bytes:
+            return cls.parse_bytes(bytes(text.data), label)
+        hits = text.lines_with(needles)
+        if not len(hits):
+            return cls.parse_bytes(b"", label)
+        a, b = max(0, int(hits.start[0]) - (64 << 10)), min(text.size, int(hits.end[-1]) + (256 << 10))
+        lines = text.region(a, b)
+        first = int(text.line_numbers(np.array([a]))[0]) if a else 1
+        return cls.parse_bytes("\n".join(lines).encode(), label, first_line=first)
+
     @staticmethod
     def unreadable(text: LogText, log: WarningLog, what: str) -> bool:
         """True, with the warning said, for an empty or binary file (``what``: the format)."""

@@ -308,13 +308,17 @@ def test_refresh_shows_the_libnccl_of_a_job_found_by_its_variables_before_it_loa
 def test_refresh_keeps_the_libnccl_of_a_job_that_exits(libs):
     """A job that ends during the capture is a zombie until reaped: virtual size 0, no maps. Its
     record keeps the libnccl and version it had (the manifest's, the analyzer's library version)."""
-    script = f"import ctypes; ctypes.CDLL({str(libs['lab'])!r}); print('loaded', flush=True)\n"
-    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=_plain_env())
+    # it exits when told (its stdin closed), once inspected alive: not before, however slow the machine
+    script = (f"import ctypes, sys; ctypes.CDLL({str(libs['lab'])!r}); print('loaded', flush=True); "
+              "sys.stdin.read()\n")
+    p = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         env=_plain_env())
     try:
         assert p.stdout.readline() == b"loaded\n"
         info = _inspect(p.pid)
         assert info.traceable and info.nccl_version == "2.21.5+cuda12.4"
-        for _ in range(200):                       # exited, not reaped: a zombie
+        p.stdin.close()
+        for _ in range(500):                       # exited, not reaped: a zombie
             if "Z" in (Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[:1] or [""])[0]:
                 break
             time.sleep(0.02)

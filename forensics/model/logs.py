@@ -274,12 +274,7 @@ def attribute(tables: dict[str, pd.DataFrame], captures: list[dict]) -> list[str
         human = ke["time"].astype("string").where(ke["time"].astype("string").str.contains(":", regex=False))
         ke["time_ns"] = clocks.utc_ns(human, ke["node"])      # dmesg's seconds since boot give no time
         tables["kernel_events"] = conform(ke, "kernel_events")
-    ib = tables.get("ib_ports")
-    if ib is not None and len(ib):
-        ib = ib.copy()
-        ib["host"] = _fill_hosts(ib, d)
-        tables["ib_ports"] = conform(ib, "ib_ports")
-    for name in ("gpu_events",):
+    for name in ("ib_ports", "gpu_events"):       # rows whose host is their file's or the capture's
         t = tables.get(name)
         if t is not None and len(t):
             t = t.copy()

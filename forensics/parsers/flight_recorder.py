@@ -5,7 +5,11 @@ The on-disk dump (``<TORCH_NCCL_DEBUG_INFO_TEMP_FILE><rank>``, default
 ``pg_status``, ``entries`` (oldest first), optional ``nccl_comm_state``,
 ``comm_lib_version``/``nccl_version``. The JSON variant (``_dump_nccl_trace_json``)
 is accepted as well; it writes ``time_discovered_*`` as 0 where the pickle has None,
-so 0 is read as "not discovered" in both.
+so 0 is read as "not discovered" in both, and ``pg_status`` counters as decimal strings,
+read as ints. Every dump format the writer has had (``version`` 1.1 to 2.10) is read: the
+1.x formats' ``seq_id`` is ``collective_seq_id``, and their entries, which have no
+``process_group``, take ``str(pg_id)`` as ``pg_name`` (tests/fixtures/parsers/flight_recorder/
+README.md lists each format's keys and the PyTorch source each is read from).
 
 SECURITY: a dump is untrusted input, and unpickling can run code. The unpickler here
 constructs plain containers and scalars only; ``find_class`` imports nothing. The only
@@ -235,7 +239,7 @@ class FlightRecorderParser(Parser):
             if not isinstance(v, dict):
                 log.add(None, f"pg_status[{pg!r}] is a {type(v).__name__}")
                 continue
-            pg_status.append({"rank": rank, "pg_id": str(pg), **{k: _int(v.get(k)) for k in (
+            pg_status.append({"rank": rank, "pg_id": str(pg), **{k: _counter(v.get(k)) for k in (
                 "last_enqueued_collective", "last_started_collective", "last_completed_collective")}})
 
         entries = []
@@ -258,6 +262,15 @@ class FlightRecorderParser(Parser):
 
 def _int(v):
     return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _counter(v):
+    """A pg_status counter: an int in the pickle, a decimal string in the JSON dump
+    (``getPgStatusJson`` writes ``std::to_string(status->lastEnqueuedSeq)``; FlightRecorder.hpp /
+    FlightRecorderDetail.hpp from format 2.3 on)."""
+    if isinstance(v, str) and re.fullmatch(r"-?\d{1,20}", v.strip()):
+        return int(v)
+    return _int(v)
 
 
 def _ranks_size(ranks) -> int | None:
@@ -301,6 +314,10 @@ def _entry(e: dict, rank, i: int, log: WarningLog) -> dict | None:
         row["pg_desc"] = str(pg[1]) if len(pg) > 1 else None
     elif pg is not None:
         log.add(None, f"entries[{i}].process_group is {type(pg).__name__}, expected a (name, desc) tuple")
+    elif row["pg_id"] is not None:
+        # formats 1.x have no process_group: an entry names its group by pg_id, which is also
+        # the key of 1.4's pg_config ({pg_id: [ranks]}), so the id is the group's name here
+        row["pg_name"] = str(row["pg_id"])
     pn = e.get("profiling_name")
     row["profiling_name"] = pn if isinstance(pn, str) else None
     row["op"] = op_from_profiling_name(pn)

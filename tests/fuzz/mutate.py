@@ -212,7 +212,7 @@ def mutate_json(rng: random.Random, obj, depth: int = 0):
             elif op == 1 and depth < 6:
                 obj[k] = mutate_json(rng, obj[k], depth + 1)
             elif op == 2:
-                obj[rng.choice(["extra", "", "ev", "t", k + "_"])] = json_value(rng)
+                obj[rng.choice(["extra", "", "ev", "t", f"{k}_"])] = json_value(rng)   # a pickle may key by int
             else:
                 obj[k] = json_value(rng)
             if not obj:

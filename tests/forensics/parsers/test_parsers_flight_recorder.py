@@ -146,7 +146,9 @@ FORMATS = {  # version: (pg_config as read, pg_status, desc, dtypes, timeout_ms,
     "1.4": (True, False, None, None, None, None, False),
     "2.0": (True, False, "default_pg", "float", None, None, False),
     "2.3": (True, True, "default_pg", "Float", 600000, None, False),
+    "2.4": (True, True, "default_pg", "Float", 600000, None, False),
     "2.7": (True, True, "default_pg", "Float", 600000, "2.21.5", False),
+    "2.9": (True, True, "default_pg", "Float", 600000, "2.21.5", True),
     "2.10": (True, True, "default_pg", "Float", 600000, "2.21.5", True),
 }
 SHAPE_FILES = [(v, r, js) for v in FORMATS for r in (0, 1) for js in (False, True)
@@ -155,7 +157,7 @@ SHAPE_FILES = [(v, r, js) for v in FORMATS for r in (0, 1) for js in (False, Tru
 
 def test_every_format_has_its_fixtures():
     assert sorted(p.name for p in SHAPES.iterdir()) == sorted(FORMATS)
-    assert {v for v, _, js in SHAPE_FILES if js} == {"2.7", "2.10"}
+    assert {v for v, _, js in SHAPE_FILES if js} == {"2.4", "2.7", "2.9", "2.10"}
 
 
 @pytest.mark.parametrize("version, rank, as_json", SHAPE_FILES)
@@ -199,7 +201,7 @@ def test_each_dump_format_reads_the_same_hang(version, rank, as_json):
         assert st.empty
 
 
-@pytest.mark.parametrize("version", ["2.7", "2.10"])
+@pytest.mark.parametrize("version", ["2.4", "2.7", "2.9", "2.10"])
 def test_json_and_pickle_of_a_format_give_the_same_rows(version):
     for rank in (0, 1):
         p = FlightRecorderParser.parse(SHAPES / version / f"nccl_trace_rank_{rank}")
@@ -222,7 +224,7 @@ def test_json_pg_status_counters_that_are_not_numbers_stay_missing():
 @pytest.mark.xfail(strict=True, reason="no detector reads loose Flight Recorder dumps: their rows have no pid, "
                                        "and findings/late_state.py keys FR evidence by (host, pid)")
 @pytest.mark.parametrize("version, as_json", [(v, js) for v in FORMATS for js in (False, True)
-                                              if not js or v in ("2.7", "2.10")])
+                                              if not js or v in ("2.4", "2.7", "2.9", "2.10")])
 def test_analysis_of_each_pair_names_the_rank_that_never_issued_collective_3(version, as_json):
     from forensics.analysis import analyze
     ext = ".json" if as_json else ""

@@ -71,7 +71,7 @@ OVERLAP_MODULES = {
     "test_parsers_ss.py", "test_parsers_torch_watchdog.py", "test_model.py", "test_model_artifacts.py",
     "test_model_comm_align.py", "test_findings.py", "test_findings_config.py", "test_findings_per_host.py",
     "test_findings_synthetic.py", "test_findings_state.py", "test_tcp_oracle.py", "test_tcp_classes.py",
-    "test_decode_vs_dpkt.py", "test_pcap_formats.py", "test_flow_timing.py", "test_ids.py", "test_offcpu.py",
+    "test_decode_vs_dpkt.py", "test_pcap_formats.py", "test_flow_timing.py", "test_lab_ids.py", "test_offcpu.py",
     "test_output.py", "test_ranks.py", "test_streaming.py", "test_bundle.py", "test_query.py",
 }
 LAB_POOL_MODULE = "test_regimes_findings.py"

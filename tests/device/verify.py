@@ -6,7 +6,7 @@ import sys
 import tarfile
 
 from capture.elf import exported_functions  # noqa: E402  (stdlib-only package)
-from forensics.ids import comm_id_fold  # noqa: E402
+from tests.lab.ids import comm_id_fold  # noqa: E402
 
 out, lib = sys.argv[1], sys.argv[2]
 result = json.load(open(os.path.join(out, "result.json")))

@@ -110,7 +110,7 @@ def read_events(bundle: Path) -> tuple[dict, list[dict], Path]:
 
 
 def test_loss_scenario_bundle_matches_the_lab(lab_ready, tmp_path):
-    from forensics.ids import comm_id_fold
+    from tests.lab.ids import comm_id_fold
     from forensics.tcp import analyze_file
 
     run = Run(tmp_path, ["--scenario", "loss", "--ranks", "3", "--rank", "1", "--steps", "16"],

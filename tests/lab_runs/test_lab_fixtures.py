@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from forensics.ids import comm_id_fold, nccl_comm_hash
+from tests.lab.ids import comm_id_fold, nccl_comm_hash
 
 FIX = ROOT / "tests" / "fixtures" / "lab"
 

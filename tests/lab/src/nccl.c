@@ -191,7 +191,7 @@ static uint64_t splitmix64(uint64_t x) {
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
-/* stallscope's comm_id_hash (forensics/ids.py comm_id_fold). */
+/* stallscope's comm_id_hash (tests/lab/ids.py comm_id_fold). */
 static uint64_t comm_id_fold(const ncclUniqueId *id) {
   uint64_t h = 0, w;
   for (int i = 0; i < 16; i++) {

@@ -1,9 +1,10 @@
 """Communicator identity: the fold of NCCL's 128-byte ``ncclUniqueId``.
 
 The tracer reads the unique id from the caller's stack at ``ncclCommInitRank``
-entry (it is passed by value) and emits ``comm_id_hash``; the analyzer and the
-lab compute the same value here, so events from every rank of one communicator
-join on it.
+entry (it is passed by value) and emits ``comm_id_hash``, so events from every rank
+of one communicator join on it. This is the reference definition the lab's library
+implements and the tests check the tracer against; the analyzer only reads the
+tracer's value.
 
 Definition (also implemented in ``bpf/nccl.bt`` and the lab): view the id as
 sixteen little-endian unsigned 64-bit words w0..w15 and fold them through the

@@ -1,9 +1,9 @@
-"""The communicator id fold shared by the tracer, the lab and the analyzer."""
+"""The communicator id fold shared by the tracer and the lab (tests/lab/ids.py)."""
 import struct
 
 import pytest
 
-from forensics.ids import comm_id_fold, nccl_comm_hash, splitmix64
+from tests.lab.ids import comm_id_fold, nccl_comm_hash, splitmix64
 
 
 def test_splitmix64_matches_the_reference_sequence():

@@ -43,11 +43,11 @@ from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, ded
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        who_text, world_rank_map)
-from .precedence import FR_REPORT, RAS_REPORT, STATE_HANGS, WATCHDOG, consult
+from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, WATCHDOG, consult
 
 KINDS = ("hang_mismatch", "hang_stuck")
 # the sources hang_state consults, in this order (each under its precedence)
-LATE_SOURCES = (STATE_HANGS, RAS_REPORT, FR_REPORT, WATCHDOG)
+LATE_SOURCES = (STATE_HANGS, RAS_REPORT, FR_REPORT, FR_DUMPS, WATCHDOG)
 HANG_MIN_NS = 500_000_000      # a collective open this long at the end of the capture is a hang ...
 HANG_DURATION_FACTOR = 5.0     # ... when it is also this many times the comm's p99 duration
 SILENCE_GAP_NS = 50_000_000    # the blamed links' last packet this much before the others' is worth saying
@@ -634,6 +634,6 @@ def _last_packets(ctx, members, blamed) -> str:
 def hang_state(ctx: Context) -> list[Finding]:
     """Hangs the tracer did not see happen (it attached after the ranks entered the collectives
     they hang in, or it did not run): from the state at capture, else NCCL RAS's report and the
-    Flight Recorder analyzer's, else from PyTorch's watchdog lines (:data:`LATE_SOURCES`, each consulted under
+    Flight Recorder analyzer's, else the Flight Recorder dumps compared, else from PyTorch's watchdog lines (:data:`LATE_SOURCES`, each consulted under
     :data:`forensics.findings.precedence.PRECEDENCE`)."""
     return [f for source in LATE_SOURCES for f in consult(ctx, source)]

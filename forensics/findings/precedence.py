@@ -44,6 +44,7 @@ PACKETS = "packets: a reset between ranks"
 STATE_HANGS = "state at capture: hangs"
 RAS_REPORT = "NCCL RAS report: ranks behind"
 FR_REPORT = "Flight Recorder analyzer report: ranks missing or culprit"
+FR_DUMPS = "Flight Recorder dumps: ranks behind"
 WATCHDOG = "watchdog lines: hangs"
 STATE_RESETS = "state at capture: resets"
 WARN_RESETS = "WARN lines: resets by address"
@@ -103,6 +104,11 @@ def _fr_report(ctx: Context) -> list[Finding]:
     return fr_report_hangs(ctx)
 
 
+def _fr_dumps(ctx: Context) -> list[Finding]:
+    from .reports import fr_dump_hangs
+    return fr_dump_hangs(ctx)
+
+
 def _warn_resets(ctx: Context) -> list[Finding]:
     from .socket_errors import logged_resets
     return logged_resets(ctx)
@@ -126,7 +132,9 @@ PRECEDENCE: dict[str, Source] = {
     RAS_REPORT: Source(HANG_KINDS, _ras, yields_to=(TRACER, STATE_HANGS)),
     # the Flight Recorder analyzer matched every rank's dump: it names the ranks missing or culprit
     FR_REPORT: Source(HANG_KINDS, _fr_report, yields_to=(TRACER, STATE_HANGS)),
-    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT)),
+    # the dumps themselves, compared where nothing above placed them (loose dumps have no process)
+    FR_DUMPS: Source(HANG_KINDS, _fr_dumps, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT)),
+    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT, FR_DUMPS)),
     # resets: the packets and the state at capture, then NCCL's WARN lines by address, then its
     # socket errors; none of the late ones where the tracer saw the hang (hang_stuck names the
     # reset that caused it)

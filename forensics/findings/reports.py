@@ -1,5 +1,6 @@
-"""Evidence from the tools' own failure reports: NCCL RAS (``ras_ranks``) and the PyTorch
-Flight Recorder analyzer (``fr_report``).
+"""Evidence from the tools' own failure reports: NCCL RAS (``ras_ranks``), the PyTorch
+Flight Recorder analyzer (``fr_report``) and the Flight Recorder dumps themselves
+(``fr_pg_status``, ``fr_entries``) where no capture places them.
 
 These registers nothing: :mod:`.hang` owns the kinds, and consults this module through
 :mod:`.precedence` (a tool that compared every rank's counts names the rank behind more
@@ -19,6 +20,13 @@ Those ranks are the finding's; the ranks that joined and wait are never named. R
 dumps it lacked (``missed FR dumps from ranks``, ``Missing dump files from ranks``) are named
 only where it names no collective verdict, as a warning: a rank that wrote no dump may be
 the one that hung, or its dump was only not collected.
+
+The dumps alone (given loose, or beside a capture whose state at capture judged nothing) are
+compared the way the analyzer starts: per process group, each rank's last enqueued
+``collective_seq_id``. Ranks whose last is below the highest never enqueued that collective;
+when the ranks that did still hold it scheduled or started, they wait in it and the ranks
+behind are the finding's (the analyzer's "not all ranks joining"). Dumps that agree, or whose
+highest collective completed everywhere it was enqueued, name no one here.
 """
 from __future__ import annotations
 
@@ -188,4 +196,84 @@ def fr_report_hangs(ctx: Context) -> list[Finding]:
             score=warns.LOG_FINDING_SCORE, seq=int(seq) if pd.notna(seq) else None,
             details={"source": "fr_analyzer", "artifact": art, "ranks": sorted(ranks),
                      "collectives": int(len(rows))}))
+    return out
+
+
+FR_WAITING_STATES = ("scheduled", "started")
+
+
+def _fr_positions(ctx: Context) -> pd.DataFrame:
+    """Per (process group ``_pg``, rank): the last ``collective_seq_id`` enqueued (``_enq``) and the
+    dump's host, pid, artifact. ``pg_status`` says it where the dump has one (format 2.3 on); the
+    entries say it too (each is recorded when its collective is enqueued, and the ring keeps the
+    newest), which is all formats 1.x and 2.0 have: the larger of the two counts."""
+    cols = ["_pg", "rank", "_enq", "host", "pid", "artifact", "pg_id", "last_enqueued_collective",
+            "last_started_collective", "last_completed_collective"]
+    parts = []
+    st = ctx.model.tables.get("fr_pg_status")
+    if st is not None and len(st):
+        parts.append(st.assign(_enq=pd.to_numeric(st["last_enqueued_collective"], errors="coerce"),
+                               _pg=st["pg_id"].astype("string")))
+    fe = ctx.model.tables.get("fr_entries")
+    if fe is not None and len(fe):
+        coll = fe[~fe["is_p2p"].fillna(False).astype(bool).to_numpy()] if "is_p2p" in fe else fe
+        coll = coll.assign(_enq=pd.to_numeric(coll["collective_seq_id"], errors="coerce"),
+                           _pg=coll["pg_id"].astype("string"))
+        parts.append(coll.assign(pg_id=coll["_pg"], last_enqueued_collective=coll["_enq"]))
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    t = pd.concat([p.reindex(columns=cols) for p in parts], ignore_index=True)
+    t = t[t["rank"].notna() & t["_enq"].notna() & t["_pg"].notna()]
+    return t.sort_values("_enq", kind="stable").drop_duplicates(["_pg", "rank"], keep="last")
+
+
+def fr_dump_hangs(ctx: Context) -> list[Finding]:
+    """One ``hang_mismatch`` error per process group whose Flight Recorder dumps show ranks that
+    never enqueued the collective the others enqueued and still wait in (module docstring).
+    Each rank's last enqueued ``collective_seq_id`` comes from :func:`_fr_positions` (the latest
+    dump of a rank counts); ``fr_entries`` names the collective and whether the ranks ahead wait in it."""
+    st = _fr_positions(ctx)
+    if st.empty:
+        return []
+    fe = ctx.model.tables.get("fr_entries")
+    out = []
+    for pg, g in st.groupby("_pg", sort=True):
+        if g["rank"].nunique() < 2:
+            continue
+        top = int(g["_enq"].max())
+        behind, ahead = g[g["_enq"] < top], g[g["_enq"] == top]
+        if behind.empty:
+            continue
+        held = pd.DataFrame()
+        if fe is not None and len(fe):
+            seq = pd.to_numeric(fe["collective_seq_id"], errors="coerce")
+            held = fe[(fe["pg_id"].astype("string") == pg).fillna(False).to_numpy() & (seq == top).fillna(False).to_numpy()
+                      & fe["rank"].isin(ahead["rank"]).to_numpy()]
+        if held.empty or not held["state"].isin(FR_WAITING_STATES).any():
+            continue          # no entry of #top, or it completed: nothing waits on the ranks behind
+        ops = held["op"].dropna().astype(str)
+        op = f" ({ops.iloc[0]})" if len(ops) else ""
+        names = held["pg_desc"].dropna().astype(str) if "pg_desc" in held else pd.Series(dtype=str)
+        label = f"process group {pg}" + (f" ({names.iloc[0]})" if len(names) and names.iloc[0] != pg else "")
+        ranks = sorted(int(r) for r in behind["rank"])
+        waiting = sorted(int(r) for r in ahead["rank"])
+        lasts = "; ".join(f"rank {int(r)}: #{int(e)}" if e > 0 else f"rank {int(r)}: none"
+                          for r, e in zip(behind["rank"], behind["_enq"]))
+        summary = (f"Flight Recorder dumps of {label}: {ranks_text(ranks)} never enqueued collective #{top}{op}, "
+                   f"which {ranks_text(waiting)} enqueued and {'waits' if len(waiting) == 1 else 'wait'} in (last "
+                   f"enqueued {lasts}); the waiting {'rank is' if len(waiting) == 1 else 'ranks are'} not the cause.")
+        out.append(Finding(
+            kind="hang_mismatch", severity="error", confidence=0.8, summary=summary, ranks=ranks,
+            hosts=sorted({h for h in behind["host"].dropna().astype(str)}),
+            evidence=warns.evidence(g.sort_values("rank"), ["host", "rank", "pid", "pg_id", "last_enqueued_collective",
+                                                            "last_started_collective", "last_completed_collective",
+                                                            "artifact"], MAX_EVIDENCE),
+            sql=("SELECT host, rank, pid, pg_id, last_enqueued_collective, last_started_collective, "
+                 f"last_completed_collective, artifact FROM fr_pg_status WHERE pg_id = '{pg}' ORDER BY rank"),
+            action=(f"Look at {ranks_text(ranks)}: its process (py-spy dump, its last log lines, its Flight Recorder "
+                    f"entries after #{top - 1}) -- it did not issue what its peers did: a crash, a hang before the "
+                    "collective, or another code path"),
+            score=warns.LOG_FINDING_SCORE, seq=top, op_count=top - 1,
+            details={"source": "flight_recorder", "pg": pg, "fr_seq_id": top, "ranks_waiting": waiting,
+                     "last_enqueued": {str(int(r)): int(e) for r, e in zip(g["rank"], g["_enq"])}}))
     return out

@@ -221,8 +221,6 @@ def test_json_pg_status_counters_that_are_not_numbers_stay_missing():
     assert pd.isna(st.iloc[0]["last_completed_collective"])
 
 
-@pytest.mark.xfail(strict=True, reason="no detector reads loose Flight Recorder dumps: their rows have no pid, "
-                                       "and findings/late_state.py keys FR evidence by (host, pid)")
 @pytest.mark.parametrize("version, as_json", [(v, js) for v in FORMATS for js in (False, True)
                                               if not js or v in ("2.4", "2.7", "2.9", "2.10")])
 def test_analysis_of_each_pair_names_the_rank_that_never_issued_collective_3(version, as_json):

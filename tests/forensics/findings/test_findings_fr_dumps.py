@@ -1,0 +1,58 @@
+"""Flight Recorder dumps given alone (no capture: no process to place them on) are compared per
+process group: the ranks that never enqueued the collective the others wait in are the finding's,
+and dumps that agree, or whose highest collective completed, name no one
+(forensics/findings/reports.py: fr_dump_hangs)."""
+from __future__ import annotations
+
+import pickle
+
+from forensics.analysis import analyze
+
+T0 = 1_724_779_239_936_775_119
+
+
+def _entry(seq, state):
+    return {"record_id": seq - 1, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": "nccl:all_reduce", "time_created_ns": T0 + seq,
+            "input_sizes": [[4]], "input_dtypes": ["Float"], "output_sizes": [[4]], "output_dtypes": ["Float"],
+            "state": state, "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": T0 + seq + 10 if state == "completed" else None,
+            "retired": state == "completed", "timeout_ms": 600000, "is_p2p": False, "frames": []}
+
+
+def _dumps(tmp_path, last: dict[int, tuple[int, str]], world: int):
+    """One dump per rank: collectives 1..n completed, then n in ``state`` (rank -> (n, state))."""
+    paths = []
+    for rank, (n, state) in last.items():
+        entries = [_entry(s, "completed") for s in range(1, n)] + [_entry(n, state)]
+        d = {"version": "2.5", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}},
+             "pg_status": {"0": {"last_enqueued_collective": n, "last_started_collective": -1,
+                                 "last_completed_collective": n if state == "completed" else n - 1}},
+             "entries": entries, "rank": rank}
+        p = tmp_path / f"nccl_trace_rank_{rank}"
+        p.write_bytes(pickle.dumps(d, protocol=2))
+        paths.append(p)
+    return paths
+
+
+def _hangs(paths):
+    a = analyze(paths)
+    try:
+        return [(f.kind, f.severity, f.ranks, f.seq, f.summary) for f in a.findings if f.kind.startswith("hang")]
+    finally:
+        a.close()
+
+
+def test_the_rank_behind_is_named_and_the_waiting_ranks_are_not(tmp_path):
+    hangs = _hangs(_dumps(tmp_path, {0: (5, "started"), 1: (4, "completed"), 2: (5, "scheduled")}, 3))
+    assert [(k, s, r, q) for k, s, r, q, _ in hangs] == [("hang_mismatch", "error", [1], 5)], hangs
+    assert "ranks 0, 2 enqueued and wait in" in hangs[0][4], hangs[0][4]
+
+
+def test_dumps_that_agree_name_no_one(tmp_path):
+    assert _hangs(_dumps(tmp_path, {0: (5, "started"), 1: (5, "started")}, 2)) == []
+
+
+def test_a_highest_collective_that_completed_names_no_one(tmp_path):
+    # a dump taken by hand on a running job: rank 0 already finished #5, rank 1 has not enqueued it yet
+    assert _hangs(_dumps(tmp_path, {0: (5, "completed"), 1: (4, "completed")}, 2)) == []

@@ -172,27 +172,29 @@ def _size_note(h) -> str:
 
 
 def _numbering(ctx, comm: str) -> tuple[str, dict]:
-    """(summary note, details) on what the communicator's op numbers count from
+    """(summary note, details entries) on what the communicator's op numbers count from
     (``nccl_events.op_count_source``, model/op_align.py): nothing to say when every rank's are
-    the job's own (the tracer saw the init, or NCCL's COLL lines gave them); the ranks aligned
-    by time to others (an estimate), or numbers that count from the first call any tracer saw."""
+    the job's own (the tracer saw the init, or NCCL's COLL lines gave them); else the ranks
+    aligned by time to others or across a restart (estimates), or numbers that count from the
+    first call any tracer saw, and ``op_numbering``: the ranks of each source."""
     n = ctx.table("nccl_events")
     if "op_count_source" not in n:
         return "", {}
     n = n[(n["comm_id_hash"] == comm) & n["op_count"].notna() & n["rank"].notna()]
     by = n.groupby(n["op_count_source"].astype("string").fillna("init"))["rank"].agg(
         lambda r: sorted({int(x) for x in r}))
-    details = {str(k): v for k, v in by.items()}
-    if "attach" in details:
+    src = {str(k): v for k, v in by.items()}
+    details = {"op_numbering": src}
+    if "attach" in src:
         return ("; op numbers count from the first call the tracer saw (no init, NCCL COLL line or Flight "
                 "Recorder entry gave the job's own)"), details
-    if "estimated" in details:
-        return (f"; the op numbers of {ranks_text(details['estimated'])} are estimated across a restart of the "
+    if "estimated" in src:
+        return (f"; the op numbers of {ranks_text(src['estimated'])} are estimated across a restart of the "
                 "tracer (counted again from 0; the calls in the gap from their rate before it)"), details
-    if "peers" in details:
-        return (f"; the op numbers of {ranks_text(details['peers'])} are the job's as estimated from the "
+    if "peers" in src:
+        return (f"; the op numbers of {ranks_text(src['peers'])} are the job's as estimated from the "
                 "times of their calls against ranks whose counts are known"), details
-    return "", details
+    return "", {}
 
 
 def _last_ops(ctx, comm: str) -> pd.DataFrame:
@@ -346,7 +348,7 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
                      "untraced_ranks": untraced,
                      "nranks_claimed": None if pd.isna(h.nranks_claimed) else int(h.nranks_claimed),
                      "stacks": {str(r): f for r, f in stacks.items() if f},
-                     "op_numbering": _numbering(ctx, comm)[1]}))
+                     **_numbering(ctx, comm)[1]}))
     return out
 
 
@@ -614,7 +616,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         details={"comm_id_hash": comm, "op_count": n, "op": h.op, "ranks": members, "waited_ns": int(h.waited_ns),
                  "first_entry_ns": int(h.first_entry_ns), "last_progress_ns": since, "capture_end_ns": end,
                  "tcp_events_after_progress": int(len(e)), "last_ops": last_rows,
-                 "op_numbering": _numbering(ctx, comm)[1]})
+                 **_numbering(ctx, comm)[1]})
 
 
 TRACER_SOURCE = "tracer"

@@ -97,12 +97,14 @@ def tracer_runs(coll: pd.DataFrame, events: list[dict] | pd.DataFrame) -> tuple[
     return run, source
 
 
-def align(nccl: pd.DataFrame, coll_log: pd.DataFrame | None = None) -> pd.DataFrame:
+def align(nccl: pd.DataFrame, coll_log: pd.DataFrame | None = None,
+          ended: dict[str, int] | None = None) -> pd.DataFrame:
     """``nccl`` (every host, one communicator key in ``comm_id_hash``) with each attach run's
     ``op_count`` shifted onto the job's numbering and ``op_count_source`` saying how (the
     module docstring). Rows without ``op_count_source`` (a frame made by hand) count as
     ``init`` where the tracer named their communicator and ``attach`` elsewhere (the caller
-    marks them)."""
+    marks them). ``ended``: host -> UTC ns its tracer's coverage ended (a COLL line is believed
+    only for a process that made no call for a while before that: :func:`_log_shifts`)."""
     src = nccl["op_count_source"].astype("object") if "op_count_source" in nccl else pd.Series(None, index=nccl.index)
     oc = pd.to_numeric(nccl["op_count"], errors="coerce").astype("float64")
     rel = (src == ATTACH).to_numpy() & oc.notna().to_numpy()
@@ -115,7 +117,7 @@ def align(nccl: pd.DataFrame, coll_log: pd.DataFrame | None = None) -> pd.DataFr
     keys = out["comm_id_hash"].astype("string").fillna(out["host"].astype(str) + ":" + out["pid"].astype("string")
                                                        .fillna("") + ":" + out["comm_ptr"].astype("string").fillna(""))
     new_oc, new_src = oc.copy(), src.copy()
-    shifted = _log_shifts(out, unit, oc, rel, coll_log)
+    shifted = _log_shifts(out, unit, oc, rel, coll_log, ended or {})
     for u, shift in shifted.items():
         rows = (unit == u).to_numpy()
         new_oc[rows] = oc[rows] + shift
@@ -194,10 +196,17 @@ def _across_restart(out, unit, in_comm, oc, new_oc, new_src, pending: list) -> l
     return [u for u in pending if u not in group]
 
 
+LOG_QUIET_NS = 2_000_000_000     # a process this quiet before its capture ended launched nothing after
+LOG_QUIET_STEPS = 10             # ... and at least this many of its usual gaps between calls
+
+
 def _log_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarray,
-                coll_log: pd.DataFrame | None) -> dict[str, float]:
+                coll_log: pd.DataFrame | None, ended: dict[str, int]) -> dict[str, float]:
     """unit -> shift from NCCL's COLL lines: the last attach run of a (host, pid, comm pointer)
-    ends with the call the log's last line names, when their ops agree."""
+    ends with the call the log's last line names, when their ops agree and the process had
+    stopped calling (a hang): its last call ``LOG_QUIET_NS`` (and ``LOG_QUIET_STEPS`` of its
+    gaps) before its tracer stopped covering the host. A job still running when the log was read
+    has calls the tracer never saw after its last."""
     if coll_log is None or not len(coll_log) or not rel.any():
         return {}
     log = coll_log.dropna(subset=["pid", "comm_ptr", "last_op_count"])
@@ -213,7 +222,13 @@ def _log_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarr
         if ent is None:
             continue
         u = g["_u"].iloc[-1]                     # the process's last run
-        lastcall = g[g["_u"] == u].sort_values("_oc").iloc[-1]
+        run = g[g["_u"] == u].sort_values("_oc")
+        lastcall = run.iloc[-1]
+        t = pd.to_numeric(run["timestamp_ns"], errors="coerce").dropna()
+        step = float(np.median(np.diff(np.unique(t.to_numpy())))) if t.nunique() > 1 else 0.0
+        end = ended.get(h)
+        if end is None or not len(t) or end - t.max() < max(LOG_QUIET_NS, LOG_QUIET_STEPS * step):
+            continue
         n, op = ent
         if op is not None and not pd.isna(op) and _op_name(op) != _op_name(lastcall["op"]):
             continue

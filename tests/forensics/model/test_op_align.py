@@ -57,7 +57,8 @@ def test_nccl_coll_lines_give_the_job_s_own_numbers():
     rows = watcher_rows()
     log = pd.DataFrame([{"host": f"node{r}", "pid": 100 + r, "comm_ptr": f"0x{r}",
                          "last_op_count": 49 if r == 2 else 50, "last_op": "AllReduce"} for r in range(RANKS)])
-    out = unify_comm_ids(frame(rows), {}, log)
+    ended = {f"node{r}": T0 + 50 * 100 * MS + 3_000 * MS for r in range(RANKS)}   # hung 3 s at the end
+    out = unify_comm_ids(frame(rows), {}, log, ended)
     late = out[out["timestamp_ns"] >= T0 + (RESTART_AT + GAP) * 100 * MS]
     assert set(late["op_count_source"]) == {"log"}
     # every call has its job number back: entered at T0 + k * 100 ms
@@ -67,11 +68,16 @@ def test_nccl_coll_lines_give_the_job_s_own_numbers():
     assert (early["op_count"] == (early["timestamp_ns"] - T0) // (100 * MS)).all()
 
 
-def test_a_log_line_of_another_op_is_not_believed():
+def test_a_log_line_of_another_op_or_of_a_job_still_running_is_not_believed():
     rows = watcher_rows()
+    hung = {"node0": T0 + 50 * 100 * MS + 3_000 * MS}
     log = pd.DataFrame([{"host": "node0", "pid": 100, "comm_ptr": "0x0", "last_op_count": 900,
                          "last_op": "Broadcast"}])
-    out = unify_comm_ids(frame(rows), {}, log)
+    out = unify_comm_ids(frame(rows), {}, log, hung)
+    assert "log" not in set(out["op_count_source"].dropna())
+    # the capture ended while the job still ran: its log went on past the tracer's last call
+    log = log.assign(last_op="AllReduce")
+    out = unify_comm_ids(frame(rows), {}, log, {"node0": T0 + 50 * 100 * MS + 200 * MS})
     assert "log" not in set(out["op_count_source"].dropna())
 
 

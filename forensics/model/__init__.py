@@ -204,12 +204,15 @@ def capture_summary(b: Bundle) -> dict:
 
 
 def _tracer_ends(bundles) -> dict[str, int]:
-    """host -> UTC ns of the end of what its tracer covered (its collector record's covered_ns)."""
+    """host -> UTC ns of the end of what its tracer covered: its collector record's covered_ns,
+    else (a bundle that records none) the capture's end."""
     out = {}
     for b in bundles:
         c = b.manifest.collectors.get("tracer")
         if c is not None and c.covered_ns:
             out[b.host] = int(c.covered_ns[1])
+        elif b.manifest.ended_ns:
+            out[b.host] = int(b.manifest.ended_ns)
     return out
 
 

@@ -231,8 +231,10 @@ def _host_sync_end(coll: pd.DataFrame, waits: pd.DataFrame) -> tuple[pd.Series, 
             waits.loc[bad, "w1"] = np.nan
         left = pd.DataFrame({"row": np.arange(len(coll)), "pid": coll["pid"].astype("int64").to_numpy(),
                              "stream": coll["stream"].astype(str).to_numpy(),
-                             # a call that never returned was never enqueued past that point
-                             "key": t1.fillna(np.inf).to_numpy(dtype=np.float64)})
+                             # a call that never returned was never enqueued past that point; one
+                             # whose return is not traced (returned null: the watcher, --no-call-
+                             # returns) is bounded by the first wait that started after its entry
+                             "key": t1.fillna(_untraced_entry(coll)).fillna(np.inf).to_numpy(dtype=np.float64)})
         cands = []
         per_stream = waits[~waits["fn"].isin(DEVICE_WIDE_WAITS) & waits["stream"].notna()]
         if len(per_stream):
@@ -265,6 +267,15 @@ def _host_sync_end(coll: pd.DataFrame, waits: pd.DataFrame) -> tuple[pd.Series, 
     completed = (found & ~pending) | (~found & t1.notna() & never_waits)
     end_final = end_final.where(~(found & pending))
     return end_final, source, completed
+
+
+def _untraced_entry(coll: pd.DataFrame) -> pd.Series:
+    """The entry (t0) of each call whose return the tracer does not trace (``returned`` null),
+    NaN for the others: a wait its thread starts after it comes after its return."""
+    t0 = pd.to_numeric(coll["t0"], errors="coerce").astype("float64")
+    if "returned" not in coll:
+        return pd.Series(np.nan, index=coll.index)
+    return t0.where(coll["returned"].isna())
 
 
 def _aborted_before(coll: pd.DataFrame, end: pd.Series, destroys: pd.DataFrame) -> pd.Series:

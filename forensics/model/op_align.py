@@ -181,11 +181,8 @@ def _across_restart(out, unit, in_comm, oc, new_oc, new_src, pending: list) -> l
             & new_oc.notna().to_numpy() & (ts < first_t).to_numpy()
         if not known.any():
             continue
-        kt, kn = ts[known], new_oc[known]
-        rate = (kn.max() - kn.min()) / (kt.max() - kt.min()) if kt.max() > kt.min() else 0.0
         first_raw = oc[rows(u)].min() + group[u]
-        missed = max(0.0, round((first_t - kt.max()) * rate) - 1)
-        shift = kn.max() + 1 + missed - first_raw
+        shift = new_oc[known].max() + 1 + calls_between(ts[known].to_numpy(), first_t) - first_raw
         break
     if shift is None:       # no process with a known run before: after every known number of the comm
         known = in_comm & (new_src != ATTACH).to_numpy() & new_oc.notna().to_numpy()
@@ -198,6 +195,30 @@ def _across_restart(out, unit, in_comm, oc, new_oc, new_src, pending: list) -> l
 
 LOG_QUIET_NS = 2_000_000_000     # a process this quiet before its capture ended launched nothing after
 LOG_QUIET_STEPS = 10             # ... and at least this many of its usual gaps between calls
+
+
+def calls_between(known: np.ndarray, first_t: float) -> int:
+    """How many calls a process made between its last known call (entries ``known``) and its
+    call at ``first_t`` (the first after an untraced gap), from its rhythm before the gap. A
+    training step's collectives come in bursts (a step's buckets back to back, then compute):
+    the bursts are the calls after a gap well above the usual one (3x the median and 30% of
+    the 90th percentile), their period and size the medians; the gap holds the bursts its
+    length makes, less what the last known burst already had. Calls at an even pace: the
+    mean rate."""
+    t = np.sort(np.asarray(known, dtype=np.float64))
+    if len(t) < 2 or first_t <= t[-1]:
+        return 0
+    d = np.diff(t)
+    thr = max(3 * float(np.median(d)), 0.3 * float(np.percentile(d, 90)))
+    starts = np.r_[0, np.flatnonzero(d > thr) + 1]
+    if len(starts) >= 3:
+        sizes = np.diff(np.r_[starts, len(t)])
+        period = float(np.median(np.diff(t[starts])))
+        size = float(np.median(sizes[:-1]))
+        if period > 0:
+            return max(0, int(round((first_t - t[starts[-1]]) / period) * size - sizes[-1]))
+    rate = (len(t) - 1) / (t[-1] - t[0]) if t[-1] > t[0] else 0.0
+    return max(0, int(round((first_t - t[-1]) * rate)) - 1)
 
 
 def _log_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarray,

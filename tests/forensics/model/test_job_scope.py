@@ -38,8 +38,15 @@ def _two_jobs(tmp_path, name_the_job: bool):
             for line in (other / "bpf" / "events.jsonl").read_text().splitlines():
                 if json.loads(line).get("pid") in {p["pid"] for p in older}:
                     fh.write(line + "\n")
+        by_rank = {p["rank"]: p["pid"] for p in older}
+        sources = []
         for f in (other / "logs").glob("nccl-rank*.log"):
             shutil.copyfile(f, folder / "logs" / f"1-{f.name}")
+            # as the watcher records what it copied for whom (a log a line of which names no pid)
+            sources.append({"source": f"/elsewhere/{f.name}", "path": f"logs/1-{f.name}",
+                            "why": f"NCCL_DEBUG_FILE of pid {by_rank[int(f.stem[len('nccl-rank'):])]}"})
+        man["collectors"]["attachments:end"] = {"status": "ok", "files": [s["path"] for s in sources],
+                                                "sources": sources}
         for f in (other / "pcap").glob("*.pcap"):
             shutil.copyfile(f, folder / "pcap" / f.name)
     if name_the_job:
@@ -59,7 +66,9 @@ def test_the_bundle_is_read_as_the_job_that_hung(tmp_path):
     assert (top.kind, top.ranks, top.op_count) == (ref.kind, ref.ranks, ref.op_count)
     pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
     assert pids <= hung and not pids & older
-    assert not set(res.model.tables["coll_log_ops"]["pid"].dropna().astype(int)) & older
+    logs = res.model.tables["coll_log_ops"]
+    assert not set(logs["pid"].dropna().astype(int)) & older
+    assert not logs["artifact"].astype(str).str.startswith("logs/1-").any()
     assert any("the incident's job is ppid:1880" in p and f"{len(older)} process(es)" in p for p in res.problems)
     assert res.model.captures[0]["job"]["id"] == "ppid:1880"
 

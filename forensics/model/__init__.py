@@ -139,7 +139,7 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
                                                         {p.bundle.host: p.tables for p in parts})  # + GPU times
     # after the GPU times: those map only onto counts the tracer took from the init
     nccl = nccl_mod.unify_comm_ids(nccl, {p.bundle.host: p.comms for p in parts}, artifact_tabs.get("coll_log_ops"),
-                                   _tracer_ends(bundles))
+                                   _tracer_ends(bundles), artifact_tabs.get("fr_entries"))
     tcp = tcp_ranks.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []

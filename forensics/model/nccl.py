@@ -34,7 +34,8 @@ DEVICE_WIDE_WAITS = {"cudaDeviceSynchronize", "cuCtxSynchronize"}
 
 
 def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame],
-                   coll_log: pd.DataFrame | None = None, ended: dict[str, int] | None = None) -> pd.DataFrame:
+                   coll_log: pd.DataFrame | None = None, ended: dict[str, int] | None = None,
+                   fr: pd.DataFrame | None = None) -> pd.DataFrame:
     """One communicator key across hosts. The tracer names a communicator by the hash it took
     at ``ncclCommInitRank``; a tracer that attached later (a late or staggered capture) saw
     no init and knows only the comm pointer, which differs per process. NCCL's Init lines
@@ -43,12 +44,12 @@ def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame],
     (a host that has both tells which commId it is), else NCCL's commId; nranks and the
     communicator rank are filled from the Init lines where the tracer lacks them. Then every
     run of calls counted from an attach gets the job's numbering (:func:`.op_align.align`;
-    ``coll_log``: ``coll_log_ops``, NCCL's COLL lines; ``ended``: host -> the end of its tracer's coverage, UTC ns)."""
+    ``coll_log``: ``coll_log_ops``, NCCL's COLL lines; ``ended``: host -> the end of its tracer's coverage, UTC ns; ``fr``: ``fr_entries``)."""
     if nccl.empty:
         return nccl
     nccl = _mark_relative(nccl)
     if not log_comms:
-        return op_align.align(nccl, coll_log, ended)
+        return op_align.align(nccl, coll_log, ended, fr)
     parts = []
     for host, c in log_comms.items():
         if c is None or c.empty or "comm_id" not in c:
@@ -59,7 +60,7 @@ def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame],
                                    "log_nranks": pd.to_numeric(c["nranks"], errors="coerce"),
                                    "log_rank": pd.to_numeric(c["rank"], errors="coerce")}))
     if not parts:
-        return op_align.align(nccl, coll_log, ended)
+        return op_align.align(nccl, coll_log, ended, fr)
     m = pd.concat(parts, ignore_index=True).drop_duplicates(["host", "comm_ptr", "log_pid", "log_id"])
     key = nccl[["host", "comm_ptr", "pid"]].astype({"comm_ptr": "string"})
     j = key.reset_index().merge(m, on=["host", "comm_ptr"], how="left")
@@ -74,7 +75,7 @@ def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame],
     out = nccl.copy()
     out["comm_id_hash"] = tracer.fillna(log_id.map(to_tracer).astype("string")).fillna(log_id)
     out["nranks"] = out["nranks"].fillna(j["log_nranks"].astype("Int64"))
-    return op_align.align(out, coll_log, ended)
+    return op_align.align(out, coll_log, ended, fr)
 
 
 def _mark_relative(nccl: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,8 @@ the job's own numbering (NCCL's opCount: the count from the init, which Flight R
 
 1. ``log``: NCCL's COLL lines name the opCount of the last call a process launched on the
    communicator (``coll_log_ops``); the last run of that process ends with the same call when
-   the op agrees: the shift is exact.
+   the op agrees: the shift is exact. ``flight_recorder``: PyTorch's record of the same op
+   created nearest each call's entry gives its ``collective_seq_id`` - 1 (:func:`_fr_shifts`).
 2. ``peers``: a run whose counts are known (init or log) and that overlaps it in time: the same
    collective ends at about the same time on every rank (entries, when no call has an end: the
    watcher traces no returns), so the shift most matched calls agree on is the one (at least
@@ -41,7 +42,7 @@ import pandas as pd
 ALIGN_MIN_MATCHES = 3        # calls matched by time before a shift is believed
 ALIGN_MIN_SUPPORT = 0.6      # share of the matched calls that agree on it
 
-INIT, ATTACH, LOG, PEERS, ESTIMATED = "init", "attach", "log", "peers", "estimated"
+INIT, ATTACH, LOG, FR, PEERS, ESTIMATED = "init", "attach", "log", "flight_recorder", "peers", "estimated"
 
 
 def tracer_runs(coll: pd.DataFrame, events: list[dict] | pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -98,13 +99,14 @@ def tracer_runs(coll: pd.DataFrame, events: list[dict] | pd.DataFrame) -> tuple[
 
 
 def align(nccl: pd.DataFrame, coll_log: pd.DataFrame | None = None,
-          ended: dict[str, int] | None = None) -> pd.DataFrame:
+          ended: dict[str, int] | None = None, fr: pd.DataFrame | None = None) -> pd.DataFrame:
     """``nccl`` (every host, one communicator key in ``comm_id_hash``) with each attach run's
     ``op_count`` shifted onto the job's numbering and ``op_count_source`` saying how (the
     module docstring). Rows without ``op_count_source`` (a frame made by hand) count as
     ``init`` where the tracer named their communicator and ``attach`` elsewhere (the caller
     marks them). ``ended``: host -> UTC ns its tracer's coverage ended (a COLL line is believed
-    only for a process that made no call for a while before that: :func:`_log_shifts`)."""
+    only for a process that made no call for a while before that: :func:`_log_shifts`). ``fr``:
+    ``fr_entries`` (Flight Recorder: :func:`_fr_shifts`)."""
     src = nccl["op_count_source"].astype("object") if "op_count_source" in nccl else pd.Series(None, index=nccl.index)
     oc = pd.to_numeric(nccl["op_count"], errors="coerce").astype("float64")
     rel = (src == ATTACH).to_numpy() & oc.notna().to_numpy()
@@ -117,11 +119,13 @@ def align(nccl: pd.DataFrame, coll_log: pd.DataFrame | None = None,
     keys = out["comm_id_hash"].astype("string").fillna(out["host"].astype(str) + ":" + out["pid"].astype("string")
                                                        .fillna("") + ":" + out["comm_ptr"].astype("string").fillna(""))
     new_oc, new_src = oc.copy(), src.copy()
-    shifted = _log_shifts(out, unit, oc, rel, coll_log, ended or {})
-    for u, shift in shifted.items():
+    shifted = {u: (d, LOG) for u, d in _log_shifts(out, unit, oc, rel, coll_log, ended or {}).items()}
+    for u, d in _fr_shifts(out, unit, oc, rel, fr).items():
+        shifted.setdefault(u, (d, FR))
+    for u, (shift, how) in shifted.items():
         rows = (unit == u).to_numpy()
         new_oc[rows] = oc[rows] + shift
-        new_src[rows] = LOG
+        new_src[rows] = how
     known = ~(new_src == ATTACH).to_numpy()
     for comm in keys[rel].dropna().unique():
         in_comm = (keys == comm).fillna(False).to_numpy(bool)
@@ -255,6 +259,46 @@ def _log_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarr
             continue
         if n - lastcall["_oc"] >= 0:
             shifts[u] = float(n - lastcall["_oc"])
+    return shifts
+
+
+def _fr_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarray,
+               fr: pd.DataFrame | None) -> dict[str, float]:
+    """unit -> shift from Flight Recorder: PyTorch records each collective it enqueues
+    (``collective_seq_id`` from 1: op_count + 1 on the communicator behind its process group)
+    just before it calls NCCL, so a call of an attach run and the record of the same op created
+    nearest to its entry (within half the time between two of the process's calls) are the same
+    collective; the shift most matched calls agree on (at least ``ALIGN_MIN_MATCHES``, with
+    ``ALIGN_MIN_SUPPORT``)."""
+    if fr is None or not len(fr) or not rel.any() or not {"pid", "collective_seq_id", "time_created_ns"} <= set(fr):
+        return {}
+    f = fr[(fr["is_p2p"] != True) & fr["collective_seq_id"].notna() & fr["time_created_ns"].notna()  # noqa: E712
+           & fr["pid"].notna()]
+    if f.empty:
+        return {}
+    f = pd.DataFrame({"host": f["host"].astype(str), "pid": pd.to_numeric(f["pid"]).astype("int64"),
+                      "t": pd.to_numeric(f["time_created_ns"]).astype("float64"), "op": f["op"].map(_op_name),
+                      "ref_oc": pd.to_numeric(f["collective_seq_id"]).astype("float64") - 1})
+    shifts = {}
+    for u in unit[rel].unique():
+        rows = out[(unit == u).to_numpy() & rel]
+        host, pid = str(rows["host"].iloc[0]), rows["pid"].iloc[0]
+        if pd.isna(pid):
+            continue
+        r = f[(f["host"] == host) & (f["pid"] == int(pid))].sort_values("t")
+        q = pd.DataFrame({"t": pd.to_numeric(rows["timestamp_ns"], errors="coerce").astype("float64"),
+                          "op": rows["op"].map(_op_name), "oc": oc[rows.index]}).dropna().sort_values("t")
+        if len(r) < ALIGN_MIN_MATCHES or len(q) < ALIGN_MIN_MATCHES:
+            continue
+        gaps = np.diff(np.unique(q["t"].to_numpy()))
+        tol = max(float(np.median(gaps)) / 2 if len(gaps) else 1e6, 1e5)
+        m = pd.merge_asof(q, r[["t", "op", "ref_oc"]], on="t", by="op", direction="nearest",
+                          tolerance=tol).dropna(subset=["ref_oc"])
+        if len(m) < ALIGN_MIN_MATCHES:
+            continue
+        d = (m["ref_oc"] - m["oc"]).value_counts()
+        if d.iloc[0] >= ALIGN_MIN_SUPPORT * len(m) and d.index[0] >= 0:
+            shifts[u] = float(d.index[0])
     return shifts
 
 

@@ -63,14 +63,20 @@ class Watch:
                             *lab_args, *SMALL], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            timeout=400)
         assert p.returncode == 0, p.stderr.decode()[-3000:]
-        time.sleep(2)
         truth = json.loads((out / "lab" / "scenario.json").read_text())
         pids = {r["pid"] for r in truth["ranks"]}
-        new = sorted(set(self.bundles.glob("stallscope-*.tar.gz")) - before)
-        mine = [b for b in new if set(bundle_manifest(b)["trigger"]["pids"]) & pids]
+
+        def mine() -> list[Path]:
+            new = sorted(set(self.bundles.glob("stallscope-*.tar.gz")) - before)
+            return [b for b in new if set(bundle_manifest(b)["trigger"]["pids"]) & pids]
+        # a hang's bundle may come after the job: the watcher writes one incident at a time, and
+        # another job's on the host may be before it
+        deadline = time.monotonic() + (90 if truth["fault"].get("kind") not in (None, "none") else 2)
+        while not mine() and time.monotonic() < deadline:
+            time.sleep(2)
         if then_quiet:
             time.sleep(BEFORE_S + AFTER_S + RING_SLACK_S)
-        return {"truth": truth, "pids": pids, "bundles": mine}
+        return {"truth": truth, "pids": pids, "bundles": mine()}
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -131,3 +131,18 @@ def test_the_calls_in_an_untraced_gap_follow_the_jobs_rhythm():
     # calls at an even pace of 10 ms: 9 between the last (at 90 ms) and the one at 190 ms
     assert op_align.calls_between([k * 10 * MS for k in range(10)], 190 * MS) == 9
     assert op_align.calls_between([5], 10) == 0
+
+
+def test_flight_recorder_records_give_the_job_s_own_numbers():
+    rows = watcher_rows()
+    # PyTorch records each collective (collective_seq_id from 1) just before it calls NCCL
+    fr = pd.DataFrame([{"host": r["host"], "pid": r["pid"], "rank": r["rank"], "is_p2p": False, "op": "allreduce",
+                        "collective_seq_id": (r["timestamp_ns"] - T0) // (100 * MS) + 1,
+                        "time_created_ns": r["timestamp_ns"] - 40_000} for r in job(n_ops=51)])
+    out = unify_comm_ids(frame(rows), {}, None, None, fr)
+    late = out[out["timestamp_ns"] >= T0 + (RESTART_AT + GAP) * 100 * MS]
+    assert set(late["op_count_source"]) == {"flight_recorder"}
+    assert (late["op_count"] == (late["timestamp_ns"] - T0) // (100 * MS)).all()
+    # records of another op near the calls are no evidence
+    out = unify_comm_ids(frame(rows), {}, None, None, fr.assign(op="broadcast"))
+    assert "flight_recorder" not in set(out["op_count_source"].dropna())

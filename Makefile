@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min watch-unknown-jobs \
+.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min watch-unknown-jobs watch-align \
   image-tag image clean
 
 all: test
@@ -94,6 +94,11 @@ watch-clean-5min: debs venv
 # clean job for 5 minutes (STALLSCOPE_UNKNOWN_CLEAN_S)
 watch-unknown-jobs: debs venv
 	STALLSCOPE_UNKNOWN_ALL=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_unknown.py
+
+# the watcher's verdicts against the lab's truth (~5 minutes): a late mismatch (its op number the job's
+# own), a link down 3 s in, and two jobs back to back (the bundle and the report are the hung one's)
+watch-align: debs venv
+	STALLSCOPE_WATCH_ALIGN=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_align.py
 
 regimes-clean-10: debs venv
 	@ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do \

@@ -83,6 +83,9 @@ class IncidentWriter:
                                                     runs=[r for r in w.packets.runs
                                                           if r.get("stopped_ns", time.time_ns()) >= w0_real]))))
             manifest["options"].update(schema.OPTIONS.make(watch=True))
+            job = s.jobs.job_of(first.pids or [])     # the job that hung, and the others followed
+            if job is not None:
+                manifest["job"] = job
             try:
                 fit_budget(dest, out, arcroot, manifest, self.o.max_bytes)
             except OSError as e:

@@ -41,9 +41,48 @@ def netns_names() -> dict[int, str]:
     return out
 
 
+def lineage(pid: int) -> tuple[int | None, str | None]:
+    """(parent pid, cgroup path) of a live process; None for what cannot be read. The cgroup
+    is the unified hierarchy's (``0::/path``), else the first controller line's path."""
+    ppid = cgroup = None
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open(f"/proc/{pid}/cgroup", "r", errors="replace") as fh:
+            lines = [ln.rstrip("\n").split(":", 2) for ln in fh if ln.count(":") >= 2]
+        unified = [ln[2] for ln in lines if ln[0] == "0"]
+        cgroup = (unified or [ln[2] for ln in lines] or [None])[0]
+    except OSError:
+        pass
+    return ppid, cgroup
+
+
+def job_key(ppid: int | None, cgroup: str | None) -> str:
+    """A job's id: its processes' launcher (parent pid) and cgroup."""
+    return f"ppid:{ppid if ppid is not None else '?'}" + (f"@{cgroup}" if cgroup and cgroup != "/" else "")
+
+
+def _started_ns(start_ticks: int | None) -> int | None:
+    """UTC ns of a start time in clock ticks after boot (/proc/stat's btime)."""
+    if start_ticks is None:
+        return None
+    try:
+        with open("/proc/stat", "rb") as fh:
+            btime = next(int(ln.split()[1]) for ln in fh if ln.startswith(b"btime "))
+        return btime * 1_000_000_000 + start_ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
 class Jobs:
     """The processes (pid -> ``procs.ProcInfo``) and namespaces (inode -> :class:`NetNs`)
-    followed so far, and how to find more."""
+    followed so far, and how to find more. Processes are told apart into jobs by their
+    launcher (parent pid) and cgroup (``lineage``, read when a process is found): the ranks a
+    launcher (torchrun, srun's step daemon, mpirun's daemon, a container's entry point) started
+    in one cgroup are one job; back-to-back or side-by-side jobs of a host are not."""
 
     def __init__(self, opts: CaptureOptions):
         self.o = opts
@@ -53,6 +92,7 @@ class Jobs:
         self.own_ns = procs.netns_inode("self")
         self.ns_names = netns_names()
         self.seen_sockets: dict[int, set[int]] = {}   # netns inode -> connections already looked at
+        self.lineage: dict[int, tuple[int | None, str | None]] = {}   # pid -> (ppid, cgroup), when found
 
     def ensure_netns(self, inode: int | None, pid: int | str) -> NetNs:
         if inode is None or inode == self.own_ns:
@@ -88,6 +128,7 @@ class Jobs:
                                skip=set(self.procs), not_nccl=self.not_nccl, by_env=by_env)
         for info in found:
             self.procs[info.pid] = info
+            self.lineage[info.pid] = lineage(info.pid)
             self.ensure_netns(info.netns_inode, info.pid).pids.append(info.pid)
         return found
 
@@ -97,8 +138,51 @@ class Jobs:
         return [info for pid, info in sorted(self.procs.items())
                 if os.path.isdir(f"/proc/{pid}") and procs.refresh(info, symbols, self.o.nccl_libs)]
 
+    def job_id(self, pid: int) -> str | None:
+        """The id of pid's job (:func:`job_key`), None for a process not followed."""
+        if pid not in self.procs:
+            return None
+        if pid not in self.lineage:
+            self.lineage[pid] = lineage(pid)
+        return job_key(*self.lineage[pid])
+
+    def job_of(self, pids) -> dict | None:
+        """The manifest's ``job`` (``capture.manifest.JOB``) for the processes ``pids`` (a
+        trigger's): every followed process of their jobs, and the other jobs followed; None
+        when none of ``pids`` is followed (a trigger that names no process)."""
+        ids = {self.job_id(p) for p in pids} - {None}
+        if not ids:
+            return None
+        by_job: dict[str, list[int]] = {}
+        for pid in sorted(self.procs):
+            by_job.setdefault(self.job_id(pid), []).append(pid)
+        members = sorted(p for i in ids for p in by_job.get(i, []))
+        launchers = sorted({self.lineage[p][0] for p in members if self.lineage[p][0] is not None})
+        cgroups = sorted({self.lineage[p][1] for p in members if self.lineage[p][1]})
+        launcher = None
+        if launchers:
+            try:
+                with open(f"/proc/{launchers[0]}/cmdline", "rb") as fh:
+                    launcher = " ".join(a.decode(errors="replace") for a in fh.read().split(b"\0") if a)[:300] or None
+            except OSError:
+                pass
+
+        def started(ps):
+            ticks = [self.procs[p].start_ticks for p in ps if self.procs[p].start_ticks is not None]
+            return _started_ns(min(ticks)) if ticks else None
+        ranks = sorted({r for p in members if (r := self.procs[p].rank_facts().get("rank")) is not None})
+        others = [schema.OTHER_JOB.make(id=i, pids=ps, started_ns=started(ps))
+                  for i, ps in sorted(by_job.items(), key=lambda kv: kv[1][0]) if i not in ids]
+        return schema.JOB.make(
+            id="; ".join(sorted(ids)), pids=members, ranks=ranks, launcher=launcher,
+            cgroup=cgroups[0] if len(cgroups) == 1 else None, started_ns=started(members),
+            why=f"the trigger's process(es) {', '.join(map(str, sorted(pids)))}; the others of the same launcher "
+                "(parent process) and cgroup",
+            others=others)
+
     def forget(self, pid: int) -> None:
         """Stop following a process (the watcher, once it is long gone)."""
+        self.lineage.pop(pid, None)
         info = self.procs.pop(pid)
         ns = self.netns.get(info.netns_inode or self.own_ns)
         if ns is not None and pid in ns.pids:
@@ -211,6 +295,8 @@ class Jobs:
             d = info.to_manifest()
             ns = self.ensure_netns(info.netns_inode, pid)
             d.update(schema.PROCESS.make(netns=ns.label, alive_at_end=os.path.isdir(f"/proc/{pid}")))
+            ppid, cgroup = self.lineage.get(pid) or (None, None)
+            d.update(schema.PROCESS.make(ppid=ppid, cgroup=cgroup, job=self.job_id(pid)))
             socks = procs.tcp_sockets(pid) if d["alive_at_end"] else []
             ss = ss_by_ns.get(ns.inode, [])
             for s in socks:

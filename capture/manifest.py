@@ -276,6 +276,9 @@ PROCESS = Table("processes[]", "a process of the job (capture/procs.py)", (
     Field("netns", STR, "its namespace's label (`netns[].label`)"),
     Field("alive_at_end", BOOL, "whether it was alive when the capture ended"),
     Field("sockets", RECORDS, "its TCP sockets at the end", table=SOCKET),
+    Field("ppid", INT, "its parent's pid (the launcher: torchrun, srun's step, mpirun's daemon)", always=False),
+    Field("cgroup", STR, "its cgroup (/proc/PID/cgroup, the unified hierarchy's path)", always=False),
+    Field("job", STR, "the job it belongs to (capture/jobs.py: `job.id` of its job)", always=False),
 ))
 
 NETNS = Table("netns[]", "a network namespace of the job (capture/jobs.py)", (
@@ -328,6 +331,23 @@ WATCH = Table("watch", "the watcher's settings and the incident's window (captur
     Field("pcap_ring", OBJECT, "the packet ring", table=PCAP_RING),
 ))
 
+OTHER_JOB = Table("job.others[]", "another job whose processes the watcher followed meanwhile", (
+    Field("id", STR, "its id (as `job.id`)"),
+    Field("pids", INTS, "its processes"),
+    Field("started_ns", INT, "its first process's start, UTC ns"),
+))
+
+JOB = Table("job", "the job that hung, of those the watcher followed (capture/jobs.py: Jobs.job_of)", (
+    Field("id", STR, "`ppid:<launcher pid>` and `@<cgroup>`: processes with one launcher and cgroup are one job"),
+    Field("pids", INTS, "its processes"),
+    Field("ranks", INTS, "their ranks (the environment's)"),
+    Field("launcher", STR, "the launcher's command line, as far as it was read"),
+    Field("cgroup", STR, "their cgroup"),
+    Field("started_ns", INT, "its first process's start, UTC ns"),
+    Field("why", STR, "how it was chosen: the trigger's processes, and what ties the others to them"),
+    Field("others", RECORDS, "the other jobs followed; the analysis leaves their processes out", table=OTHER_JOB),
+))
+
 RECOVERED = Table("recovered", "how a killed capture's staging folder became this bundle (capture/staging.py)", (
     Field("by_pid", INT, "the process that recovered it"),
     Field("at_ns", INT, "when, UTC ns"),
@@ -369,6 +389,8 @@ TOP = Table("manifest.json", "the bundle's manifest (capture/runner.py: Capture.
     Field("files", RECORDS, "every file of the bundle but the manifest", table=FILE),
     Field("trigger", OBJECT, "watcher bundles: the first trigger", always=False, table=TRIGGER),
     Field("watch", OBJECT, "watcher bundles: the watch's settings and window", always=False, table=WATCH),
+    Field("job", OBJECT, "watcher bundles: the job that hung (its processes; the others followed)", always=False,
+          table=JOB),
     Field("recovered", OBJECT, "recovered bundles: how", always=False, table=RECOVERED),
     Field("capture", OBJECT, "staged manifests only (removed by recovery): the live capture", always=False,
           table=STAGED),

@@ -40,6 +40,7 @@ as a capture's staging folder does (``--recover`` makes a partial bundle of them
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -86,6 +87,8 @@ class Watcher:
         self.logs_found: tuple[float, frozenset, list] | None = None    # (when, pids, log_paths())
         self.incident: dict | None = None           # the open incident: triggers, due time
         self.last_incident_end = -1e18              # monotonic s
+        self.last_incident_pids: list[int] = []     # the last incident's first trigger's processes
+        self.queued: list[Trigger] = []             # another job's triggers during an incident: its own, next
         self.cleared: dict[int, int] = {}           # pid -> last_return when its hang was reported
         self.bundles: list[Path] = []
         self.usr1 = False
@@ -227,12 +230,21 @@ class Watcher:
 
     def fire(self, trig: Trigger) -> None:
         s = self.s
+        jobs = self.by_job(trig.pids)
+        if len(jobs) > 1:       # one job per incident: a trigger naming several jobs' processes, one each
+            for pids in jobs:
+                self.fire(dataclasses.replace(trig, pids=pids))
+            return
         self.packets.arm(f"{trig.kind} trigger")       # the packets of the --after window
         now = time.monotonic()
         if self.incident is not None:
+            if self.other_job(trig.pids, self.incident["first"].pids):
+                self.queued.append(trig)             # one job per incident: its own bundle after this one
+                return
             self.incident["triggers"].append(trig)
             return
-        if trig.kind != "on-demand" and now - self.last_incident_end < self.o.cooldown_s:
+        if trig.kind != "on-demand" and now - self.last_incident_end < self.o.cooldown_s \
+                and not self.other_job(trig.pids, self.last_incident_pids):
             s.notes.append(f"{bd.utc_stamp(trig.realtime_ns)}: {trig.kind} trigger within --cooldown of the "
                            f"last incident, not a new bundle: {trig.reason}")
             return
@@ -379,7 +391,29 @@ class Watcher:
     def cut(self) -> None:
         """Write the open incident's bundle (``capture.incident``)."""
         inc, self.incident = self.incident, None
+        self.last_incident_pids = list(inc["first"].pids or [])
         IncidentWriter(self).write(inc)
+        queued, self.queued = self.queued, []
+        for trig in queued:                          # another job's hang seen meanwhile: its incident now
+            self.fire(trig)
+
+    def by_job(self, pids) -> list[list[int]]:
+        """``pids`` grouped by job (``capture.jobs.Jobs.job_id``; a process not followed stays
+        with the first group), in the order of their first pid."""
+        groups: dict = {}
+        for p in pids or []:
+            groups.setdefault(self.s.jobs.job_id(p), []).append(p)
+        if None in groups and len(groups) > 1:
+            loose = groups.pop(None)
+            groups[next(iter(groups))] += loose
+        return list(groups.values())
+
+    def other_job(self, pids, than) -> bool:
+        """Whether the processes ``pids`` (a trigger's) are of jobs none of ``than`` is of
+        (``capture.jobs.Jobs.job_id``); False when either names no followed process."""
+        a = {self.s.jobs.job_id(p) for p in pids or []} - {None}
+        b = {self.s.jobs.job_id(p) for p in than or []} - {None}
+        return bool(a and b) and not (a & b)
 
     def dump_ring(self, wait_s: float = 0.0) -> bool:
         """Ring mode: the tracer prints its record ring (its lines go to the spool's segments,

@@ -171,6 +171,32 @@ def _size_note(h) -> str:
             f"{len(h.members)} traced: only those are counted)")
 
 
+def _numbering(ctx, comm: str) -> tuple[str, dict]:
+    """(summary note, details entries) on what the communicator's op numbers count from
+    (``nccl_events.op_count_source``, model/op_align.py): nothing to say when every rank's are
+    the job's own (the tracer saw the init, or NCCL's COLL lines gave them); else the ranks
+    aligned by time to others or across a restart (estimates), or numbers that count from the
+    first call any tracer saw, and ``op_numbering``: the ranks of each source."""
+    n = ctx.table("nccl_events")
+    if "op_count_source" not in n:
+        return "", {}
+    n = n[(n["comm_id_hash"] == comm) & n["op_count"].notna() & n["rank"].notna()]
+    by = n.groupby(n["op_count_source"].astype("string").fillna("init"))["rank"].agg(
+        lambda r: sorted({int(x) for x in r}))
+    src = {str(k): v for k, v in by.items()}
+    details = {"op_numbering": src}
+    if "attach" in src:
+        return ("; op numbers count from the first call the tracer saw (no init, NCCL COLL line or Flight "
+                "Recorder entry gave the job's own)"), details
+    if "estimated" in src:
+        return (f"; the op numbers of {ranks_text(src['estimated'])} are estimated across a restart of the "
+                "tracer (counted again from 0; the calls in the gap from their rate before it)"), details
+    if "peers" in src:
+        return (f"; the op numbers of {ranks_text(src['peers'])} are the job's as estimated from the "
+                "times of their calls against ranks whose counts are known"), details
+    return "", {}
+
+
 def _last_ops(ctx, comm: str) -> pd.DataFrame:
     """Per rank of the communicator: the last op it entered (op_count, op, time, completed)
     and the last op it completed."""
@@ -294,7 +320,7 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
         summary = (f"Hang (rank mismatch) on communicator {comm}: {who} never entered collective #{n} "
                    f"({h.op}); {names.many(waiting)} entered it and were still inside when the capture ended, "
                    f"{ms(h.waited_ns)} later{_started(h)} (last op reached: {missing_txt}; the others launched up to "
-                   f"#{others}){_size_note(h)}.")
+                   f"#{others}){_size_note(h)}{_numbering(ctx, comm)[0]}.")
         if untraced:
             summary = summary[:-1] + f"; {names.many(untraced)} had no traced call at all (were they captured?)."
         stacks = {r: rank_stack(ctx, r) for r in g_missing}
@@ -321,7 +347,8 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
                      "waited_ns": int(h.waited_ns), "first_entry_ns": int(h.first_entry_ns),
                      "untraced_ranks": untraced,
                      "nranks_claimed": None if pd.isna(h.nranks_claimed) else int(h.nranks_claimed),
-                     "stacks": {str(r): f for r, f in stacks.items() if f}}))
+                     "stacks": {str(r): f for r, f in stacks.items() if f},
+                     **_numbering(ctx, comm)[1]}))
     return out
 
 
@@ -557,7 +584,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         action = ("Dump the stacks of every rank (py-spy dump, gdb), check nvidia-smi and dmesg for Xid errors; "
                   "if NCCL uses IB/RoCE, read the port counters.")
         ranks = []
-    summary = head + _size_note(h) + cause + "."
+    summary = head + _size_note(h) + _numbering(ctx, comm)[0] + cause + "."
     if e.empty:   # nothing on the network: the evidence is how far each rank got
         sql, evidence = _last_ops_sql(comm), _last_ops_rows(last, names)
     else:
@@ -588,7 +615,8 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         score=1e6 + h.waited_ns / 1e9,
         details={"comm_id_hash": comm, "op_count": n, "op": h.op, "ranks": members, "waited_ns": int(h.waited_ns),
                  "first_entry_ns": int(h.first_entry_ns), "last_progress_ns": since, "capture_end_ns": end,
-                 "tcp_events_after_progress": int(len(e)), "last_ops": last_rows})
+                 "tcp_events_after_progress": int(len(e)), "last_ops": last_rows,
+                 **_numbering(ctx, comm)[1]})
 
 
 TRACER_SOURCE = "tracer"

@@ -138,7 +138,8 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     nccl, artifact_tabs = artifacts_mod.artifact_tables(bundles, nccl, attr,
                                                         {p.bundle.host: p.tables for p in parts})  # + GPU times
     # after the GPU times: those map only onto counts the tracer took from the init
-    nccl = nccl_mod.unify_comm_ids(nccl, {p.bundle.host: p.comms for p in parts})
+    nccl = nccl_mod.unify_comm_ids(nccl, {p.bundle.host: p.comms for p in parts}, artifact_tabs.get("coll_log_ops"),
+                                   _tracer_ends(bundles), artifact_tabs.get("fr_entries"))
     tcp = tcp_ranks.collective_in_flight(tcp, nccl)
 
     estimates: list[SkewEstimate] = []
@@ -196,7 +197,23 @@ def capture_summary(b: Bundle) -> dict:
         "problems": list(b.problems),
         **({"user_attached": attached} if (attached := m.user_attached()) else {}),
         **({"timezone": tz} if isinstance(tz, dict) else {}),
+        # a watcher's incident: the job that hung (model/job_scope.py read the bundle as it alone)
+        **({"job": {k: job.get(k) for k in ("id", "pids", "ranks", "started_ns", "launcher")}}
+           if isinstance(job := m.value("job"), dict) else {}),
     }
+
+
+def _tracer_ends(bundles) -> dict[str, int]:
+    """host -> UTC ns of the end of what its tracer covered: its collector record's covered_ns,
+    else (a bundle that records none) the capture's end."""
+    out = {}
+    for b in bundles:
+        c = b.manifest.collectors.get("tracer")
+        if c is not None and c.covered_ns:
+            out[b.host] = int(c.covered_ns[1])
+        elif b.manifest.ended_ns:
+            out[b.host] = int(b.manifest.ended_ns)
+    return out
 
 
 def _skew(parts: list[HostPart], endpoints: pd.DataFrame) -> list[SkewEstimate]:

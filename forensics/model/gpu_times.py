@@ -215,9 +215,12 @@ def apply_gpu_durations(nccl: pd.DataFrame, fr: pd.DataFrame, insp: pd.DataFrame
         return nccl
     work = nccl.assign(row=np.arange(len(nccl)), comm=_comm_key(nccl))
     # op counts are absolute only on communicators whose init the tracer saw (they have a
-    # comm_id_hash); on the others the tracer counted from its own start, and any pairing
-    # with Flight Recorder / Inspector sequence numbers would time the wrong calls
+    # comm_id_hash) and only in the program that saw it (op_count_source 'init': a restarted
+    # tracer counts from 0 again); on the others the tracer counted from its own start, and any
+    # pairing with Flight Recorder / Inspector sequence numbers would time the wrong calls
     seen = work["comm_id_hash"].notna()
+    if "op_count_source" in work:
+        seen &= work["op_count_source"].isna() | (work["op_count_source"] == "init")
     if not seen.all():
         late = work.loc[~seen].drop_duplicates(["host", "pid"])
         for host, pid in zip(late["host"], late["pid"]):

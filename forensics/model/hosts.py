@@ -25,6 +25,7 @@ import pandas as pd
 from ..bundle import Bundle
 from ..errors import InputError
 from . import artifacts as artifacts_mod
+from . import job_scope
 from . import nccl as nccl_mod
 from . import nccl_config
 from . import offcpu as offcpu_mod
@@ -92,13 +93,14 @@ def read_host(path, *, skew: bool = True) -> HostPart:
     InputError when the path is no bundle. Runs in a worker process as well as in the caller's."""
     b = open_source(path)
     try:
-        events = b.read_bpf_events()
+        # a watcher's incident: the job that hung alone (job_scope: the other jobs' processes out)
+        sc, events = job_scope.scope(b, b.read_bpf_events())
         arts = artifacts_mod.read_artifacts(b)
-        comms = arts.table("nccl_debug", "nccl_comms")
+        comms = job_scope.drop_rows({"c": arts.table("nccl_debug", "nccl_comms")}, sc)["c"]
         ranks = nccl_mod.process_ranks(b, events, comms)
         endpoints = tcp_ranks.endpoint_table(b, events)
         facts = nccl_config.host_facts(b, arts)
-        pcap = scan_pcaps(b, fingerprints=skew)
+        pcap = scan_pcaps(b, fingerprints=skew, keep=sc.keeps_file)
     finally:
         b.close()
     flows = pd.concat(pcap.flows, ignore_index=True) if pcap.flows else None
@@ -106,7 +108,7 @@ def read_host(path, *, skew: bool = True) -> HostPart:
                     nccl=nccl_mod.nccl_events(b, events, ranks), bpf_tcp=tcp_ranks.bpf_tcp_frame(b, events),
                     offcpu=offcpu_mod.offcpu_samples(b, events, ranks),
                     windows=windows_mod.bundle_windows(b, events, flows),
-                    tables=artifacts_mod.host_tables(b, arts, ranks, facts), pcap=pcap)
+                    tables=job_scope.drop_rows(artifacts_mod.host_tables(b, arts, ranks, facts), sc), pcap=pcap)
 
 
 def open_source(source) -> Bundle:
@@ -157,14 +159,15 @@ def _sample_shift(paths) -> int:
     return shift
 
 
-def scan_pcaps(bundle: Bundle, *, fingerprints: bool = True) -> PcapPart:
+def scan_pcaps(bundle: Bundle, *, fingerprints: bool = True, keep=None) -> PcapPart:
     """Every capture of the bundle through the TCP engine, once: flagged packets with their
     verdict rows, flows, the flow timing aggregates (:class:`~.timing.TimingCollector`) and,
-    with ``fingerprints``, the sampled segment keys :func:`~.skew.estimate_skew` matches."""
+    with ``fingerprints``, the sampled segment keys :func:`~.skew.estimate_skew` matches.
+    ``keep(rel)``: whether a capture is read (:meth:`.job_scope.JobScope.keeps_file`)."""
     from ..tcp import analyze_file
     from .timing import TimingCollector
     part = PcapPart()
-    caps = bundle.pcaps()
+    caps = [(rel, p) for rel, p in bundle.pcaps() if keep is None or keep(rel)]
     shift = _sample_shift([p for _, p in caps]) if fingerprints else 0
     prints: list[pd.DataFrame] = []
     for rel, path in caps:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import op_align
 from .events import events_frame, utc_of
 from .schema import conform, empty
 
@@ -32,16 +33,23 @@ REDOPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 DEVICE_WIDE_WAITS = {"cudaDeviceSynchronize", "cuCtxSynchronize"}
 
 
-def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame]) -> pd.DataFrame:
+def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame],
+                   coll_log: pd.DataFrame | None = None, ended: dict[str, int] | None = None,
+                   fr: pd.DataFrame | None = None) -> pd.DataFrame:
     """One communicator key across hosts. The tracer names a communicator by the hash it took
     at ``ncclCommInitRank``; a tracer that attached later (a late or staggered capture) saw
     no init and knows only the comm pointer, which differs per process. NCCL's Init lines
     (``log_comms``: each host's ``nccl_comms`` table) map a pointer to NCCL's own commId,
     the same on every rank. The key: the tracer's hash where any host's tracer saw the init
     (a host that has both tells which commId it is), else NCCL's commId; nranks and the
-    communicator rank are filled from the Init lines where the tracer lacks them."""
-    if nccl.empty or not log_comms:
+    communicator rank are filled from the Init lines where the tracer lacks them. Then every
+    run of calls counted from an attach gets the job's numbering (:func:`.op_align.align`;
+    ``coll_log``: ``coll_log_ops``, NCCL's COLL lines; ``ended``: host -> the end of its tracer's coverage, UTC ns; ``fr``: ``fr_entries``)."""
+    if nccl.empty:
         return nccl
+    nccl = _mark_relative(nccl)
+    if not log_comms:
+        return op_align.align(nccl, coll_log, ended, fr)
     parts = []
     for host, c in log_comms.items():
         if c is None or c.empty or "comm_id" not in c:
@@ -52,7 +60,7 @@ def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame]) -> pd
                                    "log_nranks": pd.to_numeric(c["nranks"], errors="coerce"),
                                    "log_rank": pd.to_numeric(c["rank"], errors="coerce")}))
     if not parts:
-        return nccl
+        return op_align.align(nccl, coll_log, ended, fr)
     m = pd.concat(parts, ignore_index=True).drop_duplicates(["host", "comm_ptr", "log_pid", "log_id"])
     key = nccl[["host", "comm_ptr", "pid"]].astype({"comm_ptr": "string"})
     j = key.reset_index().merge(m, on=["host", "comm_ptr"], how="left")
@@ -67,78 +75,20 @@ def unify_comm_ids(nccl: pd.DataFrame, log_comms: dict[str, pd.DataFrame]) -> pd
     out = nccl.copy()
     out["comm_id_hash"] = tracer.fillna(log_id.map(to_tracer).astype("string")).fillna(log_id)
     out["nranks"] = out["nranks"].fillna(j["log_nranks"].astype("Int64"))
-    return align_op_counts(out, relative=tracer.isna() & out["comm_id_hash"].notna())
+    return op_align.align(out, coll_log, ended, fr)
 
 
-ALIGN_MIN_MATCHES = 3        # calls matched by end time before a shift is believed
-ALIGN_MIN_SUPPORT = 0.6      # share of the matched calls that agree on it
-
-
-def align_op_counts(nccl: pd.DataFrame, relative: pd.Series) -> pd.DataFrame:
-    """The tracer counts a communicator's calls from its init; one that attached later
-    counts from its attach, so the same collective has another op_count on each host of a
-    late or staggered capture. A collective ends at about the same time on every rank (the
-    last rank's data completes it for all; entries differ by any straggle, ends do not), so
-    each such process's counts are shifted onto a reference process of the communicator (one
-    whose tracer saw the init, else the one with the most calls): per call, the reference's
-    call of the same op and count that ended nearest; the shift most of them agree on. Where a
-    process's calls have no end (the watcher traces no returns, and a hung job completes
-    nothing), their entries are matched to the reference's entries instead: in a job that
-    steps in lockstep they are closer to each other than to the next call. A
-    process with no such agreement (captures that do not overlap) keeps no op_count: its
-    calls are its own, never joined to another rank's by a number that means nothing. A
-    communicator none of whose tracers saw its init counts from the first call any of them
-    saw: its op counts start at 0, never below."""
-    rel = relative.fillna(False).to_numpy(bool) & nccl["op_count"].notna().to_numpy()
-    if not rel.any():
+def _mark_relative(nccl: pd.DataFrame) -> pd.DataFrame:
+    """Rows with no ``op_count_source`` (a frame not made by :func:`nccl_events`): ``init``
+    where the tracer named the communicator (it saw the init), else ``attach``."""
+    src = nccl["op_count_source"] if "op_count_source" in nccl else pd.Series(None, index=nccl.index, dtype="object")
+    miss = src.isna() & pd.to_numeric(nccl["op_count"], errors="coerce").notna()
+    if not miss.any():
         return nccl
     out = nccl.copy()
-    oc = pd.to_numeric(out["op_count"], errors="coerce").astype("float64")
-    keys = out["comm_id_hash"].astype("string")
-    proc = out["host"].astype(str) + ":" + out["pid"].astype("string").fillna("")
-    new_oc = oc.copy()
-    for comm in keys[rel].dropna().unique():
-        in_comm = (keys == comm).fillna(False).to_numpy(bool)
-        procs_rel = set(proc[in_comm & rel])
-        absolute = [p for p in proc[in_comm & ~rel].unique()]
-        ref = absolute[0] if absolute else proc[in_comm].value_counts().index[0]
-        ref_rows = out[in_comm & (proc == ref).to_numpy()]
-        for p in sorted(procs_rel - {ref}):
-            rows = out[in_comm & (proc == p).to_numpy()]
-            at = "end_ns" if pd.to_numeric(rows["end_ns"], errors="coerce").notna().sum() >= ALIGN_MIN_MATCHES \
-                else "timestamp_ns"
-            r = _align_frame(ref_rows, at, oc, "ref_oc")
-            q = _align_frame(rows, at, oc, "oc")
-            shift = None
-            if len(q) and len(r):
-                if at == "end_ns":
-                    ends = np.unique(r["end"].to_numpy())     # calls synced by one wait share their end
-                    gap = float(np.median(np.diff(ends))) if len(ends) > 1 else 1e9
-                else:   # entries: half the time between two calls of one kind (a step), straggle within it
-                    steps = r.groupby(["op", "count"])["end"].diff().dropna()
-                    gap = float(steps.median()) if len(steps) else 1e9
-                m = pd.merge_asof(q, r, on="end", by=["op", "count"], direction="nearest",
-                                  tolerance=max(gap / 2, 1e6)).dropna(subset=["ref_oc"])
-                if len(m) >= ALIGN_MIN_MATCHES:
-                    d = (m["ref_oc"] - m["oc"]).value_counts()
-                    if d.iloc[0] >= ALIGN_MIN_SUPPORT * len(m):
-                        shift = float(d.index[0])
-            new_oc[rows.index] = oc[rows.index] + shift if shift is not None else np.nan
-        if not absolute:
-            # every count relative: they start at the first call any capture saw, never below 0
-            base = new_oc[in_comm].min()
-            if pd.notna(base) and base < 0:
-                new_oc[in_comm] -= base
-    out["op_count"] = pd.array(new_oc.round(), dtype="Int64")
+    out["op_count_source"] = src.astype("object").where(~miss, np.where(out["comm_id_hash"].notna(), op_align.INIT,
+                                                                         op_align.ATTACH))
     return out
-
-
-def _align_frame(rows: pd.DataFrame, at: str, oc: pd.Series, name: str) -> pd.DataFrame:
-    """One process's calls for :func:`align_op_counts`: time (column ``at``), op, count, op_count."""
-    return pd.DataFrame({"end": pd.to_numeric(rows[at], errors="coerce").astype("float64"),
-                         "op": rows["op"].astype(str),
-                         "count": pd.to_numeric(rows["count"], errors="coerce").astype("float64"),
-                         name: oc[rows.index]}).dropna().sort_values("end")
 
 
 def world_ranks(nccl: pd.DataFrame) -> pd.DataFrame:
@@ -232,6 +182,8 @@ def nccl_events(bundle, events: list[dict], ranks: dict[int, int] | None = None)
         "stream": coll["stream"], "host": bundle.host, "pid": coll["pid"], "tid": coll["tid"],
         "call_return_ns": coll["call_return_ns"], "completed": coll["completed"], "rc": coll["rc"], "fn": coll["fn"],
     })
+    run, source = op_align.tracer_runs(coll, events)
+    out["tracer_run"], out["op_count_source"] = run, source
     out = conform(out, "nccl_events")
     return out.sort_values(["timestamp_ns", "rank"], kind="stable", na_position="last").reset_index(drop=True)
 
@@ -280,8 +232,10 @@ def _host_sync_end(coll: pd.DataFrame, waits: pd.DataFrame) -> tuple[pd.Series, 
             waits.loc[bad, "w1"] = np.nan
         left = pd.DataFrame({"row": np.arange(len(coll)), "pid": coll["pid"].astype("int64").to_numpy(),
                              "stream": coll["stream"].astype(str).to_numpy(),
-                             # a call that never returned was never enqueued past that point
-                             "key": t1.fillna(np.inf).to_numpy(dtype=np.float64)})
+                             # a call that never returned was never enqueued past that point; one
+                             # whose return is not traced (returned null: the watcher, --no-call-
+                             # returns) is bounded by the first wait that started after its entry
+                             "key": t1.fillna(_untraced_entry(coll)).fillna(np.inf).to_numpy(dtype=np.float64)})
         cands = []
         per_stream = waits[~waits["fn"].isin(DEVICE_WIDE_WAITS) & waits["stream"].notna()]
         if len(per_stream):
@@ -314,6 +268,15 @@ def _host_sync_end(coll: pd.DataFrame, waits: pd.DataFrame) -> tuple[pd.Series, 
     completed = (found & ~pending) | (~found & t1.notna() & never_waits)
     end_final = end_final.where(~(found & pending))
     return end_final, source, completed
+
+
+def _untraced_entry(coll: pd.DataFrame) -> pd.Series:
+    """The entry (t0) of each call whose return the tracer does not trace (``returned`` null),
+    NaN for the others: a wait its thread starts after it comes after its return."""
+    t0 = pd.to_numeric(coll["t0"], errors="coerce").astype("float64")
+    if "returned" not in coll:
+        return pd.Series(np.nan, index=coll.index)
+    return t0.where(coll["returned"].isna())
 
 
 def _aborted_before(coll: pd.DataFrame, end: pd.Series, destroys: pd.DataFrame) -> pd.Series:

@@ -41,6 +41,13 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "fn": "VARCHAR",                 # the probed function (ncclAllReduce, ...)
         "gpu_source": "VARCHAR",         # duration_source 'gpu': flight_recorder | inspector | profiler (gpu_times.py);
                                          # for those rows duration_ns is the GPU execution time itself
+        "op_count_source": "VARCHAR",    # what op_count counts from (model/op_align.py): init (the tracer
+                                         # saw the communicator's init) | log (aligned to NCCL's COLL
+                                         # opCount) | flight_recorder (to collective_seq_id - 1) |
+                                         # peers (to another rank's counts, by time) |
+                                         # estimated (across a tracer restart, by the call rate) |
+                                         # attach (relative: from the first call any tracer saw)
+        "tracer_run": "INTEGER",         # the tracer program (0, 1, ... restarts) whose count op_count was
     },
     # one row per TCP event: kernel tracepoints (bpf) and pcap verdicts (one row per verdict)
     "tcp_events": {

@@ -1,0 +1,119 @@
+"""One job per incident: a watcher's bundle read as the job that hung, the others left out.
+
+The watcher follows every NCCL job of its host, and its rings hold all of them: a job that
+ended a minute ago, one that runs beside the hung one. Its incident bundle names the job that
+hung (the manifest's ``job``: the trigger's processes and those of the same launcher and
+cgroup, ``capture.jobs.Jobs.job_of``) and the other jobs it followed (``job.others``).
+:func:`scope` reads the bundle as that job's alone: the other jobs' processes leave the
+manifest's process list (so no rank, socket or log of theirs is attributed), their tracer
+events and the captures of network namespaces only they used go, and the rows of the artefact
+tables that name one of their pids or come from one of their files (:func:`drop_rows`). One problem line says
+what was left out. A bundle without ``job`` (a capture, an older watcher) is read whole.
+"""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+# tracer events that belong to the process in their pid (TCP events carry the softirq's victim)
+PROCESS_EVENTS = frozenset({"coll", "host_wait", "group", "comm_init", "comm_destroy", "unique_id", "ret",
+                            "offcpu"})
+
+
+class JobScope:
+    """What :func:`scope` left out of one bundle: ``pids`` (other jobs' processes),
+    ``netns`` (inodes) and ``labels`` (their ``sys/`` and ``pcap/`` name prefixes) only those
+    used; ``job``: the hung job's id, None when the bundle is read whole."""
+
+    def __init__(self, job: str | None = None, pids: frozenset = frozenset(), netns: frozenset = frozenset(),
+                 labels: frozenset = frozenset(), files: frozenset = frozenset()):
+        self.job, self.pids, self.netns, self.labels, self.files = job, pids, netns, labels, files
+
+    def keeps_file(self, rel: str) -> bool:
+        """Whether a bundle file (``pcap/<label>-<iface>.pcap``, ``sys/<label>/...``) is not
+        only another job's."""
+        parts = rel.split("/")
+        if len(parts) >= 2 and parts[0] == "sys":
+            return parts[1] not in self.labels
+        if len(parts) == 2 and parts[0] == "pcap":
+            return not any(parts[1].startswith(f"{lb}-") for lb in self.labels)
+        return True
+
+
+def scope(bundle, events: list) -> tuple[JobScope, list]:
+    """(what was left out, the events kept) of ``bundle``, whose manifest's processes and
+    namespaces lose the other jobs' (in place). The manifest's ``job`` names the kept pids;
+    every other process it lists is another job's."""
+    m = bundle.manifest
+    job = m.value("job") if m.raw else None
+    if not isinstance(job, dict) or not isinstance(job.get("pids"), list):
+        return JobScope(), events
+    keep = {p for p in job["pids"] if isinstance(p, int)}
+    if not keep:
+        return JobScope(), events
+    drop = frozenset(p.pid for p in m.processes if p.pid not in keep)
+    if not drop:
+        return JobScope(str(job.get("id") or "")), events
+    ns_drop = frozenset(n.inode for n in m.netns if n.pids and not (set(n.pids) & keep))
+    labels = frozenset(n.label for n in m.netns if n.inode in ns_drop)
+    m.processes = [p for p in m.processes if p.pid not in drop]
+    m.netns = [n for n in m.netns if n.inode not in ns_drop]
+    kept = type(events)(e for e in events if not _other_jobs(e, drop, ns_drop))
+    files = _their_files(m, drop)
+    others = [o for o in job.get("others") or [] if isinstance(o, dict)]
+    bundle.problems.append(
+        f"the incident's job is {job.get('id')} (pids {', '.join(map(str, sorted(keep)))}); "
+        f"{len(drop)} process(es) of {max(len(others), 1)} other job(s) the watcher followed left out "
+        f"(pids {', '.join(map(str, sorted(drop)[:12]))}{' ...' if len(drop) > 12 else ''}), "
+        f"with {len(events) - len(kept)} tracer event(s), {len(files)} file(s) and {len(labels)} network "
+        "namespace(s) of theirs")
+    return JobScope(str(job.get("id") or ""), drop, ns_drop, labels, files), kept
+
+
+OF_PID = re.compile(r"\bof pid (\d+)\b")                       # a collector's source: "NCCL_DEBUG_FILE of pid N"
+PID_PATH = re.compile(r"^(?:proc/|stacks/[\w.-]*?-|logs/job-std(?:out|err)-)(\d+)-")
+
+
+def _their_files(m, pids: frozenset) -> frozenset:
+    """Bundle paths of other jobs' processes: the files a collector copied for one of them (its
+    record's ``sources``: Flight Recorder dumps, NCCL_DEBUG_FILE logs, stdout/stderr), and those
+    named by their pid (``proc/PID-``, ``stacks/...-PID-``, ``logs/job-stdout-PID-``)."""
+    out = set()
+    for _, srcs in m.record_values("sources"):
+        for src in srcs if isinstance(srcs, list) else []:
+            if isinstance(src, dict) and src.get("path"):
+                hit = OF_PID.search(str(src.get("why") or ""))
+                if hit and int(hit.group(1)) in pids:
+                    out.add(str(src["path"]))
+    for f in m.files:
+        hit = PID_PATH.match(f.path)
+        if hit and int(hit.group(1)) in pids:
+            out.add(f.path)
+    return frozenset(out)
+
+
+def _other_jobs(ev, pids: frozenset, netns: frozenset) -> bool:
+    if not isinstance(ev, dict):
+        return False
+    if ev.get("ev") in PROCESS_EVENTS:
+        return ev.get("pid") in pids
+    ns = ev.get("netns")
+    return bool(netns) and isinstance(ns, int) and ns in netns
+
+
+def drop_rows(tables: dict[str, pd.DataFrame], sc: JobScope) -> dict[str, pd.DataFrame]:
+    """``tables`` without the rows whose ``pid`` (or ``log_pid``) is another job's process, or
+    that were read from one of its files (``artifact``: :func:`_their_files`)."""
+    if not sc.pids:
+        return tables
+    out = {}
+    for name, df in tables.items():
+        if isinstance(df, pd.DataFrame) and len(df):
+            for col in ("pid", "log_pid"):
+                if col in df.columns:
+                    df = df[~pd.to_numeric(df[col], errors="coerce").isin(sc.pids)]
+            if sc.files and "artifact" in df.columns:
+                df = df[~df["artifact"].astype("string").isin(sc.files).fillna(False).astype(bool)]
+        out[name] = df
+    return out

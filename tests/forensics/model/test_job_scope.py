@@ -1,0 +1,82 @@
+"""One job per incident (forensics.model.job_scope): a watcher's bundle that holds two jobs of
+the host (a clean one that ran before, the one that hung) is read as the hung job alone when
+its manifest names it; without the name both are read."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from forensics.analysis import analyze
+from forensics.bundle import Bundle
+from shipped import SCENARIOS, shipped
+
+needs_bundles = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles (tests/lab/make_bundles.sh)")
+
+
+def _two_jobs(tmp_path, name_the_job: bool):
+    """The mismatch-hang bundle with the clean job's processes, events, logs, namespaces and
+    captures added (as the watcher's rings hold a job that ran before); ``name_the_job``: the
+    manifest's ``job`` names the hung one, as capture/jobs.py writes it."""
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir(parents=True)
+    with Bundle.open(shipped("mismatch-hang"), workdir=tmp_path / "a") as b:
+        folder = tmp_path / "stallscope-vm-20261122T221316Z"
+        shutil.copytree(b.root, folder)
+    with Bundle.open(shipped("clean"), workdir=tmp_path / "b") as c:
+        other = c.root
+        man = json.loads((folder / "manifest.json").read_text())
+        old = json.loads((other / "manifest.json").read_text())
+        hung = [p["pid"] for p in man["processes"]]
+        older = [p for p in old["processes"] if p["pid"] not in hung]
+        assert older and {n["label"] for n in old["netns"] if not n.get("own")}.isdisjoint(
+            n["label"] for n in man["netns"])
+        man["processes"] += older
+        man["netns"] += [n for n in old["netns"] if not n.get("own")]
+        with open(folder / "bpf" / "events.jsonl", "a") as fh:
+            for line in (other / "bpf" / "events.jsonl").read_text().splitlines():
+                if json.loads(line).get("pid") in {p["pid"] for p in older}:
+                    fh.write(line + "\n")
+        by_rank = {p["rank"]: p["pid"] for p in older}
+        sources = []
+        for f in (other / "logs").glob("nccl-rank*.log"):
+            shutil.copyfile(f, folder / "logs" / f"1-{f.name}")
+            # as the watcher records what it copied for whom (a log a line of which names no pid)
+            sources.append({"source": f"/elsewhere/{f.name}", "path": f"logs/1-{f.name}",
+                            "why": f"NCCL_DEBUG_FILE of pid {by_rank[int(f.stem[len('nccl-rank'):])]}"})
+        man["collectors"]["attachments:end"] = {"status": "ok", "files": [s["path"] for s in sources],
+                                                "sources": sources}
+        for f in (other / "pcap").glob("*.pcap"):
+            shutil.copyfile(f, folder / "pcap" / f.name)
+    if name_the_job:
+        man["job"] = {"id": "ppid:1880", "pids": hung, "ranks": [0, 1, 2, 3], "launcher": "launcher",
+                      "cgroup": None, "started_ns": man["started_ns"], "why": "the trigger's processes",
+                      "others": [{"id": "ppid:77", "pids": sorted(p["pid"] for p in older), "started_ns": None}]}
+    (folder / "manifest.json").write_text(json.dumps(man))
+    return folder, set(hung), {p["pid"] for p in older}
+
+
+@needs_bundles
+def test_the_bundle_is_read_as_the_job_that_hung(tmp_path):
+    alone = analyze([str(shipped("mismatch-hang"))])
+    folder, hung, older = _two_jobs(tmp_path / "named", name_the_job=True)
+    res = analyze([str(folder)])
+    top, ref = res.findings[0], alone.findings[0]
+    assert (top.kind, top.ranks, top.op_count) == (ref.kind, ref.ranks, ref.op_count)
+    pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
+    assert pids <= hung and not pids & older
+    logs = res.model.tables["coll_log_ops"]
+    assert not set(logs["pid"].dropna().astype(int)) & older
+    assert not logs["artifact"].astype(str).str.startswith("logs/1-").any()
+    assert any("the incident's job is ppid:1880" in p and f"{len(older)} process(es)" in p for p in res.problems)
+    assert res.model.captures[0]["job"]["id"] == "ppid:1880"
+
+
+@needs_bundles
+def test_without_the_job_named_both_jobs_are_read(tmp_path):
+    folder, hung, older = _two_jobs(tmp_path / "unnamed", name_the_job=False)
+    res = analyze([str(folder)])
+    pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
+    assert pids & older and pids & hung
+    assert "job" not in res.model.captures[0]

@@ -24,6 +24,7 @@ SOURCE_EXT = ("py", "c", "h", "bt", "sh", "j2", "tsv", "toml", "yaml")
 BASES = ("", "forensics", "capture", "tests")
 NOT_CODE = {
     "watch.pcap_ring": "an object of the manifest (Bundle layout)",
+    "job.id": "a key of the manifest's job object (Bundle layout)",
     "capture.clock_skew": "a key of analyze --json",
     "nccl_events.rank": "a column of an event table",
     "tcp.analysis": "Wireshark's field prefix",

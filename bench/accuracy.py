@@ -35,6 +35,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -268,6 +269,32 @@ def analyze(inputs: list[Path], where: Path) -> tuple[int, list[dict], float]:
     return p.returncode, [{k: f.get(k) for k in keep} for f in json.loads(js.read_text()).get("findings") or []], wall
 
 
+def own_bundles(bundles: list[Path], truth: dict) -> tuple[list[Path], str]:
+    """The watcher's bundles of this job (a trigger, first or later, names one of its ranks'
+    pids, or names no pid), and why they cannot be scored ("" when they can): the watcher sees
+    every NCCL job of the machine, and a bundle that also holds another job's ranks (another
+    lab run on a shared machine) is judged on both (README "Limits")."""
+    pids = {r.get("pid") for r in truth.get("ranks") or []} - {None}
+    keep, foreign = [], set()
+    for b in bundles:
+        try:
+            with tarfile.open(b) as t:
+                name = next(n for n in t.getnames() if n.endswith("/manifest.json"))
+                m = json.load(t.extractfile(name))
+        except (OSError, StopIteration, tarfile.TarError, ValueError):
+            keep.append(b)            # unreadable here: analyze says what is wrong with it
+            continue
+        trig = m.get("trigger") or {}
+        named = set(trig.get("pids") or []) | {p for x in trig.get("also") or [] for p in x.get("pids") or []}
+        if named and not pids & named:
+            continue
+        keep.append(b)
+        foreign |= {p["pid"] for p in m.get("processes") or [] if p.get("rank") is not None
+                    and "nccl-env" in (p.get("job_reasons") or []) and p.get("pid") not in pids}
+    why = f"the bundle also holds another job's ranks (pids {sorted(foreign)[:6]}): a shared machine" if foreign else ""
+    return keep, why
+
+
 def run_case(case: Case, build: Path, work: Path) -> CaseResult:
     """Run one case in the lab and analyse what its regime leaves."""
     from tests.lab.watcher import WatcherError, start_watcher, stop_watcher
@@ -277,10 +304,11 @@ def run_case(case: Case, build: Path, work: Path) -> CaseResult:
     out.mkdir(parents=True, exist_ok=True)
     watcher = None
     if case.regime == "watch":
+        (out / "bundles").mkdir(exist_ok=True)
         try:
             watcher = start_watcher(out / "bundles", WATCH_ARGS, out / "watch.err")
         except WatcherError as e:
-            res.status, res.error = "lab_error", str(e).splitlines()[0]
+            res.status, res.error = "lab_error", "the watcher did not start: " + str(e).strip().splitlines()[-1]
             return res
     try:
         rc, err = _launch([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out / "lab"),
@@ -309,7 +337,11 @@ def run_case(case: Case, build: Path, work: Path) -> CaseResult:
             return res
         ready_ns = max(c["stopped_ns"] for c in caps)
     elif case.regime == "watch":
-        inputs = sorted((out / "bundles").glob("stallscope-*.tar.gz"))
+        inputs, why = own_bundles(sorted((out / "bundles").glob("stallscope-*.tar.gz")), truth)
+        if why:
+            res.status, res.error = "lab_error", why
+            res.wall_s = round(time.monotonic() - t0, 1)
+            return res
         ready_ns = min((p.stat().st_mtime_ns for p in inputs), default=None)
     else:
         inputs = [out / "lab" / "logs"]

@@ -171,7 +171,9 @@ def lab_args(c: FaultClass, regime: str, ranks: int, rank: int, strength: str | 
     elif regime == "watch" and c.scenario in HOLDS:
         a += ["--hold-s", f"{WATCH_HOLD_S:g}"]
     elif regime == "logs" and c.scenario in HOLDS:
-        a += ["--hold-s", "8"]
+        # what a hung job's logs hold once it died: its watchdog's timeout (PyTorch's, 10 min by
+        # default; here 5 s) fired inside the hold, with its SeqNums and Flight Recorder dump
+        a += ["--watchdog-timeout-s", "5", "--hold-s", "12"]
     return a
 
 

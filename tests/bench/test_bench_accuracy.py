@@ -223,3 +223,14 @@ def test_one_real_case_end_to_end(tmp_path):
     assert case["analyze_rc"] in (0, 1) and case["inputs"] == 1 and case["truth"]["fault"]["kind"] == "none"
     assert d["score"]["top1"] == [1, 1] and d["score"]["false_alarms"] == {"clean": [0, 1]}, case["findings"]
     assert "seed 3" in p.stdout and "top-1" in p.stdout and "false alarms: clean 0 of 1" in p.stdout
+
+
+def test_a_reset_seen_from_the_rank_whose_connection_was_reset():
+    """The logs of the rank that received the reset name it, and the faulted host as its peer."""
+    t = _truth("reset", rank=1, peer=0)
+    f = _f("connection_reset", ranks=(0,), peers=(1,), links=[{"rank": 0, "peer_rank": 1}])
+    j = acc.judge(_r("reset", "logs", [f], t), TABLE)
+    assert j.right and j.link_ok
+    # a rank that is neither end of the link is wrong
+    f = _f("connection_reset", ranks=(3,), peers=(1,), links=[{"rank": 3, "peer_rank": 1}])
+    assert acc.judge(_r("reset", "logs", [f], t), TABLE).right is False

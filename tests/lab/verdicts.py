@@ -29,12 +29,13 @@ def names_fault(top: Any, truth: dict, link: bool) -> bool:
     """Whether ``top`` names the faulted rank(s) of ``truth``. A hang or a host fault: its ranks
     are exactly the faulted ones. A link's fault (``link`` and the truth has a link): a link's
     finding names one end and the other as its peer, so the faulted rank must be among ranks
-    and peer ranks, and the ranks must touch the faulted rank or one of the peers."""
+    and peer ranks, and the ranks must touch the faulted rank, one of the peers or the faulted
+    link's other end (a reset seen from the rank whose connection was reset names that rank)."""
     want = set(truth["fault"]["ranks"])
     ranks = set(field(top, "ranks") or [])
     peers = set(field(top, "peer_ranks") or [])
     if link and truth["fault"].get("link"):
-        return want <= (ranks | peers) and bool(ranks & (want | peers))
+        return want <= (ranks | peers) and bool(ranks & (want | peers | link_ends(truth)))
     return sorted(field(top, "ranks") or []) == sorted(want)
 
 

@@ -22,7 +22,7 @@ rank) per class, per regime and per pair, link accuracy (the faulted link's ends
 on the runs with no fault to find, time to verdict (median, p90), the seed and the command line.
 A case the lab could not run (launcher failure, a capture that never captured) is counted apart,
 never right or wrong. --out writes every case as JSON, rewritten after each case. The class
-table (CLASSES) is the one place that says what each class is and what is expected of it.
+table (ROWS) is the one place that says what each class is and what is expected of it.
 """
 from __future__ import annotations
 
@@ -323,7 +323,7 @@ def run_case(case: Case, build: Path, work: Path) -> CaseResult:
     sj = out / "lab" / "scenario.json"
     if rc != 0 or not sj.exists():
         res.status, res.error = "lab_error", f"launcher rc {rc}: {err.strip().splitlines()[-1:] or ''}"
-        res.wall_s = time.monotonic() - t0
+        res.wall_s = round(time.monotonic() - t0, 1)
         return res
     truth = json.loads(sj.read_text())
     res.truth = _truth_part(truth)
@@ -334,8 +334,11 @@ def run_case(case: Case, build: Path, work: Path) -> CaseResult:
         failed = [c["rank"] for c in caps if not c.get("ok")]
         if failed or len(inputs) != truth.get("world_size"):
             res.status = "lab_error"
-            res.error = f"capture failed on ranks {failed} ({len(inputs)} bundles of {truth.get('world_size')})"
-            res.wall_s = time.monotonic() - t0
+            first = next((c for c in caps if not c.get("ok")), {})
+            why = (first.get("error") or (first.get("stderr_tail") or "").strip().splitlines()[-1:] or "")
+            res.error = (f"capture failed on ranks {failed} ({len(inputs)} bundles of {truth.get('world_size')}): "
+                         f"{str(why)[:200]}")
+            res.wall_s = round(time.monotonic() - t0, 1)
             return res
         ready_ns = max(c["stopped_ns"] for c in caps)
     elif case.regime == "watch":

@@ -238,6 +238,7 @@ class CaseResult:
     inputs: int = 0
     to_verdict_s: float | None = None
     wall_s: float = 0.0
+    note: str = ""                 # the watcher: how many bundles it wrote, how many of this job
 
 
 def _truth_part(t: dict) -> dict:
@@ -342,7 +343,9 @@ def run_case(case: Case, build: Path, work: Path) -> CaseResult:
             return res
         ready_ns = max(c["stopped_ns"] for c in caps)
     elif case.regime == "watch":
-        inputs, why = own_bundles(sorted((out / "bundles").glob("stallscope-*.tar.gz")), truth)
+        written = sorted((out / "bundles").glob("stallscope-*.tar.gz"))
+        inputs, why = own_bundles(written, truth)
+        res.note = f"the watcher wrote {len(written)} bundle(s), {len(inputs)} of this job"
         if why:
             res.status, res.error = "lab_error", why
             res.wall_s = round(time.monotonic() - t0, 1)
@@ -547,7 +550,8 @@ def main(argv: list[str] | None = None) -> int:
             j = judge(r, table)
             mark = {None: "LAB-ERROR", True: "right", False: "WRONG"}[j.right]
             print(f"case {c.index:3d} {c.cls:15s} {c.regime:8s} n={c.ranks} r={c.rank}: {mark:9s} top={j.predicted}"
-                  f" link={j.link_ok} ttv={r['to_verdict_s']} ({r['wall_s']} s){' ' + r['error'] if r['error'] else ''}",
+                  f" link={j.link_ok} ttv={r['to_verdict_s']} ({r['wall_s']} s){' ' + r['error'] if r['error'] else ''}"
+                  f"{' (' + r['note'] + ')' if r['note'] else ''}",
                   flush=True)
             if a.out:
                 _write(a.out, seed, command, results, table)

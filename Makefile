@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo golden bench fuzz lab regimes-clean-10 watch-clean-5min watch-unknown-jobs watch-align \
+.PHONY: all venv debs test demo golden bench fuzz accuracy lab regimes-clean-10 watch-clean-5min watch-unknown-jobs watch-align \
   image-tag image clean
 
 all: test
@@ -73,6 +73,14 @@ FUZZ_EXAMPLES ?= 100000
 FUZZ_JOBS ?= 2
 fuzz: venv
 	$(PY) bench/fuzz.py --examples $(FUZZ_EXAMPLES) --jobs $(FUZZ_JOBS) --crash-dir fuzz-crashes $(FUZZ_ARGS)
+
+# issue 44: the randomized fault campaign in the lab (root; ~1 minute a case on 2 cores, 100 cases by
+# default: an hour or more); ACCURACY_ARGS="--quick" for 20, "--seed S", "--classes a,b", "--regimes x,y",
+# "--plan" to print the cases only; the cases land in out/accuracy.json
+ACCURACY_ARGS ?=
+accuracy: debs venv
+	mkdir -p out
+	$(PY) bench/accuracy.py --out out/accuracy.json $(ACCURACY_ARGS)
 
 # make lab SCENARIO=gpu-hang RANK=1 CAPTURE=per-host CAPTURE_START=onset+10 [HOLD_S= CAPTURE_STAGGER_S=
 #   CAPTURE_DURATION_S= CAPTURE_ARGS="--no-bpf" STRESS=N TCP=defaults|lab SEED=N ...]: see tests/lab/README.md

@@ -38,26 +38,18 @@ PROFILES = {"defaults": {"args": [], "hang_after_s": 30.0, "after_s": 30.0},
             "fast": {"args": ["--hang-after", "10s", "--after", "5s"], "hang_after_s": 10.0, "after_s": 5.0}}
 
 
-def start_watcher(bundles: Path, args: list[str], err: Path) -> subprocess.Popen:
-    p = subprocess.Popen([PY, "-m", "capture", "--watch", "-o", str(bundles), "--cooldown", "1s", *args],
-                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(err, "wb"))
-    deadline = time.monotonic() + 120
-    while b"capturing:" not in err.read_bytes():
-        if p.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the watcher did not start:\n" + err.read_text()[-2000:])
-        time.sleep(0.2)
-    return p
-
-
 def one_run(i: int, build: Path, work: Path, profile: dict, rng: random.Random) -> dict:
     bundles = work / f"job-{i}" / "bundles"
     bundles.mkdir(parents=True)
-    w = start_watcher(bundles, profile["args"], work / f"job-{i}" / "watch.err")
+    from tests.lab.watcher import WatcherError, start_watcher, stop_watcher
+    try:
+        w = start_watcher(bundles, profile["args"], work / f"job-{i}" / "watch.err")
+    except WatcherError as e:
+        raise SystemExit(str(e)) from None
     try:
         return job_run(i, build, work, bundles, profile, rng)
     finally:
-        w.terminate()
-        w.wait(timeout=120)
+        stop_watcher(w)
 
 
 def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: random.Random) -> dict:

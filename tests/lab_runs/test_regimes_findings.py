@@ -35,6 +35,7 @@ import pytest
 from conftest import ROOT
 from forensics.analysis import analyze
 from tests.lab import netns
+from tests.lab.verdicts import names_fault
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -248,15 +249,8 @@ def check_verdict(name: str, res: Result, top, findings) -> None:
     assert top.kind in case.kinds, describe(findings)
     if top.kind == "network_loss":     # a link that drops is a fault to fix, whatever it costs (issue 36)
         assert top.severity in ("warning", "error"), describe(findings)
-    want = fault["ranks"]
-    named = set(top.ranks)
-    if case.link and fault.get("link"):
-        # a link's finding names one end and the other as its peer; the faulted rank is one of them
-        named |= set(top.peer_ranks or [])
-        assert set(want) <= named, (want, describe(findings))
-        assert set(top.ranks) & (set(want) | set(top.peer_ranks or [])), describe(findings)
-    else:
-        assert top.ranks == want, (want, describe(findings))
+    # a link's finding names one end and the other as its peer; the faulted rank is one of them
+    assert names_fault(top, res.truth, case.link), (fault["ranks"], describe(findings))
 
 
 # ------------------------------------------------------------------ issue 11: late captures

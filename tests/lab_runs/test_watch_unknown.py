@@ -27,6 +27,7 @@ from capture_helpers import bundle_manifest, wait_for
 from conftest import ROOT, require_root, require_tool
 
 from capture.watch import RING_SLACK_S
+from tests.lab.verdicts import names_link
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -134,9 +135,7 @@ def _check(job: dict, watch: Watch, kind: str | None, link: bool, source: str | 
     assert top.kind == kind, [(f.kind, f.summary) for f in res.findings[:3]]
     assert set(truth["fault"]["ranks"]) <= set(top.ranks), (top.ranks, top.summary)
     if link:                    # the dead link, by its address or by the ranks at its ends
-        addr, bad = truth["fault"]["link"]["addr"], truth["fault"]["link"]["rank"]
-        assert any(addr in (lk.get("saddr"), lk.get("daddr")) or bad in (lk.get("rank"), lk.get("peer_rank"))
-                   for lk in top.links), top.links
+        assert names_link(top, truth), top.links
     return m
 
 

@@ -26,6 +26,8 @@ class Smoke:
 
 
 SMOKE = {
+    # its real one-case lab run is tests/bench/test_bench_accuracy.py's (root): here the plan alone
+    "accuracy.py": Smoke(("--plan", "--cases", "3", "--seed", "1"), "--scenario"),
     "analyze.py": Smoke(("--packets", "20000", "--ranks", "4"), "analyze (taskset -c 0", target_rc=True),
     "fleet.py": Smoke(("--hosts", "2", "--ranks-per-host", "2", "--packets", "5000", "--jobs", "1,2",
                        "--repeat", "1", "--no-ceiling"), "peak memory:", target_rc=True),

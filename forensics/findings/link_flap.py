@@ -103,7 +103,10 @@ def link_flap(ctx: Context) -> list[Finding]:
         return []
     top = max(votes.values())
     rank = min(r for r, v in votes.items() if v == top)
-    t0, t1 = int(ep["t0"].min()), int(ep["t1"].max())
+    # when the link was back: where the connections' chains end (a resend got through), their
+    # median (one chain cut short by a missed event, or one whose backoff had grown longer and
+    # stalled on past the link's return, does not move it)
+    t0, t_up, t1 = int(ep["t0"].min()), int(np.median(ep["t1"].to_numpy(dtype=np.float64))), int(ep["t1"].max())
     c = ctx.model.tables.get("collectives")
     back_ns = None
     if c is not None and len(c):
@@ -123,7 +126,8 @@ def link_flap(ctx: Context) -> list[Finding]:
     chain = [f"{int(ep['n'].sum())} retransmissions on {len(ep)} connection(s) of {who} (to "
              f"{ranks_text(peers) if peers else 'its peers'}) in RTO backoff: the same data resent after "
              + ", ".join(ms(g) for g in longest[:6]) + " (each gap about twice the last): nothing was answered",
-             f"no data crossed that link for {ms(t1 - t0)} (from the first to the last timed-out resend)",
+             f"no data crossed that link for about {ms(t_up - t0)} (from the first timed-out resend to the "
+             f"connections' resends through again, their median); its slowest connection stalled {ms(t1 - t0)}",
              f"then the resends stopped and collectives completed again ({ms(back_ns - t1)} after the last one): "
              "the link came back"]
     ev = rt[rt["saddr"].isin(ep["saddr"]) & rt["sport"].isin(ep["sport"])
@@ -131,13 +135,14 @@ def link_flap(ctx: Context) -> list[Finding]:
             & (pd.to_numeric(rt["timestamp_ns"], errors="coerce") <= t1)]
     return [Finding(
         kind="link_flap", severity="error", confidence=0.75,
-        headline=f"Link flap: {who}'s link was down about {ms(t1 - t0)} and came back" + " ({since})",
+        headline=f"Link flap: {who}'s link was down about {ms(t_up - t0)} and came back" + " ({since})",
         confidence_note="RTO backoff on every connection of one rank's link at once, then recovery",
-        summary=(f"{who[0].upper() + who[1:]}'s link stopped carrying data for about {ms(t1 - t0)}: "
+        summary=(f"{who[0].upper() + who[1:]}'s link stopped carrying data for about {ms(t_up - t0)}: "
                  f"{len(ep)} connection(s) to {ranks_text(peers) if peers else 'its peers'} resent the same data "
                  f"with RTO backoff ({int(ep['n'].sum())} resends, gaps up to {ms(max(gaps))}), then traffic resumed "
                  f"and collectives completed again: the link went down and came back up (a flapping port, a cable, "
-                 "a switch reboot). Every collective in flight waited that long."),
+                 f"a switch reboot). Every collective in flight waited, up to {ms(t1 - t0)} (the connection whose backoff "
+                 "had grown longest)."),
         ranks=[rank], peer_ranks=peers, links=links,
         evidence=[{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                   for row in ev[[c_ for c_ in COLS if c_ in ev]].head(30).to_dict("records")],
@@ -148,5 +153,5 @@ def link_flap(ctx: Context) -> list[Finding]:
         score=STOPS_JOB_SCORE, since_ns=t0, since_source="packets: the first timed-out resend"
         if rt["event"].iloc[0] == "retransmission" else "tracer: the first timed-out resend",
         layer="transport", chain=chain,
-        details={"down_ns": t1 - t0, "back_ns": back_ns, "connections": int(len(ep)), "resends": int(ep["n"].sum()),
+        details={"down_ns": t_up - t0, "stalled_ns": t1 - t0, "back_ns": back_ns, "connections": int(len(ep)), "resends": int(ep["n"].sum()),
                  "rule": "rto_backoff_then_recovery"})]

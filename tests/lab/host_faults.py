@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from . import job
-from .faults import link_info, truth_inflight
 from .scenarios import ScenarioError, now_ns, quota_fraction, read_events
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -75,13 +74,13 @@ def rank_killed(run, r: int, t0: int) -> None:
     if a.at_op is not None:
         run.wait_for(lambda: any(e["opCount"] >= a.at_op for e in _world_ops(run, r)[0]), 60,
                      f"rank {r} to enqueue collective #{a.at_op}", poll=0.001)
-        mid = truth_inflight(run, r)
+        mid = faults.truth_inflight(run, r)
     else:
         run.sleep_until_ns(t0 + int(a.start_s * 1e9))
         mid = False
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and not mid:
-            mid = truth_inflight(run, r)
+            mid = faults.truth_inflight(run, r)
             time.sleep(0.001)
     p = run.ranks[r]
     sig = getattr(signal, f"SIG{a.kill_signal}")
@@ -89,10 +88,10 @@ def rank_killed(run, r: int, t0: int) -> None:
     os.kill(p.pid, sig)
     code = p.wait(timeout=30)
     enq, done = _world_ops(run, r)
-    host = link_info(run, r)["host"]
+    host = faults.link_info(run, r)["host"]
     (run.out / "logs" / f"torchrun-node{r}.log").write_text(agent_log(host, r, p.pid, code, now_ns()))
     run.fault.update(
-        start_time_ns=t_kill, link=link_info(run, r), signal=f"SIG{a.kill_signal}", pid=p.pid, exit_code=code,
+        start_time_ns=t_kill, link=faults.link_info(run, r), signal=f"SIG{a.kill_signal}", pid=p.pid, exit_code=code,
         mid_collective=mid, trigger="op" if a.at_op is not None else "time",
         op_index=max((e["opCount"] for e in enq), default=None),
         last_completed_op=max((e["opCount"] for e in done), default=None),
@@ -121,12 +120,12 @@ def link_flap(run, r: int, t0: int) -> None:
         raise ScenarioError(f"--hold-s {a.hold_s:g} must cover the flaps ({total:g} s) and 2 s more")
     side = a.link_side
     run.sleep_until_ns(t0 + int(a.start_s * 1e9))
-    run.fault["link"] = link_info(run, r)
+    run.fault["link"] = faults.link_info(run, r)
     flaps = []
     for i in range(a.flaps):
         if i:
             run.sleep_until_ns(flaps[-1]["up_ns"] + int(a.up_s * 1e9))
-        mid = truth_inflight(run, r)
+        mid = faults.truth_inflight(run, r)
         run.lab.link_down(r, side)
         down = now_ns()
         if not flaps:
@@ -223,3 +222,8 @@ def cpu_starved(run, r: int, t0: int) -> None:
                      note="rank r's process (all its threads) runs under a CPU quota of cpu_quota of one CPU "
                           "from start_time_ns; every rank's compute is CPU work, so rank r enters its "
                           "collectives late: a straggler whose cause is the host's CPU, not the GPU or network")
+
+
+# last: faults.py's table imports this module's functions, and they use its link_info and
+# truth_inflight (either module may be imported first)
+from . import faults  # noqa: E402

@@ -12,6 +12,7 @@ from forensics.findings.link_flap import backoff_chains, link_flap
 from forensics.findings.network import loss_direction, network_loss
 from forensics.findings.process_exit import process_exit
 from forensics.findings.straggler import straggler
+from forensics.model.schema import conform
 from traced_job import MS, RANKS, T0, context, job, tcp
 
 DOWN_AT = 20          # the link goes down during op 20 (T0 + 2 s)
@@ -142,7 +143,6 @@ def gone_context(killed: int, peers_warned: bool, in_flight: bool = True):
         w = pd.DataFrame([{"host": f"node{r}", "pid": 100 + r, "rank": r, "message":
                            f"socketProgress: Connection closed by remote peer 10.9.0.{10 + killed}<1234>"}
                           for r in range(RANKS) if r != killed])
-        from forensics.model.schema import conform
         ctx.model.tables["nccl_warnings"] = conform(w, "nccl_warnings")
     return ctx
 

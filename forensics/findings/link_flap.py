@@ -6,7 +6,8 @@ link that comes back ends the backoff: the next timer's resend gets through, and
 complete again. Random loss looks different: fast retransmits milliseconds apart, repaired
 within a round trip. Rule, per connection and direction (the tracer's ``tcp_retransmit_skb``
 rows, else the packets' ``retransmission`` verdicts): a *backoff chain* is at least
-``MIN_CHAIN`` resends, the first gap at least ``MIN_GAP_NS``, each next one ``BACKOFF`` times
+``MIN_CHAIN`` resends (one fewer when its first gap is ``DEEP_GAP_NS`` or more: a capture
+that began during the outage sees the backoff from deep in it), the first gap at least ``MIN_GAP_NS``, each next one ``BACKOFF`` times
 the one before (about twice), spanning ``MIN_SPAN_NS`` or more. At least ``MIN_CONNECTIONS``
 chains that overlap in time and share one rank blame that rank's link (one chain alone: both of its
 ends are candidates; the rank on more chains wins). The link came back when a collective
@@ -27,6 +28,9 @@ MIN_CHAIN = 4                  # resends of one connection in backoff (3 in a ro
 MIN_GAP_NS = 150_000_000       # Linux's RTO is 200 ms at least (TCP_RTO_MIN)
 BACKOFF = (1.6, 2.6)           # each gap about twice the one before (timer jitter: not exactly 2)
 MIN_SPAN_NS = 1_000_000_000    # a chain spans a second at least (4 resends: 0.4 + 0.8 + 1.6 s)
+# a chain first seen with a gap this long was already deep in its backoff (three timeouts, 1.4 s
+# of silence, before it): a capture started during the outage; three resends then suffice
+DEEP_GAP_NS = 1_500_000_000
 MIN_CONNECTIONS = 2            # a link's outage stalls every connection on it at once
 COLS = ["timestamp_ns", "event", "source", "saddr", "sport", "daddr", "dport", "rank", "peer_rank"]
 
@@ -42,7 +46,7 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
     rt = rt.sort_values("timestamp_ns", kind="stable")
     for key, g in rt.groupby(["saddr", "sport", "daddr", "dport"], sort=False, dropna=False):
         t = pd.to_numeric(g["timestamp_ns"], errors="coerce").dropna().astype("int64").to_numpy()
-        if len(t) < MIN_CHAIN:
+        if len(t) < MIN_CHAIN - 1:
             continue
         gaps = np.diff(t)
         i = 0
@@ -54,7 +58,8 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
             while j < len(gaps) and BACKOFF[0] * gaps[j - 1] <= gaps[j] <= BACKOFF[1] * gaps[j - 1]:
                 j += 1
             n = j - i + 1             # resends t[i]..t[j]
-            if n >= MIN_CHAIN and t[j] - t[i] >= MIN_SPAN_NS:
+            deep = n >= MIN_CHAIN - 1 and gaps[i] >= DEEP_GAP_NS   # seen from deep in the backoff
+            if (n >= MIN_CHAIN or deep) and t[j] - t[i] >= MIN_SPAN_NS:
                 rank = pd.to_numeric(g["rank"], errors="coerce").dropna()
                 peer = pd.to_numeric(g["peer_rank"], errors="coerce").dropna()
                 out.append({"saddr": key[0], "sport": key[1], "daddr": key[2], "dport": key[3],

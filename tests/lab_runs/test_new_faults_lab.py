@@ -46,6 +46,11 @@ CASES = {
     "link-flap-twice": (["--scenario", "link-flap", "--rank", "2", "--ranks", "4", "--down-s", "2.5", "--flaps", "2",
                          "--up-s", "3", "--hold-s", "14", "--compute-ms", "30", "--capture-duration-s", "16"] + BEFORE,
                         ("before",), "link_flap", True),
+    # the on-call regime: a 10 s outage, the captures start 1-3 s into it (the tracer's attach takes
+    # seconds more): the backoff is seen from deep in it (resends 3.2 s and 6.4 s apart)
+    "link-flap-during": (["--scenario", "link-flap", "--rank", "0", "--ranks", "3", "--down-s", "10",
+                          "--hold-s", "22", "--compute-ms", "30", "--capture", "per-host", "--capture-start", "onset+1",
+                          "--capture-stagger-s", "0-2", "--capture-duration-s", "18"], ("during",), "link_flap", True),
     "loss-egress": (["--scenario", "loss", "--direction", "egress", "--loss-permille", "50", "--rank", "1",
                      "--ranks", "3", "--compute-ms", "60", "--start-s", "0.5", "--capture-duration-s", "6"] + BEFORE,
                     ("before",), "network_loss", True),

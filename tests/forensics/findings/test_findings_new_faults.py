@@ -64,8 +64,10 @@ def test_backoff_chain_needs_doubling_gaps():
     assert len(ch) == 1 and ch.iloc[0]["n"] == 5 and ch.iloc[0]["gaps_ns"] == [200 * MS, 400 * MS, 800 * MS, 1600 * MS]
     # the same number of resends, but gaps that do not double: random loss, not a dead link
     assert backoff_chains(pd.DataFrame(backoff(1, 2, T0, gaps_ms=(400, 3000, 300, 1200)))).empty
-    # three resends are not enough (two losses in a row happen on a lossy link)
+    # three resends are not enough (two losses in a row happen on a lossy link) ...
     assert backoff_chains(pd.DataFrame(backoff(1, 2, T0, gaps_ms=(200, 400)))).empty
+    # ... unless seen from deep in the backoff (a capture started 2 s into the outage)
+    assert len(backoff_chains(pd.DataFrame(backoff(1, 2, T0, gaps_ms=(1600, 3200))))) == 1
 
 
 def test_link_that_came_back_is_a_flap_on_the_rank_all_chains_share():

@@ -182,7 +182,7 @@ class Direction:
                 "the collectives holding them were slow against the clean ones: the transport stalled"]
 
 
-ONE_WAY_SHARE = 0.7      # this share of a rank's lost data in one direction: the loss is one way (TLPs, lost ACKs: not all)
+ONE_WAY_SHARE = 0.85     # this share of a rank's lost data in one direction: the loss is one way
 
 
 def loss_direction(counts: pd.DataFrame, blamed: list[int]) -> Direction:

@@ -5,7 +5,8 @@ its RTO, then after twice that, and so on (RTO backoff), with nothing answered i
 link that comes back ends the backoff: the next timer's resend gets through, and collectives
 complete again. Random loss looks different: fast retransmits milliseconds apart, repaired
 within a round trip. Rule, per connection and direction (the tracer's ``tcp_retransmit_skb``
-rows, else the packets' ``retransmission`` verdicts): a *backoff chain* is at least
+rows and the packets' ``retransmission`` verdicts, each on its own, the longer chain of a
+connection kept): a *backoff chain* is at least
 ``MIN_CHAIN`` resends (one fewer when its first gap is ``DEEP_GAP_NS`` or more: a capture
 that began during the outage sees the backoff from deep in it), the first gap at least ``MIN_GAP_NS``, each next one ``BACKOFF`` times
 the one before (about twice), spanning ``MIN_SPAN_NS`` or more. At least ``MIN_CONNECTIONS``
@@ -80,12 +81,15 @@ def link_flap(ctx: Context) -> list[Finding]:
     t = ctx.model.tables.get("tcp_events")
     if t is None or t.empty:
         return []
-    rt = t[t["event"] == "tcp_retransmit_skb"]
-    if rt.empty:
-        rt = t[t["event"] == "retransmission"]
-    chains = backoff_chains(rt)
+    # each source on its own (the tracer may have attached seconds after tcpdump started: the
+    # packets then hold more of the backoff); per connection the longer chain
+    rt = t[t["event"].isin(("tcp_retransmit_skb", "retransmission"))]
+    chains = pd.concat([backoff_chains(rt[rt["event"] == ev]) for ev in ("tcp_retransmit_skb", "retransmission")],
+                       ignore_index=True)
     if chains.empty:
         return []
+    chains = chains.sort_values("n", ascending=False, kind="stable").drop_duplicates(
+        ["saddr", "sport", "daddr", "dport"]).reset_index(drop=True)
     addr_rank = _owner_ranks(ctx)
     ends = []
     for _, c in chains.iterrows():
@@ -152,11 +156,11 @@ def link_flap(ctx: Context) -> list[Finding]:
         evidence=[{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                   for row in ev[[c_ for c_ in COLS if c_ in ev]].head(30).to_dict("records")],
         sql=("SELECT timestamp_ns, event, source, saddr, sport, daddr, dport, rank, peer_rank FROM tcp_events "
-             f"WHERE event = '{rt['event'].iloc[0]}' AND timestamp_ns BETWEEN {t0} AND {t1} ORDER BY timestamp_ns"),
+             "WHERE event IN ('tcp_retransmit_skb', 'retransmission') "
+             f"AND timestamp_ns BETWEEN {t0} AND {t1} ORDER BY timestamp_ns"),
         action=(f"The switch port and cable of {who}'s host: the switch's log for link down/up at that time, "
                 "the NIC's carrier_changes (/sys/class/net/<if>/carrier_changes), dmesg for 'Link is Down'"),
-        score=STOPS_JOB_SCORE, since_ns=t0, since_source="packets: the first timed-out resend"
-        if rt["event"].iloc[0] == "retransmission" else "tracer: the first timed-out resend",
+        score=STOPS_JOB_SCORE, since_ns=t0, since_source="tracer and packets: the first timed-out resend",
         layer="transport", chain=chain,
         details={"down_ns": t_up - t0, "stalled_ns": t1 - t0, "back_ns": back_ns, "connections": int(len(ep)), "resends": int(ep["n"].sum()),
                  "rule": "rto_backoff_then_recovery"})]

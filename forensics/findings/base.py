@@ -41,6 +41,7 @@ IMPACT_FEW_SHARE = 0.05         # ... or less than this with fewer than IMPACT_F
 IMPACT_FEW_COLLECTIVES = 5
 IMPACT_ERROR_SHARE = 0.25       # a quarter of the job's collective time or more: error
 HEADLINE_CHARS = 200
+LAYERS = ("host", "peer", "transport")   # Finding.layer: never enqueued / waiting on a peer / transport stalled
 STOPS_JOB_SCORE = 1e6           # hangs score 1e6 + seconds, a reset that broke collectives 2e6: first
 
 
@@ -93,6 +94,13 @@ class Finding:
     nodes: list[str] = field(default_factory=list)
     # what raised or lowered the confidence, in one line
     confidence_note: str = ""
+    # which of the three questions of a stall the finding answers (LAYERS): ``host`` (the
+    # collective was never enqueued, or late: which rank, which frame), ``peer`` (enqueued and
+    # waiting on a peer: which peer, which link), ``transport`` (the transport stalled:
+    # retransmits, RTO backoff, resets, link state); ``chain``: its evidence in order, one
+    # step a line. Optional: kinds that do not set them leave them out of --json (to_json)
+    layer: str | None = None
+    chain: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITY_RANK:
@@ -100,9 +108,16 @@ class Finding:
         self.confidence = float(min(1.0, max(0.0, self.confidence)))
         if self.impact_share is not None:
             self.impact_share = float(min(1.0, max(0.0, self.impact_share)))
+        if self.layer is not None and self.layer not in LAYERS:
+            raise ValueError(f"unknown layer {self.layer!r}")
 
     def to_json(self) -> dict[str, Any]:
+        """The finding as --json prints it; ``layer`` and ``chain`` only where the detector set
+        a layer (additive: the findings of kinds that do not set one are unchanged)."""
         d = asdict(self)
+        if self.layer is None:
+            d.pop("layer")
+            d.pop("chain")
         return json.loads(json.dumps(d, default=_jsonable))
 
 

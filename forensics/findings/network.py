@@ -105,11 +105,12 @@ def network_loss(ctx: Context) -> list[Finding]:
     # retransmissions on a busy host that cost nothing measurable are no warning
     imp = impact(done, slow, clean_mask)
     flat = _flat_rtt_text(ctx, blame.links)
+    way = loss_direction(lossc, blamed)
     summary = (f"{who}: {int(slow.sum())} of {len(done)} collectives slow ({op} p50 {ms(p50)}, p99 {ms(p99)} "
                f"{base_txt}) with {', '.join(trouble)} on "
                f"{'its' if len(blamed) == 1 else 'their'} links"
                + (f" (to {ranks_text(peers)})" if peers else "") + f" inside them; they explain {imp.text()}"
-               + (f"; {flat}" if flat else "") + ".")
+               + (f"; {flat}" if flat else "") + (f"; {way.text}" if way.one_way else "") + ".")
     severity, rate_txt = lossy_floor(ctx, blame.links, impact_severity(imp.share, imp.slow))
     if rate_txt:
         summary = summary[:-1] + f"; {rate_txt}."
@@ -135,6 +136,11 @@ def network_loss(ctx: Context) -> list[Finding]:
         "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
         "sources": tcp_sources(ev[inside]) + ", tracer (collective times)",
     }
+    if way.one_way:
+        details["direction"] = way.direction
+        # direction is that of the lossy end: egress, what it sends is lost; ingress, what it receives
+        links = [dict(lk, lossy_end=blamed[0], direction=way.direction)
+                 if blamed[0] in (lk.get("rank"), lk.get("peer_rank")) else lk for lk in links]
     return [Finding(kind="network_loss", severity=severity, confidence=confidence, summary=summary,
                     confidence_note=note,
                     headline=(f"Packet loss on {{who}}'s links (to {{peers}}): {int(slow.sum())} of {len(done)} "
@@ -143,7 +149,58 @@ def network_loss(ctx: Context) -> list[Finding]:
                     since_precision_ns=1_000_000,
                     ranks=blamed, hosts=hosts_of(directory, blamed), peer_ranks=peers, links=links,
                     evidence=evidence, sql=sql, action=action, score=imp.excess_ns / 1e9,
-                    details=details, impact_share=imp.share)]
+                    details=details, impact_share=imp.share,
+                    **({"layer": "transport", "chain": way.chain(who)} if way.one_way else {}))]
+
+
+@dataclass
+class Direction:
+    """Which way a blamed rank's lost data travelled (:func:`loss_direction`)."""
+    direction: str | None       # egress (what the rank sent was lost) | ingress (what it received) | both | None
+    sent: int                   # data-loss events of segments the rank sent
+    received: int               # ... of segments sent to it
+
+    @property
+    def one_way(self) -> bool:
+        return self.direction in ("egress", "ingress")
+
+    @property
+    def text(self) -> str:
+        if self.direction == "egress":
+            return (f"one way: {self.sent} of {self.sent + self.received} resent or lost segments are ones the rank "
+                    "sent (its transmit side: its NIC's TX, the cable or switch port towards the switch)")
+        if self.direction == "ingress":
+            return (f"one way: {self.received} of {self.sent + self.received} resent or lost segments are ones sent "
+                    "to the rank (its receive side: the switch port towards it, its NIC's RX)")
+        return ""
+
+    def chain(self, who: str) -> list[str]:
+        side = "sent" if self.direction == "egress" else "received"
+        return [f"{self.sent + self.received} segments on {who}'s links were resent or lost inside slow collectives",
+                f"{self.sent if side == 'sent' else self.received} of them were ones it {side}: the loss is on "
+                f"its {'transmit' if side == 'sent' else 'receive'} direction only ({self.direction})",
+                "the collectives holding them were slow against the clean ones: the transport stalled"]
+
+
+ONE_WAY_SHARE = 0.85     # this share of a rank's lost data in one direction: the loss is one way
+
+
+def loss_direction(counts: pd.DataFrame, blamed: list[int]) -> Direction:
+    """For a single blamed rank: of the data-loss events on its links (``counts``: dedup_counts
+    rows), how many are of segments it sent (sender = the rank: lost on its way out) and how
+    many of segments sent to it; one direction holding ONE_WAY_SHARE of them names it. Several
+    blamed ranks (a link between two): no direction."""
+    if len(blamed) != 1 or counts.empty:
+        return Direction(None, 0, 0)
+    r = blamed[0]
+    n = pd.to_numeric(counts["n"], errors="coerce").fillna(0)
+    sent = int(n[pd.to_numeric(counts["sender"], errors="coerce") == r].sum())
+    received = int(n[pd.to_numeric(counts["receiver"], errors="coerce") == r].sum())
+    total = sent + received
+    if total == 0:
+        return Direction(None, 0, 0)
+    way = "egress" if sent >= ONE_WAY_SHARE * total else "ingress" if received >= ONE_WAY_SHARE * total else "both"
+    return Direction(way, sent, received)
 
 
 def _inside_counts(ev: pd.DataFrame, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:

@@ -16,6 +16,8 @@ job was stopped from outside (torchrun's agent got a death signal), blaming none
 """
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from . import warns
@@ -40,7 +42,8 @@ OOM_SQL = ("SELECT host, time_ns, kind, pid, message, artifact, log_line FROM ke
 
 @detector("process_exit", kinds=("process_exit",))
 def process_exit(ctx: Context) -> list[Finding]:
-    return killed(ctx) + failed(ctx) + stopped(ctx)
+    found = killed(ctx) + failed(ctx) + stopped(ctx)
+    return found or vanished(ctx)
 
 
 def exits(ctx: Context) -> pd.DataFrame:
@@ -113,7 +116,98 @@ def killed(ctx: Context) -> list[Finding]:
         action=f"On {', '.join(hosts[:3]) or 'its host'}: {action}",
         score=KILLED_SCORE, since_ns=int(since_ns) if pd.notna(since_ns) else None,
         since_source="the launcher's failure time" if pd.notna(since_ns) else None,
+        layer="peer", chain=[f"{first['kind']} line(s) of the launcher: {who} ended by {how}"
+                             + (f" (\"{said}\")" if said else ""),
+                             "a signal from outside, not an error of its own: the first failure",
+                             "the ranks that waited for it in a collective then lose their connections or time out"],
         details={"rule": "killed", "signals": sigs, "oom": bool(is_oom), "processes": int(len(hard))})]
+
+
+THREADS_END_RE = re.compile(r"^threads@pid(\d+):end$")
+VANISHED_SQL = ("SELECT host, pid, rank, op, op_count, comm_id_hash, timestamp_ns, completed FROM nccl_events "
+                "WHERE pid = {pid} ORDER BY timestamp_ns DESC LIMIT 20")
+
+
+def gone_processes(model) -> list[tuple[str, int, int | None]]:
+    """(capture host, pid, rank) of the traced processes that ended while their capture ran:
+    the capture's end-of-capture thread listing of the pid was skipped because the process
+    had exited (``threads@pid<P>:end``, reason ``process exited``)."""
+    out = []
+    for c in model.captures:
+        ranks = {p.get("pid"): p.get("rank") for p in c.get("processes", []) or []}
+        for col in c.get("collectors", []) or []:
+            m = THREADS_END_RE.match(str(col.get("name") or ""))
+            if m and col.get("reason") == "process exited":
+                pid = int(m[1])
+                out.append((str(c.get("host")), pid, ranks.get(pid)))
+    return out
+
+
+def vanished(ctx: Context) -> list[Finding]:
+    """A rank whose process ended during the capture with a collective in flight, without an
+    error of its own (no NCCL warning, no watchdog line from it), before every other rank
+    that ended: it was killed from outside (SIGKILL, a crash) where no launcher line says so.
+    Evidence: the capture saw the pid go (its end-of-capture listing found no process), the
+    tracer's last record of it is a collective it entered and never completed, and its peers'
+    errors (closed connections, resets) come after. The ranks that then fail are its
+    consequence; the finding ranks above them (KILLED_SCORE)."""
+    ne = ctx.model.tables.get("nccl_events")
+    if ne is None or ne.empty:
+        return []
+    own_err = set()
+    for name in ("nccl_warnings", "watchdog_events"):
+        t = ctx.model.tables.get(name)
+        if t is not None and len(t) and "rank" in t:
+            own_err |= {int(r) for r in pd.to_numeric(t["rank"], errors="coerce").dropna()}
+    pids = pd.to_numeric(ne["pid"], errors="coerce")
+    cands = []
+    for host, pid, rank in gone_processes(ctx.model):
+        mine = ne[(pids == pid) & (ne["host"] == host)]
+        if rank is None and mine["rank"].notna().any():
+            rank = int(pd.to_numeric(mine["rank"], errors="coerce").dropna().iloc[0])
+        if mine.empty or rank is None or int(rank) in own_err:
+            continue
+        open_ = mine[mine["completed"].eq(False)]
+        if open_.empty:
+            continue                            # it ended between collectives: a normal end or unseen
+        last = int(pd.to_numeric(mine["timestamp_ns"], errors="coerce").max())
+        cands.append((last, host, pid, int(rank), open_.sort_values("timestamp_ns").iloc[0]))
+    if not cands:
+        return []
+    cands.sort(key=lambda c: c[0])
+    last, host, pid, rank, op = cands[0]
+    later = ne[pd.to_numeric(ne["timestamp_ns"], errors="coerce") > last]
+    peers_err = sorted(own_err - {rank})
+    if later.empty and not peers_err:
+        return []                               # nothing outlived it: the whole job ended at once
+    n = int(op["op_count"]) if pd.notna(op["op_count"]) else None
+    name = str(op["op"] or "a collective")
+    chain = [f"the capture on {host} saw pid {pid} (rank {rank}) end: its end-of-capture thread listing found no "
+             "process",
+             f"the tracer's last records of it: {name}" + (f" #{n}" if n is not None else "") + " entered, never "
+             "completed (in flight when it died)",
+             f"it logged no NCCL warning and no watchdog line of its own: it did not fail, it was ended",
+             ("its peers then failed: " + ranks_text(peers_err) + " logged NCCL errors or watchdog lines")
+             if peers_err else "its peers kept running after it"]
+    return [Finding(
+        kind="process_exit", severity="error", confidence=0.7,
+        headline=f"Process vanished: rank {rank} on {host} ended mid-collective, killed from outside" + " ({since})",
+        confidence_note="the capture saw the process go with a collective in flight and no error of its own; "
+                        "no launcher line names the signal",
+        summary=(f"Rank {rank}'s process (pid {pid} on {host}) ended while {name}"
+                 + (f" #{n}" if n is not None else "") + " was in flight on it, without an NCCL error or a watchdog "
+                 "line of its own: it was killed from outside (SIGKILL: the OOM killer or the scheduler; or a crash). "
+                 "The ranks that then lost their connections or timed out are its consequence, not the cause."),
+        ranks=[rank], hosts=[host], peer_ranks=peers_err,
+        evidence=warns.evidence(ne[pids == pid].sort_values("timestamp_ns").tail(10),
+                                ["host", "pid", "rank", "op", "op_count", "comm_id_hash", "timestamp_ns", "completed"]),
+        sql=VANISHED_SQL.format(pid=pid),
+        action=(f"On {host}: dmesg for the OOM killer or a segfault at that time (\"Killed process {pid}\", "
+                "\"segfault at\"), the container's or scheduler's record of the process (OOMKilled, a preemption), "
+                "a core dump"),
+        score=KILLED_SCORE, op_count=n, since_ns=last, since_source="tracer: the process's last record",
+        layer="peer", chain=chain,
+        details={"rule": "vanished", "pid": pid, "in_flight_op": n})]
 
 
 def _kernel_ooms(ctx: Context) -> pd.DataFrame:

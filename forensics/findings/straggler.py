@@ -207,6 +207,7 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
         ranks=[rank], impact_share=imp.share,
         hosts=[directory[rank].host] if rank in directory and directory[rank].host else [],
         evidence=evidence, sql=sql, score=float(r.total) / 1e9,
+        layer="host", chain=_chain(label(directory, rank), r, n_comm, jitter, n_loss, off),
         action=(f"Look at what rank {rank} does between collectives: data loading, CPU contention (run-queue "
                 "delay), GC or checkpointing, a throttled GPU (nvidia-smi -q clocks/throttle reasons); "
                 "py-spy dump its main thread while it is late."),
@@ -215,6 +216,19 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
                  "late_total_ns": float(r.total), "tcp_trouble_on_its_links": n_loss,
                  "durations_in_late_collectives": per_rank, "offcpu": off.get("per_rank", {}),
                  "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns})
+
+
+def _chain(who: str, r, n_comm: int, jitter: float, n_loss: int, off: dict) -> list[str]:
+    """The straggler's evidence in order (Finding.chain): the late entries, the network on its
+    links, the host's CPU where the capture sampled it; its layer is the host (it enqueued late)."""
+    return [f"{who} entered {int(r.n)} of {n_comm} collectives last, {ms(r.p50)} (p50) after its peers, whose "
+            f"entries are {ms(jitter)} apart: the collective was enqueued late on its host",
+            "its links were clean meanwhile: not the transport" if n_loss < 3 else
+            f"{n_loss} TCP retransmissions on its links meanwhile: the network may share the blame",
+            (off["text"] if off.get("supports") else
+             (off["text"] + " (not more than its peers': the host's CPU does not explain it)") if off.get("text") else
+             "no CPU samples of its threads: what held its host (compute, data loading, GC, a busy CPU) is "
+             "not in the evidence")]
 
 
 def _offcpu(ctx, rank: int, t_from: int, t_to: int) -> dict:

@@ -64,6 +64,8 @@ class Capture:
             # has, with the job's NCCL_DEBUG_FILE log and Flight Recorder dump attached
             self.exited_job = True
             logs = [str(run.out / "logs" / f"nccl-rank{self.rank}.log")]
+            agent = run.out / "logs" / f"torchrun-node{self.rank}.log"    # its launcher's report (rank-killed)
+            logs += [str(agent)] if agent.exists() else []
             fr = run.out / "fr" / f"node{self.rank}"
             cmd += ["--attach", *logs, *([str(fr / "*")] if fr.is_dir() and any(fr.iterdir()) else [])]
             self.argv = cmd

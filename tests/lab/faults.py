@@ -11,7 +11,7 @@ import time
 
 from .scenarios import ScenarioError, now_ns, read_events
 
-NETWORK_FAULTS = ("loss", "slow-link", "link-down-hang", "reset")   # need the lab's namespaces
+NETWORK_FAULTS = ("loss", "slow-link", "link-down-hang", "reset", "link-flap")   # need the lab's namespaces
 
 
 def link_info(run, r: int) -> dict:
@@ -174,3 +174,6 @@ FAULTS = {
     "gpu-hang": _gpu_hang,
     "reset": _reset,
 }
+from .host_faults import cpu_starved, link_flap, rank_killed  # noqa: E402  (they use link_info above)
+
+FAULTS.update({"rank-killed": rank_killed, "link-flap": link_flap, "cpu-starved": cpu_starved})

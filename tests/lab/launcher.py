@@ -46,13 +46,14 @@ if __package__ in (None, ""):
     from tests.lab import faults, job, netns, results  # type: ignore
     from tests.lab.captures import Captures  # type: ignore
     from tests.lab.options import parse_args  # type: ignore
-    from tests.lab.scenarios import (CAPTURE_END_MARGIN_S, HOLDS, ScenarioError, now_ns,  # type: ignore
+    from tests.lab.scenarios import (CAPTURE_END_MARGIN_S, DYING, HOLDS, ScenarioError, now_ns,  # type: ignore
                                      read_events, stop_margin_steps)
 else:
     from . import faults, job, netns, results
     from .captures import Captures
     from .options import parse_args
-    from .scenarios import CAPTURE_END_MARGIN_S, HOLDS, ScenarioError, now_ns, read_events, stop_margin_steps
+    from .scenarios import (CAPTURE_END_MARGIN_S, DYING, HOLDS, ScenarioError, now_ns, read_events,
+                            stop_margin_steps)
 
 
 class Run:
@@ -89,6 +90,7 @@ class Run:
         self.job_ended_ns: int | None = None
         self.fr_after_done = False
         self.fr_requests: list[dict] = []
+        self.cleanups: list = []             # a fault's undo steps (a cgroup), called once the ranks are gone
 
     # ---------------- setup ----------------
     def prepare_out(self) -> None:
@@ -187,7 +189,7 @@ class Run:
                 raise ScenarioError(f"all ranks exited while waiting for {what} "
                                     "(the job was too short: use more --steps or an earlier --start-s)")
             dead = [r for r, p in enumerate(self.ranks) if p.poll() not in (None, 0)]
-            if dead and self.a.scenario != "reset":
+            if dead and self.a.scenario not in DYING:
                 raise ScenarioError(f"rank(s) {dead} exited early while waiting for {what}")
             if time.monotonic() > deadline:
                 raise ScenarioError(f"timed out after {timeout:.0f}s waiting for {what}")
@@ -212,7 +214,7 @@ class Run:
             d = (t_ns - now_ns()) / 1e9
             if d <= 0:
                 return
-            if any(p.poll() not in (None, 0) for p in self.ranks) and self.a.scenario not in ("reset",):
+            if any(p.poll() not in (None, 0) for p in self.ranks) and self.a.scenario not in DYING:
                 raise ScenarioError("a rank exited before the fault was injected")
             if all(p.poll() is not None for p in self.ranks):
                 raise ScenarioError("the job finished before the fault start "
@@ -360,6 +362,8 @@ class Run:
             try:
                 states = self.stop_all()
             finally:
+                for undo in self.cleanups:
+                    undo()
                 self.ended_ns = now_ns()
                 if self.lab is not None and self.fault.get("kind") == "loss":
                     self.fault["nft_counters"] = self.lab.nft_counters()

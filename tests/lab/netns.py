@@ -341,6 +341,14 @@ class Lab:
         run(["ip", "-n", h.ns, "link", "set", h.iface, "down"])
         return {"side": "host", "iface": h.iface}
 
+    def link_up(self, rank: int, side: str = "switch") -> None:
+        """Undo :meth:`link_down`: the port (or the host's eth0) comes back up."""
+        h = self.hosts[rank]
+        if side == "switch":
+            run(["ip", "-n", self.switch, "link", "set", h.port, "up"])
+        else:
+            run(["ip", "-n", h.ns, "link", "set", h.iface, "up"])
+
     def busiest_connection_from(self, rank: int, peer_rank: int) -> tuple[int, int] | None:
         """(peer port, local port) of the established connection that has
         received the most bytes from peer_rank on rank's host (a ring data

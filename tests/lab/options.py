@@ -10,7 +10,7 @@ import random
 import shlex
 import sys
 
-from .scenarios import DEFAULT_BUILD, DEFAULTS, HOLDS, SCENARIOS, parse_capture_start, parse_stagger
+from .scenarios import DEFAULT_BUILD, DEFAULTS, HOLDS, SCENARIOS, parse_capture_start, parse_stagger, quota_fraction
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,8 +37,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("network namespaces need root (or use --no-netns for loopback runs)")
     # gpu-hang: at an op count (default), or at the first collective after --start-s when only that is given
     a.hang_at = "time" if a.scenario == "gpu-hang" and "start_s" in explicit and "at_op" not in explicit else "op"
-    if a.scenario in ("gpu-hang", "mismatch-hang") and a.at_op is not None and a.at_op < 1:
+    if a.scenario in ("gpu-hang", "mismatch-hang", "rank-killed") and a.at_op is not None and a.at_op < 1:
         ap.error("--at-op must be >= 1 (op 0 is the initial broadcast, before training starts)")
+    if a.scenario == "link-flap" and not (a.down_s > 0 and a.up_s >= 0 and a.flaps >= 1):
+        ap.error("link-flap needs --down-s > 0, --up-s >= 0 and --flaps >= 1")
+    if a.scenario == "cpu-starved":
+        try:
+            quota_fraction(a.cpu_quota)
+        except ValueError as e:
+            ap.error(str(e))
     try:
         parse_capture_start(a.capture_start)
         parse_stagger(a.capture_stagger_s)
@@ -120,6 +127,11 @@ def _parser() -> argparse.ArgumentParser:
                          "its stream hangs in")
     ap.add_argument("--skip-mode", choices=("stop", "continue"))
     ap.add_argument("--link-side", choices=("switch", "host"))
+    ap.add_argument("--kill-signal", choices=("KILL", "SEGV"), help="rank-killed: the signal (default KILL)")
+    ap.add_argument("--down-s", type=float, help="link-flap: seconds each flap keeps the link down (2-10)")
+    ap.add_argument("--up-s", type=float, help="link-flap: seconds up between two flaps")
+    ap.add_argument("--flaps", type=int, help="link-flap: how many times the link goes down")
+    ap.add_argument("--cpu-quota", help="cpu-starved: rank r's CPU quota, a share of one CPU (e.g. 10%%)")
     ap.add_argument("--reset-method", choices=("nft",), default="nft")
     ap.add_argument("--reset-scope", choices=("connection", "peer"), default="connection",
                     help="reset: the busiest connection from the peer, or all of its connections")

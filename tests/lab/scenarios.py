@@ -16,9 +16,10 @@ REPO = LAB_DIR.parents[1]
 DEFAULT_BUILD = LAB_DIR / "build"
 
 SCENARIOS = ("clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-down-hang", "gpu-hang", "reset",
-             "selftest")
+             "selftest", "rank-killed", "link-flap", "cpu-starved")
 HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
-HOLDS = HANGS + ("reset",)          # scenarios that end --hold-s after the fault, not when the job ends
+HOLDS = HANGS + ("reset", "rank-killed", "link-flap")   # end --hold-s after the fault, not when the job ends
+DYING = ("reset", "rank-killed")    # scenarios whose ranks may exit (fail) once the fault is in
 STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at,
 STOP_MARGIN_S = 1.0                 # ... fewer (1 at least) when this much time is fewer steps (25 s steps: 1, not 5)
 CAPTURE_END_MARGIN_S = 1.0          # the job (or the hang) lasts this long after the last capture ended
@@ -40,6 +41,13 @@ DEFAULTS = {
     "gpu-hang": dict(steps=100000),
     "reset": dict(steps=100000, start_s=1.0, compute_ms=20.0),
     "selftest": dict(),
+    # SIGKILL (or --kill-signal SEGV) of rank r mid-collective, --start-s after training began or
+    # once it enqueued collective #--at-op; its peers see closed connections and fail or hang
+    "rank-killed": dict(steps=100000, start_s=1.0, compute_ms=20.0, kill_signal="KILL", hold_s=8.0),
+    # switch port p<r> down --down-s, then up, --flaps times (--up-s apart); the hold covers them
+    "link-flap": dict(steps=100000, start_s=1.0, compute_ms=20.0, down_s=3.0, up_s=2.0, flaps=1, hold_s=12.0),
+    # rank r's CPU quota cut (its own cgroup) from --start-s; compute is CPU work (--compute-busy)
+    "cpu-starved": dict(steps=14, compute_ms=20.0, cpu_quota="10%", start_s=0.5),
 }
 
 
@@ -102,3 +110,12 @@ def parse_capture_start(text: str) -> tuple[str, float]:
     if not m:
         raise ValueError(f"bad --capture-start {text!r} (before, or onset+S, e.g. onset+10)")
     return "onset", float(m[1])
+
+
+def quota_fraction(text: str) -> float:
+    """--cpu-quota ``10%`` (or ``0.1``) as a share of one CPU in (0, 1]; ValueError when malformed."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(%?)\s*", text or "")
+    v = float(m[1]) / (100.0 if m[2] else 1.0) if m else 0.0
+    if not 0 < v <= 1:
+        raise ValueError(f"bad --cpu-quota {text!r} (a share of one CPU, e.g. 10%)")
+    return v

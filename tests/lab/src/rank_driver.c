@@ -60,6 +60,21 @@ static void sleep_ms(double ms) {
   struct timespec ts = {(time_t)(ms / 1000), (long)((ms - (time_t)(ms / 1000) * 1000) * 1e6)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
+/* --compute-busy: "compute" is host work (a Python loop, a data loader) that needs a CPU:
+   spin until this thread has run ms of CPU time, so a CPU quota or contention stretches it */
+static int g_compute_busy;
+static void busy_ms(double ms) {
+  if (ms <= 0) return;
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  uint64_t end = (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec + (uint64_t)(ms * 1e6);
+  volatile uint64_t x = 0;
+  for (;;) {
+    for (int i = 0; i < 20000; i++) x += i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    if ((uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec >= end) break;
+  }
+}
 #define DIE(...) do { fprintf(stderr, "sslab_rank[%d]: ", g_rank); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); exit(2); } while (0)
 #define NCCLCHECK(x) do { ncclResult_t r_ = (x); if (r_ != ncclSuccess) DIE("%s failed: %s (%s)", #x, ncclGetErrorString(r_), ncclGetLastError(NULL)); } while (0)
 
@@ -911,7 +926,7 @@ static int train(struct opts *o) {
       compute += o->straggle_ms;
     }
     uint64_t c0 = now_ns();
-    sleep_ms(compute);
+    if (g_compute_busy) busy_ms(compute); else sleep_ms(compute);
     uint64_t t_enter = now_ns();
     int np = 0;
     /* the burst: one entry per bucket (pattern decides the op), then the loss scalar */
@@ -996,7 +1011,7 @@ int main(int argc, char **argv) {
     {"skip-mode", 1, 0, 'K'}, {"straggle-ms", 1, 0, 'S'}, {"straggle-from-s", 1, 0, 'F'},
     {"watchdog-timeout-s", 1, 0, 'W'}, {"duration-s", 1, 0, 'D'}, {"selftest-dtypes", 1, 0, 'T'},
     {"selftest-count", 1, 0, 'C'}, {"selftest-large", 1, 0, 'L'}, {"gate-file", 1, 0, 'G'},
-    {"stop-file", 1, 0, 'P'}, {0, 0, 0, 0}};
+    {"stop-file", 1, 0, 'P'}, {"compute-busy", 0, 0, 'B'}, {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -1018,6 +1033,7 @@ int main(int argc, char **argv) {
       case 'L': o.st_large = (size_t)atoll(optarg); break;
       case 'G': o.gate_file = optarg; break;
       case 'P': o.stop_file = optarg; break;
+      case 'B': g_compute_busy = 1; break;
       default: fprintf(stderr, "usage: sslab_rank [--mode train|selftest] [options]\n"); return 2;
     }
   }

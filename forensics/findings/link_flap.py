@@ -1,0 +1,166 @@
+"""``link_flap``: one rank's link went down for seconds and came back.
+
+A dead link shows in TCP as retransmission timeouts: the sender resends the same data after
+its RTO, then after twice that, and so on (RTO backoff), with nothing answered in between. A
+link that comes back ends the backoff: the next timer's resend gets through, and collectives
+complete again. Random loss looks different: fast retransmits milliseconds apart, repaired
+within a round trip. Rule, per connection and direction (the tracer's ``tcp_retransmit_skb``
+rows and the packets' ``retransmission`` verdicts, each on its own, the longer chain of a
+connection kept): a *backoff chain* is at least
+``MIN_CHAIN`` resends (one fewer when its first gap is ``DEEP_GAP_NS`` or more: a capture
+that began during the outage sees the backoff from deep in it), the first gap at least ``MIN_GAP_NS``, each next one ``BACKOFF`` times
+the one before (about twice), spanning ``MIN_SPAN_NS`` or more. At least ``MIN_CONNECTIONS``
+chains that overlap in time and share one rank blame that rank's link (one chain alone: both of its
+ends are candidates; the rank on more chains wins). The link came back when a collective
+completed after the last resend of the episode; a link still down at the end is a hang,
+which the hang detectors report, so no finding here.
+
+Layer ``transport``: the collective was enqueued everywhere and the transport stalled.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .base import STOPS_JOB_SCORE, Context, Finding, detector
+from .evidence import label, ms, rank_directory, ranks_text
+
+MIN_CHAIN = 4                  # resends of one connection in backoff (3 in a row lost: not random loss)
+MIN_GAP_NS = 150_000_000       # Linux's RTO is 200 ms at least (TCP_RTO_MIN)
+BACKOFF = (1.6, 2.6)           # each gap about twice the one before (timer jitter: not exactly 2)
+MIN_SPAN_NS = 1_000_000_000    # a chain spans a second at least (4 resends: 0.4 + 0.8 + 1.6 s)
+# a chain first seen with a gap this long was already deep in its backoff (three timeouts, 1.4 s
+# of silence, before it): a capture started during the outage; three resends then suffice
+DEEP_GAP_NS = 1_500_000_000
+MIN_CONNECTIONS = 2            # a link's outage stalls every connection on it at once
+COLS = ["timestamp_ns", "event", "source", "saddr", "sport", "daddr", "dport", "rank", "peer_rank"]
+
+
+def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
+    """The RTO backoff chains of ``rt`` (retransmission rows of one source): one row per
+    chain with the connection (saddr, sport, daddr, dport, rank, peer_rank), ``t0``/``t1``
+    (first and last resend), ``n`` resends and ``gaps_ns`` (the gaps between them)."""
+    out = []
+    if rt.empty:
+        return pd.DataFrame(columns=["saddr", "sport", "daddr", "dport", "rank", "peer_rank", "t0", "t1", "n",
+                                     "gaps_ns"])
+    rt = rt.sort_values("timestamp_ns", kind="stable")
+    for key, g in rt.groupby(["saddr", "sport", "daddr", "dport"], sort=False, dropna=False):
+        t = pd.to_numeric(g["timestamp_ns"], errors="coerce").dropna().astype("int64").to_numpy()
+        if len(t) < MIN_CHAIN - 1:
+            continue
+        gaps = np.diff(t)
+        i = 0
+        while i < len(gaps):
+            if gaps[i] < MIN_GAP_NS:
+                i += 1
+                continue
+            j = i + 1                 # gaps i..j-1: each about BACKOFF times the one before
+            while j < len(gaps) and BACKOFF[0] * gaps[j - 1] <= gaps[j] <= BACKOFF[1] * gaps[j - 1]:
+                j += 1
+            n = j - i + 1             # resends t[i]..t[j]
+            deep = n >= MIN_CHAIN - 1 and gaps[i] >= DEEP_GAP_NS   # seen from deep in the backoff
+            if (n >= MIN_CHAIN or deep) and t[j] - t[i] >= MIN_SPAN_NS:
+                rank = pd.to_numeric(g["rank"], errors="coerce").dropna()
+                peer = pd.to_numeric(g["peer_rank"], errors="coerce").dropna()
+                out.append({"saddr": key[0], "sport": key[1], "daddr": key[2], "dport": key[3],
+                            "rank": int(rank.iloc[0]) if len(rank) else None,
+                            "peer_rank": int(peer.iloc[0]) if len(peer) else None,
+                            "t0": int(t[i]), "t1": int(t[j]), "n": n, "gaps_ns": [int(x) for x in gaps[i:j]]})
+            i = j
+    return pd.DataFrame(out)
+
+
+def _owner_ranks(ctx: Context) -> dict[str, int]:
+    """Address -> the rank owning it (rank_directory), to name a chain's ends."""
+    return {info.addr: r for r, info in rank_directory(ctx).items() if getattr(info, "addr", None)}
+
+
+@detector("link_flap", kinds=("link_flap",))
+def link_flap(ctx: Context) -> list[Finding]:
+    t = ctx.model.tables.get("tcp_events")
+    if t is None or t.empty:
+        return []
+    # each source on its own (the tracer may have attached seconds after tcpdump started: the
+    # packets then hold more of the backoff); per connection the longer chain
+    rt = t[t["event"].isin(("tcp_retransmit_skb", "retransmission"))]
+    chains = pd.concat([backoff_chains(rt[rt["event"] == ev]) for ev in ("tcp_retransmit_skb", "retransmission")],
+                       ignore_index=True)
+    if chains.empty:
+        return []
+    chains = chains.sort_values("n", ascending=False, kind="stable").drop_duplicates(
+        ["saddr", "sport", "daddr", "dport"]).reset_index(drop=True)
+    addr_rank = _owner_ranks(ctx)
+    ends = []
+    for _, c in chains.iterrows():
+        a = c["rank"] if c["rank"] is not None and not pd.isna(c["rank"]) else addr_rank.get(c["saddr"])
+        b = c["peer_rank"] if c["peer_rank"] is not None and not pd.isna(c["peer_rank"]) else addr_rank.get(c["daddr"])
+        ends.append((None if a is None else int(a), None if b is None else int(b)))
+    chains = chains.assign(a=[e[0] for e in ends], b=[e[1] for e in ends])
+    # one episode: the chains that overlap the earliest one's span
+    chains = chains.sort_values("t0", kind="stable")
+    first = chains.iloc[0]
+    ep = chains[(chains["t0"] <= first["t1"]) & (chains["t1"] >= first["t0"])]
+    if len(ep) < MIN_CONNECTIONS:
+        return []
+    votes: dict[int, int] = {}
+    for a, b in zip(ep["a"], ep["b"]):
+        for r in (a, b):
+            if r is not None and not pd.isna(r):
+                votes[int(r)] = votes.get(int(r), 0) + 1
+    if not votes:
+        return []
+    top = max(votes.values())
+    rank = min(r for r, v in votes.items() if v == top)
+    # when the link was back: where the connections' chains end (a resend got through), their
+    # median (one chain cut short by a missed event, or one whose backoff had grown longer and
+    # stalled on past the link's return, does not move it)
+    t0, t_up, t1 = int(ep["t0"].min()), int(np.median(ep["t1"].to_numpy(dtype=np.float64))), int(ep["t1"].max())
+    c = ctx.model.tables.get("collectives")
+    back_ns = None
+    if c is not None and len(c):
+        ends_ns = pd.to_numeric(c["last_end_ns"], errors="coerce")
+        later = ends_ns[(ends_ns > t1) & (pd.to_numeric(c["ranks_completed"], errors="coerce")
+                                          >= pd.to_numeric(c["ranks_entered"], errors="coerce"))]
+        back_ns = int(later.min()) if len(later) else None
+    if back_ns is None:
+        return []                       # still down when the evidence ends: a hang, reported as one
+    peers = sorted({int(r) for ab in zip(ep["a"], ep["b"]) for r in ab
+                    if r is not None and not pd.isna(r) and int(r) != rank})
+    d = rank_directory(ctx)
+    who = label(d, rank)
+    gaps = [g for gs in ep["gaps_ns"] for g in gs]
+    longest = max(ep["gaps_ns"], key=len)
+    links = [{"rank": rank, "peer_rank": p} for p in peers]
+    chain = [f"{int(ep['n'].sum())} retransmissions on {len(ep)} connection(s) of {who} (to "
+             f"{ranks_text(peers) if peers else 'its peers'}) in RTO backoff: the same data resent after "
+             + ", ".join(ms(g) for g in longest[:6]) + " (each gap about twice the last): nothing was answered",
+             f"no data crossed that link for about {ms(t_up - t0)} (from the first timed-out resend to the "
+             f"connections' resends through again, their median); its slowest connection stalled {ms(t1 - t0)}",
+             f"then the resends stopped and collectives completed again ({ms(back_ns - t1)} after the last one): "
+             "the link came back"]
+    ev = rt[rt["saddr"].isin(ep["saddr"]) & rt["sport"].isin(ep["sport"])
+            & (pd.to_numeric(rt["timestamp_ns"], errors="coerce") >= t0)
+            & (pd.to_numeric(rt["timestamp_ns"], errors="coerce") <= t1)]
+    return [Finding(
+        kind="link_flap", severity="error", confidence=0.75,
+        headline=f"Link flap: {who}'s link was down about {ms(t_up - t0)} and came back" + " ({since})",
+        confidence_note="RTO backoff on every connection of one rank's link at once, then recovery",
+        summary=(f"{who[0].upper() + who[1:]}'s link stopped carrying data for about {ms(t_up - t0)}: "
+                 f"{len(ep)} connection(s) to {ranks_text(peers) if peers else 'its peers'} resent the same data "
+                 f"with RTO backoff ({int(ep['n'].sum())} resends, gaps up to {ms(max(gaps))}), then traffic resumed "
+                 f"and collectives completed again: the link went down and came back up (a flapping port, a cable, "
+                 f"a switch reboot). Every collective in flight waited, up to {ms(t1 - t0)} (the connection whose backoff "
+                 "had grown longest)."),
+        ranks=[rank], peer_ranks=peers, links=links,
+        evidence=[{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+                  for row in ev[[c_ for c_ in COLS if c_ in ev]].head(30).to_dict("records")],
+        sql=("SELECT timestamp_ns, event, source, saddr, sport, daddr, dport, rank, peer_rank FROM tcp_events "
+             "WHERE event IN ('tcp_retransmit_skb', 'retransmission') "
+             f"AND timestamp_ns BETWEEN {t0} AND {t1} ORDER BY timestamp_ns"),
+        action=(f"The switch port and cable of {who}'s host: the switch's log for link down/up at that time, "
+                "the NIC's carrier_changes (/sys/class/net/<if>/carrier_changes), dmesg for 'Link is Down'"),
+        score=STOPS_JOB_SCORE, since_ns=t0, since_source="tracer and packets: the first timed-out resend",
+        layer="transport", chain=chain,
+        details={"down_ns": t_up - t0, "stalled_ns": t1 - t0, "back_ns": back_ns, "connections": int(len(ep)), "resends": int(ep["n"].sum()),
+                 "rule": "rto_backoff_then_recovery"})]

@@ -1,0 +1,181 @@
+"""Issue 44's detector changes on synthetic tables (tests/traced_job.py's 4-rank job): the
+link flap (RTO backoff on one rank's link, then recovery), the direction of one-way loss,
+the process that vanished mid-collective, and the optional ``layer`` of a finding. Every
+negative case has a positive twin."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from forensics.findings.base import Finding
+from forensics.findings.link_flap import backoff_chains, link_flap
+from forensics.findings.network import loss_direction, network_loss
+from forensics.findings.process_exit import process_exit
+from forensics.findings.straggler import straggler
+from forensics.model.schema import conform
+from traced_job import MS, RANKS, T0, context, job, tcp
+
+DOWN_AT = 20          # the link goes down during op 20 (T0 + 2 s)
+
+
+def backoff(sender: int, receiver: int, t0: int, gaps_ms=(200, 400, 800, 1600), sport_off: int = 0) -> list[dict]:
+    """One connection's resends in RTO backoff from t0: a resend, then one after each gap."""
+    rows, t = [], t0
+    for g in (0,) + tuple(gaps_ms):
+        t += g * MS
+        row = tcp(t, sender, receiver)
+        row["sport"] += sport_off
+        rows.append(row)
+    return rows
+
+
+def flap_job(recovered: bool):
+    """Ops every 100 ms; op 20 takes 3.1 s (the link was down); later ops complete when it came back."""
+    stall = 3100.0
+    ops = 45 if recovered else 21
+    return job(n_ops=ops, dur_ms=lambda k: stall if k == DOWN_AT else 5.0,
+               completed=lambda k, r: recovered or k < DOWN_AT)
+
+
+def flap_tcp(rank: int = 2) -> list[dict]:
+    t0 = T0 + DOWN_AT * 100 * MS + 10 * MS
+    rows = []
+    for peer in ((rank - 1) % RANKS, (rank + 1) % RANKS):     # its ring neighbours, both ways
+        rows += backoff(rank, peer, t0) + backoff(peer, rank, t0 + 3 * MS)
+    return rows
+
+
+def _shift_after(rows, after_op: int, by_ms: float):
+    """Ops after ``after_op`` start later (the job resumed once the link came back)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        if r["op_count"] > after_op:
+            r["timestamp_ns"] += int(by_ms * MS)
+            if r["end_ns"] is not None:
+                r["end_ns"] += int(by_ms * MS)
+        out.append(r)
+    return out
+
+
+def test_backoff_chain_needs_doubling_gaps():
+    rows = pd.DataFrame(backoff(1, 2, T0))
+    ch = backoff_chains(rows)
+    assert len(ch) == 1 and ch.iloc[0]["n"] == 5 and ch.iloc[0]["gaps_ns"] == [200 * MS, 400 * MS, 800 * MS, 1600 * MS]
+    # the same number of resends, but gaps that do not double: random loss, not a dead link
+    assert backoff_chains(pd.DataFrame(backoff(1, 2, T0, gaps_ms=(400, 3000, 300, 1200)))).empty
+    # three resends are not enough (two losses in a row happen on a lossy link) ...
+    assert backoff_chains(pd.DataFrame(backoff(1, 2, T0, gaps_ms=(200, 400)))).empty
+    # ... unless seen from deep in the backoff (a capture started 2 s into the outage)
+    assert len(backoff_chains(pd.DataFrame(backoff(1, 2, T0, gaps_ms=(1600, 3200))))) == 1
+
+
+def test_link_that_came_back_is_a_flap_on_the_rank_all_chains_share():
+    ctx = context(_shift_after(flap_job(True), DOWN_AT, 3100), flap_tcp(rank=2))
+    f = link_flap(ctx)
+    assert len(f) == 1, f
+    f = f[0]
+    assert f.kind == "link_flap" and f.ranks == [2] and f.peer_ranks == [1, 3] and f.severity == "error"
+    assert f.layer == "transport" and len(f.chain) == 3 and "came back" in f.chain[-1]
+    assert 2.9e9 <= f.details["down_ns"] <= 3.2e9 and f.details["back_ns"] > f.since_ns
+    assert {(lk["rank"], lk["peer_rank"]) for lk in f.links} == {(2, 1), (2, 3)}
+    assert len(ctx.con.execute(f.sql).fetchall()) == len(flap_tcp(rank=2))
+
+
+def test_link_still_down_at_the_end_is_no_flap():
+    # the same backoff, but nothing completes after it: a hang (the hang detectors' finding)
+    assert link_flap(context(flap_job(False), flap_tcp(rank=2))) == []
+
+
+def test_one_connection_in_backoff_is_no_flap():
+    t0 = T0 + DOWN_AT * 100 * MS
+    assert link_flap(context(_shift_after(flap_job(True), DOWN_AT, 3100), backoff(2, 3, t0))) == []
+
+
+def loss_rows(links, k0=20, n_ops=40, per_op=3):
+    rows = []
+    for k in range(k0, n_ops):
+        for i in range(per_op):
+            for s, d in links:
+                rows.append(tcp(T0 + k * 100 * MS + (10 + 20 * i) * MS, s, d))
+    return rows
+
+
+def slow_job():
+    return job(dur_ms=lambda k: 400.0 if k >= 20 else 5.0)
+
+
+def test_loss_of_what_a_rank_sends_is_egress_and_of_what_it_receives_ingress():
+    # rank 2's transmit side drops: it resends to both neighbours, nobody resends to it
+    f = network_loss(context(slow_job(), loss_rows([(2, 1), (2, 3)])))[0]
+    assert f.ranks == [2] and f.details["direction"] == "egress" and "one way" in f.summary
+    assert f.layer == "transport" and "transmit" in f.chain[1]
+    assert all(lk["direction"] == "egress" and lk["lossy_end"] == 2 for lk in f.links)
+    # its receive side drops: the neighbours resend to it
+    f = network_loss(context(slow_job(), loss_rows([(1, 2), (3, 2)])))[0]
+    assert f.ranks == [2] and f.details["direction"] == "ingress" and "receive side" in f.summary
+    # both ways: no direction, no layer (the finding is what it was before issue 44)
+    f = network_loss(context(slow_job(), loss_rows([(1, 2), (3, 2), (2, 1), (2, 3)])))[0]
+    assert f.ranks == [2] and "direction" not in f.details and f.layer is None and "one way" not in f.summary
+    assert "layer" not in f.to_json() and "chain" not in f.to_json()
+
+
+def test_loss_direction_needs_one_blamed_rank():
+    counts = pd.DataFrame({"sender": [1, 1], "receiver": [2, 3], "n": [10, 10]})
+    assert loss_direction(counts, [1]).direction == "egress"
+    assert loss_direction(counts, [1, 2]).direction is None
+    assert loss_direction(counts.assign(sender=[2, 2], receiver=[1, 1]), [1]).direction == "ingress"
+    assert loss_direction(pd.DataFrame({"sender": [1, 2], "receiver": [2, 1], "n": [5, 5]}), [1]).direction == "both"
+
+
+def gone_context(killed: int, peers_warned: bool, in_flight: bool = True):
+    """Ranks' ops every 100 ms; rank ``killed`` stops at op 30 (entered, never completed when
+    ``in_flight``); every process had ended when the capture ended."""
+    rows = job(n_ops=31, completed=lambda k, r: k < 30 or (not in_flight and r == killed),
+               entered=lambda k, r: k < 30 or r == killed or in_flight)
+    ctx = context(rows)
+    caps = []
+    for r in range(RANKS):
+        caps.append({"host": f"node{r}", "processes": [{"pid": 100 + r, "rank": r}],
+                     "collectors": [{"name": f"threads@pid{100 + r}:start", "status": "ok", "reason": None},
+                                    {"name": f"threads@pid{100 + r}:end", "status": "skipped",
+                                     "reason": "process exited"}]})
+    ctx.model.captures = caps
+    if peers_warned:
+        w = pd.DataFrame([{"host": f"node{r}", "pid": 100 + r, "rank": r, "message":
+                           f"socketProgress: Connection closed by remote peer 10.9.0.{10 + killed}<1234>"}
+                          for r in range(RANKS) if r != killed])
+        ctx.model.tables["nccl_warnings"] = conform(w, "nccl_warnings")
+    return ctx
+
+
+def test_a_process_gone_mid_collective_without_an_error_of_its_own_was_killed():
+    f = process_exit(gone_context(killed=1, peers_warned=True))
+    assert len(f) == 1 and f[0].ranks == [1] and f[0].details["rule"] == "vanished"
+    assert f[0].peer_ranks == [0, 2, 3] and f[0].op_count == 30 and f[0].layer == "peer"
+    assert "killed from outside" in f[0].headline and len(f[0].chain) == 4
+
+
+def test_processes_that_all_logged_errors_or_ended_between_collectives_are_not_vanished():
+    # every rank warned: none ended without an error of its own
+    ctx = gone_context(killed=1, peers_warned=True)
+    w = ctx.model.tables["nccl_warnings"]
+    ctx.model.tables["nccl_warnings"] = pd.concat([w, w.head(1).assign(rank=1, host="node1", pid=101)])
+    assert process_exit(ctx) == []
+    # the job ended between collectives (all completed): a normal end
+    assert process_exit(gone_context(killed=1, peers_warned=False, in_flight=False)) == []
+
+
+def test_layer_is_checked_and_left_out_of_json_when_unset():
+    with pytest.raises(ValueError):
+        Finding(kind="x", severity="error", confidence=1, summary="s", layer="gpu")
+    plain = Finding(kind="x", severity="error", confidence=1, summary="s").to_json()
+    assert "layer" not in plain and "chain" not in plain
+    j = Finding(kind="x", severity="error", confidence=1, summary="s", layer="host", chain=["a", "b"]).to_json()
+    assert j["layer"] == "host" and j["chain"] == ["a", "b"]
+
+
+def test_straggler_answers_the_host_question():
+    late = lambda k, r: 150.0 if (k >= 30 and r == 0) else 0.1 * r   # noqa: E731
+    f = straggler(context(job(late=late)))[0]
+    assert f.layer == "host" and "enqueued late" in f.chain[0] and "not the transport" in f.chain[1]

@@ -1,0 +1,162 @@
+"""Issue 44's lab faults, run and analysed (root): a rank killed mid-collective, a link that
+flaps, loss one way only, a rank starved of CPU by its cgroup's quota. Each case runs the
+lab launcher once with one ``stallscope capture`` per host (inside each rank's namespaces)
+and analyses what the regime gives: the bundles of captures attached before the job
+(``before``), of captures started after the fault's onset while it lasts (``during``), or
+the job's own logs alone (``logs``: the launcher's, torchrun agent's and watchdog's lines,
+NCCL_DEBUG). The truth is the lab's scenario.json: the top finding's kind, its rank, and for
+link faults its link (and the loss's direction).
+
+Regimes that do not apply are left out: a flap, one-way loss and a CPU quota leave no line in
+the job's logs; a killed job's "during" capture finds no process left (its evidence is the
+logs then, the ``logs`` case). A flap of 2-10 s is over before a capture started after it
+begins capturing (on this loaded machine the per-host captures began 36 s after a 10 s
+outage's onset): what remains is the slow collectives, network_loss at best; link_flap reads
+the backoff from a capture that was running (``before``), and from deep in the backoff when
+the capture catches the outage's end (unit-tested on synthetic tables). Small tensors and short jobs: about 6 minutes in all on the
+2-core machine.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from forensics.analysis import analyze
+from tests.lab import netns
+
+PY = sys.executable
+LAB = ROOT / "tests" / "lab"
+SMALL = ["--buckets", "131072,65536", "--no-pcap"]
+BEFORE = ["--capture", "per-host", "--capture-start", "before", "--capture-stagger-s", "0-1"]
+
+# name -> (launcher arguments, the regimes analysed, the top finding's kind, whether it names a link)
+# cpu-starved's quota is 4% of a CPU: on this 2-core machine shared by other jobs (load 25 and
+# more), an unthrottled rank gets ~8% of a CPU itself; a 10% quota then starves nobody more
+CASES = {
+    "rank-killed": (["--scenario", "rank-killed", "--rank", "2", "--ranks", "3", "--compute-ms", "30",
+                     "--capture-duration-s", "8"] + BEFORE, ("before", "logs"), "process_exit", False),
+    "rank-killed-segv-at-op": (["--scenario", "rank-killed", "--rank", "0", "--ranks", "4", "--kill-signal", "SEGV",
+                                "--at-op", "40", "--compute-ms", "30", "--capture-duration-s", "8"] + BEFORE,
+                               ("before", "logs"), "process_exit", False),
+    "link-flap": (["--scenario", "link-flap", "--rank", "1", "--ranks", "3", "--down-s", "3", "--compute-ms", "30",
+                   "--capture-duration-s", "12"] + BEFORE, ("before",), "link_flap", True),
+    "link-flap-twice": (["--scenario", "link-flap", "--rank", "2", "--ranks", "4", "--down-s", "2.5", "--flaps", "2",
+                         "--up-s", "3", "--hold-s", "14", "--compute-ms", "30", "--capture-duration-s", "16"] + BEFORE,
+                        ("before",), "link_flap", True),
+    "loss-egress": (["--scenario", "loss", "--direction", "egress", "--loss-permille", "50", "--rank", "1",
+                     "--ranks", "3", "--compute-ms", "60", "--start-s", "0.5", "--capture-duration-s", "6"] + BEFORE,
+                    ("before",), "network_loss", True),
+    "loss-ingress": (["--scenario", "loss", "--direction", "ingress", "--loss-permille", "50", "--rank", "2",
+                      "--ranks", "3", "--compute-ms", "60", "--start-s", "0.5", "--capture-duration-s", "6"] + BEFORE,
+                     ("before",), "network_loss", True),
+    "cpu-starved": (["--scenario", "cpu-starved", "--rank", "2", "--ranks", "3", "--cpu-quota", "4%",
+                     "--capture-duration-s", "6"] + BEFORE, ("before",), "straggler", False),
+    "cpu-starved-during": (["--scenario", "cpu-starved", "--rank", "1", "--ranks", "3", "--cpu-quota", "4%",
+                            "--capture", "per-host", "--capture-start", "onset+1", "--capture-stagger-s", "0-2",
+                            "--capture-duration-s", "15"], ("during",), "straggler", False),
+}
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory) -> Path:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: network namespaces, cgroups, nsenter, tcpdump and bpftrace")
+    missing = [t for t in ("gcc", "make", "ip", "unshare", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
+               if shutil.which(t) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (not installed)")
+    out = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={out}"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    netns.sweep()
+    return out
+
+
+def run_lab(build: Path, out: Path, name: str) -> dict:
+    args = CASES[name][0] + SMALL
+    p = subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out),
+                          "--seed", str(sum(map(ord, name))), "--require-captures", *args],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = p.communicate(timeout=420)
+    finally:
+        if p.poll() is None:              # the launcher tears its namespaces down on SIGTERM
+            p.terminate()
+            _, err = p.communicate(timeout=120)
+    # this run's namespaces are gone (other runs on the machine may have theirs)
+    assert netns.leftovers(owner=p.pid) == {"namespaces": [], "pids": [], "links": []}
+    assert p.returncode == 0, err[-4000:]
+    truth = json.loads((out / "scenario.json").read_text())
+    if truth["fault"].get("cgroup"):
+        assert not Path(truth["fault"]["cgroup"]).exists(), "the rank's cgroup outlived the run"
+    return truth
+
+
+def inputs(out: Path, regime: str) -> list[str]:
+    if regime == "logs":
+        return [str(out / "logs")]
+    bundles = sorted(str(b) for b in out.glob("bundles/*/*.tar.gz"))
+    assert bundles, "no bundle"
+    return bundles
+
+
+def describe(findings) -> list:
+    return [(f.kind, f.severity, f.ranks, f.peer_ranks, f.layer, f.summary[:200]) for f in findings]
+
+
+def check(name: str, truth: dict, top, findings) -> None:
+    _, _, kind, link = CASES[name]
+    fault = truth["fault"]
+    assert top is not None and top.kind == kind, describe(findings)
+    assert top.severity in ("warning", "error"), describe(findings)
+    assert top.ranks == fault["ranks"], (fault["ranks"], describe(findings))
+    if link:
+        r = fault["link"]["rank"]
+        peers = {x["rank"] for x in truth["ranks"]} - {r}
+        named = {(lk["rank"], lk["peer_rank"]) for lk in top.links}
+        # every named link has the faulted rank at one end; its peers on the ring are the others
+        assert named and all(r in pair for pair in named), (r, top.links)
+        assert set(top.peer_ranks) <= peers, (top.peer_ranks, peers)
+    if fault["kind"] == "loss":
+        assert top.details.get("direction") == fault["direction"], (fault["direction"], top.summary)
+        assert top.layer == "transport"
+        assert all(lk.get("direction") == fault["direction"] for lk in top.links if lk.get("lossy_end") is not None)
+    if fault["kind"] == "link-flap":
+        assert fault["recovered"] is True, fault          # short flaps: the job comes back
+        assert top.layer == "transport" and "came back" in top.headline
+        # the outage it measured: at least the truth's down time less the first RTO, at most
+        # that plus the backoff's granularity (the first resend through after the link came up)
+        down = fault["flaps"][0]["up_ns"] - fault["flaps"][0]["down_ns"]
+        assert down - 0.5e9 <= top.details["down_ns"] <= 2 * down + 0.5e9, (down, top.details)
+        assert abs(top.since_ns - fault["start_time_ns"]) <= 1.5e9
+    if fault["kind"] == "rank-killed":
+        assert fault["mid_collective"] and fault["exit_code"] == -(9 if fault["signal"] == "SIGKILL" else 11)
+        assert top.layer == "peer"
+    if fault["kind"] == "cpu-starved":
+        assert fault["cpu_stat"]["nr_throttled"] > 0, fault      # the quota did bite
+        # the host's question: it enqueued late. Not asserted: that the capture's run-queue samples
+        # single it out (on a machine at load 20+ its peers wait for a CPU nearly as long) and
+        # the cgroup's throttling counters, which capture does not collect yet
+        assert top.layer == "host" and "enqueued late" in top.chain[0], top.chain
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_new_fault_top_finding(build, tmp_path, name):
+    truth = run_lab(build, tmp_path / name, name)
+    for regime in CASES[name][1]:
+        a = analyze(inputs(tmp_path / name, regime))
+        try:
+            top, findings = a.top, list(a.findings)
+            check(name, truth, top, findings)
+            assert a.con.execute(top.sql).fetchall() or regime == "logs"
+        finally:
+            a.close()

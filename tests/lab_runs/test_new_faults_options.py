@@ -1,0 +1,55 @@
+"""Issue 44's lab scenarios without root: their options and defaults, the CPU quota's
+spelling, and the torchrun agent report the lab writes for a killed rank, read back by
+stallscope's own parser (a rank, a pid, a signal)."""
+from __future__ import annotations
+
+import pytest
+
+from forensics.parsers.torch_elastic import TorchElasticParser
+from tests.lab.host_faults import agent_log
+from tests.lab.options import parse_args
+from tests.lab.scenarios import DEFAULTS, HOLDS, SCENARIOS, quota_fraction
+
+
+def test_new_scenarios_have_rows_and_defaults():
+    for sc in ("rank-killed", "link-flap", "cpu-starved"):
+        assert sc in SCENARIOS and sc in DEFAULTS
+    assert "rank-killed" in HOLDS and "link-flap" in HOLDS and "cpu-starved" not in HOLDS
+    a = parse_args(["--no-netns", "--scenario", "rank-killed", "--rank", "2"])
+    assert a.kill_signal == "KILL" and a.hold_s == 8.0 and a.watchdog_timeout_s >= 600
+    a = parse_args(["--no-netns", "--scenario", "rank-killed", "--kill-signal", "SEGV", "--at-op", "9"])
+    assert a.kill_signal == "SEGV" and a.at_op == 9
+    a = parse_args(["--no-netns", "--scenario", "link-flap", "--flaps", "2", "--down-s", "4"])
+    assert (a.flaps, a.down_s, a.up_s, a.link_side) == (2, 4.0, 2.0, "switch")
+    a = parse_args(["--no-netns", "--scenario", "cpu-starved", "--cpu-quota", "5%"])
+    assert a.cpu_quota == "5%" and a.compute_ms == 20.0
+
+
+@pytest.mark.parametrize("argv", [["--scenario", "link-flap", "--flaps", "0"],
+                                  ["--scenario", "link-flap", "--down-s", "0"],
+                                  ["--scenario", "cpu-starved", "--cpu-quota", "150%"],
+                                  ["--scenario", "cpu-starved", "--cpu-quota", "lots"],
+                                  ["--scenario", "rank-killed", "--kill-signal", "TERM"],
+                                  ["--scenario", "rank-killed", "--at-op", "0"]])
+def test_bad_new_fault_options_are_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--no-netns", *argv])
+    assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_cpu_quota_spellings():
+    assert quota_fraction("10%") == 0.1 and quota_fraction("0.25") == 0.25 and quota_fraction("100%") == 1.0
+    for bad in ("0%", "", "1.5", "-5%"):
+        with pytest.raises(ValueError):
+            quota_fraction(bad)
+
+
+@pytest.mark.parametrize("code,sig", [(-9, "SIGKILL"), (-11, "SIGSEGV")])
+def test_the_agent_report_parses_as_the_killed_rank(code, sig):
+    text = agent_log("node3", 3, 4242, code, 1_795_000_000_123_000_000)
+    t = TorchElasticParser.parse(text.encode()).tables["process_exits"]
+    root = t[t["kind"] == "root_cause"].iloc[0]
+    assert (root["host"], root["rank"], root["pid"], root["exitcode"], root["signal"]) == \
+        ("node3", 3, 4242, code, sig)
+    agent = t[t["kind"] == "agent_failed"].iloc[0]
+    assert (agent["pid"], agent["exitcode"]) == (4242, code)

@@ -114,9 +114,11 @@ ROWS = (
     # SIGKILL mid-collective: the process that died, on the killed rank, before its peers' timeouts
     FaultClass("rank-killed", "rank-killed", ALL_REGIMES, ("process_exit",)),
     # a link down for seconds, then up: the link's stall, named at its ends
-    FaultClass("link-flap", "link-flap", RUNNING_REGIMES, ("link_flap", "network_loss", "hang_stuck"), link=True),
+    FaultClass("link-flap", "link-flap", RUNNING_REGIMES, ("link_flap", "network_loss", "hang_stuck"), link=True,
+               strength=("--down-s", 2, 10, "{:.1f}")),
     # a rank starved of CPU by its cgroup: a straggler whose cause is its host, naming the rank
-    FaultClass("cpu-starved", "cpu-starved", RUNNING_REGIMES, ("straggler", "cpu_starved", "host_starved")),
+    FaultClass("cpu-starved", "cpu-starved", RUNNING_REGIMES, ("straggler", "cpu_starved", "host_starved"),
+               strength=("--cpu-quota", 4, 10, "{:.0f}%")),
     # a rank stuck in host code before it enqueues: the never-enqueued side, naming the rank
     FaultClass("host-stuck", "host-stuck", HANG_REGIMES, ("host_stuck", "hang_mismatch", "straggler")),
     # rank 0 busy outside NCCL while the others wait: nothing to find; an error is a false alarm

@@ -55,7 +55,7 @@ def test_drawn_cases_stay_in_their_ranges():
         assert args[args.index("--scenario") + 1] == c.scenario
         assert args[args.index("--ranks") + 1] == str(x.ranks) and args[args.index("--rank") + 1] == str(x.rank)
         if c.strength:
-            v = float(args[args.index(c.strength[0]) + 1].removesuffix("mbit"))
+            v = float(args[args.index(c.strength[0]) + 1].removesuffix("mbit").removesuffix("%"))
             assert c.strength[1] - 0.5 <= v <= c.strength[2] + 0.5
         captured = "--capture" in args
         assert captured == (x.regime in acc.CAPTURED)

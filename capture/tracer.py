@@ -211,6 +211,7 @@ class TraceTargets:
     addrs: dict[str, dict[str, int]] = field(default_factory=dict)
     known_inodes: set[int] = field(default_factory=set)    # ring mode: libnccl inodes already traced (block lib_map)
     hold: bool = False      # block lib_map stops a process that maps an untraced libnccl (bpftrace --unsafe)
+    hold_cgroup: str | None = None     # ... only a process of this cgroup v2 folder (a test's)
 
     def fill_addresses(self) -> None:
         """The address of every symbol to attach to, from the libraries' .dynsym."""
@@ -487,7 +488,8 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
         "WANT_PIDS": " ".join(f"@want[(uint64){p}] = 1;" for p in targets.want_pids),
         "KNOWN_INODES": (" ".join(f"@known[(uint64){i}] = 1;" for i in sorted(targets.known_inodes))
                          if "@known[" in script else ""),
-        "HOLD": "1" if targets.hold else "0",
+        "HOLD": (f'(cgroup == cgroupid("{targets.hold_cgroup}") ? 1 : 0)' if targets.hold and targets.hold_cgroup
+                 else "1" if targets.hold else "0"),
         "TRACED_PIDS": " ".join(f"@traced[(uint64){p}] = 1;" for p in targets.traced_pids),
         "NETNS": NETNS_BTF if feats.btf else "0",
         "CLEAR_MAPS": " ".join(clear),
@@ -512,6 +514,19 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
 
 STOP_SYMBOL = "sched_get_priority_max"
 DUMP_SYMBOL = "sched_get_priority_min"     # ring mode: the watcher asks for the ring (block dump)
+
+
+def hold_setting(env=None) -> tuple[bool, str | None]:
+    """``STALLSCOPE_HOLD`` (the watcher's block lib_map): ``on`` stops a process that maps a
+    libnccl the tracer does not cover until the tracer covers it (at most HOLD_MAX_S), ``off``
+    (the default) never stops one (its first seconds are then untraced), a cgroup v2 folder
+    holds only that cgroup's processes (a test on a shared machine)."""
+    v = (os.environ if env is None else env).get("STALLSCOPE_HOLD", "off").strip()
+    if v in ("", "off", "0", "no"):
+        return False, None
+    if v.startswith("/"):
+        return True, v
+    return True, None
 
 
 def own_libc() -> str | None:

@@ -1,0 +1,207 @@
+"""The watcher's tracer with no blind window: the libraries it traces before a job maps them,
+the ones it learns of when a process maps them, and restarts with overlap.
+
+- **Ahead of time** (:class:`AheadOfTime`): at start and every ``libscan.SCAN_EVERY_S`` the
+  host's libnccl files (``capture.libscan``: the linker cache, library folders, Python
+  environments, image layers, running containers' roots) join the program's targets, at most
+  ``tracer.MAX_NCCL_LIBS`` files in all (those processes map first; the rest in the order
+  ``libscan.choose`` gives, the others listed in the record's ``libraries_left_out``: a
+  process that maps one is traced when it maps it). A uprobe is per file: a job that maps a
+  file traced already is traced from its first call, with no restart.
+- **At its mapping**: the program's ``lib_map`` block (bpf/nccl.bt) prints a line when a
+  process maps a libnccl whose inode it does not trace; the spool hands it over
+  (``Spool.lib_maps``) and the tracer restarts at once, not at the next scan. With
+  ``STALLSCOPE_HOLD`` on (``tracer.hold_setting``) the process is stopped in the kernel at that
+  mmap and resumed here once the new program is attached (or after ``tracer.HOLD_MAX_S``).
+- **Overlap** (:func:`overlap_restart`): the new program starts while the old one runs; once it
+  is attached the old one's ring is printed and it is stopped. The records both programs made
+  during the overlap are kept once (``capture.tracer_events``: the window is a
+  ``tracer_overlap`` line in the spool; the key is the thread, the record's kind, process and
+  fields, and entry times within ``tracer_events.DUP_NS``).
+
+Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from . import children, libscan, procs, tracer
+from .libversion import nccl_version
+
+OLD_STOP_S = 30.0       # the longest wait for the old program to end after the overlap
+
+
+class AheadOfTime:
+    """The libraries the watcher traces whether or not a followed process maps them yet (see
+    the module's text), and the processes held at their mapping. Does nothing outside ring
+    mode (a capture traces what its processes map and --nccl-lib)."""
+
+    def __init__(self, session):
+        self.s = session
+        self.enabled = bool(getattr(session.policy, "tracer_ring", False)) and not session.o.pids
+        self.hold, self.hold_cgroup = tracer.hold_setting()
+        self.found: list[libscan.FoundLib] | None = None
+        self.mapped: dict[tuple, str] = {}       # (dev, inode) -> host path: seen at a process's mmap
+        self.held: dict[int, float] = {}          # pid -> monotonic s by which it is resumed anyway
+        self.left_out: list[str] = []
+        self.next_scan = 0.0
+        self.ring = 0
+
+    # -------------------------------------------------------------- the program's targets
+    def scan(self) -> list[libscan.FoundLib]:
+        found = libscan.scan(wanted=tracer.NCCL_SYMBOLS)
+        self.next_scan = time.monotonic() + libscan.SCAN_EVERY_S
+        return found
+
+    def add_targets(self, targets: tracer.TraceTargets, covered: dict, versions: dict) -> None:
+        """The files found ahead of time and at their mapping join ``targets`` (and ``covered``,
+        by (dev, inode)) up to MAX_NCCL_LIBS files; the inodes traced, the hold."""
+        if not self.enabled:
+            return
+        if self.found is None:
+            self.found = self.scan()
+        room = tracer.MAX_NCCL_LIBS - len(targets.nccl)
+        extra = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(tracer.NCCL_SYMBOLS))
+                 for k, p in self.mapped.items() if k not in covered]
+        chosen, out = libscan.choose([f for f in self.found if f.key not in covered], room - len(extra))
+        self.left_out = [f.path for f in out]
+        for f in extra + chosen:
+            if f.key in covered:
+                continue
+            covered[f.key] = f.path
+            targets.nccl.setdefault(f.path, set()).update(f.symbols or set(tracer.NCCL_SYMBOLS))
+            v = nccl_version(f.path)
+            if v:
+                versions[f.path] = v
+        targets.known_inodes = {k[1] for k in covered}
+        for path in targets.nccl:
+            try:
+                targets.known_inodes.add(os.stat(path).st_ino)
+            except OSError:
+                pass
+        targets.hold, targets.hold_cgroup = self.hold, self.hold_cgroup
+
+    def rendered(self, targets: tracer.TraceTargets, ring: int) -> None:
+        self.ring = ring
+        if self.enabled:
+            self.s.record("tracer", libraries_ahead=sorted(f.path for f in self.found or []),
+                          libraries_left_out=self.left_out[:50], hold=bool(targets.hold and ring))
+
+    # -------------------------------------------------------------- while the watcher runs
+    def poll(self, tracing, now: float) -> str | None:
+        """The spool's lib_map events and the periodic scan: why to restart now, or None. Resumes
+        the held processes whose library the running program covers, and any held too long."""
+        if not self.enabled:
+            return None
+        why = []
+        spool = tracing.spool
+        events, spool.lib_maps[:] = (list(spool.lib_maps), []) if spool is not None else ([], [])
+        inodes = {k[1] for k in tracing.covered} | {k[1] for k in self.mapped}
+        for ev in events:
+            pid, ino = int(ev.get("pid", 0)), int(ev.get("ino", 0))
+            if ev.get("held"):
+                self.held[pid] = now + tracer.HOLD_MAX_S
+            if ino in inodes:
+                continue
+            path = _mapped_path(pid, ino)
+            if path is None:
+                continue
+            hp = procs.host_path(pid, path, ino)
+            try:
+                st = os.stat(hp)
+            except OSError:
+                continue
+            self.mapped[(st.st_dev, st.st_ino)] = hp
+            inodes.add(ino)
+            why.append(f"pid {pid} maps {hp}")
+        if now >= self.next_scan:
+            self.found = self.scan()
+            new = [f.path for f in self.found if f.key not in tracing.covered and f.path not in self.left_out]
+            if new:
+                why.append(f"found {', '.join(new[:3])}" + (f" (+{len(new) - 3})" if len(new) > 3 else ""))
+        ready = spool is not None and spool.ready.is_set() and tracing.alive()
+        for pid, due in list(self.held.items()):
+            if now >= due or (ready and not why and self._covered(pid, tracing)):
+                self.resume(pid, late=now >= due)
+        return "; ".join(why)[:1000] or None
+
+    def _covered(self, pid: int, tracing) -> bool:
+        try:
+            libs, _ = procs.mapped_libs(pid, tracer.NCCL_SYMBOLS)
+        except OSError:
+            return True
+        return all(tracing.covers(lib) for lib in libs.get("nccl", []))
+
+    def restarted(self, tracing) -> None:
+        """After a restart: the held processes whose library is covered now go on."""
+        if tracing.alive() and tracing.spool is not None and tracing.spool.ready.is_set():
+            for pid in list(self.held):
+                if self._covered(pid, tracing):
+                    self.resume(pid)
+
+    def resume(self, pid: int, late: bool = False) -> None:
+        self.held.pop(pid, None)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            return
+        if late:
+            self.s.notes.append(f"pid {pid} resumed after {tracer.HOLD_MAX_S:g}s held at its libnccl's mapping "
+                                "without the tracer covering it")
+
+    def resume_all(self) -> None:
+        for pid in list(self.held):
+            self.resume(pid)
+
+
+def _mapped_path(pid: int, ino: int) -> str | None:
+    """The path /proc/PID/maps names for the file of inode ``ino`` (None if none)."""
+    try:
+        for path, _dev, inode in procs.mappings(pid):
+            if inode == ino:
+                return path
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def overlap_restart(tracing, t0: int) -> dict | None:
+    """Restart the ring-mode tracer with overlap (the module's text): the new program started
+    into the same spool, the old one stopped once the new one is attached (its ring printed
+    first). Returns what the restart record adds (``overlap_monotonic_ns``: the window both
+    ran); None when it does not apply (no old program running, not ring mode): the caller then
+    stops the old one first. A new program that does not attach is stopped and the old one
+    kept."""
+    s = tracing.s
+    old, old_err, spool = tracing.proc, tracing.stderr_fh, tracing.spool
+    if old is None or old.poll() is not None or spool is None or not (s.records.get("tracer") or {}).get("ring_slots"):
+        return None
+    old_stream, old_covered = old.stdout, dict(tracing.covered)
+    launch_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)     # its probes record from their attach on
+    tracing.start_tracer(restart=True, overlap=True)
+    deadline = time.monotonic() + s.o.ready_timeout_s
+    while time.monotonic() < deadline and not spool.ready.is_set() and tracing.proc.poll() is None:
+        time.sleep(0.05)
+    if not spool.ready.is_set():                 # the new program failed: keep the old one
+        children.stop(tracing.proc, signal.SIGINT, grace_s=5)
+        tracing.stderr_fh.close()
+        tracing.proc, tracing.stderr_fh, tracing.covered = old, old_err, old_covered
+        s.notes.append("tracer restart: the new program did not attach; the old one runs on")
+        return {"failed": True}
+    dumps = spool.ring_dumps
+    tracer.trigger_dump()                        # the old ring's records (and the new one's, kept once)
+    end = time.monotonic() + 5.0
+    while spool.ring_dumps < dumps + 2 and time.monotonic() < end and old.poll() is None:
+        time.sleep(0.05)
+    children.kill_group(old, signal.SIGINT)
+    end = time.monotonic() + OLD_STOP_S
+    while time.monotonic() < end and not spool.drained(old_stream):
+        time.sleep(0.05)
+    children.stop(old, signal.SIGINT, grace_s=5)
+    old_err.close()
+    stop_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    spool.mark(json.dumps({"ev": "tracer_overlap", "t0": launch_ns, "t1": stop_ns}, separators=(",", ":")))
+    return {"overlap_monotonic_ns": [launch_ns, stop_ns]}

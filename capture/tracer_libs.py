@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 
 from . import children, libscan, procs, tracer
@@ -49,6 +50,7 @@ class AheadOfTime:
         self.left_out: list[str] = []
         self.next_scan = 0.0
         self.ring = 0
+        self.handover: Handover | None = None     # a restart with overlap under way
 
     # -------------------------------------------------------------- the program's targets
     def scan(self) -> list[libscan.FoundLib]:
@@ -123,6 +125,11 @@ class AheadOfTime:
             if new:
                 why.append(f"found {', '.join(new[:3])}" + (f" (+{len(new) - 3})" if len(new) > 3 else ""))
         ready = spool is not None and spool.ready.is_set() and tracing.alive()
+        if self.handover is not None and not self.handover.is_alive():
+            h, self.handover = self.handover, None
+            if h.window and tracing.restarts:
+                tracing.restarts[-1]["overlap_monotonic_ns"] = h.window
+                self.s.record("tracer", restarts=list(tracing.restarts))
         for pid, due in list(self.held.items()):
             if now >= due or (ready and not why and self._covered(pid, tracing)):
                 self.resume(pid, late=now >= due)
@@ -135,9 +142,14 @@ class AheadOfTime:
             return True
         return all(tracing.covers(lib) for lib in libs.get("nccl", []))
 
+    def busy(self) -> bool:
+        """A restart with overlap is still handing over (no other restart until it is done)."""
+        return self.handover is not None and self.handover.is_alive()
+
     def restarted(self, tracing) -> None:
-        """After a restart: the held processes whose library is covered now go on."""
-        if tracing.alive() and tracing.spool is not None and tracing.spool.ready.is_set():
+        """After a restart: the held processes whose library is covered now go on (once the new
+        program is attached: :meth:`poll`)."""
+        if tracing.alive() and tracing.spool is not None and tracing.spool.ready.is_set() and not self.busy():
             for pid in list(self.held):
                 if self._covered(pid, tracing):
                     self.resume(pid)
@@ -170,38 +182,62 @@ def _mapped_path(pid: int, ino: int) -> str | None:
 
 def overlap_restart(tracing, t0: int) -> dict | None:
     """Restart the ring-mode tracer with overlap (the module's text): the new program started
-    into the same spool, the old one stopped once the new one is attached (its ring printed
-    first). Returns what the restart record adds (``overlap_monotonic_ns``: the window both
-    ran); None when it does not apply (no old program running, not ring mode): the caller then
-    stops the old one first. A new program that does not attach is stopped and the old one
-    kept."""
+    into the same spool at once; a thread (:class:`Handover`) waits for it to attach, has the
+    old one's ring printed and stops it, so the watcher's loop never waits. Returns what the
+    restart record adds (``overlap``: true); None when it does not apply (no old program
+    running, not ring mode): the caller then stops the old one first. A new program that does
+    not attach is stopped and the old one kept."""
     s = tracing.s
-    old, old_err, spool = tracing.proc, tracing.stderr_fh, tracing.spool
+    old, spool = tracing.proc, tracing.spool
     if old is None or old.poll() is not None or spool is None or not (s.records.get("tracer") or {}).get("ring_slots"):
         return None
-    old_stream, old_covered = old.stdout, dict(tracing.covered)
-    launch_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)     # its probes record from their attach on
+    h = Handover(tracing, old, tracing.stderr_fh, dict(tracing.covered))
     tracing.start_tracer(restart=True, overlap=True)
-    deadline = time.monotonic() + s.o.ready_timeout_s
-    while time.monotonic() < deadline and not spool.ready.is_set() and tracing.proc.poll() is None:
-        time.sleep(0.05)
-    if not spool.ready.is_set():                 # the new program failed: keep the old one
-        children.stop(tracing.proc, signal.SIGINT, grace_s=5)
-        tracing.stderr_fh.close()
-        tracing.proc, tracing.stderr_fh, tracing.covered = old, old_err, old_covered
-        s.notes.append("tracer restart: the new program did not attach; the old one runs on")
-        return {"failed": True}
-    dumps = spool.ring_dumps
-    tracer.trigger_dump()                        # the old ring's records (and the new one's, kept once)
-    end = time.monotonic() + 5.0
-    while spool.ring_dumps < dumps + 2 and time.monotonic() < end and old.poll() is None:
-        time.sleep(0.05)
-    children.kill_group(old, signal.SIGINT)
-    end = time.monotonic() + OLD_STOP_S
-    while time.monotonic() < end and not spool.drained(old_stream):
-        time.sleep(0.05)
-    children.stop(old, signal.SIGINT, grace_s=5)
-    old_err.close()
-    stop_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    spool.mark(json.dumps({"ev": "tracer_overlap", "t0": launch_ns, "t1": stop_ns}, separators=(",", ":")))
-    return {"overlap_monotonic_ns": [launch_ns, stop_ns]}
+    h.start()
+    tracing.libs.handover = h
+    return {"overlap": True}
+
+
+class Handover(threading.Thread):
+    """The second half of a restart with overlap, off the watcher's loop: the new program
+    attached, the old ring printed, the old program stopped, the window marked in the spool
+    (``tracer_overlap``), the held processes resumed. ``window``: CLOCK_MONOTONIC ns [the
+    new program's launch, the old one's end]."""
+
+    def __init__(self, tracing, old, old_err, old_covered):
+        super().__init__(name="tracer-handover", daemon=True)
+        self.tracing, self.old, self.old_err, self.old_covered = tracing, old, old_err, old_covered
+        self.old_stream = old.stdout
+        self.launch_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)   # its probes record from their attach on
+        self.window: list[int] | None = None
+        self.failed = False
+
+    def run(self) -> None:
+        tr = self.tracing
+        s, spool, new = tr.s, tr.spool, tr.proc
+        deadline = time.monotonic() + s.o.ready_timeout_s + 0.5 * tracer.MAX_NCCL_LIBS * 41
+        while time.monotonic() < deadline and not spool.ready.is_set() and new.poll() is None \
+                and not s.stop_evt.is_set():
+            time.sleep(0.05)
+        if not spool.ready.is_set():                 # the new program failed: keep the old one
+            self.failed = True
+            children.stop(new, signal.SIGINT, grace_s=5)
+            if tr.proc is new:
+                tr.stderr_fh.close()
+                tr.proc, tr.stderr_fh, tr.covered = self.old, self.old_err, self.old_covered
+            s.notes.append("tracer restart: the new program did not attach; the old one ran on")
+            return
+        dumps = spool.ring_dumps
+        tracer.trigger_dump()                        # the old ring's records (and the new one's, kept once)
+        end = time.monotonic() + 5.0
+        while spool.ring_dumps < dumps + 2 and time.monotonic() < end and self.old.poll() is None:
+            time.sleep(0.05)
+        children.kill_group(self.old, signal.SIGINT)
+        end = time.monotonic() + OLD_STOP_S
+        while time.monotonic() < end and not spool.drained(self.old_stream):
+            time.sleep(0.05)
+        children.stop(self.old, signal.SIGINT, grace_s=5)
+        self.old_err.close()
+        self.window = [self.launch_ns, time.clock_gettime_ns(time.CLOCK_MONOTONIC)]
+        spool.mark(json.dumps({"ev": "tracer_overlap", "t0": self.window[0], "t1": self.window[1]},
+                              separators=(",", ":")))

@@ -102,7 +102,8 @@ class Tracing(Collector):
         if why:
             self.retarget_why, self.retarget_at = why, now
             self.last_restart = -1e18             # at once: a held process waits for it
-        if self.retarget_why and now >= max(self.retarget_at, self.last_restart + RETARGET_EVERY_S):
+        if self.retarget_why and now >= max(self.retarget_at, self.last_restart + RETARGET_EVERY_S) \
+                and not self.libs.busy():
             why, self.retarget_why = self.retarget_why, None
             self.retarget(why)
 

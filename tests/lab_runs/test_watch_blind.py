@@ -1,0 +1,113 @@
+"""No blind window (issue 43, item 1), as deployed (root, the lab): a watcher started before jobs
+it knows nothing about, with neither --pid nor --nccl-lib, traces a job from a library path it
+has never seen from the job's first call: the tracer sees the library mapped (bpf/nccl.bt,
+block lib_map), the process is held there (``STALLSCOPE_HOLD``, here only the processes of
+this test's own cgroup: other jobs on a shared machine are never stopped) and resumed once
+the restarted program covers it. A fault 2 s after the first collective leaves a bundle that
+holds every rank's communicator init and its collectives before the fault; once from the
+host's file system, once from a private mount namespace (a container's bind-mounted copy)."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_root, require_tool
+from test_watch_unknown import LAB, SMALL, Watch, _check, _fresh_copy
+
+S = 1_000_000_000
+CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
+
+
+@pytest.fixture(scope="module")
+def blind(tmp_path_factory):
+    require_root()
+    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
+    if not (CGROUP_ROOT / "cgroup.procs").exists() and not (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+        pytest.skip("no cgroup v2 hierarchy to confine the hold to")
+    root = CGROUP_ROOT if (CGROUP_ROOT / "cgroup.procs").exists() else Path("/sys/fs/cgroup")
+    import subprocess
+    from tests.lab import netns
+    build = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    cg = root / f"stallscope-blind-{os.getpid()}-{random.randrange(1 << 20):x}"
+    cg.mkdir()
+    netns.sweep()
+    base = tmp_path_factory.mktemp("blind")
+    os.environ["STALLSCOPE_HOLD"] = str(cg)
+    try:
+        watch = Watch(base)
+    finally:
+        os.environ.pop("STALLSCOPE_HOLD", None)
+    try:
+        yield {"build": build, "base": base, "watch": watch, "cgroup": cg}
+    finally:
+        watch.close()
+        try:
+            cg.rmdir()
+        except OSError:
+            pass
+        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+
+
+def _events(bundle: Path) -> list[dict]:
+    with tarfile.open(bundle) as tf:
+        name = next(n for n in tf.getnames() if n.endswith("bpf/events.jsonl"))
+        return [json.loads(line) for line in tf.extractfile(name).read().splitlines() if line.strip()]
+
+
+def _from_the_first_call(job: dict, m: dict, ranks: int) -> None:
+    """Every rank's ncclCommInitRank and its collectives from the first one on are in the
+    bundle (the ring holds them all: a short job)."""
+    truth = job["truth"]
+    evs = _events(job["bundles"][0])
+    inits = [e for e in evs if e.get("ev") == "comm_init" and e.get("fn") == "ncclCommInitRank"]
+    assert sorted(e["rank"] for e in inits) == list(range(ranks)), inits
+    pids = {e["pid"] for e in inits}
+    colls = [e for e in evs if e.get("ev") == "coll" and e.get("pid") in pids]
+    # the tracer's clock: the bundle's monotonic <-> UTC sample
+    first = {p: min(e["op_count"] for e in colls if e["pid"] == p) for p in pids}
+    assert all(v == 0 for v in first.values()), first          # op 0 of the world communicator: from its start
+    onset = truth["fault"]["start_time_ns"]
+    assert onset - truth["train_start_ns"] >= 1.5 * S
+    held = m["collectors"]["tracer"].get("hold")
+    assert held is True, m["collectors"]["tracer"]
+
+
+def _in_cgroup(cg: Path) -> list[str]:
+    return ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$@"', "sh"]
+
+
+def test_a_job_from_an_unseen_path_is_traced_from_its_first_call(blind):
+    watch = blind["watch"]
+    time.sleep(max(0.0, 8.0 - (time.monotonic() - watch.started)))
+    lib = _fresh_copy(blind["build"], blind["base"])
+    job = watch.run_job("blind-a", lib, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
+                                         "--start-s", "2", "--hold-s", "25"] + SMALL, wrap=_in_cgroup(blind["cgroup"]))
+    m = _check(job, watch, "hang_stuck", True, source="tracer")
+    _from_the_first_call(job, m, 3)
+    assert m["options"]["pids"] == [] and m["options"]["nccl_libs"] == []
+
+
+def test_a_job_in_its_own_mount_namespace_is_traced_from_its_first_call(blind):
+    """As a container: a private copy of the lab's libnccl bind-mounted at a path that exists
+    only in the job's mount namespace."""
+    watch = blind["watch"]
+    lib = _fresh_copy(blind["build"], blind["base"])
+    inside = "/run/stallscope-blind-container/nccl"
+    script = (f"echo $$ > {blind['cgroup']}/cgroup.procs && mkdir -p /run/stallscope-blind-container && "
+              f"mount -t tmpfs tmpfs /run/stallscope-blind-container && mkdir {inside} && "
+              f"mount --bind {lib} {inside} && exec \"$@\"")
+    job = watch.run_job("blind-c", Path(inside),
+                        ["--scenario", "link-down-hang", "--rank", "1", "--ranks", "3", "--start-s", "2",
+                         "--hold-s", "25"] + SMALL,
+                        wrap=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
+    assert not Path(inside).exists()
+    m = _check(job, watch, "hang_stuck", True, source="tracer")
+    _from_the_first_call(job, m, 3)

@@ -50,7 +50,8 @@ class AheadOfTime:
         self.left_out: list[str] = []
         self.next_scan = 0.0
         self.ring = 0
-        self.handover: Handover | None = None     # a restart with overlap under way
+        self.handovers: list[Handover] = []     # restarts with overlap under way
+        self.overlaps: list[list[int]] = []     # their windows, once done (the record's ``overlaps``)
 
     # -------------------------------------------------------------- the program's targets
     def scan(self) -> list[libscan.FoundLib]:
@@ -125,11 +126,11 @@ class AheadOfTime:
             if new:
                 why.append(f"found {', '.join(new[:3])}" + (f" (+{len(new) - 3})" if len(new) > 3 else ""))
         ready = spool is not None and spool.ready.is_set() and tracing.alive()
-        if self.handover is not None and not self.handover.is_alive():
-            h, self.handover = self.handover, None
-            if h.window and tracing.restarts:
-                tracing.restarts[-1]["overlap_monotonic_ns"] = h.window
-                self.s.record("tracer", restarts=list(tracing.restarts))
+        done = [h for h in self.handovers if not h.is_alive()]
+        if done:
+            self.handovers = [h for h in self.handovers if h.is_alive()]
+            self.overlaps = (self.overlaps + [h.window for h in done if h.window])[-50:]
+            self.s.record("tracer", overlaps_monotonic_ns=list(self.overlaps))
         for pid, due in list(self.held.items()):
             if now >= due or (ready and not why and self._covered(pid, tracing)):
                 self.resume(pid, late=now >= due)
@@ -143,8 +144,9 @@ class AheadOfTime:
         return all(tracing.covers(lib) for lib in libs.get("nccl", []))
 
     def busy(self) -> bool:
-        """A restart with overlap is still handing over (no other restart until it is done)."""
-        return self.handover is not None and self.handover.is_alive()
+        """A restart with overlap whose new program is not attached yet (no other restart until
+        then; the old program's stop may go on beside the next restart)."""
+        return any(h.is_alive() and not h.attached.is_set() for h in self.handovers)
 
     def restarted(self, tracing) -> None:
         """After a restart: the held processes whose library is covered now go on (once the new
@@ -194,7 +196,7 @@ def overlap_restart(tracing, t0: int) -> dict | None:
     h = Handover(tracing, old, tracing.stderr_fh, dict(tracing.covered))
     tracing.start_tracer(restart=True, overlap=True)
     h.start()
-    tracing.libs.handover = h
+    tracing.libs.handovers.append(h)
     return {"overlap": True}
 
 
@@ -211,6 +213,7 @@ class Handover(threading.Thread):
         self.launch_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)   # its probes record from their attach on
         self.window: list[int] | None = None
         self.failed = False
+        self.attached = threading.Event()    # the new program attached (or failed): another restart may start
 
     def run(self) -> None:
         tr = self.tracing
@@ -221,12 +224,14 @@ class Handover(threading.Thread):
             time.sleep(0.05)
         if not spool.ready.is_set():                 # the new program failed: keep the old one
             self.failed = True
+            self.attached.set()
             children.stop(new, signal.SIGINT, grace_s=5)
             if tr.proc is new:
                 tr.stderr_fh.close()
                 tr.proc, tr.stderr_fh, tr.covered = self.old, self.old_err, self.old_covered
             s.notes.append("tracer restart: the new program did not attach; the old one ran on")
             return
+        self.attached.set()
         dumps = spool.ring_dumps
         tracer.trigger_dump()                        # the old ring's records (and the new one's, kept once)
         end = time.monotonic() + 5.0

@@ -18,6 +18,9 @@ DEFAULT_BUILD = LAB_DIR / "build"
 SCENARIOS = ("clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-down-hang", "gpu-hang", "reset",
              "selftest")
 HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
+INIT_HANGS = ("init-hang", "init-hang-dropped")     # the job never finishes ncclCommInitRank: no training
+SCENARIOS += INIT_HANGS
+HANGS += INIT_HANGS
 HOLDS = HANGS + ("reset",)          # scenarios that end --hold-s after the fault, not when the job ends
 STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at,
 STOP_MARGIN_S = 1.0                 # ... fewer (1 at least) when this much time is fewer steps (25 s steps: 1, not 5)
@@ -40,6 +43,11 @@ DEFAULTS = {
     "gpu-hang": dict(steps=100000),
     "reset": dict(steps=100000, start_s=1.0, compute_ms=20.0),
     "selftest": dict(),
+    # one rank gets the unique id and never calls ncclCommInitRank; its peers wait in init
+    "init-hang": dict(steps=100000),
+    # the faulty rank's traffic to rank 0's host (the bootstrap root; the store's port excepted)
+    # is dropped in the switch before it calls ncclCommInitRank (--init-delay-ms later than the others)
+    "init-hang-dropped": dict(steps=100000, init_delay_ms=1500),
 }
 
 

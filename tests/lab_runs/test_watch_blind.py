@@ -22,6 +22,9 @@ from test_watch_unknown import LAB, SMALL, Watch, _check, _fresh_copy
 
 S = 1_000_000_000
 CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
+# the ranks are held until the restarted program attaches: seconds on an idle host, a minute or
+# more on a loaded one (bpftrace compiles every traced library's probes); at most HOLD_MAX_S
+INIT_WAIT_S = 60 + 120
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,8 @@ def test_a_job_from_an_unseen_path_is_traced_from_its_first_call(blind):
     time.sleep(max(0.0, 8.0 - (time.monotonic() - watch.started)))
     lib = _fresh_copy(blind["build"], blind["base"])
     job = watch.run_job("blind-a", lib, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
-                                         "--start-s", "2", "--hold-s", "25"] + SMALL, wrap=_in_cgroup(blind["cgroup"]))
+                                         "--start-s", "2", "--hold-s", "25", "--init-timeout-s", str(INIT_WAIT_S)] + SMALL,
+                        wrap=_in_cgroup(blind["cgroup"]))
     m = _check(job, watch, "hang_stuck", True, source="tracer")
     _from_the_first_call(job, m, 3)
     assert m["options"]["pids"] == [] and m["options"]["nccl_libs"] == []
@@ -106,7 +110,7 @@ def test_a_job_in_its_own_mount_namespace_is_traced_from_its_first_call(blind):
               f"mount --bind {lib} {inside} && exec \"$@\"")
     job = watch.run_job("blind-c", Path(inside),
                         ["--scenario", "link-down-hang", "--rank", "1", "--ranks", "3", "--start-s", "2",
-                         "--hold-s", "25"] + SMALL,
+                         "--hold-s", "25", "--init-timeout-s", str(INIT_WAIT_S)] + SMALL,
                         wrap=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
     assert not Path(inside).exists()
     m = _check(job, watch, "hang_stuck", True, source="tracer")

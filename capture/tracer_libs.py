@@ -48,6 +48,8 @@ class AheadOfTime:
         self.mapped: dict[tuple, str] = {}       # (dev, inode) -> host path: seen at a process's mmap
         self.held: dict[int, float] = {}          # pid -> monotonic s by which it is resumed anyway
         self.left_out: list[str] = []
+        self.mapped_by: dict[tuple, int] = {}      # ... and the process seen mapping it (gone: forgotten)
+        self.declined: set[tuple] = set()        # libraries left out by the bound (no restart asked for them)
         self.next_scan = 0.0
         self.ring = 0
         self.handovers: list[Handover] = []     # restarts with overlap under way
@@ -66,11 +68,14 @@ class AheadOfTime:
             return
         if self.found is None:
             self.found = self.scan()
-        room = tracer.MAX_NCCL_LIBS - len(targets.nccl)
+        limit = max_libs()
+        inos = {k[1] for k in covered}
         extra = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(tracer.NCCL_SYMBOLS))
-                 for k, p in self.mapped.items() if k not in covered]
-        chosen, out = libscan.choose([f for f in self.found if f.key not in covered], room - len(extra))
-        self.left_out = [f.path for f in out]
+                 for k, p in self.mapped.items() if k[1] not in inos][:limit]
+        self.bound(targets, covered, limit - len(extra))
+        chosen, out = libscan.choose([f for f in self.found if f.key not in covered],
+                                     limit - len(targets.nccl) - len(extra))
+        self.left_out = self.left_out + [f.path for f in out]
         for f in extra + chosen:
             if f.key in covered:
                 continue
@@ -86,6 +91,37 @@ class AheadOfTime:
             except OSError:
                 pass
         targets.hold, targets.hold_cgroup = self.hold, self.hold_cgroup
+
+    def bound(self, targets: tracer.TraceTargets, covered: dict, limit: int) -> None:
+        """At most ``limit`` libraries of the followed processes: those seen mapped (a held
+        process waits for them) first, then those of the newest processes, --nccl-lib's always;
+        the others are ``declined`` (no restart for them: their processes are untraced, the
+        tracer-free trigger watches them) until a slot frees."""
+        self.left_out = []
+        limit = max(0, limit)
+        if len(targets.nccl) <= limit:
+            self.declined.clear()
+            return
+        newest: dict[tuple, int] = {}
+        for info in self.s.procs.values():
+            for lib in info.nccl_libs:
+                newest[lib.key] = max(newest.get(lib.key, -1), info.start_ticks or 0)
+        pinned = set()
+        for p in self.s.o.nccl_libs:
+            try:
+                st = os.stat(os.path.realpath(p))
+                pinned.add((st.st_dev, st.st_ino))
+            except OSError:
+                pass
+        mapped = {k[1] for k in self.mapped}
+        order = sorted(covered, key=lambda k: (k not in pinned, k[1] not in mapped, -newest.get(k, -1)))
+        for key in order[limit:]:
+            path = covered.pop(key)
+            if key in pinned:
+                continue
+            targets.nccl.pop(path, None)
+            self.declined.add(key)
+            self.left_out.append(path)
 
     def rendered(self, targets: tracer.TraceTargets, ring: int) -> None:
         self.ring = ring
@@ -118,9 +154,14 @@ class AheadOfTime:
             except OSError:
                 continue
             self.mapped[(st.st_dev, st.st_ino)] = hp
+            self.mapped_by[(st.st_dev, st.st_ino)] = pid
             inodes.add(ino)
             why.append(f"pid {pid} maps {hp}")
         if now >= self.next_scan:
+            for key, pid in list(self.mapped_by.items()):
+                if not os.path.isdir(f"/proc/{pid}"):
+                    self.mapped.pop(key, None)
+                    self.mapped_by.pop(key, None)
             self.found = self.scan()
             new = [f.path for f in self.found if f.key not in tracing.covered and f.path not in self.left_out]
             if new:
@@ -169,6 +210,15 @@ class AheadOfTime:
     def resume_all(self) -> None:
         for pid in list(self.held):
             self.resume(pid)
+
+
+def max_libs() -> int:
+    """How many NCCL library files one program traces: tracer.MAX_NCCL_LIBS, or
+    ``STALLSCOPE_MAX_NCCL_LIBS`` (a shared test machine whose other jobs should not fill it)."""
+    try:
+        return max(1, int(os.environ.get("STALLSCOPE_MAX_NCCL_LIBS", tracer.MAX_NCCL_LIBS)))
+    except ValueError:
+        return tracer.MAX_NCCL_LIBS
 
 
 def _mapped_path(pid: int, ino: int) -> str | None:

@@ -111,7 +111,7 @@ class Tracing(Collector):
         """New processes, or known ones whose libraries changed: those mapping an NCCL library the
         running program does not cover get the tracer restarted for them (after a settle time)."""
         for info in fresh:
-            new = sorted({l.host_path for l in info.nccl_libs if not self.covers(l)})
+            new = sorted({l.host_path for l in info.nccl_libs if not self.covers(l) and l.key not in self.libs.declined})
             if new and self.proc is not None:
                 if not self.retarget_why:
                     self.retarget_at = time.monotonic() + RETARGET_SETTLE_S

@@ -24,6 +24,8 @@ from pathlib import Path
 HOT_TAGS = (b"@e0[", b"@e1[", b"@op[", b"@rg[")
 RING_DUMP_TAG = b'{"ev":"ring_dump"'    # a dump's end: goes with its records
 LIB_MAP_TAG = b'{"ev":"lib_map"'        # a process mapped a libnccl the program does not trace
+# communicator inits entered and returned (capture.init_watch: a rank stuck in its init)
+INIT_TAGS = (b'{"ev":"comm_init"', b'{"ev":"ret","k":"init"', b'{"ev":"split_enter"')
 KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
 PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
 # bpftrace's line that says how many probes it attached (read here and by capture.tracer_events)
@@ -80,6 +82,7 @@ class Spool:
         self._old: list[list] = []
         self._lock = threading.Lock()
         self.lib_maps: list[dict] = []    # ring mode: the lib_map events read (bpf/nccl.bt), taken by the tracer
+        self.inits: list[dict] = []       # comm_init / init return / split_enter events, taken by init_watch
         self._nonblocking()
 
     def overlap(self, stream) -> "Spool":
@@ -209,14 +212,18 @@ class Spool:
         return got
 
     def _lines_seen(self, whole: bytes, current: bool = True) -> None:
-        """What every stream's lines tell: the dumps' end marks and the lib_map events."""
+        """What every stream's lines tell: the dumps' end marks, the lib_map and init events."""
         if RING_DUMP_TAG in whole:
             self.ring_dumps += whole.count(RING_DUMP_TAG)
-        if LIB_MAP_TAG in whole:
+        lib_map = LIB_MAP_TAG in whole
+        init = any(t in whole for t in INIT_TAGS)
+        if lib_map or init:
             for line in whole.split(b"\n"):
-                if line.startswith(LIB_MAP_TAG):
+                into = (self.lib_maps if lib_map and line.startswith(LIB_MAP_TAG) else
+                        self.inits if init and line.startswith(INIT_TAGS) else None)
+                if into is not None and len(into) < 100000:
                     try:
-                        self.lib_maps.append(json.loads(line))
+                        into.append(json.loads(line))
                     except ValueError:
                         pass
 

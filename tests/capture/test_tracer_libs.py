@@ -139,3 +139,38 @@ def test_hold_setting():
     assert tracer.hold_setting({}) == (False, None)
     assert tracer.hold_setting({"STALLSCOPE_HOLD": "on"}) == (True, None)
     assert tracer.hold_setting({"STALLSCOPE_HOLD": "/sys/fs/cgroup/unified/t"}) == (True, "/sys/fs/cgroup/unified/t")
+
+
+def test_init_watch_reports_an_init_that_never_returns_once():
+    from capture.init_watch import InitWatch
+    w = InitWatch()
+    me = os.getpid()
+    w.feed([{"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": me, "tid": 1, "rank": 0, "nranks": 2},
+            {"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": me, "tid": 2, "rank": 1, "nranks": 2},
+            {"ev": "ret", "k": "init", "t1": 2_000, "pid": me, "tid": 2, "rc": 0},
+            {"ev": "split_enter", "t0": 5_000, "pid": me, "tid": 3},
+            {"ev": "comm_init", "fn": "ncclCommSplit", "t0": 5_000, "t1": 6_000, "pid": me, "tid": 3}])
+    got = w.stuck(10**10 + 1_000, 10**10)
+    assert [(s["tid"], s["rank"]) for s in got] == [(1, 0)]
+    w.feed([{"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": 999999999, "tid": 9}])
+    assert [s["tid"] for s in w.stuck(10**10 + 1_000, 10**10)] == [1]      # a gone process: forgotten
+    assert (999999999, 9) not in w.open
+
+
+def test_blocked_in_socket_sees_a_thread_waiting_in_accept(tmp_path):
+    import socket
+    import threading
+    from capture.init_watch import blocked_in_socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    t = threading.Thread(target=lambda: srv.accept(), daemon=True)
+    t.start()
+    time.sleep(0.3)
+    try:
+        assert blocked_in_socket(os.getpid()) in (f"accept() on fd {srv.fileno()}", f"accept4() on fd {srv.fileno()}")
+        assert blocked_in_socket(999999999) is None
+    finally:
+        socket.create_connection(srv.getsockname()).close()
+        t.join(2)
+        srv.close()

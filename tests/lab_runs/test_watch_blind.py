@@ -18,13 +18,15 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root, require_tool
-from test_watch_unknown import LAB, SMALL, Watch, _check, _fresh_copy
+from capture_helpers import bundle_manifest
+from test_watch_unknown import LAB, SMALL, Watch, _fresh_copy
 
 S = 1_000_000_000
 CGROUP_ROOT = Path("/sys/fs/cgroup/unified")
 # the ranks are held until the restarted program attaches: seconds on an idle host, a minute or
 # more on a loaded one (bpftrace compiles every traced library's probes); at most HOLD_MAX_S
 INIT_WAIT_S = 60 + 120
+MAX_LIBS = 2
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +45,15 @@ def blind(tmp_path_factory):
     cg.mkdir()
     netns.sweep()
     base = tmp_path_factory.mktemp("blind")
-    os.environ["STALLSCOPE_HOLD"] = str(cg)
+    # the hold only for this test's cgroup; at most MAX_LIBS libraries traced (this test's first:
+    # on a shared machine other jobs' copies of the lab's library must not fill the program)
+    os.environ.update(STALLSCOPE_HOLD=str(cg), STALLSCOPE_MAX_NCCL_LIBS=str(MAX_LIBS))
     try:
         watch = Watch(base)
     finally:
         os.environ.pop("STALLSCOPE_HOLD", None)
+        os.environ.pop("STALLSCOPE_MAX_NCCL_LIBS", None)
+    watch.jobs = []                 # each job's namespaces: gone after the test
     try:
         yield {"build": build, "base": base, "watch": watch, "cgroup": cg}
     finally:
@@ -56,7 +62,34 @@ def blind(tmp_path_factory):
             cg.rmdir()
         except OSError:
             pass
-        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+        mine = {n for job in watch.jobs for n in job}
+        assert not mine & set(netns.list_namespaces()), mine
+
+
+def _job_bundle(job: dict, watch: Watch, kind: str = "hang") -> tuple[Path, dict]:
+    """The bundle of this job (the watcher sees every job of a shared machine): the one whose
+    trigger names a rank process of it; its manifest."""
+    pids = {r["pid"] for r in job["truth"]["ranks"]}
+    watch.jobs.append({r["namespace"] for r in job["truth"]["ranks"] if r.get("namespace")})
+    ours = []
+    for b in job["bundles"]:
+        m = bundle_manifest(b)
+        if set(m["trigger"].get("pids") or []) & pids:
+            ours.append((b, m))
+    assert len(ours) == 1, ([b for b, _ in ours], job["bundles"], watch.err.read_text()[-3000:])
+    b, m = ours[0]
+    assert m["trigger"]["kind"] == kind, m["trigger"]
+    assert m["options"]["pids"] == [] and m["options"]["nccl_libs"] == []
+    return b, m
+
+
+def _verdict(bundle: Path, kind: str, ranks: list[int]):
+    from forensics.analysis import analyze
+    res = analyze([str(bundle)])
+    assert not [p for p in res.problems if "detector" in p], res.problems
+    top = res.findings[0]
+    assert top.kind == kind and set(ranks) <= set(top.ranks), [(f.kind, f.ranks, f.summary) for f in res.findings[:3]]
+    return top
 
 
 def _events(bundle: Path) -> list[dict]:
@@ -65,11 +98,11 @@ def _events(bundle: Path) -> list[dict]:
         return [json.loads(line) for line in tf.extractfile(name).read().splitlines() if line.strip()]
 
 
-def _from_the_first_call(job: dict, m: dict, ranks: int) -> None:
+def _from_the_first_call(job: dict, bundle: Path, m: dict, ranks: int) -> None:
     """Every rank's ncclCommInitRank and its collectives from the first one on are in the
     bundle (the ring holds them all: a short job)."""
     truth = job["truth"]
-    evs = _events(job["bundles"][0])
+    evs = _events(bundle)
     inits = [e for e in evs if e.get("ev") == "comm_init" and e.get("fn") == "ncclCommInitRank"]
     assert sorted(e["rank"] for e in inits) == list(range(ranks)), inits
     pids = {e["pid"] for e in inits}
@@ -94,9 +127,9 @@ def test_a_job_from_an_unseen_path_is_traced_from_its_first_call(blind):
     job = watch.run_job("blind-a", lib, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
                                          "--start-s", "2", "--hold-s", "25", "--init-timeout-s", str(INIT_WAIT_S)] + SMALL,
                         wrap=_in_cgroup(blind["cgroup"]))
-    m = _check(job, watch, "hang_stuck", True, source="tracer")
-    _from_the_first_call(job, m, 3)
-    assert m["options"]["pids"] == [] and m["options"]["nccl_libs"] == []
+    b, m = _job_bundle(job, watch)
+    _verdict(b, "hang_stuck", job["truth"]["fault"]["ranks"])
+    _from_the_first_call(job, b, m, 3)
 
 
 def test_a_job_in_its_own_mount_namespace_is_traced_from_its_first_call(blind):
@@ -113,5 +146,33 @@ def test_a_job_in_its_own_mount_namespace_is_traced_from_its_first_call(blind):
                          "--hold-s", "25", "--init-timeout-s", str(INIT_WAIT_S)] + SMALL,
                         wrap=["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh"])
     assert not Path(inside).exists()
-    m = _check(job, watch, "hang_stuck", True, source="tracer")
-    _from_the_first_call(job, m, 3)
+    b, m = _job_bundle(job, watch)
+    _verdict(b, "hang_stuck", job["truth"]["fault"]["ranks"])
+    _from_the_first_call(job, b, m, 3)
+
+
+def test_a_rank_that_never_joins_is_an_init_hang_named_by_the_watcher(blind):
+    """init-hang: rank 1 never calls ncclCommInitRank; the others wait in it. The watcher triggers
+    on the ranks stuck in init (traced) and the bundle names rank 1."""
+    watch = blind["watch"]
+    lib = _fresh_copy(blind["build"], blind["base"])
+    job = watch.run_job("init-hang", lib, ["--scenario", "init-hang", "--rank", "1", "--ranks", "3", "--hold-s", "25",
+                                           "--init-timeout-s", str(INIT_WAIT_S)] + SMALL,
+                        wrap=_in_cgroup(blind["cgroup"]))
+    b, m = _job_bundle(job, watch)
+    assert "init" in m["trigger"]["reason"], m["trigger"]
+    top = _verdict(b, "init_hang", [1])
+    assert top.severity == "error" and top.details["missing"] == [1], top.details
+
+
+def test_a_dropped_bootstrap_connection_names_the_unreachable_address(blind):
+    """init-hang-dropped: rank 1's packets to the root's host dropped in the switch; the bundle
+    names rank 1 and the address it cannot reach."""
+    watch = blind["watch"]
+    lib = _fresh_copy(blind["build"], blind["base"])
+    job = watch.run_job("init-dropped", lib, ["--scenario", "init-hang-dropped", "--rank", "1", "--ranks", "3",
+                                              "--hold-s", "25", "--init-timeout-s", str(INIT_WAIT_S)] + SMALL,
+                        wrap=_in_cgroup(blind["cgroup"]))
+    b, m = _job_bundle(job, watch)
+    top = _verdict(b, "init_hang", [1])
+    assert any(a.startswith(job["truth"]["fault"]["address"] + ":") for a in top.details["unreached"]), top.details

@@ -47,9 +47,12 @@ class AheadOfTime:
         self.found: list[libscan.FoundLib] | None = None
         self.mapped: dict[tuple, str] = {}       # (dev, inode) -> host path: seen at a process's mmap
         self.held: dict[int, float] = {}          # pid -> monotonic s by which it is resumed anyway
+        self.held_at: dict[int, float] = {}       # pid -> monotonic s it was held at
+        self.held_inos: dict[int, int] = {}       # inode of a library a process was held for -> that pid
         self.left_out: list[str] = []
         self.mapped_by: dict[tuple, int] = {}      # ... and the process seen mapping it (gone: forgotten)
-        self.declined: set[tuple] = set()        # libraries left out by the bound (no restart asked for them)
+        self.declined: set[tuple] = set()
+        self.traced: set[tuple] = set()          # the libraries of the running program (kept over newcomers)        # libraries left out by the bound (no restart asked for them)
         self.next_scan = 0.0
         self.ring = 0
         self.handovers: list[Handover] = []     # restarts with overlap under way
@@ -84,6 +87,7 @@ class AheadOfTime:
             v = nccl_version(f.path)
             if v:
                 versions[f.path] = v
+        self.traced = set(covered)
         targets.known_inodes = {k[1] for k in covered}
         for path in targets.nccl:
             try:
@@ -93,8 +97,9 @@ class AheadOfTime:
         targets.hold, targets.hold_cgroup = self.hold, self.hold_cgroup
 
     def bound(self, targets: tracer.TraceTargets, covered: dict, limit: int) -> None:
-        """At most ``limit`` libraries of the followed processes: those seen mapped (a held
-        process waits for them) first, then those of the newest processes, --nccl-lib's always;
+        """At most ``limit`` libraries of the followed processes: --nccl-lib's, those a held
+        process waits for, those the running program traces (a running job stays traced), then
+        those of the newest processes;
         the others are ``declined`` (no restart for them: their processes are untraced, the
         tracer-free trigger watches them) until a slot frees."""
         self.left_out = []
@@ -113,8 +118,9 @@ class AheadOfTime:
                 pinned.add((st.st_dev, st.st_ino))
             except OSError:
                 pass
-        mapped = {k[1] for k in self.mapped}
-        order = sorted(covered, key=lambda k: (k not in pinned, k[1] not in mapped, -newest.get(k, -1)))
+        held = {i for i, p in self.held_inos.items() if os.path.isdir(f"/proc/{p}")}
+        was = set(self.traced)
+        order = sorted(covered, key=lambda k: (k not in pinned, k[1] not in held, k not in was, -newest.get(k, -1)))
         for key in order[limit:]:
             path = covered.pop(key)
             if key in pinned:
@@ -141,8 +147,10 @@ class AheadOfTime:
         inodes = {k[1] for k in tracing.covered} | {k[1] for k in self.mapped}
         for ev in events:
             pid, ino = int(ev.get("pid", 0)), int(ev.get("ino", 0))
-            if ev.get("held"):
+            if ev.get("held") and pid not in self.held:
                 self.held[pid] = now + tracer.HOLD_MAX_S
+                self.held_at[pid] = now
+                self.held_inos[ino] = pid
             if ino in inodes:
                 continue
             path = _mapped_path(pid, ino)
@@ -199,10 +207,14 @@ class AheadOfTime:
 
     def resume(self, pid: int, late: bool = False) -> None:
         self.held.pop(pid, None)
+        since = self.held_at.pop(pid, None)
         try:
             os.kill(pid, signal.SIGCONT)
         except OSError:
             return
+        if since is not None:
+            self.s.log(f"pid {pid} resumed after {time.monotonic() - since:.1f}s held at its libnccl's mapping"
+                       + (" (not covered: the hold's limit)" if late else " (traced from its first call)"))
         if late:
             self.s.notes.append(f"pid {pid} resumed after {tracer.HOLD_MAX_S:g}s held at its libnccl's mapping "
                                 "without the tracer covering it")

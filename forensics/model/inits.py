@@ -21,8 +21,13 @@ INIT_FNS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScala
 
 def comm_inits(bundle, events: list[dict], log_comms: pd.DataFrame | None) -> pd.DataFrame:
     """``comm_inits`` of one bundle (or loose logs: ``log_comms`` alone)."""
-    parts = [_traced(bundle, events), _logged(bundle, log_comms)]
-    parts = [p for p in parts if p is not None and len(p)]
+    traced = _traced(bundle, events)
+    logged = _logged(bundle, log_comms)
+    if traced is not None and logged is not None and len(traced):
+        # one communicator, two keys (the tracer's hash of the unique id, NCCL's commId): a
+        # process the tracer saw is taken from the tracer alone
+        logged = logged[~pd.to_numeric(logged["pid"], errors="coerce").isin(set(traced["pid"]))]
+    parts = [p for p in (traced, logged) if p is not None and len(p)]
     if not parts:
         return empty("comm_inits")
     return conform(pd.concat(parts, ignore_index=True), "comm_inits")
@@ -45,20 +50,20 @@ def _traced(bundle, events: list[dict]) -> pd.DataFrame | None:
 
 
 def _unreached(bundle, events: list[dict], inits: pd.DataFrame) -> pd.Series:
-    """Per init row: ``addr:port`` of a connection its process tried after the init began
-    (SYN_SENT) and never opened, or NA."""
+    """Per init row not completed: ``addr:port`` of a connection its process tried after the init
+    began and that failed unopened (``sock_state`` SYN_SENT -> CLOSE: refused, timed out), or NA.
+    A connection still trying at the end is in ``sockets`` (SYN-SENT), which the detector reads."""
     res = pd.Series(pd.NA, index=inits.index, dtype="object")
     ss = events_frame(events, "sock_state")
-    if ss.empty or not {"pid", "daddr", "dport", "newstate", "sport", "t"} <= set(ss.columns):
+    if ss.empty or not {"pid", "daddr", "dport", "oldstate", "newstate", "t"} <= set(ss.columns):
         return res
     ss = ss.assign(ts=utc_of(bundle.clock, ss["t"]))
-    opened = {(r.sport, r.daddr, r.dport) for r in ss[ss["newstate"] == "ESTABLISHED"].itertuples()}
-    syn = ss[ss["newstate"] == "SYN_SENT"]
-    for i, row in inits[~inits["completed"]].iterrows():
-        tried = syn[(syn["pid"] == row["pid"]) & (syn["ts"] >= row["start_ns"])]
-        bad = [f"{r.daddr}:{r.dport}" for r in tried.itertuples() if (r.sport, r.daddr, r.dport) not in opened]
-        if bad:
-            res.loc[i] = bad[-1]
+    failed = ss[(ss["oldstate"] == "SYN_SENT") & (ss["newstate"] == "CLOSE")]
+    for i, row in inits[~inits["completed"].astype(bool)].iterrows():
+        tried = failed[(failed["pid"] == row["pid"]) & (failed["ts"] >= row["start_ns"])]
+        if len(tried):
+            r = tried.iloc[-1]
+            res.loc[i] = f"{r['daddr']}:{r['dport']}"
     return res
 
 

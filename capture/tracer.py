@@ -84,7 +84,8 @@ CUDART_SYMBOLS = [r["FN"] for r in HOST_WAITS if r["LIB"] == "CUDART"]
 CUDA_SYMBOLS = [r["FN"] for r in HOST_WAITS if r["LIB"] == "CUDA"]
 HOT_SYMBOLS = {r["FN"] for t in (COLLECTIVES, GROUP, HOST_WAITS) for r in t}
 MAX_NCCL_LIBS = 8       # NCCL library files one program traces (~41 probes each; a restart compiles them all)
-HOLD_MAX_S = 120.0      # the longest a process held at its libnccl's mapping waits for the tracer (block lib_map)
+HOLD_MAX_S = 120.0      # the longest a process held at its libnccl's mapping waits for the tracer (block lib_map);
+                        # STALLSCOPE_HOLD_MAX_S overrides it (a test on a machine whose uprobes many tracers share)
 FLUSH_MS = 500          # the hot-path record maps are printed this often
 MAP_KEYS_MAX = 16384    # BPFTRACE_MAP_KEYS_MAX: records per flush interval (x2 buffers), open calls, ...
 _REC0 = ("((int32)0, (int32)0, (uint64)0, (uint64)0, (uint64)0, (int32)0, (int32)0, (int32)0, (uint64)0, "

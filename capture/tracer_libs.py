@@ -148,7 +148,7 @@ class AheadOfTime:
         for ev in events:
             pid, ino = int(ev.get("pid", 0)), int(ev.get("ino", 0))
             if ev.get("held") and pid not in self.held:
-                self.held[pid] = now + tracer.HOLD_MAX_S
+                self.held[pid] = now + hold_max_s()
                 self.held_at[pid] = now
                 self.held_inos[ino] = pid
             if ino in inodes:
@@ -216,12 +216,20 @@ class AheadOfTime:
             self.s.log(f"pid {pid} resumed after {time.monotonic() - since:.1f}s held at its libnccl's mapping"
                        + (" (not covered: the hold's limit)" if late else " (traced from its first call)"))
         if late:
-            self.s.notes.append(f"pid {pid} resumed after {tracer.HOLD_MAX_S:g}s held at its libnccl's mapping "
+            self.s.notes.append(f"pid {pid} resumed after {hold_max_s():g}s held at its libnccl's mapping "
                                 "without the tracer covering it")
 
     def resume_all(self) -> None:
         for pid in list(self.held):
             self.resume(pid)
+
+
+def hold_max_s() -> float:
+    """tracer.HOLD_MAX_S, or ``STALLSCOPE_HOLD_MAX_S``."""
+    try:
+        return max(1.0, float(os.environ.get("STALLSCOPE_HOLD_MAX_S", tracer.HOLD_MAX_S)))
+    except ValueError:
+        return tracer.HOLD_MAX_S
 
 
 def max_libs() -> int:

@@ -77,11 +77,15 @@ def _job_bundle(job: dict, watch: Watch, kind: str = "hang") -> tuple[Path, dict
     ours = []
     for b in job["bundles"]:
         m = bundle_manifest(b)
-        if set(m["trigger"].get("pids") or []) & pids:
-            ours.append((b, m))
-    assert len(ours) == 1, ([b for b, _ in ours], job["bundles"], watch.err.read_text()[-3000:])
-    b, m = ours[0]
-    assert m["trigger"]["kind"] == kind, m["trigger"]
+        # other jobs' hangs on a shared machine: this job's trigger may be folded into their incident
+        trigs = [m["trigger"]] + list(m["trigger"].get("also") or [])
+        mine = [t for t in trigs if set(t.get("pids") or []) & pids]
+        if mine:
+            ours.append((b, m, mine[0]))
+    assert len(ours) == 1, ([o[0] for o in ours], job["bundles"], watch.err.read_text()[-3000:])
+    b, m, trig = ours[0]
+    assert trig["kind"] == kind, trig
+    m["trigger"] = trig
     assert m["options"]["pids"] == [] and m["options"]["nccl_libs"] == []
     return b, m
 

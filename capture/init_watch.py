@@ -8,8 +8,9 @@ collective in flight, ``capture.monitors``) never sees it. Two signs, each for `
   ``ncclCommSplit`` entered (``split_enter``) and not returned (bpf/nccl.bt; the spool hands the
   lines over, ``Spool.inits``);
 - **not traced** (a library the tracer does not cover): a process the watcher follows as an NCCL
-  job, with no collective ever seen, whose threads are blocked in the bootstrap's sockets
-  (``connect``/``accept``/``recvfrom``/``read``/``recvmsg`` on a socket) sample after sample.
+  job, with no collective ever seen, with a thread blocked in ``connect`` on a socket sample after
+  sample (a bootstrap connection that never opens: its SYNs dropped). Threads in accept or recv
+  are left alone: a store server, a data loader do that while a job loads its model.
 
 Each stuck init is reported once (one trigger per process and init). Standard library only.
 """
@@ -22,6 +23,10 @@ from .triggers import Trigger
 
 # x86-64 syscall numbers of the calls the bootstrap blocks in (first argument: the fd)
 SOCKET_CALLS = {42: "connect", 43: "accept", 288: "accept4", 45: "recvfrom", 0: "read", 47: "recvmsg"}
+# those that alone say "stuck in the bootstrap" for a process whose NCCL calls are not traced: a
+# connection that never opens (a SYN dropped). A thread in accept or recv is what every store
+# server and data loader does while a job loads its model: no trigger on those
+UNTRACED_CALLS = ("connect",)
 INIT_FNS = ("ncclCommInitRank", "ncclCommInitRankConfig")
 
 
@@ -98,7 +103,7 @@ class InitWatch:
         fire = []
         for pid in pids:
             what = blocked_in_socket(pid)
-            if what is None:
+            if what is None or not what.startswith(UNTRACED_CALLS):
                 self.blocked_since.pop(pid, None)
                 continue
             since, _ = self.blocked_since.setdefault(pid, (now, what))

@@ -125,7 +125,7 @@ class InitWatch:
 
 def blocked_in_socket(pid: int) -> str | None:
     """``accept() on fd N`` when a thread of ``pid`` waits in one of SOCKET_CALLS on a socket
-    (the first such thread), else None."""
+    (a thread in connect first, else the first one), else None."""
     found = None
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -148,7 +148,8 @@ def blocked_in_socket(pid: int) -> str | None:
             continue
         try:
             if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
-                found = found or f"{name}() on fd {fd}"
+                if found is None or (name in UNTRACED_CALLS and not found.startswith(UNTRACED_CALLS)):
+                    found = f"{name}() on fd {fd}"
         except OSError:
             continue
     return found

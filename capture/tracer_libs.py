@@ -54,15 +54,15 @@ class AheadOfTime:
         self.declined: set[tuple] = set()
         self.traced: set[tuple] = set()          # the libraries of the running program (kept over newcomers)        # libraries left out by the bound (no restart asked for them)
         self.next_scan = 0.0
+        self.scanner: threading.Thread | None = None
+        self.scanned: list[list[libscan.FoundLib]] = []     # a background scan's result, taken by poll
         self.ring = 0
         self.handovers: list[Handover] = []     # restarts with overlap under way
         self.overlaps: list[list[int]] = []     # their windows, once done (the record's ``overlaps``)
 
     # -------------------------------------------------------------- the program's targets
     def scan(self) -> list[libscan.FoundLib]:
-        found = libscan.scan(wanted=tracer.NCCL_SYMBOLS)
-        self.next_scan = time.monotonic() + libscan.SCAN_EVERY_S
-        return found
+        return libscan.scan(wanted=tracer.NCCL_SYMBOLS)
 
     def add_targets(self, targets: tracer.TraceTargets, covered: dict, versions: dict) -> None:
         """The files found ahead of time and at their mapping join ``targets`` (and ``covered``,
@@ -71,6 +71,7 @@ class AheadOfTime:
             return
         if self.found is None:
             self.found = self.scan()
+            self.next_scan = time.monotonic() + libscan.SCAN_EVERY_S
         limit = max_libs()
         inos = {k[1] for k in covered}
         extra = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(tracer.NCCL_SYMBOLS))
@@ -165,13 +166,21 @@ class AheadOfTime:
             self.mapped_by[(st.st_dev, st.st_ino)] = pid
             inodes.add(ino)
             why.append(f"pid {pid} maps {hp}")
-        if now >= self.next_scan:
+        if now >= self.next_scan and (self.scanner is None or not self.scanner.is_alive()):
             for key, pid in list(self.mapped_by.items()):
                 if not os.path.isdir(f"/proc/{pid}"):
                     self.mapped.pop(key, None)
                     self.mapped_by.pop(key, None)
-            self.found = self.scan()
-            new = [f.path for f in self.found if f.key not in tracing.covered and f.path not in self.left_out]
+            self.next_scan = now + libscan.SCAN_EVERY_S
+            # off the watcher's loop: a host with many containers takes seconds to look through
+            self.scanner = threading.Thread(target=lambda: self.scanned.append(self.scan()), name="libscan",
+                                            daemon=True)
+            self.scanner.start()
+        if self.scanned:
+            self.found = self.scanned.pop()
+            self.scanned.clear()
+            inos = {k[1] for k in tracing.covered}
+            new = [f.path for f in self.found if f.key[1] not in inos and f.path not in self.left_out]
             if new:
                 why.append(f"found {', '.join(new[:3])}" + (f" (+{len(new) - 3})" if len(new) > 3 else ""))
         ready = spool is not None and spool.ready.is_set() and tracing.alive()

@@ -101,7 +101,8 @@ class Tracing(Collector):
         why = self.libs.poll(self, now)           # a library mapped or found the program does not cover
         if why:
             self.retarget_why, self.retarget_at = why, now
-            self.last_restart = -1e18             # at once: a held process waits for it
+            if self.libs.held:
+                self.last_restart = -1e18         # at once: a held process waits for it
         if self.retarget_why and now >= max(self.retarget_at, self.last_restart + RETARGET_EVERY_S) \
                 and not self.libs.busy():
             why, self.retarget_why = self.retarget_why, None

@@ -69,6 +69,13 @@ class AheadOfTime:
         by (dev, inode)) up to MAX_NCCL_LIBS files; the inodes traced, the hold."""
         if not self.enabled:
             return
+        # a file gone under a live process (a job's folder removed while it runs): bpftrace refuses
+        # the whole program for one attach point it cannot open
+        for libs in (targets.nccl, targets.cudart, targets.cuda):
+            for path in [p for p in libs if not os.path.isfile(p)]:
+                del libs[path]
+        for key in [k for k, p in covered.items() if p not in targets.nccl]:
+            del covered[key]
         if self.found is None:
             self.found = self.scan()
             self.next_scan = time.monotonic() + libscan.SCAN_EVERY_S

@@ -57,6 +57,10 @@ def _one(ctx: Context, key: str, g: pd.DataFrame) -> Finding | None:
     nccl = ctx.model.tables.get("nccl_events")
     if nccl is not None and len(nccl) and nccl["pid"].isin(stuck_pids).any():
         return None              # a collective after it: the init finished (its return not seen)
+    logged = ctx.model.tables.get("coll_log_ops")
+    if logged is not None and len(logged) and (logged["pid"].isin(stuck_pids).any()
+                                               or logged["log_pid"].isin(stuck_pids).any()):
+        return None              # its log has COLL lines: it went on past the init (the COMPLETE line cut)
     missing = sorted(set(range(nranks)) - entered) if nranks else []
     bad = g[g["unreached"].notna() & g["rank"].isin(stuck)][["rank", "unreached"]]
     bad = pd.concat([bad, _syn_sent(ctx, g, stuck)], ignore_index=True).drop_duplicates()

@@ -81,12 +81,16 @@ class AheadOfTime:
             self.next_scan = time.monotonic() + libscan.SCAN_EVERY_S
         limit = max_libs()
         inos = {k[1] for k in covered}
-        extra = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(tracer.NCCL_SYMBOLS))
-                 for k, p in self.mapped.items() if k[1] not in inos][:limit]
-        self.bound(targets, covered, limit - len(extra))
+        held = {i for i, p in self.held_inos.items() if os.path.isdir(f"/proc/{p}")}
+        seen = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(tracer.NCCL_SYMBOLS))
+                for k, p in self.mapped.items() if k[1] not in inos]
+        first = [f for f in seen if f.key[1] in held][:limit]       # a held process waits for these
+        self.bound(targets, covered, limit - len(first))
+        rest = [f for f in seen if f.key[1] not in held][:max(0, limit - len(targets.nccl) - len(first))]
+        extra = first + rest
         chosen, out = libscan.choose([f for f in self.found if f.key not in covered],
                                      limit - len(targets.nccl) - len(extra))
-        self.left_out = self.left_out + [f.path for f in out]
+        self.left_out = self.left_out + [f.path for f in out] + [f.path for f in seen if f not in extra]
         for f in extra + chosen:
             if f.key in covered:
                 continue
@@ -127,8 +131,8 @@ class AheadOfTime:
             except OSError:
                 pass
         held = {i for i, p in self.held_inos.items() if os.path.isdir(f"/proc/{p}")}
-        was = set(self.traced)
-        order = sorted(covered, key=lambda k: (k not in pinned, k[1] not in held, k not in was, -newest.get(k, -1)))
+        was = {k[1] for k in self.traced}
+        order = sorted(covered, key=lambda k: (k not in pinned, k[1] not in held, k[1] not in was, -newest.get(k, -1)))
         for key in order[limit:]:
             path = covered.pop(key)
             if key in pinned:

@@ -83,6 +83,9 @@ NCCL_SYMBOLS = sorted({r["FN"] for t in (COLLECTIVES, INIT_RANK, DESTROY, GROUP)
 CUDART_SYMBOLS = [r["FN"] for r in HOST_WAITS if r["LIB"] == "CUDART"]
 CUDA_SYMBOLS = [r["FN"] for r in HOST_WAITS if r["LIB"] == "CUDA"]
 HOT_SYMBOLS = {r["FN"] for t in (COLLECTIVES, GROUP, HOST_WAITS) for r in t}
+MAX_NCCL_LIBS = 8       # NCCL library files one program traces (~41 probes each; a restart compiles them all)
+HOLD_MAX_S = 120.0      # the longest a process held at its libnccl's mapping waits for the tracer (block lib_map);
+                        # STALLSCOPE_HOLD_MAX_S overrides it (a test on a machine whose uprobes many tracers share)
 FLUSH_MS = 500          # the hot-path record maps are printed this often
 MAP_KEYS_MAX = 16384    # BPFTRACE_MAP_KEYS_MAX: records per flush interval (x2 buffers), open calls, ...
 _REC0 = ("((int32)0, (int32)0, (uint64)0, (uint64)0, (uint64)0, (int32)0, (int32)0, (int32)0, (uint64)0, "
@@ -108,6 +111,8 @@ MAP_DECLS = {
     "op": "@op[(int32)0, (int32)0] = ((uint64)0, 0);",
     "ep": "@ep[0] = 0;",
     "want": "@want[(uint64)0] = 0;",
+    "known": "@known[(uint64)0] = 0;",
+    "seen": "@seen[(uint64)0, (uint64)0] = 0;",
     # ring mode (capture --watch): the record ring, its count, the call state, the thread-exit queue
     "r": f"@r[(uint64)0] = ((uint64)0, (int32)0, {_REC0[1:]};",
     "rg": "@rg[0] = (uint64)0;",
@@ -123,6 +128,7 @@ MAP_DECLS = {
 RING_OP_DECL = ("@op[(int32)0, (int32)0] = ((uint64)0, (uint64)0, (int32)0, (uint64)0, (uint64)0, (uint64)0, "
                 "(uint64)0, (uint64)0, (uint64)0);")
 MAP_DECL_KEYS = {"comm": "(uint64)0", "opc": "(uint64)0", "traced": "(uint64)0", "want": "(uint64)0",
+                 "known": "(uint64)0", "seen": "(uint64)0, (uint64)0",
                  "e0": "(int32)0, (uint64)0", "e1": "(int32)0, (uint64)0", "op": "(int32)0, (int32)0", "ep": "0",
                  "r": "(uint64)0", "rg": "0", "xq": "(uint64)0", "xw": "(uint64)0", "xr": "(uint64)0",
                  "xc": "0"}
@@ -167,7 +173,7 @@ class KernelFeatures:
     @classmethod
     def probe(cls, names=("tcp/tcp_retransmit_skb", "tcp/tcp_send_reset", "tcp/tcp_receive_reset",
                           "sock/inet_sock_set_state", "sched/sched_switch",
-                          "sched/sched_process_fork", "sched/sched_process_exit")) -> "KernelFeatures":
+                          "sched/sched_process_fork", "sched/sched_process_exit", "syscalls/sys_enter_mmap")) -> "KernelFeatures":
         feats = cls(btf=os.path.exists("/sys/kernel/btf/vmlinux"))
         root = ensure_tracefs()
         for name in names:
@@ -204,6 +210,9 @@ class TraceTargets:
     # starts with it (NCCL 2.28: ncclCommInitRank also hits ncclCommInitRankDev(...) and
     # ncclCommInitRankFunc(ncclAsyncJob*), ncclGroupEnd hits ncclGroupEndInternal(...)).
     addrs: dict[str, dict[str, int]] = field(default_factory=dict)
+    known_inodes: set[int] = field(default_factory=set)    # ring mode: libnccl inodes already traced (block lib_map)
+    hold: bool = False      # block lib_map stops a process that maps an untraced libnccl (bpftrace --unsafe)
+    hold_cgroup: str | None = None     # ... only a process of this cgroup v2 folder (a test's)
 
     def fill_addresses(self) -> None:
         """The address of every symbol to attach to, from the libraries' .dynsym."""
@@ -478,6 +487,10 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
     fill = {
         "MAP_DECLS": "\n  ".join(decls),
         "WANT_PIDS": " ".join(f"@want[(uint64){p}] = 1;" for p in targets.want_pids),
+        "KNOWN_INODES": (" ".join(f"@known[(uint64){i}] = 1;" for i in sorted(targets.known_inodes))
+                         if "@known[" in script else ""),
+        "HOLD": (f'(cgroup == cgroupid("{targets.hold_cgroup}") ? 1 : 0)' if targets.hold and targets.hold_cgroup
+                 else "1" if targets.hold else "0"),
         "TRACED_PIDS": " ".join(f"@traced[(uint64){p}] = 1;" for p in targets.traced_pids),
         "NETNS": NETNS_BTF if feats.btf else "0",
         "CLEAR_MAPS": " ".join(clear),
@@ -502,6 +515,19 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
 
 STOP_SYMBOL = "sched_get_priority_max"
 DUMP_SYMBOL = "sched_get_priority_min"     # ring mode: the watcher asks for the ring (block dump)
+
+
+def hold_setting(env=None) -> tuple[bool, str | None]:
+    """``STALLSCOPE_HOLD`` (the watcher's block lib_map): ``on`` stops a process that maps a
+    libnccl the tracer does not cover until the tracer covers it (at most HOLD_MAX_S), ``off``
+    (the default) never stops one (its first seconds are then untraced), a cgroup v2 folder
+    holds only that cgroup's processes (a test on a shared machine)."""
+    v = (os.environ if env is None else env).get("STALLSCOPE_HOLD", "off").strip()
+    if v in ("", "off", "0", "no"):
+        return False, None
+    if v.startswith("/"):
+        return True, v
+    return True, None
 
 
 def own_libc() -> str | None:

@@ -46,6 +46,12 @@ WAIT_BY_KIND = {r["KIND"]: (r["FN"], r["OBJ"]) for r in HOST_WAITS}
 OPEN_KINDS = {"comm_init": "init", "comm_destroy": "destroy"}   # JSON entry events merged with a JSON "ret"
 HOT_KINDS = ("coll", "host_wait", "group", "offcpu")   # events of the hot path (already normal, droppable)
 DROPPABLE = tuple(f'{{"ev":"{k}"'.encode() for k in HOT_KINDS)
+DUP_NS = 50_000         # a restart's overlap: the same call's record from both programs is this close
+OVERLAP_TAG = b'{"ev":"tracer_overlap"'     # capture.tracer_libs: the window two programs both traced
+# what may differ between two programs' records of one call: the times, what the new program
+# did not know yet (the communicator's init, its op count), whether the return was seen
+VOLATILE = frozenset({"t", "t0", "t1", "rc", "returned", "op_count", "rank", "nranks", "comm_id_hash",
+                      "comm_id_source"})
 REORDER_WINDOW = 40000   # > the records of one flush (the maps print unsorted)
 
 
@@ -411,12 +417,15 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
     comms = _Comms()
     paths = raw_files(raw_dir) if raw_dir is not None and Path(raw_dir).is_dir() else []
     streams = [_ordered(builder, paths)] + [_jsonl_events(Path(p)) for p in extra]
+    windows = overlap_windows(paths)
+    dups = [0]
     counts: dict[str, int] = {}
     hot_sizes = array.array("Q")
     total = 0
     span = _Span()
     with open(out, "wb") as fh:
-        for ev in heapq.merge(*streams, key=_time_of):
+        merged = heapq.merge(*streams, key=_time_of)
+        for ev in (dedup(merged, windows, dups) if windows else merged):
             ev = comms.apply(ev)
             line = (json.dumps(ev, separators=(",", ":")) + "\n").encode()
             fh.write(line)
@@ -457,7 +466,7 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
                "dropped_for_budget": dropped + spool_dropped,
                "unparsable_lines": builder.bad_lines, "lost_events": builder.lost_events + lost_records,
                "hot_records": builder.records, "hot_records_made": builder.records_made,
-               "orphan_returns": builder.orphan_returns,
+               "orphan_returns": builder.orphan_returns, "overlap_duplicates": dups[0],
                "attached_probes": builder.attached_probes, "call_returns": call_returns,
                "by_type": dict(sorted((k, v) for k, v in counts.items() if v))}
     if spool is not None and spool.dropped_segments:
@@ -474,6 +483,57 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
     summary["span_monotonic_ns"] = span.result()
     summary["messages"] = builder.other_lines[:20]
     return summary
+
+
+def overlap_windows(paths) -> list[tuple[int, int]]:
+    """The restarts' overlap windows (CLOCK_MONOTONIC ns) marked in the spooled lines."""
+    out = []
+    for p in paths:
+        try:
+            data = Path(p).read_bytes()
+        except OSError:
+            continue
+        i = data.find(OVERLAP_TAG)
+        while i >= 0:
+            end = data.find(b"\n", i)
+            try:
+                ev = json.loads(data[i:end if end >= 0 else len(data)])
+                out.append((int(ev["t0"]), int(ev["t1"])))
+            except (ValueError, KeyError, TypeError):
+                pass
+            i = data.find(OVERLAP_TAG, i + 1)
+    return sorted(set(out))
+
+
+def _signature(ev: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in ev.items() if k not in VOLATILE))
+
+
+def dedup(events, windows: list[tuple[int, int]], counter: list[int] | None = None, dup_ns: int = DUP_NS):
+    """Events in time order -> the same, an event inside an overlap window kept once when both
+    programs recorded it: same thread, kind and fields but for ``VOLATILE``, entry times at most
+    ``dup_ns`` apart. The copy that saw the call return gives the kept one its t1 and rc."""
+    recent: list[tuple[int, tuple, dict]] = []
+    for ev in events:
+        t = _time_of(ev)
+        while recent and recent[0][0] < t - dup_ns:
+            yield recent.pop(0)[2]
+        if not any(lo - dup_ns <= t <= hi + dup_ns for lo, hi in windows) or ev.get("ev") in (
+                "tracer_start", "tracer_end", "tracer_overlap", "ring_dump", "lib_map"):
+            recent.append((t, (), ev))
+            continue
+        sig = _signature(ev)
+        twin = next((r for r in recent if r[1] == sig and abs(r[0] - t) <= dup_ns), None)
+        if twin is None:
+            recent.append((t, sig, ev))
+            continue
+        if counter is not None:
+            counter[0] += 1
+        kept = twin[2]
+        if kept.get("t1") is None and ev.get("t1") is not None:
+            kept.update(t1=ev["t1"], rc=ev.get("rc"), returned=ev.get("returned"))
+    for r in recent:
+        yield r[2]
 
 
 class _Span:

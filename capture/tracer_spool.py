@@ -11,6 +11,7 @@ order: the input of :func:`capture.tracer_events.postprocess`.
 from __future__ import annotations
 
 import errno
+import json
 import fcntl
 import os
 import re
@@ -22,6 +23,9 @@ from pathlib import Path
 # records, their count and the calls' state (which the watcher reads as they come)
 HOT_TAGS = (b"@e0[", b"@e1[", b"@op[", b"@rg[")
 RING_DUMP_TAG = b'{"ev":"ring_dump"'    # a dump's end: goes with its records
+LIB_MAP_TAG = b'{"ev":"lib_map"'        # a process mapped a libnccl the program does not trace
+# communicator inits entered and returned (capture.init_watch: a rank stuck in its init)
+INIT_TAGS = (b'{"ev":"comm_init"', b'{"ev":"ret","k":"init"', b'{"ev":"split_enter"')
 KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
 PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
 # bpftrace's line that says how many probes it attached (read here and by capture.tracer_events)
@@ -73,7 +77,40 @@ class Spool:
         self._carry = b""
         self._seq = 0
         self._thread: threading.Thread | None = None
+        # a restart with overlap (:meth:`overlap`): the programs still running beside the current
+        # one, each (stream, fd, its unfinished line), read until their end of file
+        self._old: list[list] = []
+        self._lock = threading.Lock()
+        self.lib_maps: list[dict] = []    # ring mode: the lib_map events read (bpf/nccl.bt), taken by the tracer
+        self.inits: list[dict] = []       # comm_init / init return / split_enter events, taken by init_watch
         self._nonblocking()
+
+    def overlap(self, stream) -> "Spool":
+        """A restart with overlap: a new bpftrace's stdout becomes the current stream while the
+        old program runs on (its lines still spooled, until its end of file: :meth:`drained`);
+        ``ready``, ``ended``, ``stopped`` and ``attached_probes`` are the new program's from now."""
+        if self._thread is None or self.done.is_set():
+            return self.follow(stream)
+        with self._lock:
+            self._old.append([self.stream, self.fd, self._carry])
+            self._carry = b""
+            self.stream = stream
+            self.fd = stream.fileno()
+            self._nonblocking()
+            for ev in (self.ready, self.ended, self.stopped):
+                ev.clear()
+            self.attached_probes = None
+        return self
+
+    def mark(self, line: str) -> None:
+        """A line of capture's own into the spooled stream (a restart's overlap window)."""
+        with self._lock:
+            self._append(line.encode() + b"\n")
+
+    def drained(self, stream) -> bool:
+        """Whether an old program's stream (:meth:`overlap`) was read to its end."""
+        with self._lock:
+            return not any(o[0] is stream for o in self._old)
 
     def _nonblocking(self) -> None:
         try:
@@ -104,9 +141,14 @@ class Spool:
     def _run(self) -> None:
         try:
             while True:
-                got, eof = self._drain()
+                with self._lock:
+                    got, eof = self._drain()
+                    got += self._drain_old()
+                    if eof and not self._old:
+                        break
                 if eof:
-                    break
+                    time.sleep(self.poll_s)
+                    continue
                 if got < PIPE_BYTES // 4:
                     time.sleep(self.poll_s)
         finally:
@@ -134,6 +176,57 @@ class Spool:
             got += len(data)
             self._feed(data)
 
+    def _drain_old(self) -> int:
+        """The old programs' streams of a restart with overlap: their whole lines spooled as the
+        current one's (lines of two programs interleave: each line is whole), a stream at its end
+        of file dropped."""
+        got = 0
+        for old in list(self._old):
+            stream, fd, carry = old
+            eof = False
+            while True:
+                try:
+                    data = os.read(fd, PIPE_BYTES)
+                except BlockingIOError:
+                    break
+                except OSError as e:
+                    if e.errno == errno.EINTR:
+                        continue
+                    eof = True
+                    break
+                if not data:
+                    eof = True
+                    break
+                got += len(data)
+                data = carry + data
+                cut = data.rfind(b"\n") + 1
+                carry = data[cut:]
+                if cut:
+                    self._lines_seen(data[:cut], current=False)
+                    self._append(data[:cut])
+            old[2] = carry
+            if eof:
+                if carry:
+                    self._append(carry + b"\n")
+                self._old.remove(old)
+        return got
+
+    def _lines_seen(self, whole: bytes, current: bool = True) -> None:
+        """What every stream's lines tell: the dumps' end marks, the lib_map and init events."""
+        if RING_DUMP_TAG in whole:
+            self.ring_dumps += whole.count(RING_DUMP_TAG)
+        lib_map = LIB_MAP_TAG in whole
+        init = any(t in whole for t in INIT_TAGS)
+        if lib_map or init:
+            for line in whole.split(b"\n"):
+                into = (self.lib_maps if lib_map and line.startswith(LIB_MAP_TAG) else
+                        self.inits if init and line.startswith(INIT_TAGS) else None)
+                if into is not None and len(into) < 100000:
+                    try:
+                        into.append(json.loads(line))
+                    except ValueError:
+                        pass
+
     def _feed(self, data: bytes) -> None:
         data = self._carry + data
         cut = data.rfind(b"\n") + 1
@@ -152,8 +245,7 @@ class Spool:
             self.ended.set()
         if b'"tracer_stopped"' in whole:
             self.stopped.set()
-        if RING_DUMP_TAG in whole:
-            self.ring_dumps += whole.count(RING_DUMP_TAG)
+        self._lines_seen(whole)
         self._append(whole)
 
     def _append(self, whole: bytes) -> None:

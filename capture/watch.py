@@ -52,6 +52,7 @@ from . import bundle_files as bd
 from . import procs, tracer
 from .collectors import RING
 from .incident import IncidentWriter
+from .init_watch import InitWatch
 from .monitors import LogWatch, ProgressMonitor, QuietJobs, RingMonitor
 from .options import CaptureResult, CaptureUsageError
 from .policy import RingPolicy
@@ -82,6 +83,7 @@ class Watcher:
         self.stuck_kw: dict = {}
         self.logwatch = LogWatch()
         self.quiet = QuietJobs()                    # the tracer-free hang trigger
+        self.inits = InitWatch()                    # ranks stuck in a communicator's init
         self.quiet_cleared: dict[int, int] = {}     # pid -> its last move when its quiet hang was reported
         self.ss = self.cap.collector("ss-series")
         self.logs_found: tuple[float, frozenset, list] | None = None    # (when, pids, log_paths())
@@ -222,6 +224,7 @@ class Watcher:
             self.next_logs = now + 2.0
             self.check_logs()
             self.check_quiet()
+            self.inits.check(self, self.o.hang_after_s or HANG_AFTER_FLOOR_S)
         if now >= self.next_prune:
             self.next_prune = now + 10.0
             self.prune()

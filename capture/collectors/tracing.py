@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from .. import bundle_files as bd
-from .. import children, procs, tracer, tracer_events, tracer_spool
+from .. import children, procs, tracer, tracer_events, tracer_libs, tracer_spool
 from ..offcpu import OffCpuSampler
 from ..session import LOG_CAP, clock_sample, tail, utc_span
 from .collector import Collector
@@ -65,6 +65,7 @@ class Tracing(Collector):
         self.last_check = 0.0
         self.orphaned_since: float | None = None
         self.restarts: list[dict] = []
+        self.libs = tracer_libs.AheadOfTime(session)    # the watcher's: files found before a job maps them
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -97,7 +98,13 @@ class Tracing(Collector):
         if now - self.last_check >= 2.0:
             self.last_check = now
             self.check_orphans(now)
-        if self.retarget_why and now >= max(self.retarget_at, self.last_restart + RETARGET_EVERY_S):
+        why = self.libs.poll(self, now)           # a library mapped or found the program does not cover
+        if why:
+            self.retarget_why, self.retarget_at = why, now
+            if self.libs.held:
+                self.last_restart = -1e18         # at once: a held process waits for it
+        if self.retarget_why and now >= max(self.retarget_at, self.last_restart + RETARGET_EVERY_S) \
+                and not self.libs.busy():
             why, self.retarget_why = self.retarget_why, None
             self.retarget(why)
 
@@ -105,7 +112,7 @@ class Tracing(Collector):
         """New processes, or known ones whose libraries changed: those mapping an NCCL library the
         running program does not cover get the tracer restarted for them (after a settle time)."""
         for info in fresh:
-            new = sorted({l.host_path for l in info.nccl_libs if not self.covers(l)})
+            new = sorted({l.host_path for l in info.nccl_libs if not self.covers(l) and l.key not in self.libs.declined})
             if new and self.proc is not None:
                 if not self.retarget_why:
                     self.retarget_at = time.monotonic() + RETARGET_SETTLE_S
@@ -119,6 +126,7 @@ class Tracing(Collector):
 
     def stop(self) -> None:
         """bpftrace exits on SIGINT, stopped by a thread (its END can take a while); joined in finish."""
+        self.libs.resume_all()
         self.stopper = threading.Thread(target=self.stop_tracer)
         self.stopper.start()
 
@@ -136,6 +144,7 @@ class Tracing(Collector):
 
     def stop_quietly(self) -> None:
         """Stop bpftrace without building events (the watcher's end: its rings are dropped)."""
+        self.libs.resume_all()
         if self.alive():
             children.stop(self.proc, signal.SIGINT, grace_s=10)
             if self.spool is not None:
@@ -143,7 +152,7 @@ class Tracing(Collector):
             self.stderr_fh.close()
 
     # ------------------------------------------------------------------ the tracer
-    def start_tracer(self, restart: bool = False) -> None:
+    def start_tracer(self, restart: bool = False, overlap: bool = False) -> None:
         """bpftrace on the libraries the job's processes map (and --nccl-lib's), its raw lines
         spooled as they come; ``restart``: a new program into the same spool and record."""
         s = self.s
@@ -204,6 +213,7 @@ class Tracing(Collector):
                 real = str(Path(sib).resolve())
                 if cs and not any(os.path.samefile(real, k) for k in targets.cudart):
                     targets.cudart[real] = cs
+        self.libs.add_targets(targets, covered, self.versions)
         self.covered = covered
         libc = tracer.own_libc()
         try:
@@ -224,14 +234,17 @@ class Tracing(Collector):
         script_path.write_text(script)
         if not restart:
             s.budget.take(len(script) + 1024)
-        argv = ["bpftrace", "-B", "line", str(script_path)]
+        argv = ["bpftrace", "-B", "line"] + (["--unsafe"] if targets.hold and ring else []) + [str(script_path)]
         self.stderr_fh = open(bpf_dir / "tracer.stderr.txt", "ab" if restart else "wb")
+        self.libs.rendered(targets, ring)
         env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
                    BPFTRACE_MAP_KEYS_MAX=keys)
         self.proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.stderr_fh, env=env)
         # raw lines are spooled as they come (no parsing while the job runs) and become
         # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
-        if restart and self.spool is not None:
+        if restart and self.spool is not None and overlap:
+            self.spool.overlap(self.proc.stdout)
+        elif restart and self.spool is not None:
             self.spool.follow(self.proc.stdout)
         else:
             self.spool = tracer_spool.Spool(self.proc.stdout, s.raw_dir, s.budget.tracer,
@@ -299,11 +312,15 @@ class Tracing(Collector):
             while self.spool.ring_dumps == dumps and time.monotonic() < deadline and self.alive():
                 time.sleep(0.05)
         self.last_restart = time.monotonic()
-        self.halt()
-        self.start_tracer(restart=True)
+        overlap = tracer_libs.overlap_restart(self, t0)
+        if overlap is None:           # the old program stopped first (capture, not the watcher)
+            self.halt()
+            self.start_tracer(restart=True)
         after = sorted(self.covered.values())
         self.restarts = self.restarts[-49:] + [{"at_ns": t0, "why": why, "libraries": after,
-                                                 "stopped_ns": t0, "started_ns": time.time_ns()}]
+                                                 "stopped_ns": t0, "started_ns": time.time_ns(),
+                                                 **(overlap or {})}]
+        self.libs.restarted(self)
         s.record("tracer", restarts=list(self.restarts))
         s.log(f"tracer restarted ({why}): tracing {len(after)} NCCL librar{'y' if len(after) == 1 else 'ies'}"
               + (f" (was {len(before)})" if before != after else ""))

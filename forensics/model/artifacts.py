@@ -54,7 +54,8 @@ LOOSE_PARSERS = LOG_PARSERS + ("ss", "native_stacks")
 FOLDER_PARSERS = {"nccl-tests": "nccl_tests", "flight-recorder": "flight_recorder", "stacks": "pyspy"}
 ARTIFACT_TABLES = ("nccl_config", "nccl_warnings", "host_facts", "nccl_tests", "nccl_tests_runs", "stacks", "sockets",
                    "fr_entries", "fr_pg_status", "ib_counters", "coll_log_ops", "threads", "watchdog_events",
-                   "process_exits", "ib_ports", "ras_ranks", "kernel_events", "fr_report", "init_errors", "gpu_events")
+                   "process_exits", "ib_ports", "ras_ranks", "kernel_events", "fr_report", "init_errors", "gpu_events",
+                   "comm_inits")
 # capture's native stacks (eu-stack / gdb / py-spy --native) sit in stacks/ beside py-spy's dumps
 NATIVE_STACKS_RE = re.compile(r"(?:^|/)native-[^/]*$")
 PHASE_RE = re.compile(r"(?:^|[-_.])(start|end)(?:[-_.]|$)")
@@ -452,11 +453,12 @@ def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- all of it
 
-def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.DataFrame) -> dict[str, pd.DataFrame]:
+def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.DataFrame,
+                events: list[dict] = ()) -> dict[str, pd.DataFrame]:
     """The artefact tables of one host that need no other host (:mod:`.hosts`' per-host stage);
     ``ranks``: the host's :func:`forensics.model.nccl.process_ranks` (the one pid -> global
     rank rule); ``gpu_records``: its Inspector and profiler-plugin records for the GPU times."""
-    from . import gpu_times, nccl_config, state
+    from . import gpu_times, inits, nccl_config, state
     tests, runs = nccl_tests_tables(b, arts)
     cfg, warns = nccl_config.config_tables(b, arts, ranks)
     insp = [r for r in (gpu_times.inspector_records(b, arts), gpu_times.profiler_records(b, arts)) if len(r)]
@@ -476,7 +478,8 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
             "threads": state.threads_table(b, arts, ranks),
             "fr_entries": gpu_times.fr_entries(b, arts, ranks),
             "fr_pg_status": gpu_times.fr_entries(b, arts, ranks, "fr_pg_status"),
-            "gpu_records": pd.concat(insp, ignore_index=True) if insp else pd.DataFrame()}
+            "gpu_records": pd.concat(insp, ignore_index=True) if insp else pd.DataFrame(),
+            "comm_inits": inits.comm_inits(b, list(events), arts.table("nccl_debug", "nccl_comms"))}
 
 
 def artifact_tables(bundles: list, nccl: pd.DataFrame, attr, per_host: dict[str, dict[str, pd.DataFrame]]

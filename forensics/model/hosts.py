@@ -108,7 +108,8 @@ def read_host(path, *, skew: bool = True) -> HostPart:
                     nccl=nccl_mod.nccl_events(b, events, ranks), bpf_tcp=tcp_ranks.bpf_tcp_frame(b, events),
                     offcpu=offcpu_mod.offcpu_samples(b, events, ranks),
                     windows=windows_mod.bundle_windows(b, events, flows),
-                    tables=job_scope.drop_rows(artifacts_mod.host_tables(b, arts, ranks, facts), sc), pcap=pcap)
+                    tables=job_scope.drop_rows(artifacts_mod.host_tables(b, arts, ranks, facts, events), sc),
+                    pcap=pcap)
 
 
 def open_source(source) -> Bundle:

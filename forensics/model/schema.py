@@ -302,6 +302,12 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "timeout_ms": "BIGINT", "error": "VARCHAR", "message": "VARCHAR", "ctx_rank": "INTEGER", "ctx_host": "VARCHAR",
         "ctx_clock": "VARCHAR", "time_ns": "BIGINT", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
     },
+    # communicator inits a rank began (model/inits.py: the tracer's comm_init, NCCL's Init START/COMPLETE)
+    "comm_inits": {
+        "host": "VARCHAR", "pid": "BIGINT", "tid": "BIGINT", "fn": "VARCHAR", "rank": "INTEGER", "nranks": "INTEGER",
+        "comm_id": "VARCHAR", "start_ns": "BIGINT", "end_ns": "BIGINT", "completed": "BOOLEAN", "source": "VARCHAR",
+        "unreached": "VARCHAR",
+    },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
     "ib_ports": {
         "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",

@@ -9,9 +9,12 @@ from __future__ import annotations
 import socket
 import time
 
-from .scenarios import ScenarioError, now_ns, read_events
+from . import netns
 
-NETWORK_FAULTS = ("loss", "slow-link", "link-down-hang", "reset", "link-flap")   # need the lab's namespaces
+from .scenarios import INIT_HANGS, ScenarioError, now_ns, read_events
+
+NETWORK_FAULTS = ("loss", "slow-link", "link-down-hang", "reset", "link-flap",
+                  "init-hang-dropped")   # need the lab's namespaces
 
 
 def link_info(run, r: int) -> dict:
@@ -46,7 +49,7 @@ def inject(run) -> None:
         return
     if sc in NETWORK_FAULTS and a.no_netns:
         raise ScenarioError(f"scenario {sc} needs network namespaces (drop --no-netns)")
-    t0 = run.train_start_ns()
+    t0 = None if sc in INIT_HANGS else run.train_start_ns()    # an init hang never trains
     run.fault = {"kind": sc, "ranks": [a.rank], "link": None, "start_time_ns": None}
     apply = FAULTS.get(sc)
     if apply is None:
@@ -163,6 +166,31 @@ def _reset(run, r: int, t0: int) -> None:
                      connection=f"ring {prev} -> {r}", **run.lab.reset_from(r, prev, a.reset_scope))
 
 
+def _init_hang(run, r: int, t0) -> None:
+    """Rank r gets the unique id and never calls ncclCommInitRank (SSLAB_INIT_HANG): the others
+    wait in their init for it. The onset: rank r's decision (its init_skip record)."""
+    ev = run.wait_for(lambda: next((e for e in run.events(r) if e.get("ev") == "init_skip"), None), run.a.init_timeout_s, f"rank {r} to skip init")
+    run.fault.update(start_time_ns=ev["t_ns"], missing_rank=r, address=None, method="rank never calls ncclCommInitRank")
+
+
+def _init_hang_dropped(run, r: int, t0) -> None:
+    """Rank r's packets to rank 0's host (the bootstrap root lives in rank 0's process), the
+    store's port excepted, dropped in the switch before rank r calls ncclCommInitRank (it
+    waits --init-delay-ms): its connection to the root never opens, the others wait in init.
+    The onset: rank r's call (its init_start record)."""
+    lab, root = run.lab, run.lab.hosts[0]
+    port = lab.hosts[r].port
+    rule = f'iifname "{port}" ip daddr {root.addr} tcp dport != {netns.MASTER_PORT} counter drop'
+    netns.run(["ip", "netns", "exec", lab.switch, "nft", "-f", "-"],
+              input=f"table bridge sslab_init_fault {{\n  chain bootstrap {{\n    type filter hook forward priority 0; "
+                    f"policy accept;\n    {rule}\n  }}\n}}\n")
+    ev = run.wait_for(lambda: next((e for e in run.events(r) if e.get("ev") == "init_start"), None), run.a.init_timeout_s,
+                      f"rank {r} to call ncclCommInitRank")
+    run.fault.update(start_time_ns=ev["t_ns"], missing_rank=r, address=root.addr, root_rank=0,
+                     link=link_info(run, r), method="nft drop in the switch", nft=rule,
+                     switch_namespace=lab.switch)
+
+
 # scenario -> its injection (run, the faulty rank, when every rank began training): it fills
 # run.fault, start_time_ns included (clean and selftest have none)
 FAULTS = {
@@ -173,6 +201,8 @@ FAULTS = {
     "link-down-hang": _link_down_hang,
     "gpu-hang": _gpu_hang,
     "reset": _reset,
+    "init-hang": _init_hang,
+    "init-hang-dropped": _init_hang_dropped,
 }
 from .host_faults import cpu_starved, link_flap, rank_killed  # noqa: E402  (they use link_info above)
 

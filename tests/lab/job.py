@@ -65,6 +65,10 @@ def rank_env(run, r: int, master_addr: str, master_port: int) -> dict:
             env["SSLAB_GPU_HANG_TRIGGER"] = str(run.gpu_trigger)
         else:
             env["SSLAB_GPU_HANG_AT_OP"] = str(run.at_op())
+    if run.a.scenario == "init-hang" and r in run.fault_ranks():
+        env["SSLAB_INIT_HANG"] = "1"
+    if run.a.scenario == "init-hang-dropped" and r in run.fault_ranks():
+        env["SSLAB_INIT_DELAY_MS"] = str(run.a.init_delay_ms)
     return env
 
 

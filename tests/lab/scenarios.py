@@ -18,6 +18,9 @@ DEFAULT_BUILD = LAB_DIR / "build"
 SCENARIOS = ("clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-down-hang", "gpu-hang", "reset",
              "selftest", "rank-killed", "link-flap", "cpu-starved")
 HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
+INIT_HANGS = ("init-hang", "init-hang-dropped")     # the job never finishes ncclCommInitRank: no training
+SCENARIOS += INIT_HANGS
+HANGS += INIT_HANGS
 HOLDS = HANGS + ("reset", "rank-killed", "link-flap")   # end --hold-s after the fault, not when the job ends
 DYING = ("reset", "rank-killed")    # scenarios whose ranks may exit (fail) once the fault is in
 STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at,
@@ -48,6 +51,11 @@ DEFAULTS = {
     "link-flap": dict(steps=100000, start_s=1.0, compute_ms=20.0, down_s=3.0, up_s=2.0, flaps=1, hold_s=12.0),
     # rank r's CPU quota cut (its own cgroup) from --start-s; compute is CPU work (--compute-busy)
     "cpu-starved": dict(steps=14, compute_ms=20.0, cpu_quota="10%", start_s=0.5),
+    # one rank gets the unique id and never calls ncclCommInitRank; its peers wait in init
+    "init-hang": dict(steps=100000),
+    # the faulty rank's traffic to rank 0's host (the bootstrap root; the store's port excepted)
+    # is dropped in the switch before it calls ncclCommInitRank (--init-delay-ms later than the others)
+    "init-hang-dropped": dict(steps=100000, init_delay_ms=1500),
 }
 
 

@@ -1051,6 +1051,15 @@ int main(int argc, char **argv) {
   }
   ncclUniqueId id;
   exchange_id(&id);
+  /* init-hang faults (the launcher sets them on the faulty rank only): SSLAB_INIT_HANG=1 never
+     calls ncclCommInitRank (the rank got the id, then hangs in host code: its peers wait in
+     init); SSLAB_INIT_DELAY_MS calls it that much later (the launcher drops its bootstrap
+     traffic meanwhile) */
+  if ((e = getenv("SSLAB_INIT_HANG")) && atoi(e) == 1) {
+    emit("{\"ev\":\"init_skip\",\"t_ns\":%llu,\"rank\":%d}", (unsigned long long)now_ns(), g_rank);
+    for (;;) sleep_ms(1000);
+  }
+  if ((e = getenv("SSLAB_INIT_DELAY_MS"))) sleep_ms(atoi(e));
   emit("{\"ev\":\"init_start\",\"t_ns\":%llu,\"rank\":%d}", (unsigned long long)now_ns(), g_rank);
   NCCLCHECK(ncclCommInitRank(&g_comm, g_world, id, g_rank));
   emit("{\"ev\":\"init_done\",\"t_ns\":%llu,\"rank\":%d,\"comm\":\"%p\",\"stream\":\"%p\"}", (unsigned long long)now_ns(),

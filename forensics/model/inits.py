@@ -1,0 +1,87 @@
+"""``comm_inits``: one row per communicator init a rank began, from the tracer's ``comm_init``
+events (entry, and return when it came) and the NCCL_DEBUG ``Init START``/``Init COMPLETE``
+lines (``nccl_comms``; no times: NCCL's lines carry none). An init not ``completed`` is a rank still inside ``ncclCommInitRank*`` when
+the evidence ends: the init-hang detector (``forensics/findings/init_hang.py``) compares those
+with the communicator's size to name the ranks that never arrived.
+
+For a rank stuck in init the tracer's ``sock_state`` transitions of its process add the
+connections it tried and never opened (``SYN_SENT`` never followed by ``ESTABLISHED``): the
+address it cannot reach (``unreached``, ``addr:port``).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from .events import events_frame, utc_of
+from .schema import conform, empty
+
+INIT_FNS = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommSplit",
+            "ncclCommInitAll")
+
+
+def comm_inits(bundle, events: list[dict], log_comms: pd.DataFrame | None) -> pd.DataFrame:
+    """``comm_inits`` of one bundle (or loose logs: ``log_comms`` alone)."""
+    traced = _traced(bundle, events)
+    logged = _logged(bundle, log_comms)
+    if traced is not None and logged is not None and len(traced):
+        # one communicator, two keys (the tracer's hash of the unique id, NCCL's commId): a
+        # process the tracer saw is taken from the tracer alone
+        logged = logged[~pd.to_numeric(logged["pid"], errors="coerce").isin(set(traced["pid"]))]
+    parts = [p for p in (traced, logged) if p is not None and len(p)]
+    if not parts:
+        return empty("comm_inits")
+    return conform(pd.concat(parts, ignore_index=True), "comm_inits")
+
+
+def _traced(bundle, events: list[dict]) -> pd.DataFrame | None:
+    ini = events_frame(events, "comm_init")
+    if ini.empty:
+        return None
+    for c in ("t0", "t1", "pid", "tid", "rank", "nranks", "comm_id_hash", "fn"):
+        if c not in ini.columns:
+            ini[c] = None
+    out = pd.DataFrame({
+        "host": bundle.host, "pid": ini["pid"], "tid": ini["tid"], "fn": ini["fn"], "rank": ini["rank"],
+        "nranks": ini["nranks"], "comm_id": ini["comm_id_hash"],
+        "start_ns": utc_of(bundle.clock, ini["t0"]), "end_ns": utc_of(bundle.clock, ini["t1"]),
+        "completed": ini["t1"].notna(), "source": "tracer"})
+    out["unreached"] = _unreached(bundle, events, out)
+    return out
+
+
+def _unreached(bundle, events: list[dict], inits: pd.DataFrame) -> pd.Series:
+    """Per init row not completed: ``addr:port`` of a connection its process tried after the init
+    began and that failed unopened (``sock_state`` SYN_SENT -> CLOSE: refused, timed out), or NA.
+    A connection still trying at the end is in ``sockets`` (SYN-SENT), which the detector reads."""
+    res = pd.Series(pd.NA, index=inits.index, dtype="object")
+    ss = events_frame(events, "sock_state")
+    if ss.empty or not {"pid", "daddr", "dport", "oldstate", "newstate", "t"} <= set(ss.columns):
+        return res
+    ss = ss.assign(ts=utc_of(bundle.clock, ss["t"]))
+    failed = ss[(ss["oldstate"] == "SYN_SENT") & (ss["newstate"] == "CLOSE")]
+    for i, row in inits[~inits["completed"].astype(bool)].iterrows():
+        tried = failed[(failed["pid"] == row["pid"]) & (failed["ts"] >= row["start_ns"])]
+        if len(tried):
+            r = tried.iloc[-1]
+            res.loc[i] = f"{r['daddr']}:{r['dport']}"
+    return res
+
+
+def _logged(bundle, log_comms: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The log's Init START lines, each with its Init COMPLETE (same pid and comm pointer)."""
+    if log_comms is None or log_comms.empty or "status" not in log_comms.columns:
+        return None
+    lc = log_comms.copy()
+    for c in ("pid", "tid", "comm", "rank", "nranks", "comm_id", "func", "ts", "host"):
+        if c not in lc.columns:
+            lc[c] = None
+    start = lc[lc["status"] == "START"]
+    done = lc[lc["status"] == "COMPLETE"]
+    if start.empty:
+        return None
+    ended = {(r.pid, r.comm) for r in done.itertuples()}
+    host = start["host"].where(start["host"].notna(), bundle.host)
+    return pd.DataFrame({
+        "host": host, "pid": start["pid"], "tid": start["tid"], "fn": start["func"], "rank": start["rank"],
+        "nranks": start["nranks"], "comm_id": start["comm_id"], "start_ns": None, "end_ns": None,
+        "completed": [(r.pid, r.comm) in ended for r in start.itertuples()], "source": "log", "unreached": pd.NA})

@@ -1,0 +1,176 @@
+"""The watcher's tracer with no blind window (capture.libscan, capture.tracer_libs, the spool's
+overlap, tracer_events.dedup, the lib_map block): unit tests without root. The end-to-end runs
+(a watcher before unknown jobs, a library in a container's mount namespace, init hangs) are in
+tests/lab_runs/test_watch_blind.py."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+from capture import libscan, tracer, tracer_events, tracer_spool
+
+LAB = ROOT / "tests" / "lab"
+
+
+@pytest.fixture(scope="module")
+def labnccl(tmp_path_factory) -> Path:
+    build = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        pytest.skip("the lab does not build here: " + p.stderr[-300:])
+    return build / "libnccl.so.2"
+
+
+def test_scan_finds_host_python_and_layer_copies_once_per_file(tmp_path, labnccl):
+    root = tmp_path / "root"
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    site = root / "usr/local/lib/python3.11/dist-packages/nvidia/nccl/lib"
+    layer = tmp_path / "layers/abc/fs/opt/conda/envs/train/lib/python3.11/site-packages/nvidia/nccl/lib"
+    for d in (libdir, site, layer):
+        d.mkdir(parents=True)
+    shutil.copy(labnccl, libdir / "libnccl.so.2")
+    os.link(libdir / "libnccl.so.2", site / "libnccl.so.2")          # the same file: once
+    shutil.copy(labnccl, layer / "libnccl.so.2")                      # a copy of the same build
+    (root / "usr/lib/libnccl.so.2").write_bytes(b"not an ELF")        # no NCCL API: left out
+    found = libscan.scan(roots={"host": str(root)}, layers=(str(tmp_path / "layers/*/fs"),), containers=False,
+                         ld_cache=str(tmp_path / "none"), wanted=tracer.NCCL_SYMBOLS)
+    assert len(found) == 2, found
+    assert {f.where for f in found} == {"host", "layer"}
+    assert {"ncclAllReduce", "ncclCommInitRank"} <= found[0].symbols
+    assert found[0].build_id == found[1].build_id or found[0].build_id is None
+    traced, left = libscan.choose(found, 1)
+    assert len(traced) == 1 and len(left) == 1
+    # a file a process maps goes first, whatever the order
+    traced, _ = libscan.choose(found, 1, mapped={found[1].key})
+    assert traced == [found[1]]
+
+
+def test_ld_cache_paths_are_the_libnccl_strings(tmp_path):
+    cache = tmp_path / "ld.so.cache"
+    cache.write_bytes(b"glibc-ld.so.cache1.1\0\0libnccl.so.2\0/usr/lib/x86_64-linux-gnu/libnccl.so.2\0"
+                      b"libc.so.6\0/lib/x86_64-linux-gnu/libc.so.6\0/opt/x/lib/librccl.so.1\0")
+    assert libscan.ld_cache_paths(str(cache)) == ["/usr/lib/x86_64-linux-gnu/libnccl.so.2",
+                                                  "/opt/x/lib/librccl.so.1"]
+    assert libscan.ld_cache_paths(str(tmp_path / "missing")) == []
+
+
+def _coll(t0, t1=None, tid=7, count=1024):
+    return {"ev": "coll", "op": "ALL_REDUCE", "fn": "ncclAllReduce", "t0": t0, "t1": t1, "pid": 5, "tid": tid,
+            "comm": "0x10", "op_count": 3, "count": count, "returned": t1 is not None}
+
+
+def test_dedup_keeps_a_call_both_programs_saw_once_inside_the_overlap_only():
+    evs = [_coll(1_000_000), _coll(1_002_000, t1=1_500_000),      # one call, both programs: kept once, with t1
+           _coll(1_003_000, count=8),                                # another call (other count): kept
+           _coll(9_000_000), _coll(9_001_000)]                       # outside the window: both kept
+    n = [0]
+    out = list(tracer_events.dedup(iter(evs), [(900_000, 2_000_000)], n))
+    assert n == [1]
+    assert [e["t0"] for e in out] == [1_000_000, 1_003_000, 9_000_000, 9_001_000]
+    assert out[0]["t1"] == 1_500_000 and out[0]["returned"] is True
+
+
+def test_postprocess_reads_the_overlap_mark_and_drops_the_twin(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = ['{"ev":"tracer_start","t":100,"tracer_pid":1}',
+             '{"ev":"comm_init","fn":"ncclCommInitRank","t0":5000,"pid":5,"tid":7,"nranks":2,"rank":0,'
+             '"comm_id_hash":"0x1"}',
+             '{"ev":"comm_init","fn":"ncclCommInitRank","t0":5400,"pid":5,"tid":7,"nranks":2,"rank":0,'
+             '"comm_id_hash":"0x1"}',
+             '{"ev":"tracer_overlap","t0":1000,"t1":9000}']
+    (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "events.jsonl"
+    summ = tracer_events.postprocess(raw, out, 1 << 20)
+    assert summ["overlap_duplicates"] == 1
+    assert summ["by_type"].get("comm_init") == 1
+
+
+def test_spool_overlap_reads_both_programs_until_the_old_one_ends(tmp_path):
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    old, new = os.fdopen(r1, "rb"), os.fdopen(r2, "rb")
+    sp = tracer_spool.Spool(old, tmp_path / "raw", 1 << 20, poll_s=0.02).start()
+    os.write(w1, b'{"ev":"tracer_start","t":1,"tracer_pid":1}\n')
+    assert sp.ready.wait(5)
+    sp.overlap(new)
+    assert not sp.ready.is_set()
+    os.write(w2, b'{"ev":"tracer_start","t":2,"tracer_pid":2}\n')
+    os.write(w1, b'{"ev":"lib_map","t":3,"pid":42,"ino":9,"name":"libnccl.so.2","held":0}\nold-late\n')
+    assert sp.ready.wait(5)
+    os.close(w1)
+    deadline = time.monotonic() + 5
+    while not sp.drained(old) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sp.drained(old)
+    assert [e["pid"] for e in sp.lib_maps] == [42]
+    os.write(w2, b"new-line\n")
+    os.close(w2)
+    assert sp.join(5)
+    text = b"".join(p.read_bytes() for p in tracer_spool.raw_files(tmp_path / "raw"))
+    assert b"old-late" in text and b"new-line" in text and text.count(b"tracer_start") == 2
+
+
+def test_lib_map_block_needs_ring_btf_and_no_pid_and_holds_only_when_asked(labnccl):
+    feats = tracer.KernelFeatures(tracepoints={"syscalls/sys_enter_mmap": ""}, btf=True, cpus=2)
+    t = tracer.TraceTargets()
+    t.nccl[str(labnccl)] = set(tracer.NCCL_SYMBOLS)
+    t.stop_lib, t.capture_pid = "/lib/libc.so.6", 1
+    t.known_inodes = {12345}
+    script, blocks = tracer.render_script(t, feats, ring=64)
+    assert "lib_map" in blocks and "@known[(uint64)12345] = 1;" in script and "$h = 0;" in script
+    t.hold, t.hold_cgroup = True, "/sys/fs/cgroup/unified/x"
+    script, _ = tracer.render_script(t, feats, ring=64)
+    assert '$h = (cgroup == cgroupid("/sys/fs/cgroup/unified/x") ? 1 : 0);' in script and 'signal("SIGSTOP")' in script
+    assert "lib_map" not in tracer.render_script(t, feats, ring=0)[1]           # a capture: not there
+    assert "lib_map" not in tracer.render_script(t, tracer.KernelFeatures(btf=False), ring=64)[1]
+    t.want_pids = [1]
+    assert "lib_map" not in tracer.render_script(t, feats, ring=64)[1]           # --pid: only those
+
+
+def test_hold_setting():
+    assert tracer.hold_setting({}) == (False, None)
+    assert tracer.hold_setting({"STALLSCOPE_HOLD": "on"}) == (True, None)
+    assert tracer.hold_setting({"STALLSCOPE_HOLD": "/sys/fs/cgroup/unified/t"}) == (True, "/sys/fs/cgroup/unified/t")
+
+
+def test_init_watch_reports_an_init_that_never_returns_once():
+    from capture.init_watch import InitWatch
+    w = InitWatch()
+    me = os.getpid()
+    w.feed([{"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": me, "tid": 1, "rank": 0, "nranks": 2},
+            {"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": me, "tid": 2, "rank": 1, "nranks": 2},
+            {"ev": "ret", "k": "init", "t1": 2_000, "pid": me, "tid": 2, "rc": 0},
+            {"ev": "split_enter", "t0": 5_000, "pid": me, "tid": 3},
+            {"ev": "comm_init", "fn": "ncclCommSplit", "t0": 5_000, "t1": 6_000, "pid": me, "tid": 3}])
+    got = w.stuck(10**10 + 1_000, 10**10)
+    assert [(s["tid"], s["rank"]) for s in got] == [(1, 0)]
+    w.feed([{"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": 999999999, "tid": 9}])
+    assert [s["tid"] for s in w.stuck(10**10 + 1_000, 10**10)] == [1]      # a gone process: forgotten
+    assert (999999999, 9) not in w.open
+
+
+def test_blocked_in_socket_sees_a_thread_waiting_in_accept(tmp_path):
+    import socket
+    import threading
+    from capture.init_watch import blocked_in_socket
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    t = threading.Thread(target=lambda: srv.accept(), daemon=True)
+    t.start()
+    time.sleep(0.3)
+    try:
+        assert blocked_in_socket(os.getpid()) in (f"accept() on fd {srv.fileno()}", f"accept4() on fd {srv.fileno()}")
+        assert blocked_in_socket(999999999) is None
+    finally:
+        socket.create_connection(srv.getsockname()).close()
+        t.join(2)
+        srv.close()

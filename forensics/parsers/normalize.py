@@ -373,7 +373,7 @@ class LineNumbers(Repair):
 _MON = rb"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _ISO = rb"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d|\s?UTC)?"
 _CTIME = rb"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + rb" [ \d]\d \d\d:\d\d:\d\d \d{4}"
-_NCCL_HEAD = rb"[\w.-]*:\d+:\d+ \[\d+\] "
+_NCCL_HEAD = rb"(?:<[\w.-]+>|\w[\w.-]*)?:\d+:\d+ \[\d+\] "     # a host begins no word; <name>: redacted
 _GLOG = rb"[EWIFD]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?"
 _DTYPES = rb"(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2)"
 _TEST_ROW = rb"[ \t]+\d+[ \t]+\d+[ \t]+" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]"
@@ -418,6 +418,10 @@ class _Wrap:
 
 _HEAD_AT_RE: re.Pattern | None = None
 _NAME_COLON_RE = re.compile(rb"[\w.-]+: ")     # ``srun: error``, ``ncclInvalidUsage: ...``
+# a line of its own after a lone long one: a traceback's source line (an assignment, a call, a
+# return), or any line after a whole frame header (its source line, whatever it holds)
+_SOURCE_RE = re.compile(rb"(?:return|raise|await|yield|del|assert) |[A-Za-z_][\w.]*(?:\[[^\]\n]*\])?(?: ?[-+*/|&]?= |\()")
+_FRAME_END_RE = re.compile(rb'[ \t]*File "[^"\n]+", line \d+, in [\w<>.]+[ \t]*$')
 _EXCEPTION_RE = re.compile(rb"[ \t]*[\w.]*(?:Error|Exception)\b")     # an exception's message line
 _DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
 
@@ -509,11 +513,12 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # one wrap alone: taken only when it cut a line a parser reads mid-word: the line
         # begins with a line head of GluedLines or an exception's message, no blank on either
         # side of the cut, and the next line begins like no line a program prints (not a
-        # capital, not ``name: ``)
+        # capital, not ``name: ``, no source line) and follows no whole frame header
         i = int(cand[e & ok][0])
         last, nxt = data[ends[i] - 1:ends[i]], data[starts[i + 1]:starts[i + 1] + 1]
         if not (last.isalnum() and nxt.isalnum() and not nxt.isupper()) \
-                or _NAME_COLON_RE.match(data, int(starts[i + 1])) \
+                or _NAME_COLON_RE.match(data, int(starts[i + 1])) or _SOURCE_RE.match(data, int(starts[i + 1])) \
+                or _FRAME_END_RE.match(data, int(starts[i]), int(ends[i])) \
                 or not (_head_at().match(data, int(starts[i])) or _EXCEPTION_RE.match(data, int(starts[i]))):
             return None
         joins = np.array([i])
@@ -545,7 +550,8 @@ class HardWrap(Repair):
     after them are log lines as often as not) is not wrapped; nor is one long line before a
     short one, unless the cut fell mid-word in a line that begins with a line head a parser
     reads (:class:`GluedLines`'s) or with an exception's name, and the next begins with a
-    lower-case word that is no ``name: ``. ``fold -s`` wraps (lines ending in a blank just
+    lower-case word that is no ``name: `` nor a source line (an assignment, a call, a
+    ``return``) and the long line is no whole traceback frame header. ``fold -s`` wraps (lines ending in a blank just
     short of W) count with those reaching W. Such a line is joined with the next: mid-word
     with nothing between, at a blank keeping it; a line that begins like a log line is never
     joined onto the one before. Padding is removed from every line. The sniff
@@ -584,8 +590,8 @@ class HardWrap(Repair):
 
 # glued lines: the heads a line of each format starts with; the split goes before them, and
 # before the launcher tags that stand in front of them
-_TAGS = (rb"(?:(?:\[?" + _ISO + rb"\]?[ \t]+(?:[\w.-]+ >> )?|" + _CTIME + rb"|\d{1,6}: |\[rank\d+\]:[ \t]?"
-         rb"|\[default\d+\]:[ \t]?|\[\d+,\d+\]<std\w+>:[ \t]?|\[pod/[^\]\s]+\][ \t]|\((?:[\w.:-]+ )?pid=\d+"
+_TAGS = (rb"(?:(?:\[?" + _ISO + rb"\]?:?[ \t]+(?:[\w.-]+ >> )?|" + _CTIME + rb"|\d{1,6}: |\[rank\d+\]:[ \t]?"
+         rb"|\[[A-Za-z_][A-Za-z_-]*\d+(?:\|\d+)?\]:[ \t]?|\[\d+,\d+\]<std\w+>:[ \t]?|\[pod/[^\]\s]+\][ \t]|\((?:[\w.:-]+ )?pid=\d+"
          rb"(?:, ip=[\d.:a-fA-F]+)?\)[ \t]|(?<![\w.-])[A-Za-z](?=[\w.-]*\d)[\w.-]*: )*)")
 
 
@@ -603,15 +609,41 @@ def _tests_markers() -> bytes:
                                                 rb"[ \t]*\(B\)", rb"[ \t]+out-of-place", rb"nccl-tests"]) + b")"
 
 
+def _exit_heads() -> bytes:
+    """The launchers' own words for a process that died, as ``TorchElasticParser.MARKERS`` names
+    them at a line's head (``srun: error:``, ``slurmstepd: error:``: those programs' lines, of
+    any level; slurmstepd may carry its host: ``slurmstepd-node7:``), and torchrun's logger (``torch.distributed.elastic.<module>:``)."""
+    from .torch_elastic import TorchElasticParser
+    progs = [rb"(?<![\w./-])" + re.escape(m[:-len(b": error:")]) + rb"(?:-[\w.-]+)?: " for m in TorchElasticParser.MARKERS
+             if m.endswith(b": error:")]
+    return b"|".join(progs + [rb"torch\.distributed\.elastic\.[\w.]+: \[?(?:WARNING|ERROR|INFO)\]?"])
+
+
+def _code_heads() -> bytes:
+    """NCCL's result codes with their text as PyTorch prints them on a line of their own
+    (``ncclInternalError: Internal check failed.``): ``TorchWatchdogParser``'s CODE_MARKERS."""
+    from .torch_watchdog import CODE_MARKERS
+    return rb"(?<![\w.])(?:" + b"|".join(re.escape(m) for m in CODE_MARKERS) + b")"
+
+
+def _ib_heads() -> bytes:
+    """Port lines of ibdev2netdev (``mlx5_0 port 1 ==> ib0 (Up)``: the head of ``ib_status``'s
+    IBDEV2NETDEV_RE) and iblinkinfo (``[0x<guid>] <lid> <port>[ ] ==(``: its LINK_PORT_RE)."""
+    return (rb"(?<![\w.-])(?:mlx\w+|[a-z]\w*_\d+) +port +\d+ +(?:\([A-Z_]+ *\) +)?==> +\S"
+            rb"|(?<![\w.-])(?:0x[0-9a-fA-F]+ +)?\d+ +\d+\[[ \d]*\] ==\(")
+
+
 def _heads() -> bytes:
     return b"|".join((
-        rb"(?<![\w.-])" + _NCCL_HEAD + rb"(?:[\w./-]+:\d+ (?:\(\w+\) )?)?NCCL (?:" + _nccl_markers() + rb")\b",
+        rb"(?<![\w.<>-])" + _NCCL_HEAD + rb"(?:[\w./-]+:\d+ (?:\(\w+\) )?)?NCCL (?:" + _nccl_markers() + rb")\b",
         _VERSION_HEAD.pattern,
         rb"\[rank\d+\]:",                                   # PyTorch >= 2.2 stderr
         rb"\[" + _GLOG + rb" +\d+ [\w/.-]+:\d+\]",          # c10 logger, bracketed
         _GLOG + rb" +\d+ [\w/.-]+:\d+\]",                   # c10 / torchrun glog
         rb"\[[EWIF] ProcessGroupNCCL\.cpp:\d+\]",           # PyTorch 1.x watchdog
-        rb"(?:ERROR|WARNING|INFO):torch\.distributed",       # torchrun 1.x / 2.0
+        rb"(?:ERROR|WARNING|INFO): ?torch\.distributed",     # torchrun 1.x / 2.0
+        _exit_heads(), _code_heads(), _ib_heads(),
+        rb"(?<=\s)File \"[^\"\n]+\", line \d+",              # a traceback's frame
         rb"torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError",
         rb"Traceback \(most recent call last\):",
         rb"terminate called after throwing",
@@ -623,7 +655,7 @@ def _heads() -> bytes:
         _tests_markers(),
         _TEST_ROW[len(rb"[ \t]+"):],
         rb"\S+: Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure",
-        rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<![\w.-])(?:Switch: 0x[0-9a-fA-F]+|CA|Router): \S",
+        rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<![\w.-])(?:Switch|CA|Router): (?:0x[0-9a-fA-F]+ )?\S",
         rb"(?<= )\t+",
     ))
 
@@ -638,33 +670,80 @@ def _split_re() -> re.Pattern:
     return _SPLIT_RE
 
 
+# heads that split only where the line shows the block they belong to: a port's fields after
+# its device (ibstat, ibstatus, ibv_devinfo), an exception's message after a traceback's frame,
+# PyTorch's "Last error:" (a line of its own) and NCCL's quoted last WARN after it, beside an NCCL error
+_IB_BLOCK_RE = re.compile(rb"CA '[^'\n]+'|hca_id:|Infiniband device '[^'\n]+' port \d+ status:")
+_FRAME_RE = re.compile(rb'File "[^"\n]+", line \d+')
+_NCCL_ERROR_RE = re.compile(rb"NCCL error|nccl[A-Z]\w*Error: ")
+_SPLITS: re.Pattern | None = None
+
+
+def _ib_fields() -> bytes:
+    """The fields of a port block: ``ib_status``'s IBSTAT_KEYS (ibstat), ibstatus' and
+    ibv_devinfo's (any case; the longest first, so ``Physical state`` is one field)."""
+    from .ib_status import IBSTAT_KEYS
+    keys = set(IBSTAT_KEYS) | {"default gid", "phys state", "link_layer", "transport", "fw_ver", "node_guid",
+                               "sys_image_guid", "vendor_id", "vendor_part_id", "hw_ver", "board_id",
+                               "phys_port_cnt", "port", "max_mtu", "active_mtu", "sm_lid", "port_lid", "port_lmc"}
+    words = sorted((re.escape(k.encode()).replace(b"\\ ", b" +") for k in keys), key=len, reverse=True)
+    return rb"(?<![\w.-])(?i:Port \d+|" + b"|".join(words) + rb"):(?=[ \t])"
+
+
+def _splits() -> re.Pattern:
+    global _SPLITS
+    if _SPLITS is None:
+        _SPLITS = re.compile(rb"(?P<chain>" + _TAGS + rb")(?:(?P<ib>" + _ib_fields() + rb")|(?P<exc>(?:[A-Za-z_]\w*\.)*"
+                             rb"[A-Z]\w*(?:Error|Exception|Interrupt): )|(?P<last>Last error:[ \t]+)(?=\S)|"
+                             + _heads() + rb")")
+    return _SPLITS
+
+
 def _glue_points(data: bytes) -> list[int]:
     """The offsets where a line head (with its tags) stands mid-line, on a line that holds
     two heads or more (one head after other text is a launcher's or a paste's own prefix,
-    which the parsers read as the line's context)."""
+    which the parsers read as the line's context). The heads of :func:`_splits` that belong
+    to a block count only after that block's head on the line (a port field after its device,
+    an exception's message after a frame, ``Last error:`` and its text on a line with an NCCL error)."""
     from .lines import strip_tags
     by_line: dict[int, list[int]] = {}
-    for m in _split_re().finditer(data):
-        at = m.start()
+    prev = 0
+    for m in _splits().finditer(data):
+        at, end, prev = m.start(), prev, m.end()
         ls = max(data.rfind(b"\n", 0, at), data.rfind(b"\r", 0, at)) + 1
+        if m["ib"] and not _IB_BLOCK_RE.search(data, ls, at) or m["exc"] and not _FRAME_RE.search(data, ls, at) \
+                or m["last"] and not _NCCL_ERROR_RE.search(data, ls, max(data.find(b"\n", at) % (len(data) + 1), at)):
+            continue
+        if m["last"]:     # "Last error:" stands alone on its line
+            by_line.setdefault(ls, []).append(at)
+            at = m.end()
+        elif m["ib"] or _TEST_ROW_AT.match(data, at) or _LINK_ROW_AT.match(data, at):
+            # a table row or a port's field starts with blanks: the split goes before them
+            while at > ls and data[at - 1] in b" \t":
+                at -= 1
+            if at < end:
+                continue     # its blanks are the head before (pdsh's "node7: \t")
         by_line.setdefault(ls, []).append(at)
     out = []
     for ls, ats in by_line.items():
         if len(ats) < 2:
             continue
-        for at in ats:
-            if at == ls or not strip_tags(data[ls:at].decode("utf-8", "replace"))[1].strip():
-                continue             # only blanks and launcher tags before it: the line's start
-            if _TEST_ROW_AT.match(data, at):
-                # a nccl-tests row starts with blanks: the split goes before them
-                while at > ls and data[at - 1] in b" \t":
-                    at -= 1
-                if at == ls:
-                    continue
-            out.append(at)
+        # a head after another with only blanks and tags between is one head with it (``[rank1]:
+        # File "..."``); one at the line's start is no split point
+        heads, last = [], ls
+        for at in sorted(ats):
+            if at == last or not strip_tags(data[last:at].decode("utf-8", "replace"))[1].strip():
+                if at == ls or last == ls and not heads:
+                    heads.append(None)
+                continue
+            heads.append(at)
+            last = at
+        if len(heads) >= 2:
+            out += [at for at in heads if at is not None]
     return sorted(out)
 
 
+_LINK_ROW_AT = re.compile(rb"(?:0x[0-9a-fA-F]+ +)?\d+ +\d+\[[ \d]*\] ==\(")
 _TEST_ROW_AT = re.compile(rb"\d+[ \t]+\d+[ \t]+" + _DTYPES)
 
 
@@ -688,7 +767,8 @@ def _glue_candidates() -> tuple[re.Pattern, ...]:
             rb"\s\s(?:time|host|rank|exitcode|error_file|traceback)\s*: ", _tests_markers(),
             rb"[ \t]" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
             rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
-            rb"Infiniband device '", rb"Switch: 0x", rb"CA: ", rb"Router: ", rb" \t"))
+            rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", _exit_heads(), _code_heads(),
+            rb" ==[>(] ", rb'File "', _ib_fields(), rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
     return _GLUE_CANDIDATES
 
 

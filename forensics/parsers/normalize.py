@@ -373,7 +373,7 @@ class LineNumbers(Repair):
 _MON = rb"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _ISO = rb"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d|\s?UTC)?"
 _CTIME = rb"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + rb" [ \d]\d \d\d:\d\d:\d\d \d{4}"
-_NCCL_HEAD = rb"(?:<[\w.-]+>|\w[\w.-]*)?:\d+:\d+ \[\d+\] "     # a host begins no word; <name>: redacted
+_NCCL_HEAD = rb"(?:<[\w.-]+>|[\w.][\w.-]*)?:\d+:\d+ \[\d+\] "   # <name>, ...: redacted hosts
 _GLOG = rb"[EWIFD]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?"
 _DTYPES = rb"(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2)"
 _TEST_ROW = rb"[ \t]+\d+[ \t]+\d+[ \t]+" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]"
@@ -690,12 +690,23 @@ def _ib_fields() -> bytes:
     return rb"(?<![\w.-])(?i:Port \d+|" + b"|".join(words) + rb"):(?=[ \t])"
 
 
+def _hostless_heads() -> bytes:
+    """NCCL's line head pasted without host:pid:tid (as ``nccl_debug``'s HOSTLESS_WARN_RE and
+    PIDLESS_RE read it: a [dev] or a source before ``NCCL``, a host before [dev]: a word with a
+    digit, as a pdsh tag's), and
+    NCCL's error trace with its level cut off (``init.cc:1138 -> 1``). Glue heads only: at a
+    line's start they would stop a wrap cut in a source path from being rejoined."""
+    return (rb"(?<![\w.:/<>-])(?:(?:(?<!\S)[A-Za-z](?=[\w.-]*\d)[\w.-]*\w )?\[-?\d+\] (?:\w[\w./-]*:\d+ (?:\(\w+\) )?)?"
+            rb"|\w[\w./-]*:\d+ (?:\(\w+\) )?)NCCL (?:" + _nccl_markers() + rb")\b"
+            rb"|(?<![\w.:/<>-])(?<!INFO )\w[\w./-]*\.(?:cc|cu|cpp|h):\d+ -> -?\d+\b")
+
+
 def _splits() -> re.Pattern:
     global _SPLITS
     if _SPLITS is None:
         _SPLITS = re.compile(rb"(?P<chain>" + _TAGS + rb")(?:(?P<ib>" + _ib_fields() + rb")|(?P<exc>(?:[A-Za-z_]\w*\.)*"
                              rb"[A-Z]\w*(?:Error|Exception|Interrupt): )|(?P<last>Last error:[ \t]+)(?=\S)|"
-                             + _heads() + rb")")
+                             + _heads() + b"|" + _hostless_heads() + rb")")
     return _SPLITS
 
 

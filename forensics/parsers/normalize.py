@@ -602,6 +602,14 @@ def _nccl_markers() -> bytes:
     return b"|".join(re.escape(w) for w in words)
 
 
+def _other_nccl_heads() -> bytes:
+    """The line heads of ``NcclDebugParser.MARKERS`` other than NCCL's own: libfabric's
+    ``libfabric:<pid>:<time>:``."""
+    from .nccl_debug import NcclDebugParser
+    return b"|".join(rb"(?<![\w.-])" + re.escape(m) + rb"\d+:\d+:" for m in NcclDebugParser.MARKERS
+                     if not m.startswith(b"NCCL "))
+
+
 def _tests_markers() -> bytes:
     from .nccl_tests import NcclTestsParser
     hashed = [re.escape(m[1:].lstrip()) for m in NcclTestsParser.MARKERS if m.startswith(b"# ")]
@@ -642,7 +650,8 @@ def _heads() -> bytes:
         _GLOG + rb" +\d+ [\w/.-]+:\d+\]",                   # c10 / torchrun glog
         rb"\[[EWIF] ProcessGroupNCCL\.cpp:\d+\]",           # PyTorch 1.x watchdog
         rb"(?:ERROR|WARNING|INFO): ?torch\.distributed",     # torchrun 1.x / 2.0
-        _exit_heads(), _code_heads(), _ib_heads(),
+        _exit_heads(), _code_heads(), _ib_heads(), _other_nccl_heads(),
+        rb"\[[\w.-]+@[\w-]+[^\]\n]*\][#$] ",                # a shell prompt (as ib_status' PROMPT_RE)
         rb"(?<=\s)File \"[^\"\n]+\", line \d+",              # a traceback's frame
         rb"torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError",
         rb"Traceback \(most recent call last\):",
@@ -779,7 +788,7 @@ def _glue_candidates() -> tuple[re.Pattern, ...]:
             rb"[ \t]" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
             rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
             rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", _exit_heads(), _code_heads(),
-            rb" ==[>(] ", rb'File "', _ib_fields(), rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
+            rb" ==[>(] ", rb'File "', rb"\.(?:cc|cu|cpp|h):\d+ -> ", rb"libfabric:\d", rb"\][#$] ", _ib_fields(), rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
     return _GLUE_CANDIDATES
 
 

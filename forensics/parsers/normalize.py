@@ -494,7 +494,7 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # most lines reaching the width go on in the next line: the lines of a log that merely
         # share the longest length (one format, many lines) are followed by log lines as often
         hard_ok = hc >= 2 and hc >= 0.75 * he
-        soft_ok = hc >= 1 and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
+        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
         lone = he == hc == 1 and sc == 0
         return e, s, hard_ok, soft_ok, lone
 
@@ -552,7 +552,8 @@ class HardWrap(Repair):
     reads (:class:`GluedLines`'s) or with an exception's name, and the next begins with a
     lower-case word that is no ``name: `` nor a source line (an assignment, a call, a
     ``return``) and the long line is no whole traceback frame header. ``fold -s`` wraps (lines ending in a blank just
-    short of W) count with those reaching W. Such a line is joined with the next: mid-word
+    short of W) count with those reaching W; four of them make a wrap without any line
+    reaching W (a log's lines seldom end in a blank). Such a line is joined with the next: mid-word
     with nothing between, at a blank keeping it; a line that begins like a log line is never
     joined onto the one before. Padding is removed from every line. The sniff
     looks at no more than 400 candidate lines per sampled window."""

@@ -523,16 +523,11 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
             return None
         joins = np.array([i])
     space = joins[trail[joins] == 1] if padded else np.zeros(0, np.int64)
-    # indented continuations: the indent most of them share
+    # indented continuations: the indent 7 in 10 of them have at least (a cut at a blank adds it)
     ji = joins + 1
     ind = np.array([len(data[s:e]) - len(data[s:e].lstrip(b" \t")) for s, e in
                     zip(starts[ji[:200]].tolist(), ends[ji[:200]].tolist())])
-    indent = 0
-    if len(ind):
-        vals, counts = np.unique(ind, return_counts=True)
-        k = int(vals[counts.argmax()])
-        if k > 0 and counts.max() >= 0.7 * len(ind):
-            indent = k
+    indent = int(np.percentile(ind, 30, method="lower")) if len(ind) else 0
     return _Wrap(W, joins, space, indent, padded)
 
 

@@ -382,9 +382,9 @@ _LOG_START_RE = re.compile(
     rb"|\[?" + _ISO + rb"|\[?" + _CTIME + rb"|" + _MON + rb" [ \d]\d \d\d:\d\d:\d\d"
     rb"|" + _NCCL_HEAD + rb"|\[?" + _GLOG + rb"|\[[EWIF] \w+\.(?:cpp|hpp|py):\d+\]|\[\d{1,7}\] |L\d{1,7}[: \t]"
     rb"|Traceback \(most recent call last\)|[ \t]*File \"|During handling|The above exception"
-    rb"|[\w.]*(?:Error|Exception|Interrupt|Warning)\b|frame #\d+:|Exception raised from|terminate called"
+    rb"|[\w.]*(?:Error|Exception|Interrupt|Warning)(?::|[ \t]*$)|frame #\d+:|Exception raised from|terminate called"
     rb"|[ \t]*what\(\):|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b|\[(?:INFO|WARNING|ERROR|DEBUG)"
-    rb"|#|" + _TEST_ROW + rb"|[A-Za-z][\w.-]*\d[\w.-]*: |NCCL |[ \t]*(?:time|host|rank|exitcode|error_file"
+    rb"|#|" + _TEST_ROW + rb"|[A-Za-z][\w.-]*\d[\w.-]*: |NCCL (?:[A-Z]{4,5}|version)\b|[ \t]*(?:time|host|rank|exitcode|error_file"
     rb"|traceback)\s*:|[ \t]*\[\d+\]:|Root Cause|Failures:|Other Failures|[=-]{5,}|[ \t]*at |\S+@\S+:)")
 _SEPARATOR_RE = re.compile(rb"(?m)^[ \t]*[=*#~_-]{20,}[ \t]*$")
 

@@ -651,7 +651,7 @@ def _heads() -> bytes:
         rb"(?<=\s)File \"[^\"\n]+\", line \d+",              # a traceback's frame
         rb"torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError",
         rb"Traceback \(most recent call last\):",
-        rb"terminate called after throwing",
+        rb"terminate called after throwing", rb"(?<=\s)what\(\): ",      # and the C++ runtime's next line
         rb"Exception raised from ",
         rb"frame #\d+: ",
         rb"(?<=\s)={20,}", rb"Root Cause \(first observed failure\):", rb"Other Failures:",
@@ -784,7 +784,7 @@ def _glue_candidates() -> tuple[re.Pattern, ...]:
             rb"[ \t]" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
             rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
             rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", _exit_heads(), _code_heads(),
-            rb" ==[>(] ", rb'File "', rb"\.(?:cc|cu|cpp|h):\d+ -> ", rb"libfabric:\d", rb"\][#$] ", _ib_fields(), rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
+            rb" ==[>(] ", rb'File "', rb"\.(?:cc|cu|cpp|h):\d+ -> ", rb" what\(\): ", rb"libfabric:\d", rb"\][#$] ", _ib_fields(), rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
     return _GLUE_CANDIDATES
 
 

@@ -414,6 +414,7 @@ class _Wrap:
     space: np.ndarray        # of those, the ones whose padding stood for one blank
     indent: int              # blanks the continuation lines start with (removed)
     padded: bool             # lines padded with blanks to the width (removed)
+    words: bool = False      # a word wrap (:func:`_word_wrap`): each join a blank, every indent removed
 
 
 _HEAD_AT_RE: re.Pattern | None = None
@@ -437,7 +438,7 @@ def _head_at() -> re.Pattern:
     """A line head of :class:`GluedLines` (with its launcher tags) at a line's start."""
     global _HEAD_AT_RE
     if _HEAD_AT_RE is None:
-        _HEAD_AT_RE = re.compile(rb"[ \t]*" + _split_re().pattern)
+        _HEAD_AT_RE = re.compile(rb"[ \t]*(?P<chain>" + _TAGS + rb")(?:" + _heads() + rb")")
     return _HEAD_AT_RE
 
 
@@ -531,6 +532,28 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
     return _Wrap(W, joins, space, indent, padded)
 
 
+def _word_wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
+    """A greedy word wrap at blanks whose blank a renderer dropped (no line reaches a fixed width, none
+    ends in a blank): W is the longest line; a line followed by its continuation (:func:`_continues`) was
+    cut when that line, a blank and the next line's first word (20 characters at most: no path, no table
+    cell) exceed W. Declared when three cuts or more make three in four of the lines at least half as long
+    as W followed by a continuation, half of them fall short of W (one format's lines reaching W are no
+    wrap), half the words after them differ (not one format's), and two begin like a log line (no prose)."""
+    starts, ends, chars, trail = _lines(data)
+    nonblank = trail != (ends - starts)
+    W = int(chars[nonblank].max()) if nonblank.sum() >= 3 else 0
+    if not MIN_WIDTH <= W <= MAX_WIDTH or (trail[nonblank] > 0).any():
+        return None
+    pairs = np.flatnonzero(nonblank[:-1] & nonblank[1:] & (chars[:-1] * 2 >= W))[:limit]
+    pairs = [i for i in pairs.tolist() if _continues(data, starts, i)]
+    fw = {i: (data[starts[i + 1]:ends[i + 1]].split() or [b""])[0] for i in pairs}
+    cut = [i for i in pairs if chars[i] + 1 + len(fw[i]) > W and len(fw[i]) <= 20]
+    if len(cut) < 3 or len(cut) < 0.75 * len(pairs) or 2 * (chars[cut] < W).sum() < len(cut) \
+            or 2 * len({fw[i] for i in cut}) < len(cut) or sum(_begins_like_log(data, int(starts[i])) for i in cut) < 2:
+        return None
+    return _Wrap(W, np.asarray(cut, np.int64), np.zeros(0, np.int64), 0, False, True)
+
+
 class HardWrap(Repair):
     """Lines hard-wrapped at a fixed width (60 to 200 columns) by a terminal, a renderer or a
     mail client, mid-word or at a blank, the continuation indented or not, every line padded
@@ -548,7 +571,8 @@ class HardWrap(Repair):
     lower-case word that is no ``name: `` nor a source line (an assignment, a call, a
     ``return``) and the long line is no whole traceback frame header. ``fold -s`` wraps (lines ending in a blank just
     short of W) count with those reaching W; four of them make a wrap without any line
-    reaching W (a log's lines seldom end in a blank). Such a line is joined with the next: mid-word
+    reaching W (a log's lines seldom end in a blank). A word wrap whose blank went (no fixed
+    width) is told by its cuts instead (:func:`_word_wrap`). Such a line is joined with the next: mid-word
     with nothing between, at a blank keeping it; a line that begins like a log line is never
     joined onto the one before. Padding is removed from every line. The sniff
     looks at no more than 400 candidate lines per sampled window."""
@@ -557,11 +581,12 @@ class HardWrap(Repair):
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return _wrap(seg.replace(b"\r\n", b"\n"), limit=400) is not None
+        seg = seg.replace(b"\r\n", b"\n")
+        return _wrap(seg, limit=400) is not None or _word_wrap(seg, limit=400) is not None
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
-        w = _wrap(data)
+        w = _wrap(data) or _word_wrap(data)
         if w is None:
             return data
         starts, ends, chars, trail = _lines(data)
@@ -575,6 +600,12 @@ class HardWrap(Repair):
             keep[ends[w.space] - 1] = True
         j = w.joins
         keep[ends[j]] = False       # the newline
+        if w.words:                 # a blank for it, the continuation's indent gone
+            arr = arr.copy()
+            arr[ends[j]], keep[ends[j]] = 32, True
+            for p in (ends[j] + 1).tolist():
+                while p < len(arr) and arr[p] in (32, 9):
+                    keep[p], p = False, p + 1
         if w.indent:
             for k in range(w.indent):
                 pos = ends[j] + 1 + k
@@ -599,8 +630,7 @@ def _nccl_markers() -> bytes:
 
 
 def _other_nccl_heads() -> bytes:
-    """The line heads of ``NcclDebugParser.MARKERS`` other than NCCL's own: libfabric's
-    ``libfabric:<pid>:<time>:``."""
+    """``NcclDebugParser.MARKERS``' heads other than NCCL's own: ``libfabric:<pid>:<time>:``."""
     from .nccl_debug import NcclDebugParser
     return b"|".join(rb"(?<![\w.-])" + re.escape(m) + rb"\d+:\d+:" for m in NcclDebugParser.MARKERS
                      if not m.startswith(b"NCCL "))
@@ -614,9 +644,7 @@ def _tests_markers() -> bytes:
 
 
 def _exit_heads() -> bytes:
-    """The launchers' own words for a process that died, as ``TorchElasticParser.MARKERS`` names
-    them at a line's head (``srun: error:``, ``slurmstepd: error:``: those programs' lines, of
-    any level; slurmstepd may carry its host: ``slurmstepd-node7:``), and torchrun's logger (``torch.distributed.elastic.<module>:``)."""
+    """Lines of the programs ``TorchElasticParser.MARKERS`` names (``srun:``, ``slurmstepd[-host]:``), torchrun's logger."""
     from .torch_elastic import TorchElasticParser
     progs = [rb"(?<![\w./-])" + re.escape(m[:-len(b": error:")]) + rb"(?:-[\w.-]+)?: " for m in TorchElasticParser.MARKERS
              if m.endswith(b": error:")]
@@ -624,15 +652,13 @@ def _exit_heads() -> bytes:
 
 
 def _code_heads() -> bytes:
-    """NCCL's result codes with their text as PyTorch prints them on a line of their own
-    (``ncclInternalError: Internal check failed.``): ``TorchWatchdogParser``'s CODE_MARKERS."""
+    """NCCL's result codes as PyTorch prints them alone on a line: ``torch_watchdog.CODE_MARKERS``."""
     from .torch_watchdog import CODE_MARKERS
     return rb"(?<![\w.])(?:" + b"|".join(re.escape(m) for m in CODE_MARKERS) + b")"
 
 
 def _ib_heads() -> bytes:
-    """Port lines of ibdev2netdev (``mlx5_0 port 1 ==> ib0 (Up)``: the head of ``ib_status``'s
-    IBDEV2NETDEV_RE) and iblinkinfo (``[0x<guid>] <lid> <port>[ ] ==(``: its LINK_PORT_RE)."""
+    """Port lines of ibdev2netdev and iblinkinfo: the heads of ``ib_status``' IBDEV2NETDEV_RE, LINK_PORT_RE."""
     return (rb"(?<![\w.-])(?:mlx\w+|[a-z]\w*_\d+) +port +\d+ +(?:\([A-Z_]+ *\) +)?==> +\S"
             rb"|(?<![\w.-])(?:0x[0-9a-fA-F]+ +)?\d+ +\d+\[[ \d]*\] ==\(")
 
@@ -665,16 +691,6 @@ def _heads() -> bytes:
     ))
 
 
-_SPLIT_RE: re.Pattern | None = None
-
-
-def _split_re() -> re.Pattern:
-    global _SPLIT_RE
-    if _SPLIT_RE is None:
-        _SPLIT_RE = re.compile(rb"(?P<chain>" + _TAGS + rb")(?:" + _heads() + rb")")
-    return _SPLIT_RE
-
-
 # heads that split only where the line shows the block they belong to: a port's fields after
 # its device (ibstat, ibstatus, ibv_devinfo), an exception's message after a traceback's frame,
 # PyTorch's "Last error:" (a line of its own) and NCCL's quoted last WARN after it, beside an NCCL error
@@ -685,8 +701,7 @@ _SPLITS: re.Pattern | None = None
 
 
 def _ib_fields() -> bytes:
-    """The fields of a port block: ``ib_status``'s IBSTAT_KEYS (ibstat), ibstatus' and
-    ibv_devinfo's (any case; the longest first, so ``Physical state`` is one field)."""
+    """A port block's fields: ``ib_status.IBSTAT_KEYS``, ibstatus' and ibv_devinfo's (any case, longest first)."""
     from .ib_status import IBSTAT_KEYS
     keys = set(IBSTAT_KEYS) | {"default gid", "phys state", "link_layer", "transport", "fw_ver", "node_guid",
                                "sys_image_guid", "vendor_id", "vendor_part_id", "hw_ver", "board_id",
@@ -696,11 +711,9 @@ def _ib_fields() -> bytes:
 
 
 def _hostless_heads() -> bytes:
-    """NCCL's line head pasted without host:pid:tid (as ``nccl_debug``'s HOSTLESS_WARN_RE and
-    PIDLESS_RE read it: a [dev] or a source before ``NCCL``, a host before [dev]: a word with a
-    digit, as a pdsh tag's), and
-    NCCL's error trace with its level cut off (``init.cc:1138 -> 1``). Glue heads only: at a
-    line's start they would stop a wrap cut in a source path from being rejoined."""
+    """NCCL's line head pasted without host:pid:tid (as ``nccl_debug``'s HOSTLESS_WARN_RE and PIDLESS_RE
+    read it: [dev] or a source before ``NCCL``, before [dev] a host: a word with a digit), and NCCL's error trace
+    with its level cut off (``init.cc:1138 -> 1``). Glue heads only: as line heads a wrap cut in a path stays cut."""
     return (rb"(?<![\w.:/<>-])(?:(?:(?<!\S)[A-Za-z](?=[\w.-]*\d)[\w.-]*\w )?\[-?\d+\] (?:\w[\w./-]*:\d+ (?:\(\w+\) )?)?"
             rb"|\w[\w./-]*:\d+ (?:\(\w+\) )?)NCCL (?:" + _nccl_markers() + rb")\b"
             rb"|(?<![\w.:/<>-])(?<!INFO )\w[\w./-]*\.(?:cc|cu|cpp|h):\d+ -> -?\d+\b")
@@ -768,10 +781,10 @@ _VERSION_HEAD = re.compile(rb"(?<!INFO )(?<!, )(?<!\w)NCCL version \d")    # as 
 
 
 def _glue_candidates() -> tuple[re.Pattern, ...]:
-    """Cheap stand-ins for the line heads of :func:`_heads`, most led by a literal (searched
-    at memchr speed): every head the split takes holds the end of one of their matches, so a
-    line that the split cuts holds two of these hits (the sniff runs the full split only on
-    such lines). ``[rankN]:`` before a c10 head is one head with it (a tag of the head)."""
+    """Cheap stand-ins for the line heads of :func:`_splits`, most led by a literal (searched at memchr
+    speed): every head the split takes holds the end of one of their matches, so a line that the split cuts
+    holds two of these hits (the sniff runs the full split only on such lines). ``[rankN]:`` before a c10
+    head is one head with it (a tag of the head)."""
     global _GLUE_CANDIDATES
     if _GLUE_CANDIDATES is None:
         _GLUE_CANDIDATES = tuple(re.compile(x) for x in (

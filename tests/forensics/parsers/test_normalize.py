@@ -523,3 +523,29 @@ def test_a_glued_line_keeps_the_host_of_its_nccl_head():
     clean = ('nemo-ft3/0 [default1]:[rank1]:   File "/usr/local/lib/python3.12/dist-packages/torch/distributed/'
              'distributed_c10d.py", line 4551, in barrier\n')
     assert normalize(clean.encode()).repairs == ()
+
+
+def test_a_word_wrap_with_no_fixed_width_is_rejoined():
+    """A renderer's word wrap that drops the blank it cut at (corpus 023): lines of 62 to 72
+    characters, later continuations indented like the log line between them. Each cut line
+    and the next line's first word exceed the longest line: the watchdog lines are whole again.
+    A stack trace whose frames go on with long paths is no such wrap."""
+    text = ("NCCL version 2.19.3+cuda12.0\n"
+            "[rank0]:[E327 17:04:16.986381360 ProcessGroupNCCL.cpp:565] [Rank 0]\n"
+            "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2,\n"
+            "OpType=ALLREDUCE, NumelIn=12, NumelOut=12, Timeout(ms)=1000) ran for\n"
+            "1099 milliseconds before timing out.\n"
+            "[rank0]:[E327 17:04:16.988036373 ProcessGroupNCCL.cpp:1582] [PG 0 Rank\n"
+            "0] Timeout at NCCL work: 2, last enqueued NCCL work: 2, last completed\n"
+            "   NCCL work: 1.\n"
+            "   [rank0]:[E327 17:04:16.182548526 ProcessGroupNCCL.cpp:1346] [PG 0\n"
+            "   Rank 0] Received a timeout signal from this local rank and will start\n"
+            "   to dump the debug info.\n")
+    out = fixed(text).splitlines()
+    assert out[1] == WATCHDOG.replace("rank1", "rank0").replace("E1112 10:21:07.284617000", "E327 17:04:16.986381360") \
+        .replace("616] [Rank 1]", "565] [Rank 0]").replace("SeqNum=2741", "SeqNum=2").replace("NumelIn=1, NumelOut=1",
+        "NumelIn=12, NumelOut=12").replace("600000", "1000").replace("600070", "1099")
+    assert out[2].endswith("last completed NCCL work: 1.") and out[3].endswith("will start to dump the debug info.")
+    stack = "".join(f"#{i}  0x00007f0a1749{i:04x} {'frame' * (i + 1)} - /usr/lib/x86_64-linux-gnu/libc.so.6\n"
+                    f"    ../sysdeps/unix/sysv/linux/pause_{i}.c:29:10\n" for i in range(8))
+    assert normalize(stack.encode()).repairs == ()

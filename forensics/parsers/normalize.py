@@ -796,8 +796,9 @@ def _glue_candidates() -> tuple[re.Pattern, ...]:
             rb"\s\s(?:time|host|rank|exitcode|error_file|traceback)\s*: ", _tests_markers(),
             rb"[ \t]" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
             rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
-            rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", _exit_heads(), _code_heads(),
-            rb" ==[>(] ", rb'File "', rb"\.(?:cc|cu|cpp|h):\d+ -> ", rb" what\(\): ", rb"libfabric:\d", rb"\][#$] ", _ib_fields(), rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
+            rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", rb"srun", rb"slurmstepd",
+            rb"torch\.distributed\.elastic\.", rb"nccl[A-Z]\w*Error: ", rb"tate:",
+            rb" ==[>(] ", rb'File "', rb"\.(?:cc|cu|cpp|h):\d+ -> ", rb" what\(\): ", rb"libfabric:\d", rb"\][#$] ", rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
     return _GLUE_CANDIDATES
 
 

@@ -24,8 +24,10 @@ Contract of :func:`normalize`:
   normalized text, not those of the pasted file. :attr:`Normalized.repairs` names what was done.
 
 The markers the glued-line split looks for come from the parsers themselves where they are
-whole line heads (``NcclDebugParser.MARKERS``, ``NcclTestsParser.MARKERS``), plus the line
-heads of PyTorch's watchdog, c10 logger and torchrun (:data:`HEADS`).
+whole line heads (``NcclDebugParser.MARKERS``, ``NcclTestsParser.MARKERS``,
+``TorchElasticParser.MARKERS``, ``torch_watchdog.CODE_MARKERS``, ``ib_status.IBSTAT_KEYS`` and
+its line patterns), plus the line heads of PyTorch's watchdog, c10 logger, tracebacks and
+torchrun (:func:`_heads`).
 """
 from __future__ import annotations
 

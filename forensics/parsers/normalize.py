@@ -24,8 +24,10 @@ Contract of :func:`normalize`:
   normalized text, not those of the pasted file. :attr:`Normalized.repairs` names what was done.
 
 The markers the glued-line split looks for come from the parsers themselves where they are
-whole line heads (``NcclDebugParser.MARKERS``, ``NcclTestsParser.MARKERS``), plus the line
-heads of PyTorch's watchdog, c10 logger and torchrun (:data:`HEADS`).
+whole line heads (``NcclDebugParser.MARKERS``, ``NcclTestsParser.MARKERS``,
+``TorchElasticParser.MARKERS``, ``torch_watchdog.CODE_MARKERS``, ``ib_status.IBSTAT_KEYS`` and
+its line patterns), plus the line heads of PyTorch's watchdog, c10 logger, tracebacks and
+torchrun (:func:`_heads`).
 """
 from __future__ import annotations
 
@@ -373,7 +375,7 @@ class LineNumbers(Repair):
 _MON = rb"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _ISO = rb"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d|\s?UTC)?"
 _CTIME = rb"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + rb" [ \d]\d \d\d:\d\d:\d\d \d{4}"
-_NCCL_HEAD = rb"[\w.-]*:\d+:\d+ \[\d+\] "
+_NCCL_HEAD = rb"(?:<[\w.-]+>|[\w.][\w.-]*)?:\d+:\d+ \[\d+\] "   # <name>, ...: redacted hosts
 _GLOG = rb"[EWIFD]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?"
 _DTYPES = rb"(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2)"
 _TEST_ROW = rb"[ \t]+\d+[ \t]+\d+[ \t]+" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]"
@@ -382,9 +384,9 @@ _LOG_START_RE = re.compile(
     rb"|\[?" + _ISO + rb"|\[?" + _CTIME + rb"|" + _MON + rb" [ \d]\d \d\d:\d\d:\d\d"
     rb"|" + _NCCL_HEAD + rb"|\[?" + _GLOG + rb"|\[[EWIF] \w+\.(?:cpp|hpp|py):\d+\]|\[\d{1,7}\] |L\d{1,7}[: \t]"
     rb"|Traceback \(most recent call last\)|[ \t]*File \"|During handling|The above exception"
-    rb"|[\w.]*(?:Error|Exception|Interrupt|Warning)\b|frame #\d+:|Exception raised from|terminate called"
+    rb"|[\w.]*(?:Error|Exception|Interrupt|Warning)(?::|[ \t]*$)|frame #\d+:|Exception raised from|terminate called"
     rb"|[ \t]*what\(\):|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b|\[(?:INFO|WARNING|ERROR|DEBUG)"
-    rb"|#|" + _TEST_ROW + rb"|[A-Za-z][\w.-]*\d[\w.-]*: |NCCL |[ \t]*(?:time|host|rank|exitcode|error_file"
+    rb"|#|" + _TEST_ROW + rb"|[A-Za-z][\w.-]*\d[\w.-]*: |NCCL (?:[A-Z]{4,5}|version)\b|[ \t]*(?:time|host|rank|exitcode|error_file"
     rb"|traceback)\s*:|[ \t]*\[\d+\]:|Root Cause|Failures:|Other Failures|[=-]{5,}|[ \t]*at |\S+@\S+:)")
 _SEPARATOR_RE = re.compile(rb"(?m)^[ \t]*[=*#~_-]{20,}[ \t]*$")
 
@@ -414,10 +416,15 @@ class _Wrap:
     space: np.ndarray        # of those, the ones whose padding stood for one blank
     indent: int              # blanks the continuation lines start with (removed)
     padded: bool             # lines padded with blanks to the width (removed)
+    words: bool = False      # a word wrap (:func:`_word_wrap`): each join a blank, every indent removed
 
 
 _HEAD_AT_RE: re.Pattern | None = None
 _NAME_COLON_RE = re.compile(rb"[\w.-]+: ")     # ``srun: error``, ``ncclInvalidUsage: ...``
+# a line of its own after a lone long one: a traceback's source line (an assignment, a call, a
+# return), or any line after a whole frame header (its source line, whatever it holds)
+_SOURCE_RE = re.compile(rb"(?:return|raise|await|yield|del|assert) |[A-Za-z_][\w.]*(?:\[[^\]\n]*\])?(?: ?[-+*/|&]?= |\()")
+_FRAME_END_RE = re.compile(rb'[ \t]*File "[^"\n]+", line \d+, in [\w<>.]+[ \t]*$')
 _EXCEPTION_RE = re.compile(rb"[ \t]*[\w.]*(?:Error|Exception)\b")     # an exception's message line
 _DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
 
@@ -433,7 +440,7 @@ def _head_at() -> re.Pattern:
     """A line head of :class:`GluedLines` (with its launcher tags) at a line's start."""
     global _HEAD_AT_RE
     if _HEAD_AT_RE is None:
-        _HEAD_AT_RE = re.compile(rb"[ \t]*" + _split_re().pattern)
+        _HEAD_AT_RE = re.compile(rb"[ \t]*(?P<chain>" + _TAGS + rb")(?:" + _heads() + rb")")
     return _HEAD_AT_RE
 
 
@@ -490,7 +497,7 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # most lines reaching the width go on in the next line: the lines of a log that merely
         # share the longest length (one format, many lines) are followed by log lines as often
         hard_ok = hc >= 2 and hc >= 0.75 * he
-        soft_ok = hc >= 1 and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
+        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
         lone = he == hc == 1 and sc == 0
         return e, s, hard_ok, soft_ok, lone
 
@@ -509,26 +516,44 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # one wrap alone: taken only when it cut a line a parser reads mid-word: the line
         # begins with a line head of GluedLines or an exception's message, no blank on either
         # side of the cut, and the next line begins like no line a program prints (not a
-        # capital, not ``name: ``)
+        # capital, not ``name: ``, no source line) and follows no whole frame header
         i = int(cand[e & ok][0])
         last, nxt = data[ends[i] - 1:ends[i]], data[starts[i + 1]:starts[i + 1] + 1]
         if not (last.isalnum() and nxt.isalnum() and not nxt.isupper()) \
-                or _NAME_COLON_RE.match(data, int(starts[i + 1])) \
+                or _NAME_COLON_RE.match(data, int(starts[i + 1])) or _SOURCE_RE.match(data, int(starts[i + 1])) \
+                or _FRAME_END_RE.match(data, int(starts[i]), int(ends[i])) \
                 or not (_head_at().match(data, int(starts[i])) or _EXCEPTION_RE.match(data, int(starts[i]))):
             return None
         joins = np.array([i])
     space = joins[trail[joins] == 1] if padded else np.zeros(0, np.int64)
-    # indented continuations: the indent most of them share
+    # indented continuations: the indent 7 in 10 of them have at least (a cut at a blank adds it)
     ji = joins + 1
     ind = np.array([len(data[s:e]) - len(data[s:e].lstrip(b" \t")) for s, e in
                     zip(starts[ji[:200]].tolist(), ends[ji[:200]].tolist())])
-    indent = 0
-    if len(ind):
-        vals, counts = np.unique(ind, return_counts=True)
-        k = int(vals[counts.argmax()])
-        if k > 0 and counts.max() >= 0.7 * len(ind):
-            indent = k
+    indent = int(np.percentile(ind, 30, method="lower")) if len(ind) else 0
     return _Wrap(W, joins, space, indent, padded)
+
+
+def _word_wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
+    """A greedy word wrap at blanks whose blank a renderer dropped (no line reaches a fixed width, none
+    ends in a blank): W is the longest line; a line followed by its continuation (:func:`_continues`) was
+    cut when that line, a blank and the next line's first word (20 characters at most: no path, no table
+    cell) exceed W. Declared when three cuts or more make three in four of the lines at least half as long
+    as W followed by a continuation, half of them fall short of W (one format's lines reaching W are no
+    wrap), half the words after them differ (not one format's), and two begin like a log line (no prose)."""
+    starts, ends, chars, trail = _lines(data)
+    nonblank = trail != (ends - starts)
+    W = int(chars[nonblank].max()) if nonblank.sum() >= 3 else 0
+    if not MIN_WIDTH <= W <= MAX_WIDTH or (trail[nonblank] > 0).any():
+        return None
+    pairs = np.flatnonzero(nonblank[:-1] & nonblank[1:] & (chars[:-1] * 2 >= W))[:limit]
+    pairs = [i for i in pairs.tolist() if _continues(data, starts, i)]
+    fw = {i: (data[starts[i + 1]:ends[i + 1]].split() or [b""])[0] for i in pairs}
+    cut = [i for i in pairs if chars[i] + 1 + len(fw[i]) > W and len(fw[i]) <= 20]
+    if len(cut) < 3 or len(cut) < 0.75 * len(pairs) or 2 * (chars[cut] < W).sum() < len(cut) \
+            or 2 * len({fw[i] for i in cut}) < len(cut) or sum(_begins_like_log(data, int(starts[i])) for i in cut) < 2:
+        return None
+    return _Wrap(W, np.asarray(cut, np.int64), np.zeros(0, np.int64), 0, False, True)
 
 
 class HardWrap(Repair):
@@ -545,8 +570,11 @@ class HardWrap(Repair):
     after them are log lines as often as not) is not wrapped; nor is one long line before a
     short one, unless the cut fell mid-word in a line that begins with a line head a parser
     reads (:class:`GluedLines`'s) or with an exception's name, and the next begins with a
-    lower-case word that is no ``name: ``. ``fold -s`` wraps (lines ending in a blank just
-    short of W) count with those reaching W. Such a line is joined with the next: mid-word
+    lower-case word that is no ``name: `` nor a source line (an assignment, a call, a
+    ``return``) and the long line is no whole traceback frame header. ``fold -s`` wraps (lines ending in a blank just
+    short of W) count with those reaching W; four of them make a wrap without any line
+    reaching W (a log's lines seldom end in a blank). A word wrap whose blank went (no fixed
+    width) is told by its cuts instead (:func:`_word_wrap`). Such a line is joined with the next: mid-word
     with nothing between, at a blank keeping it; a line that begins like a log line is never
     joined onto the one before. Padding is removed from every line. The sniff
     looks at no more than 400 candidate lines per sampled window."""
@@ -555,11 +583,12 @@ class HardWrap(Repair):
 
     @classmethod
     def seen(cls, seg: bytes) -> bool:
-        return _wrap(seg.replace(b"\r\n", b"\n"), limit=400) is not None
+        seg = seg.replace(b"\r\n", b"\n")
+        return _wrap(seg, limit=400) is not None or _word_wrap(seg, limit=400) is not None
 
     @classmethod
     def apply(cls, data: bytes) -> bytes:
-        w = _wrap(data)
+        w = _wrap(data) or _word_wrap(data)
         if w is None:
             return data
         starts, ends, chars, trail = _lines(data)
@@ -573,6 +602,12 @@ class HardWrap(Repair):
             keep[ends[w.space] - 1] = True
         j = w.joins
         keep[ends[j]] = False       # the newline
+        if w.words:                 # a blank for it, the continuation's indent gone
+            arr = arr.copy()
+            arr[ends[j]], keep[ends[j]] = 32, True
+            for p in (ends[j] + 1).tolist():
+                while p < len(arr) and arr[p] in (32, 9):
+                    keep[p], p = False, p + 1
         if w.indent:
             for k in range(w.indent):
                 pos = ends[j] + 1 + k
@@ -584,8 +619,8 @@ class HardWrap(Repair):
 
 # glued lines: the heads a line of each format starts with; the split goes before them, and
 # before the launcher tags that stand in front of them
-_TAGS = (rb"(?:(?:\[?" + _ISO + rb"\]?[ \t]+(?:[\w.-]+ >> )?|" + _CTIME + rb"|\d{1,6}: |\[rank\d+\]:[ \t]?"
-         rb"|\[default\d+\]:[ \t]?|\[\d+,\d+\]<std\w+>:[ \t]?|\[pod/[^\]\s]+\][ \t]|\((?:[\w.:-]+ )?pid=\d+"
+_TAGS = (rb"(?:(?:\[?" + _ISO + rb"\]?:?[ \t]+(?:[\w.-]+ >> )?|" + _CTIME + rb"|\d{1,6}: |\[rank\d+\]:[ \t]?"
+         rb"|\[[A-Za-z_][A-Za-z_-]*\d+(?:\|\d+)?\]:[ \t]?|\[\d+,\d+\]<std\w+>:[ \t]?|\[pod/[^\]\s]+\][ \t]|\((?:[\w.:-]+ )?pid=\d+"
          rb"(?:, ip=[\d.:a-fA-F]+)?\)[ \t]|(?<![\w.-])[A-Za-z](?=[\w.-]*\d)[\w.-]*: )*)")
 
 
@@ -596,6 +631,13 @@ def _nccl_markers() -> bytes:
     return b"|".join(re.escape(w) for w in words)
 
 
+def _other_nccl_heads() -> bytes:
+    """``NcclDebugParser.MARKERS``' heads other than NCCL's own: ``libfabric:<pid>:<time>:``."""
+    from .nccl_debug import NcclDebugParser
+    return b"|".join(rb"(?<![\w.-])" + re.escape(m) + rb"\d+:\d+:" for m in NcclDebugParser.MARKERS
+                     if not m.startswith(b"NCCL "))
+
+
 def _tests_markers() -> bytes:
     from .nccl_tests import NcclTestsParser
     hashed = [re.escape(m[1:].lstrip()) for m in NcclTestsParser.MARKERS if m.startswith(b"# ")]
@@ -603,18 +645,41 @@ def _tests_markers() -> bytes:
                                                 rb"[ \t]*\(B\)", rb"[ \t]+out-of-place", rb"nccl-tests"]) + b")"
 
 
+def _exit_heads() -> bytes:
+    """Lines of the programs ``TorchElasticParser.MARKERS`` names (``srun:``, ``slurmstepd[-host]:``), torchrun's logger."""
+    from .torch_elastic import TorchElasticParser
+    progs = [rb"(?<![\w./-])" + re.escape(m[:-len(b": error:")]) + rb"(?:-[\w.-]+)?: " for m in TorchElasticParser.MARKERS
+             if m.endswith(b": error:")]
+    return b"|".join(progs + [rb"torch\.distributed\.elastic\.[\w.]+: \[?(?:WARNING|ERROR|INFO)\]?"])
+
+
+def _code_heads() -> bytes:
+    """NCCL's result codes as PyTorch prints them alone on a line: ``torch_watchdog.CODE_MARKERS``."""
+    from .torch_watchdog import CODE_MARKERS
+    return rb"(?<![\w.])(?:" + b"|".join(re.escape(m) for m in CODE_MARKERS) + b")"
+
+
+def _ib_heads() -> bytes:
+    """Port lines of ibdev2netdev and iblinkinfo: the heads of ``ib_status``' IBDEV2NETDEV_RE, LINK_PORT_RE."""
+    return (rb"(?<![\w.-])(?:mlx\w+|[a-z]\w*_\d+) +port +\d+ +(?:\([A-Z_]+ *\) +)?==> +\S"
+            rb"|(?<![\w.-])(?:0x[0-9a-fA-F]+ +)?\d+ +\d+\[[ \d]*\] ==\(")
+
+
 def _heads() -> bytes:
     return b"|".join((
-        rb"(?<![\w.-])" + _NCCL_HEAD + rb"(?:[\w./-]+:\d+ (?:\(\w+\) )?)?NCCL (?:" + _nccl_markers() + rb")\b",
+        rb"(?<![\w.<>-])" + _NCCL_HEAD + rb"(?:[\w./-]+:\d+ (?:\(\w+\) )?)?NCCL (?:" + _nccl_markers() + rb")\b",
         _VERSION_HEAD.pattern,
         rb"\[rank\d+\]:",                                   # PyTorch >= 2.2 stderr
         rb"\[" + _GLOG + rb" +\d+ [\w/.-]+:\d+\]",          # c10 logger, bracketed
         _GLOG + rb" +\d+ [\w/.-]+:\d+\]",                   # c10 / torchrun glog
         rb"\[[EWIF] ProcessGroupNCCL\.cpp:\d+\]",           # PyTorch 1.x watchdog
-        rb"(?:ERROR|WARNING|INFO):torch\.distributed",       # torchrun 1.x / 2.0
+        rb"(?:ERROR|WARNING|INFO): ?torch\.distributed",     # torchrun 1.x / 2.0
+        _exit_heads(), _code_heads(), _ib_heads(), _other_nccl_heads(),
+        rb"\[[\w.-]+@[\w-]+[^\]\n]*\][#$] ",                # a shell prompt (as ib_status' PROMPT_RE)
+        rb"(?<=\s)File \"[^\"\n]+\", line \d+",              # a traceback's frame
         rb"torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError",
         rb"Traceback \(most recent call last\):",
-        rb"terminate called after throwing",
+        rb"terminate called after throwing", rb"(?<=\s)what\(\): ",      # and the C++ runtime's next line
         rb"Exception raised from ",
         rb"frame #\d+: ",
         rb"(?<=\s)={20,}", rb"Root Cause \(first observed failure\):", rb"Other Failures:",
@@ -623,48 +688,93 @@ def _heads() -> bytes:
         _tests_markers(),
         _TEST_ROW[len(rb"[ \t]+"):],
         rb"\S+: Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure",
-        rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<![\w.-])(?:Switch: 0x[0-9a-fA-F]+|CA|Router): \S",
+        rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<![\w.-])(?:Switch|CA|Router): (?:0x[0-9a-fA-F]+ )?\S",
         rb"(?<= )\t+",
     ))
 
 
-_SPLIT_RE: re.Pattern | None = None
+# heads that split only where the line shows the block they belong to: a port's fields after
+# its device (ibstat, ibstatus, ibv_devinfo), an exception's message after a traceback's frame,
+# PyTorch's "Last error:" (a line of its own) and NCCL's quoted last WARN after it, beside an NCCL error
+_IB_BLOCK_RE = re.compile(rb"CA '[^'\n]+'|hca_id:|Infiniband device '[^'\n]+' port \d+ status:")
+_FRAME_RE = re.compile(rb'File "[^"\n]+", line \d+')
+_NCCL_ERROR_RE = re.compile(rb"NCCL error|nccl[A-Z]\w*Error: ")
+_SPLITS: re.Pattern | None = None
 
 
-def _split_re() -> re.Pattern:
-    global _SPLIT_RE
-    if _SPLIT_RE is None:
-        _SPLIT_RE = re.compile(rb"(?P<chain>" + _TAGS + rb")(?:" + _heads() + rb")")
-    return _SPLIT_RE
+def _ib_fields() -> bytes:
+    """A port block's fields: ``ib_status.IBSTAT_KEYS``, ibstatus' and ibv_devinfo's (any case, longest first)."""
+    from .ib_status import IBSTAT_KEYS
+    keys = set(IBSTAT_KEYS) | {"default gid", "phys state", "link_layer", "transport", "fw_ver", "node_guid",
+                               "sys_image_guid", "vendor_id", "vendor_part_id", "hw_ver", "board_id",
+                               "phys_port_cnt", "port", "max_mtu", "active_mtu", "sm_lid", "port_lid", "port_lmc"}
+    words = sorted((re.escape(k.encode()).replace(b"\\ ", b" +") for k in keys), key=len, reverse=True)
+    return rb"(?<![\w.-])(?i:Port \d+|" + b"|".join(words) + rb"):(?=[ \t])"
+
+
+def _hostless_heads() -> bytes:
+    """NCCL's line head pasted without host:pid:tid (as ``nccl_debug``'s HOSTLESS_WARN_RE and PIDLESS_RE
+    read it: [dev] or a source before ``NCCL``, before [dev] a host: a word with a digit), and NCCL's error trace
+    with its level cut off (``init.cc:1138 -> 1``). Glue heads only: as line heads a wrap cut in a path stays cut."""
+    return (rb"(?<![\w.:/<>-])(?:(?:(?<!\S)[A-Za-z](?=[\w.-]*\d)[\w.-]*\w )?\[-?\d+\] (?:\w[\w./-]*:\d+ (?:\(\w+\) )?)?"
+            rb"|\w[\w./-]*:\d+ (?:\(\w+\) )?)NCCL (?:" + _nccl_markers() + rb")\b"
+            rb"|(?<![\w.:/<>-])(?<!INFO )\w[\w./-]*\.(?:cc|cu|cpp|h):\d+ -> -?\d+\b")
+
+
+def _splits() -> re.Pattern:
+    global _SPLITS
+    if _SPLITS is None:
+        _SPLITS = re.compile(rb"(?P<chain>" + _TAGS + rb")(?:(?P<ib>" + _ib_fields() + rb")|(?P<exc>(?:[A-Za-z_]\w*\.)*"
+                             rb"[A-Z]\w*(?:Error|Exception|Interrupt): )|(?P<last>Last error:[ \t]+)(?=\S)|"
+                             + _heads() + b"|" + _hostless_heads() + rb")")
+    return _SPLITS
 
 
 def _glue_points(data: bytes) -> list[int]:
     """The offsets where a line head (with its tags) stands mid-line, on a line that holds
     two heads or more (one head after other text is a launcher's or a paste's own prefix,
-    which the parsers read as the line's context)."""
+    which the parsers read as the line's context). The heads of :func:`_splits` that belong
+    to a block count only after that block's head on the line (a port field after its device,
+    an exception's message after a frame, ``Last error:`` and its text on a line with an NCCL error)."""
     from .lines import strip_tags
     by_line: dict[int, list[int]] = {}
-    for m in _split_re().finditer(data):
-        at = m.start()
+    prev = 0
+    for m in _splits().finditer(data):
+        at, end, prev = m.start(), prev, m.end()
         ls = max(data.rfind(b"\n", 0, at), data.rfind(b"\r", 0, at)) + 1
+        if m["ib"] and not _IB_BLOCK_RE.search(data, ls, at) or m["exc"] and not _FRAME_RE.search(data, ls, at) \
+                or m["last"] and not _NCCL_ERROR_RE.search(data, ls, max(data.find(b"\n", at) % (len(data) + 1), at)):
+            continue
+        if m["last"]:     # "Last error:" stands alone on its line
+            by_line.setdefault(ls, []).append(at)
+            at = m.end()
+        elif m["ib"] or _TEST_ROW_AT.match(data, at) or _LINK_ROW_AT.match(data, at):
+            # a table row or a port's field starts with blanks: the split goes before them
+            while at > ls and data[at - 1] in b" \t":
+                at -= 1
+            if at < end:
+                continue     # its blanks are the head before (pdsh's "node7: \t")
         by_line.setdefault(ls, []).append(at)
     out = []
     for ls, ats in by_line.items():
         if len(ats) < 2:
             continue
-        for at in ats:
-            if at == ls or not strip_tags(data[ls:at].decode("utf-8", "replace"))[1].strip():
-                continue             # only blanks and launcher tags before it: the line's start
-            if _TEST_ROW_AT.match(data, at):
-                # a nccl-tests row starts with blanks: the split goes before them
-                while at > ls and data[at - 1] in b" \t":
-                    at -= 1
-                if at == ls:
-                    continue
-            out.append(at)
+        # a head after another with only blanks and tags between is one head with it (``[rank1]:
+        # File "..."``); one at the line's start is no split point
+        heads, last = [], ls
+        for at in sorted(ats):
+            if at == last or not strip_tags(data[last:at].decode("utf-8", "replace"))[1].strip():
+                if at == ls or last == ls and not heads:
+                    heads.append(None)
+                continue
+            heads.append(at)
+            last = at
+        if len(heads) >= 2:
+            out += [at for at in heads if at is not None]
     return sorted(out)
 
 
+_LINK_ROW_AT = re.compile(rb"(?:0x[0-9a-fA-F]+ +)?\d+ +\d+\[[ \d]*\] ==\(")
 _TEST_ROW_AT = re.compile(rb"\d+[ \t]+\d+[ \t]+" + _DTYPES)
 
 
@@ -673,10 +783,10 @@ _VERSION_HEAD = re.compile(rb"(?<!INFO )(?<!, )(?<!\w)NCCL version \d")    # as 
 
 
 def _glue_candidates() -> tuple[re.Pattern, ...]:
-    """Cheap stand-ins for the line heads of :func:`_heads`, most led by a literal (searched
-    at memchr speed): every head the split takes holds the end of one of their matches, so a
-    line that the split cuts holds two of these hits (the sniff runs the full split only on
-    such lines). ``[rankN]:`` before a c10 head is one head with it (a tag of the head)."""
+    """Cheap stand-ins for the line heads of :func:`_splits`, most led by a literal (searched at memchr
+    speed): every head the split takes holds the end of one of their matches, so a line that the split cuts
+    holds two of these hits (the sniff runs the full split only on such lines). ``[rankN]:`` before a c10
+    head is one head with it (a tag of the head)."""
     global _GLUE_CANDIDATES
     if _GLUE_CANDIDATES is None:
         _GLUE_CANDIDATES = tuple(re.compile(x) for x in (
@@ -688,7 +798,9 @@ def _glue_candidates() -> tuple[re.Pattern, ...]:
             rb"\s\s(?:time|host|rank|exitcode|error_file|traceback)\s*: ", _tests_markers(),
             rb"[ \t]" + _DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
             rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
-            rb"Infiniband device '", rb"Switch: 0x", rb"CA: ", rb"Router: ", rb" \t"))
+            rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", rb"srun", rb"slurmstepd",
+            rb"torch\.distributed\.elastic\.", rb"nccl[A-Z]\w*Error: ", rb"tate:",
+            rb" ==[>(] ", rb'File "', rb"\.(?:cc|cu|cpp|h):\d+ -> ", rb" what\(\): ", rb"libfabric:\d", rb"\][#$] ", rb"Error: ", rb"Exception: ", rb"Interrupt: ", rb"Last error:"))
     return _GLUE_CANDIDATES
 
 

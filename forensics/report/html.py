@@ -29,6 +29,7 @@ from .. import __version__
 from ..errors import InputError
 from ..findings.contract import rank_hosts_of
 from ..findings.evidence import ms
+from ..model.logs import hosts_in_text
 from . import data, figures
 
 TEMPLATE = "report.html.j2"
@@ -151,7 +152,9 @@ def frame_table(key: str, title: str, df: pd.DataFrame, *, limit: int = MAX_TABL
         df = df.iloc[pos]
         hl = hl[pos] if hl is not None else None
     shown = df[cols].head(limit)
-    rows = [[fmt(v) for v in r] for r in shown.itertuples(index=False, name=None)]
+    named = [("host" in str(c)) for c in cols]     # a host with no name, as the first screen writes it
+    rows = [[hosts_in_text(fmt(v)) if h else fmt(v) for v, h in zip(r, named)]
+            for r in shown.itertuples(index=False, name=None)]
     note = ""
     if cut:
         note = (f"… and {len(df) - limit} more {more}" if more
@@ -163,13 +166,14 @@ def frame_table(key: str, title: str, df: pd.DataFrame, *, limit: int = MAX_TABL
 
 
 def records_table(key: str, title: str, records: list[dict], limit: int, note: str = "") -> Table:
-    """A table of JSON rows (evidence, links): columns in first-seen order."""
+    """A table of JSON rows (evidence, links): columns in first-seen order. A host with no
+    name (``unknown:<file>``) reads as the first screen writes it (:func:`hosts_in_text`)."""
     cols = data.evidence_columns(records)
     shown = records[:limit]
     numeric = [all(isinstance(r.get(c), (int, float)) and not isinstance(r.get(c), bool)
                    for r in shown if r.get(c) is not None) for c in cols]
-    return Table(key, title, cols, [[detail(c, r.get(c)) if c.endswith("_ns") else fmt(r.get(c)) for c in cols]
-                                    for r in shown], note=note, numeric=numeric)
+    return Table(key, title, cols, [[detail(c, r.get(c)) if c.endswith("_ns") else hosts_in_text(fmt(r.get(c)))
+                                     for c in cols] for r in shown], note=note, numeric=numeric)
 
 
 def key_label(key: str) -> str:

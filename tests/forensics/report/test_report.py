@@ -584,3 +584,26 @@ def test_a_failed_detector_never_leaves_a_green_screen(monkeypatch):
         assert 'class="verdict warning"' in page and 'class="verdict ok"' not in page
     finally:
         a.close()
+
+
+def test_evidence_table_shows_a_hostless_file_as_the_first_screen_does(tmp_path):
+    """A log file whose lines name no host is keyed ``unknown:<path>`` inside; the evidence
+    table (and a table's host column) says what the first screen says (model/logs.py host_text): "host unknown (<file>)",
+    never the key or the file's path; other cells keep their text."""
+    from forensics.model.logs import UNKNOWN, host_text
+    key = UNKNOWN + "/home/user/jobs/slurm-1234.out"
+    t = html_report.records_table("evidence-0", "evidence", [
+        {"host": key, "rank": 3, "line": "Last error: from unknown:/home/user/jobs/slurm-1234.out:17"},
+        {"host": "gpu-node02", "rank": 1, "line": "unknownfoo: kept"}], 25)
+    assert t.rows[0][0] == host_text(key) == "host unknown (slurm-1234.out)"
+    assert "/home/user" not in " ".join(t.rows[0]) and t.rows[1][0] == "gpu-node02"
+    assert t.rows[1][2] == "unknownfoo: kept"
+    log = tmp_path / "slurm-1234.out"
+    log.write_text("[rank3]:[E1112 10:21:07.284617000 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective "
+                   "operation timeout: WorkNCCL(SeqNum=2741, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+                   "Timeout(ms)=600000) ran for 600070 milliseconds before timing out.\n")
+    page = html_report.render(run_analysis([str(log)]), with_plotly=False)
+    table = page.split('id="table-evidence-0"', 1)[1].split("</table>", 1)[0]
+    assert "<td>host unknown (slurm-1234.out)</td>" in table and "unknown:" not in table
+    watchdog = page.split('id="table-watchdog_events"', 1)[1].split("</table>", 1)[0]
+    assert "<td>host unknown (slurm-1234.out)</td>" in watchdog and "unknown:" not in watchdog

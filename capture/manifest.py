@@ -38,6 +38,7 @@ INTS = "list[int]"
 ARGV = "argv"
 MAP = "map"
 INTERVAL = "interval"
+INTERVALS = "list[interval]"
 OBJECT = "object"
 RECORDS = "records"
 RECORD_MAP = "record map"
@@ -52,6 +53,7 @@ KINDS = {
     ARGV: "a list of strings (a number in it is read as its text)",
     MAP: "an object of strings (name -> value)",
     INTERVAL: "[first, last], two integers, first <= last",
+    INTERVALS: "a list of intervals",
     OBJECT: "an object (its keys in the table named, or free-form)",
     RECORDS: "a list of objects, each as the table named",
     RECORD_MAP: "an object of objects (key -> an object as the table named)",
@@ -216,6 +218,14 @@ RECORD = Table("collectors.*", "one collector instance's record; key `name[@scop
           always=False, table=RESTART),
     Field("summary", OBJECT, "tracer: counts of bpf/events.jsonl by kind, lost and dropped events, its span",
           always=False),
+    Field("libraries_ahead", STRS, "tracer (watcher): the host's libnccl files found before any job mapped them "
+          "(capture/libscan.py)", always=False),
+    Field("libraries_left_out", STRS, "tracer (watcher): libnccl files found but not traced, past the bound on "
+          "libraries (the first 50)", always=False),
+    Field("hold", BOOL, "tracer (watcher): a process that maps an untraced libnccl is stopped until the "
+          "restarted program covers it (STALLSCOPE_HOLD)", always=False),
+    Field("overlaps_monotonic_ns", INTERVALS, "tracer (watcher): the [start, end] windows (monotonic ns) in which "
+          "an old and a new program both ran (the last 50): events seen by both are kept once", always=False),
     Field("tracer_messages", STRS, "tracer: bpftrace's other output lines (the first 20)", always=False),
     Field("tool", STR, "native-stacks: the tool that took them", always=False),
     Field("decision", STR, "native-stacks: why they were taken (or not)", always=False),

@@ -220,6 +220,11 @@ def _interval(v) -> tuple[int, int] | None:
     return (a, b) if a is not None and b is not None and 0 <= a <= b else None
 
 
+def _intervals(v) -> tuple[tuple[int, int], ...]:
+    """A list of manifest intervals: the well-formed ones."""
+    return tuple(i for i in map(_interval, _seq(v)) if i is not None)
+
+
 def _printable(text: str) -> str:
     """Manifest text inside a problem line: one line, control characters escaped (a hostile
     manifest must not forge lines in the output)."""
@@ -251,7 +256,8 @@ def _object(v) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-_KIND_READERS = {schema.INT: _int, schema.STR: _str, schema.INTERVAL: _interval, schema.STRS: _strs,
+_KIND_READERS = {schema.INT: _int, schema.STR: _str, schema.INTERVAL: _interval, schema.INTERVALS: _intervals,
+                 schema.STRS: _strs,
                  schema.INTS: _ints, schema.ARGV: _argv, schema.MAP: _str_map, schema.OBJECT: _object}
 
 

@@ -491,6 +491,8 @@ def render_script(targets: TraceTargets, feats: KernelFeatures, call_returns: bo
                          if "@known[" in script else ""),
         "HOLD": (f'(cgroup == cgroupid("{targets.hold_cgroup}") ? 1 : 0)' if targets.hold and targets.hold_cgroup
                  else "1" if targets.hold else "0"),
+        # signal() is refused by bpftrace without --unsafe, even where never reached: in the program only with the hold
+        "HOLD_STOP": 'if ($h) { signal("SIGSTOP"); }' if targets.hold else "",
         "TRACED_PIDS": " ".join(f"@traced[(uint64){p}] = 1;" for p in targets.traced_pids),
         "NETNS": NETNS_BTF if feats.btf else "0",
         "CLEAR_MAPS": " ".join(clear),

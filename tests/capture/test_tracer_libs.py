@@ -126,6 +126,7 @@ def test_lib_map_block_needs_ring_btf_and_no_pid_and_holds_only_when_asked(labnc
     t.known_inodes = {12345}
     script, blocks = tracer.render_script(t, feats, ring=64)
     assert "lib_map" in blocks and "@known[(uint64)12345] = 1;" in script and "$h = 0;" in script
+    assert 'signal("SIGSTOP")' not in script     # bpftrace refuses signal() without --unsafe, reached or not
     t.hold, t.hold_cgroup = True, "/sys/fs/cgroup/unified/x"
     script, _ = tracer.render_script(t, feats, ring=64)
     assert '$h = (cgroup == cgroupid("/sys/fs/cgroup/unified/x") ? 1 : 0);' in script and 'signal("SIGSTOP")' in script
@@ -174,3 +175,25 @@ def test_blocked_in_socket_sees_a_thread_waiting_in_accept(tmp_path):
         socket.create_connection(srv.getsockname()).close()
         t.join(2)
         srv.close()
+
+
+def test_the_watchers_program_without_the_hold_passes_bpftrace_in_safe_mode(labnccl, tmp_path):
+    """The program the watcher runs as deployed (ring mode, the lib_map block, no hold) is
+    accepted by bpftrace without --unsafe: one unsafe builtin anywhere in it and the watcher
+    runs with no tracer at all (it did on a GPU host). A dry run parses and checks it."""
+    from conftest import require_root, require_tool
+    require_root()
+    require_tool("bpftrace")
+    feats = tracer.KernelFeatures.probe()
+    if "syscalls/sys_enter_mmap" not in feats.tracepoints or not feats.btf:
+        pytest.skip("the lib_map block needs the sys_enter_mmap tracepoint and kernel BTF")
+    t = tracer.TraceTargets()
+    t.nccl[str(labnccl)] = set(tracer.NCCL_SYMBOLS)
+    t.stop_lib, t.capture_pid = "/lib/x86_64-linux-gnu/libc.so.6", os.getpid()
+    t.resolve() if hasattr(t, "resolve") else None
+    script, blocks = tracer.render_script(t, feats, ring=64)
+    assert "lib_map" in blocks
+    path = tmp_path / "watch.bt"
+    path.write_text(script)
+    p = subprocess.run(["bpftrace", "-d", str(path)], capture_output=True, text=True, timeout=120)
+    assert "unsafe" not in p.stderr and p.returncode == 0, p.stderr[-2000:]

@@ -221,6 +221,47 @@ def coll_chunks(buf, length: int, columns=tuple(COLL_DTYPES), chunk: int = 1 << 
         pos = nxt.value
 
 
+TOPO_DTYPES = {
+    "start": np.int64, "pre": np.int64, "pre_hash": np.uint64, "ts_len": np.int32, "host_off": np.int64,
+    "host_len": np.int32, "host_hash": np.uint64, "pid": np.int64, "tid": np.int64, "dev": np.int32, "msg_off": np.int64,
+    "msg_len": np.int32, "msg_hash": np.uint64, "kind": np.int32, "channel": np.int64, "sub": np.int64,
+    "src_rank": np.int64, "dst_rank": np.int64, "src_dev_off": np.int64, "src_dev_len": np.int32,
+    "src_dev_hash": np.uint64, "dst_dev_off": np.int64, "dst_dev_len": np.int32, "dst_dev_hash": np.uint64,
+    "direction": np.int32, "via_off": np.int64, "via_len": np.int32, "via_hash": np.uint64,
+    "order_off": np.int64, "order_len": np.int32, "order_hash": np.uint64,
+}
+
+
+class TopoCols(ctypes.Structure):
+    _fields_ = [(name, _P) for name in TOPO_DTYPES]
+
+
+_lib.logscan_topo.restype = _I64
+_lib.logscan_topo.argtypes = [_P, _I64, _P, _I64, ctypes.POINTER(TopoCols), _P, ctypes.POINTER(_I64)]
+
+TOPO_CONNECTION, TOPO_RING_ORDER = 1, 2
+
+
+def topo_lines(buf, length: int, hits: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The NCCL init ``Channel`` lines (connections and ring order) among the "NCCL INFO "
+    offsets ``hits`` (``coll_chunks``' ``other``), parsed by ``logscan.c``: ``(columns, rest)``,
+    ``columns`` of ``TOPO_DTYPES`` with a row per line read (``kind``: ``TOPO_CONNECTION`` or
+    ``TOPO_RING_ORDER``; a column a kind does not fill holds garbage in the other kind's rows),
+    ``rest`` the offsets of ``hits`` not read (another message, or a prefix or form the C
+    reader leaves to Python's regular expressions), in their order."""
+    hits = np.ascontiguousarray(hits, np.int64)
+    n = len(hits)
+    cols = {k: np.zeros(max(n, 1), dt) for k, dt in TOPO_DTYPES.items()}
+    rest = np.empty(max(n, 1), np.int64)
+    if not n:
+        return {k: v[:0] for k, v in cols.items()}, rest[:0]
+    c = TopoCols(**{k: _ptr(v) for k, v in cols.items()})
+    n_rest = _I64(0)
+    k = _lib.logscan_topo(_buffer_address(buf), length, _ptr(hits), n, ctypes.byref(c), _ptr(rest),
+                          ctypes.byref(n_rest))
+    return {key: v[:k] for key, v in cols.items()}, rest[:n_rest.value]
+
+
 _lib.logscan_count.restype = None
 _lib.logscan_count.argtypes = [_P, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64)]
 

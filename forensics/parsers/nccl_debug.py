@@ -87,8 +87,9 @@ import pandas as pd
 from . import lines as lines_mod
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
-from .registry import WarningLog, register
-from .text import LogText, TextParser
+from .nccl_topo import VIA_RE, TopoLines, scan_topology
+from .registry import WarningLog, register, typed_frame
+from .text import Lines, LogText, TextParser
 
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
@@ -251,22 +252,26 @@ class NcclDebugParser(TextParser):
         return False
 
     @classmethod
-    def parse_text(cls, text: LogText, label: str, coll: str = "rows"):
+    def parse_text(cls, text: LogText, label: str, coll: str = "rows", native: bool = True):
         """Parse one log. ``coll``: ``"rows"`` (a ``nccl_coll`` row per COLL line) or
         ``"positions"`` (``nccl_coll_last``: the last line of each process and communicator,
-        what the model reads; a log of millions of COLL lines costs no row per line)."""
+        what the model reads; a log of millions of COLL lines costs no row per line).
+        ``native=False`` reads the init's Channel lines with the regular expressions too (the
+        tables are the same: the tests compare the two)."""
         log = WarningLog(label)
         facts: dict = {"nccl_version": None, "versions": [], "other_lines": 0, "processes": {}}
         if cls.unreadable(text, log, "an NCCL_DEBUG text log"):
             return cls.result(label, {}, facts, log)
 
         # COLL lines in C; every other NCCL line located by its marker, decoded and read here
+        # and the init's Channel lines in C too (nccl_topo)
         c_rows, c_last, other = scan_coll(text, coll)
-        found = _read_lines(text, other, log)
+        topo, other = scan_topology(text, other, cls.SCHEMAS) if native else (TopoLines(), other)
+        found = _read_lines(text, other, log, topo.starts)
         rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
-        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll)
-        if not rows and not n_coll:
+        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll - len(topo))
+        if not rows and not n_coll and not len(topo):
             return cls.result(label, _versions_only(bare, facts, log), facts, log)
         _stamp_local_times(rows)
         info = [r for r in rows if r.level == "INFO"]
@@ -284,22 +289,23 @@ class NcclDebugParser(TextParser):
             tables["nccl_comms"] = _comms_table(comms)
         # channel connection lines, ring order, rings and trees; WARN lines
         chans, rings = _topology_lines(info)
-        if chans:
-            tables["nccl_channels"] = _channels_table(chans)
-        tables["nccl_rings"] = rings
+        if chans or topo.channels is not None:
+            tables["nccl_channels"] = _merged(_channels_table(chans) if chans else None, topo.channels,
+                                              cls.SCHEMAS["nccl_channels"])
+        tables["nccl_rings"] = _merged(rings, topo.rings, cls.SCHEMAS["nccl_rings"])
         warns = [r for r in rows if r.level == "WARN"] or _error_returns(info)
         if warns:
             tables["nccl_warnings"] = _warnings_table(warns)
 
         # per-process facts from the remaining INFO lines, refined by channels and comms
-        procs = _process_facts(rows, info, tables, bare, facts, log)
-        _refine_processes(procs, chans, comms, rings)
-        tables["nccl_log_lines"] = _log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None)
+        procs = _process_facts(rows, info, tables, bare, facts, log, topo)
+        _refine_processes(procs, chans, comms, rings, topo)
+        tables["nccl_log_lines"] = _merged(_log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None),
+                                           topo.log_lines, cls.SCHEMAS["nccl_log_lines"])
         return cls.result(label, tables, facts, log)
 
 
 BASE = ("line", "ts", "ts_local", "host", "pid", "tid", "dev")
-VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
 
 
 _LINE_FIELDS = ("ts", "host", "pid", "tid", "dev", "level", "msg")
@@ -366,6 +372,17 @@ def _section(info: list, hint: re.Pattern, rx: re.Pattern, kind: str, what: str,
     return out
 
 
+def _merged(py, c: pd.DataFrame | None, schema: dict):
+    """A table of the lines read here (``py``: as a parser hands it over) and those C read
+    (``c``: a typed frame), in line order."""
+    if c is None or not len(c):
+        return py
+    if py is None or not len(py):
+        return c
+    both = pd.concat([typed_frame(py, schema), c], ignore_index=True)
+    return both.sort_values("line", kind="stable").reset_index(drop=True)
+
+
 def _table(names, pairs: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     """Columns: ``names`` of each line, then every group of its match."""
     t = _columns(names, [r for r, _ in pairs])
@@ -394,11 +411,15 @@ class _NcclLines:
     mentions: int = 0
 
 
-def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines:
+def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, done: np.ndarray) -> _NcclLines:
     """Decode the lines holding one of :data:`NEEDLES`, and the INFO lines at the offsets
-    ``other`` (those the C scanner found not to be COLL lines)."""
+    ``other`` (those the C scanners did not read), but not the lines starting at ``done``
+    (the C scanners read them)."""
     found = _NcclLines()
     sel = text.lines_with(NEEDLES, also=[other])
+    if len(done) and len(sel):
+        keep = ~np.isin(sel.start, done)
+        sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
     search = LINE_RE.search
     for ln, line, end in zip(sel.line.tolist(), text.texts(sel), sel.end.tolist()):
         if "NCCL" not in line:
@@ -656,14 +677,20 @@ def _process(procs: dict, host: str, pid: int) -> dict:
 
 
 def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: list[tuple[int, str, str]],
-                   facts: dict, log: WarningLog) -> dict:
-    """``facts["processes"]``: one entry per process seen (in any line or COLL row), filled from
-    the INFO lines not read yet (:data:`INFO_FACTS`, each line marked with its kind); also adds
-    the versions to ``facts``. Returns the processes."""
+                   facts: dict, log: WarningLog, topo: TopoLines) -> dict:
+    """``facts["processes"]``: one entry per process seen (in any line, C's Channel lines
+    ``topo`` or COLL row), filled from the INFO lines not read yet (:data:`INFO_FACTS`, each
+    line marked with its kind); also adds the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
-    for host, pid in dict.fromkeys((r.host, r.pid) for r in rows if r.pid is not None
-                                   and not (r.src and r.src[0] == "libfabric")):   # libfabric's lines: no NCCL process
-        _process(procs, host, pid)
+    seen: dict = {}
+    for r in rows:
+        if r.pid is not None and not (r.src and r.src[0] == "libfabric"):   # libfabric's lines: no NCCL process
+            seen.setdefault((r.host, r.pid), r.line)
+    first = sorted([(ln, key) for key, ln in seen.items()] + [(ln, (h, p)) for ln, h, p in topo.first_seen],
+                   key=lambda x: x[0])
+    for _, (host, pid) in first:
+        if f"{host}:{pid}" not in procs:
+            _process(procs, host, pid)
     for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
         if t is not None and len(t):
             for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
@@ -753,13 +780,16 @@ INFO_FACTS = (
 
 
 def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: list[tuple[_Line, re.Match]],
-                      rings: list[dict]) -> None:
+                      rings: list[dict], topo: TopoLines) -> None:
     """Complete the processes' facts from their channels (GDR, the transport when no line named
-    it), comms (ranks, comm ids) and ring order (nChannels without a "N coll channels" line),
-    then list their interfaces."""
+    it; those read here and C's ``topo``), comms (ranks, comm ids) and ring order (nChannels
+    without a "N coll channels" line), then list their interfaces."""
     nets: dict[str, list[str]] = {}
     vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
-    for (host, pid), via in zip(((r.host, r.pid) for r, _ in chans), [c["via"] for _, c in chans]):
+    conns = [(r.line, r.host, r.pid, c["via"]) for r, c in chans]
+    if topo.vias:
+        conns = sorted(conns + topo.vias, key=lambda x: x[0])
+    for _, host, pid, via in conns:
         key = f"{host}:{pid}"
         if key not in procs:          # a line of no pid (the process's facts are keyed by it)
             continue
@@ -785,6 +815,9 @@ def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: l
         if row["kind"] == "ring_order" and row.get("nchannels") is not None:
             key = f"{row['host']}:{row['pid']}"
             ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
+    for host, pid, n in topo.nchannels:
+        key = f"{host}:{pid}"
+        ring_orders[key] = max(ring_orders.get(key, 0), n)
     for key, p in procs.items():
         if p["nchannels"] is None and key in ring_orders:
             p["nchannels"] = ring_orders[key]

@@ -237,17 +237,20 @@ class TopoCols(ctypes.Structure):
 
 
 _lib.logscan_topo.restype = _I64
-_lib.logscan_topo.argtypes = [_P, _I64, _P, _I64, ctypes.POINTER(TopoCols), _P, ctypes.POINTER(_I64)]
+_lib.logscan_topo.argtypes = [_P, _I64, _P, _I64, ctypes.c_int32, ctypes.POINTER(TopoCols), _P,
+                              ctypes.POINTER(_I64)]
 
-TOPO_CONNECTION, TOPO_RING_ORDER = 1, 2
+TOPO_CONNECTION, TOPO_RING_ORDER, TOPO_PREFIX = 1, 2, 3
 
 
-def topo_lines(buf, length: int, hits: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def topo_lines(buf, length: int, hits: np.ndarray, any_message: bool = False
+               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The NCCL init ``Channel`` lines (connections and ring order) among the "NCCL INFO "
     offsets ``hits`` (``coll_chunks``' ``other``), parsed by ``logscan.c``: ``(columns, rest)``,
     ``columns`` of ``TOPO_DTYPES`` with a row per line read (``kind``: ``TOPO_CONNECTION`` or
-    ``TOPO_RING_ORDER``; a column a kind does not fill holds garbage in the other kind's rows),
-    ``rest`` the offsets of ``hits`` not read (another message, or a prefix or form the C
+    ``TOPO_RING_ORDER``, or with ``any_message`` ``TOPO_PREFIX``: another message, of which
+    the prefix and message bounds are read; a column a kind does not fill holds garbage in the
+    other kinds' rows), ``rest`` the offsets of ``hits`` not read (a prefix or form the C
     reader leaves to Python's regular expressions), in their order."""
     hits = np.ascontiguousarray(hits, np.int64)
     n = len(hits)
@@ -257,7 +260,7 @@ def topo_lines(buf, length: int, hits: np.ndarray) -> tuple[dict[str, np.ndarray
         return {k: v[:0] for k, v in cols.items()}, rest[:0]
     c = TopoCols(**{k: _ptr(v) for k, v in cols.items()})
     n_rest = _I64(0)
-    k = _lib.logscan_topo(_buffer_address(buf), length, _ptr(hits), n, ctypes.byref(c), _ptr(rest),
+    k = _lib.logscan_topo(_buffer_address(buf), length, _ptr(hits), n, int(any_message), ctypes.byref(c), _ptr(rest),
                           ctypes.byref(n_rest))
     return {key: v[:k] for key, v in cols.items()}, rest[:n_rest.value]
 

@@ -465,8 +465,8 @@ static int topo_message(const uint8_t *buf, int64_t s, int64_t e, topo_cols *o, 
     return 1;
 }
 
-int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64_t n, topo_cols *o,
-                     int64_t *rest, int64_t *n_rest) {
+int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64_t n, int32_t any_message,
+                     topo_cols *o, int64_t *rest, int64_t *n_rest) {
     static const char needle[] = "NCCL INFO ";
     const int64_t nl = (int64_t)sizeof(needle) - 1;
     coll_cols pc;
@@ -483,8 +483,12 @@ int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64
         int64_t ls = line_start(buf, h), le = line_end(buf, len, h + nl);
         int64_t me = le;
         while (me > h + nl && is_pyspace(buf[me - 1])) me--;
-        if (prefix(buf, ls, h, &pc, k) && prefix_is_first(buf, ls, le, h, o, k)
-            && topo_message(buf, h + nl, me, o, k)) {
+        int ok = prefix(buf, ls, h, &pc, k) && prefix_is_first(buf, ls, le, h, o, k);
+        if (ok && !topo_message(buf, h + nl, me, o, k)) {
+            o->kind[k] = 3;                     /* another message: its prefix alone */
+            ok = any_message;
+        }
+        if (ok) {
             o->start[k] = ls;
             o->pre_hash[k] = fnv1a(buf + ls, o->pre[k] - ls);
             o->msg_off[k] = h + nl;

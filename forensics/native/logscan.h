@@ -54,7 +54,7 @@ typedef struct {
     int64_t *msg_off;      /* the message after "NCCL INFO ", trailing blanks dropped */
     int32_t *msg_len;
     uint64_t *msg_hash;
-    int32_t *kind;         /* 1: a connection, 2: ring order */
+    int32_t *kind;         /* 1: a connection, 2: ring order, 3: another message (any_message) */
     int64_t *channel, *sub;   /* "Channel CC/SS": SS the connection index or nChannels, -1 when absent */
     int64_t *src_rank, *dst_rank;
     int64_t *src_dev_off; int32_t *src_dev_len; uint64_t *src_dev_hash;
@@ -64,6 +64,6 @@ typedef struct {
     int64_t *order_off; int32_t *order_len; uint64_t *order_hash;
 } topo_cols;
 
-int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64_t n, topo_cols *o,
-                     int64_t *rest, int64_t *n_rest);
+int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64_t n, int32_t any_message,
+                     topo_cols *o, int64_t *rest, int64_t *n_rest);
 #endif

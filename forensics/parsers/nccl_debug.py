@@ -77,6 +77,7 @@ nchannels (int), env ({NCCL_*: value}), ranks ({comm pointer: rank}), comm_ids, 
 """
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -88,6 +89,7 @@ from . import lines as lines_mod
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
 from .nccl_topo import VIA_RE, TopoLines, scan_topology
+from .nccl_warn_fields import ib_fields, peer_fields
 from .registry import WarningLog, register, typed_frame
 from .text import Lines, LogText, TextParser
 
@@ -163,21 +165,6 @@ LIBFABRIC_RE = re.compile(r"libfabric:(?P<pid>\d+):(?P<epoch>\d+):(?P<path>(?:[^
                           r"(?P<srcline>\d+)<(?P<lvl>warn|error)>\s*(?P<msg>.*?)\s*$")
 LIBFABRIC_ERROR_RE = re.compile(r"error|fail|unable|cannot|can't|couldn't|unreachable|timed? ?out|refused|empty list"
                                 r"|not (?:supported|available)|denied|invalid|no route", re.I)
-PEER_RE = re.compile(r"\b(?:peer|from|to) (?P<peer>[^\s,]*<\d+>)|\bpeer (?P<peer2>[^\s,]+)")
-IB_STATUS_RE = re.compile(r"\bwith (?:error |status=)(?:[A-Za-z_ ]+\()?(?P<st>\d+)")
-# an IB completion error in every wording (NCCL 2.3 to 2.30, the HPC-X IB plugin): "with error 12,
-# opcode 0, len 0, vendor err 129 (Send)", "with status=12 opcode=0 len=0 vendor err 129 (Recv)",
-# "status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=N vendor_err=129 req_type=Send",
-# then RoCE GIDs ("remoteGids" has no space from 2.20) and the HCA ("hca mlx5_2", 2.22+)
-IB_COMPLETION_RE = re.compile(
-    r"with (?:error (?P<st_a>\d+),? opcode (?P<op_a>-?\d+),? len (?P<len_a>-?\d+),? vendor err (?P<ve_a>\d+)"
-    r"|status=(?:(?P<stname>[A-Z_]+)\()?(?P<st_b>\d+)\)?,? opcode=(?:(?P<opname>[A-Z_]+)\()?(?P<op_b>-?\d+)\)?,?"
-    r"(?: len=(?P<len_b>-?\d+)| reqSize=(?P<rs>-?\d+))?,? vendor[ _]err[ =](?P<ve_b>\d+))"
-    r"(?: \((?P<req_a>\w+)\)| req_type=(?P<req_b>\w+))?(?:\s+localGid (?P<lgid>\S+))?(?: remoteGids? ?(?P<rgid>\S+))?"
-    r"(?:\s+hca (?P<hca>\S+))?")
-# an IB async event names its device and port: "NET/IB : mlx5_0:1 Got async event : port error"
-IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
-PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
 WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256})
 # needles of the NCCL lines other than INFO (INFO lines come from the COLL scanner's "other")
 NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version", b"libfabric:", *OLD_NEEDLES)
@@ -267,7 +254,7 @@ class NcclDebugParser(TextParser):
         # and the init's Channel lines in C too (nccl_topo)
         c_rows, c_last, other = scan_coll(text, coll)
         topo, other = scan_topology(text, other, cls.SCHEMAS) if native else (TopoLines(), other)
-        found = _read_lines(text, other, log, topo.starts)
+        found = _read_lines(text, other, log, topo)
         rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
         facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll - len(topo))
@@ -338,6 +325,20 @@ class _Line:
         self.kind = "other"
 
 
+def _prefixed_rows(info: dict[str, list]) -> list[_Line]:
+    """The rows of INFO lines whose prefix C read (``nccl_topo.TopoLines.info``): what
+    ``_Line`` makes of the same line's LINE_RE match."""
+    out = []
+    new = _Line.__new__
+    for line, pre, ts, host, pid, tid, dev, msg in zip(*(info[k] for k in (
+            "line", "pre", "ts", "host", "pid", "tid", "dev", "msg"))):
+        r = new(_Line)
+        r.line, r.pre, r.ts, r.host, r.pid, r.tid, r.dev, r.msg = line, pre, ts, host, pid, tid, dev, msg
+        r.level, r.kind, r.src, r.ts_local = "INFO", "other", None, None
+        out.append(r)
+    return out
+
+
 _FINDERS: dict = {}
 
 
@@ -379,7 +380,10 @@ def _merged(py, c: pd.DataFrame | None, schema: dict):
         return py
     if py is None or not len(py):
         return c
-    both = pd.concat([typed_frame(py, schema), c], ignore_index=True)
+    typed = typed_frame(py, schema)
+    for k in (k for k, kind in schema.items() if kind == "time"):     # as objects: see nccl_topo._log_lines
+        typed[k] = np.asarray(py[k].tolist() if k in py else [None] * len(typed), dtype=object)
+    both = pd.concat([typed, c], ignore_index=True)
     return both.sort_values("line", kind="stable").reset_index(drop=True)
 
 
@@ -411,31 +415,43 @@ class _NcclLines:
     mentions: int = 0
 
 
-def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, done: np.ndarray) -> _NcclLines:
+def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLines) -> _NcclLines:
     """Decode the lines holding one of :data:`NEEDLES`, and the INFO lines at the offsets
-    ``other`` (those the C scanners did not read), but not the lines starting at ``done``
-    (the C scanners read them)."""
+    ``other`` (those the C scanners did not read), but not the lines the C scanners read
+    (``topo``: its INFO lines' prefixes become rows here, in line order)."""
     found = _NcclLines()
     sel = text.lines_with(NEEDLES, also=[other])
-    if len(done) and len(sel):
-        keep = ~np.isin(sel.start, done)
+    if len(topo.starts) and len(sel):
+        keep = ~np.isin(sel.start, topo.starts)
         sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
+    if topo.info:
+        found.rows = _prefixed_rows(topo.info)
+        if len(sel):       # both in line order
+            found.rows = list(heapq.merge(found.rows, _read_selected(text, sel, log, found), key=attrgetter("line")))
+        return found
+    found.rows = _read_selected(text, sel, log, found)
+    return found
+
+
+def _read_selected(text: LogText, sel: Lines, log: WarningLog, found: _NcclLines) -> list:
+    """The rows of the lines ``sel`` (their bare version lines and mentions go into ``found``)."""
+    out: list = []
     search = LINE_RE.search
     for ln, line, end in zip(sel.line.tolist(), text.texts(sel), sel.end.tolist()):
         if "NCCL" not in line:
             if (lf := _libfabric(ln, line)) is not None:
-                found.rows.append(lf)
+                out.append(lf)
             elif (o := _old_warn(line)) is not None:        # NCCL before 2.3: no "NCCL " in its lines
-                found.rows.append(_Line(ln, o, line[:o.start()]))
+                out.append(_Line(ln, o, line[:o.start()]))
             continue
         g = search(line) if len(line) <= LONG_LINE else prefixed(LINE_RE, line)
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
             elif (h := prefixed(PIDLESS_RE, line) or prefixed(HOSTLESS_WARN_RE, line)) is not None:
-                found.rows.append(_Line(ln, h, line[:h.start()]))
+                out.append(_Line(ln, h, line[:h.start()]))
             elif (o := _old_warn(line)) is not None:
-                found.rows.append(_Line(ln, o, line[:o.start()]))
+                out.append(_Line(ln, o, line[:o.start()]))
             elif MENTION_RE.search(line):
                 found.mentions += 1
                 log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
@@ -443,8 +459,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, done: np.ndar
         r = _Line(ln, g, line[:g.start()])
         if r.level == "WARN" and len(line) in WRAP_WIDTHS:
             r.msg = _unwrap(text, end, r.msg)
-        found.rows.append(r)
-    return found
+        out.append(r)
+    return out
 
 
 def _synthetic(line: int, pre: str, **fields) -> _Line:
@@ -633,8 +649,7 @@ def _warnings_table(warns: list[_Line]) -> dict[str, list]:
     t["src_line"] = [_int(r.src[1]) for r in warns]
     t["func"] = [r.src[2] for r in warns]
     t["message"] = [r.msg for r in warns]
-    t["peer"] = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(r.msg)) else None) for r in warns]
-    t.update(_peer_parts(t["peer"]))
+    t.update(peer_fields(t["message"]))
     t.update(ib_fields([r.msg for r in warns]))
     t.update(_contexts(warns))
     return t
@@ -851,41 +866,5 @@ def _contexts(rows: list) -> dict[str, list]:
     """The launcher context columns of ``rows`` (lines read by the regular expressions)."""
     return lines_mod.context_columns(r.pre for r in rows)
 
-
-def peer_fields(msgs: list[str]) -> dict[str, list]:
-    """``peer`` (as printed), ``peer_addr`` and ``peer_port`` of each WARN message."""
-    peers = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(x)) else None) for x in msgs]
-    return {"peer": peers, **_peer_parts(peers)}
-
-
-def _peer_parts(peers: list) -> dict[str, list]:
-    addrs, ports = [], []
-    for p in peers:
-        m = PEER_ADDR_RE.match(p) if isinstance(p, str) else None
-        addrs.append(m["addr"] if m else None)
-        port = (m["port"] or m["port2"]) if m else None
-        ports.append(int(port) if port else None)
-    return {"peer_addr": addrs, "peer_port": ports}
-
-
-def ib_fields(msgs: list[str]) -> dict[str, list]:
-    """The fields of IB completion errors in every wording, and the device an async event
-    names (None where a line has none)."""
-    keys = ("ib_status", "ib_opcode", "ib_len", "vendor_err", "ib_side", "local_gid", "remote_gid", "ib_device")
-    out: dict[str, list] = {k: [] for k in keys}
-    for msg in msgs:
-        row = dict.fromkeys(keys)
-        if "completion" in msg and (m := IB_COMPLETION_RE.search(msg)):
-            row.update(ib_status=_int(m["st_a"] or m["st_b"]), ib_opcode=_int(m["op_a"] or m["op_b"]),
-                       ib_len=_int(m["len_a"] or m["len_b"] or m["rs"]), vendor_err=_int(m["ve_a"] or m["ve_b"]),
-                       ib_side=m["req_a"] or m["req_b"], local_gid=m["lgid"], remote_gid=m["rgid"],
-                       ib_device=m["hca"])
-        elif (m := IB_STATUS_RE.search(msg)):
-            row["ib_status"] = _int(m["st"])
-        if row["ib_device"] is None and (d := IB_DEV_PORT_RE.search(msg)):
-            row["ib_device"] = d["dev"]
-        for k in keys:
-            out[k].append(row[k])
-    return out
 
 register(NcclDebugParser)

@@ -52,6 +52,8 @@ class TopoLines:
     ring order lines)."""
 
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    n_topo: int = 0
+    info: dict[str, list] = field(default_factory=dict)
     channels: pd.DataFrame | None = None
     rings: pd.DataFrame | None = None
     log_lines: pd.DataFrame | None = None
@@ -60,20 +62,29 @@ class TopoLines:
     nchannels: list[tuple[str, int, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.starts)
+        """The Channel lines read (not the ``info`` lines: those become the parser's rows)."""
+        return self.n_topo
 
 
 def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoLines, np.ndarray]:
     """(the Channel lines among the "NCCL INFO " offsets ``hits`` that C read, the offsets left
     to the regular expressions). ``schemas``: the parser's table schemas."""
-    from ..native import TOPO_CONNECTION, topo_lines
-    c, rest = topo_lines(text.data, text.size, hits)
+    from ..native import TOPO_CONNECTION, TOPO_PREFIX, topo_lines
+    c, rest = topo_lines(text.data, text.size, hits, any_message=True)
     if not len(c["start"]):
         return TopoLines(), rest
     _, _, line = text.line_numbers_and_ends(c["start"])
     host = _strings(text, c["host_off"], c["host_len"], c["host_hash"])
-    conn = c["kind"] == TOPO_CONNECTION
     out = TopoLines(starts=c["start"].copy())
+    other = c["kind"] == TOPO_PREFIX
+    if other.any():
+        out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other])
+        c = {k: v[~other] for k, v in c.items()}
+        line, host = line[~other], host[~other]
+    out.n_topo = len(line)
+    if not out.n_topo:
+        return out, rest
+    conn = c["kind"] == TOPO_CONNECTION
     base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
     out.channels = _channels(text, {k: v[conn] for k, v in c.items()}, {k: v[conn] for k, v in base.items()},
                              schemas["nccl_channels"])
@@ -95,6 +106,19 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
         m = g.groupby(["h", "p"], sort=False).agg(n=("n", "max"), i=("i", "first"))
         out.nchannels = [(host[i], int(p), int(n)) for (_, p), n, i in zip(m.index, m["n"], m["i"])]
     return out, rest
+
+
+def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray) -> dict[str, list]:
+    """The prefix fields of the other INFO lines C read, as lists (each becomes the parser's
+    row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
+    data = text.data
+    ts: list = [None] * len(line)
+    for i in np.flatnonzero(c["ts_len"] > 0).tolist():
+        a = int(c["pre"][i])
+        ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
+    return {"line": line.tolist(), "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]).tolist(),
+            "ts": ts, "host": host.tolist(), "pid": c["pid"].tolist(), "tid": c["tid"].tolist(),
+            "dev": c["dev"].tolist(), "msg": _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"]).tolist()}
 
 
 def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -123,15 +147,25 @@ def _int(a: np.ndarray, na: np.ndarray | None = None):
         pd.arrays.IntegerArray(a.astype(np.int64), na.copy())
 
 
+def _ints(distinct: list, inv: np.ndarray):
+    """An Int64 column of the distinct values ``distinct`` (ints or None) at ``inv``."""
+    if any(v is not None and not -(1 << 63) <= v < 1 << 63 for v in distinct):
+        return pd.array(_objects(distinct)[inv], dtype="Int64")       # out of range: the registry's NA
+    vals = np.array([0 if v is None else v for v in distinct], np.int64)
+    na = np.array([v is None for v in distinct], bool)
+    return pd.arrays.IntegerArray(vals[inv], na[inv])
+
+
 def _str(values) -> pd.api.extensions.ExtensionArray:
     return pd.array(np.asarray(values, dtype=object), dtype="string")
 
 
 def _frame(cols: dict, schema: dict) -> pd.DataFrame:
     n = len(cols["line"])
-    na = {"str": lambda: pd.array([None] * n, dtype="string"), "int": lambda: pd.array([None] * n, dtype="Int64"),
-          "bool": lambda: pd.array([None] * n, dtype="boolean"),
-          "time": lambda: np.full(n, np.datetime64("NaT"), "datetime64[ns]")}
+    na = {"str": lambda: pd.array(np.full(n, None, dtype=object), dtype="string"),
+          "int": lambda: pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool)),
+          "bool": lambda: pd.arrays.BooleanArray(np.zeros(n, bool), np.ones(n, bool)),
+          "time": lambda: np.full(n, None, dtype=object)}
     return pd.DataFrame({k: cols[k] if k in cols else na[kind]() for k, kind in schema.items()},
                         index=pd.RangeIndex(n))
 
@@ -152,7 +186,7 @@ def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame 
                                                                    c["dst_dev_hash"])),
         "direction": _str(direction), "via": _str(via),
         "transport": _str(_objects([f[0] for f in fields])[inv]), "net": _str(_objects([f[1] for f in fields])[inv]),
-        "net_dev": pd.array(_objects([f[2] for f in fields])[inv], dtype="Int64"),
+        "net_dev": _ints([f[2] for f in fields], inv),
         "gdrdma": pd.array(np.array(["/GDRDMA" in v for v in vals], bool)[inv], dtype="boolean"),
     }, schema)
 
@@ -178,18 +212,20 @@ def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dic
     for i in stamped:
         a = int(c["pre"][i])
         ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
-    ts_local = np.full(n, np.datetime64("NaT"), "datetime64[ns]")
+    # as nccl_debug's _stamp_local_times makes them: Timestamps (their unit as parsed) or None;
+    # the table's time column is made of these objects with the other lines' (the unit of
+    # the column follows its values)
+    ts_local = np.full(n, None, dtype=object)
     if len(stamped):
-        ts_local[stamped] = pd.to_datetime(pd.Series([ts[i].replace("_", " ") for i in stamped], dtype="object"),
-                                           errors="coerce", format="mixed").to_numpy()
+        ts_local[stamped] = _objects(pd.to_datetime(pd.Series([ts[i].replace("_", " ") for i in stamped],
+                                                              dtype="object"), errors="coerce", format="mixed").tolist())
     cols = {"line": _int(base["line"]), "ts": _str(ts), "ts_local": ts_local, "host": _str(base["host"]),
             "pid": _int(base["pid"]), "tid": _int(base["tid"]), "dev": _int(base["dev"]),
             "level": _str(np.full(n, "INFO", dtype=object)), "kind": _str(kind), "message": _str(msg)}
     pres, inv = _distinct(text, c["start"], c["pre"] - c["start"], c["pre_hash"])
     ctx = lines_mod.context_columns(pres)
     for k, kind_ in lines_mod.CONTEXT_COLUMNS.items():
-        vals = _objects(ctx[k])[inv]
-        cols[k] = _str(vals) if kind_ == "str" else pd.array(vals, dtype="Int64")
+        cols[k] = _str(_objects(ctx[k])[inv]) if kind_ == "str" else _ints(ctx[k], inv)
     return _frame(cols, schema)
 
 

@@ -723,15 +723,23 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
     return procs
 
 
+_FACT_OF: dict[str, tuple | None] = {}      # message -> (kind, reader, match) of its INFO_FACTS entry
+
+
 def _read_info_fact(r: _Line, p: dict, facts: dict, log: WarningLog) -> None:
     """Mark ``r`` with the kind of the first :data:`INFO_FACTS` entry it matches, and read that
-    entry's fact into its process ``p``."""
-    for kind, find, read in INFO_FACTS:
-        if (g := find(r.msg)):
-            r.kind = kind
-            if read is not None:
-                read(p, g, r, facts, log)
-            return
+    entry's fact into its process ``p`` (the entry is looked for once per distinct message:
+    an init log repeats most of them on every rank of every communicator)."""
+    hit = _FACT_OF.get(r.msg, False)
+    if hit is False:
+        hit = next(((kind, read, g) for kind, find, read in INFO_FACTS if (g := find(r.msg))), None)
+        if len(_FACT_OF) > 50_000:
+            _FACT_OF.clear()
+        _FACT_OF[r.msg] = hit
+    if hit is not None:
+        r.kind = hit[0]
+        if hit[1] is not None:
+            hit[1](p, hit[2], r, facts, log)
 
 
 def _fact_version(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:

@@ -465,6 +465,40 @@ static int topo_message(const uint8_t *buf, int64_t s, int64_t e, topo_cols *o, 
     return 1;
 }
 
+/* "Trees" then " [c] d->r->u" items to the end, as TREES_ITEM_RE's finditer reads them there:
+ * d the run of [-0-9/] before "->" (the run's last '-' is the arrow's), r and u -?\d+. */
+static int64_t sdigits(cur *c, int64_t *v) {
+    int neg = lit(c, "-");
+    int64_t x;
+    if (!digits(c, &x)) return 0;
+    *v = neg ? -x : x;
+    return 1;
+}
+
+static int trees_message(const uint8_t *buf, int64_t s, int64_t e, topo_cols *o, int64_t row) {
+    cur c = {buf, s, e};
+    int64_t n0 = o->n_items, n = n0, v;
+    if (!lit(&c, "Trees")) return 0;
+    while (c.p < c.end) {
+        if (n >= o->item_cap) return 0;
+        if (!lit(&c, " [") || !digits(&c, &v) || !lit(&c, "] ")) return 0;
+        o->item_channel[n] = v;
+        int64_t ds = c.p;
+        while (c.p < c.end && (is_digit(buf[c.p]) || buf[c.p] == '-' || buf[c.p] == '/')) c.p++;
+        if (c.p >= c.end || buf[c.p] != '>' || c.p - ds < 2 || buf[c.p - 1] != '-') return 0;
+        o->item_down_off[n] = ds;
+        o->item_down_len[n] = (int32_t)(c.p - 1 - ds);
+        o->item_down_hash[n] = fnv1a(buf + ds, c.p - 1 - ds);
+        c.p++;                                  /* '>' */
+        if (!sdigits(&c, &o->item_rank[n]) || !lit(&c, "->") || !sdigits(&c, &o->item_up[n])) return 0;
+        o->item_row[n] = row;
+        n++;
+    }
+    if (n == n0) return 0;
+    o->n_items = n;
+    return 1;
+}
+
 int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64_t n, int32_t any_message,
                      topo_cols *o, int64_t *rest, int64_t *n_rest) {
     static const char needle[] = "NCCL INFO ";
@@ -474,6 +508,7 @@ int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64
     pc.pre = o->pre; pc.ts_len = o->ts_len; pc.host_off = o->host_off; pc.host_len = o->host_len;
     pc.host_hash = o->host_hash; pc.pid = o->pid; pc.tid = o->tid; pc.dev = o->dev;
     int64_t k = 0, r = 0;
+    o->n_items = 0;
     for (int64_t j = 0; j < n; j++) {
         int64_t h = hits[j];
         if (h < 0 || h + nl > len || memcmp(buf + h, needle, (size_t)nl) != 0) {
@@ -484,7 +519,9 @@ int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64
         int64_t me = le;
         while (me > h + nl && is_pyspace(buf[me - 1])) me--;
         int ok = prefix(buf, ls, h, &pc, k) && prefix_is_first(buf, ls, le, h, o, k);
-        if (ok && !topo_message(buf, h + nl, me, o, k)) {
+        if (ok && trees_message(buf, h + nl, me, o, k)) {
+            o->kind[k] = 4;
+        } else if (ok && !topo_message(buf, h + nl, me, o, k)) {
             o->kind[k] = 3;                     /* another message: its prefix alone */
             ok = any_message;
         }

@@ -67,10 +67,12 @@ class TopoLines:
 
 
 def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoLines, np.ndarray]:
-    """(the Channel lines among the "NCCL INFO " offsets ``hits`` that C read, the offsets left
-    to the regular expressions). ``schemas``: the parser's table schemas."""
-    from ..native import TOPO_CONNECTION, TOPO_PREFIX, topo_lines
+    """(the Channel and Trees lines among the "NCCL INFO " offsets ``hits`` that C read, and
+    the prefixes of the other INFO lines it read; the offsets left to the regular
+    expressions). ``schemas``: the parser's table schemas."""
+    from ..native import TOPO_CONNECTION, TOPO_ITEM_DTYPES, TOPO_PREFIX, TOPO_RING_ORDER, topo_lines
     c, rest = topo_lines(text.data, text.size, hits, any_message=True)
+    items = {k: c.pop(k) for k in TOPO_ITEM_DTYPES}
     if not len(c["start"]):
         return TopoLines(), rest
     _, _, line = text.line_numbers_and_ends(c["start"])
@@ -79,19 +81,24 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     other = c["kind"] == TOPO_PREFIX
     if other.any():
         out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other])
+        items["item_row"] = (np.cumsum(~other) - 1)[items["item_row"]]       # rows renumbered without them
         c = {k: v[~other] for k, v in c.items()}
         line, host = line[~other], host[~other]
     out.n_topo = len(line)
     if not out.n_topo:
         return out, rest
-    conn = c["kind"] == TOPO_CONNECTION
+    conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
     base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
     out.channels = _channels(text, {k: v[conn] for k, v in c.items()}, {k: v[conn] for k, v in base.items()},
                              schemas["nccl_channels"])
-    out.rings = _ring_orders(text, {k: v[~conn] for k, v in c.items()}, {k: v[~conn] for k, v in base.items()},
-                             schemas["nccl_rings"])
-    out.log_lines = _log_lines(text, c, base, np.where(conn, "channel", "ring").astype(object),
-                               schemas["nccl_log_lines"])
+    rings = [_ring_orders(text, {k: v[ring] for k, v in c.items()}, {k: v[ring] for k, v in base.items()},
+                          schemas["nccl_rings"]),
+             _trees(text, items, {k: v[items["item_row"]] for k, v in base.items()}, schemas["nccl_rings"])]
+    rings = [r for r in rings if r is not None]
+    out.rings = (pd.concat(rings, ignore_index=True).sort_values("line", kind="stable").reset_index(drop=True)
+                 if len(rings) > 1 else rings[0] if rings else None)
+    kind = _objects(["", "channel", "ring", "", "tree"])[c["kind"]]
+    out.log_lines = _log_lines(text, c, base, kind, schemas["nccl_log_lines"])
     keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
     first = np.flatnonzero(~keys.duplicated().to_numpy())
     out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
@@ -100,12 +107,25 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     out.vias = [(int(line[i]), host[i], int(c["pid"][i]),
                  bytes(text.data[int(c["via_off"][i]):int(c["via_off"][i] + c["via_len"][i])]).decode("ascii"))
                 for i in ci]
-    ro = (~conn) & (c["sub"] >= 0)
+    ro = ring & (c["sub"] >= 0)
     if ro.any():
         g = pd.DataFrame({"h": c["host_hash"][ro], "p": c["pid"][ro], "n": c["sub"][ro], "i": np.flatnonzero(ro)})
         m = g.groupby(["h", "p"], sort=False).agg(n=("n", "max"), i=("i", "first"))
         out.nchannels = [(host[i], int(p), int(n)) for (_, p), n, i in zip(m.index, m["n"], m["i"])]
     return out, rest
+
+
+def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame | None:
+    """``nccl_rings`` rows (kind ``trees``) of the items of the Trees lines C read, in line order."""
+    n = len(items["item_row"])
+    if not n:
+        return None
+    return _frame({
+        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
+        "kind": _str(np.full(n, "trees", dtype=object)), "channel": _int(items["item_channel"]),
+        "rank": _int(items["item_rank"]), "up": _int(items["item_up"]),
+        "down": _str(_strings(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
+    }, schema)
 
 
 def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray) -> dict[str, list]:

@@ -97,11 +97,20 @@ EDGES = [
     PRE + "Ring 00 : 2 -> 3 -> 4",
     PRE + "Trees [0] 4/-1/-1->3->2",
     PRE + "Using network IB",
+    PRE + "Trees [0] 4/-1/-1->3->2 [1] 4/-1/-1->3->-1 [2] -1/-1/-1->3->2",
+    PRE + "Trees",
+    PRE + "Trees [0] 4/-1/-1->3->2x",
+    PRE + "Trees [0] -1->3->2",
+    PRE + "Trees [0] 4/-1/-1 ->3->2",
+    PRE + "Trees [0] ->3->2",
+    PRE + "Trees [0] --->3->2",
+    PRE + "Trees [0] 4/-1/-1->3->2  [1] 5->3->2",
+    PRE + "Trees [0] 4/-1/-1->-3->-2",
 ]
 
 
 # the EDGES the C reader takes (the others go to the regular expressions)
-READ_IN_C = {0, 1, 2, 3, 7, 8, 9, 10, 15, 16, 17, 18, 19, 30, 31}
+READ_IN_C = {0, 1, 2, 3, 7, 8, 9, 10, 15, 16, 17, 18, 19, 30, 31, 35, 37, 40, 43, 45}
 
 
 def test_which_edges_c_reads():

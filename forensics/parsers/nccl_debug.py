@@ -712,9 +712,18 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
                 key = f"{host}:{pid}"
                 if key not in procs and pd.notna(pid):
                     _process(procs, host, int(pid))
+    mine: dict = {}                 # (host, pid) -> its process's facts (every line's is made above)
     for r in info:
-        if r.kind == "other" and r.pid is not None:     # a line of no pid tells of no process
-            _read_info_fact(r, _process(procs, r.host, r.pid), facts, log)
+        if r.kind != "other" or r.pid is None:          # a line of no pid tells of no process
+            continue
+        if (hit := _FACT_OF.get(r.msg, False)) is False:
+            hit = _fact_of(r.msg)
+        if hit is not None:
+            if (p := mine.get((r.host, r.pid))) is None:
+                p = mine[(r.host, r.pid)] = _process(procs, r.host, r.pid)
+            r.kind = hit[0]
+            if hit[1] is not None:
+                hit[1](p, hit[2], r, facts, log)
     for _, v, _ in bare:
         _add_version(facts, v)
     if bare and len(procs) == 1:
@@ -726,20 +735,15 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
 _FACT_OF: dict[str, tuple | None] = {}      # message -> (kind, reader, match) of its INFO_FACTS entry
 
 
-def _read_info_fact(r: _Line, p: dict, facts: dict, log: WarningLog) -> None:
-    """Mark ``r`` with the kind of the first :data:`INFO_FACTS` entry it matches, and read that
-    entry's fact into its process ``p`` (the entry is looked for once per distinct message:
-    an init log repeats most of them on every rank of every communicator)."""
-    hit = _FACT_OF.get(r.msg, False)
-    if hit is False:
-        hit = next(((kind, read, g) for kind, find, read in INFO_FACTS if (g := find(r.msg))), None)
-        if len(_FACT_OF) > 50_000:
-            _FACT_OF.clear()
-        _FACT_OF[r.msg] = hit
-    if hit is not None:
-        r.kind = hit[0]
-        if hit[1] is not None:
-            hit[1](p, hit[2], r, facts, log)
+def _fact_of(msg: str) -> tuple | None:
+    """(the kind, the reader, the match) of the first :data:`INFO_FACTS` entry ``msg`` matches
+    (None: none), looked for once per distinct message (an init log repeats most of them on
+    every rank of every communicator): the fact itself is read into its process line by line."""
+    hit = next(((kind, read, g) for kind, find, read in INFO_FACTS if (g := find(msg))), None)
+    if len(_FACT_OF) > 50_000:
+        _FACT_OF.clear()
+    _FACT_OF[msg] = hit
+    return hit
 
 
 def _fact_version(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:

@@ -62,8 +62,9 @@ ctx_local_rank, ctx_host, ctx_pid (int/str), ctx_clock (str as printed).
 
 Lines are found without a Python loop over the log (:mod:`.text`): COLL lines are parsed into
 columns by ``logscan.c`` (:mod:`.nccl_coll`) (a line in another form, e.g. an upper-case pointer, goes through the
-regular expressions below instead), every other NCCL line is located by its marker and only
-those lines are decoded. A WARN line hard-wrapped by a terminal (exactly as long as a common
+regular expressions below instead); the init's Channel and Trees lines, and the prefixes of the
+other INFO lines in the common form, by ``logscan.c`` too (:mod:`.nccl_topo`); every other NCCL
+line is located by its marker and only those lines are decoded. A WARN line hard-wrapped by a terminal (exactly as long as a common
 terminal width, followed by a line with no NCCL prefix) is joined with its continuation.
 
 Facts: ``nccl_version`` (first seen), ``versions`` (all distinct), ``other_lines``

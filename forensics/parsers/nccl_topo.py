@@ -168,9 +168,9 @@ def _int(a: np.ndarray, na: np.ndarray | None = None):
 
 
 def _ints(distinct: list, inv: np.ndarray):
-    """An Int64 column of the distinct values ``distinct`` (ints or None) at ``inv``."""
-    if any(v is not None and not -(1 << 63) <= v < 1 << 63 for v in distinct):
-        return pd.array(_objects(distinct)[inv], dtype="Int64")       # out of range: the registry's NA
+    """An Int64 column of the distinct values ``distinct`` (ints or None) at ``inv``; a value
+    int64 does not hold is NA, as the registry's conversion makes it."""
+    distinct = [None if v is None or not -(1 << 63) <= v < 1 << 63 else v for v in distinct]
     vals = np.array([0 if v is None else v for v in distinct], np.int64)
     na = np.array([v is None for v in distinct], bool)
     return pd.arrays.IntegerArray(vals[inv], na[inv])

@@ -106,11 +106,13 @@ EDGES = [
     PRE + "Trees [0] --->3->2",
     PRE + "Trees [0] 4/-1/-1->3->2  [1] 5->3->2",
     PRE + "Trees [0] 4/-1/-1->-3->-2",
+    PRE + "Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/18446744073709551616/GDRDMA",   # NA net_dev
+    "(RayTrainWorker pid=99999999999999999999) " + PRE + "Channel 00/16 : 0 1",                   # NA ctx_pid
 ]
 
 
 # the EDGES the C reader takes (the others go to the regular expressions)
-READ_IN_C = {0, 1, 2, 3, 7, 8, 9, 10, 15, 16, 17, 18, 19, 30, 31, 35, 37, 40, 43, 45}
+READ_IN_C = {0, 1, 2, 3, 7, 8, 9, 10, 15, 16, 17, 18, 19, 30, 31, 35, 37, 40, 43, 45, 46, 47}
 
 
 def test_which_edges_c_reads():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import shutil
 import statistics
 import subprocess
@@ -172,10 +173,20 @@ def generate_init(folder: Path, mb: int, ranks: int, comms: int = 200, seed: int
     return merged, sorted(per_rank.iterdir())
 
 
-def timed(cmd: list[str]) -> tuple[float, str]:
-    t0 = time.perf_counter()
+CPU: dict[str, list[float]] = {}      # a command's CPU seconds (its own and its children's), by name
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd: list[str], name: str = "") -> tuple[float, str]:
+    """(wall seconds, output) of ``cmd``; its CPU seconds go to ``CPU[name]``."""
+    t0, c0 = time.perf_counter(), _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     dt = time.perf_counter() - t0
+    CPU.setdefault(name, []).append(_children_cpu() - c0)
     if p.returncode not in (0, 1):
         raise SystemExit(f"{' '.join(cmd[:4])} ...: exit {p.returncode}\n{p.stderr[-2000:]}")
     return dt, p.stdout + p.stderr
@@ -183,12 +194,12 @@ def timed(cmd: list[str]) -> tuple[float, str]:
 
 READ_ONLY = """
 import sys, time
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 from forensics.intake import gather
 from forensics.model.hosts import read_host
 with gather([sys.argv[1]]) as intake:
     part = read_host(intake.sources(1)[0])
-print(time.perf_counter() - t0)
+print(time.perf_counter() - t0, time.process_time() - c0)
 """
 
 
@@ -210,26 +221,32 @@ def main(argv=None) -> int:
           f"(made in {time.perf_counter() - t0:.1f} s)")
     py = sys.executable
     cli = [py, "-m", "forensics"]
-    grep, read, e2e, jobs2 = [], [], [], []
+    grep, read, read_cpu, e2e, jobs2 = [], [], [], [], []
     verdict = ""
     subprocess.run(["cat", str(merged)], stdout=subprocess.DEVNULL)      # into the page cache
     for i in range(a.runs):
         grep.append(timed(pinned(["grep", "-c", "NCCL", str(merged)]))[0])
-        read.append(float(timed(pinned([py, "-c", READ_ONLY, str(merged)]))[1].strip().splitlines()[-1]))
+        wall, cpu = timed(pinned([py, "-c", READ_ONLY, str(merged)]))[1].strip().splitlines()[-1].split()
+        read.append(float(wall))
+        read_cpu.append(float(cpu))      # beside the wall clock: a loaded machine stretches only the latter
         dt, out = timed(pinned(cli + ["analyze", str(merged), "--jobs", "1", "-q", "-o", str(a.dir / "r1.html"),
-                                      "--force"]))
+                                      "--force"]), "e2e")
         e2e.append(dt)
         verdict = next((ln for ln in out.splitlines() if ln.startswith("verdict:")), "")
         jobs2.append(timed(cli + ["analyze", *map(str, per_rank), "--jobs", "2", "-q", "-o", str(a.dir / "r2.html"),
-                                  "--force"])[0])
+                                  "--force"], "jobs2")[0])
     med = statistics.median
     print(f"\n{'':42s} {'median':>8s} {'MiB/s':>8s}   runs")
     print(f"{'grep -c NCCL (one core)':42s} {med(grep):7.2f}s {mib / med(grep):8.0f}   "
           + " ".join(f"{x:.2f}" for x in grep))
     print(f"{'reading the merged log (one core)':42s} {med(read):7.2f}s {mib / med(read):8.0f}   "
           + " ".join(f"{x:.2f}" for x in read))
+    print(f"{'  the same, CPU time':42s} {med(read_cpu):7.2f}s {mib / med(read_cpu):8.0f}   "
+          + " ".join(f"{x:.2f}" for x in read_cpu))
     print(f"{'analyze --jobs 1, merged log, end to end':42s} {med(e2e):7.2f}s {mib / med(e2e):8.0f}   "
           + " ".join(f"{x:.2f}" for x in e2e))
+    print(f"{'  the same, CPU time':42s} {med(CPU['e2e']):7.2f}s {mib / med(CPU['e2e']):8.0f}   "
+          + " ".join(f"{x:.2f}" for x in CPU["e2e"]))
     print(f"{'analyze --jobs 2, per-rank files':42s} {med(jobs2):7.2f}s {mib / med(jobs2):8.0f}   "
           + " ".join(f"{x:.2f}" for x in jobs2))
     print(f"\nreading: {mib / med(read):.0f} MiB/s per core (target >= {TARGET_MBPS:.0f}), "

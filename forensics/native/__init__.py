@@ -221,6 +221,61 @@ def coll_chunks(buf, length: int, columns=tuple(COLL_DTYPES), chunk: int = 1 << 
         pos = nxt.value
 
 
+TOPO_DTYPES = {
+    "start": np.int64, "pre": np.int64, "pre_hash": np.uint64, "ts_len": np.int32, "host_off": np.int64,
+    "host_len": np.int32, "host_hash": np.uint64, "pid": np.int64, "tid": np.int64, "dev": np.int32, "msg_off": np.int64,
+    "msg_len": np.int32, "msg_hash": np.uint64, "kind": np.int32, "channel": np.int64, "sub": np.int64,
+    "src_rank": np.int64, "dst_rank": np.int64, "src_dev_off": np.int64, "src_dev_len": np.int32,
+    "src_dev_hash": np.uint64, "dst_dev_off": np.int64, "dst_dev_len": np.int32, "dst_dev_hash": np.uint64,
+    "direction": np.int32, "via_off": np.int64, "via_len": np.int32, "via_hash": np.uint64,
+    "order_off": np.int64, "order_len": np.int32, "order_hash": np.uint64,
+}
+
+
+TOPO_ITEM_DTYPES = {"item_row": np.int64, "item_channel": np.int64, "item_rank": np.int64, "item_up": np.int64,
+                    "item_down_off": np.int64, "item_down_len": np.int32, "item_down_hash": np.uint64}
+
+
+class TopoCols(ctypes.Structure):
+    _fields_ = [*[(name, _P) for name in TOPO_DTYPES], ("item_cap", _I64),
+                *[(name, _P) for name in TOPO_ITEM_DTYPES], ("n_items", _I64)]
+
+
+_lib.logscan_topo.restype = _I64
+_lib.logscan_topo.argtypes = [_P, _I64, _P, _I64, ctypes.c_int32, ctypes.POINTER(TopoCols), _P,
+                              ctypes.POINTER(_I64)]
+
+TOPO_CONNECTION, TOPO_RING_ORDER, TOPO_PREFIX, TOPO_TREES = 1, 2, 3, 4
+
+
+def topo_lines(buf, length: int, hits: np.ndarray, any_message: bool = False
+               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The NCCL init ``Channel`` lines (connections and ring order) among the "NCCL INFO "
+    offsets ``hits`` (``coll_chunks``' ``other``), parsed by ``logscan.c``: ``(columns, rest)``,
+    ``columns`` of ``TOPO_DTYPES`` with a row per line read (``kind``: ``TOPO_CONNECTION`` or
+    ``TOPO_RING_ORDER``, ``TOPO_TREES`` (its items: the ``TOPO_ITEM_DTYPES`` columns, a row
+    per item, ``item_row`` the index of its line's row), or with ``any_message``
+    ``TOPO_PREFIX``: another message, of which the prefix and message bounds are read; a
+    column a kind does not fill holds garbage in the other kinds' rows), ``rest`` the offsets
+    of ``hits`` not read (a prefix or form the C reader leaves to Python's regular
+    expressions), in their order. A Trees line whose items would pass ``n + 4096`` items
+    in all is left to Python."""
+    hits = np.ascontiguousarray(hits, np.int64)
+    n = len(hits)
+    cols = {k: np.zeros(max(n, 1), dt) for k, dt in TOPO_DTYPES.items()}
+    cap = n + 4096
+    items = {k: np.zeros(cap, dt) for k, dt in TOPO_ITEM_DTYPES.items()}
+    rest = np.empty(max(n, 1), np.int64)
+    if not n:
+        return {**{k: v[:0] for k, v in cols.items()}, **{k: v[:0] for k, v in items.items()}}, rest[:0]
+    c = TopoCols(item_cap=cap, **{k: _ptr(v) for k, v in cols.items()}, **{k: _ptr(v) for k, v in items.items()})
+    n_rest = _I64(0)
+    k = _lib.logscan_topo(_buffer_address(buf), length, _ptr(hits), n, int(any_message), ctypes.byref(c), _ptr(rest),
+                          ctypes.byref(n_rest))
+    return {**{key: v[:k] for key, v in cols.items()}, **{key: v[:c.n_items] for key, v in items.items()}}, \
+        rest[:n_rest.value]
+
+
 _lib.logscan_count.restype = None
 _lib.logscan_count.argtypes = [_P, _I64, ctypes.POINTER(_I64), ctypes.POINTER(_I64)]
 

@@ -363,3 +363,179 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
     free(tab);
     return 0;
 }
+
+/* ---- Channel lines of NCCL's init (logscan_topo) ---------------------------------------- */
+
+/* Python's str.isspace() on an ASCII byte (what \s, split() and rstrip() take) */
+static inline int is_pyspace(uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
+
+static int digits(cur *c, int64_t *v) { return dec(c, v, 0); }
+
+/* [0-9a-fA-F]+ as printed: (offset, length, hash) */
+static int hexword(cur *c, int64_t *off, int32_t *len, uint64_t *h) {
+    int64_t s = c->p;
+    while (c->p < c->end && hexval(c->buf[c->p]) >= 0) c->p++;
+    if (c->p == s || c->p - s > 64) return 0;
+    *off = s;
+    *len = (int32_t)(c->p - s);
+    *h = fnv1a(c->buf + s, c->p - s);
+    return 1;
+}
+
+/* Whether the NCCL prefix prefix() read at h is the one LINE_RE's search (parsers/nccl_debug.py)
+ * finds first on the line: an ASCII line of at most LONG_LINE bytes, no other "NCCL" before h,
+ * a host, and no "[...]" just before the host that LINE_RE would take as its time (or that
+ * prefix() took as one while an unclosed '[' before it could start a longer one). */
+static int prefix_is_first(const uint8_t *buf, int64_t ls, int64_t le, int64_t h, const topo_cols *o, int64_t i) {
+    if (le - ls > 4096) return 0;
+    for (int64_t k = ls; k < le; k++)
+        if (buf[k] >= 0x80) return 0;
+    if (h > ls && memmem(buf + ls, (size_t)(h - ls), "NCCL", 4) != NULL) return 0;
+    if (o->host_len[i] <= 0) return 0;
+    int64_t hs = o->host_off[i];
+    if (o->ts_len[i] == 0) {
+        int64_t r = hs;
+        if (r - 1 >= ls && buf[r - 1] == ' ') r--;
+        return !(r - 1 >= ls && buf[r - 1] == ']');
+    }
+    int64_t b = o->pre[i], e = b + o->ts_len[i] - 1;      /* '[' and ']' */
+    for (int64_t k = b + 1; k < e; k++)
+        if (buf[k] == ']') return 0;
+    for (int64_t k = b - 1; k >= ls; k--) {
+        if (buf[k] == ']') break;
+        if (buf[k] == '[') return 0;
+    }
+    return 1;
+}
+
+/* "Channel CC[/II] : " then either a connection "r[dev] -> r[dev][ [send|receive]] via V" (kind 1)
+ * or ring order "r r r ..." (kind 2), as CHANNEL_RE and RING_ORDER_RE read the rstripped message. */
+static int topo_message(const uint8_t *buf, int64_t s, int64_t e, topo_cols *o, int64_t i) {
+    cur c = {buf, s, e};
+    int64_t v;
+    if (!lit(&c, "Channel ") || !digits(&c, &v)) return 0;
+    o->channel[i] = v;
+    o->sub[i] = -1;
+    if (lit(&c, "/")) {
+        if (!digits(&c, &v)) return 0;
+        o->sub[i] = v;
+    }
+    if (!lit(&c, " :")) return 0;
+    cur save = c;
+    if (lit(&c, " ") && c.p < c.end && is_digit(buf[c.p])) {
+        int64_t a;
+        cur t = c;
+        if (digits(&t, &a) && t.p < t.end && buf[t.p] == '[') {    /* a connection */
+            o->kind[i] = 1;
+            o->src_rank[i] = a;
+            c = t;
+            if (!lit(&c, "[") || !hexword(&c, &o->src_dev_off[i], &o->src_dev_len[i], &o->src_dev_hash[i])) return 0;
+            if (!lit(&c, "] -> ") || !digits(&c, &o->dst_rank[i])) return 0;
+            if (!lit(&c, "[") || !hexword(&c, &o->dst_dev_off[i], &o->dst_dev_len[i], &o->dst_dev_hash[i])) return 0;
+            if (!lit(&c, "]")) return 0;
+            o->direction[i] = 0;
+            if (lit(&c, " [send]")) o->direction[i] = 1;
+            else if (lit(&c, " [receive]")) o->direction[i] = 2;
+            if (!lit(&c, " via ") || c.p >= c.end || is_pyspace(buf[c.p])) return 0;
+            /* Python's path reads " - Init " lines as Init lines first */
+            if (memmem(buf + c.p, (size_t)(c.end - c.p), " - Init ", 8) != NULL) return 0;
+            o->via_off[i] = c.p;
+            o->via_len[i] = (int32_t)(c.end - c.p);
+            o->via_hash[i] = fnv1a(buf + c.p, c.end - c.p);
+            return 1;
+        }
+    }
+    c = save;                                   /* ring order: (\s+\d+)+ to the end */
+    int n = 0;
+    int64_t os = c.p;
+    while (c.p < c.end) {
+        int64_t w = c.p;
+        while (c.p < c.end && is_pyspace(buf[c.p])) c.p++;
+        if (c.p == w) return 0;
+        int64_t ds = c.p;
+        while (c.p < c.end && is_digit(buf[c.p])) c.p++;
+        if (c.p == ds) return 0;
+        n++;
+    }
+    if (!n) return 0;
+    o->kind[i] = 2;
+    o->order_off[i] = os;
+    o->order_len[i] = (int32_t)(c.end - os);
+    o->order_hash[i] = fnv1a(buf + os, c.end - os);
+    return 1;
+}
+
+/* "Trees" then " [c] d->r->u" items to the end, as TREES_ITEM_RE's finditer reads them there:
+ * d the run of [-0-9/] before "->" (the run's last '-' is the arrow's), r and u -?\d+. */
+static int64_t sdigits(cur *c, int64_t *v) {
+    int neg = lit(c, "-");
+    int64_t x;
+    if (!digits(c, &x)) return 0;
+    *v = neg ? -x : x;
+    return 1;
+}
+
+static int trees_message(const uint8_t *buf, int64_t s, int64_t e, topo_cols *o, int64_t row) {
+    cur c = {buf, s, e};
+    int64_t n0 = o->n_items, n = n0, v;
+    if (!lit(&c, "Trees")) return 0;
+    while (c.p < c.end) {
+        if (n >= o->item_cap) return 0;
+        if (!lit(&c, " [") || !digits(&c, &v) || !lit(&c, "] ")) return 0;
+        o->item_channel[n] = v;
+        int64_t ds = c.p;
+        while (c.p < c.end && (is_digit(buf[c.p]) || buf[c.p] == '-' || buf[c.p] == '/')) c.p++;
+        if (c.p >= c.end || buf[c.p] != '>' || c.p - ds < 2 || buf[c.p - 1] != '-') return 0;
+        o->item_down_off[n] = ds;
+        o->item_down_len[n] = (int32_t)(c.p - 1 - ds);
+        o->item_down_hash[n] = fnv1a(buf + ds, c.p - 1 - ds);
+        c.p++;                                  /* '>' */
+        if (!sdigits(&c, &o->item_rank[n]) || !lit(&c, "->") || !sdigits(&c, &o->item_up[n])) return 0;
+        o->item_row[n] = row;
+        n++;
+    }
+    if (n == n0) return 0;
+    o->n_items = n;
+    return 1;
+}
+
+int64_t logscan_topo(const uint8_t *buf, int64_t len, const int64_t *hits, int64_t n, int32_t any_message,
+                     topo_cols *o, int64_t *rest, int64_t *n_rest) {
+    static const char needle[] = "NCCL INFO ";
+    const int64_t nl = (int64_t)sizeof(needle) - 1;
+    coll_cols pc;
+    memset(&pc, 0, sizeof(pc));
+    pc.pre = o->pre; pc.ts_len = o->ts_len; pc.host_off = o->host_off; pc.host_len = o->host_len;
+    pc.host_hash = o->host_hash; pc.pid = o->pid; pc.tid = o->tid; pc.dev = o->dev;
+    int64_t k = 0, r = 0;
+    o->n_items = 0;
+    for (int64_t j = 0; j < n; j++) {
+        int64_t h = hits[j];
+        if (h < 0 || h + nl > len || memcmp(buf + h, needle, (size_t)nl) != 0) {
+            rest[r++] = h;                      /* not a hit this scanner made: Python's path */
+            continue;
+        }
+        int64_t ls = line_start(buf, h), le = line_end(buf, len, h + nl);
+        int64_t me = le;
+        while (me > h + nl && is_pyspace(buf[me - 1])) me--;
+        int ok = prefix(buf, ls, h, &pc, k) && prefix_is_first(buf, ls, le, h, o, k);
+        if (ok && trees_message(buf, h + nl, me, o, k)) {
+            o->kind[k] = 4;
+        } else if (ok && !topo_message(buf, h + nl, me, o, k)) {
+            o->kind[k] = 3;                     /* another message: its prefix alone */
+            ok = any_message;
+        }
+        if (ok) {
+            o->start[k] = ls;
+            o->pre_hash[k] = fnv1a(buf + ls, o->pre[k] - ls);
+            o->msg_off[k] = h + nl;
+            o->msg_len[k] = (int32_t)(me - (h + nl));
+            o->msg_hash[k] = fnv1a(buf + h + nl, me - (h + nl));
+            k++;
+        } else {
+            rest[r++] = h;
+        }
+    }
+    *n_rest = r;
+    return k;
+}

@@ -24,11 +24,15 @@ monotonic clock (not a fraction of the wall clock's second): its times are good 
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Iterable
 from operator import itemgetter
+
+import numpy as np
+import pandas as pd
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
@@ -102,8 +106,10 @@ NO_CONTEXT = Context()
 CONTEXT_COLUMNS = {"ctx_rank": "int", "ctx_local_rank": "int", "ctx_host": "str", "ctx_pid": "int", "ctx_clock": "str"}
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def context(prefix: str) -> Context:
-    """The :class:`Context` of the text before a line's message (see the module docstring)."""
+    """The :class:`Context` of the text before a line's message (see the module docstring);
+    remembered for the last 65536 distinct texts (a log repeats few prefixes: a launcher's tags)."""
     if not prefix or not prefix.strip():
         return NO_CONTEXT
     prefix = ANSI_RE.sub("", prefix)
@@ -142,17 +148,22 @@ _CONTEXT_CACHE: dict[str, dict] = {}
 def context_columns(prefixes: Iterable[str]) -> dict[str, list]:
     """:meth:`Context.as_row` of each prefix text (the text before a line's message), as columns
     keyed like :data:`CONTEXT_COLUMNS`; the same text is read once (a log repeats few prefixes)."""
+    codes, distinct = pd.factorize(np.fromiter(prefixes, dtype=object), use_na_sentinel=False)
     rows = []
-    get = _CONTEXT_CACHE.get
-    for pre in prefixes:
-        ctx = get(pre)
+    for pre in distinct.tolist():
+        ctx = _CONTEXT_CACHE.get(pre)
         if ctx is None:
             ctx = context(pre).as_row()
             if len(_CONTEXT_CACHE) > 50_000:
                 _CONTEXT_CACHE.clear()
             _CONTEXT_CACHE[pre] = ctx
         rows.append(ctx)
-    return {k: list(map(itemgetter(k), rows)) for k in NO_CONTEXT.as_row()}
+    out = {}
+    for k in NO_CONTEXT.as_row():
+        vals = np.empty(len(rows), dtype=object)
+        vals[:] = list(map(itemgetter(k), rows))
+        out[k] = vals[codes].tolist()
+    return out
 
 # the tags a line may start with, in any number and order (strip_tags)
 _LEADING_TAG = re.compile(

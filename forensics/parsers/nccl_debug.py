@@ -62,8 +62,9 @@ ctx_local_rank, ctx_host, ctx_pid (int/str), ctx_clock (str as printed).
 
 Lines are found without a Python loop over the log (:mod:`.text`): COLL lines are parsed into
 columns by ``logscan.c`` (:mod:`.nccl_coll`) (a line in another form, e.g. an upper-case pointer, goes through the
-regular expressions below instead), every other NCCL line is located by its marker and only
-those lines are decoded. A WARN line hard-wrapped by a terminal (exactly as long as a common
+regular expressions below instead); the init's Channel and Trees lines, and the prefixes of the
+other INFO lines in the common form, by ``logscan.c`` too (:mod:`.nccl_topo`); every other NCCL
+line is located by its marker and only those lines are decoded. A WARN line hard-wrapped by a terminal (exactly as long as a common
 terminal width, followed by a line with no NCCL prefix) is joined with its continuation.
 
 Facts: ``nccl_version`` (first seen), ``versions`` (all distinct), ``other_lines``
@@ -77,6 +78,7 @@ nchannels (int), env ({NCCL_*: value}), ranks ({comm pointer: rank}), comm_ids, 
 """
 from __future__ import annotations
 
+import heapq
 import re
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -87,8 +89,10 @@ import pandas as pd
 from . import lines as lines_mod
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
-from .registry import WarningLog, register
-from .text import LogText, TextParser
+from .nccl_topo import VIA_RE, TopoLines, scan_topology
+from .nccl_warn_fields import ib_fields, peer_fields
+from .registry import WarningLog, register, typed_frame
+from .text import Lines, LogText, TextParser
 
 # The NCCL prefix, found anywhere in the line (launchers prepend their own tags).
 LINE_RE = re.compile(
@@ -162,21 +166,6 @@ LIBFABRIC_RE = re.compile(r"libfabric:(?P<pid>\d+):(?P<epoch>\d+):(?P<path>(?:[^
                           r"(?P<srcline>\d+)<(?P<lvl>warn|error)>\s*(?P<msg>.*?)\s*$")
 LIBFABRIC_ERROR_RE = re.compile(r"error|fail|unable|cannot|can't|couldn't|unreachable|timed? ?out|refused|empty list"
                                 r"|not (?:supported|available)|denied|invalid|no route", re.I)
-PEER_RE = re.compile(r"\b(?:peer|from|to) (?P<peer>[^\s,]*<\d+>)|\bpeer (?P<peer2>[^\s,]+)")
-IB_STATUS_RE = re.compile(r"\bwith (?:error |status=)(?:[A-Za-z_ ]+\()?(?P<st>\d+)")
-# an IB completion error in every wording (NCCL 2.3 to 2.30, the HPC-X IB plugin): "with error 12,
-# opcode 0, len 0, vendor err 129 (Send)", "with status=12 opcode=0 len=0 vendor err 129 (Recv)",
-# "status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=N vendor_err=129 req_type=Send",
-# then RoCE GIDs ("remoteGids" has no space from 2.20) and the HCA ("hca mlx5_2", 2.22+)
-IB_COMPLETION_RE = re.compile(
-    r"with (?:error (?P<st_a>\d+),? opcode (?P<op_a>-?\d+),? len (?P<len_a>-?\d+),? vendor err (?P<ve_a>\d+)"
-    r"|status=(?:(?P<stname>[A-Z_]+)\()?(?P<st_b>\d+)\)?,? opcode=(?:(?P<opname>[A-Z_]+)\()?(?P<op_b>-?\d+)\)?,?"
-    r"(?: len=(?P<len_b>-?\d+)| reqSize=(?P<rs>-?\d+))?,? vendor[ _]err[ =](?P<ve_b>\d+))"
-    r"(?: \((?P<req_a>\w+)\)| req_type=(?P<req_b>\w+))?(?:\s+localGid (?P<lgid>\S+))?(?: remoteGids? ?(?P<rgid>\S+))?"
-    r"(?:\s+hca (?P<hca>\S+))?")
-# an IB async event names its device and port: "NET/IB : mlx5_0:1 Got async event : port error"
-IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
-PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
 WRAP_WIDTHS = frozenset({80, 100, 120, 128, 132, 140, 150, 160, 180, 200, 220, 240, 250, 256})
 # needles of the NCCL lines other than INFO (INFO lines come from the COLL scanner's "other")
 NEEDLES = (b"NCCL WARN", b"NCCL TRACE", b"NCCL CALL", b"NCCL ABORT", b"NCCL version", b"libfabric:", *OLD_NEEDLES)
@@ -251,22 +240,26 @@ class NcclDebugParser(TextParser):
         return False
 
     @classmethod
-    def parse_text(cls, text: LogText, label: str, coll: str = "rows"):
+    def parse_text(cls, text: LogText, label: str, coll: str = "rows", native: bool = True):
         """Parse one log. ``coll``: ``"rows"`` (a ``nccl_coll`` row per COLL line) or
         ``"positions"`` (``nccl_coll_last``: the last line of each process and communicator,
-        what the model reads; a log of millions of COLL lines costs no row per line)."""
+        what the model reads; a log of millions of COLL lines costs no row per line).
+        ``native=False`` reads the init's Channel lines with the regular expressions too (the
+        tables are the same: the tests compare the two)."""
         log = WarningLog(label)
         facts: dict = {"nccl_version": None, "versions": [], "other_lines": 0, "processes": {}}
         if cls.unreadable(text, log, "an NCCL_DEBUG text log"):
             return cls.result(label, {}, facts, log)
 
         # COLL lines in C; every other NCCL line located by its marker, decoded and read here
+        # and the init's Channel lines in C too (nccl_topo)
         c_rows, c_last, other = scan_coll(text, coll)
-        found = _read_lines(text, other, log)
+        topo, other = scan_topology(text, other, cls.SCHEMAS) if native else (TopoLines(), other)
+        found = _read_lines(text, other, log, topo)
         rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
-        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll)
-        if not rows and not n_coll:
+        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll - len(topo))
+        if not rows and not n_coll and not len(topo):
             return cls.result(label, _versions_only(bare, facts, log), facts, log)
         _stamp_local_times(rows)
         info = [r for r in rows if r.level == "INFO"]
@@ -284,22 +277,23 @@ class NcclDebugParser(TextParser):
             tables["nccl_comms"] = _comms_table(comms)
         # channel connection lines, ring order, rings and trees; WARN lines
         chans, rings = _topology_lines(info)
-        if chans:
-            tables["nccl_channels"] = _channels_table(chans)
-        tables["nccl_rings"] = rings
+        if chans or topo.channels is not None:
+            tables["nccl_channels"] = _merged(_channels_table(chans) if chans else None, topo.channels,
+                                              cls.SCHEMAS["nccl_channels"])
+        tables["nccl_rings"] = _merged(rings, topo.rings, cls.SCHEMAS["nccl_rings"])
         warns = [r for r in rows if r.level == "WARN"] or _error_returns(info)
         if warns:
             tables["nccl_warnings"] = _warnings_table(warns)
 
         # per-process facts from the remaining INFO lines, refined by channels and comms
-        procs = _process_facts(rows, info, tables, bare, facts, log)
-        _refine_processes(procs, chans, comms, rings)
-        tables["nccl_log_lines"] = _log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None)
+        procs = _process_facts(rows, info, tables, bare, facts, log, topo)
+        _refine_processes(procs, chans, comms, rings, topo)
+        tables["nccl_log_lines"] = _merged(_log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None),
+                                           topo.log_lines, cls.SCHEMAS["nccl_log_lines"])
         return cls.result(label, tables, facts, log)
 
 
 BASE = ("line", "ts", "ts_local", "host", "pid", "tid", "dev")
-VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
 
 
 _LINE_FIELDS = ("ts", "host", "pid", "tid", "dev", "level", "msg")
@@ -330,6 +324,20 @@ class _Line:
         self.src = src if self.level == "WARN" else None
         self.msg = msg.rstrip()
         self.kind = "other"
+
+
+def _prefixed_rows(info: dict[str, list]) -> list[_Line]:
+    """The rows of INFO lines whose prefix C read (``nccl_topo.TopoLines.info``): what
+    ``_Line`` makes of the same line's LINE_RE match."""
+    out = []
+    new = _Line.__new__
+    for line, pre, ts, host, pid, tid, dev, msg in zip(*(info[k] for k in (
+            "line", "pre", "ts", "host", "pid", "tid", "dev", "msg"))):
+        r = new(_Line)
+        r.line, r.pre, r.ts, r.host, r.pid, r.tid, r.dev, r.msg = line, pre, ts, host, pid, tid, dev, msg
+        r.level, r.kind, r.src, r.ts_local = "INFO", "other", None, None
+        out.append(r)
+    return out
 
 
 _FINDERS: dict = {}
@@ -366,6 +374,20 @@ def _section(info: list, hint: re.Pattern, rx: re.Pattern, kind: str, what: str,
     return out
 
 
+def _merged(py, c: pd.DataFrame | None, schema: dict):
+    """A table of the lines read here (``py``: as a parser hands it over) and those C read
+    (``c``: a typed frame), in line order."""
+    if c is None or not len(c):
+        return py
+    if py is None or not len(py):
+        return c
+    typed = typed_frame(py, schema)
+    for k in (k for k, kind in schema.items() if kind == "time"):     # as objects: see nccl_topo._log_lines
+        typed[k] = np.asarray(py[k].tolist() if k in py else [None] * len(typed), dtype=object)
+    both = pd.concat([typed, c], ignore_index=True)
+    return both.sort_values("line", kind="stable").reset_index(drop=True)
+
+
 def _table(names, pairs: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     """Columns: ``names`` of each line, then every group of its match."""
     t = _columns(names, [r for r, _ in pairs])
@@ -394,27 +416,43 @@ class _NcclLines:
     mentions: int = 0
 
 
-def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines:
+def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLines) -> _NcclLines:
     """Decode the lines holding one of :data:`NEEDLES`, and the INFO lines at the offsets
-    ``other`` (those the C scanner found not to be COLL lines)."""
+    ``other`` (those the C scanners did not read), but not the lines the C scanners read
+    (``topo``: its INFO lines' prefixes become rows here, in line order)."""
     found = _NcclLines()
     sel = text.lines_with(NEEDLES, also=[other])
+    if len(topo.starts) and len(sel):
+        keep = ~np.isin(sel.start, topo.starts)
+        sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
+    if topo.info:
+        found.rows = _prefixed_rows(topo.info)
+        if len(sel):       # both in line order
+            found.rows = list(heapq.merge(found.rows, _read_selected(text, sel, log, found), key=attrgetter("line")))
+        return found
+    found.rows = _read_selected(text, sel, log, found)
+    return found
+
+
+def _read_selected(text: LogText, sel: Lines, log: WarningLog, found: _NcclLines) -> list:
+    """The rows of the lines ``sel`` (their bare version lines and mentions go into ``found``)."""
+    out: list = []
     search = LINE_RE.search
     for ln, line, end in zip(sel.line.tolist(), text.texts(sel), sel.end.tolist()):
         if "NCCL" not in line:
             if (lf := _libfabric(ln, line)) is not None:
-                found.rows.append(lf)
+                out.append(lf)
             elif (o := _old_warn(line)) is not None:        # NCCL before 2.3: no "NCCL " in its lines
-                found.rows.append(_Line(ln, o, line[:o.start()]))
+                out.append(_Line(ln, o, line[:o.start()]))
             continue
         g = search(line) if len(line) <= LONG_LINE else prefixed(LINE_RE, line)
         if g is None:
             if (v := VERSION_RE.search(line)) is not None:
                 found.bare.append((ln, v["version"], line[:v.start() + 1]))
             elif (h := prefixed(PIDLESS_RE, line) or prefixed(HOSTLESS_WARN_RE, line)) is not None:
-                found.rows.append(_Line(ln, h, line[:h.start()]))
+                out.append(_Line(ln, h, line[:h.start()]))
             elif (o := _old_warn(line)) is not None:
-                found.rows.append(_Line(ln, o, line[:o.start()]))
+                out.append(_Line(ln, o, line[:o.start()]))
             elif MENTION_RE.search(line):
                 found.mentions += 1
                 log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")
@@ -422,8 +460,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog) -> _NcclLines
         r = _Line(ln, g, line[:g.start()])
         if r.level == "WARN" and len(line) in WRAP_WIDTHS:
             r.msg = _unwrap(text, end, r.msg)
-        found.rows.append(r)
-    return found
+        out.append(r)
+    return out
 
 
 def _synthetic(line: int, pre: str, **fields) -> _Line:
@@ -612,8 +650,7 @@ def _warnings_table(warns: list[_Line]) -> dict[str, list]:
     t["src_line"] = [_int(r.src[1]) for r in warns]
     t["func"] = [r.src[2] for r in warns]
     t["message"] = [r.msg for r in warns]
-    t["peer"] = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(r.msg)) else None) for r in warns]
-    t.update(_peer_parts(t["peer"]))
+    t.update(peer_fields(t["message"]))
     t.update(ib_fields([r.msg for r in warns]))
     t.update(_contexts(warns))
     return t
@@ -656,23 +693,38 @@ def _process(procs: dict, host: str, pid: int) -> dict:
 
 
 def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: list[tuple[int, str, str]],
-                   facts: dict, log: WarningLog) -> dict:
-    """``facts["processes"]``: one entry per process seen (in any line or COLL row), filled from
-    the INFO lines not read yet (:data:`INFO_FACTS`, each line marked with its kind); also adds
-    the versions to ``facts``. Returns the processes."""
+                   facts: dict, log: WarningLog, topo: TopoLines) -> dict:
+    """``facts["processes"]``: one entry per process seen (in any line, C's Channel lines
+    ``topo`` or COLL row), filled from the INFO lines not read yet (:data:`INFO_FACTS`, each
+    line marked with its kind); also adds the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
-    for host, pid in dict.fromkeys((r.host, r.pid) for r in rows if r.pid is not None
-                                   and not (r.src and r.src[0] == "libfabric")):   # libfabric's lines: no NCCL process
-        _process(procs, host, pid)
+    seen: dict = {}
+    for r in rows:
+        if r.pid is not None and not (r.src and r.src[0] == "libfabric"):   # libfabric's lines: no NCCL process
+            seen.setdefault((r.host, r.pid), r.line)
+    first = sorted([(ln, key) for key, ln in seen.items()] + [(ln, (h, p)) for ln, h, p in topo.first_seen],
+                   key=lambda x: x[0])
+    for _, (host, pid) in first:
+        if f"{host}:{pid}" not in procs:
+            _process(procs, host, pid)
     for t in (tables.get("nccl_coll"), tables.get("nccl_coll_last")):
         if t is not None and len(t):
             for host, pid in t[["host", "pid"]].drop_duplicates().itertuples(index=False):
                 key = f"{host}:{pid}"
                 if key not in procs and pd.notna(pid):
                     _process(procs, host, int(pid))
+    mine: dict = {}                 # (host, pid) -> its process's facts (every line's is made above)
     for r in info:
-        if r.kind == "other" and r.pid is not None:     # a line of no pid tells of no process
-            _read_info_fact(r, _process(procs, r.host, r.pid), facts, log)
+        if r.kind != "other" or r.pid is None:          # a line of no pid tells of no process
+            continue
+        if (hit := _FACT_OF.get(r.msg, False)) is False:
+            hit = _fact_of(r.msg)
+        if hit is not None:
+            if (p := mine.get((r.host, r.pid))) is None:
+                p = mine[(r.host, r.pid)] = _process(procs, r.host, r.pid)
+            r.kind = hit[0]
+            if hit[1] is not None:
+                hit[1](p, hit[2], r, facts, log)
     for _, v, _ in bare:
         _add_version(facts, v)
     if bare and len(procs) == 1:
@@ -681,15 +733,18 @@ def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: lis
     return procs
 
 
-def _read_info_fact(r: _Line, p: dict, facts: dict, log: WarningLog) -> None:
-    """Mark ``r`` with the kind of the first :data:`INFO_FACTS` entry it matches, and read that
-    entry's fact into its process ``p``."""
-    for kind, find, read in INFO_FACTS:
-        if (g := find(r.msg)):
-            r.kind = kind
-            if read is not None:
-                read(p, g, r, facts, log)
-            return
+_FACT_OF: dict[str, tuple | None] = {}      # message -> (kind, reader, match) of its INFO_FACTS entry
+
+
+def _fact_of(msg: str) -> tuple | None:
+    """(the kind, the reader, the match) of the first :data:`INFO_FACTS` entry ``msg`` matches
+    (None: none), looked for once per distinct message (an init log repeats most of them on
+    every rank of every communicator): the fact itself is read into its process line by line."""
+    hit = next(((kind, read, g) for kind, find, read in INFO_FACTS if (g := find(msg))), None)
+    if len(_FACT_OF) > 50_000:
+        _FACT_OF.clear()
+    _FACT_OF[msg] = hit
+    return hit
 
 
 def _fact_version(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
@@ -753,13 +808,16 @@ INFO_FACTS = (
 
 
 def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: list[tuple[_Line, re.Match]],
-                      rings: list[dict]) -> None:
+                      rings: list[dict], topo: TopoLines) -> None:
     """Complete the processes' facts from their channels (GDR, the transport when no line named
-    it), comms (ranks, comm ids) and ring order (nChannels without a "N coll channels" line),
-    then list their interfaces."""
+    it; those read here and C's ``topo``), comms (ranks, comm ids) and ring order (nChannels
+    without a "N coll channels" line), then list their interfaces."""
     nets: dict[str, list[str]] = {}
     vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
-    for (host, pid), via in zip(((r.host, r.pid) for r, _ in chans), [c["via"] for _, c in chans]):
+    conns = [(r.line, r.host, r.pid, c["via"]) for r, c in chans]
+    if topo.vias:
+        conns = sorted(conns + topo.vias, key=lambda x: x[0])
+    for _, host, pid, via in conns:
         key = f"{host}:{pid}"
         if key not in procs:          # a line of no pid (the process's facts are keyed by it)
             continue
@@ -785,6 +843,9 @@ def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: l
         if row["kind"] == "ring_order" and row.get("nchannels") is not None:
             key = f"{row['host']}:{row['pid']}"
             ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
+    for host, pid, n in topo.nchannels:
+        key = f"{host}:{pid}"
+        ring_orders[key] = max(ring_orders.get(key, 0), n)
     for key, p in procs.items():
         if p["nchannels"] is None and key in ring_orders:
             p["nchannels"] = ring_orders[key]
@@ -818,41 +879,5 @@ def _contexts(rows: list) -> dict[str, list]:
     """The launcher context columns of ``rows`` (lines read by the regular expressions)."""
     return lines_mod.context_columns(r.pre for r in rows)
 
-
-def peer_fields(msgs: list[str]) -> dict[str, list]:
-    """``peer`` (as printed), ``peer_addr`` and ``peer_port`` of each WARN message."""
-    peers = [((m["peer"] or m["peer2"]) if (m := PEER_RE.search(x)) else None) for x in msgs]
-    return {"peer": peers, **_peer_parts(peers)}
-
-
-def _peer_parts(peers: list) -> dict[str, list]:
-    addrs, ports = [], []
-    for p in peers:
-        m = PEER_ADDR_RE.match(p) if isinstance(p, str) else None
-        addrs.append(m["addr"] if m else None)
-        port = (m["port"] or m["port2"]) if m else None
-        ports.append(int(port) if port else None)
-    return {"peer_addr": addrs, "peer_port": ports}
-
-
-def ib_fields(msgs: list[str]) -> dict[str, list]:
-    """The fields of IB completion errors in every wording, and the device an async event
-    names (None where a line has none)."""
-    keys = ("ib_status", "ib_opcode", "ib_len", "vendor_err", "ib_side", "local_gid", "remote_gid", "ib_device")
-    out: dict[str, list] = {k: [] for k in keys}
-    for msg in msgs:
-        row = dict.fromkeys(keys)
-        if "completion" in msg and (m := IB_COMPLETION_RE.search(msg)):
-            row.update(ib_status=_int(m["st_a"] or m["st_b"]), ib_opcode=_int(m["op_a"] or m["op_b"]),
-                       ib_len=_int(m["len_a"] or m["len_b"] or m["rs"]), vendor_err=_int(m["ve_a"] or m["ve_b"]),
-                       ib_side=m["req_a"] or m["req_b"], local_gid=m["lgid"], remote_gid=m["rgid"],
-                       ib_device=m["hca"])
-        elif (m := IB_STATUS_RE.search(msg)):
-            row["ib_status"] = _int(m["st"])
-        if row["ib_device"] is None and (d := IB_DEV_PORT_RE.search(msg)):
-            row["ib_device"] = d["dev"]
-        for k in keys:
-            out[k].append(row[k])
-    return out
 
 register(NcclDebugParser)

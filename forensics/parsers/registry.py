@@ -288,19 +288,21 @@ class Parser:
     @classmethod
     def result(cls, label: str, tables: dict[str, Any], facts: dict, log: WarningLog) -> ParseResult:
         """Assemble a ParseResult, forcing every table onto its declared schema."""
-        typed = {}
-        for name, schema in cls.SCHEMAS.items():
-            rows = tables.get(name)
-            if isinstance(rows, pd.DataFrame):
-                # column by column (tolist gives Python objects, as the rows' dicts would):
-                # no dict per row; a column the frame lacks is NA in every row
-                df = rows
-                rows = {c: _values(df[c], kind) for c, kind in schema.items() if c in df.columns}
-                if len(df) and not rows:
-                    rows = {next(iter(schema)): [None] * len(df)}
-            typed[name] = frame(rows if rows is not None else [], schema)
+        typed = {name: typed_frame(tables.get(name), schema) for name, schema in cls.SCHEMAS.items()}
         return ParseResult(parser=cls.NAME, source=label, tables=typed, facts=facts,
                            warnings=log.result())
+
+
+def typed_frame(rows, schema: dict[str, str]) -> pd.DataFrame:
+    """:func:`frame` of a table as a parser hands it over: a DataFrame (column by column;
+    ``tolist`` gives Python objects, as the rows' dicts would: no dict per row; a column the
+    frame lacks is NA in every row), a dict of columns, a list of row dicts, or None (empty)."""
+    if isinstance(rows, pd.DataFrame):
+        df = rows
+        rows = {c: _values(df[c], kind) for c, kind in schema.items() if c in df.columns}
+        if len(df) and not rows:
+            rows = {next(iter(schema)): [None] * len(df)}
+    return frame(rows if rows is not None else [], schema)
 
 
 def _values(col: pd.Series, kind: str):

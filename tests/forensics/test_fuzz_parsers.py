@@ -30,7 +30,8 @@ from fuzz.targets import ALL_TARGETS, PWNED, TARGETS, Workdir, malicious_pickle
 EXAMPLES = int(os.environ.get("STALLSCOPE_FUZZ_EXAMPLES", "10000"))
 # deeper paths cost 2-60 ms an input: fewer of them (each still well past a thousand but the model)
 DEEP = {"ib_counters_tree": max(1, EXAMPLES // 5), "bundle_archive": max(1, EXAMPLES // 5),
-        "bpf_events_model": max(1, EXAMPLES // 40), "loose_archive": max(1, EXAMPLES // 10)}
+        "bpf_events_model": max(1, EXAMPLES // 40), "loose_archive": max(1, EXAMPLES // 10),
+        "nccl_topo": max(1, EXAMPLES // 40)}
 HYPO = settings(max_examples=max(1, EXAMPLES // 20), deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 REGRESSIONS = FIXTURES / "fuzz"
@@ -40,7 +41,7 @@ REGRESSIONS = FIXTURES / "fuzz"
 # on CI; a worker's start, ~1 s of imports, is paid back from ~5 s of inputs)
 PARALLEL = {"nccl_debug", "nccl_profiler_trace", "flight_recorder", "bpf_events", "pcap", "pcapng", "manifest",
             "torch_watchdog", "bpf_events_model", "ss", "ncclras", "native_stacks", "nccl_tests", "pyspy",
-            "nccl_inspector"}
+            "nccl_inspector", "nccl_topo"}
 JOBS = int(os.environ.get("STALLSCOPE_FUZZ_JOBS", str(min(2, os.cpu_count() or 1))))
 
 

@@ -286,6 +286,53 @@ def check_loose_archive(data: bytes, work: Workdir) -> None:
         raise ContractViolation(f"unpack folder left behind: {[x.name for x in left]}")
 
 
+def check_nccl_topo(data: bytes, work: Workdir) -> None:
+    """``logscan.c``'s readers of NCCL INFO lines (``logscan_topo``, ``logscan_coll``) on any
+    bytes and any offsets: every offset they give lies inside the input; then the NCCL_DEBUG
+    parser with them and without them (``native=False``) gives the same tables."""
+    import numpy as np
+    import pandas as pd
+    from forensics.native import coll_chunks, topo_lines
+    from forensics.parsers.nccl_debug import NcclDebugParser
+    from forensics.parsers.text import LogText
+    n = len(data)
+    marks = [i for i in range(n) if data.startswith(b"NCCL INFO ", i)]
+    rng = random.Random(n)
+    odd = [rng.randrange(-8, n + 8) for _ in range(4)] + [1 << 40, -(1 << 40)]
+    cols, rest = topo_lines(data, n, np.array(marks + odd, np.int64))
+    if len(cols["start"]) + len(rest) != len(marks) + len(odd):
+        raise ContractViolation("logscan_topo lost offsets")
+    for off, ln in (("start", None), ("pre", None), ("host_off", "host_len"), ("msg_off", "msg_len")):
+        a = cols[off]
+        e = a + (cols[ln] if ln else 0)
+        if len(a) and (a.min() < 0 or e.max() > n):
+            raise ContractViolation(f"logscan_topo: {off} outside the input")
+    for _ in coll_chunks(data, n, chunk=64):
+        pass
+    text = LogText(data, "fuzz.log")
+    if text.size == 0:
+        return
+    got = [NcclDebugParser.parse_text(text, "fuzz.log", native=x) for x in (True, False)]
+    for t in got[0].tables:
+        if not got[0].tables[t].equals(got[1].tables[t]):
+            pd.testing.assert_frame_equal(got[0].tables[t], got[1].tables[t], obj=t)
+    if got[0].facts != got[1].facts or got[0].warnings != got[1].warnings:
+        raise ContractViolation("nccl_debug: the C readers change the facts or warnings")
+
+
+def _topo_seeds() -> list[bytes]:
+    """NCCL_DEBUG samples and a few ranks' init lines (the bench's init shape)."""
+    import sys
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import logs as bench_logs
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    init = "\n".join(f"{r}: {ln}" for r in range(4)
+                     for ln in bench_logs.init_lines("gpu-node000", 31000 + r, r, 4, f"0x55d4{r:08x}", "0x7d1e"))
+    return _read(_fixture("parsers/nccl_debug")) + [init.encode()]
+
+
 # ------------------------------------------------------------------ generators
 
 def gen_text(json_docs: bool = False, whole: float = 0.35):
@@ -482,6 +529,8 @@ DEEP_TARGETS: dict[str, Target] = {t.name: t for t in [
            doc="Bundle.open on damaged tar / tar.gz"),
     Target("loose_archive", lambda: [_small_log_tar(), _small_log_zip()], gen_archive, check_loose_archive,
            doc="intake.gather on damaged tar / tar.gz / zip of loose logs"),
+    Target("nccl_topo", _topo_seeds, gen_text(whole=0.1), check_nccl_topo,
+           doc="logscan.c's NCCL INFO readers on any bytes and offsets; nccl_debug with and without them"),
 ]}
 
 ALL_TARGETS = {**TARGETS, **DEEP_TARGETS}

@@ -1,0 +1,252 @@
+"""The ``Channel`` lines of NCCL's init in NCCL_DEBUG logs: each rank's ring order
+(``Channel 00/16 :  0 1 2 ...``) and connections (``Channel 00/0 : 3[3] -> 4[4] via P2P/IPC``),
+two lines per channel per rank per communicator: most of the INFO lines of a job that
+creates many communicators.
+
+They are read by ``logscan.c`` (``logscan_topo``) into columns, with their NCCL prefix, and
+turned here into the rows :mod:`.nccl_debug` makes of them (``nccl_channels``, the
+``ring_order`` rows of ``nccl_rings``, their ``nccl_log_lines`` rows) with numpy and pandas:
+no Python object per line. The C reader takes a line only where the prefix it reads is the one
+``LINE_RE`` finds first and the message matches ``CHANNEL_RE`` or ``RING_ORDER_RE`` whole; every
+other line goes through :mod:`.nccl_debug`'s regular expressions, so the tables are the same
+either way (``tests/forensics/parsers/test_parsers_nccl_topo.py`` compares the two on every
+fixture log).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from . import lines as lines_mod
+from .text import LogText
+
+# the transport a connection's ``via`` names (``NET/IB/0/GDRDMA``, ``P2P/IPC/read``, ``SHM/direct/direct``)
+VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\d+))?")
+
+_CHANNEL_COLS = ("line", "host", "pid", "tid", "dev", "channel", "conn_index", "src_rank", "src_dev", "dst_rank",
+                 "dst_dev", "direction", "via", "transport", "net", "net_dev", "gdrdma")
+_RING_COLS = ("line", "host", "pid", "dev", "kind", "channel", "rank", "prev", "next", "up", "down", "order",
+              "nchannels")
+
+
+def via_fields(via: str) -> tuple[str | None, str | None, int | None]:
+    """(transport, net, net_dev) a connection's ``via`` names (net and net_dev: NET only)."""
+    v = VIA_RE.match(via)
+    if v is None:
+        return None, None, None
+    if v["transport"] != "NET":
+        return v["transport"], None, None
+    return "NET", v["net"], None if v["net_dev"] is None else int(v["net_dev"])
+
+
+@dataclass
+class TopoLines:
+    """What the C reader read of a log's Channel lines. ``channels``, ``rings`` and
+    ``log_lines``: typed frames of ``nccl_channels``, ``nccl_rings`` and ``nccl_log_lines``
+    rows (their schemas' columns); ``first_seen``: (line, host, pid) of each process's first
+    line here; ``vias``: (line, host, pid, via) of each process's first connection by each
+    ``via``, by line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its
+    ring order lines)."""
+
+    starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    n_topo: int = 0
+    info: dict[str, list] = field(default_factory=dict)
+    channels: pd.DataFrame | None = None
+    rings: pd.DataFrame | None = None
+    log_lines: pd.DataFrame | None = None
+    first_seen: list[tuple[int, str, int]] = field(default_factory=list)
+    vias: list[tuple[int, str, int, str]] = field(default_factory=list)
+    nchannels: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        """The Channel lines read (not the ``info`` lines: those become the parser's rows)."""
+        return self.n_topo
+
+
+def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoLines, np.ndarray]:
+    """(the Channel and Trees lines among the "NCCL INFO " offsets ``hits`` that C read, and
+    the prefixes of the other INFO lines it read; the offsets left to the regular
+    expressions). ``schemas``: the parser's table schemas."""
+    from ..native import TOPO_CONNECTION, TOPO_ITEM_DTYPES, TOPO_PREFIX, TOPO_RING_ORDER, topo_lines
+    c, rest = topo_lines(text.data, text.size, hits, any_message=True)
+    items = {k: c.pop(k) for k in TOPO_ITEM_DTYPES}
+    if not len(c["start"]):
+        return TopoLines(), rest
+    _, _, line = text.line_numbers_and_ends(c["start"])
+    host = _strings(text, c["host_off"], c["host_len"], c["host_hash"])
+    out = TopoLines(starts=c["start"].copy())
+    other = c["kind"] == TOPO_PREFIX
+    if other.any():
+        out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other])
+        items["item_row"] = (np.cumsum(~other) - 1)[items["item_row"]]       # rows renumbered without them
+        c = {k: v[~other] for k, v in c.items()}
+        line, host = line[~other], host[~other]
+    out.n_topo = len(line)
+    if not out.n_topo:
+        return out, rest
+    conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
+    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
+    out.channels = _channels(text, {k: v[conn] for k, v in c.items()}, {k: v[conn] for k, v in base.items()},
+                             schemas["nccl_channels"])
+    rings = [_ring_orders(text, {k: v[ring] for k, v in c.items()}, {k: v[ring] for k, v in base.items()},
+                          schemas["nccl_rings"]),
+             _trees(text, items, {k: v[items["item_row"]] for k, v in base.items()}, schemas["nccl_rings"])]
+    rings = [r for r in rings if r is not None]
+    out.rings = (pd.concat(rings, ignore_index=True).sort_values("line", kind="stable").reset_index(drop=True)
+                 if len(rings) > 1 else rings[0] if rings else None)
+    kind = _objects(["", "channel", "ring", "", "tree"])[c["kind"]]
+    out.log_lines = _log_lines(text, c, base, kind, schemas["nccl_log_lines"])
+    keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
+    first = np.flatnonzero(~keys.duplicated().to_numpy())
+    out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
+    vk = keys[conn].assign(v=c["via_hash"][conn])
+    ci = np.flatnonzero(conn)[~vk.duplicated().to_numpy()]
+    out.vias = [(int(line[i]), host[i], int(c["pid"][i]),
+                 bytes(text.data[int(c["via_off"][i]):int(c["via_off"][i] + c["via_len"][i])]).decode("ascii"))
+                for i in ci]
+    ro = ring & (c["sub"] >= 0)
+    if ro.any():
+        g = pd.DataFrame({"h": c["host_hash"][ro], "p": c["pid"][ro], "n": c["sub"][ro], "i": np.flatnonzero(ro)})
+        m = g.groupby(["h", "p"], sort=False).agg(n=("n", "max"), i=("i", "first"))
+        out.nchannels = [(host[i], int(p), int(n)) for (_, p), n, i in zip(m.index, m["n"], m["i"])]
+    return out, rest
+
+
+def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame | None:
+    """``nccl_rings`` rows (kind ``trees``) of the items of the Trees lines C read, in line order."""
+    n = len(items["item_row"])
+    if not n:
+        return None
+    return _frame({
+        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
+        "kind": _str(np.full(n, "trees", dtype=object)), "channel": _int(items["item_channel"]),
+        "rank": _int(items["item_rank"]), "up": _int(items["item_up"]),
+        "down": _str(_strings(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
+    }, schema)
+
+
+def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray) -> dict[str, list]:
+    """The prefix fields of the other INFO lines C read, as lists (each becomes the parser's
+    row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
+    data = text.data
+    ts: list = [None] * len(line)
+    for i in np.flatnonzero(c["ts_len"] > 0).tolist():
+        a = int(c["pre"][i])
+        ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
+    return {"line": line.tolist(), "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]).tolist(),
+            "ts": ts, "host": host.tolist(), "pid": c["pid"].tolist(), "tid": c["tid"].tolist(),
+            "dev": c["dev"].tolist(), "msg": _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"]).tolist()}
+
+
+def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """(the distinct (ASCII) texts at (offset, length) by ``key``, each row's index into them)."""
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    data = text.data
+    return [bytes(data[int(off[i]):int(off[i] + ln[i])]).decode("ascii") for i in first], inv.reshape(-1)
+
+
+def _objects(values: list) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
+
+
+def _strings(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """The (ASCII) text at (offset, length) of each row, decoded once per distinct ``key``."""
+    if not len(key):
+        return np.empty(0, object)
+    vals, inv = _distinct(text, off, ln, key)
+    return _objects(vals)[inv]
+
+
+def _int(a: np.ndarray, na: np.ndarray | None = None):
+    return pd.array(a.astype(np.int64), dtype="Int64") if na is None else \
+        pd.arrays.IntegerArray(a.astype(np.int64), na.copy())
+
+
+def _ints(distinct: list, inv: np.ndarray):
+    """An Int64 column of the distinct values ``distinct`` (ints or None) at ``inv``; a value
+    int64 does not hold is NA, as the registry's conversion makes it."""
+    distinct = [None if v is None or not -(1 << 63) <= v < 1 << 63 else v for v in distinct]
+    vals = np.array([0 if v is None else v for v in distinct], np.int64)
+    na = np.array([v is None for v in distinct], bool)
+    return pd.arrays.IntegerArray(vals[inv], na[inv])
+
+
+def _str(values) -> pd.api.extensions.ExtensionArray:
+    return pd.array(np.asarray(values, dtype=object), dtype="string")
+
+
+def _frame(cols: dict, schema: dict) -> pd.DataFrame:
+    n = len(cols["line"])
+    na = {"str": lambda: pd.array(np.full(n, None, dtype=object), dtype="string"),
+          "int": lambda: pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool)),
+          "bool": lambda: pd.arrays.BooleanArray(np.zeros(n, bool), np.ones(n, bool)),
+          "time": lambda: np.full(n, None, dtype=object)}
+    return pd.DataFrame({k: cols[k] if k in cols else na[kind]() for k, kind in schema.items()},
+                        index=pd.RangeIndex(n))
+
+
+def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame | None:
+    if not len(c["start"]):
+        return None
+    vals, inv = _distinct(text, c["via_off"], c["via_len"], c["via_hash"])
+    fields = [via_fields(v) for v in vals]
+    via = _objects(vals)[inv]
+    direction = _objects([None, "send", "receive"])[c["direction"]]
+    return _frame({
+        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
+        "dev": _int(base["dev"]), "channel": _int(c["channel"]), "conn_index": _int(c["sub"], c["sub"] < 0),
+        "src_rank": _int(c["src_rank"]), "src_dev": _str(_strings(text, c["src_dev_off"], c["src_dev_len"],
+                                                                   c["src_dev_hash"])),
+        "dst_rank": _int(c["dst_rank"]), "dst_dev": _str(_strings(text, c["dst_dev_off"], c["dst_dev_len"],
+                                                                   c["dst_dev_hash"])),
+        "direction": _str(direction), "via": _str(via),
+        "transport": _str(_objects([f[0] for f in fields])[inv]), "net": _str(_objects([f[1] for f in fields])[inv]),
+        "net_dev": _ints([f[2] for f in fields], inv),
+        "gdrdma": pd.array(np.array(["/GDRDMA" in v for v in vals], bool)[inv], dtype="boolean"),
+    }, schema)
+
+
+def _ring_orders(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame | None:
+    if not len(c["start"]):
+        return None
+    vals, inv = _distinct(text, c["order_off"], c["order_len"], c["order_hash"])
+    n = len(inv)
+    return _frame({
+        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
+        "kind": _str(np.full(n, "ring_order", dtype=object)), "channel": _int(c["channel"]),
+        "order": _str(_objects([" ".join(o.split()) for o in vals])[inv]), "nchannels": _int(c["sub"], c["sub"] < 0),
+    }, schema)
+
+
+def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dict) -> pd.DataFrame:
+    n = len(kind)
+    msg = _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"])
+    ts = np.full(n, None, dtype=object)
+    stamped = np.flatnonzero(c["ts_len"] > 0)
+    data = text.data
+    for i in stamped:
+        a = int(c["pre"][i])
+        ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
+    # as nccl_debug's _stamp_local_times makes them: Timestamps (their unit as parsed) or None;
+    # the table's time column is made of these objects with the other lines' (the unit of
+    # the column follows its values)
+    ts_local = np.full(n, None, dtype=object)
+    if len(stamped):
+        ts_local[stamped] = _objects(pd.to_datetime(pd.Series([ts[i].replace("_", " ") for i in stamped],
+                                                              dtype="object"), errors="coerce", format="mixed").tolist())
+    cols = {"line": _int(base["line"]), "ts": _str(ts), "ts_local": ts_local, "host": _str(base["host"]),
+            "pid": _int(base["pid"]), "tid": _int(base["tid"]), "dev": _int(base["dev"]),
+            "level": _str(np.full(n, "INFO", dtype=object)), "kind": _str(kind), "message": _str(msg)}
+    pres, inv = _distinct(text, c["start"], c["pre"] - c["start"], c["pre_hash"])
+    ctx = lines_mod.context_columns(pres)
+    for k, kind_ in lines_mod.CONTEXT_COLUMNS.items():
+        cols[k] = _str(_objects(ctx[k])[inv]) if kind_ == "str" else _ints(ctx[k], inv)
+    return _frame(cols, schema)
+
+
+__all__ = ["TopoLines", "VIA_RE", "scan_topology", "via_fields"]

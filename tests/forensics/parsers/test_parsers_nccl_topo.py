@@ -1,0 +1,139 @@
+"""The init's Channel lines read in C (parsers/nccl_topo.py, logscan.c ``logscan_topo``) give
+the tables, facts and warnings the regular expressions give, on every fixture log, the init
+bench's shape, and lines at the edges of what the C reader takes."""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import FIXTURES, ROOT
+from forensics.native import topo_lines
+from forensics.parsers.nccl_debug import NcclDebugParser
+from forensics.parsers.text import LogText
+
+FOLDERS = ("logs", "realworld", "lab", "parsers/nccl_debug", "golden")
+LOGS = sorted(p for d in FOLDERS for p in (FIXTURES / d).rglob("*")
+              if p.is_file() and p.suffix != ".json" and b"NCCL INFO" in p.read_bytes())
+
+
+def both(data: bytes, coll: str = "rows"):
+    """The parse with the C readers and with the regular expressions alone."""
+    return [NcclDebugParser.parse_text(LogText(data, "x.log"), "x.log", coll=coll, native=n) for n in (True, False)]
+
+
+def assert_same(data: bytes) -> None:
+    for coll in ("rows", "positions"):
+        c, py = both(data, coll)
+        assert c.tables.keys() == py.tables.keys()
+        for name in c.tables:
+            pd.testing.assert_frame_equal(c.tables[name], py.tables[name], check_exact=True, obj=name)
+        assert json.dumps(c.facts, default=str) == json.dumps(py.facts, default=str)
+        assert c.warnings == py.warnings
+
+
+def test_fixture_logs_are_many():
+    assert len(LOGS) >= 40 and any("lab" in str(p) for p in LOGS) and any("realworld" in str(p) for p in LOGS)
+
+
+@pytest.mark.parametrize("path", LOGS, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_same_tables_on_fixture_logs(path):
+    assert_same(path.read_bytes())
+
+
+def test_same_tables_on_the_init_bench_shape(tmp_path):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import logs as bench_logs
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    merged, _ = bench_logs.generate_init(tmp_path, 1, 16, comms=3)
+    data = merged.read_bytes()
+    c, _ = both(data)
+    # nearly every line is read in C: 16 ranks x 3 comms x 32 Channel lines
+    assert len(c.tables["nccl_channels"]) >= 16 * 3 * 16 and len(c.tables["nccl_rings"]) >= 16 * 3 * 16
+    assert_same(data)
+
+
+PRE = "gpu-1:4242:4250 [3] NCCL INFO "
+EDGES = [
+    PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P/IPC/read",
+    PRE + "Channel 01/1 : 3[c000] -> 4[d000] [send] via NET/IB/1/GDRDMA",
+    PRE + "Channel 02 : 3[3] -> 4[4] [receive] via NET/Socket/0",
+    PRE + "Channel 03/0 : 3[3] -> 4[4] via SHM/direct/direct   \t",
+    PRE + "Channel 04/0 : 3[3] -> 4[4] via  P2P",                      # a blank after "via ": Python's
+    PRE + "Channel 05/0 : 3[3] -> 4[4] [sendx] via P2P",
+    PRE + "Channel 06/0 : 3[3] -> 4[4] via P2P - Init START",          # read as a malformed Init line
+    PRE + "Channel 07/0 : 3[3] -> 4[4] via P2P/CUMEM\x1c",
+    PRE + "Channel 00/16 :    0   1   2   3",
+    PRE + "Channel 01/16 :\t0\x0b1 2",
+    PRE + "Channel 02 : 0 1 2",
+    PRE + "Channel 03/16 :",
+    PRE + "Channel 04/16 : 0 1 x",
+    PRE + "Channel 99999999999999999999/2 : 0 1",                     # past 18 digits: Python's
+    PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P/IPC caf\u00e9",
+    "12: " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P/IPC/read",
+    "[1,3]<stdout>:" + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P/IPC/read",
+    "[2025-01-02 03:04:05] " + PRE + "Channel 00/16 : 0 1",
+    "[2025-01-02T03:04:05.123] " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "[Jan 02 03:04:05 2025] " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "[Abc [2025-01-02 03:04:05] " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "[2025-01-02 03:04:05 x]y] " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "[not a time] " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "<redacted>:4242:4250 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P",
+    ":4242:4250 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "gpu-1:4242:4250 [-1] NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "gpu-1:4242:4250 NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "gpu-1:4242:4250 [3] init.cc:12 NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "gpu-1 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P",
+    "gpu-0:1:2 [0] NCCL WARN x " + PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P",
+    PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P NCCL WARN no",
+    PRE + "Channel 00/0 : 3[3] -> 4[4] via P2P WARN init.cc:3 old",
+    "\ufeff" + PRE + "Channel 00/16 : 0 1",
+    PRE + "Channel 00/0 : 3[3] -> 4[4] via " + "P" * 5000,
+    PRE + "Ring 00 : 2 -> 3 -> 4",
+    PRE + "Trees [0] 4/-1/-1->3->2",
+    PRE + "Using network IB",
+    PRE + "Trees [0] 4/-1/-1->3->2 [1] 4/-1/-1->3->-1 [2] -1/-1/-1->3->2",
+    PRE + "Trees",
+    PRE + "Trees [0] 4/-1/-1->3->2x",
+    PRE + "Trees [0] -1->3->2",
+    PRE + "Trees [0] 4/-1/-1 ->3->2",
+    PRE + "Trees [0] ->3->2",
+    PRE + "Trees [0] --->3->2",
+    PRE + "Trees [0] 4/-1/-1->3->2  [1] 5->3->2",
+    PRE + "Trees [0] 4/-1/-1->-3->-2",
+    PRE + "Channel 01 : 2[c7000] -> 0[87000] [receive] via NET/IB/18446744073709551616/GDRDMA",   # NA net_dev
+    "(RayTrainWorker pid=99999999999999999999) " + PRE + "Channel 00/16 : 0 1",                   # NA ctx_pid
+]
+
+
+# the EDGES the C reader takes (the others go to the regular expressions)
+READ_IN_C = {0, 1, 2, 3, 7, 8, 9, 10, 15, 16, 17, 18, 19, 30, 31, 35, 37, 40, 43, 45, 46, 47}
+
+
+def test_which_edges_c_reads():
+    for i, line in enumerate(EDGES):
+        data = line.encode()
+        cols, rest = topo_lines(data, len(data), np.array([data.find(b"NCCL INFO ")], np.int64))
+        assert (len(cols["start"]), len(rest)) == ((1, 0) if i in READ_IN_C else (0, 1)), line
+
+
+def test_same_tables_at_the_edges():
+    for sep in ("\n", "\r\n", "\r"):
+        assert_same(sep.join(EDGES).encode() + b"\n")
+
+
+def test_offsets_not_at_the_marker_go_to_python():
+    data = (PRE + "Channel 00/16 : 0 1\n").encode()
+    cols, rest = topo_lines(data, len(data), np.array([-5, 3, len(data) - 2, 1 << 40], np.int64))
+    assert len(cols["start"]) == 0 and rest.tolist() == [-5, 3, len(data) - 2, 1 << 40]
+
+
+def test_line_by_line_edges_alone():
+    for line in EDGES:
+        assert_same(line.encode())
+        assert_same((line + "\n" + PRE + "Channel 01/0 : 3[3] -> 4[4] via P2P\n").encode())

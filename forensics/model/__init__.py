@@ -196,7 +196,16 @@ def capture_summary(b: Bundle) -> dict:
         "problems": list(b.problems),
         **({"user_attached": attached} if (attached := m.user_attached()) else {}),
         **({"timezone": tz} if isinstance(tz, dict) else {}),
+        **({"watch": watch_summary(w)} if isinstance(w := m.value("watch"), dict) else {}),
     }
+
+
+def watch_summary(w: dict) -> dict:
+    """A watcher bundle's stage and stall (manifest ``watch``): what the report says of whether
+    the stall resolved (forensics.findings.stall)."""
+    st = w.get("stall")
+    return {"stage": w.get("stage") if isinstance(w.get("stage"), str) else None,
+            "stall": st if isinstance(st, dict) else None}
 
 
 def _skew(parts: list[HostPart], endpoints: pd.DataFrame) -> list[SkewEstimate]:

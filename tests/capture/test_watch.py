@@ -416,6 +416,12 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
         m = _manifest(bundle)
         assert m["trigger"]["kind"] == "on-demand" and m["trigger"]["reason"] == "test: on demand"
         assert m["watch"]["before_s"] == 30 and not m["partial"]
+        assert m["watch"]["stage"] in ("first", "complete") and "stall" not in m["watch"]   # no hang: no stall
+        # the bundle is written at the trigger and completed --after later, in place: every file kept
+        wait_for(lambda: _manifest(bundle)["watch"]["stage"] == "complete", 60, "the bundle's completion")
+        m2 = _manifest(bundle)
+        assert m2["watch"]["first_written_ns"] <= m2["ended_ns"]
+        assert {f["path"] for f in m["files"]} <= {f["path"] for f in m2["files"]}
         # a second one by the trigger file (no cooldown for on-demand triggers)
         (out / triggers.TRIGGER_NAME).write_text("by the file\n")
         wait_for(lambda: len(list(out.glob("stallscope-*.tar.gz"))) == 2, 60, "the second bundle")

@@ -16,7 +16,7 @@ REPO = LAB_DIR.parents[1]
 DEFAULT_BUILD = LAB_DIR / "build"
 
 SCENARIOS = ("clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-down-hang", "gpu-hang", "reset",
-             "selftest")
+             "selftest", "slow-checkpoint")
 HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
 HOLDS = HANGS + ("reset",)          # scenarios that end --hold-s after the fault, not when the job ends
 STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at,
@@ -40,6 +40,9 @@ DEFAULTS = {
     "gpu-hang": dict(steps=100000),
     "reset": dict(steps=100000, start_s=1.0, compute_ms=20.0),
     "selftest": dict(),
+    # rank 0 saves a checkpoint: --hold-s in host code after --start-s, its peers wait in the next
+    # collective; a benign stall, no error (issue 44). Enough steps to train ~10 s after it.
+    "slow-checkpoint": dict(rank=0, steps=400, start_s=5.0, hold_s=30.0, compute_ms=30.0),
 }
 
 

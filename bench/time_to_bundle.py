@@ -71,25 +71,31 @@ class FirstBundles(threading.Thread):
             time.sleep(0.1)
 
 
-def trigger_pids(bundle: Path) -> set[int]:
-    """The processes a bundle's triggers name (its first one and those folded into it)."""
+def manifest_of(bundle: Path) -> dict:
     import tarfile
     try:
         with tarfile.open(bundle) as t:
-            m = next(json.load(t.extractfile(x)) for x in t if x.name.endswith("/manifest.json")
-                     and x.name.count("/") == 1)
+            return next(json.load(t.extractfile(x)) for x in t if x.name.endswith("/manifest.json")
+                        and x.name.count("/") == 1)
     except (OSError, tarfile.TarError, StopIteration, ValueError):
-        return set()
-    trig = m.get("trigger") or {}
-    return set(trig.get("pids") or []).union(*[set(t.get("pids") or []) for t in trig.get("also") or []])
+        return {}
 
 
-def ours(bundles: list[Path], truth: dict) -> list[Path]:
-    """The bundles of this run's job: the machine is shared, and a watcher as deployed follows
-    every NCCL job of the host (another's hang gives a bundle too): those whose triggers name
-    one of the job's ranks, or name no process (a log or on-demand trigger)."""
+def ours(bundles: list[Path], truth: dict, out: Path) -> list[Path]:
+    """The bundles of this run's job: the machine may be shared, and a watcher as deployed
+    follows every NCCL job of the host (another's hang gives a bundle too) and answers every
+    ``stallscope capture --trigger`` run on it: those whose hang triggers name one of the job's
+    ranks, or whose log trigger is one of the job's logs (under ``out``)."""
     pids = {r["pid"] for r in truth.get("ranks") or [] if r.get("pid")}
-    return [b for b in bundles if not (tp := trigger_pids(b)) or tp & pids]
+    keep = []
+    for b in bundles:
+        trig = manifest_of(b).get("trigger") or {}
+        for t in [trig] + list(trig.get("also") or []):
+            if set(t.get("pids") or []) & pids or (t.get("kind") == "log"
+                                                    and str(t.get("source") or "").startswith(str(out))):
+                keep.append(b)
+                break
+    return keep
 
 
 def one_run(i: int, build: Path, work: Path, profile: dict, rng: random.Random, scope: str,
@@ -160,7 +166,7 @@ def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: 
                 bundles, profile, scope, lib)
     time.sleep(2)
     truth = json.loads((out / "scenario.json").read_text())
-    new = ours(sorted(set(bundles.glob("stallscope-*.tar.gz")) - before), truth)
+    new = ours(sorted(set(bundles.glob("stallscope-*.tar.gz")) - before), truth, out)
     onset = truth["fault"]["start_time_ns"]
     row = {"run": i, "scenario": truth["scenario"], "bundles": len(new)}
     if len(new) != 1 or new[0].name not in poll.seen:
@@ -188,7 +194,7 @@ def checkpoint_run(i: int, build: Path, work: Path, bundles: Path, profile: dict
     watched_lab(["--build", str(lib), "--out", str(out), "--ranks", "3", "--scenario", "slow-checkpoint", *SMALL],
                 bundles, profile, scope, lib)      # the job outlives the pause by ~10 s: the watcher then stops,
     truth = json.loads((out / "scenario.json").read_text())
-    new = ours(sorted(bundles.glob("stallscope-*.tar.gz")), truth)
+    new = ours(sorted(bundles.glob("stallscope-*.tar.gz")), truth, out)
     row = {"run": i, "scenario": "slow-checkpoint", "bundles": len(new)}
     if len(new) == 1:
         subprocess.run([PY, "-m", "forensics", "analyze", str(new[0]), "--json", str(work / f"ck-{i}.json"),

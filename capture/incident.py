@@ -16,6 +16,7 @@ import copy
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -66,23 +67,32 @@ class IncidentWriter:
             dest.mkdir(parents=True)
             lock = lock_staging(dest)
             collectors = copy.deepcopy(s.records)
-            w.dump_ring(wait_s=RING_DUMP_WAIT_S)  # the records up to now
-            w.packets.flush()          # the packets up to now onto the ring files
-            pcap_files = self.copy_rings(dest, w0_real / 1e9)
+            took = [("state and ring", time.monotonic())]
+            # the ring's dump and the packets' flush run while the state is taken (each ~1 s)
+            dump = w.start_dump()
+            flush = threading.Thread(target=w.packets.flush, name="stallscope-flush", daemon=True)
+            flush.start()
             s.staging, s.records, snap.started = dest, collectors, set()
             s.budget = bd.Budget.plan(self.o.max_bytes, pcap=self.o.pcap, tracer=self.o.bpf)
             s.notes, s.futures = list(saved[4]), []
             self.state_at_trigger(first)
+            w.wait_dump(dump, RING_DUMP_WAIT_S)      # the records up to now
+            flush.join()                           # the packets up to now onto the ring files
+            pcap_files = self.copy_rings(dest, w0_real / 1e9, src=saved[0])
+            took.append(("records", time.monotonic()))
             self.finish_copied(dest, pcap_files, saved[0])
+            took.append(("archive", time.monotonic()))
             manifest = self.manifest(inc, w0_real, stage="first")
             self.archive(dest, out, arcroot, manifest)
             written = time.time_ns()
+            took.append(("", time.monotonic()))
             inc["staged"] = {"out": out, "dest": dest, "arcroot": arcroot, "records": s.records, "notes": s.notes,
                              "budget": s.budget, "window0": w0_real, "written_ns": written}
             w.bundles.append(out)
             ok = True
-            s.log(f"incident bundle {out} ({out.stat().st_size} bytes): {first.kind}: {first.reason}; "
-                  f"completed with the {self.o.after_s:g}s after the trigger at its end")
+            steps = ", ".join(f"{a} {t1 - t0:.1f}s" for (a, t0), (_, t1) in zip(took, took[1:]))
+            s.log(f"incident bundle {out} ({out.stat().st_size} bytes) in {took[-1][1] - took[0][1]:.1f}s ({steps}): "
+                  f"{first.kind}: {first.reason}; completed with the {self.o.after_s:g}s after the trigger at its end")
         except Exception as e:  # noqa: BLE001 - the watcher goes on; what was copied stays for --recover
             w.bundles.append(None)
             inc["staged"] = None
@@ -119,7 +129,7 @@ class IncidentWriter:
                 scratch.mkdir(parents=True)
                 w.dump_ring(wait_s=RING_DUMP_WAIT_S)
                 w.packets.flush()
-                pcap_files = self.copy_rings(scratch, self.window0 / 1e9)
+                pcap_files = self.copy_rings(scratch, self.window0 / 1e9, src=saved[0])
                 s.staging, s.records, snap.started = scratch, copy.deepcopy(st["records"]), set()
                 s.budget, s.notes, s.futures = st["budget"], list(st["notes"]), []
                 w.cap.collector("attachments").collect()          # the logs, with what followed the trigger
@@ -184,11 +194,11 @@ class IncidentWriter:
                 raise
             raise CaptureFailed(f"cannot write {out}: {e.strerror}; kept in {dest}") from None
 
-    def copy_rings(self, dest: Path, w0: float) -> list[tuple[dict, list[Path]]]:
-        """The rings' files that hold data from w0 (epoch s) on, copied into dest; the start
-        snapshots and logs of the watch copied whole. Returns each tcpdump's copies, oldest first."""
+    def copy_rings(self, dest: Path, w0: float, src: Path) -> list[tuple[dict, list[Path]]]:
+        """The rings' files (in the watch's staging folder ``src``) that hold data from w0 (epoch
+        s) on, copied into dest; the start snapshots and logs of the watch copied whole. Returns
+        each tcpdump's copies, oldest first."""
         s = self.s
-        src = s.staging
         skip = {STAGED_MANIFEST, ".lock", PENDING, ".manifest.staged.tmp"}
         ring_pcaps = set()
         pcaps = []
@@ -218,7 +228,7 @@ class IncidentWriter:
                 except OSError:
                     pass
             pcaps.append((t, copies))
-        raw = s.raw_dir
+        raw = src / "bpf" / "raw"
         for p in sorted(src.rglob("*")):
             if not p.is_file() or p.name in skip or p in ring_pcaps:
                 continue

@@ -214,7 +214,7 @@ class Watcher:
 
     def tick(self, now: float) -> None:
         if now >= self.next_check:
-            self.next_check = now + 0.5
+            self.next_check = now + 0.25
             self.check_hang()
             self.check_on_demand()
         if now >= self.next_logs:
@@ -449,12 +449,25 @@ class Watcher:
     def dump_ring(self, wait_s: float = 0.0) -> bool:
         """Ring mode: the tracer prints its record ring (its lines go to the spool's segments,
         which the cut copies); with ``wait_s``, until the dump's end mark is spooled."""
+        before = self.start_dump()
+        return before is not None and self.wait_dump(before, wait_s)
+
+    def start_dump(self) -> int | None:
+        """Ask the tracer for its ring's dump without waiting: the dumps read so far (for
+        :meth:`wait_dump`), None without a ring."""
         mon = self.monitor
         if not isinstance(mon, RingMonitor) or not self.tracing.alive():
-            return False
+            return None
         mon.poll()
         before = mon.ring_dumps
         tracer.trigger_dump()
+        return before
+
+    def wait_dump(self, before: int | None, wait_s: float) -> bool:
+        """Until a dump after ``before`` (start_dump's) is spooled, at most wait_s seconds."""
+        mon = self.monitor
+        if before is None or not isinstance(mon, RingMonitor):
+            return False
         deadline = time.monotonic() + wait_s
         while wait_s and mon.ring_dumps == before and time.monotonic() < deadline:
             time.sleep(0.05)

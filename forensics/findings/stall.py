@@ -52,8 +52,9 @@ def stall_resolved(ctx: Context) -> list[Finding]:
         since = st.get("stalled_since_ns") if isinstance(st.get("stalled_since_ns"), int) else None
         out.append(Finding(
             kind="stall_resolved", severity="warning", confidence=0.9,
-            summary=(f"Stall resolved after {after:.0f} s, no hang: {waiting} waited inside a collective for "
-                     f"{who}; the watcher saw progress resume within its window{since_text(since) if since else ''}."),
+            summary=(f"Stall resolved after {after:.0f} s, no hang: {waiting} waited inside a collective "
+                     f"({since_text(since) if since else 'since before the trigger'}) for {who}; the watcher saw "
+                     "progress resume within its window."),
             headline=f"Stall resolved after {after:.0f} s: everyone waited for "
                      f"{ranks_text(waited) if waited else 'a rank off this host'}",
             ranks=waited, peer_ranks=stuck, hosts=[st["host"]] if st.get("host") else [],

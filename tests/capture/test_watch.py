@@ -402,7 +402,9 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
     require_tool("bpftrace")
     out = tmp_path / "bundles"
     out.mkdir()
-    w = _watcher(out, "--before", "30s", "--after", "1s", log=tmp_path / "w.err")
+    # no hang trigger (1 h): the watcher follows every NCCL job of the host, and a shared test
+    # machine may run another's hung lab job, whose incident would fold these triggers into it
+    w = _watcher(out, "--before", "30s", "--after", "1s", "--hang-after", "1h", log=tmp_path / "w.err")
     try:
         wait_for(lambda: b"capturing:" in (tmp_path / "w.err").read_bytes(), 90, "the watcher to start")
         ring = _ring(out)
@@ -425,6 +427,9 @@ def test_on_demand_trigger_then_sigkill_leaves_nothing_behind(tmp_path):
         # a second one by the trigger file (no cooldown for on-demand triggers)
         (out / triggers.TRIGGER_NAME).write_text("by the file\n")
         wait_for(lambda: len(list(out.glob("stallscope-*.tar.gz"))) == 2, 60, "the second bundle")
+        second = [b for b in out.glob("stallscope-*.tar.gz") if b != bundle][0]
+        wait_for(lambda: _manifest(second)["watch"]["stage"] == "complete" and not (ring[0] / triggers.PENDING).exists(),
+                 60, "the second bundle's completion")
         assert not (out / triggers.TRIGGER_NAME).exists()
         w.send_signal(signal.SIGKILL)
         w.wait(timeout=10)

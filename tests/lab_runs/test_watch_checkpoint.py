@@ -43,9 +43,13 @@ def build(tmp_path_factory) -> Path:
     b = tmp_path_factory.mktemp("labbuild") / "build"
     p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={b}"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    netns.sweep()
-    yield b
-    assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+    netns.sweep()          # only the namespaces of dead launchers: a shared machine runs others' labs
+    return b
+
+
+def _torn_down(launcher_pid: int) -> None:
+    from tests.lab import netns
+    assert netns.leftovers(owner=launcher_pid) == {"namespaces": [], "pids": [], "links": []}
 
 
 def _errors(paths: list[Path], tmp_path: Path, name: str) -> tuple[list[dict], dict]:
@@ -79,14 +83,15 @@ def test_a_slow_checkpoint_under_the_watcher_resolves_with_no_error(build, tmp_p
             fh.write("go\n")
         assert launcher.wait(timeout=400) == 0, (tmp_path / "launcher.err").read_text()[-3000:]
         # the job ends ~10 s after the pause: a bundle begun in the pause is completed by then or at the stop
-        wait_for(lambda: not list(bundles.glob(".*.staging-*[0-9]")) or watcher.poll() is not None, 60,
-                 "the incident's completion")
+        wait_for(lambda: not [d for d in bundles.glob(".*.staging-*") if "-watch.staging-" not in d.name]
+                 or watcher.poll() is not None, 60, "the incident's completion")
     finally:
         for p in (watcher, launcher):
             if p.poll() is None:
                 p.terminate()
         for p in (watcher, launcher):
             p.wait(timeout=180)
+        _torn_down(launcher.pid)
     truth = json.loads((out / "scenario.json").read_text())
     f = truth["fault"]
     assert f["kind"] == "slow-checkpoint" and f["ranks"] == [0] and f["end_time_ns"] > f["start_time_ns"]
@@ -116,11 +121,18 @@ def test_a_slow_checkpoint_captured_or_logged_is_no_error(build, tmp_path, start
     then the job's logs alone."""
     out = tmp_path / "lab"
     dur = "30" if start == "before" else "24"
-    p = subprocess.run([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out),
-                        "--scenario", "slow-checkpoint", "--ranks", "3", "--start-s", "3", "--hold-s", "15",
-                        "--capture", "per-host", "--capture-start", start, "--capture-duration-s", dur, *SMALL],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
+    p = subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out),
+                          "--scenario", "slow-checkpoint", "--ranks", "3", "--start-s", "3", "--hold-s", "15",
+                          "--capture", "per-host", "--capture-start", start, "--capture-duration-s", dur, *SMALL],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = p.communicate(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.terminate()
+            p.wait(timeout=120)
+        _torn_down(p.pid)
+    assert p.returncode == 0, stderr[-3000:]
     truth = json.loads((out / "scenario.json").read_text())
     assert truth["fault"]["kind"] == "slow-checkpoint" and truth["captures"], truth["fault"]
     found = sorted((out / "bundles").glob("*.tar.gz"))

@@ -67,7 +67,7 @@ class IncidentWriter:
             dest.mkdir(parents=True)
             lock = lock_staging(dest)
             collectors = copy.deepcopy(s.records)
-            took = [("state and ring", time.monotonic())]
+            took = [("state", time.monotonic())]
             # the ring's dump and the packets' flush run while the state is taken (each ~1 s)
             dump = w.start_dump()
             flush = threading.Thread(target=w.packets.flush, name="stallscope-flush", daemon=True)
@@ -76,8 +76,10 @@ class IncidentWriter:
             s.budget = bd.Budget.plan(self.o.max_bytes, pcap=self.o.pcap, tracer=self.o.bpf)
             s.notes, s.futures = list(saved[4]), []
             self.state_at_trigger(first)
+            took.append(("ring dump", time.monotonic()))
             w.wait_dump(dump, RING_DUMP_WAIT_S)      # the records up to now
             flush.join()                           # the packets up to now onto the ring files
+            took.append(("copy", time.monotonic()))
             pcap_files = self.copy_rings(dest, w0_real / 1e9, src=saved[0])
             took.append(("records", time.monotonic()))
             self.finish_copied(dest, pcap_files, saved[0])

@@ -63,14 +63,16 @@ def _errors(paths: list[Path], tmp_path: Path, name: str) -> tuple[list[dict], d
     return rep.get("findings") or [], rep
 
 
-def test_a_slow_checkpoint_under_the_watcher_resolves_with_no_error(build, tmp_path):
+def _watched(build: Path, tmp_path: Path, lab_args: list[str]) -> tuple[Path, Path, Path]:
+    """The lab job ``lab_args`` under a watcher with the defaults on it alone: (bundles, lab
+    output, the watcher's log), once the job ended and an incident begun in it was completed."""
     bundles, out = tmp_path / "bundles", tmp_path / "lab"
     bundles.mkdir()
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     launcher = subprocess.Popen(
         ["sh", "-c", 'read x < "$0"; exec "$@"', str(gate), PY, "-m", "tests.lab.launcher", "--build", str(build),
-         "--out", str(out), "--scenario", "slow-checkpoint", "--ranks", "3", *SMALL], cwd=ROOT,
+         "--out", str(out), *lab_args], cwd=ROOT,
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "launcher.err", "wb"))
     err = tmp_path / "watch.err"
     watcher = subprocess.Popen([PY, "-m", "forensics", "capture", "--watch", "-o", str(bundles), "--pid",
@@ -92,6 +94,21 @@ def test_a_slow_checkpoint_under_the_watcher_resolves_with_no_error(build, tmp_p
         for p in (watcher, launcher):
             p.wait(timeout=180)
         _torn_down(launcher.pid)
+    return bundles, out, err
+
+
+def test_a_clean_job_with_compute_pauses_longer_than_the_trigger_gives_no_bundle(build, tmp_path):
+    """12 s of compute between steps (no collective in flight) is no hang for the 10 s floor."""
+    bundles, out, err = _watched(build, tmp_path, ["--scenario", "clean", "--ranks", "3", "--steps", "4",
+                                                   "--compute-ms", "12000", "--buckets", "131072,65536"])
+    steps = [json.loads(l) for l in (out / "logs" / "rank0.out").read_text().splitlines() if '"ev":"step"' in l]
+    assert len(steps) == 4
+    assert sorted(bundles.glob("stallscope-*.tar.gz")) == [], err.read_text()[-3000:]
+    assert "TRIGGER" not in err.read_text()
+
+
+def test_a_slow_checkpoint_under_the_watcher_resolves_with_no_error(build, tmp_path):
+    bundles, out, err = _watched(build, tmp_path, ["--scenario", "slow-checkpoint", "--ranks", "3", *SMALL])
     truth = json.loads((out / "scenario.json").read_text())
     f = truth["fault"]
     assert f["kind"] == "slow-checkpoint" and f["ranks"] == [0] and f["end_time_ns"] > f["start_time_ns"]

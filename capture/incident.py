@@ -269,9 +269,9 @@ class IncidentWriter:
         if mode == "always" or (mode == "auto" and first.kind == "hang"):
             if s.is_root:
                 stacks = self.w.cap.collector("native-stacks")
-                for pid in sorted(s.procs):
+                for pid in sorted(s.procs):      # in the snapshot pool, side by side (each ~0.5 s)
                     if os.path.isdir(f"/proc/{pid}"):
-                        stacks.take(pid, "hung", f"watch trigger: {first.reason}")
+                        s.submit(stacks.take, pid, "hung", f"watch trigger: {first.reason}")
             else:
                 s.record("native-stacks:hung", status="skipped", reason="needs root")
         fr = self.w.cap.collector("flight-recorder-trigger")

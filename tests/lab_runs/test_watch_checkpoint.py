@@ -152,7 +152,7 @@ def test_a_slow_checkpoint_captured_or_logged_is_no_error(build, tmp_path, start
     assert p.returncode == 0, stderr[-3000:]
     truth = json.loads((out / "scenario.json").read_text())
     assert truth["fault"]["kind"] == "slow-checkpoint" and truth["captures"], truth["fault"]
-    found = sorted((out / "bundles").glob("*.tar.gz"))
+    found = sorted((out / "bundles").rglob("*.tar.gz"))
     assert len(found) == 3, found
     findings, _ = _errors(found, tmp_path, "capture")
     assert [x for x in findings if x["severity"] == "error"] == [], [(x["kind"], x["summary"]) for x in findings]

@@ -85,7 +85,7 @@ class IncidentWriter:
             self.finish_copied(dest, pcap_files, saved[0])
             took.append(("archive", time.monotonic()))
             manifest = self.manifest(inc, w0_real, stage="first")
-            self.archive(dest, out, arcroot, manifest)
+            self.archive(dest, out, arcroot, manifest, level=1)    # fast: gzip -1 (the completion: -6)
             written = time.time_ns()
             took.append(("", time.monotonic()))
             inc["staged"] = {"out": out, "dest": dest, "arcroot": arcroot, "records": s.records, "notes": s.notes,
@@ -188,9 +188,9 @@ class IncidentWriter:
         manifest["options"].update(schema.OPTIONS.make(watch=True))
         return manifest
 
-    def archive(self, dest: Path, out: Path, arcroot: str, manifest: dict) -> None:
+    def archive(self, dest: Path, out: Path, arcroot: str, manifest: dict, level: int = 6) -> None:
         try:
-            fit_budget(dest, out, arcroot, manifest, self.o.max_bytes)
+            fit_budget(dest, out, arcroot, manifest, self.o.max_bytes, level=level)
         except OSError as e:
             if e.errno not in DISK_FULL:
                 raise

@@ -169,10 +169,16 @@ def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: 
     new = ours(sorted(set(bundles.glob("stallscope-*.tar.gz")) - before), truth, out)
     onset = truth["fault"]["start_time_ns"]
     row = {"run": i, "scenario": truth["scenario"], "bundles": len(new)}
+    for b in sorted(set(bundles.glob("stallscope-*.tar.gz")) - before):
+        opened = manifest_of(b).get("trigger") or {}
+        if opened.get("kind") == "on-demand":    # `stallscope capture --trigger` run by someone else on the host
+            row["disturbed"] = "an on-demand trigger from outside opened an incident during the run"
+            return row
     if len(new) != 1 or new[0].name not in poll.seen:
         return row
     bundle_ns = poll.seen[new[0].name]
     first = poll.copies / new[0].name            # the first archive, as it was when it appeared
+
     t0 = time.monotonic()
     a = subprocess.run([PY, "-m", "forensics", "analyze", str(first), "--json", str(work / f"job-{i}.json"),
                         "-o", str(work / f"job-{i}.html"), "--force"], cwd=ROOT, capture_output=True)
@@ -253,6 +259,11 @@ def main() -> int:
               f"'resolved after' in its report; bundles per run {[r['bundles'] for r in checks]}")
     for name, rows in results.items():
         ok = [r for r in rows if "to_bundle_s" in r]
+        disturbed = [r for r in rows if "disturbed" in r]
+        if disturbed:
+            print(f"{name}: {len(disturbed)} run(s) left out, disturbed from outside: "
+                  f"{sorted({r['disturbed'] for r in disturbed})}")
+            rows = [r for r in rows if "disturbed" not in r]
         right = [r for r in ok if r["verdict"] in ("hang_stuck", "hang_mismatch")
                  and set(r["truth_ranks"]) <= set(r["ranks"] or [])]
         if not ok:

@@ -29,7 +29,11 @@ from .session import clock_sample, utc_span
 from .staging import DISK_FULL, STAGED_MANIFEST, fit_budget, lock_staging, tcpdump_files
 from .triggers import PENDING, Trigger
 
-RING_DUMP_WAIT_S = 10.0              # the cut waits this long for the tracer's ring dump to be spooled
+RING_DUMP_WAIT_S = 10.0              # the completion waits this long for the tracer's ring dump to be spooled
+# the first archive waits at most this long for the ring's dump and for Flight Recorder dumps (a
+# rank that diverged may never answer; a tracer behind on a loaded host): what comes later goes
+# into the completion
+FIRST_WAIT_S = 3.0
 
 
 class IncidentWriter:
@@ -75,9 +79,9 @@ class IncidentWriter:
             s.staging, s.records, snap.started = dest, collectors, set()
             s.budget = bd.Budget.plan(self.o.max_bytes, pcap=self.o.pcap, tracer=self.o.bpf)
             s.notes, s.futures = list(saved[4]), []
-            self.state_at_trigger(first)
+            inc["fr_pending"] = self.state_at_trigger(first, fr_wait_s=FIRST_WAIT_S)
             took.append(("ring dump", time.monotonic()))
-            w.wait_dump(dump, RING_DUMP_WAIT_S)      # the records up to now
+            w.wait_dump(dump, FIRST_WAIT_S)          # the records up to now
             flush.join()                           # the packets up to now onto the ring files
             took.append(("copy", time.monotonic()))
             pcap_files = self.copy_rings(dest, w0_real / 1e9, src=saved[0])
@@ -134,6 +138,11 @@ class IncidentWriter:
                 pcap_files = self.copy_rings(scratch, self.window0 / 1e9, src=saved[0])
                 s.staging, s.records, snap.started = scratch, copy.deepcopy(st["records"]), set()
                 s.budget, s.notes, s.futures = st["budget"], list(st["notes"]), []
+                late = [p for p in inc.get("fr_pending") or () if s.records.get(p.key, {}).get("status") != "ok"]
+                if late:                                             # Flight Recorder dumps that came late
+                    fr = w.cap.collector("flight-recorder-trigger")
+                    fr.deadline = time.monotonic() + FIRST_WAIT_S
+                    fr.wait(late)
                 w.cap.collector("attachments").collect()          # the logs, with what followed the trigger
                 s.wait_pool(timeout=120)
                 merge_raw(dest / ".raw", scratch / "bpf" / "raw")
@@ -260,10 +269,11 @@ class IncidentWriter:
                 pass
         return pcaps
 
-    def state_at_trigger(self, first: Trigger) -> None:
+    def state_at_trigger(self, first: Trigger, fr_wait_s: float | None = None) -> list:
         """What a capture takes at its end, into the incident's folder: native stacks (a hang:
         with --stacks auto; always with --stacks always), Flight Recorder dumps through their
-        pipes, the end snapshots (ss, thread states, counters), the logs."""
+        pipes (waited for at most ``fr_wait_s``, default --fr-dump-wait), the end snapshots (ss,
+        thread states, counters), the logs. Returns the Flight Recorder dumps asked for."""
         s = self.s
         mode = self.o.stacks
         if mode == "always" or (mode == "auto" and first.kind == "hang"):
@@ -276,10 +286,13 @@ class IncidentWriter:
                 s.record("native-stacks:hung", status="skipped", reason="needs root")
         fr = self.w.cap.collector("flight-recorder-trigger")
         pending = fr.trigger()
+        if fr_wait_s is not None:
+            fr.deadline = min(fr.deadline, time.monotonic() + fr_wait_s)
         self.w.cap.collector("snapshots").take("end")
         fr.wait(pending)
         self.w.cap.collector("attachments").collect()
         s.wait_pool(timeout=120)
+        return pending
 
     def finish_copied(self, dest: Path, pcaps: list[tuple[dict, list[Path]]], ring: Path) -> None:
         """events.jsonl from the copied tracer lines; the copied pcaps' collectors say what they hold."""

@@ -680,7 +680,9 @@ def test_the_packet_ring_starts_on_tcp_trouble_and_stops_after_the_linger(tmp_pa
     port = srv.getsockname()[1]
     cli = socket.create_connection(("127.0.0.1", port))
     conn, _ = srv.accept()
-    w = _watcher(out, "--iface", "lo", "--before", "4s", "--after", "0.5s", "--pcap-linger", "1s", log=err)
+    # no hang trigger (1 h): a host-wide watcher on a shared machine follows others' hung lab jobs
+    w = _watcher(out, "--iface", "lo", "--before", "4s", "--after", "0.5s", "--pcap-linger", "1s", "--hang-after", "1h",
+                 log=err)
     try:
         wait_for(lambda: b"capturing:" in err.read_bytes(), 90, "the watcher to start")
         ring = _ring(out)[0]

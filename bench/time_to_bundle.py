@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Time to bundle: from the onset of a hang to a complete bundle on disk, and to a verdict.
+"""Time to bundle: from the onset of a hang to its first bundle on disk, and to a verdict.
 
     sudo .venv/bin/python bench/time_to_bundle.py [--runs N] [--profile defaults|fast|both] [--seed S]
+                                                  [--checkpoints N] [--scope host|job] [--keep]
 
 Per run, a watcher starts as deploy/ runs it (``stallscope capture --watch`` with no --pid and
 no --nccl-lib), then a lab job (tests/lab: 3 ranks in network namespaces, from its own copy of
@@ -26,33 +27,130 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.lab.watcher import WatcherError, stop_watcher  # noqa: E402
+from tests.lab.watcher import start_watcher as lab_watcher  # noqa: E402
+
 LAB = ROOT / "tests" / "lab"
 PY = sys.executable
 SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
-PROFILES = {"defaults": {"args": [], "hang_after_s": 30.0, "after_s": 30.0},
+PROFILES = {"defaults": {"args": [], "hang_after_s": 10.0, "after_s": 30.0},
             "fast": {"args": ["--hang-after", "10s", "--after", "5s"], "hang_after_s": 10.0, "after_s": 5.0}}
 
 
-def one_run(i: int, build: Path, work: Path, profile: dict, rng: random.Random) -> dict:
-    bundles = work / f"job-{i}" / "bundles"
-    bundles.mkdir(parents=True)
-    from tests.lab.watcher import WatcherError, start_watcher, stop_watcher
+def start_watcher(bundles: Path, args: list[str], err: Path):
+    """tests.lab.watcher's watcher; the bench ends with its message when it does not start."""
     try:
-        w = start_watcher(bundles, profile["args"], work / f"job-{i}" / "watch.err")
+        return lab_watcher(bundles, args, err)
     except WatcherError as e:
         raise SystemExit(str(e)) from None
+
+
+class FirstBundles(threading.Thread):
+    """Polls a folder every 0.1 s: each bundle's first appearance (ns) and a copy of it then."""
+
+    def __init__(self, folder: Path, copies: Path):
+        super().__init__(daemon=True)
+        self.folder, self.copies, self.seen, self.stop = folder, copies, {}, threading.Event()
+        copies.mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for p in self.folder.glob("stallscope-*.tar.gz"):
+                if p.name not in self.seen:
+                    self.seen[p.name] = time.time_ns()
+                    try:
+                        shutil.copyfile(p, self.copies / p.name)
+                    except OSError:
+                        pass
+            time.sleep(0.1)
+
+
+def manifest_of(bundle: Path) -> dict:
+    import tarfile
     try:
-        return job_run(i, build, work, bundles, profile, rng)
+        with tarfile.open(bundle) as t:
+            return next(json.load(t.extractfile(x)) for x in t if x.name.endswith("/manifest.json")
+                        and x.name.count("/") == 1)
+    except (OSError, tarfile.TarError, StopIteration, ValueError):
+        return {}
+
+
+def ours(bundles: list[Path], truth: dict, out: Path) -> list[Path]:
+    """The bundles of this run's job: the machine may be shared, and a watcher as deployed
+    follows every NCCL job of the host (another's hang gives a bundle too) and answers every
+    ``stallscope capture --trigger`` run on it: those whose hang triggers name one of the job's
+    ranks, or whose log trigger is one of the job's logs (under ``out``)."""
+    pids = {r["pid"] for r in truth.get("ranks") or [] if r.get("pid")}
+    keep = []
+    for b in bundles:
+        trig = manifest_of(b).get("trigger") or {}
+        for t in [trig] + list(trig.get("also") or []):
+            if set(t.get("pids") or []) & pids or (t.get("kind") == "log"
+                                                    and str(t.get("source") or "").startswith(str(out))):
+                keep.append(b)
+                break
+    return keep
+
+
+def one_run(i: int, build: Path, work: Path, profile: dict, rng: random.Random, scope: str,
+            scenario: str | None = None) -> dict:
+    bundles = work / f"job-{i}" / "bundles"
+    bundles.mkdir(parents=True)
+    poll = FirstBundles(bundles, work / f"job-{i}" / "first")
+    poll.start()
+    try:
+        if scenario == "slow-checkpoint":
+            return checkpoint_run(i, build, work, bundles, profile, poll, scope)
+        return job_run(i, build, work, bundles, profile, rng, poll, scope)
     finally:
-        stop_watcher(w)
+        poll.stop.set()
 
 
-def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: random.Random) -> dict:
+def watched_lab(lab_argv: list[str], bundles: Path, profile: dict, scope: str, lib: Path) -> None:
+    """The lab job ``lab_argv`` under a fresh watcher: as deployed (``host``: no --pid, no
+    --nccl-lib, every NCCL job of the host followed), or on the job alone (``job``: --pid of
+    its launcher, held at a gate until the watcher runs, and --nccl-lib: on a shared machine
+    the other jobs' hangs cannot fold this one's into their incident)."""
+    err = bundles.parent / "watch.err"
+    launcher = [PY, "-m", "tests.lab.launcher", *lab_argv]
+    if scope == "host":
+        w = start_watcher(bundles, profile["args"], err)
+        try:
+            p = subprocess.run(launcher, cwd=ROOT, capture_output=True, timeout=900)
+        finally:
+            stop_watcher(w, 180)
+        if p.returncode != 0:
+            raise SystemExit(f"lab job failed:\n{p.stderr.decode()[-2000:]}")
+        return
+    gate = bundles.parent / "gate"
+    os.mkfifo(gate)
+    lp = subprocess.Popen(["sh", "-c", 'read x < "$0"; exec "$@"', str(gate), *launcher], cwd=ROOT,
+                          stdout=subprocess.DEVNULL, stderr=open(bundles.parent / "launcher.err", "wb"))
+    w = None
+    try:
+        w = start_watcher(bundles, ["--pid", str(lp.pid), "--nccl-lib", str(lib / "libnccl.so.2"), *profile["args"]],
+                          err)
+        with open(gate, "w") as fh:
+            fh.write("go\n")
+        rc = lp.wait(timeout=900)
+    finally:
+        if lp.poll() is None:
+            lp.terminate()
+            lp.wait(timeout=120)
+        if w is not None:
+            stop_watcher(w, 180)
+    if rc != 0:
+        raise SystemExit(f"lab job failed:\n{(bundles.parent / 'launcher.err').read_text()[-2000:]}")
+
+
+def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: random.Random,
+            poll: FirstBundles, scope: str) -> dict:
     lib = work / f"job-{i}" / "nccl"
     shutil.copytree(build, lib, ignore=shutil.ignore_patterns("static"))
     hold = profile["hang_after_s"] + profile["after_s"] + 25
@@ -62,26 +160,54 @@ def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: 
         fault = ["--scenario", "mismatch-hang", "--rank", "1", "--at-op", str(rng.randint(200, 500))]
     before = set(bundles.glob("stallscope-*.tar.gz"))
     out = work / f"job-{i}" / "lab"
-    p = subprocess.run([PY, "-m", "tests.lab.launcher", "--build", str(lib), "--out", str(out), "--ranks", "3",
-                        "--hold-s", f"{hold:g}", *fault, *SMALL], cwd=ROOT, capture_output=True, timeout=900)
-    if p.returncode != 0:
-        raise SystemExit(f"lab job {i} failed:\n{p.stderr.decode()[-2000:]}")
+    watched_lab(["--build", str(lib), "--out", str(out), "--ranks", "3", "--hold-s", f"{hold:g}", *fault, *SMALL],
+                bundles, profile, scope, lib)
     time.sleep(2)
-    new = sorted(set(bundles.glob("stallscope-*.tar.gz")) - before)
     truth = json.loads((out / "scenario.json").read_text())
+    new = ours(sorted(set(bundles.glob("stallscope-*.tar.gz")) - before), truth, out)
     onset = truth["fault"]["start_time_ns"]
     row = {"run": i, "scenario": truth["scenario"], "bundles": len(new)}
-    if len(new) != 1:
+    for b in sorted(set(bundles.glob("stallscope-*.tar.gz")) - before):
+        opened = manifest_of(b).get("trigger") or {}
+        if opened.get("kind") == "on-demand":    # `stallscope capture --trigger` run by someone else on the host
+            row["disturbed"] = "an on-demand trigger from outside opened an incident during the run"
+            return row
+    if len(new) != 1 or new[0].name not in poll.seen:
         return row
-    bundle_ns = new[0].stat().st_mtime_ns
+    bundle_ns = poll.seen[new[0].name]
+    first = poll.copies / new[0].name            # the first archive, as it was when it appeared
+
     t0 = time.monotonic()
-    a = subprocess.run([PY, "-m", "forensics", "analyze", str(new[0]), "--json", str(work / f"job-{i}.json"),
+    a = subprocess.run([PY, "-m", "forensics", "analyze", str(first), "--json", str(work / f"job-{i}.json"),
                         "-o", str(work / f"job-{i}.html"), "--force"], cwd=ROOT, capture_output=True)
     analyze_s = time.monotonic() - t0
     top = (json.loads((work / f"job-{i}.json").read_text()).get("findings") or [{}])[0]
     row.update(to_bundle_s=(bundle_ns - onset) / 1e9, analyze_s=analyze_s,
                to_verdict_s=(bundle_ns - onset) / 1e9 + analyze_s, verdict=top.get("kind"), rc=a.returncode,
                ranks=top.get("ranks"), truth_ranks=truth["fault"]["ranks"])
+    return row
+
+
+def checkpoint_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, poll: FirstBundles,
+                   scope: str) -> dict:
+    """A slow checkpoint (no hang) under the watcher: the bundles it gave and what the completed
+    one's analysis says."""
+    lib = work / f"job-{i}" / "nccl"
+    shutil.copytree(build, lib, ignore=shutil.ignore_patterns("static"))
+    out = work / f"job-{i}" / "lab"
+    watched_lab(["--build", str(lib), "--out", str(out), "--ranks", "3", "--scenario", "slow-checkpoint", *SMALL],
+                bundles, profile, scope, lib)      # the job outlives the pause by ~10 s: the watcher then stops,
+    truth = json.loads((out / "scenario.json").read_text())
+    new = ours(sorted(bundles.glob("stallscope-*.tar.gz")), truth, out)
+    row = {"run": i, "scenario": "slow-checkpoint", "bundles": len(new)}
+    if len(new) == 1:
+        subprocess.run([PY, "-m", "forensics", "analyze", str(new[0]), "--json", str(work / f"ck-{i}.json"),
+                        "-o", str(work / f"ck-{i}.html"), "--force"], cwd=ROOT, capture_output=True)
+        rep = json.loads((work / f"ck-{i}.json").read_text())
+        fs = rep.get("findings") or []
+        row.update(errors=[f["kind"] for f in fs if f.get("severity") == "error"],
+                   top=(fs[0]["kind"], fs[0]["summary"][:160]) if fs else None,
+                   resolved="resolved after" in json.dumps(rep))
     return row
 
 
@@ -93,8 +219,12 @@ def p90(xs: list[float]) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=None, help="hangs per profile (default: defaults 3, fast 5)")
-    ap.add_argument("--profile", choices=["defaults", "fast", "both"], default="both")
+    ap.add_argument("--profile", choices=["defaults", "fast", "both", "none"], default="both")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--scope", choices=["host", "job"], default="host",
+                    help="host: the watcher as deployed (every NCCL job of the host); job: --pid of the lab job")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder (bundles, reports)")
+    ap.add_argument("--checkpoints", type=int, default=0, help="slow-checkpoint runs under the defaults")
     a = ap.parse_args()
     if os.geteuid() != 0 or not shutil.which("bpftrace"):
         print("bench/time_to_bundle.py: needs root and bpftrace (the lab's namespaces, the tracer)")
@@ -106,17 +236,32 @@ def main() -> int:
     from tests.lab import netns
     netns.sweep()
     results: dict[str, list[dict]] = {}
-    for name in (["defaults", "fast"] if a.profile == "both" else [a.profile]):
+    for name in {"both": ["defaults", "fast"], "none": []}.get(a.profile, [a.profile]):
         profile = PROFILES[name]
         rows = []
         for i in range(a.runs or (3 if name == "defaults" else 5)):
-            row = one_run(i, build, work / name, profile, rng)
+            row = one_run(i, build, work / name, profile, rng, a.scope)
             rows.append(row)
             print(f"{name:8s} run {i}: {json.dumps(row, default=str)}", flush=True)
         results[name] = rows
+    checks = []
+    for i in range(a.checkpoints):
+        row = one_run(100 + i, build, work / "checkpoint", PROFILES["defaults"], rng, a.scope,
+                      scenario="slow-checkpoint")
+        checks.append(row)
+        print(f"slow-checkpoint run {i}: {json.dumps(row, default=str)}", flush=True)
     print()
+    if checks:
+        ok = [r for r in checks if r["bundles"] <= 1 and not r.get("errors") and (r["bundles"] == 0 or r["resolved"])]
+        print(f"slow-checkpoint: {len(ok)}/{len(checks)} runs with at most one bundle, no error finding and "
+              f"'resolved after' in its report; bundles per run {[r['bundles'] for r in checks]}")
     for name, rows in results.items():
         ok = [r for r in rows if "to_bundle_s" in r]
+        disturbed = [r for r in rows if "disturbed" in r]
+        if disturbed:
+            print(f"{name}: {len(disturbed)} run(s) left out, disturbed from outside: "
+                  f"{sorted({r['disturbed'] for r in disturbed})}")
+            rows = [r for r in rows if "disturbed" not in r]
         right = [r for r in ok if r["verdict"] in ("hang_stuck", "hang_mismatch")
                  and set(r["truth_ranks"]) <= set(r["ranks"] or [])]
         if not ok:
@@ -128,7 +273,10 @@ def main() -> int:
               f"onset -> bundle median {statistics.median(tb):.1f} s, p90 {p90(tb):.1f} s; "
               f"onset -> verdict median {statistics.median(tv):.1f} s, p90 {p90(tv):.1f} s "
               f"(in-house best: 90% detected within 15 s)")
-    shutil.rmtree(work, ignore_errors=True)
+    if a.keep:
+        print(f"kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

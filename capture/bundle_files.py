@@ -217,16 +217,16 @@ def truncate_file(path: Path, keep: int, from_end: bool = True) -> None:
         os.truncate(path, keep)
 
 
-def write_archive(staging: Path, dest: Path, arcroot: str) -> int:
-    """tar.gz of staging under folder arcroot; written to dest.partial, linked to dest
-    without ever replacing an existing file. Returns the archive size."""
+def write_archive(staging: Path, dest: Path, arcroot: str, level: int = 6) -> int:
+    """tar.gz of staging under folder arcroot (gzip ``level``); written to dest.partial, linked to
+    dest without ever replacing an existing file. Returns the archive size."""
     tmp = Path(str(dest) + ".partial")
 
     def visible(info: tarfile.TarInfo):
         rel = info.name.split("/")[1:]
         return None if any(part.startswith(".") for part in rel) else info
     with open(tmp, "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=level, mtime=0) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as tar:
                 tar.add(staging, arcname=arcroot, recursive=True, filter=visible)
     size = tmp.stat().st_size

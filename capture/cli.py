@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--watch: disk the rings may use, e.g. 1G, 300M (default 1G)")
     w.add_argument("--hang-after", type=_duration, default=None, metavar="DUR",
                    help="--watch: a collective in flight this long with nothing returned is a hang (default: "
-                        "the larger of 30s and 10x the slowest collective completed in the last 5 minutes)")
+                        "the larger of 10s and 10x the slowest collective completed in the last 5 minutes)")
     w.add_argument("--before", type=_duration, default=120.0, metavar="DUR",
                    help="--watch: the bundle holds this much before the trigger (default 2m)")
     w.add_argument("--after", type=_duration, default=30.0, metavar="DUR",

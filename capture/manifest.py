@@ -330,6 +330,20 @@ PCAP_RING = Table("watch.pcap_ring", "the watcher's packet ring", (
     Field("runs", RECORDS, "its runs that overlap the window", table=PCAP_RUN),
 ))
 
+STALL = Table("watch.stall", "a hang trigger's stall, as the watcher followed it through the after-window "
+              "(capture/watch.py)", (
+    Field("state", STR, "pending (the first archive, written at the trigger) | resolved (progress resumed in "
+          "the after-window) | stuck (still stuck at the end of the window) | ended (its processes exited)"),
+    Field("stalled_since_ns", INT, "UTC ns: the stuck processes' last progress before the trigger"),
+    Field("resumed_ns", INT, "UTC ns: when the last of them made progress again (resolved only)", always=False),
+    Field("resolved_after_s", NUMBER, "seconds from stalled_since_ns to resumed_ns (resolved only)", always=False),
+    Field("pids", INTS, "the stuck processes"),
+    Field("ranks", INTS, "their ranks, where known"),
+    Field("waited_for", RECORDS, "the traced processes of the host outside every collective at the trigger "
+          "(what the stuck ones waited for, if on this host): {pid, rank}", always=False),
+    Field("source", STR, "tracer | tracer-free (ss series)"),
+))
+
 WATCH = Table("watch", "the watcher's settings and the incident's window (capture/incident.py)", (
     Field("started_ns", INT, "when the watch started, UTC ns"),
     Field("before_s", NUMBER, "--before"),
@@ -339,6 +353,10 @@ WATCH = Table("watch", "the watcher's settings and the incident's window (captur
     Field("window_ns", INTERVAL, "the window the bundle covers, UTC ns"),
     Field("watcher_pid", INT, "the watcher's pid"),
     Field("pcap_ring", OBJECT, "the packet ring", table=PCAP_RING),
+    Field("stage", STR, "first (written at the trigger: the before-window and the state then) | complete "
+          "(the same archive completed with the after-window, every file of the first kept)", always=False),
+    Field("first_written_ns", INT, "UTC ns: when the first archive was on disk", always=False),
+    Field("stall", OBJECT, "hang triggers: the stall and whether it resolved", always=False, table=STALL),
 ))
 
 OTHER_JOB = Table("job.others[]", "another job whose processes the watcher followed meanwhile", (

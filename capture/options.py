@@ -48,7 +48,7 @@ class CaptureOptions:
     # --watch (capture.watch): rings instead of one bundle, a bundle per incident
     watch: bool = False
     ring_bytes: int = 1 << 30
-    hang_after_s: float | None = None   # None: max(30 s, 10x the slowest collective of the last 5 minutes)
+    hang_after_s: float | None = None   # None: max(10 s, 10x the slowest collective of the last 5 minutes)
     before_s: float = 120.0
     after_s: float = 30.0
     cooldown_s: float = 600.0

@@ -39,8 +39,8 @@ DIED_MARKER = ".capture-died.json"
 STAGING_RE = re.compile(r"^\.(.+)\.staging-(\d+)$")
 
 
-def fit_budget(staging: Path, out_path: Path, arcroot: str, manifest: dict, limit: int) -> dict:
-    """Write manifest and archive, trimming the biggest capped files until within limit."""
+def fit_budget(staging: Path, out_path: Path, arcroot: str, manifest: dict, limit: int, level: int = 6) -> dict:
+    """Write manifest and archive (gzip ``level``), trimming the biggest capped files until within limit."""
     mpath = staging / "manifest.json"
     for attempt in range(8):
         manifest["files"] = bd.file_entries(staging)
@@ -52,7 +52,7 @@ def fit_budget(staging: Path, out_path: Path, arcroot: str, manifest: dict, limi
         if bound > limit:
             trim(staging, bound - limit, manifest)
             continue
-        size = bd.write_archive(staging, out_path, arcroot)
+        size = bd.write_archive(staging, out_path, arcroot, level)
         if size <= limit:
             bd.commit_archive(out_path)
             return manifest

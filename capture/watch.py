@@ -14,7 +14,7 @@ triggers:
   "Ring mode"; ``ProgressMonitor`` reads every record where the ring cannot be used); a process
   with a collective in flight (an NCCL collective entered since its last returned host wait,
   and a call of it still open: the collective or the synchronize after it) and nothing
-  returned for ``--hang-after`` (default: the larger of 30 s and 10x the slowest collective
+  returned for ``--hang-after`` (default: the larger of 10 s and 10x the slowest collective
   completed in the last 5 minutes on this host);
 - **log**: ``capture.monitors.LogWatch`` tails the job's NCCL_DEBUG_FILE logs and stdout/stderr files for
   ``NCCL WARN`` lines and PyTorch watchdog timeouts;
@@ -24,12 +24,14 @@ triggers:
 The packet ring runs on trouble (``--pcap-ring on-trouble``, the default;
 ``capture.collectors.packet_ring``).
 
-An incident starts at its first trigger. ``--after`` later the watcher cuts the bundle: the
-rings' last ``--before`` (and the ``--after`` that followed) are copied into the incident's
-own staging folder, the state of the job is taken then (the snapshots of a capture's end,
-native stacks for a hang, Flight Recorder dumps through their pipes, the logs), and the
-bundle is written with ``"trigger"`` and ``"watch"`` in its manifest; its name carries the
-trigger's time, so the bundles of one incident from every host sort together. Triggers
+An incident starts at its first trigger, and its bundle is written in two stages
+(``capture.incident``): at once, the rings' last ``--before`` and the state of the job then
+(the snapshots of a capture's end, native stacks for a hang, Flight Recorder dumps through
+their pipes, the logs), a complete bundle with ``"trigger"`` and ``"watch"`` in its manifest;
+``--after`` later, the same archive completed with what followed (every file of the first
+kept) and, for a hang trigger, whether the stall resolved (``watch.stall``: the stuck
+processes made progress again, and when, or were still stuck at the end of the window). Its
+name carries the trigger's time, so the bundles of one incident from every host sort together. Triggers
 during an incident, and for ``--cooldown`` after it, are folded into it (one bundle per
 incident); a hang of the same processes triggers again only after they made progress.
 
@@ -60,7 +62,7 @@ from .runner import Capture
 from .staging import lock_staging
 from .triggers import PENDING, TRIGGER_NAME, Trigger, registry_dir
 
-HANG_AFTER_FLOOR_S = 30.0
+HANG_AFTER_FLOOR_S = 10.0
 HANG_AFTER_FACTOR = 10.0
 LOG_PATHS_EVERY_S = 10.0             # the job's log files looked for again this often (and when its processes change)
 RING_SLACK_S = 30.0                  # the rings keep --before + --after + this
@@ -217,7 +219,7 @@ class Watcher:
 
     def tick(self, now: float) -> None:
         if now >= self.next_check:
-            self.next_check = now + 0.5
+            self.next_check = now + 0.25
             self.check_hang()
             self.check_on_demand()
         if now >= self.next_logs:
@@ -228,15 +230,71 @@ class Watcher:
         if now >= self.next_prune:
             self.next_prune = now + 10.0
             self.prune()
-        if self.incident is not None and time.monotonic() >= self.incident["due"]:
+        inc = self.incident
+        if inc is not None and "staged" not in inc:
+            inc["writer"].write_first(inc)            # stage one: the bundle of the trigger, at once
+        if inc is not None:
+            self.follow_stall(inc)
+        if inc is not None and time.monotonic() >= inc["due"]:
             self.cut()
 
-    def fire(self, trig: Trigger) -> None:
+    def rank_of(self, pid: int) -> int | None:
+        info = self.s.procs.get(pid)
+        return info.rank_facts().get("rank") if info else None
+
+    def stall_of(self, trig: Trigger, stuck: list[dict] | None) -> dict | None:
+        """A hang trigger's stall (the manifest's ``watch.stall``, state pending), with what
+        :meth:`follow_stall` needs (the keys starting with ``_``): each stuck process's progress
+        mark (the tracer's last return, or the ss series' last move) at the trigger."""
+        if trig.kind != "hang" or not stuck:
+            return None
+        tracer = trig.source == "tracer"
+        if tracer and self.monitor is None:
+            return None
+        since = min(trig.monotonic_ns - st["quiet_ns"] for st in stuck)
+        marks = {st["pid"]: (self.monitor.last_return.get(st["pid"], 0) if tracer else st["last_move_ns"])
+                 for st in stuck}
+        out = {"state": "pending", "stalled_since_ns": since + trig.realtime_ns - trig.monotonic_ns,
+               "pids": sorted(marks), "ranks": [r for p in sorted(marks) if (r := self.rank_of(p)) is not None]}
+        if tracer:     # the traced processes outside every collective: what the stuck ones wait for
+            waited = [{"pid": p, "rank": self.rank_of(p)} for p in sorted(set(self.monitor.last_coll) - set(marks))
+                      if os.path.isdir(f"/proc/{p}") and not self.monitor.in_flight(p)]
+            if waited:
+                out["waited_for"] = waited
+        out.update(source=trig.source, _marks=marks, _since=since, _offset=trig.realtime_ns - trig.monotonic_ns,
+                   _resumed={})
+        return out
+
+    def follow_stall(self, inc: dict) -> None:
+        """During the after-window: the stall resolved once every stuck process still there made
+        progress again (the tracer saw a call of it return, or its connections moved); ended when
+        none is left."""
+        st = inc.get("stall")
+        if not st or st["state"] != "pending":
+            return
+        alive = [p for p in st["pids"] if os.path.isdir(f"/proc/{p}")]
+        if not alive:
+            st["state"] = "ended"
+            return
+        for p in alive:
+            if p in st["_resumed"]:
+                continue
+            if st["source"] == "tracer":
+                mark = self.monitor.last_return.get(p, 0) if self.monitor is not None else 0
+            else:
+                mark = (self.quiet.procs.get(p) or {}).get("last_move", 0)
+            if mark > st["_marks"][p]:
+                st["_resumed"][p] = mark
+        if all(p in st["_resumed"] for p in alive):
+            t = max(st["_resumed"][p] for p in alive)
+            st.update(state="resolved", resumed_ns=t + st["_offset"], resolved_after_s=round((t - st["_since"]) / 1e9, 1))
+
+    def fire(self, trig: Trigger, stuck: list[dict] | None = None) -> None:
         s = self.s
         jobs = self.by_job(trig.pids)
         if len(jobs) > 1:       # one job per incident: a trigger naming several jobs' processes, one each
             for pids in jobs:
-                self.fire(dataclasses.replace(trig, pids=pids))
+                self.fire(dataclasses.replace(trig, pids=pids), stuck)
             return
         self.packets.arm(f"{trig.kind} trigger")       # the packets of the --after window
         now = time.monotonic()
@@ -251,13 +309,13 @@ class Watcher:
             s.notes.append(f"{bd.utc_stamp(trig.realtime_ns)}: {trig.kind} trigger within --cooldown of the "
                            f"last incident, not a new bundle: {trig.reason}")
             return
-        self.incident = {"first": trig, "triggers": [trig], "due": now + self.o.after_s}
-        self.dump_ring()                             # the records before the trigger, before the ring goes round
+        self.incident = {"first": trig, "triggers": [trig], "due": now + self.o.after_s,
+                         "stall": self.stall_of(trig, stuck), "writer": IncidentWriter(self)}
         try:
             (s.staging / PENDING).write_text(json.dumps(trig.to_manifest()))
         except OSError:
             pass
-        s.log(f"TRIGGER ({trig.kind}): {trig.reason}; writing the bundle in {self.o.after_s:g}s")
+        s.log(f"TRIGGER ({trig.kind}): {trig.reason}; writing the bundle now, completed {self.o.after_s:g}s later")
 
     def check_hang(self) -> None:
         if self.monitor is None:
@@ -285,7 +343,7 @@ class Watcher:
             ranks.append(f"pid {p}" + (f" (rank {r})" if r is not None else ""))
         self.fire(Trigger("hang", f"collective in flight with nothing returned for {quiet:.0f}s (hang after "
                           f"{after / 1e9:g}s) in {', '.join(ranks)}", time.time_ns(), now_ns, pids=pids,
-                          source="tracer"))
+                          source="tracer"), stuck=stuck)
 
     def untraced(self) -> set[int]:
         """The followed processes whose NCCL calls the tracer does not see: no tracer running,
@@ -323,7 +381,7 @@ class Watcher:
         self.fire(Trigger("hang", f"no TCP progress for {quiet:.0f}s with data waiting on "
                           f"{sum(st['waiting'] for st in stuck)} connection(s) (hang after {after / 1e9:g}s; "
                           f"its NCCL calls are not traced) in {', '.join(ranks)}", time.time_ns(), now_ns,
-                          pids=[st["pid"] for st in stuck], source="tracer-free (ss series)"))
+                          pids=[st["pid"] for st in stuck], source="tracer-free (ss series)"), stuck=stuck)
 
     def log_paths(self) -> list[tuple[str, str]]:
         """The job's logs to tail, found again when its processes change or every
@@ -392,10 +450,17 @@ class Watcher:
 
     # ---------------------------------------------------------------- the incident's bundle
     def cut(self) -> None:
-        """Write the open incident's bundle (``capture.incident``)."""
+        """Complete the open incident's bundle (``capture.incident``; its first stage first, if
+        the watcher stops before it was written)."""
         inc, self.incident = self.incident, None
         self.last_incident_pids = list(inc["first"].pids or [])
-        IncidentWriter(self).write(inc)
+        if "staged" not in inc:
+            inc["writer"].write_first(inc)
+        self.follow_stall(inc)
+        stall = inc.get("stall")
+        if stall is not None and stall["state"] == "pending":
+            stall["state"] = "stuck"
+        inc["writer"].complete(inc)
         queued, self.queued = self.queued, []
         for trig in queued:                          # another job's hang seen meanwhile: its incident now
             self.fire(trig)
@@ -421,12 +486,25 @@ class Watcher:
     def dump_ring(self, wait_s: float = 0.0) -> bool:
         """Ring mode: the tracer prints its record ring (its lines go to the spool's segments,
         which the cut copies); with ``wait_s``, until the dump's end mark is spooled."""
+        before = self.start_dump()
+        return before is not None and self.wait_dump(before, wait_s)
+
+    def start_dump(self) -> int | None:
+        """Ask the tracer for its ring's dump without waiting: the dumps read so far (for
+        :meth:`wait_dump`), None without a ring."""
         mon = self.monitor
         if not isinstance(mon, RingMonitor) or not self.tracing.alive():
-            return False
+            return None
         mon.poll()
         before = mon.ring_dumps
         tracer.trigger_dump()
+        return before
+
+    def wait_dump(self, before: int | None, wait_s: float) -> bool:
+        """Until a dump after ``before`` (start_dump's) is spooled, at most wait_s seconds."""
+        mon = self.monitor
+        if before is None or not isinstance(mon, RingMonitor):
+            return False
         deadline = time.monotonic() + wait_s
         while wait_s and mon.ring_dumps == before and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -282,5 +282,6 @@ def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
     """Every registered detector on ``ctx``: (findings most important first, problems), the
     findings' contract completed (:func:`forensics.findings.contract.complete`)."""
     from .contract import complete
+    from .stall import settle
     found, problems = gather({name: run_detector(name, ctx) for name in _DETECTORS})
-    return complete(ctx, found), problems
+    return complete(ctx, settle(ctx, found)), problems

@@ -200,7 +200,16 @@ def capture_summary(b: Bundle) -> dict:
         # a watcher's incident: the job that hung (model/job_scope.py read the bundle as it alone)
         **({"job": {k: job.get(k) for k in ("id", "pids", "ranks", "started_ns", "launcher")}}
            if isinstance(job := m.value("job"), dict) else {}),
+        **({"watch": watch_summary(w)} if isinstance(w := m.value("watch"), dict) else {}),
     }
+
+
+def watch_summary(w: dict) -> dict:
+    """A watcher bundle's stage and stall (manifest ``watch``): what the report says of whether
+    the stall resolved (forensics.findings.stall)."""
+    st = w.get("stall")
+    return {"stage": w.get("stage") if isinstance(w.get("stage"), str) else None,
+            "stall": st if isinstance(st, dict) else None}
 
 
 def _tracer_ends(bundles) -> dict[str, int]:

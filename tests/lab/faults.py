@@ -191,6 +191,25 @@ def _init_hang_dropped(run, r: int, t0) -> None:
                      switch_namespace=lab.switch)
 
 
+def _slow_checkpoint(run, r: int, t0: int) -> None:
+    """Rank r busy in host code for --hold-s (the driver does it, a "checkpoint" after --start-s)
+    while its peers wait inside the next collective: its checkpoint_start event is the onset
+    (set at once: captures scheduled from the onset start during the pause), its checkpoint_end
+    the end. Benign: the job goes on and ends cleanly."""
+    a = run.a
+    ev = run.wait_for(lambda: [e for e in run.events(r) if e.get("ev") == "checkpoint_start"],
+                      a.start_s + 60, f"rank {r} to start its checkpoint")[0]
+    run.fault.update(start_time_ns=ev["t_ns"], step=ev["step"], ops_issued_before=ev["ops_issued"],
+                     hold_s=a.hold_s, benign=True, end_time_ns=None,
+                     note="rank r sleeps in host code (sslab_save_checkpoint), outside every NCCL call, after "
+                          "its compute of that step; its peers have issued the step's collectives and wait "
+                          "inside them (collective op_index = ops_issued_before) until it joins")
+    run.onset_ns = ev["t_ns"]
+    end = run.wait_for(lambda: [e for e in run.events(r) if e.get("ev") == "checkpoint_end"],
+                       a.hold_s + 60, f"rank {r} to end its checkpoint")[0]
+    run.fault.update(end_time_ns=end["t_ns"], held_s=(end["t_ns"] - ev["t_ns"]) / 1e9)
+
+
 # scenario -> its injection (run, the faulty rank, when every rank began training): it fills
 # run.fault, start_time_ns included (clean and selftest have none)
 FAULTS = {
@@ -203,6 +222,7 @@ FAULTS = {
     "reset": _reset,
     "init-hang": _init_hang,
     "init-hang-dropped": _init_hang_dropped,
+    "slow-checkpoint": _slow_checkpoint,
 }
 from .host_faults import cpu_starved, link_flap, rank_killed  # noqa: E402  (they use link_info above)
 

@@ -90,6 +90,8 @@ def driver_args(run, r: int) -> list[str]:
         args += ["--straggle-ms", str(a.straggle_ms), "--straggle-from-s", str(a.start_s)]
     if a.scenario == "cpu-starved":    # every rank's compute is CPU work: the quota stretches rank r's
         args += ["--compute-busy"]
+    if a.scenario == "slow-checkpoint" and r in run.fault_ranks():
+        args += ["--pause-s", str(a.hold_s), "--pause-from-s", str(a.start_s)]
     if a.scenario == "mismatch-hang" and r in run.fault_ranks():
         args += ["--skip-op", str(run.at_op()), "--skip-mode", a.skip_mode]
     return args

@@ -20,6 +20,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = ap.parse_args(argv)
     explicit = {k for k, v in vars(a).items() if v is not None}
     merged = dict(DEFAULTS["common"], **DEFAULTS[a.scenario])
+    merged.setdefault("rank", 1)
     for k, v in merged.items():
         if getattr(a, k, None) is None:
             setattr(a, k, v)
@@ -74,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m tests.lab.launcher",
                                  description="Run a stallscope lab scenario (root, except with --no-netns).")
     ap.add_argument("--scenario", choices=SCENARIOS, default="clean")
-    ap.add_argument("--rank", type=int, default=1, help="the faulty rank")
+    ap.add_argument("--rank", type=int, help="the faulty rank (default 1; slow-checkpoint: 0)")
     ap.add_argument("--ranks", type=int, default=4, help="world size (1..8)")
     ap.add_argument("--out", default=None, help="output folder (default out/lab-<scenario>)")
     ap.add_argument("--build", default=str(DEFAULT_BUILD), help="folder with sslab_rank and the libraries")

@@ -16,7 +16,7 @@ REPO = LAB_DIR.parents[1]
 DEFAULT_BUILD = LAB_DIR / "build"
 
 SCENARIOS = ("clean", "loss", "slow-link", "straggler", "mismatch-hang", "link-down-hang", "gpu-hang", "reset",
-             "selftest", "rank-killed", "link-flap", "cpu-starved")
+             "selftest", "rank-killed", "link-flap", "cpu-starved", "slow-checkpoint")
 HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
 INIT_HANGS = ("init-hang", "init-hang-dropped")     # the job never finishes ncclCommInitRank: no training
 SCENARIOS += INIT_HANGS
@@ -56,6 +56,9 @@ DEFAULTS = {
     # the faulty rank's traffic to rank 0's host (the bootstrap root; the store's port excepted)
     # is dropped in the switch before it calls ncclCommInitRank (--init-delay-ms later than the others)
     "init-hang-dropped": dict(steps=100000, init_delay_ms=1500),
+    # rank 0 saves a checkpoint: --hold-s in host code after --start-s, its peers wait in the next
+    # collective; a benign stall, no error (issue 44). Enough steps to train ~10 s after it.
+    "slow-checkpoint": dict(rank=0, steps=400, start_s=5.0, hold_s=30.0, compute_ms=30.0),
 }
 
 

@@ -7,7 +7,7 @@
  * burst of collectives enqueued on one stream, cudaStreamSynchronize, check.
  *
  * Modes
- *   --mode train     the loop above (default); faults: --skip-op, --straggle-*
+ *   --mode train     the loop above (default); faults: --skip-op, --straggle-*, --pause-*
  *   --mode selftest  every op x dtype x reduction checked against an
  *                    independently computed expectation; ncclCommSplit,
  *                    ncclCommInitAll, groups, send/recv and asynchrony too.
@@ -848,9 +848,21 @@ static int selftest(const char *dtypes, size_t small, size_t large) {
 struct opts {
   const char *mode, *buckets, *dtype, *pattern, *skip_mode, *selftest_dtypes, *gate_file, *stop_file;
   int steps, check, skip_op;
-  double compute_ms, straggle_ms, straggle_from_s, duration_s;
+  double compute_ms, straggle_ms, straggle_from_s, duration_s, pause_s, pause_from_s;
   size_t st_small, st_large;
 };
+
+/* --pause-s: a slow checkpoint. The rank is busy in host code (here sleeping in 100 ms slices,
+ * as a rank writing its shards would block in write(2)), outside every NCCL call, while its
+ * peers have issued the next step's collectives and wait inside them. The name is kept out of
+ * line so that a native stack shows where the rank is. */
+static void __attribute__((noinline)) sslab_save_checkpoint(double seconds) {
+  uint64_t end = now_ns() + (uint64_t)(seconds * 1e9);
+  while (now_ns() < end) {
+    double left_ms = (end - now_ns()) / 1e6;
+    sleep_ms(left_ms < 100 ? left_ms : 100);
+  }
+}
 
 static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void emit(const char *fmt, ...) {
@@ -901,7 +913,7 @@ static int train(struct opts *o) {
   uint64_t t_start = now_ns();
   emit("{\"ev\":\"train_start\",\"t_ns\":%llu,\"rank\":%d,\"world_size\":%d,\"pid\":%d}",
        (unsigned long long)t_start, g_rank, g_world, (int)getpid());
-  int straggling = 0;
+  int straggling = 0, paused = 0;
   long stop_at = -1; /* --stop-file: the step number to stop before, once the launcher wrote it */
   for (int step = 0; step < o->steps; step++) {
     if (o->duration_s > 0 && (now_ns() - t_start) / 1e9 > o->duration_s) break;
@@ -927,6 +939,15 @@ static int train(struct opts *o) {
     }
     uint64_t c0 = now_ns();
     if (g_compute_busy) busy_ms(compute); else sleep_ms(compute);
+    if (o->pause_s > 0 && !paused && (now_ns() - t_start) / 1e9 >= o->pause_from_s) {
+      paused = 1;   /* after this step's compute, before its collectives: the peers wait inside them */
+      uint64_t p0 = now_ns();
+      emit("{\"ev\":\"checkpoint_start\",\"t_ns\":%llu,\"rank\":%d,\"step\":%d,\"ops_issued\":%llu,"
+           "\"seconds\":%.3f}", (unsigned long long)p0, g_rank, step, (unsigned long long)k, o->pause_s);
+      sslab_save_checkpoint(o->pause_s);
+      emit("{\"ev\":\"checkpoint_end\",\"t_ns\":%llu,\"rank\":%d,\"step\":%d,\"held_ms\":%.3f}",
+           (unsigned long long)now_ns(), g_rank, step, (now_ns() - p0) / 1e6);
+    }
     uint64_t t_enter = now_ns();
     int np = 0;
     /* the burst: one entry per bucket (pattern decides the op), then the loss scalar */
@@ -1004,14 +1025,15 @@ static int train(struct opts *o) {
 
 int main(int argc, char **argv) {
   struct opts o = {"train", "1048576,1048576,262144", "float32", "ddp", "stop", "int8,uint8,int32,uint32,int64,uint64,float16,float32,float64,bfloat16",
-                   NULL, NULL, 20, 1, -1, 50, 0, 0, 0, 1003, 0};
+                   NULL, NULL, 20, 1, -1, 50, 0, 0, 0, 0, 0, 1003, 0};
   static struct option lo[] = {
     {"mode", 1, 0, 'm'}, {"steps", 1, 0, 's'}, {"compute-ms", 1, 0, 'c'}, {"buckets", 1, 0, 'b'},
     {"dtype", 1, 0, 'd'}, {"pattern", 1, 0, 'p'}, {"no-check", 0, 0, 'N'}, {"skip-op", 1, 0, 'k'},
     {"skip-mode", 1, 0, 'K'}, {"straggle-ms", 1, 0, 'S'}, {"straggle-from-s", 1, 0, 'F'},
     {"watchdog-timeout-s", 1, 0, 'W'}, {"duration-s", 1, 0, 'D'}, {"selftest-dtypes", 1, 0, 'T'},
     {"selftest-count", 1, 0, 'C'}, {"selftest-large", 1, 0, 'L'}, {"gate-file", 1, 0, 'G'},
-    {"stop-file", 1, 0, 'P'}, {"compute-busy", 0, 0, 'B'}, {0, 0, 0, 0}};
+    {"stop-file", 1, 0, 'P'}, {"compute-busy", 0, 0, 'B'}, {"pause-s", 1, 0, 'Z'}, {"pause-from-s", 1, 0, 'z'},
+    {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     switch (ch) {
@@ -1034,6 +1056,8 @@ int main(int argc, char **argv) {
       case 'G': o.gate_file = optarg; break;
       case 'P': o.stop_file = optarg; break;
       case 'B': g_compute_busy = 1; break;
+      case 'Z': o.pause_s = atof(optarg); break;
+      case 'z': o.pause_from_s = atof(optarg); break;
       default: fprintf(stderr, "usage: sslab_rank [--mode train|selftest] [options]\n"); return 2;
     }
   }

@@ -17,6 +17,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
 .PHONY: all venv debs test demo golden bench fuzz accuracy lab regimes-clean-10 watch-clean-5min watch-unknown-jobs watch-align \
+  watch-blind lab-matrix \
   image-tag image clean
 
 all: test
@@ -107,6 +108,15 @@ watch-unknown-jobs: debs venv
 # own), a link down 3 s in, and two jobs back to back (the bundle and the report are the hung one's)
 watch-align: debs venv
 	STALLSCOPE_WATCH_ALIGN=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_align.py
+
+# the watcher with no blind window, jobs held at their library's mapping (root; minutes)
+watch-blind: debs venv
+	STALLSCOPE_WATCH_BLIND=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_blind.py
+
+# every lab fault in every regime it applies to (make test runs each class once; root; ~30 minutes)
+lab-matrix: debs venv
+	STALLSCOPE_LAB_MATRIX=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_new_faults_lab.py \
+	  tests/lab_runs/test_init_hang_regimes.py tests/lab_runs/test_watch_checkpoint.py
 
 regimes-clean-10: debs venv
 	@ok=0; for i in 1 2 3 4 5 6 7 8 9 10; do \

@@ -29,6 +29,14 @@ def run_python(code: str, timeout: float) -> subprocess.CompletedProcess:
     return p
 
 
+# The full regime matrix of the lab faults (each class in every regime it applies to) runs in
+# `make lab-matrix` and in bench/accuracy.py's campaign; `make test` runs each class once (CI's
+# 30 minutes). A case that is not its class's one run in make test carries this mark.
+LAB_MATRIX = pytest.mark.skipif(os.environ.get("STALLSCOPE_LAB_MATRIX") != "1",
+                                reason="the full regime matrix of the lab faults: make lab-matrix "
+                                       "(make test runs each class once)")
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces, nftables, bpftrace); CI runs as root")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, require_root, require_tool
+from conftest import LAB_MATRIX, ROOT, require_root, require_tool
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -28,6 +28,8 @@ REGIMES = {
 SCENARIOS = {"init-hang": ["--scenario", "init-hang", "--rank", "1"],
              "init-hang-dropped": ["--scenario", "init-hang-dropped", "--rank", "1"]}
 
+ONCE = (("init-hang", "logs"), ("init-hang-dropped", "before"))     # make test: each class once
+
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> Path:
@@ -39,8 +41,8 @@ def build(tmp_path_factory) -> Path:
     return b
 
 
-@pytest.mark.parametrize("regime", list(REGIMES))
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("scenario, regime", [
+    (sc, rg) if (sc, rg) in ONCE else pytest.param(sc, rg, marks=LAB_MATRIX) for sc in SCENARIOS for rg in REGIMES])
 def test_an_init_hang_names_the_rank_that_never_joined(build, tmp_path, scenario, regime):
     from forensics.analysis import analyze
     out = tmp_path / "run"

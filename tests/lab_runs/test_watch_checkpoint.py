@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from capture_helpers import wait_for
-from conftest import ROOT, require_root, require_tool
+from conftest import LAB_MATRIX, ROOT, require_root, require_tool
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -132,7 +132,7 @@ def test_a_slow_checkpoint_under_the_watcher_resolves_with_no_error(build, tmp_p
     assert "resolved after" in top["summary"].lower()
 
 
-@pytest.mark.parametrize("start", ["before", "onset+3"])
+@pytest.mark.parametrize("start", ["before", pytest.param("onset+3", marks=LAB_MATRIX)])
 def test_a_slow_checkpoint_captured_or_logged_is_no_error(build, tmp_path, start):
     """Per-host captures attached before the pause, or started 3 s into it, each outliving it;
     then the job's logs alone."""

@@ -8,7 +8,8 @@ traces the libnccl files it can find *before* a job starts (:func:`scan`, at sta
 - the dynamic linker's cache (``/etc/ld.so.cache``: every path in it named ``libnccl*``) and
   the usual library folders (``/usr/lib*``, ``/usr/local/cuda*/lib*``, ``/opt/*/lib*``);
 - Python environments: ``site-packages/nvidia/nccl/lib`` of the system's interpreters, of
-  virtual environments under ``/opt``, ``/home/*``, ``/root`` (two levels), of conda
+  virtual environments under ``/opt``, ``/home/*``, ``/root``, ``/workspace`` (two levels,
+  hidden ones such as a project's ``.venv`` included), of conda
   (``*conda*/envs/*``), and torch's own ``site-packages/torch/lib``;
 - the container runtime: the image layers on disk (containerd's overlayfs snapshots,
   docker's ``overlay2`` diff folders) and the root of every running container
@@ -49,7 +50,11 @@ SITE_DIRS = ("usr/lib/python3*/*-packages", "usr/local/lib/python3*/*-packages",
              "home/*/*/lib/python3*/site-packages", "home/*/.*/lib/python3*/site-packages",
              "opt/*conda*/lib/python3*/site-packages", "opt/*conda*/envs/*/lib/python3*/site-packages",
              "root/*conda*/envs/*/lib/python3*/site-packages", "home/*/*conda*/envs/*/lib/python3*/site-packages",
-             "workspace/*/lib/python3*/site-packages")
+             "workspace/*/lib/python3*/site-packages",
+             # a project's hidden virtual environment (glob's * skips dot names): /opt/torch/.venv on a GPU host
+             "opt/.*/lib/python3*/site-packages", "opt/*/.*/lib/python3*/site-packages",
+             "root/*/.*/lib/python3*/site-packages", "home/*/*/.*/lib/python3*/site-packages",
+             "workspace/.*/lib/python3*/site-packages", "workspace/*/.*/lib/python3*/site-packages")
 IN_SITE = ("nvidia/nccl/lib", "torch/lib")
 # the container runtime's image layers on the host
 LAYER_ROOTS = ("/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs/snapshots/*/fs",

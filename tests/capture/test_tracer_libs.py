@@ -42,6 +42,13 @@ def test_scan_finds_host_python_and_layer_copies_once_per_file(tmp_path, labnccl
     found = libscan.scan(roots={"host": str(root)}, layers=(str(tmp_path / "layers/*/fs"),), containers=False,
                          ld_cache=str(tmp_path / "none"), wanted=tracer.NCCL_SYMBOLS)
     assert len(found) == 2, found
+    # the wheel in a project's hidden virtual environment, as on a GPU host (/opt/torch/.venv)
+    venv = root / "opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib"
+    venv.mkdir(parents=True)
+    shutil.copy(labnccl, venv / "libnccl.so.2")
+    again = libscan.scan(roots={"host": str(root)}, layers=(), containers=False, ld_cache=str(tmp_path / "none"),
+                         wanted=tracer.NCCL_SYMBOLS)
+    assert str(venv / "libnccl.so.2") in {f.path for f in again}, again
     assert {f.where for f in found} == {"host", "layer"}
     assert {"ncclAllReduce", "ncclCommInitRank"} <= found[0].symbols
     assert found[0].build_id == found[1].build_id or found[0].build_id is None

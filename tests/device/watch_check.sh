@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# the watcher as deployed (no --pid, no --nccl-lib) before a real torch job; an on-demand bundle
+# The watcher as deployed (no --pid, no --nccl-lib) started before a real torch job on a GPU host:
+# the job's libnccl must be traced ahead of time, so the on-demand bundle holds its communicator
+# init and every all_reduce from its first (see README.md). Usage: tests/device/watch_check.sh OUTDIR
 set -u
 out=${1:?OUT}; mkdir -p "$out/w"
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing 2>&1
@@ -22,19 +24,24 @@ wait $wl; echo "workload rc=$?"
 kill -TERM $wp; wait $wp; echo "watcher rc=$?"
 tail -25 "$out/watch.log"
 cp "$work/result.json" "$out/" 2>/dev/null
-for b in "$out"/w/*.tar.gz; do
-python3 - "$b" <<'PY'
+lib=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['libnccl'][0])" "$out/result.json" 2>/dev/null)
+python3 - "$lib" "$out"/w/*.tar.gz <<'PY'
 import json, sys, tarfile, collections
-t = tarfile.open(sys.argv[1])
-names = t.getnames()
-m = json.load(t.extractfile(next(n for n in names if n.endswith("manifest.json"))))
-ev = [json.loads(l) for l in t.extractfile(next(n for n in names if n.endswith("bpf/events.jsonl"))).read().splitlines() if l.strip()]
-kinds = collections.Counter(e.get("ev") for e in ev)
-colls = [e for e in ev if e.get("ev") == "coll"]
-tr = {k: v for k, v in m.get("collectors", {}).items() if k.startswith("tracer")}
-print("bundle", sys.argv[1].rsplit("/", 1)[-1], "events", dict(kinds))
-print("op_counts", min((c.get("op_count") for c in colls), default=None), max((c.get("op_count") for c in colls), default=None), "comm_init seen:", kinds.get("comm_init", 0))
-for k, v in tr.items():
-    print(k, {x: v.get(x) for x in ("status", "libraries", "libraries_ahead", "libraries_left_out", "restarts")})
+lib, bundles, ok = sys.argv[1], sys.argv[2:], False
+for path in bundles:
+    t = tarfile.open(path)
+    names = t.getnames()
+    m = json.load(t.extractfile(next(n for n in names if n.endswith("manifest.json"))))
+    ev = [json.loads(l) for l in t.extractfile(next(n for n in names if n.endswith("bpf/events.jsonl"))).read().splitlines()
+          if l.strip()]
+    kinds = collections.Counter(e.get("ev") for e in ev)
+    ops = sorted(e.get("op_count") for e in ev if e.get("ev") == "coll" and e.get("op_count") is not None)
+    tr = m.get("collectors", {}).get("tracer", {})
+    print("bundle", path.rsplit("/", 1)[-1], "events", dict(kinds))
+    print("tracer", tr.get("status"), "libraries ahead:", tr.get("libraries_ahead"), "restarts:", tr.get("restarts"))
+    print("op counts", ops[:1], "...", ops[-1:], "of", len(ops), "; comm_init:", kinds.get("comm_init", 0))
+    ok = ok or (lib in (tr.get("libraries_ahead") or []) and kinds.get("comm_init", 0) >= 1
+                and ops == list(range(200)))
+print("RESULT:", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
 PY
-done

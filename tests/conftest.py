@@ -29,6 +29,21 @@ def run_python(code: str, timeout: float) -> subprocess.CompletedProcess:
     return p
 
 
+LAB_TOOLS = ("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
+
+
+def build_lab(tmp_path_factory, *targets: str) -> Path:
+    """The lab (tests/lab: its libnccl, libcudart and rank driver, ``all`` and ``targets``) built
+    into a fresh folder of the session, after the root and tool checks every lab run needs."""
+    require_root()
+    require_tool(*LAB_TOOLS)
+    b = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(ROOT / "tests" / "lab"), "all", *targets, f"BUILD={b}"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return b
+
+
 # The full regime matrix of the lab faults (each class in every regime it applies to) runs in
 # `make lab-matrix` and in bench/accuracy.py's campaign; `make test` runs each class once (CI's
 # 30 minutes). A case that is not its class's one run in make test carries this mark.

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LAB_MATRIX, ROOT, require_root, require_tool
+from conftest import LAB_MATRIX, ROOT, build_lab
 
 PY = sys.executable
-LAB = ROOT / "tests" / "lab"
 SMALL = ["--buckets", "131072,65536", "--compute-ms", "30"]
 REGIMES = {
     "before": ["--capture", "per-host", "--capture-start", "before", "--capture-duration-s", "14"],
@@ -33,12 +32,7 @@ ONCE = (("init-hang", "logs"), ("init-hang-dropped", "before"))     # make test:
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> Path:
-    require_root()
-    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
-    b = tmp_path_factory.mktemp("labbuild") / "build"
-    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={b}"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return b
+    return build_lab(tmp_path_factory)
 
 
 @pytest.mark.parametrize("scenario, regime", [

@@ -79,13 +79,8 @@ class Watch:
         return {"truth": truth, "pids": pids, "bundles": mine()}
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            self.proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        from tests.lab.watcher import stop_watcher
+        stop_watcher(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 
 from capture_helpers import wait_for
-from conftest import LAB_MATRIX, ROOT, require_root, require_tool
+from conftest import LAB_MATRIX, ROOT, build_lab
 
 PY = sys.executable
-LAB = ROOT / "tests" / "lab"
 SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
 
 
@@ -37,12 +36,8 @@ def _manifest(bundle: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> Path:
-    require_root()
-    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
     from tests.lab import netns
-    b = tmp_path_factory.mktemp("labbuild") / "build"
-    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={b}"], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
+    b = build_lab(tmp_path_factory)
     netns.sweep()          # only the namespaces of dead launchers: a shared machine runs others' labs
     return b
 

@@ -13,6 +13,7 @@ from forensics.findings.network import loss_direction, network_loss
 from forensics.findings.process_exit import process_exit
 from forensics.findings.straggler import straggler
 from forensics.model.schema import conform
+from test_findings_synthetic import loss_in_slow_windows
 from traced_job import MS, RANKS, T0, context, job, tcp
 
 DOWN_AT = 20          # the link goes down during op 20 (T0 + 2 s)
@@ -92,30 +93,21 @@ def test_one_connection_in_backoff_is_no_flap():
     assert link_flap(context(_shift_after(flap_job(True), DOWN_AT, 3100), backoff(2, 3, t0))) == []
 
 
-def loss_rows(links, k0=20, n_ops=40, per_op=3):
-    rows = []
-    for k in range(k0, n_ops):
-        for i in range(per_op):
-            for s, d in links:
-                rows.append(tcp(T0 + k * 100 * MS + (10 + 20 * i) * MS, s, d))
-    return rows
-
-
 def slow_job():
     return job(dur_ms=lambda k: 400.0 if k >= 20 else 5.0)
 
 
 def test_loss_of_what_a_rank_sends_is_egress_and_of_what_it_receives_ingress():
     # rank 2's transmit side drops: it resends to both neighbours, nobody resends to it
-    f = network_loss(context(slow_job(), loss_rows([(2, 1), (2, 3)])))[0]
+    f = network_loss(context(slow_job(), loss_in_slow_windows([(2, 1), (2, 3)])))[0]
     assert f.ranks == [2] and f.details["direction"] == "egress" and "one way" in f.summary
     assert f.layer == "transport" and "transmit" in f.chain[1]
     assert all(lk["direction"] == "egress" and lk["lossy_end"] == 2 for lk in f.links)
     # its receive side drops: the neighbours resend to it
-    f = network_loss(context(slow_job(), loss_rows([(1, 2), (3, 2)])))[0]
+    f = network_loss(context(slow_job(), loss_in_slow_windows([(1, 2), (3, 2)])))[0]
     assert f.ranks == [2] and f.details["direction"] == "ingress" and "receive side" in f.summary
     # both ways: no direction, no layer (the finding is what it was before issue 44)
-    f = network_loss(context(slow_job(), loss_rows([(1, 2), (3, 2), (2, 1), (2, 3)])))[0]
+    f = network_loss(context(slow_job(), loss_in_slow_windows([(1, 2), (3, 2), (2, 1), (2, 3)])))[0]
     assert f.ranks == [2] and "direction" not in f.details and f.layer is None and "one way" not in f.summary
     assert "layer" not in f.to_json() and "chain" not in f.to_json()
 

@@ -343,13 +343,16 @@ def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
 
 def _rtt_split(cand: pd.DataFrame) -> int | None:
     """Index of the first slow link of ``cand`` (sorted by rtt): the largest ratio between
-    neighbours that leaves the slow group a minority, when it is a clear gap; else None."""
+    neighbours that leaves the slow group a minority, or one endpoint's links (a slow NIC in a
+    job of three: two links of three), when it is a clear gap; else None."""
     if len(cand) < MIN_LINKS:
         return None
     rtt = cand["rtt"].to_numpy(dtype=np.float64)
     ratios = rtt[1:] / np.maximum(rtt[:-1], 1.0)
     k_min = int(np.ceil(len(rtt) / 2))   # index of the first slow link is at least half-way
-    ratios = np.where(np.arange(1, len(rtt)) >= k_min, ratios, 0.0)
+    ends = [{int(a), int(b)} for a, b in zip(cand["a"], cand["b"])]
+    one_end = [bool(set.intersection(*ends[k:])) for k in range(1, len(rtt))]
+    ratios = np.where((np.arange(1, len(rtt)) >= k_min) | np.array(one_end, dtype=bool), ratios, 0.0)
     k = int(np.argmax(ratios)) + 1
     if ratios[k - 1] < RTT_GAP or rtt[k] - rtt[k - 1] < RTT_MIN_EXCESS_NS:
         return None

@@ -83,3 +83,19 @@ def test_slow_link_seen_only_slow_is_not_info():
     # its twin: the same queue on a link of full rate costs no more than its round trips
     g = slow_link(_context(slow_rate=FAST_BPS))
     assert len(g) == 1 and g[0].impact_share < 0.01 and "its rate" not in g[0].summary
+
+
+def _links(rtts: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"a": a, "b": b, "rtt": r} for (a, b), r in rtts.items()]).sort_values("rtt") \
+        .reset_index(drop=True)
+
+
+def test_one_endpoints_links_are_a_slow_group_even_when_a_majority():
+    from forensics.findings.network import _rtt_split
+    # a job of three ranks, rank 0's NIC slow: two links of three (the lab's slow-link, 3 ranks)
+    cand = _links({(0, 1): 20e6, (0, 2): 25e6, (1, 2): 0.2e6})
+    k = _rtt_split(cand)
+    assert k == 1 and {tuple(x) for x in cand[["a", "b"]].iloc[k:].to_numpy()} == {(0, 1), (0, 2)}
+    # its twin: a majority of slow links that share no endpoint is no group (four ranks, six links)
+    mesh = _links({(0, 1): 20e6, (2, 3): 21e6, (0, 2): 22e6, (1, 3): 23e6, (0, 3): 0.2e6, (1, 2): 0.2e6})
+    assert _rtt_split(mesh) is None

@@ -43,6 +43,7 @@ from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, ded
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        who_text, world_rank_map)
+from .silent_rank import silent_rank
 from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, WATCHDOG, consult
 
 KINDS = ("hang_mismatch", "hang_stuck")
@@ -577,6 +578,13 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         confidence = 0.8 if blame.separated else 0.65
         note = ("the unanswered links share one endpoint" if blame.separated else
                 "lower: the unanswered links do not single out one endpoint")
+    elif (quiet := silent_rank(ctx, members, since)) is not None:
+        ranks, peers = [quiet.rank], quiet.waiting_on_it
+        who = label(directory, quiet.rank)
+        cause = ("; no TCP retransmission or reset between its ranks after the last progress" + quiet.text())
+        action = (f"Look at {who} first: nvidia-smi and dmesg (Xid) on its host, its stacks (py-spy dump --native, "
+                  "gdb: the thread that launched the collective); then restart the job without that GPU or host.")
+        confidence, note = 0.75, "its peers wait on their sockets to it; it waits on nothing on the network"
     else:
         cause = ("; no TCP retransmission or reset between its ranks after the last progress: the network "
                  "looks idle, not broken; suspect a GPU or kernel hang (nvidia-smi, dmesg Xid), or RDMA "
@@ -602,6 +610,9 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
     elif len(ranks) > 1:        # one dead link seen: either end's NIC or cable
         line = ("Hang: the link between {who} is down (retransmissions unanswered; which end, the evidence cannot "
                 "tell); stuck in " + at + " ({since})")
+    elif ranks and not links:
+        line = ("Hang: {who} never ran its part of " + at + ": {peers} wait on their sockets to it; TCP shows no "
+                "cause (its GPU or process?) ({since})")
     elif ranks:
         line = "Hang: {who}'s link is down (retransmissions to {peers} unanswered); stuck in " + at + " ({since})"
     else:

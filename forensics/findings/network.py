@@ -23,6 +23,7 @@ import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
+from .bottleneck import link_rates, transfer_excess
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
 from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, clean_baselines, collective_windows,
                        dedup_counts, dedup_sql, hosts_of, impact, in_windows, label, ms, rank_directory, ranks_text,
@@ -399,13 +400,16 @@ def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
 
 def _rtt_split(cand: pd.DataFrame) -> int | None:
     """Index of the first slow link of ``cand`` (sorted by rtt): the largest ratio between
-    neighbours that leaves the slow group a minority, when it is a clear gap; else None."""
+    neighbours that leaves the slow group a minority, or one endpoint's links (a slow NIC in a
+    job of three: two links of three), when it is a clear gap; else None."""
     if len(cand) < MIN_LINKS:
         return None
     rtt = cand["rtt"].to_numpy(dtype=np.float64)
     ratios = rtt[1:] / np.maximum(rtt[:-1], 1.0)
     k_min = int(np.ceil(len(rtt) / 2))   # index of the first slow link is at least half-way
-    ratios = np.where(np.arange(1, len(rtt)) >= k_min, ratios, 0.0)
+    ends = [{int(a), int(b)} for a, b in zip(cand["a"], cand["b"])]
+    one_end = [bool(set.intersection(*ends[k:])) for k in range(1, len(rtt))]
+    ratios = np.where((np.arange(1, len(rtt)) >= k_min) | np.array(one_end, dtype=bool), ratios, 0.0)
     k = int(np.argmax(ratios)) + 1
     if ratios[k - 1] < RTT_GAP or rtt[k] - rtt[k - 1] < RTT_MIN_EXCESS_NS:
         return None
@@ -607,9 +611,26 @@ class QueueCost:
     share: float | None = None
 
 
-def _queue_cost(ctx: Context, lo: float, base: float, ratio: float) -> QueueCost:
+def _rate_cost(ctx: Context, cost: QueueCost, done: pd.DataFrame, slow_links) -> float:
+    """The share of the collective time the slow links' rate cost (:func:`.bottleneck.transfer_excess`),
+    put in ``cost`` when above what it says already; 0 when the rates show no bottleneck."""
+    extra = transfer_excess(ctx, done, slow_links, BULK_SHARE)
+    total = cost.imp.total_ns
+    if extra is None or total <= 0 or not extra.any():
+        return 0.0
+    share = min(1.0, float(extra.sum()) / total)
+    if share > cost.imp.share:
+        slow_bps, fast_bps = link_rates(ctx, slow_links, BULK_SHARE)
+        cost.imp = Impact(share, float(extra.sum()), total, int((extra > 0).sum()))
+        cost.text += (f"; its rate ({slow_bps / 1e6:.0f} Mbit/s while busy vs {fast_bps / 1e6:.0f} on the other "
+                      f"links) made {int((extra > 0).sum())} collective(s) that cross it take at least "
+                      f"{ms(float(extra.sum()))} longer in all")
+    return share
+
+
+def _queue_cost(ctx: Context, lo: float, base: float, ratio: float, slow_links=()) -> QueueCost:
     """The cost of a queue of ``lo`` against ``base`` (the other links' RTT; ``ratio``: lo over
-    base) to the job's completed collectives."""
+    base) to the job's completed collectives; ``slow_links``: its links, (low rank, high rank)."""
     w = collective_windows(ctx)
     done = w[w["complete"]].reset_index(drop=True)
     dur = done["duration_ns"].to_numpy(dtype=np.float64)
@@ -635,9 +656,12 @@ def _queue_cost(ctx: Context, lo: float, base: float, ratio: float) -> QueueCost
                      f"collective's p50 ({ms(p50)})")
         if share > cost.imp.share:
             cost.imp = Impact(share, share * cost.imp.total_ns, cost.imp.total_ns, len(dur))
+    # ... and a link slow of rate costs each collective more than a round trip: the time its
+    # bytes take longer over it (forensics/findings/bottleneck.py)
+    rate_share = _rate_cost(ctx, cost, done, slow_links) if spread < SLOW_FACTOR else 0.0
     # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
     if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
-            or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and share >= QUEUE_SHARE):
+            or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and max(share, rate_share) >= QUEUE_SHARE):
         cost.ceiling = "error"
     return cost
 
@@ -698,7 +722,7 @@ def slow_link(ctx: Context) -> list[Finding]:
     blamed, leaning = blame.ranks, blame.leaning
     lo, hi = float(slow["rtt"].min()), float(slow["rtt"].max())
     ratio = float(slow["rtt"].min()) / max(base, 1.0)
-    cost = _queue_cost(ctx, lo, base, ratio)
+    cost = _queue_cost(ctx, lo, base, ratio, [(min(a, b), max(a, b)) for a, b in slow_links])
     imp = cost.imp
     severity = impact_severity(imp.share, imp.slow, cost.ceiling)
     n_drops = sum(g.drops.get(lk, 0) for lk in slow_links)

@@ -30,6 +30,7 @@ highest collective completed everywhere it was enqueued, name no one here.
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from . import warns
@@ -227,6 +228,24 @@ def _fr_positions(ctx: Context) -> pd.DataFrame:
     return t.sort_values("_enq", kind="stable").drop_duplicates(["_pg", "rank"], keep="last")
 
 
+def _fr_completed(ctx: Context, pg, ranks: set) -> float:
+    """The highest ``collective_seq_id`` of process group ``pg`` that one of ``ranks`` completed,
+    by its Flight Recorder dumps (``pg_status``'s last completed, or a completed entry); -inf when none."""
+    best = -np.inf
+    st = ctx.model.tables.get("fr_pg_status")
+    if st is not None and len(st):
+        m = (st["pg_id"].astype("string") == pg).fillna(False).to_numpy() & st["rank"].isin(ranks).to_numpy()
+        done = pd.to_numeric(st.loc[m, "last_completed_collective"], errors="coerce").dropna()
+        best = max(best, float(done.max()) if len(done) else best)
+    fe = ctx.model.tables.get("fr_entries")
+    if fe is not None and len(fe):
+        m = ((fe["pg_id"].astype("string") == pg).fillna(False).to_numpy() & fe["rank"].isin(ranks).to_numpy()
+             & (fe["state"].astype("string") == "completed").fillna(False).to_numpy())
+        done = pd.to_numeric(fe.loc[m, "collective_seq_id"], errors="coerce").dropna()
+        best = max(best, float(done.max()) if len(done) else best)
+    return best
+
+
 def fr_dump_hangs(ctx: Context) -> list[Finding]:
     """One ``hang_mismatch`` error per process group whose Flight Recorder dumps show ranks that
     never enqueued the collective the others enqueued and still wait in (module docstring).
@@ -242,6 +261,10 @@ def fr_dump_hangs(ctx: Context) -> list[Finding]:
             continue
         top = int(g["_enq"].max())
         behind, ahead = g[g["_enq"] < top], g[g["_enq"] == top]
+        # a collective completes only once every rank enqueued it: a rank "behind" a collective
+        # the ranks ahead completed had enqueued it after its dump (dumps taken apart on a
+        # running job), it is not behind
+        behind = behind[behind["_enq"] >= _fr_completed(ctx, pg, set(ahead["rank"]))]
         if behind.empty:
             continue
         held = pd.DataFrame()

@@ -20,8 +20,9 @@ import pandas as pd
 
 from . import warns
 from .base import Finding
-from .evidence import label, model_table as table, rank_directory, sql_evidence, sql_str
+from .evidence import label, model_table as table, rank_directory, ranks_text, sql_evidence, sql_str
 from .onset import ONSET_UNKNOWN
+from .timeouts import abort_cascade
 
 MAX_EVIDENCE = 20
 
@@ -48,6 +49,12 @@ def socket_failures(ctx) -> list[Finding]:
         if len(rows) else rows
     if rows.empty:
         return []
+    # the abort cascade of a hang (both ends timed out in their watchdog, then aborted): the
+    # hang's consequence, said at info below the hang's finding
+    cascade = pd.Series(abort_cascade(ctx, rows["rank"], rows["peer_rank"]), index=rows.index, dtype=bool)
+    if cascade.all():
+        return [_cascade_finding(ctx, rows, sql=warns.sql(list(CLASSES)))]
+    rows = rows[~cascade]
     # lines that only follow another class's first failure (the proxy giving up after a memlock
     # error, peers closing after a rank died of a CUDA fault) are its cascade, not a finding; a
     # first line that is itself a consequence (the proxy giving up, where the logs hold no cause)
@@ -166,6 +173,12 @@ def logged_resets(ctx) -> list[Finding]:
     w = w[w["how"] == 0] if len(w) else w
     if w.empty:
         return []
+    sql = f"""SELECT rank, host, pid, message, peer FROM nccl_warnings
+WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
+    cascade = pd.Series(abort_cascade(ctx, w["rank"], w["peer_rank"]), index=w.index, dtype=bool)
+    if cascade.all():
+        return [_cascade_finding(ctx, w, sql=sql)]
+    w = w[~cascade]
     w0 = w.iloc[0]
     snd, rcv = int(w0["peer_rank"]), int(w0["rank"])
     links = w[["peer_rank", "rank"]].drop_duplicates()
@@ -174,8 +187,6 @@ def logged_resets(ctx) -> list[Finding]:
                + (f" ({len(links)} connection(s) reset in all)" if len(links) > 1 else "")
                + ". NCCL cannot recover a reset connection; the job fails or hangs from there. Evidence: NCCL WARN "
                "lines." + ONSET_UNKNOWN)
-    sql = f"""SELECT rank, host, pid, message, peer FROM nccl_warnings
-WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMIT {MAX_EVIDENCE}"""
     return [Finding(
         headline="A TCP reset broke NCCL's connection {who} -> {peers} ({since})",
         kind="connection_reset", severity="error", confidence=0.75, summary=summary, ranks=[snd],
@@ -187,6 +198,30 @@ WHERE regexp_matches(message, {sql_str(RESET_WARN_KINDS[0])}) ORDER BY rank LIMI
                 "conntrack table full), a NIC or host reboot, a process closing its socket; restart the job from "
                 "the last checkpoint."),
         details={"state_at_capture": True, "sources": "NCCL WARN lines", "warnings": int(len(w))})]
+
+
+def _cascade_finding(ctx, rows: pd.DataFrame, *, sql: str) -> Finding:
+    """``connection_reset`` at info: every failed connection joins two ranks that had both
+    timed out in their watchdog (:func:`forensics.findings.timeouts.abort_cascade`): the first
+    rank to abort closed its sockets under the peers still waiting. The hang's finding leads."""
+    pairs = rows[["rank", "peer_rank"]].dropna().astype("int64").drop_duplicates()
+    senders = sorted(set(pairs["peer_rank"]))
+    reporters = sorted(set(pairs["rank"]))
+    head = rows.iloc[0]
+    return Finding(
+        headline="NCCL connections closed after the watchdog's timeouts: the hang's abort cascade ({since})",
+        kind="connection_reset", severity="info", confidence=0.8,
+        summary=(f"{len(rows)} NCCL socket failure line(s) on {ranks_text(reporters)} name peers {ranks_text(senders)}"
+                 f" (first: \"{str(head['message'])[:120]}\"); every one joins two ranks whose PyTorch watchdog had "
+                 "timed out in a collective, so the connection failed after the hang, when a rank aborted its "
+                 "communicator: a consequence of the hang, not its cause (a connection that failed first fails its "
+                 "ranks' collectives with an NCCL error instead of a timeout)."),
+        ranks=senders, hosts=warns.hosts_of_ranks(ctx, senders), peer_ranks=reporters,
+        links=[{"rank": int(s), "peer_rank": int(r), "event": "closed after abort"}
+               for r, s in zip(pairs["rank"], pairs["peer_rank"])][:MAX_EVIDENCE],
+        evidence=sql_evidence(ctx, sql, MAX_EVIDENCE), sql=sql, score=0.0,
+        action="Follow the hang's finding: these connections closed when its ranks aborted.",
+        details={"sources": "NCCL WARN lines, PyTorch watchdog lines", "lines": int(len(rows)), "abort_cascade": True})
 
 
 __all__ = ["RESET_WARN_KINDS", "RESET_WARN_RE", "logged_resets", "rank_addresses", "reset_warnings", "socket_failures"]

@@ -51,6 +51,27 @@ def watchdog_hangs(ctx) -> list[Finding]:
     return out
 
 
+def timed_out_ranks(ctx) -> set[int]:
+    """The global ranks whose PyTorch watchdog caught a collective *timeout* (not an NCCL error:
+    a rank whose connection failed first has its watchdog report that error, so a rank that
+    timed out was stuck before any of its sockets failed)."""
+    wd = ctx.model.tables.get("watchdog_events")
+    if wd is None or wd.empty:
+        return set()
+    r = pd.to_numeric(wd.loc[wd["kind"] == "timeout", "rank"], errors="coerce").dropna()
+    return {int(x) for x in r}
+
+
+def abort_cascade(ctx, ranks, peers) -> list[bool]:
+    """Per (rank, peer rank) of a socket failure: whether it is the abort cascade of a hang,
+    both ends having timed out in their watchdog (:func:`timed_out_ranks`): the first rank
+    whose watchdog fired aborted its communicator, closing its sockets under peers still
+    waiting in the same collective. A connection that failed *first* would have failed its
+    ranks' collectives with an NCCL error, not left them to time out."""
+    timed = timed_out_ranks(ctx)
+    return [pd.notna(r) and pd.notna(p) and int(r) in timed and int(p) in timed for r, p in zip(ranks, peers)]
+
+
 def _groups(rows: pd.DataFrame) -> dict:
     """Rows by process group: a timeout line without a PG tag takes the PG its rank's exception
     line names for the same SeqNum (else the only PG the logs name, else the default)."""
@@ -150,6 +171,8 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     # 3. every rank inside n: what stalled it
     first = warns.rows_of(ctx, [c for c in _cause_classes()])
     first = first[first["first"].fillna(False).astype(bool)] if len(first) else first
+    if len(first):       # a socket failure between two ranks that had timed out: the abort cascade
+        first = first[~pd.Series(abort_cascade(ctx, first["rank"], first["peer_rank"]), index=first.index, dtype=bool)]
     dump = wd[(wd["kind"] == "dump_signal") & wd["peer_rank"].notna()]
     cause, blamed = "", []
     if len(first):

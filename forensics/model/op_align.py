@@ -277,7 +277,7 @@ def _fr_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarra
     if f.empty:
         return {}
     f = pd.DataFrame({"host": f["host"].astype(str), "pid": pd.to_numeric(f["pid"]).astype("int64"),
-                      "t": pd.to_numeric(f["time_created_ns"]).astype("float64"), "op": f["op"].map(_op_name),
+                      "t": pd.to_numeric(f["time_created_ns"]).astype("float64"), "op": f["op"].map(_op_name).astype(object),
                       "ref_oc": pd.to_numeric(f["collective_seq_id"]).astype("float64") - 1})
     shifts = {}
     for u in unit[rel].unique():
@@ -287,7 +287,7 @@ def _fr_shifts(out: pd.DataFrame, unit: pd.Series, oc: pd.Series, rel: np.ndarra
             continue
         r = f[(f["host"] == host) & (f["pid"] == int(pid))].sort_values("t")
         q = pd.DataFrame({"t": pd.to_numeric(rows["timestamp_ns"], errors="coerce").astype("float64"),
-                          "op": rows["op"].map(_op_name), "oc": oc[rows.index]}).dropna().sort_values("t")
+                          "op": rows["op"].map(_op_name).astype(object), "oc": oc[rows.index]}).dropna().sort_values("t")
         if len(r) < ALIGN_MIN_MATCHES or len(q) < ALIGN_MIN_MATCHES:
             continue
         gaps = np.diff(np.unique(q["t"].to_numpy()))

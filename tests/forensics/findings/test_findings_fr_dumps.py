@@ -56,3 +56,14 @@ def test_dumps_that_agree_name_no_one(tmp_path):
 def test_a_highest_collective_that_completed_names_no_one(tmp_path):
     # a dump taken by hand on a running job: rank 0 already finished #5, rank 1 has not enqueued it yet
     assert _hangs(_dumps(tmp_path, {0: (5, "completed"), 1: (4, "completed")}, 2)) == []
+
+
+def test_dumps_taken_apart_on_a_running_job_name_no_one(tmp_path):
+    # each host's capture dumped at its own end, a few collectives apart (the lab's slow-link,
+    # accuracy campaign seed 44): rank 2 waits in #9 but completed #6-#8, which every rank must
+    # have enqueued, so ranks 0 (last #3) and 1 (last #6) dumped earlier, they are not behind
+    paths = _dumps(tmp_path, {0: (3, "completed"), 1: (6, "started"), 2: (9, "started")}, 3)
+    assert _hangs(paths) == []
+    # its twin: the ranks ahead completed nothing past the rank behind: it never enqueued #9
+    hangs = _hangs(_dumps(tmp_path, {0: (8, "completed"), 1: (9, "started"), 2: (9, "started")}, 3))
+    assert [(k, r, q) for k, _, r, q, _ in hangs] == [("hang_mismatch", [0], 9)], hangs

@@ -146,3 +146,19 @@ def test_flight_recorder_records_give_the_job_s_own_numbers():
     # records of another op near the calls are no evidence
     out = unify_comm_ids(frame(rows), {}, None, None, fr.assign(op="broadcast"))
     assert "flight_recorder" not in set(out["op_count_source"].dropna())
+
+
+def test_flight_recorder_records_align_whatever_string_dtype_their_op_has():
+    # a bundle's Flight Recorder table holds its op as pandas' "string" (NA-backed) dtype and the
+    # tracer's as str: the two must still match by op (a MergeError crashed the analysis once:
+    # the lab's slow-link with staggered captures, accuracy campaign seed 44)
+    rows = watcher_rows()
+    fr = pd.DataFrame([{"host": r["host"], "pid": r["pid"], "rank": r["rank"], "is_p2p": False, "op": "allreduce",
+                        "collective_seq_id": (r["timestamp_ns"] - T0) // (100 * MS) + 1,
+                        "time_created_ns": r["timestamp_ns"] - 40_000} for r in job(n_ops=51)])
+    for fr_op, nccl_op in (("string", "str"), ("str", "string"), ("string", "string")):
+        nccl = frame(rows)
+        nccl["op"] = nccl["op"].astype(nccl_op)
+        out = unify_comm_ids(nccl, {}, None, None, fr.assign(op=fr["op"].astype(fr_op)))
+        late = out[out["timestamp_ns"] >= T0 + (RESTART_AT + GAP) * 100 * MS]
+        assert set(late["op_count_source"]) == {"flight_recorder"}, (fr_op, nccl_op)

@@ -25,6 +25,8 @@ BASES = ("", "forensics", "capture", "tests")
 NOT_CODE = {
     "watch.pcap_ring": "an object of the manifest (Bundle layout)",
     "job.id": "a key of the manifest's job object (Bundle layout)",
+    "watch.stage": "a key of the manifest's watch object (Bundle layout)",
+    "watch.stall": "an object of the manifest's watch object (Bundle layout)",
     "capture.clock_skew": "a key of analyze --json",
     "nccl_events.rank": "a column of an event table",
     "tcp.analysis": "Wireshark's field prefix",

@@ -9,7 +9,8 @@ import pytest
 
 from forensics.findings.base import Finding
 from forensics.findings.link_flap import backoff_chains, link_flap
-from forensics.findings.network import loss_direction, network_loss
+from forensics.findings.loss_direction import loss_direction
+from forensics.findings.network import network_loss
 from forensics.findings.process_exit import process_exit
 from forensics.findings.straggler import straggler
 from forensics.model.schema import conform

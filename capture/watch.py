@@ -246,6 +246,8 @@ class Watcher:
         """A hang trigger's stall (the manifest's ``watch.stall``, state pending), with what
         :meth:`follow_stall` needs (the keys starting with ``_``): each stuck process's progress
         mark (the tracer's last return, or the ss series' last move) at the trigger."""
+        if trig.pids:             # a trigger split per job: this job's stuck processes only
+            stuck = [st for st in stuck or [] if st["pid"] in trig.pids]
         if trig.kind != "hang" or not stuck:
             return None
         tracer = trig.source == "tracer"

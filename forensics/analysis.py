@@ -18,8 +18,7 @@ from .execution import LOCAL, Execution, memory
 from .execution.host_reading import read_hosts
 from .execution.shared_steps import Workspace, detect_with_child
 from .execution.thread_call import ThreadCall, open_database_on_thread, opened_or_none
-from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, run_detectors
-from .findings.contract import complete
+from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, finish, run_detectors
 from .model import Model, from_parts
 
 __all__ = ["Analysis", "Execution", "analyze"]
@@ -159,7 +158,7 @@ def _analyze(intake, options: Options, db, say, execution: Execution) -> Analysi
             (findings, det_problems), memos = detect_with_child(
                 Workspace(Analysis.of_model(model, options), ctx), Workspace(Analysis.of_model(model, options), child),
                 list(execution.model_steps))
-            findings = complete(ctx, findings)
+            findings = finish(ctx, findings)
         else:
             findings, det_problems = run_detectors(ctx)
             memos = {}

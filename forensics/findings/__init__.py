@@ -4,7 +4,7 @@ This file only imports the detector modules (each registers itself with
 :func:`forensics.findings.base.detector`); see :mod:`forensics.findings.base`.
 """
 from .base import (  # noqa: F401
-    NO_DATABASE, SCHEMA_VERSION, Context, Finding, NeedsDatabase, Options, detector, detectors, gather, order,
+    NO_DATABASE, SCHEMA_VERSION, Context, Finding, NeedsDatabase, Options, detector, detectors, finish, gather, order,
     queries, run_detector, run_detectors,
 )
 

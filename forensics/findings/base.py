@@ -281,7 +281,15 @@ def gather(results: dict[str, tuple[list[Finding], list[str]]]) -> tuple[list[Fi
 def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
     """Every registered detector on ``ctx``: (findings most important first, problems), the
     findings' contract completed (:func:`forensics.findings.contract.complete`)."""
+    found, problems = gather({name: run_detector(name, ctx) for name in _DETECTORS})
+    return finish(ctx, found), problems
+
+
+def finish(ctx: Context, found: list[Finding]) -> list[Finding]:
+    """What follows the detectors wherever they ran (here, or shared with a forked child:
+    forensics.execution.shared_steps): the stalls the watcher saw resolve settled
+    (:func:`forensics.findings.stall.settle`), then the findings' contract completed
+    (:func:`forensics.findings.contract.complete`)."""
     from .contract import complete
     from .stall import settle
-    found, problems = gather({name: run_detector(name, ctx) for name in _DETECTORS})
-    return complete(ctx, settle(ctx, found)), problems
+    return complete(ctx, settle(ctx, found))

@@ -96,6 +96,12 @@ OVERLAP_MODULES = {
     "test_findings_synthetic.py", "test_findings_state.py", "test_tcp_oracle.py", "test_tcp_classes.py",
     "test_decode_vs_dpkt.py", "test_pcap_formats.py", "test_flow_timing.py", "test_lab_ids.py", "test_offcpu.py",
     "test_output.py", "test_ranks.py", "test_streaming.py", "test_bundle.py", "test_query.py",
+    # the corpora and the findings' own tests (pure CPU, in-process): they fill the pool's tail
+    "test_realworld.py", "test_normalize.py", "test_logs_corpus.py", "test_missing_values.py",
+    "test_parsers_nccl_topo.py", "test_golden.py", "test_findings_unsaid.py", "test_findings_precedence.py",
+    "test_findings_contract.py", "test_findings_init.py", "test_findings_init_hang.py", "test_findings_new_faults.py",
+    "test_findings_fr_dumps.py", "test_findings_cascade.py", "test_findings_silent_rank.py",
+    "test_findings_bottleneck.py", "test_op_align.py", "test_watcher_view.py", "test_job_scope.py",
 }
 LAB_POOL_MODULE = "test_regimes_findings.py"
 _overlap: dict = {}

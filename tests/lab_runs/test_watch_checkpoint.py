@@ -92,6 +92,7 @@ def _watched(build: Path, tmp_path: Path, lab_args: list[str]) -> tuple[Path, Pa
     return bundles, out, err
 
 
+@LAB_MATRIX          # make test: test_watch.py's clean job under the watcher
 def test_a_clean_job_with_compute_pauses_longer_than_the_trigger_gives_no_bundle(build, tmp_path):
     """12 s of compute between steps (no collective in flight) is no hang for the 10 s floor."""
     bundles, out, err = _watched(build, tmp_path, ["--scenario", "clean", "--ranks", "3", "--steps", "4",
@@ -127,7 +128,7 @@ def test_a_slow_checkpoint_under_the_watcher_resolves_with_no_error(build, tmp_p
     assert "resolved after" in top["summary"].lower()
 
 
-@pytest.mark.parametrize("start", ["before", pytest.param("onset+3", marks=LAB_MATRIX)])
+@pytest.mark.parametrize("start", [pytest.param("before", marks=LAB_MATRIX), pytest.param("onset+3", marks=LAB_MATRIX)])
 def test_a_slow_checkpoint_captured_or_logged_is_no_error(build, tmp_path, start):
     """Per-host captures attached before the pause, or started 3 s into it, each outliving it;
     then the job's logs alone."""

@@ -176,10 +176,11 @@ def vanished(ctx: Context) -> list[Finding]:
         return []
     cands.sort(key=lambda c: c[0])
     last, host, pid, rank, op = cands[0]
-    later = ne[pd.to_numeric(ne["timestamp_ns"], errors="coerce") > last]
     peers_err = sorted(own_err - {rank})
-    if later.empty and not peers_err:
-        return []                               # nothing outlived it: the whole job ended at once
+    if not peers_err:
+        # no peer reacted to its death (no NCCL error, no watchdog line): the job ended or was
+        # torn down around it (a hang's teardown kills the ranks one by one), not a rank killed
+        return []
     n = int(op["op_count"]) if pd.notna(op["op_count"]) else None
     name = str(op["op"] or "a collective")
     chain = [f"the capture on {host} saw pid {pid} (rank {rank}) end: its end-of-capture thread listing found no "

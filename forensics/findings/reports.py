@@ -21,8 +21,8 @@ dumps it lacked (``missed FR dumps from ranks``, ``Missing dump files from ranks
 only where it names no collective verdict, as a warning: a rank that wrote no dump may be
 the one that hung, or its dump was only not collected.
 
-The dumps alone (given loose, or beside a capture whose state at capture judged nothing) are
-compared the way the analyzer starts: per process group, each rank's last enqueued
+The dumps alone (given loose: no process to place them on; a capture's own dumps are the state
+at capture's, :mod:`.late_state`) are compared the way the analyzer starts: per process group, each rank's last enqueued
 ``collective_seq_id``. Ranks whose last is below the highest never enqueued that collective;
 when the ranks that did still hold it scheduled or started, they wait in it and the ranks
 behind are the finding's (the analyzer's "not all ranks joining"). Dumps that agree, or whose
@@ -224,7 +224,10 @@ def _fr_positions(ctx: Context) -> pd.DataFrame:
     if not parts:
         return pd.DataFrame(columns=cols)
     t = pd.concat([p.reindex(columns=cols) for p in parts], ignore_index=True)
-    t = t[t["rank"].notna() & t["_enq"].notna() & t["_pg"].notna()]
+    # dumps a capture took belong to a process (a pid): the state at capture places them, and
+    # per-host captures dump at different times of a running job; the dumps compared here are
+    # the ones given alone
+    t = t[t["rank"].notna() & t["_enq"].notna() & t["_pg"].notna() & t["pid"].isna()]
     return t.sort_values("_enq", kind="stable").drop_duplicates(["_pg", "rank"], keep="last")
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from capture_helpers import bundle_manifest, wait_for
+from capture_helpers import bundle_manifest
 from conftest import ROOT, require_root, require_tool
 
 from capture.watch import RING_SLACK_S
@@ -45,14 +45,9 @@ class Watch:
     def __init__(self, base: Path):
         self.base, self.bundles, self.err = base, base / "bundles", base / "watch.err"
         self.bundles.mkdir()
-        self.proc = subprocess.Popen(
-            [PY, "-m", "forensics", "capture", "--watch", "-o", str(self.bundles), "--status-every", "30s",
-             "--hang-after", f"{HANG_AFTER_S}s", "--after", f"{AFTER_S}s", "--before", f"{BEFORE_S}s",
-             "--cooldown", "1s"],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(self.err, "wb"))
-        wait_for(lambda: b"capturing:" in self.err.read_bytes() or self.proc.poll() is not None, 120,
-                 "the watcher to start")
-        assert self.proc.poll() is None, self.err.read_text()
+        from tests.lab.watcher import start_watcher
+        self.proc = start_watcher(self.bundles, ["--status-every", "30s", "--hang-after", f"{HANG_AFTER_S}s",
+                                                 "--after", f"{AFTER_S}s", "--before", f"{BEFORE_S}s"], self.err)
 
     def run(self, name: str, build: Path, lab_args: list[str], then_quiet: bool = True) -> dict:
         lib = build.parent / f"opt-{random.randrange(1 << 30):x}" / "nccl"

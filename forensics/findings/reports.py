@@ -35,7 +35,7 @@ import pandas as pd
 
 from . import warns
 from .base import Context, Finding
-from .evidence import ranks_text
+from .evidence import ranks_text, sql_str
 
 MAX_EVIDENCE = 20
 
@@ -249,6 +249,17 @@ def _fr_completed(ctx: Context, pg, ranks: set) -> float:
     return best
 
 
+def fr_positions_sql(pg: str) -> str:
+    """:func:`_fr_positions` in SQL, for the finding's runnable query: each loose dump's last
+    enqueued collective of process group ``pg``, from pg_status and from the entries alike."""
+    q = sql_str(pg)
+    return ("SELECT host, rank, max(seq) AS last_enqueued_collective, list(DISTINCT src) AS sources FROM ("
+            f"SELECT host, rank, last_enqueued_collective AS seq, 'pg_status' AS src FROM fr_pg_status "
+            f"WHERE pg_id = {q} AND pid IS NULL UNION ALL "
+            f"SELECT host, rank, collective_seq_id, 'entries' FROM fr_entries WHERE CAST(pg_id AS VARCHAR) = {q} "
+            "AND pid IS NULL AND NOT coalesce(is_p2p, false)) GROUP BY host, rank ORDER BY rank")
+
+
 def fr_dump_hangs(ctx: Context) -> list[Finding]:
     """One ``hang_mismatch`` error per process group whose Flight Recorder dumps show ranks that
     never enqueued the collective the others enqueued and still wait in (module docstring).
@@ -294,8 +305,7 @@ def fr_dump_hangs(ctx: Context) -> list[Finding]:
             evidence=warns.evidence(g.sort_values("rank"), ["host", "rank", "pid", "pg_id", "last_enqueued_collective",
                                                             "last_started_collective", "last_completed_collective",
                                                             "artifact"], MAX_EVIDENCE),
-            sql=("SELECT host, rank, pid, pg_id, last_enqueued_collective, last_started_collective, "
-                 f"last_completed_collective, artifact FROM fr_pg_status WHERE pg_id = '{pg}' ORDER BY rank"),
+            sql=fr_positions_sql(pg),
             action=(f"Look at {ranks_text(ranks)}: its process (py-spy dump, its last log lines, its Flight Recorder "
                     f"entries after #{top - 1}) -- it did not issue what its peers did: a crash, a hang before the "
                     "collective, or another code path"),

@@ -67,3 +67,24 @@ def test_dumps_taken_apart_on_a_running_job_name_no_one(tmp_path):
     # its twin: the ranks ahead completed nothing past the rank behind: it never enqueued #9
     hangs = _hangs(_dumps(tmp_path, {0: (8, "completed"), 1: (9, "started"), 2: (9, "started")}, 3))
     assert [(k, r, q) for k, _, r, q, _ in hangs] == [("hang_mismatch", [0], 9)], hangs
+
+
+
+def test_the_findings_sql_shows_each_ranks_last_enqueued_collective(tmp_path):
+    """The finding's runnable query gives what the finding compared, pg_status or not."""
+    paths = _dumps(tmp_path, {0: (5, "started"), 1: (4, "completed")}, 2)
+    for with_status in (True, False):
+        if not with_status:           # a dump format with no pg_status (1.x, 2.0): the entries say it
+            for p in paths:
+                d = pickle.loads(p.read_bytes())
+                del d["pg_status"]
+                p.write_bytes(pickle.dumps(d, protocol=2))
+        a = analyze(paths)
+        try:
+            [f] = [f for f in a.findings if f.kind == "hang_mismatch"]
+            assert [(r[1], r[2]) for r in a.con.execute(f.sql).fetchall()] == [(0, 5), (1, 4)], f.sql
+        finally:
+            a.close()
+    assert "pg_id = '0'" in f.sql
+    from forensics.findings.reports import fr_positions_sql
+    assert "'0'' OR ''1''=''1'" in fr_positions_sql("0' OR '1'='1")      # dump text stays one literal

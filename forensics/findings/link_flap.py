@@ -11,7 +11,11 @@ connection kept): a *backoff chain* is at least
 that began during the outage sees the backoff from deep in it), the first gap at least ``MIN_GAP_NS``, each next one ``BACKOFF`` times
 the one before (about twice), spanning ``MIN_SPAN_NS`` or more. At least ``MIN_CONNECTIONS``
 chains that overlap in time and share one rank blame that rank's link (one chain alone: both of its
-ends are candidates; the rank on more chains wins). The link came back when a collective
+ends are candidates; the rank on more chains wins). A chain during which one of its ends completed
+a collective is no outage: data crossed that rank's link meanwhile (random loss on a lightly used
+connection spaces its resends seconds apart, by chance about doubling). Packets' verdicts from
+different captures are never joined into one chain (each host's pcap sees its own resends). The
+link came back when a collective
 completed after the last resend of the episode; a link still down at the end is a hang,
 which the hang detectors report, so no finding here.
 
@@ -32,6 +36,7 @@ MIN_SPAN_NS = 1_000_000_000    # a chain spans a second at least (4 resends: 0.4
 # a chain first seen with a gap this long was already deep in its backoff (three timeouts, 1.4 s
 # of silence, before it): a capture started during the outage; three resends then suffice
 DEEP_GAP_NS = 1_500_000_000
+EDGE_NS = 50_000_000          # a completion this close to a chain's first or last resend is not inside it
 MIN_CONNECTIONS = 2            # a link's outage stalls every connection on it at once
 COLS = ["timestamp_ns", "event", "source", "saddr", "sport", "daddr", "dport", "rank", "peer_rank"]
 
@@ -45,7 +50,9 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["saddr", "sport", "daddr", "dport", "rank", "peer_rank", "t0", "t1", "n",
                                      "gaps_ns"])
     rt = rt.sort_values("timestamp_ns", kind="stable")
-    for key, g in rt.groupby(["saddr", "sport", "daddr", "dport"], sort=False, dropna=False):
+    # one capture's view at a time: two hosts' pcaps interleaved make gaps neither saw
+    by = ["saddr", "sport", "daddr", "dport"] + [c for c in ("host",) if c in rt.columns]
+    for key, g in rt.groupby(by, sort=False, dropna=False):
         t = pd.to_numeric(g["timestamp_ns"], errors="coerce").dropna().astype("int64").to_numpy()
         if len(t) < MIN_CHAIN - 1:
             continue
@@ -69,6 +76,47 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
                             "t0": int(t[i]), "t1": int(t[j]), "n": n, "gaps_ns": [int(x) for x in gaps[i:j]]})
             i = j
     return pd.DataFrame(out)
+
+
+def _ints(values) -> list[int | None]:
+    """The elements of one list cell as ints, None where missing (NA, None, masked)."""
+    out: list[int | None] = []
+    for v in np.ma.asarray(values).tolist(None):
+        try:
+            out.append(None if v is None or pd.isna(v) else int(v))
+        except (TypeError, ValueError):
+            out.append(None)
+    return out
+
+
+def _completions(ctx: Context) -> dict[int, np.ndarray]:
+    """Rank -> the sorted times its collectives of more than one rank completed (the
+    ``collectives`` table's per-rank ``end_ns``): when each rank's link was carrying data."""
+    c = ctx.model.tables.get("collectives")
+    if c is None or c.empty or "ranks" not in c or "end_ns" not in c:
+        return {}
+    c = c[pd.to_numeric(c["nranks"], errors="coerce").fillna(0) > 1]
+    out: dict[int, list[int]] = {}
+    for ranks, ends in zip(c["ranks"], c["end_ns"]):
+        if np.ndim(ranks) != 1 or np.ndim(ends) != 1:
+            continue
+        for r, e in zip(_ints(ranks), _ints(ends)):
+            if r is not None and e is not None:
+                out.setdefault(r, []).append(e)
+    return {r: np.sort(np.asarray(v, dtype=np.int64)) for r, v in out.items()}
+
+
+def _moved_during(done: dict[int, np.ndarray], ranks, t0: int, t1: int) -> bool:
+    """Whether one of ``ranks`` completed a collective strictly inside (t0, t1), ``EDGE_NS``
+    clear of both ends (clocks of two sources; the resend at t1 is the one that got through)."""
+    for r in ranks:
+        if r is None or pd.isna(r) or int(r) not in done:
+            continue
+        e = done[int(r)]
+        i = np.searchsorted(e, t0 + EDGE_NS, side="right")
+        if i < len(e) and e[i] < t1 - EDGE_NS:
+            return True
+    return False
 
 
 def _owner_ranks(ctx: Context) -> dict[str, int]:
@@ -97,6 +145,12 @@ def link_flap(ctx: Context) -> list[Finding]:
         b = c["peer_rank"] if c["peer_rank"] is not None and not pd.isna(c["peer_rank"]) else addr_rank.get(c["daddr"])
         ends.append((None if a is None else int(a), None if b is None else int(b)))
     chains = chains.assign(a=[e[0] for e in ends], b=[e[1] for e in ends])
+    done = _completions(ctx)
+    quiet = [not _moved_during(done, (a, b), int(t0), int(t1))
+             for a, b, t0, t1 in zip(chains["a"], chains["b"], chains["t0"], chains["t1"])]
+    chains = chains[quiet]
+    if chains.empty:
+        return []
     # one episode: the chains that overlap the earliest one's span
     chains = chains.sort_values("t0", kind="stable")
     first = chains.iloc[0]

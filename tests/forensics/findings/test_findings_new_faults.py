@@ -89,6 +89,25 @@ def test_link_still_down_at_the_end_is_no_flap():
     assert link_flap(context(flap_job(False), flap_tcp(rank=2))) == []
 
 
+def test_backoff_like_resends_while_collectives_complete_are_no_flap():
+    # the same resend times, but every op completes on time meanwhile: data crossed the link,
+    # the doubling gaps were chance (random loss on a lightly used connection; CI's per-host loss run)
+    steady = job(n_ops=80, dur_ms=lambda k: 5.0)
+    assert link_flap(context(steady, flap_tcp(rank=2))) == []
+    # the positive twin: the ops wait out the resends
+    assert link_flap(context(_shift_after(flap_job(True), DOWN_AT, 3100), flap_tcp(rank=2)))
+
+
+def test_two_captures_resends_are_never_one_chain():
+    # one connection's resends as seen by two hosts' pcaps: each capture's own gaps do not
+    # double (600 ms, then 2.4 s); interleaved they would (200, 400, 800, 1600 ms)
+    rows = backoff(1, 2, T0)
+    for i, r in enumerate(rows):
+        r.update(event="retransmission", source="pcap", host=f"node{1 + i % 2}")
+    assert backoff_chains(pd.DataFrame(rows)).empty
+    assert len(backoff_chains(pd.DataFrame([dict(r, host="node1") for r in rows]))) == 1
+
+
 def test_one_connection_in_backoff_is_no_flap():
     t0 = T0 + DOWN_AT * 100 * MS
     assert link_flap(context(_shift_after(flap_job(True), DOWN_AT, 3100), backoff(2, 3, t0))) == []

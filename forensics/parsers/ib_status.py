@@ -47,6 +47,7 @@ import re
 import numpy as np
 
 from . import lines as lines_mod
+from .heads import IBSTAT_KEYS
 from .registry import WarningLog, register
 from .text import LogText, TextParser
 
@@ -77,10 +78,6 @@ LINE_MODE_RE = re.compile(r'0x[0-9a-fA-F]+ "\s*(?P<desc>[^"]*)"')
 IBPANIC_RE = re.compile(r"\bibpanic: .*?'(?P<dev>[\w.-]+)'(?P<why>.*?)\s*$")
 NEEDLES = (b"CA '", b"CA: '", b"Infiniband device '", b"hca_id:", b"/ports/", b" ==> ", b"  ==>  ", b")==>",
            b"Switch: 0x", b"CA: ", b"ibpanic: ")
-# what ibstat prints; "ibstat CA port" prints them unindented (every other block line is indented)
-IBSTAT_KEYS = frozenset({"ca type", "number of ports", "firmware version", "hardware version", "node guid",
-                         "system image guid", "state", "physical state", "rate", "base lid", "lmc", "sm lid",
-                         "capability mask", "port guid", "link layer"})
 CLUSTER_GAP = 64 << 10      # device lines further apart than this are read as separate stretches
 BLOCK_TAIL = 8192           # a block's lines after its last device line (ibv_devinfo -v: ~60 lines)
 

@@ -90,6 +90,7 @@ from . import lines as lines_mod
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
 from .nccl_topo import VIA_RE, TopoLines, scan_topology
+from .heads import NCCL_DEBUG_MARKERS
 from .nccl_warn_fields import ib_fields, peer_fields
 from .registry import WarningLog, register, typed_frame
 from .text import Lines, LogText, TextParser
@@ -216,7 +217,7 @@ class NcclDebugParser(TextParser):
         "nccl_coll_last": COLL_LAST_SCHEMA,
     }
 
-    MARKERS = (b"NCCL INFO", b"NCCL WARN", b"NCCL version", b"NCCL TRACE", b"NCCL ABORT", b"libfabric:")
+    MARKERS = NCCL_DEBUG_MARKERS
 
     @classmethod
     def sniff(cls, head: bytes) -> bool:

@@ -40,6 +40,7 @@ import json
 import re
 
 
+from .heads import NCCL_TESTS_MARKERS
 from .lines import strip_tags
 from .registry import WarningLog, decode_text, looks_binary, register, split_lines
 from .text import LogText, TextParser
@@ -106,12 +107,7 @@ class NcclTestsParser(TextParser):
                                "device": "int", "bus_id": "str", "gpu": "str"},
     }
 
-    # the header's units line and the commonest rows' type/redop columns (``%8s  %6s``) find a
-    # table body pasted without its "#" header lines (its rows are then told by their shape)
-    MARKERS = (b"# nThread", b"nccl-tests version", b"# Avg bus bandwidth", b"# Out of bounds values",
-               b"Test NCCL failure", b"Test CUDA failure", b": Test failure", b"Collective test starting",
-               b"(B)    (elements)", b"   float     sum  ", b"   float    none  ", b"bfloat16     sum  ",
-               b"    half     sum  ")
+    MARKERS = NCCL_TESTS_MARKERS     # (:mod:`.heads`)
 
     @classmethod
     def claims(cls, text: LogText) -> bool:

@@ -23,10 +23,10 @@ Contract of :func:`normalize`:
   parsers report (``line`` columns, warnings' ``file:line``) then count the lines of the
   normalized text, not those of the pasted file. :attr:`Normalized.repairs` names what was done.
 
-The markers the glued-line split looks for come from the parsers themselves where they are
-whole line heads (``NcclDebugParser.MARKERS``, ``NcclTestsParser.MARKERS``,
-``TorchElasticParser.MARKERS``, ``torch_watchdog.CODE_MARKERS``, ``ib_status.IBSTAT_KEYS`` and
-its line patterns), plus the line heads of PyTorch's watchdog, c10 logger, tracebacks and
+The markers the glued-line split looks for are the parsers' own where they are whole line
+heads, kept in :mod:`.heads` so both sides read one table (``NCCL_DEBUG_MARKERS``,
+``NCCL_TESTS_MARKERS``, ``TORCH_ELASTIC_MARKERS``, ``CODE_MARKERS``, ``IBSTAT_KEYS``; and
+ib_status' line patterns), plus the line heads of PyTorch's watchdog, c10 logger, tracebacks and
 torchrun (:func:`_heads`).
 """
 from __future__ import annotations
@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .heads import CODE_MARKERS, IBSTAT_KEYS, NCCL_DEBUG_MARKERS, NCCL_TESTS_MARKERS, TORCH_ELASTIC_MARKERS
+from .lines import strip_tags
 from .registry import looks_binary
 
 SMALL_BYTES = 256 << 10        # texts up to this size are sniffed whole
@@ -625,37 +627,32 @@ _TAGS = (rb"(?:(?:\[?" + _ISO + rb"\]?:?[ \t]+(?:[\w.-]+ >> )?|" + _CTIME + rb"|
 
 
 def _nccl_markers() -> bytes:
-    from .nccl_debug import NcclDebugParser
-    words = sorted({m[len(b"NCCL "):] for m in NcclDebugParser.MARKERS if m.startswith(b"NCCL ")
+    words = sorted({m[len(b"NCCL "):] for m in NCCL_DEBUG_MARKERS if m.startswith(b"NCCL ")
                     and m != b"NCCL version"} | {b"CALL"})
     return b"|".join(re.escape(w) for w in words)
 
 
 def _other_nccl_heads() -> bytes:
-    """``NcclDebugParser.MARKERS``' heads other than NCCL's own: ``libfabric:<pid>:<time>:``."""
-    from .nccl_debug import NcclDebugParser
-    return b"|".join(rb"(?<![\w.-])" + re.escape(m) + rb"\d+:\d+:" for m in NcclDebugParser.MARKERS
+    """``heads.NCCL_DEBUG_MARKERS``' heads other than NCCL's own: ``libfabric:<pid>:<time>:``."""
+    return b"|".join(rb"(?<![\w.-])" + re.escape(m) + rb"\d+:\d+:" for m in NCCL_DEBUG_MARKERS
                      if not m.startswith(b"NCCL "))
 
 
 def _tests_markers() -> bytes:
-    from .nccl_tests import NcclTestsParser
-    hashed = [re.escape(m[1:].lstrip()) for m in NcclTestsParser.MARKERS if m.startswith(b"# ")]
+    hashed = [re.escape(m[1:].lstrip()) for m in NCCL_TESTS_MARKERS if m.startswith(b"# ")]
     return b"#[ \t]*(?:" + b"|".join(hashed + [rb"Using devices", rb"Rank +\d", rb"[ \t]*size[ \t]",
                                                 rb"[ \t]*\(B\)", rb"[ \t]+out-of-place", rb"nccl-tests"]) + b")"
 
 
 def _exit_heads() -> bytes:
-    """Lines of the programs ``TorchElasticParser.MARKERS`` names (``srun:``, ``slurmstepd[-host]:``), torchrun's logger."""
-    from .torch_elastic import TorchElasticParser
-    progs = [rb"(?<![\w./-])" + re.escape(m[:-len(b": error:")]) + rb"(?:-[\w.-]+)?: " for m in TorchElasticParser.MARKERS
+    """Lines of the programs ``heads.TORCH_ELASTIC_MARKERS`` names (``srun:``, ``slurmstepd[-host]:``), torchrun's logger."""
+    progs = [rb"(?<![\w./-])" + re.escape(m[:-len(b": error:")]) + rb"(?:-[\w.-]+)?: " for m in TORCH_ELASTIC_MARKERS
              if m.endswith(b": error:")]
     return b"|".join(progs + [rb"torch\.distributed\.elastic\.[\w.]+: \[?(?:WARNING|ERROR|INFO)\]?"])
 
 
 def _code_heads() -> bytes:
-    """NCCL's result codes as PyTorch prints them alone on a line: ``torch_watchdog.CODE_MARKERS``."""
-    from .torch_watchdog import CODE_MARKERS
+    """NCCL's result codes as PyTorch prints them alone on a line: ``heads.CODE_MARKERS``."""
     return rb"(?<![\w.])(?:" + b"|".join(re.escape(m) for m in CODE_MARKERS) + b")"
 
 
@@ -703,8 +700,7 @@ _SPLITS: re.Pattern | None = None
 
 
 def _ib_fields() -> bytes:
-    """A port block's fields: ``ib_status.IBSTAT_KEYS``, ibstatus' and ibv_devinfo's (any case, longest first)."""
-    from .ib_status import IBSTAT_KEYS
+    """A port block's fields: ``heads.IBSTAT_KEYS``, ibstatus' and ibv_devinfo's (any case, longest first)."""
     keys = set(IBSTAT_KEYS) | {"default gid", "phys state", "link_layer", "transport", "fw_ver", "node_guid",
                                "sys_image_guid", "vendor_id", "vendor_part_id", "hw_ver", "board_id",
                                "phys_port_cnt", "port", "max_mtu", "active_mtu", "sm_lid", "port_lid", "port_lmc"}
@@ -736,7 +732,6 @@ def _glue_points(data: bytes) -> list[int]:
     which the parsers read as the line's context). The heads of :func:`_splits` that belong
     to a block count only after that block's head on the line (a port field after its device,
     an exception's message after a frame, ``Last error:`` and its text on a line with an NCCL error)."""
-    from .lines import strip_tags
     by_line: dict[int, list[int]] = {}
     prev = 0
     for m in _splits().finditer(data):

@@ -29,6 +29,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..errors import InputError
+from .normalize import normalize as normalize_text
 from .registry import SNIFF_BYTES, Parser, WarningLog, decode_text, looks_binary, read_source
 
 MAP_MIN_BYTES = 1 << 20       # smaller files are read (a map costs more than it saves)
@@ -59,8 +60,7 @@ class LogText:
         self.raw = data
         self.repairs: tuple[str, ...] = ()
         if normalize:
-            from .normalize import normalize as _normalize
-            fixed = _normalize(data)
+            fixed = normalize_text(data)
             data, self.repairs = fixed.data, fixed.repairs
         self.data = data
         self.label = label

@@ -46,6 +46,7 @@ import re
 import signal
 
 from . import lines as lines_mod
+from .heads import TORCH_ELASTIC_MARKERS
 from .registry import WarningLog, register
 from .text import LogText, TextParser
 
@@ -102,9 +103,7 @@ class TorchElasticParser(TextParser):
     NAME = "torch_elastic"
     DESCRIPTION = "torchrun's failure summary and agent lines: the failed processes' hosts, ranks, exit codes"
     GLOBS = ("logs/*", "logs/**/*")
-    MARKERS = (b"ChildFailedError", b"exitcode  :", b"exitcode :", b"(exitcode: ", b"closing signal", b"death signal",
-               b"srun: error:",
-               b"slurmstepd: error:", b"exited on signal", b"died with <Signals.", b"non-zero exit status")
+    MARKERS = TORCH_ELASTIC_MARKERS
     SCHEMAS = {"process_exits": {
         "line": "int", "kind": "str", "time": "str", "host": "str", "rank": "int", "local_rank": "int",
         "exitcode": "int", "pid": "int", "signal": "str", "error_file": "str", "traceback": "str",

@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 
 from . import lines as lines_mod
+from .heads import CODE_MARKERS
 from .registry import WarningLog, register
 from .text import LogText, TextParser
 
@@ -85,8 +86,6 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
             "SEND": "SEND", "RECV": "RECV", "RECVANYSOURCE": "RECV", "ALLTOALL": "ALL_TO_ALL",
             "ALLTOALL_BASE": "ALL_TO_ALL", "BARRIER": "BARRIER", "GATHER": "GATHER", "SCATTER": "SCATTER",
             "COALESCED": "COALESCED", "ALLREDUCE_COALESCED": "ALL_REDUCE"}
-CODE_MARKERS = tuple(f"nccl{c}Error: ".encode() for c in
-                     ("Remote", "System", "Internal", "UnhandledCuda", "InvalidUsage", "InvalidArgument"))
 # literal markers of the lines read (each found with memmem, :mod:`.text`); of NCCL's lower-case
 # names only those an expression below reads (a bare b"nccl" selected every NCCL INFO line that
 # names ncclCommInitRank: a quarter of an init-heavy log's reading time, for nothing)

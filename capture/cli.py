@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import os
+import signal
+import sys
+from pathlib import Path
 
-if TYPE_CHECKING:
-    from .runner import CaptureOptions
+from .options import CaptureFailed, CaptureOptions, CaptureUsageError
 
 # the capture machinery (runner, tracer, bundle) is imported when a capture runs, not when
 # the parser is built: every stallscope command builds it
@@ -129,7 +131,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(a: argparse.Namespace) -> CaptureOptions:
-    from .runner import CaptureOptions
     duration = a.duration if a.duration is not None else (float("inf") if a.watch else 120.0)
     return CaptureOptions(output=a.output, duration_s=duration, pids=list(a.pid), ifaces=list(a.iface),
                           max_bytes=a.max_bytes, nccl_libs=list(a.nccl_lib), nccl_tests=a.nccl_tests,
@@ -145,10 +146,6 @@ def options_from_args(a: argparse.Namespace) -> CaptureOptions:
 
 def recover(a: argparse.Namespace, stderr) -> list:
     """--recover: the partial bundles made from the output folder's orphaned staging folders."""
-    import os
-    from pathlib import Path
-
-    from .options import CaptureUsageError
     from .staging import recover_orphans
     folder = Path(a.output or ".")
     if not folder.is_dir():
@@ -167,7 +164,6 @@ def ignore_late_signals() -> None:
     Ctrl-C or SIGTERM arriving then (a pdsh loop or a launcher stopping every host's capture
     once more) is ignored instead of ending a finished capture with a traceback. Capture
     installs its own handlers while it runs; this only decides what comes after."""
-    import signal
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, signal.SIG_IGN)
 
@@ -175,7 +171,6 @@ def ignore_late_signals() -> None:
 def execute(args: argparse.Namespace, stderr) -> tuple[list, int]:
     """What ``stallscope capture`` and ``python3 -m capture`` do with their options: (paths to
     print, exit code). Raises CaptureUsageError (exit 2) and CaptureFailed (exit 3)."""
-    from .runner import CaptureUsageError, run_capture
     if args.recover:
         return recover(args, stderr), 0
     if args.trigger is not None:
@@ -189,15 +184,13 @@ def execute(args: argparse.Namespace, stderr) -> tuple[list, int]:
         from .watch import run_watch
         result = run_watch(options_from_args(args), stderr=stderr)
         return list(result.manifest.get("bundles") or []), result.exit_code
+    from .runner import run_capture
     result = run_capture(options_from_args(args), stderr=stderr)
     return [result.path], result.exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python3 -m capture``: the same options as ``stallscope capture``."""
-    import sys
-
-    from .runner import CaptureFailed, CaptureUsageError
     parser = argparse.ArgumentParser(prog="python3 -m capture", description=HELP, epilog=EPILOG)
     add_arguments(parser)
     args = parser.parse_args(argv)  # argparse exits 2 on bad usage

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from capture import cli as capture_cli
+from capture.options import CaptureFailed, CaptureUsageError
 
 from ..errors import ExitCode, StallscopeError
 
@@ -21,7 +22,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, env) -> int:
-    from capture import CaptureFailed, CaptureUsageError
     try:
         paths, code = capture_cli.execute(args, env.stderr)
     except CaptureUsageError as e:

@@ -537,7 +537,8 @@ def test_cli_bad_usage_exits_2(tmp_path):
 def test_capture_without_tracer_and_pcap_still_writes_a_bundle(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("NCCL INFO something\n")
-    from capture import CaptureOptions, run_capture
+    from capture.options import CaptureOptions
+    from capture.runner import run_capture
     import io
     err = io.StringIO()
     target = subprocess.Popen(["sleep", "30"], env={"RANK": "3", "WORLD_SIZE": "8", "NCCL_SOCKET_IFNAME": "lo"})
@@ -831,7 +832,8 @@ def test_the_jobs_own_output_file_is_attached_and_read_as_its_log(tmp_path):
     """A traced process whose stderr is a file (a launcher's log): its tail comes along
     (named after the stream and pid), with the host's zone in the manifest; analyze reads
     the watchdog timeout in it."""
-    from capture import CaptureOptions, run_capture
+    from capture.options import CaptureOptions
+    from capture.runner import run_capture
     import io
     out = tmp_path / "slurm-77.out"
     line = ("[rank3]:[E1128 03:14:07.123456789 ProcessGroupNCCL.cpp:616] [Rank 3] Watchdog caught collective "

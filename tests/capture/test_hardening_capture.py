@@ -73,7 +73,8 @@ def test_when_not_even_a_cut_bundle_fits_the_data_stay_and_one_line_says_where(t
     """No root needed: writing the archive always fails with ENOSPC."""
     import errno
 
-    from capture import CaptureFailed, CaptureOptions, runner
+    from capture import runner
+    from capture.options import CaptureFailed, CaptureOptions
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -15,7 +15,7 @@ its :class:`~forensics.findings.base.Context` has :data:`~forensics.findings.bas
 the detectors declared ``queries=True`` are made here before the others, and a detector that
 queries anyway is left for this process to make (:class:`~forensics.findings.base.NeedsDatabase`).
 What comes back is the same as one process makes: each detector's findings and problems,
-put in the registry's order (:func:`forensics.findings.base.gather`), and each model step's
+put in the registry's order (:func:`forensics.findings.runner.gather`), and each model step's
 memos. Should the child fail, the steps it did not send are made here.
 """
 from __future__ import annotations
@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..findings.base import NO_DATABASE, Context, NeedsDatabase, detectors, gather, queries, run_detector
+from ..findings.base import NO_DATABASE, Context, NeedsDatabase, detectors, queries
+from ..findings.runner import gather, run_detector
 from .forked_call import ForkedCall
 
 
@@ -62,7 +63,7 @@ class ModelStep:
 
 @dataclass(frozen=True)
 class DetectorStep:
-    """A detector as a step: its value is :func:`~forensics.findings.base.run_detector`'s
+    """A detector as a step: its value is :func:`~forensics.findings.runner.run_detector`'s
     (findings, problems). The values several detectors share (``Context.memo``) are made in
     each process that needs them: at the front of the list the network detectors, which share the
     costliest (the TCP trouble per link), stay together in the child."""

@@ -8,9 +8,10 @@ and a detector that returns a kind it did not declare fails. Where several bodie
 evidence can see the same event, the owner consults them through the declared precedence
 of :mod:`forensics.findings.precedence`. ``forensics/findings/_registered.py`` only imports
 the detector modules, so adding a kind of finding is adding one file.
-:func:`run_detectors` runs every registered detector on a model, isolates a detector that
-fails (its failure becomes a problem line, the others still run), and orders the findings
-most important first (:func:`order`).
+:mod:`forensics.findings.runner` runs every registered detector on a model, isolates a detector
+that fails (its failure becomes a problem line, the others still run), and orders the findings
+most important first. This module imports no other module of the package: every one of them
+may import it.
 
 Severity from impact, not counts: a finding about slowness (network_loss, slow_link,
 straggler) carries ``impact_share``, the share of the job's collective time its slow
@@ -19,9 +20,6 @@ from it (:func:`impact_severity`): a handful of retransmissions on a busy host t
 nothing measurable is no warning, however many there are.
 """
 from __future__ import annotations
-
-import os
-import traceback
 
 import json
 from dataclasses import asdict, dataclass, field
@@ -203,9 +201,10 @@ def detectors() -> dict[str, Detector]:
     return dict(_DETECTORS)
 
 
-def kinds_of(name: str) -> tuple[str, ...]:
-    """The finding kinds the detector ``name`` declared."""
-    return _KINDS[name]
+def kinds_of(name: str) -> tuple[str, ...] | None:
+    """The finding kinds the detector ``name`` declared (None: a detector put in the table by
+    hand, in tests, declared none)."""
+    return _KINDS.get(name)
 
 
 def owners() -> dict[str, str]:
@@ -232,64 +231,3 @@ class _NoDatabase:
 
 
 NO_DATABASE = _NoDatabase()
-
-
-def order(findings: list[Finding]) -> list[Finding]:
-    """Most important first: by severity; within one, what stopped the job (a hang, a reset
-    that broke collectives: STOPS_JOB_SCORE) first, then the findings with an impact by
-    the share of the collective time they explain, then the others by confidence x score."""
-    def key(f: Finding):
-        stops = f.score >= STOPS_JOB_SCORE
-        tier = 0 if stops else 1 if f.impact_share is not None else 2
-        weight = f.impact_share if tier == 1 else f.confidence * max(f.score, 1e-9)
-        return SEVERITY_RANK[f.severity], tier, -weight, -f.confidence, f.kind
-    return sorted(findings, key=key)
-
-
-def run_detector(name: str, ctx: Context) -> tuple[list[Finding], list[str]]:
-    """(findings, problems) of the detector ``name`` on ``ctx``: one that fails (or returns a
-    kind it did not declare) costs only its own findings, and says why as a problem line
-    (:class:`NeedsDatabase` goes through)."""
-    try:
-        found = list(_DETECTORS[name](ctx))
-        declared = _KINDS.get(name)      # None: a detector put in the table by hand (tests)
-        stray = sorted({f.kind for f in found} - set(declared)) if declared is not None else []
-        if stray:
-            raise ValueError(f"emitted {', '.join(stray)}, not among its declared kinds")
-        return found, []
-    except NeedsDatabase:
-        raise
-    except Exception as exc:   # one broken detector must not cost the others' findings
-        if os.environ.get("STALLSCOPE_DEBUG"):
-            traceback.print_exc()
-        return [], [f"detector {name} failed: {type(exc).__name__}: {exc}"]
-
-
-def gather(results: dict[str, tuple[list[Finding], list[str]]]) -> tuple[list[Finding], list[str]]:
-    """(findings most important first, problems) of every registered detector's
-    :func:`run_detector` result, by name: the same wherever and in whatever order each ran
-    (ties in :func:`order` keep the registry's order)."""
-    found: list[Finding] = []
-    problems: list[str] = []
-    for name in _DETECTORS:
-        f, p = results[name]
-        found.extend(f)
-        problems.extend(p)
-    return order(found), problems
-
-
-def run_detectors(ctx: Context) -> tuple[list[Finding], list[str]]:
-    """Every registered detector on ``ctx``: (findings most important first, problems), the
-    findings' contract completed (:func:`forensics.findings.contract.complete`)."""
-    found, problems = gather({name: run_detector(name, ctx) for name in _DETECTORS})
-    return finish(ctx, found), problems
-
-
-def finish(ctx: Context, found: list[Finding]) -> list[Finding]:
-    """What follows the detectors wherever they ran (here, or shared with a forked child:
-    forensics.execution.shared_steps): the stalls the watcher saw resolve settled
-    (:func:`forensics.findings.stall.settle`), then the findings' contract completed
-    (:func:`forensics.findings.contract.complete`)."""
-    from .contract import complete
-    from .stall import settle
-    return complete(ctx, settle(ctx, found))

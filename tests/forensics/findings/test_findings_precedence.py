@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import forensics.findings  # noqa: F401  (registers every detector)
-from forensics.findings import Context, Finding, base, precedence
+from forensics.findings import Context, Finding, base, precedence, runner
 from forensics.findings import connection_reset, hang
 
 FINDINGS = Path(forensics.findings.__file__).parent
@@ -79,12 +79,12 @@ def test_a_second_module_cannot_emit_an_owned_kind():
 def test_a_detector_that_returns_an_undeclared_kind_fails_like_one_that_raised(monkeypatch):
     monkeypatch.setitem(base._DETECTORS, "stray", lambda ctx: [finding("gpu_error"), finding("hang_stuck")])
     monkeypatch.setitem(base._KINDS, "stray", ("gpu_error",))
-    found, problems = base.run_detector("stray", toy_context())
+    found, problems = runner.run_detector("stray", toy_context())
     assert found == [] and problems == ["detector stray failed: ValueError: emitted hang_stuck, not among its "
                                         "declared kinds"]
     # the twin: the same detector within its declaration
     monkeypatch.setitem(base._KINDS, "stray", ("gpu_error", "hang_stuck"))
-    found, problems = base.run_detector("stray", toy_context())
+    found, problems = runner.run_detector("stray", toy_context())
     assert [f.kind for f in found] == ["gpu_error", "hang_stuck"] and problems == []
 
 

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from forensics.findings import Context
-from forensics.findings.base import STOPS_JOB_SCORE, Finding, impact_severity, order
+from forensics.findings.base import STOPS_JOB_SCORE, Finding, impact_severity
+from forensics.findings.runner import order
 from forensics.findings.connection_reset import connection_reset
 from forensics.findings.hang import collective_mismatch, hang_mismatch, hang_stuck
 from forensics.findings.ib import ib_errors

@@ -6,9 +6,8 @@ report's first screen and the ``--json`` contract promise, the same way for all:
 - ``hosts``: the name each blamed rank's own process uses (its UTS hostname, as NCCL's log
   prefix prints it: what an on-call engineer searches for), and ``nodes``: the captures
   that held those ranks, only where they differ (several ranks' pods captured on one
-  node, or a lab's namespaces captured from the machine). :func:`rank_hosts` reads them
-  from the process facts first (the capture asked each process's UTS namespace), then the
-  logs (their prefix names the rank's own host), then the capture's tables;
+  node, or a lab's namespaces captured from the machine), as
+  :func:`forensics.findings.ranks.rank_hosts` knows them;
 - ``headline``: the verdict in at most HEADLINE_CHARS, from the detector's own, else the
   summary's first clause. A detector's headline may hold the placeholders ``{who}`` (the
   blamed ranks with their hosts), ``{peers}`` (the peer ranks) and ``{since}`` ("since
@@ -24,59 +23,7 @@ import pandas as pd
 from ..model.logs import ZONE_ASSUMED, host_text, hosts_in_text
 from .base import HEADLINE_CHARS, Context, Finding
 from .evidence import ranks_text
-
-# (table, column naming the rank's own host, column naming the capture) in order of trust:
-# a log line's prefix names the host its process runs on; a capture's tables name the capture
-HOST_SOURCES = (
-    ("coll_log_ops", "log_host", "node"),
-    ("nccl_config", "log_host", "node"),
-    ("nccl_warnings", "log_host", "node"),
-    ("watchdog_events", "ctx_host", "node"),
-    ("nccl_config", "host", "node"),
-    ("nccl_warnings", "host", "node"),
-    ("watchdog_events", "host", "node"),
-    ("coll_log_ops", "host", "node"),
-    ("nccl_events", "host", "host"),
-    ("fr_pg_status", "host", "host"),
-    ("sockets", "host", "host"),
-)
-
-
-def rank_hosts(ctx: Context) -> dict[int, tuple[str | None, str | None]]:
-    """Global rank -> (its own host name, the capture node holding its evidence); either
-    may be None. A memo of the analysis (:meth:`Context.memo`)."""
-    return ctx.memo("rank_hosts", lambda: rank_hosts_of(ctx.model))
-
-
-def rank_hosts_of(model) -> dict[int, tuple[str | None, str | None]]:
-    """:func:`rank_hosts` of a model (the report's lanes name ranks the same way)."""
-    own: dict[int, str] = {}
-    node: dict[int, str] = {}
-    for c in model.captures:                     # the process's own UTS host name: what NCCL prints
-        for p in c.get("processes", []) or []:
-            if p.get("rank") is not None and p.get("hostname"):
-                own.setdefault(int(p["rank"]), str(p["hostname"]))
-    for table, host_col, node_col in HOST_SOURCES:
-        t = model.tables.get(table)
-        if t is None or t.empty or host_col not in t or "rank" not in t:
-            continue
-        ranks = pd.to_numeric(t["rank"], errors="coerce")
-        for col, into in ((host_col, own), (node_col, node)):
-            if col not in t:
-                continue
-            v = t[col].astype("string")
-            ok = ranks.notna().to_numpy() & v.notna().to_numpy() & ~v.str.startswith("unknown:").fillna(True)
-            pairs = pd.DataFrame({"rank": ranks[ok].astype("int64"), "h": v[ok]}).drop_duplicates("rank")
-            for r, h in zip(pairs["rank"].tolist(), pairs["h"].tolist()):
-                into.setdefault(r, h)
-    for c in model.captures:                     # process facts: RANK in the environment
-        if c.get("kind") == "loose":
-            continue
-        for p in c.get("processes", []) or []:
-            if p.get("rank") is not None:
-                node.setdefault(int(p["rank"]), c.get("host"))
-    return {r: (own.get(r), node.get(r)) for r in sorted(set(own) | set(node))}
-
+from .ranks import rank_hosts
 
 def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:
     """``findings`` with hosts, nodes and headline completed (in place; returned)."""
@@ -170,4 +117,4 @@ def shorten(text: str, limit: int = HEADLINE_CHARS) -> str:
     return cut + "…"
 
 
-__all__ = ["HOST_SOURCES", "complete", "fill", "headline_of", "rank_hosts", "rank_hosts_of", "shorten", "since_text", "who"]
+__all__ = ["complete", "fill", "headline_of", "shorten", "since_text", "who"]

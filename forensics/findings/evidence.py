@@ -32,6 +32,7 @@ from ..model.nccl import world_ranks
 # tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
 from ..tcp.classes import (DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, dense_codes,  # noqa: F401
                            subsumed_sql)
+from .ranks import rank_hosts
 
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
@@ -104,8 +105,7 @@ def _rank_directory(ctx) -> dict[int, RankInfo]:
                                                                                       ascending=[True, False])
             addrs = dict(zip(top.drop_duplicates("rank")["rank"], top.drop_duplicates("rank")["addr"]))
     # a rank's own host name (NCCL's log prefix) over the capture's: several ranks' pods or
-    # namespaces captured on one node keep their names (findings.contract.rank_hosts)
-    from .contract import rank_hosts
+    # namespaces captured on one node keep their names (findings.ranks.rank_hosts)
     own = {r: h for r, (h, _) in rank_hosts(ctx).items() if h}
     return {r: RankInfo(own.get(r) or hosts.get(r), addrs.get(r)) for r in sorted(set(hosts) | set(addrs) | set(own))}
 

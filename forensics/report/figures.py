@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..findings.contract import rank_hosts_of
+from ..findings.ranks import rank_hosts_of
 from . import data
 
 MAX_INTERVALS = 5000        # collective intervals drawn on the timeline

@@ -22,7 +22,7 @@ from .base import Context, Finding, detector
 from .evidence import (LOSS_CLASSES, as_int, collective_windows, dedup_counts, hosts_of, in_windows,
                        kernel_logged_reset, ms, rank_directory, sql_int, trouble_events, trouble_rows,
                        trouble_rows_sql)
-from .precedence import SOCKET_ERRORS, STATE_RESETS, WARN_RESETS, consult
+from .precedence import PACKETS, SOCKET_ERRORS, STATE_RESETS, WARN_RESETS, consult, sees
 
 KINDS = ("connection_reset",)
 MAX_EVIDENCE = 20
@@ -105,6 +105,13 @@ def connection_reset(ctx: Context) -> list[Finding]:
                 "recover a reset socket: fix it and restart the job from the last checkpoint."),
         details={"first_reset_ns": tr, "since_last_progress_ns": gap, "resets_after": int(follow["n"].sum()),
                  "links_reset": n_links, "collectives_failed": n_failed, "forged": forged})]
+
+
+@sees(PACKETS)
+def packets_saw(ctx: Context) -> bool:
+    """The witness ``packets`` of :mod:`.precedence`: a reset between ranks in the TCP trouble."""
+    t = trouble_events(ctx)
+    return bool(len(t) and (t["cls"] == "reset").any())
 
 
 def _endpoint(directory, rank: int, addr, port) -> str:

@@ -44,7 +44,7 @@ from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, ded
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        who_text, world_rank_map)
 from .silent_rank import silent_rank
-from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, WATCHDOG, consult
+from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, TRACER, WATCHDOG, consult, sees
 
 KINDS = ("hang_mismatch", "hang_stuck")
 # the sources hang_state consults, in this order (each under its precedence)
@@ -78,6 +78,12 @@ def hang_frontiers(ctx) -> pd.DataFrame:
     the communicator (comm ranks: 0..nranks-1, or the ranks seen when the claimed size is
     not believable, see :func:`communicator_members`; ``nranks_claimed`` is then the claim, else None)."""
     return ctx.memo("hang_frontiers", lambda: _hang_frontiers(ctx))
+
+
+@sees(TRACER)
+def tracer_saw(ctx: Context) -> bool:
+    """The witness ``tracer`` of :mod:`.precedence`: a communicator the tracer saw hang."""
+    return len(hang_frontiers(ctx)) > 0
 
 
 def _hang_frontiers(ctx) -> pd.DataFrame:

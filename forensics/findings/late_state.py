@@ -43,6 +43,7 @@ import pandas as pd
 
 from ..model.windows import host_windows
 from .base import HEADLINE_CHARS, Context, Finding
+from .precedence import HANG_KINDS, STATE_HANGS, STATE_RESETS, finds
 from .onset import ONSET_UNKNOWN, Onset, capture_start_ns, comm_onset
 from .socket_errors import reset_warnings
 from .evidence import (dedup_counts, label, ms, model_table, rank_directory, ranks_text, shared_endpoint, sql_evidence,
@@ -388,8 +389,20 @@ def _stuck_socket_ranks(ctx, members: set[int]) -> list[int]:
 def late_verdicts(ctx: Context) -> list[Finding]:
     """:func:`late_hang_findings`, a memo of the analysis: the sources ``state at capture``
     of :mod:`.precedence` take their kinds from it (hangs for ``hang_state``, resets for
-    ``reset_state``)."""
+    ``reset_state``: :func:`state_hangs`, :func:`state_resets`)."""
     return list(ctx.memo("late_hang_findings", lambda: late_hang_findings(ctx)))
+
+
+@finds(STATE_HANGS)
+def state_hangs(ctx: Context) -> list[Finding]:
+    """The source ``state at capture: hangs``: the hangs of :func:`late_verdicts`."""
+    return [f for f in late_verdicts(ctx) if f.kind in HANG_KINDS]
+
+
+@finds(STATE_RESETS)
+def state_resets(ctx: Context) -> list[Finding]:
+    """The source ``state at capture: resets``: the resets of :func:`late_verdicts`."""
+    return [f for f in late_verdicts(ctx) if f.kind in ("connection_reset",)]
 
 
 def late_hang_findings(ctx) -> list[Finding]:

@@ -23,6 +23,11 @@ tracer's hung communicators, the packets' resets: evidence judged by detectors o
 ``hang_mismatch``, ``hang_stuck``, ``connection_reset``), or when it is a source of
 :data:`PRECEDENCE` that, consulted, gave a finding.
 
+The modules that own the evidence register its functions by name, the way detectors register
+(:func:`finds`: ``late_state``, ``reports``, ``timeouts``, ``socket_errors``; :func:`sees`:
+``hang`` for the tracer, ``connection_reset`` for the packets): the table imports none of them,
+so they all import it. ``forensics/findings/_registered.py`` imports every one of them.
+
 The owners consult: ``hang_state`` (:mod:`.hang`): STATE_HANGS, RAS_REPORT, FR_REPORT, then WATCHDOG;
 ``reset_state`` (:mod:`.connection_reset`): STATE_RESETS, WARN_RESETS, then SOCKET_ERRORS.
 Within one source, which verdict a body of evidence gives is that source's own reading
@@ -53,95 +58,76 @@ SOCKET_ERRORS = "WARN lines: socket errors"
 
 @dataclass(frozen=True)
 class Witness:
-    """``saw(ctx)``: whether this evidence saw the event. ``costly``: asked only once the
-    weaker source has a finding it would drop (the same verdict, without making a costly
-    table where nothing needs it)."""
+    """Evidence asked only whether it saw the event (its question registered by its owner:
+    :func:`sees`). ``costly``: asked only once the weaker source has a finding it would drop
+    (the same verdict, without making a costly table where nothing needs it)."""
 
-    saw: Callable[[Context], bool]
     costly: bool = False
 
 
 @dataclass(frozen=True)
 class Source:
-    """``find(ctx)``: the findings (of ``kinds``) this evidence gives, consulted only when none
-    of ``yields_to`` (witnesses or sources, strongest first) saw the event."""
+    """Evidence that gives findings (of ``kinds``; the function that finds them registered by
+    the module that reads that evidence: :func:`finds`), consulted only when none of
+    ``yields_to`` (witnesses or sources, strongest first) saw the event."""
 
     kinds: tuple[str, ...]
-    find: Callable[[Context], list[Finding]]
     yields_to: tuple[str, ...] = ()
 
 
-def _tracer_saw(ctx: Context) -> bool:
-    from .hang import hang_frontiers
-    return len(hang_frontiers(ctx)) > 0
-
-
-def _packets_saw(ctx: Context) -> bool:
-    from .evidence import trouble_events
-    t = trouble_events(ctx)
-    return bool(len(t) and (t["cls"] == "reset").any())
-
-
-def _late(kinds: tuple[str, ...]) -> Callable[[Context], list[Finding]]:
-    def find(ctx: Context) -> list[Finding]:
-        from .late_state import late_verdicts
-        return [f for f in late_verdicts(ctx) if f.kind in kinds]
-    return find
-
-
-def _watchdog(ctx: Context) -> list[Finding]:
-    from .timeouts import watchdog_hangs
-    return watchdog_hangs(ctx)
-
-
-def _ras(ctx: Context) -> list[Finding]:
-    from .reports import ras_hangs
-    return ras_hangs(ctx)
-
-
-def _fr_report(ctx: Context) -> list[Finding]:
-    from .reports import fr_report_hangs
-    return fr_report_hangs(ctx)
-
-
-def _fr_dumps(ctx: Context) -> list[Finding]:
-    from .reports import fr_dump_hangs
-    return fr_dump_hangs(ctx)
-
-
-def _warn_resets(ctx: Context) -> list[Finding]:
-    from .socket_errors import logged_resets
-    return logged_resets(ctx)
-
-
-def _socket_errors(ctx: Context) -> list[Finding]:
-    from .socket_errors import socket_failures
-    return socket_failures(ctx)
-
-
 WITNESSES: dict[str, Witness] = {
-    TRACER: Witness(_tracer_saw),
+    TRACER: Witness(),
     # the TCP trouble per link is the costliest shared table, made where the network detectors run
-    PACKETS: Witness(_packets_saw, costly=True),
+    PACKETS: Witness(costly=True),
 }
 
 PRECEDENCE: dict[str, Source] = {
     # hangs: the tracer's calls, then the state at capture, then NCCL RAS's report (it compared
     # every rank's counts: it names the rank behind), then the watchdog's lines (the ranks that waited)
-    STATE_HANGS: Source(HANG_KINDS, _late(HANG_KINDS), yields_to=(TRACER,)),
-    RAS_REPORT: Source(HANG_KINDS, _ras, yields_to=(TRACER, STATE_HANGS)),
+    STATE_HANGS: Source(HANG_KINDS, yields_to=(TRACER,)),
+    RAS_REPORT: Source(HANG_KINDS, yields_to=(TRACER, STATE_HANGS)),
     # the Flight Recorder analyzer matched every rank's dump: it names the ranks missing or culprit
-    FR_REPORT: Source(HANG_KINDS, _fr_report, yields_to=(TRACER, STATE_HANGS)),
+    FR_REPORT: Source(HANG_KINDS, yields_to=(TRACER, STATE_HANGS)),
     # the dumps themselves, compared where nothing above placed them (loose dumps have no process)
-    FR_DUMPS: Source(HANG_KINDS, _fr_dumps, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT)),
-    WATCHDOG: Source(HANG_KINDS, _watchdog, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT, FR_DUMPS)),
+    FR_DUMPS: Source(HANG_KINDS, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT)),
+    WATCHDOG: Source(HANG_KINDS, yields_to=(TRACER, STATE_HANGS, RAS_REPORT, FR_REPORT, FR_DUMPS)),
     # resets: the packets and the state at capture, then NCCL's WARN lines by address, then its
     # socket errors; none of the late ones where the tracer saw the hang (hang_stuck names the
     # reset that caused it)
-    STATE_RESETS: Source(("connection_reset",), _late(("connection_reset",)), yields_to=(TRACER,)),
-    WARN_RESETS: Source(("connection_reset",), _warn_resets, yields_to=(TRACER, STATE_RESETS, PACKETS)),
-    SOCKET_ERRORS: Source(("connection_reset",), _socket_errors, yields_to=(TRACER, STATE_RESETS, WARN_RESETS)),
+    STATE_RESETS: Source(("connection_reset",), yields_to=(TRACER,)),
+    WARN_RESETS: Source(("connection_reset",), yields_to=(TRACER, STATE_RESETS, PACKETS)),
+    SOCKET_ERRORS: Source(("connection_reset",), yields_to=(TRACER, STATE_RESETS, WARN_RESETS)),
 }
+
+# witness -> its question, source -> its finder: registered by the modules that own the evidence
+SEES: dict[str, Callable[[Context], bool]] = {}
+FINDS: dict[str, Callable[[Context], list[Finding]]] = {}
+
+
+def sees(name: str) -> Callable[[Callable[[Context], bool]], Callable[[Context], bool]]:
+    """Register ``saw(ctx)``, whether the witness ``name`` (:data:`WITNESSES`) saw the event;
+    declared by the module whose detectors judge that evidence, as a detector is. ValueError
+    for a name not in the table or registered twice."""
+    return _register(SEES, WITNESSES, name)
+
+
+def finds(name: str) -> Callable[[Callable[[Context], list[Finding]]], Callable[[Context], list[Finding]]]:
+    """Register ``find(ctx)``, the findings the source ``name`` (:data:`PRECEDENCE`) gives;
+    declared by the module that reads that evidence. ValueError for a name not in the table
+    or registered twice."""
+    return _register(FINDS, PRECEDENCE, name)
+
+
+def _register(into: dict, table: dict, name: str) -> Callable:
+    if name not in table:
+        raise ValueError(f"{name!r} is not in the precedence table")
+
+    def register(fn: Callable) -> Callable:
+        if name in into:
+            raise ValueError(f"{name!r} registered twice ({into[name].__module__}, {fn.__module__})")
+        into[name] = fn
+        return fn
+    return register
 
 
 def consult(ctx: Context, name: str) -> list[Finding]:
@@ -155,7 +141,7 @@ def _consult(ctx: Context, name: str) -> list[Finding]:
     costly = [s for s in src.yields_to if s in WITNESSES and WITNESSES[s].costly]
     if any(saw(ctx, s) for s in src.yields_to if s not in costly):
         return []
-    found = list(src.find(ctx))
+    found = list(FINDS[name](ctx))
     if found and any(saw(ctx, s) for s in costly):
         return []
     return found
@@ -165,5 +151,5 @@ def saw(ctx: Context, name: str) -> bool:
     """Whether the witness or source ``name`` saw the event (a source: consulted, it gave a
     finding)."""
     if name in WITNESSES:
-        return WITNESSES[name].saw(ctx)
+        return SEES[name](ctx)
     return bool(consult(ctx, name))

@@ -36,6 +36,7 @@ import pandas as pd
 from . import warns
 from .base import Context, Finding
 from .evidence import ranks_text, sql_str
+from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, finds
 
 MAX_EVIDENCE = 20
 
@@ -75,6 +76,7 @@ def _counts_only(g: pd.DataFrame) -> bool:
     return bool(g["op_count"].notna().all() and not lagging.any())
 
 
+@finds(RAS_REPORT)
 def ras_hangs(ctx: Context) -> list[Finding]:
     """One ``hang_mismatch`` finding per RAS report that names ranks or processes behind.
 
@@ -151,6 +153,7 @@ def _fr_what(r) -> str:
     return f"{op}{seq}{pg}: no dump from {ranks_text(missing or culprits)}"
 
 
+@finds(FR_REPORT)
 def fr_report_hangs(ctx: Context) -> list[Finding]:
     """One ``hang_mismatch`` finding per Flight Recorder analyzer report that names ranks: an
     error for the ranks missing from a collective or culprit of a mismatch, else a warning for
@@ -260,6 +263,7 @@ def fr_positions_sql(pg: str) -> str:
             "AND pid IS NULL AND NOT coalesce(is_p2p, false)) GROUP BY host, rank ORDER BY rank")
 
 
+@finds(FR_DUMPS)
 def fr_dump_hangs(ctx: Context) -> list[Finding]:
     """One ``hang_mismatch`` error per process group whose Flight Recorder dumps show ranks that
     never enqueued the collective the others enqueued and still wait in (module docstring).

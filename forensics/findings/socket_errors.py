@@ -22,6 +22,7 @@ from . import warns
 from .base import Finding
 from .evidence import label, model_table as table, rank_directory, ranks_text, sql_evidence, sql_str
 from .onset import ONSET_UNKNOWN
+from .precedence import SOCKET_ERRORS, WARN_RESETS, finds
 from .timeouts import abort_cascade
 
 MAX_EVIDENCE = 20
@@ -41,6 +42,7 @@ ACTIONS = {
 }
 
 
+@finds(SOCKET_ERRORS)
 def socket_failures(ctx) -> list[Finding]:
     rows = warns.rows_of(ctx, list(CLASSES))
     # a connection to the reporter's own host is NCCL's own plumbing (its proxy thread, a local
@@ -163,6 +165,7 @@ def rank_addresses(ctx) -> dict[str, int]:
     return out
 
 
+@finds(WARN_RESETS)
 def logged_resets(ctx) -> list[Finding]:
     """A reset that broke the ring before the capture, from NCCL's own WARN lines (the capture
     started after it; the ranks may have exited since, their logs attached): the rank that

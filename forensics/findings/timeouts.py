@@ -26,6 +26,7 @@ import pandas as pd
 from . import warns
 from .base import Finding
 from .evidence import ranks_text
+from .precedence import WATCHDOG, finds
 
 TIMEOUT_KINDS = ("timeout", "terminated")
 MAX_EVIDENCE = 20
@@ -34,6 +35,7 @@ SQL = ("SELECT host, rank, pg_id, kind, seq_num, op, numel_in, numel_out, last_e
        "'dump_signal') ORDER BY pg_id, rank, seq_num")
 
 
+@finds(WATCHDOG)
 def watchdog_hangs(ctx) -> list[Finding]:
     wd = ctx.model.tables.get("watchdog_events")
     if wd is None or wd.empty:

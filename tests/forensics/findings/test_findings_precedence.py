@@ -104,6 +104,19 @@ def test_the_table_names_only_known_evidence_and_has_no_cycle():
         stronger(name)
 
 
+def test_every_witness_and_source_has_its_function_registered_by_the_evidence_owner():
+    """The table names the evidence; the modules that read it register its functions (the
+    table imports none of them): once the package is imported, every name has one."""
+    assert set(precedence.SEES) == set(precedence.WITNESSES)
+    assert set(precedence.FINDS) == set(precedence.PRECEDENCE)
+    assert precedence.SEES[precedence.TRACER].__module__ == "forensics.findings.hang"
+    assert precedence.SEES[precedence.PACKETS].__module__ == "forensics.findings.connection_reset"
+    with pytest.raises(ValueError, match="registered twice"):
+        precedence.finds(precedence.WATCHDOG)(lambda ctx: [])
+    with pytest.raises(ValueError, match="not in the precedence table"):
+        precedence.sees("no such evidence")
+
+
 def test_every_source_is_consulted_by_the_owner_of_its_kinds():
     consulted = {s: hang for s in hang.LATE_SOURCES} | {s: connection_reset for s in connection_reset.LATE_SOURCES}
     assert set(consulted) == set(precedence.PRECEDENCE)
@@ -125,11 +138,14 @@ def toy_table(monkeypatch, calls: list, *, witness_saw: bool, strong: list, cost
     def saw(ctx):
         calls.append("W?")
         return witness_saw
-    monkeypatch.setattr(precedence, "WITNESSES", {"W": precedence.Witness(saw, costly=costly)})
+    monkeypatch.setattr(precedence, "WITNESSES", {"W": precedence.Witness(costly=costly)})
     monkeypatch.setattr(precedence, "PRECEDENCE", {
-        "STRONG": precedence.Source(("k",), find("STRONG", strong)),
-        "WEAK": precedence.Source(("k",), find("WEAK", [finding("k", "weak")]), yields_to=("STRONG", "W")),
+        "STRONG": precedence.Source(("k",)),
+        "WEAK": precedence.Source(("k",), yields_to=("STRONG", "W")),
     })
+    monkeypatch.setattr(precedence, "SEES", {"W": saw})
+    monkeypatch.setattr(precedence, "FINDS", {"STRONG": find("STRONG", strong),
+                                              "WEAK": find("WEAK", [finding("k", "weak")])})
 
 
 def test_a_source_yields_to_a_witness_that_saw_the_event(monkeypatch):
@@ -158,8 +174,7 @@ def test_a_costly_witness_is_asked_only_when_the_weaker_source_has_something_to_
     assert calls == ["STRONG", "WEAK", "W?"]
     # nothing to drop: the costly witness is not asked, and the verdict is the same
     calls.clear()
-    monkeypatch.setitem(precedence.PRECEDENCE, "WEAK",
-                        precedence.Source(("k",), lambda ctx: calls.append("WEAK") or [], yields_to=("STRONG", "W")))
+    monkeypatch.setitem(precedence.FINDS, "WEAK", lambda ctx: calls.append("WEAK") or [])
     assert precedence.consult(toy_context(), "WEAK") == []
     assert calls == ["STRONG", "WEAK"]
 

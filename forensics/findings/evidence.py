@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from ..model.nccl import world_ranks
+from ..model.schema import empty
 # tcp_events.event -> class of trouble: the one table (forensics/tcp/classes.py) the report uses too
 from ..tcp.classes import (DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, dense_codes,  # noqa: F401
                            subsumed_sql)
@@ -385,7 +386,6 @@ def tcp_sources(ev: pd.DataFrame) -> str:
 
 def model_table(ctx, name: str) -> pd.DataFrame:
     """A model table, empty when this model has none (an older database, a synthetic model)."""
-    from ..model.schema import empty
     t = ctx.model.tables.get(name)
     return empty(name) if t is None else t
 

@@ -34,6 +34,8 @@ communicators are created) for hang verdicts.
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import numpy as np
 import pandas as pd
 
@@ -653,7 +655,6 @@ def _started(h) -> str:
     t = getattr(h, "last_progress_ns", None)
     if t is None or pd.isna(t):
         return ""
-    from datetime import datetime, timezone
     when = datetime.fromtimestamp(int(t) / 1e9, tz=timezone.utc).strftime("%H:%M:%S.%f")[:-3]
     return f"; hung since {when} UTC (its last completed collective)"
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..parsers.ncclras import LAGGING_STATUS
 from . import warns
 from .base import Context, Finding
 from .evidence import ranks_text, sql_str
@@ -71,7 +72,6 @@ def _who(r) -> str:
 def _counts_only(g: pd.DataFrame) -> bool:
     """Whether RAS names these ranks behind only by their operation counts (a MISMATCH): no
     rank missing, dead, without a communicator or still initialising."""
-    from ..parsers.ncclras import LAGGING_STATUS
     lagging = g["missing"].fillna(False).astype(bool) | g["status"].isin(LAGGING_STATUS) | (g["kind"] == "DEAD")
     return bool(g["op_count"].notna().all() and not lagging.any())
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..model.nccl_errors import CLASSES
 from . import warns
 from .base import Finding
 from .evidence import ranks_text
@@ -203,7 +204,6 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
 
 
 def _cause_classes() -> list[str]:
-    from ..model.nccl_errors import CLASSES
     return [c.name for c in CLASSES if c.kind != "none"]
 
 

@@ -14,7 +14,9 @@ chains that overlap in time and share one rank blame that rank's link (one chain
 ends are candidates; the rank on more chains wins). A chain during which one of its ends completed
 a collective is no outage: data crossed that rank's link meanwhile (random loss on a lightly used
 connection spaces its resends seconds apart, by chance about doubling). Packets' verdicts from
-different captures are never joined into one chain (each host's pcap sees its own resends). The
+different captures are never joined into one chain (each host's pcap sees its own resends), nor
+resends of different segments (the ``packets`` table's ``seq_raw``: a dead link's timer resends the
+one segment at the head of the queue). The
 link came back when a collective
 completed after the last resend of the episode; a link still down at the end is a hang,
 which the hang detectors report, so no finding here.
@@ -51,7 +53,9 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
                                      "gaps_ns"])
     rt = rt.sort_values("timestamp_ns", kind="stable")
     # one capture's view at a time: two hosts' pcaps interleaved make gaps neither saw
-    by = ["saddr", "sport", "daddr", "dport"] + [c for c in ("host",) if c in rt.columns]
+    # and where the packets say which segment each resend carried, one segment's resends (a dead
+    # link resends the same head segment after every timeout; random loss resends other ones)
+    by = ["saddr", "sport", "daddr", "dport"] + [c for c in ("host", "seq_raw") if c in rt.columns]
     for key, g in rt.groupby(by, sort=False, dropna=False):
         t = pd.to_numeric(g["timestamp_ns"], errors="coerce").dropna().astype("int64").to_numpy()
         if len(t) < MIN_CHAIN - 1:
@@ -119,6 +123,22 @@ def _moved_during(done: dict[int, np.ndarray], ranks, t0: int, t1: int) -> bool:
     return False
 
 
+def _with_segments(ctx: Context, rt: pd.DataFrame) -> pd.DataFrame:
+    """``rt`` with ``seq_raw``: the sequence number each pcap resend carried, from the
+    ``packets`` table's row of the same capture and frame (NA for the tracer's rows and where
+    the packets do not say)."""
+    p = ctx.model.tables.get("packets")
+    keys = ["host", "capture", "frame"]
+    if p is None or p.empty or not all(k in p and k in rt for k in keys) or "seq_raw" not in p:
+        return rt
+    seg = p[keys + ["seq_raw"]].drop_duplicates(keys)
+    pcap = rt["source"].eq("pcap") if "source" in rt else pd.Series(True, index=rt.index)
+    joined = rt[pcap].reset_index().merge(seg, on=keys, how="left").set_index("index")
+    out = rt.assign(seq_raw=pd.array([pd.NA] * len(rt), dtype="Int64"))
+    out.loc[joined.index, "seq_raw"] = pd.to_numeric(joined["seq_raw"], errors="coerce").astype("Int64")
+    return out
+
+
 def _owner_ranks(ctx: Context) -> dict[str, int]:
     """Address -> the rank owning it (rank_directory), to name a chain's ends."""
     return {info.addr: r for r, info in rank_directory(ctx).items() if getattr(info, "addr", None)}
@@ -131,7 +151,7 @@ def link_flap(ctx: Context) -> list[Finding]:
         return []
     # each source on its own (the tracer may have attached seconds after tcpdump started: the
     # packets then hold more of the backoff); per connection the longer chain
-    rt = t[t["event"].isin(("tcp_retransmit_skb", "retransmission"))]
+    rt = _with_segments(ctx, t[t["event"].isin(("tcp_retransmit_skb", "retransmission"))])
     chains = pd.concat([backoff_chains(rt[rt["event"] == ev]) for ev in ("tcp_retransmit_skb", "retransmission")],
                        ignore_index=True)
     if chains.empty:

@@ -108,6 +108,15 @@ def test_two_captures_resends_are_never_one_chain():
     assert len(backoff_chains(pd.DataFrame([dict(r, host="node1") for r in rows]))) == 1
 
 
+def test_resends_of_different_segments_are_never_one_chain():
+    # a dead link's timer resends the segment at the head of the queue, every time; resends of
+    # other segments at doubling gaps are random loss (the packets' seq_raw tells them apart)
+    rows = [dict(r, event="retransmission", source="pcap", host="node1", seq_raw=1000 + 1448 * i)
+            for i, r in enumerate(backoff(1, 2, T0))]
+    assert backoff_chains(pd.DataFrame(rows)).empty
+    assert len(backoff_chains(pd.DataFrame([dict(r, seq_raw=1000) for r in rows]))) == 1
+
+
 def test_one_connection_in_backoff_is_no_flap():
     t0 = T0 + DOWN_AT * 100 * MS
     assert link_flap(context(_shift_after(flap_job(True), DOWN_AT, 3100), backoff(2, 3, t0))) == []

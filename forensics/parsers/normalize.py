@@ -406,7 +406,8 @@ def _lines(data: bytes):
     # trailing blanks: the last non-blank byte of each line, found from a cumulative index
     nb = np.where((arr != 32) & (arr != 9), np.arange(len(arr)), -1)
     last_nb = np.maximum.accumulate(nb) if len(nb) else nb
-    lastc = np.where(ends > starts, last_nb[np.maximum(ends - 1, 0)], -1)
+    lastc = (np.where(ends > starts, last_nb[np.maximum(ends - 1, 0)], -1) if len(arr)
+             else np.full(len(ends), -1, dtype=np.int64))       # no bytes: one empty line
     trail = np.where(lastc >= starts, ends - 1 - lastc, ends - starts)
     return starts, ends, chars, trail
 

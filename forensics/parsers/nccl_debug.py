@@ -286,10 +286,11 @@ class NcclDebugParser(TextParser):
             tables["nccl_warnings"] = _warnings_table(warns)
 
         # per-process facts from the remaining INFO lines, refined by channels and comms
-        procs = _process_facts(rows, info, tables, bare, facts, log, topo)
+        procs = _process_facts(found.py_rows, info, tables, bare, facts, log, topo)
         _refine_processes(procs, chans, comms, rings, topo)
-        tables["nccl_log_lines"] = _merged(_log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None),
-                                           topo.log_lines, cls.SCHEMAS["nccl_log_lines"])
+        c_lines = topo.lines_with_kinds([r.kind for r in found.c_rows], coll == "rows")
+        tables["nccl_log_lines"] = _merged(_log_lines_table(found.py_rows, bare, tables["nccl_coll"] if coll == "rows"
+                                                            else None), c_lines, cls.SCHEMAS["nccl_log_lines"])
         return cls.result(label, tables, facts, log)
 
 
@@ -409,9 +410,12 @@ class _NcclLines:
     """The NCCL lines of a log besides the COLL lines the C scanner read: ``rows`` (lines with
     the NCCL prefix, with or without pid:tid, or a WARN pasted without its host:pid:tid), ``bare`` (``NCCL version x``
     without a prefix: (line, version, the text before it)) and ``mentions`` (lines naming an
-    NCCL level that do not parse, each warned about)."""
+    NCCL level that do not parse, each warned about); ``rows`` are ``c_rows`` (the INFO lines
+    whose prefix C read) and ``py_rows`` (the others) in line order."""
 
     rows: list[_Line] = field(default_factory=list)
+    c_rows: list[_Line] = field(default_factory=list)
+    py_rows: list[_Line] = field(default_factory=list)
     bare: list[tuple[int, str, str]] = field(default_factory=list)
     mentions: int = 0
 
@@ -426,11 +430,12 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLin
         keep = ~np.isin(sel.start, topo.starts)
         sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
     if topo.info:
-        found.rows = _prefixed_rows(topo.info)
+        found.rows = found.c_rows = _prefixed_rows(topo.info)
         if len(sel):       # both in line order
-            found.rows = list(heapq.merge(found.rows, _read_selected(text, sel, log, found), key=attrgetter("line")))
+            found.py_rows = _read_selected(text, sel, log, found)
+            found.rows = list(heapq.merge(found.c_rows, found.py_rows, key=attrgetter("line")))
         return found
-    found.rows = _read_selected(text, sel, log, found)
+    found.rows = found.py_rows = _read_selected(text, sel, log, found)
     return found
 
 
@@ -694,8 +699,8 @@ def _process(procs: dict, host: str, pid: int) -> dict:
 
 def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: list[tuple[int, str, str]],
                    facts: dict, log: WarningLog, topo: TopoLines) -> dict:
-    """``facts["processes"]``: one entry per process seen (in any line, C's Channel lines
-    ``topo`` or COLL row), filled from the INFO lines not read yet (:data:`INFO_FACTS`, each
+    """``facts["processes"]``: one entry per process seen (in ``rows``, the lines C did not read;
+    the lines C read, ``topo``; a COLL row), filled from the INFO lines not read yet (:data:`INFO_FACTS`, each
     line marked with its kind); also adds the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
     seen: dict = {}

@@ -44,10 +44,11 @@ def via_fields(via: str) -> tuple[str | None, str | None, int | None]:
 
 @dataclass
 class TopoLines:
-    """What the C reader read of a log's Channel lines. ``channels``, ``rings`` and
-    ``log_lines``: typed frames of ``nccl_channels``, ``nccl_rings`` and ``nccl_log_lines``
-    rows (their schemas' columns); ``first_seen``: (line, host, pid) of each process's first
-    line here; ``vias``: (line, host, pid, via) of each process's first connection by each
+    """What the C reader read of a log's Channel lines. ``channels`` and ``rings``: typed
+    frames of ``nccl_channels`` and ``nccl_rings`` rows (their schemas' columns);
+    ``log_lines``: the ``nccl_log_lines`` rows of every line C read, the other INFO lines
+    (``info``, at the rows ``info_rows``) of kind ``other`` until :meth:`lines_with_kinds`;
+    ``first_seen``: (line, host, pid) of each process's first line C read; ``vias``: (line, host, pid, via) of each process's first connection by each
     ``via``, by line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its
     ring order lines)."""
 
@@ -60,6 +61,20 @@ class TopoLines:
     first_seen: list[tuple[int, str, int]] = field(default_factory=list)
     vias: list[tuple[int, str, int, str]] = field(default_factory=list)
     nchannels: list[tuple[str, int, int]] = field(default_factory=list)
+    info_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+    def lines_with_kinds(self, kinds: list[str], coll_apart: bool) -> pd.DataFrame | None:
+        """``log_lines`` with the kinds the parser gave the ``info`` lines (``kinds``, in their
+        order); ``coll_apart``: the lines of kind ``coll`` left out (their rows are the
+        ``nccl_coll`` table's)."""
+        if self.log_lines is None or not len(self.info_rows):
+            return self.log_lines
+        kind = self.log_lines["kind"].to_numpy(dtype=object, copy=True)
+        kind[self.info_rows] = kinds
+        out = self.log_lines.assign(kind=pd.array(kind, dtype="string"))
+        if coll_apart and "coll" in kinds:
+            out = out[kind != "coll"].reset_index(drop=True)
+        return out
 
     def __len__(self) -> int:
         """The Channel lines read (not the ``info`` lines: those become the parser's rows)."""
@@ -79,16 +94,25 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     host = _strings(text, c["host_off"], c["host_len"], c["host_hash"])
     out = TopoLines(starts=c["start"].copy())
     other = c["kind"] == TOPO_PREFIX
+    # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
+    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"],
+            "msg": _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"])}
+    out.log_lines = _log_lines(text, c, base, _objects(["", "channel", "ring", "other", "tree"])[c["kind"]],
+                               schemas["nccl_log_lines"])
+    out.info_rows, msg = np.flatnonzero(other), base.pop("msg")
+    keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
+    first = np.flatnonzero(~keys.duplicated().to_numpy())
+    out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
     if other.any():
-        out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other])
+        out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other], msg[other])
         items["item_row"] = (np.cumsum(~other) - 1)[items["item_row"]]       # rows renumbered without them
         c = {k: v[~other] for k, v in c.items()}
-        line, host = line[~other], host[~other]
+        line, host, keys = line[~other], host[~other], keys[~other].reset_index(drop=True)
+        base = {k: v[~other] for k, v in base.items()}
     out.n_topo = len(line)
     if not out.n_topo:
         return out, rest
     conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
-    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
     out.channels = _channels(text, {k: v[conn] for k, v in c.items()}, {k: v[conn] for k, v in base.items()},
                              schemas["nccl_channels"])
     rings = [_ring_orders(text, {k: v[ring] for k, v in c.items()}, {k: v[ring] for k, v in base.items()},
@@ -97,11 +121,6 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     rings = [r for r in rings if r is not None]
     out.rings = (pd.concat(rings, ignore_index=True).sort_values("line", kind="stable").reset_index(drop=True)
                  if len(rings) > 1 else rings[0] if rings else None)
-    kind = _objects(["", "channel", "ring", "", "tree"])[c["kind"]]
-    out.log_lines = _log_lines(text, c, base, kind, schemas["nccl_log_lines"])
-    keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
-    first = np.flatnonzero(~keys.duplicated().to_numpy())
-    out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
     vk = keys[conn].assign(v=c["via_hash"][conn])
     ci = np.flatnonzero(conn)[~vk.duplicated().to_numpy()]
     out.vias = [(int(line[i]), host[i], int(c["pid"][i]),
@@ -128,7 +147,7 @@ def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame
     }, schema)
 
 
-def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray) -> dict[str, list]:
+def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.ndarray) -> dict[str, list]:
     """The prefix fields of the other INFO lines C read, as lists (each becomes the parser's
     row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
     data = text.data
@@ -138,14 +157,16 @@ def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray) -> dict[st
         ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
     return {"line": line.tolist(), "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]).tolist(),
             "ts": ts, "host": host.tolist(), "pid": c["pid"].tolist(), "tid": c["tid"].tolist(),
-            "dev": c["dev"].tolist(), "msg": _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"]).tolist()}
+            "dev": c["dev"].tolist(), "msg": msg.tolist()}
 
 
 def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
     """(the distinct (ASCII) texts at (offset, length) by ``key``, each row's index into them)."""
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    inv, uniq = pd.factorize(key)          # a hash table: no sort of the keys
+    first = np.empty(len(uniq), np.int64)
+    first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)      # each key's first row
     data = text.data
-    return [bytes(data[int(off[i]):int(off[i] + ln[i])]).decode("ascii") for i in first], inv.reshape(-1)
+    return [bytes(data[o:o + n]).decode("ascii") for o, n in zip(off[first].tolist(), ln[first].tolist())], inv
 
 
 def _objects(values: list) -> np.ndarray:
@@ -187,7 +208,7 @@ def _frame(cols: dict, schema: dict) -> pd.DataFrame:
           "bool": lambda: pd.arrays.BooleanArray(np.zeros(n, bool), np.ones(n, bool)),
           "time": lambda: np.full(n, None, dtype=object)}
     return pd.DataFrame({k: cols[k] if k in cols else na[kind]() for k, kind in schema.items()},
-                        index=pd.RangeIndex(n))
+                        index=pd.RangeIndex(n), copy=False)
 
 
 def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame | None:
@@ -225,7 +246,7 @@ def _ring_orders(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFra
 
 def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dict) -> pd.DataFrame:
     n = len(kind)
-    msg = _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"])
+    msg = base["msg"]
     ts = np.full(n, None, dtype=object)
     stamped = np.flatnonzero(c["ts_len"] > 0)
     data = text.data

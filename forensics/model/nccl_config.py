@@ -180,22 +180,28 @@ def _log_world_ranks(comms: pd.DataFrame) -> dict[tuple[str, int], int]:
 
 
 def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
-    """The ``nccl_config`` row key of each log row (artifact, host, pid), looked up once per
-    distinct (artifact, host, pid): a log has a few processes and up to millions of rows."""
-    hosts = df["host"].astype("string").fillna("")
-    pids = pd.to_numeric(df["pid"], errors="coerce")
-    triples = list(zip(df["artifact"].tolist(), hosts.tolist(), pids.tolist()))
-    keys = {}
-    for a, h, p in dict.fromkeys(triples):
-        p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
-        keys[(a, h, p)] = pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p))
-    return pd.Series([keys[t] for t in triples], index=df.index, dtype=object)
+    """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
+    codes, keys = _per_key(df, pmap)
+    out = np.empty(len(keys), dtype=object)
+    out[:] = keys
+    return pd.Series(out[codes], index=df.index, dtype=object)
 
 
 def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
-    """(the index of each row's key in the keys, the keys in order of first appearance)."""
-    codes, uniq = pd.factorize(_keys(df, pmap), sort=False)
-    return codes, list(uniq)
+    """(the index of each row's key in the keys, the keys in order of first appearance), each
+    key looked up once per distinct (artifact, host, pid): a log has a few processes and up to
+    millions of rows."""
+    t = pd.DataFrame({"a": df["artifact"].to_numpy(), "h": df["host"].astype("string").fillna("").array,
+                      "p": pd.to_numeric(df["pid"], errors="coerce").array})
+    group = t.groupby(["a", "h", "p"], sort=False, dropna=False).ngroup().to_numpy()
+    first = np.flatnonzero(~pd.Series(group).duplicated().to_numpy())      # group g's first row: first[g]
+    f = t.iloc[first]
+    keys = []
+    for a, h, p in zip(f["a"].tolist(), f["h"].tolist(), f["p"].tolist()):
+        p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
+        keys.append(pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p)))
+    kcodes, uniq = pd.factorize(pd.Series(keys, dtype=object), sort=False)
+    return kcodes[group], list(uniq)
 
 
 def _distinct_channels(codes: np.ndarray, channel: pd.Series, pick, n: int) -> np.ndarray:

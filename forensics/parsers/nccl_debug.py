@@ -89,7 +89,7 @@ import pandas as pd
 from . import lines as lines_mod
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
-from .nccl_topo import VIA_RE, TopoLines, scan_topology
+from .nccl_topo import VIA_RE, TopoLines, refine_processes, scan_topology
 from .nccl_warn_fields import ib_fields, peer_fields
 from .registry import WarningLog, register, typed_frame
 from .text import Lines, LogText, TextParser
@@ -258,8 +258,9 @@ class NcclDebugParser(TextParser):
         found = _read_lines(text, other, log, topo)
         rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
-        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll - len(topo))
-        if not rows and not n_coll and not len(topo):
+        n_rows = len(found.py_rows) + len(topo.info.get("line", ()))      # every line C read is one
+        facts["other_lines"] = max(0, text_lines(text) - n_rows - len(bare) - found.mentions - n_coll - len(topo))
+        if not n_rows and not n_coll and not len(topo):
             return cls.result(label, _versions_only(bare, facts, log), facts, log)
         _stamp_local_times(rows)
         info = [r for r in rows if r.level == "INFO"]
@@ -287,8 +288,9 @@ class NcclDebugParser(TextParser):
 
         # per-process facts from the remaining INFO lines, refined by channels and comms
         procs = _process_facts(found.py_rows, info, tables, bare, facts, log, topo)
-        _refine_processes(procs, chans, comms, rings, topo)
-        c_lines = topo.lines_with_kinds([r.kind for r in found.c_rows], coll == "rows")
+        refine_processes(procs, chans, comms, rings, topo)
+        found.c_kinds[found.c_at] = [r.kind for r in found.c_rows]
+        c_lines = topo.lines_with_kinds(found.c_kinds, coll == "rows")
         tables["nccl_log_lines"] = _merged(_log_lines_table(found.py_rows, bare, tables["nccl_coll"] if coll == "rows"
                                                             else None), c_lines, cls.SCHEMAS["nccl_log_lines"])
         return cls.result(label, tables, facts, log)
@@ -327,18 +329,33 @@ class _Line:
         self.kind = "other"
 
 
-def _prefixed_rows(info: dict[str, list]) -> list[_Line]:
-    """The rows of INFO lines whose prefix C read (``nccl_topo.TopoLines.info``): what
-    ``_Line`` makes of the same line's LINE_RE match."""
+def _prefixed_rows(info: dict[str, np.ndarray], at: np.ndarray) -> list[_Line]:
+    """The rows of the INFO lines at ``at`` among those whose prefix C read
+    (``nccl_topo.TopoLines.info``): what ``_Line`` makes of the same line's LINE_RE match."""
     out = []
     new = _Line.__new__
-    for line, pre, ts, host, pid, tid, dev, msg in zip(*(info[k] for k in (
+    for line, pre, ts, host, pid, tid, dev, msg in zip(*(info[k][at].tolist() for k in (
             "line", "pre", "ts", "host", "pid", "tid", "dev", "msg"))):
         r = new(_Line)
         r.line, r.pre, r.ts, r.host, r.pid, r.tid, r.dev, r.msg = line, pre, ts, host, pid, tid, dev, msg
         r.level, r.kind, r.src, r.ts_local = "INFO", "other", None, None
         out.append(r)
     return out
+
+
+# what the passes below look for in a line C read besides its INFO_FACTS entry
+READ_MARKS = (" - Init ", ": opCount ", "->")
+
+
+def _kind_alone(msg: str) -> str | None:
+    """The kind of an INFO line C read, from its message alone: its :data:`INFO_FACTS` entry's
+    (or ``other``) where no pass below reads the line (no fact to read into its process, no
+    Init, COLL, topology line or error return); None where one does (the line is a row)."""
+    if msg.startswith(TOPOLOGY_STARTS) or any(m in msg for m in READ_MARKS):
+        return None
+    if (hit := _FACT_OF.get(msg, False)) is False:
+        hit = _fact_of(msg)
+    return "other" if hit is None else None if hit[1] is not None else hit[0]
 
 
 _FINDERS: dict = {}
@@ -411,10 +428,13 @@ class _NcclLines:
     the NCCL prefix, with or without pid:tid, or a WARN pasted without its host:pid:tid), ``bare`` (``NCCL version x``
     without a prefix: (line, version, the text before it)) and ``mentions`` (lines naming an
     NCCL level that do not parse, each warned about); ``rows`` are ``c_rows`` (the INFO lines
-    whose prefix C read) and ``py_rows`` (the others) in line order."""
+    whose prefix C read that a pass below reads, at ``c_at`` among them; ``c_kinds``: the kind
+    of each of them, None for those) and ``py_rows`` (the others) in line order."""
 
     rows: list[_Line] = field(default_factory=list)
     c_rows: list[_Line] = field(default_factory=list)
+    c_at: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    c_kinds: np.ndarray = field(default_factory=lambda: np.empty(0, object))
     py_rows: list[_Line] = field(default_factory=list)
     bare: list[tuple[int, str, str]] = field(default_factory=list)
     mentions: int = 0
@@ -430,7 +450,10 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLin
         keep = ~np.isin(sel.start, topo.starts)
         sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
     if topo.info:
-        found.rows = found.c_rows = _prefixed_rows(topo.info)
+        kinds = [_kind_alone(m) for m in topo.info_msgs]
+        found.c_kinds = np.array(kinds, dtype=object)[topo.info["code"]]
+        found.c_at = np.flatnonzero(np.array([k is None for k in kinds], bool)[topo.info["code"]])
+        found.rows = found.c_rows = _prefixed_rows(topo.info, found.c_at)
         if len(sel):       # both in line order
             found.py_rows = _read_selected(text, sel, log, found)
             found.rows = list(heapq.merge(found.c_rows, found.py_rows, key=attrgetter("line")))
@@ -810,52 +833,6 @@ INFO_FACTS = (
     ("topology", TOPO_RE.match, None),
     ("error_return", ERROR_RETURN_RE.match, None),
 )
-
-
-def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: list[tuple[_Line, re.Match]],
-                      rings: list[dict], topo: TopoLines) -> None:
-    """Complete the processes' facts from their channels (GDR, the transport when no line named
-    it; those read here and C's ``topo``), comms (ranks, comm ids) and ring order (nChannels
-    without a "N coll channels" line), then list their interfaces."""
-    nets: dict[str, list[str]] = {}
-    vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
-    conns = [(r.line, r.host, r.pid, c["via"]) for r, c in chans]
-    if topo.vias:
-        conns = sorted(conns + topo.vias, key=lambda x: x[0])
-    for _, host, pid, via in conns:
-        key = f"{host}:{pid}"
-        if key not in procs:          # a line of no pid (the process's facts are keyed by it)
-            continue
-        if "/GDRDMA" in via:
-            procs[key]["gdr"] = True
-        if via not in vias:
-            v = VIA_RE.match(via)
-            vias[via] = v["net"] if v and v["transport"] == "NET" else None
-        if vias[via] is not None:
-            nets.setdefault(key, []).append(vias[via])
-    for key, used in nets.items():       # IB when any NET channel is, else the first one's
-        if procs[key]["transport"] is None:
-            procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
-    for r, c in comms:
-        if (p := procs.get(f"{r.host}:{r.pid}")) is None:
-            continue
-        p["ranks"][c["comm"]] = _int(c["rank"])
-        if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
-            p["comm_ids"].append(c["comm_id"])
-    # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
-    ring_orders: dict = {}
-    for row in rings:
-        if row["kind"] == "ring_order" and row.get("nchannels") is not None:
-            key = f"{row['host']}:{row['pid']}"
-            ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
-    for host, pid, n in topo.nchannels:
-        key = f"{host}:{pid}"
-        ring_orders[key] = max(ring_orders.get(key, 0), n)
-    for key, p in procs.items():
-        if p["nchannels"] is None and key in ring_orders:
-            p["nchannels"] = ring_orders[key]
-        p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
-                                 | ({p["oob_interface"]} if p["oob_interface"] else set()))
 
 
 # --------------------------------------------------------------------------- the other lines

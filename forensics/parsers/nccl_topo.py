@@ -47,14 +47,15 @@ class TopoLines:
     """What the C reader read of a log's Channel lines. ``channels`` and ``rings``: typed
     frames of ``nccl_channels`` and ``nccl_rings`` rows (their schemas' columns);
     ``log_lines``: the ``nccl_log_lines`` rows of every line C read, the other INFO lines
-    (``info``, at the rows ``info_rows``) of kind ``other`` until :meth:`lines_with_kinds`;
-    ``first_seen``: (line, host, pid) of each process's first line C read; ``vias``: (line, host, pid, via) of each process's first connection by each
-    ``via``, by line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its
+    (at the rows ``info_rows``) of kind ``other`` until :meth:`lines_with_kinds`; ``info``:
+    those lines' prefix fields (arrays; ``code``: the index of each one's message in
+    ``info_msgs``); ``first_seen``: (line, host, pid) of each process's first line C read;
+    ``vias``: (line, host, pid, via) of each process's first connection by each ``via``, by line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its
     ring order lines)."""
 
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     n_topo: int = 0
-    info: dict[str, list] = field(default_factory=dict)
+    info: dict[str, np.ndarray] = field(default_factory=dict)
     channels: pd.DataFrame | None = None
     rings: pd.DataFrame | None = None
     log_lines: pd.DataFrame | None = None
@@ -62,8 +63,9 @@ class TopoLines:
     vias: list[tuple[int, str, int, str]] = field(default_factory=list)
     nchannels: list[tuple[str, int, int]] = field(default_factory=list)
     info_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    info_msgs: list[str] = field(default_factory=list)
 
-    def lines_with_kinds(self, kinds: list[str], coll_apart: bool) -> pd.DataFrame | None:
+    def lines_with_kinds(self, kinds: np.ndarray, coll_apart: bool) -> pd.DataFrame | None:
         """``log_lines`` with the kinds the parser gave the ``info`` lines (``kinds``, in their
         order); ``coll_apart``: the lines of kind ``coll`` left out (their rows are the
         ``nccl_coll`` table's)."""
@@ -72,7 +74,7 @@ class TopoLines:
         kind = self.log_lines["kind"].to_numpy(dtype=object, copy=True)
         kind[self.info_rows] = kinds
         out = self.log_lines.assign(kind=pd.array(kind, dtype="string"))
-        if coll_apart and "coll" in kinds:
+        if coll_apart and (kind == "coll").any():
             out = out[kind != "coll"].reset_index(drop=True)
         return out
 
@@ -95,8 +97,8 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     out = TopoLines(starts=c["start"].copy())
     other = c["kind"] == TOPO_PREFIX
     # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
-    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"],
-            "msg": _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"])}
+    msgs, code = _distinct(text, c["msg_off"], c["msg_len"], c["msg_hash"])
+    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "msg": _objects(msgs)[code]}
     out.log_lines = _log_lines(text, c, base, _objects(["", "channel", "ring", "other", "tree"])[c["kind"]],
                                schemas["nccl_log_lines"])
     out.info_rows, msg = np.flatnonzero(other), base.pop("msg")
@@ -105,6 +107,7 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
     if other.any():
         out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other], msg[other])
+        out.info["code"], out.info_msgs = code[other], msgs
         items["item_row"] = (np.cumsum(~other) - 1)[items["item_row"]]       # rows renumbered without them
         c = {k: v[~other] for k, v in c.items()}
         line, host, keys = line[~other], host[~other], keys[~other].reset_index(drop=True)
@@ -134,6 +137,55 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     return out, rest
 
 
+def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
+                      rings: list[dict], topo: TopoLines) -> None:
+    """Complete the processes' facts (``procs``: :mod:`.nccl_debug`'s ``processes`` fact) from
+    their channels (GDR, the transport when no line named it; ``chans``: (row, match) of the
+    Channel lines the regular expressions read, and C's ``topo``), comms (ranks, comm ids;
+    ``comms``: (row, match) of the Init lines) and ring order (nChannels without a "N coll
+    channels" line; ``rings``: the ``nccl_rings`` rows read by the regular expressions), then
+    list their interfaces."""
+    nets: dict[str, list[str]] = {}
+    vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
+    conns = [(r.line, r.host, r.pid, c["via"]) for r, c in chans]
+    if topo.vias:
+        conns = sorted(conns + topo.vias, key=lambda x: x[0])
+    for _, host, pid, via in conns:
+        key = f"{host}:{pid}"
+        if key not in procs:          # a line of no pid (the process's facts are keyed by it)
+            continue
+        if "/GDRDMA" in via:
+            procs[key]["gdr"] = True
+        if via not in vias:
+            v = VIA_RE.match(via)
+            vias[via] = v["net"] if v and v["transport"] == "NET" else None
+        if vias[via] is not None:
+            nets.setdefault(key, []).append(vias[via])
+    for key, used in nets.items():       # IB when any NET channel is, else the first one's
+        if procs[key]["transport"] is None:
+            procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
+    for r, c in comms:
+        if (p := procs.get(f"{r.host}:{r.pid}")) is None:
+            continue
+        p["ranks"][c["comm"]] = None if c["rank"] is None else int(c["rank"])
+        if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
+            p["comm_ids"].append(c["comm_id"])
+    # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
+    ring_orders: dict = {}
+    for row in rings:
+        if row["kind"] == "ring_order" and row.get("nchannels") is not None:
+            key = f"{row['host']}:{row['pid']}"
+            ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
+    for host, pid, n in topo.nchannels:
+        key = f"{host}:{pid}"
+        ring_orders[key] = max(ring_orders.get(key, 0), n)
+    for key, p in procs.items():
+        if p["nchannels"] is None and key in ring_orders:
+            p["nchannels"] = ring_orders[key]
+        p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
+                                 | ({p["oob_interface"]} if p["oob_interface"] else set()))
+
+
 def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame | None:
     """``nccl_rings`` rows (kind ``trees``) of the items of the Trees lines C read, in line order."""
     n = len(items["item_row"])
@@ -147,17 +199,16 @@ def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame
     }, schema)
 
 
-def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.ndarray) -> dict[str, list]:
-    """The prefix fields of the other INFO lines C read, as lists (each becomes the parser's
-    row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
+def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.ndarray) -> dict[str, np.ndarray]:
+    """The prefix fields of the other INFO lines C read, as arrays (a line the parser reads
+    becomes its row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
     data = text.data
-    ts: list = [None] * len(line)
+    ts = np.full(len(line), None, dtype=object)
     for i in np.flatnonzero(c["ts_len"] > 0).tolist():
         a = int(c["pre"][i])
         ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
-    return {"line": line.tolist(), "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]).tolist(),
-            "ts": ts, "host": host.tolist(), "pid": c["pid"].tolist(), "tid": c["tid"].tolist(),
-            "dev": c["dev"].tolist(), "msg": msg.tolist()}
+    return {"line": line, "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]), "ts": ts,
+            "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "msg": msg}
 
 
 def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -270,4 +321,4 @@ def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dic
     return _frame(cols, schema)
 
 
-__all__ = ["TopoLines", "VIA_RE", "scan_topology", "via_fields"]
+__all__ = ["TopoLines", "VIA_RE", "refine_processes", "scan_topology", "via_fields"]

@@ -93,26 +93,23 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     if not len(c["start"]):
         return TopoLines(), rest
     _, _, line = text.line_numbers_and_ends(c["start"])
-    host = _strings(text, c["host_off"], c["host_len"], c["host_hash"])
+    host = _sa(*_distinct(text, c["host_off"], c["host_len"], c["host_hash"]))
     out = TopoLines(starts=c["start"].copy())
     other = c["kind"] == TOPO_PREFIX
     # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
     msgs, code = _distinct(text, c["msg_off"], c["msg_len"], c["msg_hash"])
-    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "msg": _objects(msgs)[code]}
-    out.log_lines = _log_lines(text, c, base, _objects(["", "channel", "ring", "other", "tree"])[c["kind"]],
-                               schemas["nccl_log_lines"])
-    out.info_rows, msg = np.flatnonzero(other), base.pop("msg")
+    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
+    out.log_lines = _log_lines(text, c, base, _sa(["", "channel", "ring", "other", "tree"], c["kind"]),
+                               _sa(msgs, code), schemas["nccl_log_lines"])
+    out.info_rows = np.flatnonzero(other)
     keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
     first = np.flatnonzero(~keys.duplicated().to_numpy())
     out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
     if other.any():
-        out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other], msg[other])
+        out.info = _info(text, {k: c[k][other] for k in ("start", "pre", "pre_hash", "ts_len", "pid", "tid", "dev")},
+                         line[other], host[other], _objects(msgs)[code[other]])
         out.info["code"], out.info_msgs = code[other], msgs
-        items["item_row"] = (np.cumsum(~other) - 1)[items["item_row"]]       # rows renumbered without them
-        c = {k: v[~other] for k, v in c.items()}
-        line, host, keys = line[~other], host[~other], keys[~other].reset_index(drop=True)
-        base = {k: v[~other] for k, v in base.items()}
-    out.n_topo = len(line)
+    out.n_topo = len(line) - len(out.info_rows)      # the tables below: the rows of their kinds
     if not out.n_topo:
         return out, rest
     conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
@@ -193,9 +190,9 @@ def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame
         return None
     return _frame({
         "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
-        "kind": _str(np.full(n, "trees", dtype=object)), "channel": _int(items["item_channel"]),
+        "kind": _sa(["trees"], np.zeros(n, np.intp)), "channel": _int(items["item_channel"]),
         "rank": _int(items["item_rank"]), "up": _int(items["item_up"]),
-        "down": _str(_strings(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
+        "down": _sa(*_distinct(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
     }, schema)
 
 
@@ -208,7 +205,7 @@ def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.nd
         a = int(c["pre"][i])
         ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
     return {"line": line, "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]), "ts": ts,
-            "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "msg": msg}
+            "host": np.asarray(host, dtype=object), "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "msg": msg}
 
 
 def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
@@ -248,13 +245,18 @@ def _ints(distinct: list, inv: np.ndarray):
     return pd.arrays.IntegerArray(vals[inv], na[inv])
 
 
+def _sa(values: list, inv: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """A string column of the distinct values ``values`` (str or None: NA) at ``inv``."""
+    return pd.array(_objects(values), dtype="string").take(inv)
+
+
 def _str(values) -> pd.api.extensions.ExtensionArray:
     return pd.array(np.asarray(values, dtype=object), dtype="string")
 
 
 def _frame(cols: dict, schema: dict) -> pd.DataFrame:
     n = len(cols["line"])
-    na = {"str": lambda: pd.array(np.full(n, None, dtype=object), dtype="string"),
+    na = {"str": lambda: _sa([None], np.zeros(n, np.intp)),
           "int": lambda: pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool)),
           "bool": lambda: pd.arrays.BooleanArray(np.zeros(n, bool), np.ones(n, bool)),
           "time": lambda: np.full(n, None, dtype=object)}
@@ -267,17 +269,15 @@ def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame 
         return None
     vals, inv = _distinct(text, c["via_off"], c["via_len"], c["via_hash"])
     fields = [via_fields(v) for v in vals]
-    via = _objects(vals)[inv]
-    direction = _objects([None, "send", "receive"])[c["direction"]]
     return _frame({
         "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
         "dev": _int(base["dev"]), "channel": _int(c["channel"]), "conn_index": _int(c["sub"], c["sub"] < 0),
-        "src_rank": _int(c["src_rank"]), "src_dev": _str(_strings(text, c["src_dev_off"], c["src_dev_len"],
-                                                                   c["src_dev_hash"])),
-        "dst_rank": _int(c["dst_rank"]), "dst_dev": _str(_strings(text, c["dst_dev_off"], c["dst_dev_len"],
-                                                                   c["dst_dev_hash"])),
-        "direction": _str(direction), "via": _str(via),
-        "transport": _str(_objects([f[0] for f in fields])[inv]), "net": _str(_objects([f[1] for f in fields])[inv]),
+        "src_rank": _int(c["src_rank"]), "src_dev": _sa(*_distinct(text, c["src_dev_off"], c["src_dev_len"],
+                                                                     c["src_dev_hash"])),
+        "dst_rank": _int(c["dst_rank"]), "dst_dev": _sa(*_distinct(text, c["dst_dev_off"], c["dst_dev_len"],
+                                                                     c["dst_dev_hash"])),
+        "direction": _sa([None, "send", "receive"], c["direction"]), "via": _sa(vals, inv),
+        "transport": _sa([f[0] for f in fields], inv), "net": _sa([f[1] for f in fields], inv),
         "net_dev": _ints([f[2] for f in fields], inv),
         "gdrdma": pd.array(np.array(["/GDRDMA" in v for v in vals], bool)[inv], dtype="boolean"),
     }, schema)
@@ -290,14 +290,13 @@ def _ring_orders(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFra
     n = len(inv)
     return _frame({
         "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
-        "kind": _str(np.full(n, "ring_order", dtype=object)), "channel": _int(c["channel"]),
-        "order": _str(_objects([" ".join(o.split()) for o in vals])[inv]), "nchannels": _int(c["sub"], c["sub"] < 0),
+        "kind": _sa(["ring_order"], np.zeros(n, np.intp)), "channel": _int(c["channel"]),
+        "order": _sa([" ".join(o.split()) for o in vals], inv), "nchannels": _int(c["sub"], c["sub"] < 0),
     }, schema)
 
 
-def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dict) -> pd.DataFrame:
+def _log_lines(text: LogText, c: dict, base: dict, kind, msg, schema: dict) -> pd.DataFrame:
     n = len(kind)
-    msg = base["msg"]
     ts = np.full(n, None, dtype=object)
     stamped = np.flatnonzero(c["ts_len"] > 0)
     data = text.data
@@ -311,13 +310,13 @@ def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dic
     if len(stamped):
         ts_local[stamped] = _objects(pd.to_datetime(pd.Series([ts[i].replace("_", " ") for i in stamped],
                                                               dtype="object"), errors="coerce", format="mixed").tolist())
-    cols = {"line": _int(base["line"]), "ts": _str(ts), "ts_local": ts_local, "host": _str(base["host"]),
-            "pid": _int(base["pid"]), "tid": _int(base["tid"]), "dev": _int(base["dev"]),
-            "level": _str(np.full(n, "INFO", dtype=object)), "kind": _str(kind), "message": _str(msg)}
+    cols = {"line": _int(base["line"]), "ts": _str(ts) if len(stamped) else _sa([None], np.zeros(n, np.intp)),
+            "ts_local": ts_local, "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
+            "dev": _int(base["dev"]), "level": _sa(["INFO"], np.zeros(n, np.intp)), "kind": kind, "message": msg}
     pres, inv = _distinct(text, c["start"], c["pre"] - c["start"], c["pre_hash"])
     ctx = lines_mod.context_columns(pres)
     for k, kind_ in lines_mod.CONTEXT_COLUMNS.items():
-        cols[k] = _str(_objects(ctx[k])[inv]) if kind_ == "str" else _ints(ctx[k], inv)
+        cols[k] = _sa(ctx[k], inv) if kind_ == "str" else _ints(ctx[k], inv)
     return _frame(cols, schema)
 
 

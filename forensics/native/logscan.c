@@ -339,20 +339,30 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
     if (n <= 0 || n > 64) return -1;
     uint64_t *tab = calloc(65536, sizeof(uint64_t));
     if (!tab) return -1;
+    uint32_t word[64], mask[64];                /* each needle's first 4 bytes (fewer: masked) */
     int32_t left = 0;
     for (int32_t i = 0; i < n; i++) {
         first[i] = -1;
         if (nlen[i] < 2) continue;
         const uint8_t *nd = needles + off[i];
         tab[((uint32_t)nd[0] << 8) | nd[1]] |= 1ULL << i;
+        word[i] = mask[i] = 0;
+        for (int b = 0; b < 4 && b < nlen[i]; b++) {
+            word[i] |= (uint32_t)nd[b] << (8 * b);
+            mask[i] |= 0xFFu << (8 * b);
+        }
         left++;
     }
     for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
         uint32_t key = ((uint32_t)buf[p] << 8) | buf[p + 1];
         uint64_t m = tab[key];
+        if (!m) continue;
+        uint32_t here = 0;                      /* the next 4 bytes (those before the end) */
+        for (int b = 0; b < 4 && p + b < len; b++) here |= (uint32_t)buf[p + b] << (8 * b);
         while (m) {
             int i = __builtin_ctzll(m);
             m &= m - 1;
+            if ((here & mask[i]) != word[i]) continue;
             if (p + nlen[i] <= len && memcmp(buf + p, needles + off[i], (size_t)nlen[i]) == 0) {
                 first[i] = p;
                 tab[key] &= ~(1ULL << i);

@@ -343,15 +343,13 @@ def _prefixed_rows(info: dict[str, np.ndarray], at: np.ndarray) -> list[_Line]:
     return out
 
 
-# what the passes below look for in a line C read besides its INFO_FACTS entry
-READ_MARKS = (" - Init ", ": opCount ", "->")
 
 
 def _kind_alone(msg: str) -> str | None:
     """The kind of an INFO line C read, from its message alone: its :data:`INFO_FACTS` entry's
     (or ``other``) where no pass below reads the line (no fact to read into its process, no
     Init, COLL, topology line or error return); None where one does (the line is a row)."""
-    if msg.startswith(TOPOLOGY_STARTS) or any(m in msg for m in READ_MARKS):
+    if READ_MARKS_RE.search(msg):
         return None
     if (hit := _FACT_OF.get(msg, False)) is False:
         hit = _fact_of(msg)
@@ -600,7 +598,7 @@ def _comms_table(comms: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     """``nccl_comms`` of the Init START/COMPLETE lines."""
     t = _table(("line", "host", "pid", "tid", "dev"), comms)
     for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
-        t[k] = [_int(v) for v in t[k]]
+        t[k] = list(map(int, t[k])) if None not in t[k] else [_int(v) for v in t[k]]
     t.update(_contexts([r for r, _ in comms]))
     return t
 
@@ -611,6 +609,9 @@ TOPOLOGY_LINES = (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TRE
 
 # how every topology line starts (each of their expressions is anchored on one of these)
 TOPOLOGY_STARTS = ("Channel ", "Ring ", "Tree")
+# what the passes read in an INFO line C read besides its INFO_FACTS entry (_kind_alone): a
+# topology, Init or COLL line, an error return
+READ_MARKS_RE = re.compile("^(?:" + "|".join(map(re.escape, TOPOLOGY_STARTS)) + ")| - Init |: opCount |->")
 
 
 def _topology_lines(info: list[_Line]) -> tuple[list[tuple[_Line, re.Match]], list[dict]]:

@@ -161,12 +161,16 @@ def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
     for key, used in nets.items():       # IB when any NET channel is, else the first one's
         if procs[key]["transport"] is None:
             procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
+    ids: dict[str, dict] = {}                 # each process's comm ids, in order (a dict: no list search)
     for r, c in comms:
-        if (p := procs.get(f"{r.host}:{r.pid}")) is None:
+        key = f"{r.host}:{r.pid}"
+        if (p := procs.get(key)) is None:
             continue
         p["ranks"][c["comm"]] = None if c["rank"] is None else int(c["rank"])
-        if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
-            p["comm_ids"].append(c["comm_id"])
+        if c["comm_id"] is not None:
+            ids.setdefault(key, dict.fromkeys(p["comm_ids"]))[c["comm_id"]] = None
+    for key, seen in ids.items():
+        procs[key]["comm_ids"][:] = seen
     # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
     ring_orders: dict = {}
     for row in rings:

@@ -191,13 +191,16 @@ def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
     """(the index of each row's key in the keys, the keys in order of first appearance), each
     key looked up once per distinct (artifact, host, pid): a log has a few processes and up to
     millions of rows."""
-    t = pd.DataFrame({"a": df["artifact"].to_numpy(), "h": df["host"].astype("string").fillna("").array,
-                      "p": pd.to_numeric(df["pid"], errors="coerce").array})
-    group = t.groupby(["a", "h", "p"], sort=False, dropna=False).ngroup().to_numpy()
+    art = df["artifact"].to_numpy()
+    host = df["host"].astype("string").fillna("")
+    pid = pd.to_numeric(df["pid"], errors="coerce")
+    group = np.zeros(len(df), np.int64)
+    for col in (art, host.array, pid.array):       # (artifact, host, pid) numbered by first appearance
+        codes = pd.factorize(col, use_na_sentinel=False)[0].astype(np.int64)
+        group = pd.factorize(group * (int(codes.max(initial=0)) + 1) + codes)[0].astype(np.int64)
     first = np.flatnonzero(~pd.Series(group).duplicated().to_numpy())      # group g's first row: first[g]
-    f = t.iloc[first]
     keys = []
-    for a, h, p in zip(f["a"].tolist(), f["h"].tolist(), f["p"].tolist()):
+    for a, h, p in zip(art[first].tolist(), host.iloc[first].tolist(), pid.iloc[first].tolist()):
         p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
         keys.append(pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p)))
     kcodes, uniq = pd.factorize(pd.Series(keys, dtype=object), sort=False)
@@ -206,18 +209,21 @@ def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
 
 def _distinct_channels(codes: np.ndarray, channel: pd.Series, pick, n: int) -> np.ndarray:
     """How many distinct non-NA channels of the rows ``pick`` each key has."""
-    d = pd.DataFrame({"k": codes, "c": channel.to_numpy(dtype=object, na_value=None)})[np.asarray(pick, bool)]
-    d = d[d["c"].notna()].drop_duplicates()
-    return np.bincount(d["k"].to_numpy(np.int64), minlength=n)
+    pick = np.asarray(pick, bool) & channel.notna().to_numpy(bool)
+    c = pd.factorize(channel.array[pick])[0].astype(np.int64)
+    span = int(c.max(initial=0)) + 1
+    pairs = np.unique(codes[pick].astype(np.int64) * span + c)         # (key, channel) once each
+    return np.bincount(pairs // span, minlength=n)
 
 
 def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
     if chans.empty:
         return {}
     codes, keys = _per_key(chans, pmap)
-    kind = (chans["transport"].fillna("?") + ("/" + chans["net"]).fillna("")).tolist()
+    pairs = pd.DataFrame({"k": codes, "t": chans["transport"].fillna("?").array,
+                          "n": chans["net"].array}).drop_duplicates()          # (key, transport, net) once each
     kinds: list[set] = [set() for _ in keys]
-    for k, v in set(zip(codes.tolist(), kind)):
+    for k, v in zip(pairs["k"].tolist(), (pairs["t"] + ("/" + pairs["n"]).fillna("")).tolist()):
         kinds[k].add(v)
     net = _distinct_channels(codes, chans["channel"], (chans["transport"] == "NET").fillna(False), len(keys))
     gdr = np.bincount(codes, weights=chans["gdrdma"].fillna(False).astype(bool).to_numpy(np.float64),

@@ -28,6 +28,10 @@ VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\
 
 _CHANNEL_COLS = ("line", "host", "pid", "tid", "dev", "channel", "conn_index", "src_rank", "src_dev", "dst_rank",
                  "dst_dev", "direction", "via", "transport", "net", "net_dev", "gdrdma")
+# the C columns the connection and ring order lines fill
+_CONNECTION_COLS = ("start", "channel", "sub", "src_rank", "src_dev_off", "src_dev_len", "src_dev_hash", "dst_rank",
+                    "dst_dev_off", "dst_dev_len", "dst_dev_hash", "direction", "via_off", "via_len", "via_hash")
+_RING_ORDER_COLS = ("start", "channel", "sub", "order_off", "order_len", "order_hash")
 _RING_COLS = ("line", "host", "pid", "dev", "kind", "channel", "rank", "prev", "next", "up", "down", "order",
               "nchannels")
 
@@ -113,9 +117,9 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     if not out.n_topo:
         return out, rest
     conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
-    out.channels = _channels(text, {k: v[conn] for k, v in c.items()}, {k: v[conn] for k, v in base.items()},
+    out.channels = _channels(text, {k: c[k][conn] for k in _CONNECTION_COLS}, {k: v[conn] for k, v in base.items()},
                              schemas["nccl_channels"])
-    rings = [_ring_orders(text, {k: v[ring] for k, v in c.items()}, {k: v[ring] for k, v in base.items()},
+    rings = [_ring_orders(text, {k: c[k][ring] for k in _RING_ORDER_COLS}, {k: v[ring] for k, v in base.items()},
                           schemas["nccl_rings"]),
              _trees(text, items, {k: v[items["item_row"]] for k, v in base.items()}, schemas["nccl_rings"])]
     rings = [r for r in rings if r is not None]
@@ -217,8 +221,11 @@ def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -
     inv, uniq = pd.factorize(key)          # a hash table: no sort of the keys
     first = np.empty(len(uniq), np.int64)
     first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)      # each key's first row
-    data = text.data
-    return [bytes(data[o:o + n]).decode("ascii") for o, n in zip(off[first].tolist(), ln[first].tolist())], inv
+    if not len(first):
+        return [], inv
+    data = text.data        # each text within one ASCII line: decoded together, split at the joins
+    joined = b"\n".join([data[o:o + n] for o, n in zip(off[first].tolist(), ln[first].tolist())])
+    return joined.decode("ascii").split("\n"), inv
 
 
 def _objects(values: list) -> np.ndarray:

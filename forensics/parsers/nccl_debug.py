@@ -769,7 +769,7 @@ def _fact_of(msg: str) -> tuple | None:
     """(the kind, the reader, the match) of the first :data:`INFO_FACTS` entry ``msg`` matches
     (None: none), looked for once per distinct message (an init log repeats most of them on
     every rank of every communicator): the fact itself is read into its process line by line."""
-    hit = next(((kind, read, g) for kind, find, read in INFO_FACTS if (g := find(msg))), None)
+    hit = next(((kind, read, g) for kind, hint, find, read in INFO_FACTS if hint in msg and (g := find(msg))), None)
     if len(_FACT_OF) > 50_000:
         _FACT_OF.clear()
     _FACT_OF[msg] = hit
@@ -820,19 +820,20 @@ def _fact_nchannels(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog
     p["nchannels"] = int(g["n"])
 
 
-# The INFO lines that give a process fact: (the kind a line gets, how it is found, what reads
-# its fact into the process; None: a kind without a fact), tried in this order.
+# The INFO lines that give a process fact: (the kind a line gets, text every line it finds
+# holds, how it is found, what reads its fact into the process; None: a kind without a fact),
+# tried in this order.
 INFO_FACTS = (
-    ("version", INFO_VERSION_RE.match, _fact_version),
-    ("net", NET_IB_RE.match, _fact_net_ib),
-    ("net", NET_SOCKET_RE.match, _fact_net_socket),
-    ("net", USING_NET_RE.match, _fact_using_net),
-    ("net", BOOTSTRAP_RE.match, _fact_bootstrap),
-    ("gdr", GDR_RE.search, _fact_gdr),
-    ("env", ENV_RE.match, _fact_env),
-    ("nchannels", NCHANNELS_RE.match, _fact_nchannels),
-    ("topology", TOPO_RE.match, None),
-    ("error_return", ERROR_RETURN_RE.match, None),
+    ("version", "NCCL version ", INFO_VERSION_RE.match, _fact_version),
+    ("net", "NET/IB", NET_IB_RE.match, _fact_net_ib),
+    ("net", "NET/Socket", NET_SOCKET_RE.match, _fact_net_socket),
+    ("net", "Using network ", USING_NET_RE.match, _fact_using_net),
+    ("net", "Bootstrap", BOOTSTRAP_RE.match, _fact_bootstrap),
+    ("gdr", "GPU Direct RDMA ", GDR_RE.search, _fact_gdr),
+    ("env", "NCCL_", ENV_RE.match, _fact_env),
+    ("nchannels", " coll channels", NCHANNELS_RE.match, _fact_nchannels),
+    ("topology", "comm ", TOPO_RE.match, None),
+    ("error_return", "-> ", ERROR_RETURN_RE.match, None),
 )
 
 

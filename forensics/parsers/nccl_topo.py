@@ -54,8 +54,9 @@ class TopoLines:
     (at the rows ``info_rows``) of kind ``other`` until :meth:`lines_with_kinds`; ``info``:
     those lines' prefix fields (arrays; ``code``: the index of each one's message in
     ``info_msgs``); ``first_seen``: (line, host, pid) of each process's first line C read;
-    ``vias``: (line, host, pid, via) of each process's first connection by each ``via``, by line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its
-    ring order lines)."""
+    ``vias``: (line, host, pid, via) of each process's first connection by each ``via``, by
+    line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its ring order
+    lines)."""
 
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     n_topo: int = 0
@@ -172,7 +173,9 @@ def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
             continue
         p["ranks"][c["comm"]] = None if c["rank"] is None else int(c["rank"])
         if c["comm_id"] is not None:
-            ids.setdefault(key, dict.fromkeys(p["comm_ids"]))[c["comm_id"]] = None
+            if (seen := ids.get(key)) is None:
+                seen = ids[key] = dict.fromkeys(p["comm_ids"])
+            seen[c["comm_id"]] = None
     for key, seen in ids.items():
         procs[key]["comm_ids"][:] = seen
     # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.

@@ -341,21 +341,29 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
     *nonblank = full;
 }
 
-/* The first offset of each of up to 64 needles (of 2 bytes or more) in one pass: a table of
- * their first two bytes rejects almost every position with one lookup. first[i] = -1 where
+/* The first offset of each of up to PRESENCE_MAX needles (of 2 bytes or more) in one pass: a
+ * table of their first two bytes (a bit per needle, W words a key) rejects almost every
+ * position with one lookup, then a needle's first 4 bytes before memcmp. first[i] = -1 where
  * needle i does not occur. Returns 0, or -1 on bad arguments. */
 int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
                      const int32_t *nlen, int32_t n, int64_t *first) {
-    if (n <= 0 || n > 64) return -1;
-    uint64_t *tab = calloc(65536, sizeof(uint64_t));
-    if (!tab) return -1;
-    uint32_t word[64], mask[64];                /* each needle's first 4 bytes (fewer: masked) */
+    if (n <= 0 || n > PRESENCE_MAX) return -1;
+    const int32_t W = (n + 63) / 64;
+    uint64_t *tab = calloc((size_t)65536 * (size_t)W, sizeof(uint64_t));
+    uint32_t *word = malloc((size_t)n * sizeof(uint32_t)), *mask = malloc((size_t)n * sizeof(uint32_t));
+    int32_t *uses = calloc(65536, sizeof(int32_t));    /* needles still looked for, by key */
+    if (!tab || !word || !mask || !uses) {
+        free(tab); free(word); free(mask); free(uses);
+        return -1;
+    }
     int32_t left = 0;
     for (int32_t i = 0; i < n; i++) {
         first[i] = -1;
         if (nlen[i] < 2) continue;
         const uint8_t *nd = needles + off[i];
-        tab[((uint32_t)nd[0] << 8) | nd[1]] |= 1ULL << i;
+        uint32_t key = ((uint32_t)nd[0] << 8) | nd[1];
+        tab[(size_t)key * W + i / 64] |= 1ULL << (i % 64);
+        uses[key]++;
         word[i] = mask[i] = 0;
         for (int b = 0; b < 4 && b < nlen[i]; b++) {
             word[i] |= (uint32_t)nd[b] << (8 * b);
@@ -365,22 +373,25 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
     }
     for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
         uint32_t key = ((uint32_t)buf[p] << 8) | buf[p + 1];
-        uint64_t m = tab[key];
-        if (!m) continue;
+        if (!uses[key]) continue;
         uint32_t here = 0;                      /* the next 4 bytes (those before the end) */
         for (int b = 0; b < 4 && p + b < len; b++) here |= (uint32_t)buf[p + b] << (8 * b);
-        while (m) {
-            int i = __builtin_ctzll(m);
-            m &= m - 1;
-            if ((here & mask[i]) != word[i]) continue;
-            if (p + nlen[i] <= len && memcmp(buf + p, needles + off[i], (size_t)nlen[i]) == 0) {
-                first[i] = p;
-                tab[key] &= ~(1ULL << i);
-                left--;
+        for (int32_t w = 0; w < W; w++) {
+            uint64_t m = tab[(size_t)key * W + w];
+            while (m) {
+                int i = w * 64 + __builtin_ctzll(m);
+                m &= m - 1;
+                if ((here & mask[i]) != word[i]) continue;
+                if (p + nlen[i] <= len && memcmp(buf + p, needles + off[i], (size_t)nlen[i]) == 0) {
+                    first[i] = p;
+                    tab[(size_t)key * W + w] &= ~(1ULL << (i % 64));
+                    uses[key]--;
+                    left--;
+                }
             }
         }
     }
-    free(tab);
+    free(tab); free(word); free(mask); free(uses);
     return 0;
 }
 

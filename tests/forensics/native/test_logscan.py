@@ -106,6 +106,11 @@ def test_first_offsets_finds_every_needle_in_one_pass():
     many = [f"k{i:03d}".encode() for i in range(70)]
     blob = b" ".join(many[::2])
     assert first_offsets(blob, len(blob), many) == [blob.find(n) for n in many]
+    # past one call's 1024 needles, many sharing their first bytes (one table key), some
+    # found only at the very end, some shorter than 4 bytes
+    more = [f"kk{i:04d}".encode() for i in range(1100)] + [b"kk", b"k0", b"zz9"]
+    blob = b"..".join(more[::3]) + b"kk1099"
+    assert first_offsets(blob, len(blob), more) == [blob.find(n) for n in more]
 
 
 def test_lines_with_selects_each_line_once():

@@ -317,6 +317,12 @@ int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64
     return n;
 }
 
+/* Whether one of the 8 bytes of w is b (exact: the "has a zero byte" test of w ^ b...b). */
+static inline int has_byte(uint64_t w, uint8_t b) {
+    uint64_t v = w ^ (0x0101010101010101ULL * b);
+    return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
+}
+
 /* Lines in the buffer (the last one counts without its terminator) and how many of them hold
  * something other than blanks. */
 void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *nonblank) {
@@ -331,6 +337,14 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
             any = 0;
         } else if (!any && !is_space(c)) {
             any = 1;
+        }
+        if (any) {                              /* the rest of a non-blank line: 8 bytes a step */
+            while (i + 9 <= len) {
+                uint64_t w;
+                memcpy(&w, buf + i + 1, 8);
+                if (has_byte(w, '\n') || has_byte(w, '\r')) break;
+                i += 8;
+            }
         }
     }
     if (len > 0 && !is_term(buf[len - 1])) {

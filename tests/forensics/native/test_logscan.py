@@ -119,3 +119,13 @@ def test_lines_with_selects_each_line_once():
     sel = t.lines_with([b"WorkNCCL", b"watchdog"])
     assert sel.line.tolist() == [1, 3]
     assert [x for _, x, _ in t.iter(sel)] == ["WorkNCCL and WorkNCCL", "watchdog WorkNCCL"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(alphabet=" \t\x0b\x0cab", max_size=40), st.sampled_from(["\n", "\r", "\r\n", ""])),
+                max_size=12))
+def test_line_count_counts_as_split_lines_does_on_long_and_blank_lines(parts):
+    data = "".join(t + e for t, e in parts).encode()
+    lines = split_lines(data.decode())
+    lines = lines[:-1] if lines[-1] == "" else lines      # the last line counts without its terminator
+    assert line_count(data, len(data)) == (len(lines), sum(1 for ln in lines if ln.strip()))

@@ -348,8 +348,9 @@ def _prefixed_rows(info: dict[str, np.ndarray], at: np.ndarray) -> list[_Line]:
 def _kind_alone(msg: str) -> str | None:
     """The kind of an INFO line C read, from its message alone: its :data:`INFO_FACTS` entry's
     (or ``other``) where no pass below reads the line (no fact to read into its process, no
-    Init, COLL, topology line or error return); None where one does (the line is a row)."""
-    if READ_MARKS_RE.search(msg):
+    Init, COLL, topology line or error return: what their passes look for first); None where
+    one does (the line is a row)."""
+    if msg.startswith(TOPOLOGY_STARTS) or " - Init " in msg or ": opCount " in msg or "->" in msg:
         return None
     if (hit := _FACT_OF.get(msg, False)) is False:
         hit = _fact_of(msg)
@@ -445,7 +446,8 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLin
     found = _NcclLines()
     sel = text.lines_with(NEEDLES, also=[other])
     if len(topo.starts) and len(sel):
-        keep = ~np.isin(sel.start, topo.starts)
+        at = np.minimum(np.searchsorted(topo.starts, sel.start), len(topo.starts) - 1)     # both sorted
+        keep = topo.starts[at] != sel.start
         sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
     if topo.info:
         kinds = [_kind_alone(m) for m in topo.info_msgs]
@@ -609,9 +611,6 @@ TOPOLOGY_LINES = (("ring_order", RING_ORDER_RE), ("ring", RING_RE), ("tree", TRE
 
 # how every topology line starts (each of their expressions is anchored on one of these)
 TOPOLOGY_STARTS = ("Channel ", "Ring ", "Tree")
-# what the passes read in an INFO line C read besides its INFO_FACTS entry (_kind_alone): a
-# topology, Init or COLL line, an error return
-READ_MARKS_RE = re.compile("^(?:" + "|".join(map(re.escape, TOPOLOGY_STARTS)) + ")| - Init |: opCount |->")
 
 
 def _topology_lines(info: list[_Line]) -> tuple[list[tuple[_Line, re.Match]], list[dict]]:

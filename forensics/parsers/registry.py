@@ -112,8 +112,9 @@ def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str]) -> pd.
         cols = {c: [r.get(c) for r in rows] for c in schema}
     if n == 0:
         return empty_frame(schema)
+    # every column is a new array (_column copies what it is given as it is): no second copy
     return pd.DataFrame({c: _column(cols.get(c, [None] * n), kind) for c, kind in schema.items()},
-                        index=pd.RangeIndex(n))
+                        index=pd.RangeIndex(n), copy=False)
 
 
 def _is_na(v) -> bool:

@@ -196,6 +196,8 @@ def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
     pid = pd.to_numeric(df["pid"], errors="coerce")
     group = np.zeros(len(df), np.int64)
     for col in (art, host.array, pid.array):       # (artifact, host, pid) numbered by first appearance
+        if col is art and len(art) and (art == art[0]).all():
+            continue                               # one artifact (a table of one log): no hashing of its name
         codes = pd.factorize(col, use_na_sentinel=False)[0].astype(np.int64)
         group = pd.factorize(group * (int(codes.max(initial=0)) + 1) + codes)[0].astype(np.int64)
     first = np.flatnonzero(~pd.Series(group).duplicated().to_numpy())      # group g's first row: first[g]
@@ -220,10 +222,14 @@ def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
     if chans.empty:
         return {}
     codes, keys = _per_key(chans, pmap)
-    pairs = pd.DataFrame({"k": codes, "t": chans["transport"].fillna("?").array,
-                          "n": chans["net"].array}).drop_duplicates()          # (key, transport, net) once each
+    t, tn = pd.factorize(chans["transport"].fillna("?").array)
+    n, nn = pd.factorize(chans["net"].array, use_na_sentinel=False)
+    g = pd.factorize(codes.astype(np.int64) * len(tn) + t)[0].astype(np.int64)
+    g = pd.factorize(g * len(nn) + n)[0]
+    first = np.flatnonzero(~pd.Series(g).duplicated().to_numpy())         # (key, transport, net) once each
+    kind = pd.Series(tn.take(t[first])) + ("/" + pd.Series(nn.take(n[first]))).fillna("")
     kinds: list[set] = [set() for _ in keys]
-    for k, v in zip(pairs["k"].tolist(), (pairs["t"] + ("/" + pairs["n"]).fillna("")).tolist()):
+    for k, v in zip(codes[first].tolist(), kind.tolist()):
         kinds[k].add(v)
     net = _distinct_channels(codes, chans["channel"], (chans["transport"] == "NET").fillna(False), len(keys))
     gdr = np.bincount(codes, weights=chans["gdrdma"].fillna(False).astype(bool).to_numpy(np.float64),

@@ -343,18 +343,31 @@ def _prefixed_rows(info: dict[str, np.ndarray], at: np.ndarray) -> list[_Line]:
     return out
 
 
-
-
-def _kind_alone(msg: str) -> str | None:
-    """The kind of an INFO line C read, from its message alone: its :data:`INFO_FACTS` entry's
+def _kind_alone(msg: str) -> tuple[str | None, str | None]:
+    """(the kind of an INFO line C read, from its message alone: its :data:`INFO_FACTS` entry's
     (or ``other``) where no pass below reads the line (no fact to read into its process, no
-    Init, COLL, topology line or error return: what their passes look for first); None where
-    one does (the line is a row)."""
+    Init, COLL, topology line or error return: what their passes look for first), None where
+    one does (the line is a row); the kind of its fact where a later line of its process with a
+    fact of the same reader makes reading it pointless (:data:`LAST_WINS`), else None)."""
     if msg.startswith(TOPOLOGY_STARTS) or " - Init " in msg or ": opCount " in msg or "->" in msg:
-        return None
+        return None, None
     if (hit := _FACT_OF.get(msg, False)) is False:
         hit = _fact_of(msg)
-    return "other" if hit is None else None if hit[1] is not None else hit[0]
+    if hit is None or hit[1] is None:
+        return ("other" if hit is None else hit[0]), None
+    return None, hit[0] if hit[1] in LAST_WINS else None
+
+
+def _drop_overwritten(info: dict, family: np.ndarray, kinds: np.ndarray, need: np.ndarray) -> None:
+    """Of the INFO lines C read (``info``), those whose fact a later line of the same process
+    overwrites (``family``: each line's :data:`LAST_WINS` kind, or None) become no row: ``need``
+    cleared, ``kinds`` set. Called only where the regular expressions read no INFO line (one of
+    those could come between)."""
+    at = np.flatnonzero(pd.notna(family))
+    if len(at):
+        later = pd.DataFrame({"h": info["host"][at], "p": info["pid"][at], "f": family[at]}).duplicated(keep="last")
+        gone = at[later.to_numpy()]
+        need[gone], kinds[gone] = False, family[gone]
 
 
 _FINDERS: dict = {}
@@ -450,12 +463,16 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLin
         keep = topo.starts[at] != sel.start
         sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
     if topo.info:
-        kinds = [_kind_alone(m) for m in topo.info_msgs]
-        found.c_kinds = np.array(kinds, dtype=object)[topo.info["code"]]
-        found.c_at = np.flatnonzero(np.array([k is None for k in kinds], bool)[topo.info["code"]])
+        code = topo.info["code"]
+        alone = [_kind_alone(m) for m in topo.info_msgs]
+        found.c_kinds = np.array([k for k, _ in alone], dtype=object)[code]
+        need = np.array([k is None for k, _ in alone], bool)[code]
+        found.py_rows = _read_selected(text, sel, log, found) if len(sel) else []
+        if not any(r.level == "INFO" for r in found.py_rows):
+            _drop_overwritten(topo.info, np.array([f for _, f in alone], dtype=object)[code], found.c_kinds, need)
+        found.c_at = np.flatnonzero(need)
         found.rows = found.c_rows = _prefixed_rows(topo.info, found.c_at)
-        if len(sel):       # both in line order
-            found.py_rows = _read_selected(text, sel, log, found)
+        if found.py_rows:       # both in line order
             found.rows = list(heapq.merge(found.c_rows, found.py_rows, key=attrgetter("line")))
         return found
     found.rows = found.py_rows = _read_selected(text, sel, log, found)
@@ -817,6 +834,11 @@ def _fact_env(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> N
 
 def _fact_nchannels(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog) -> None:
     p["nchannels"] = int(g["n"])
+
+
+# readers of a field no other reader writes, unconditionally: a process's lines of one are read
+# for nothing before its last one (_drop_overwritten)
+LAST_WINS = (_fact_using_net, _fact_nchannels)
 
 
 # The INFO lines that give a process fact: (the kind a line gets, text every line it finds

@@ -170,3 +170,10 @@ def test_same_tables_for_every_kind_of_info_line_repeated_across_processes():
     assert_same(("\n".join(lines) + "\n").encode())
     for msg in KINDS:                # each alone, and twice in one process around another process's line
         assert_same(f"{PRE}{msg}\ngpu-2:7:7 [0] NCCL INFO Using network Socket\n{PRE}{msg}\n".encode())
+    # facts a later line overwrites (read once: nccl_debug._drop_overwritten), between other facts
+    seq = ["Using network IB", "NET/Socket : Using [0]eth0:10.0.0.1<0>", "Using network Socket", "16 coll channels",
+           "Using network IB", "NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.1<0>", "8 coll channels",
+           "Using network IB -> x", "4 coll channels"]
+    for order in (seq, seq[::-1], seq[1:] + seq[:1]):
+        assert_same("".join(f"{PRE}{m}\n" for m in order).encode())
+        assert_same(("".join(f"{PRE}{m}\n" for m in order) + "gpu-1:4242:4250 NCCL INFO 2 coll channels\n").encode())

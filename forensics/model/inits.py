@@ -10,6 +10,7 @@ address it cannot reach (``unreached``, ``addr:port``).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from .events import events_frame, utc_of
@@ -79,9 +80,12 @@ def _logged(bundle, log_comms: pd.DataFrame | None) -> pd.DataFrame | None:
     done = lc[lc["status"] == "COMPLETE"]
     if start.empty:
         return None
-    ended = {(r.pid, r.comm) for r in done.itertuples()}
+    # (pid, comm) of each START among those of the COMPLETEs: one key space (NA a value of its own)
+    pc = pd.concat([start[["pid", "comm"]], done[["pid", "comm"]]], ignore_index=True)
+    key = pc.groupby(["pid", "comm"], sort=False, dropna=False).ngroup().to_numpy()
+    completed = np.isin(key[:len(start)], key[len(start):])
     host = start["host"].where(start["host"].notna(), bundle.host)
     return pd.DataFrame({
         "host": host, "pid": start["pid"], "tid": start["tid"], "fn": start["func"], "rank": start["rank"],
         "nranks": start["nranks"], "comm_id": start["comm_id"], "start_ns": None, "end_ns": None,
-        "completed": [(r.pid, r.comm) in ended for r in start.itertuples()], "source": "log", "unreached": pd.NA})
+        "completed": completed, "source": "log", "unreached": pd.NA})

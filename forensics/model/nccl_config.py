@@ -180,38 +180,56 @@ def _log_world_ranks(comms: pd.DataFrame) -> dict[tuple[str, int], int]:
 
 
 def _keys(df: pd.DataFrame, pmap: dict) -> pd.Series:
-    """The ``nccl_config`` row key of each log row (artifact, host, pid), looked up once per
-    distinct (artifact, host, pid): a log has a few processes and up to millions of rows."""
-    hosts = df["host"].astype("string").fillna("")
-    pids = pd.to_numeric(df["pid"], errors="coerce")
-    triples = list(zip(df["artifact"].tolist(), hosts.tolist(), pids.tolist()))
-    keys = {}
-    for a, h, p in dict.fromkeys(triples):
-        p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
-        keys[(a, h, p)] = pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p))
-    return pd.Series([keys[t] for t in triples], index=df.index, dtype=object)
+    """The ``nccl_config`` row key of each log row (artifact, host, pid)."""
+    codes, keys = _per_key(df, pmap)
+    out = np.empty(len(keys), dtype=object)
+    out[:] = keys
+    return pd.Series(out[codes], index=df.index, dtype=object)
 
 
 def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
-    """(the index of each row's key in the keys, the keys in order of first appearance)."""
-    codes, uniq = pd.factorize(_keys(df, pmap), sort=False)
-    return codes, list(uniq)
+    """(the index of each row's key in the keys, the keys in order of first appearance), each
+    key looked up once per distinct (artifact, host, pid): a log has a few processes and up to
+    millions of rows."""
+    art = df["artifact"].to_numpy()
+    host = df["host"].astype("string").fillna("")
+    pid = pd.to_numeric(df["pid"], errors="coerce")
+    group = np.zeros(len(df), np.int64)
+    for col in (art, host.array, pid.array):       # (artifact, host, pid) numbered by first appearance
+        if col is art and len(art) and (art == art[0]).all():
+            continue                               # one artifact (a table of one log): no hashing of its name
+        codes = pd.factorize(col, use_na_sentinel=False)[0].astype(np.int64)
+        group = pd.factorize(group * (int(codes.max(initial=0)) + 1) + codes)[0].astype(np.int64)
+    first = np.flatnonzero(~pd.Series(group).duplicated().to_numpy())      # group g's first row: first[g]
+    keys = []
+    for a, h, p in zip(art[first].tolist(), host.iloc[first].tolist(), pid.iloc[first].tolist()):
+        p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
+        keys.append(pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p)))
+    kcodes, uniq = pd.factorize(pd.Series(keys, dtype=object), sort=False)
+    return kcodes[group], list(uniq)
 
 
 def _distinct_channels(codes: np.ndarray, channel: pd.Series, pick, n: int) -> np.ndarray:
     """How many distinct non-NA channels of the rows ``pick`` each key has."""
-    d = pd.DataFrame({"k": codes, "c": channel.to_numpy(dtype=object, na_value=None)})[np.asarray(pick, bool)]
-    d = d[d["c"].notna()].drop_duplicates()
-    return np.bincount(d["k"].to_numpy(np.int64), minlength=n)
+    pick = np.asarray(pick, bool) & channel.notna().to_numpy(bool)
+    c = pd.factorize(channel.array[pick])[0].astype(np.int64)
+    span = int(c.max(initial=0)) + 1
+    pairs = np.unique(codes[pick].astype(np.int64) * span + c)         # (key, channel) once each
+    return np.bincount(pairs // span, minlength=n)
 
 
 def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
     if chans.empty:
         return {}
     codes, keys = _per_key(chans, pmap)
-    kind = (chans["transport"].fillna("?") + ("/" + chans["net"]).fillna("")).tolist()
+    t, tn = pd.factorize(chans["transport"].fillna("?").array)
+    n, nn = pd.factorize(chans["net"].array, use_na_sentinel=False)
+    g = pd.factorize(codes.astype(np.int64) * len(tn) + t)[0].astype(np.int64)
+    g = pd.factorize(g * len(nn) + n)[0]
+    first = np.flatnonzero(~pd.Series(g).duplicated().to_numpy())         # (key, transport, net) once each
+    kind = pd.Series(tn.take(t[first])) + ("/" + pd.Series(nn.take(n[first]))).fillna("")
     kinds: list[set] = [set() for _ in keys]
-    for k, v in set(zip(codes.tolist(), kind)):
+    for k, v in zip(codes[first].tolist(), kind.tolist()):
         kinds[k].add(v)
     net = _distinct_channels(codes, chans["channel"], (chans["transport"] == "NET").fillna(False), len(keys))
     gdr = np.bincount(codes, weights=chans["gdrdma"].fillna(False).astype(bool).to_numpy(np.float64),

@@ -292,12 +292,15 @@ _lib.logscan_presence.restype = ctypes.c_int
 _lib.logscan_presence.argtypes = [_P, _I64, ctypes.c_char_p, _P, _P, ctypes.c_int32, _P]
 
 
+PRESENCE_MAX = 1024         # needles per logscan_presence pass (logscan.h)
+
+
 def first_offsets(buf, length: int, needles: list[bytes]) -> list[int]:
-    """The first offset of each needle in ``buf`` (-1: absent), found in one pass (at most 64
-    needles per pass; each of 2 bytes or more)."""
+    """The first offset of each needle in ``buf`` (-1: absent), found in one pass (at most
+    1024 needles per pass; each of 2 bytes or more)."""
     out: list[int] = []
-    for k in range(0, len(needles), 64):
-        part = needles[k:k + 64]
+    for k in range(0, len(needles), PRESENCE_MAX):
+        part = needles[k:k + PRESENCE_MAX]
         blob = b"".join(part)
         off = np.cumsum([0] + [len(x) for x in part[:-1]]).astype(np.int64)
         lens = np.array([len(x) for x in part], np.int32)

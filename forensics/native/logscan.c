@@ -35,13 +35,23 @@ static inline int hexval(uint8_t c) {
     return -1;
 }
 
+/* A 64-bit key of the n bytes at p (distinct texts: distinct keys, but for chance), 8 bytes
+ * a step: the columns' texts are compared by these keys alone, never decoded per line. */
 static uint64_t fnv1a(const uint8_t *p, int64_t n) {
-    uint64_t h = 1469598103934665603ULL;
-    for (int64_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 1099511628211ULL;
+    uint64_t h = 1469598103934665603ULL ^ ((uint64_t)n * 0x9E3779B97F4A7C15ULL);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdULL;
+        h ^= h >> 32;
     }
-    return h;
+    uint64_t w = 0;
+    for (int64_t k = 0; i + k < n; k++) w |= (uint64_t)p[i + k] << (8 * k);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ULL;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 32);
 }
 
 /* a column the caller asked for (NULL: not wanted) */
@@ -307,6 +317,12 @@ int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64
     return n;
 }
 
+/* Whether one of the 8 bytes of w is b (exact: the "has a zero byte" test of w ^ b...b). */
+static inline int has_byte(uint64_t w, uint8_t b) {
+    uint64_t v = w ^ (0x0101010101010101ULL * b);
+    return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
+}
+
 /* Lines in the buffer (the last one counts without its terminator) and how many of them hold
  * something other than blanks. */
 void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *nonblank) {
@@ -322,6 +338,14 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
         } else if (!any && !is_space(c)) {
             any = 1;
         }
+        if (any) {                              /* the rest of a non-blank line: 8 bytes a step */
+            while (i + 9 <= len) {
+                uint64_t w;
+                memcpy(&w, buf + i + 1, 8);
+                if (has_byte(w, '\n') || has_byte(w, '\r')) break;
+                i += 8;
+            }
+        }
     }
     if (len > 0 && !is_term(buf[len - 1])) {
         n++;
@@ -331,36 +355,57 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
     *nonblank = full;
 }
 
-/* The first offset of each of up to 64 needles (of 2 bytes or more) in one pass: a table of
- * their first two bytes rejects almost every position with one lookup. first[i] = -1 where
+/* The first offset of each of up to PRESENCE_MAX needles (of 2 bytes or more) in one pass: a
+ * table of their first two bytes (a bit per needle, W words a key) rejects almost every
+ * position with one lookup, then a needle's first 4 bytes before memcmp. first[i] = -1 where
  * needle i does not occur. Returns 0, or -1 on bad arguments. */
 int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
                      const int32_t *nlen, int32_t n, int64_t *first) {
-    if (n <= 0 || n > 64) return -1;
-    uint64_t *tab = calloc(65536, sizeof(uint64_t));
-    if (!tab) return -1;
+    if (n <= 0 || n > PRESENCE_MAX) return -1;
+    const int32_t W = (n + 63) / 64;
+    uint64_t *tab = calloc((size_t)65536 * (size_t)W, sizeof(uint64_t));
+    uint32_t *word = malloc((size_t)n * sizeof(uint32_t)), *mask = malloc((size_t)n * sizeof(uint32_t));
+    int32_t *uses = calloc(65536, sizeof(int32_t));    /* needles still looked for, by key */
+    if (!tab || !word || !mask || !uses) {
+        free(tab); free(word); free(mask); free(uses);
+        return -1;
+    }
     int32_t left = 0;
     for (int32_t i = 0; i < n; i++) {
         first[i] = -1;
         if (nlen[i] < 2) continue;
         const uint8_t *nd = needles + off[i];
-        tab[((uint32_t)nd[0] << 8) | nd[1]] |= 1ULL << i;
+        uint32_t key = ((uint32_t)nd[0] << 8) | nd[1];
+        tab[(size_t)key * W + i / 64] |= 1ULL << (i % 64);
+        uses[key]++;
+        word[i] = mask[i] = 0;
+        for (int b = 0; b < 4 && b < nlen[i]; b++) {
+            word[i] |= (uint32_t)nd[b] << (8 * b);
+            mask[i] |= 0xFFu << (8 * b);
+        }
         left++;
     }
     for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
         uint32_t key = ((uint32_t)buf[p] << 8) | buf[p + 1];
-        uint64_t m = tab[key];
-        while (m) {
-            int i = __builtin_ctzll(m);
-            m &= m - 1;
-            if (p + nlen[i] <= len && memcmp(buf + p, needles + off[i], (size_t)nlen[i]) == 0) {
-                first[i] = p;
-                tab[key] &= ~(1ULL << i);
-                left--;
+        if (!uses[key]) continue;
+        uint32_t here = 0;                      /* the next 4 bytes (those before the end) */
+        for (int b = 0; b < 4 && p + b < len; b++) here |= (uint32_t)buf[p + b] << (8 * b);
+        for (int32_t w = 0; w < W; w++) {
+            uint64_t m = tab[(size_t)key * W + w];
+            while (m) {
+                int i = w * 64 + __builtin_ctzll(m);
+                m &= m - 1;
+                if ((here & mask[i]) != word[i]) continue;
+                if (p + nlen[i] <= len && memcmp(buf + p, needles + off[i], (size_t)nlen[i]) == 0) {
+                    first[i] = p;
+                    tab[(size_t)key * W + w] &= ~(1ULL << (i % 64));
+                    uses[key]--;
+                    left--;
+                }
             }
         }
     }
-    free(tab);
+    free(tab); free(word); free(mask); free(uses);
     return 0;
 }
 
@@ -388,7 +433,12 @@ static int hexword(cur *c, int64_t *off, int32_t *len, uint64_t *h) {
  * prefix() took as one while an unclosed '[' before it could start a longer one). */
 static int prefix_is_first(const uint8_t *buf, int64_t ls, int64_t le, int64_t h, const topo_cols *o, int64_t i) {
     if (le - ls > 4096) return 0;
-    for (int64_t k = ls; k < le; k++)
+    int64_t k = ls;
+    for (uint64_t w; k + 8 <= le; k += 8) {     /* ASCII: 8 bytes a step */
+        memcpy(&w, buf + k, 8);
+        if (w & 0x8080808080808080ULL) return 0;
+    }
+    for (; k < le; k++)
         if (buf[k] >= 0x80) return 0;
     if (h > ls && memmem(buf + ls, (size_t)(h - ls), "NCCL", 4) != NULL) return 0;
     if (o->host_len[i] <= 0) return 0;

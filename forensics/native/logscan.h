@@ -37,6 +37,7 @@ int64_t logscan_hits(const uint8_t *buf, int64_t len, int64_t from, const uint8_
 int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64_t n, int64_t *start,
                       int64_t *end, int64_t *line);
 void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *nonblank);
+#define PRESENCE_MAX 1024                       /* needles per logscan_presence call */
 int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
                      const int32_t *nlen, int32_t n, int64_t *first);
 

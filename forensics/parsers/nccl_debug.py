@@ -89,8 +89,8 @@ import pandas as pd
 from . import lines as lines_mod
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
-from .nccl_topo import VIA_RE, TopoLines, scan_topology
 from .heads import NCCL_DEBUG_MARKERS
+from .nccl_topo import VIA_RE, TopoLines, refine_processes, scan_topology
 from .nccl_warn_fields import ib_fields, peer_fields
 from .registry import WarningLog, register, typed_frame
 from .text import Lines, LogText, TextParser
@@ -259,8 +259,9 @@ class NcclDebugParser(TextParser):
         found = _read_lines(text, other, log, topo)
         rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
-        facts["other_lines"] = max(0, text_lines(text) - len(rows) - len(bare) - found.mentions - n_coll - len(topo))
-        if not rows and not n_coll and not len(topo):
+        n_rows = len(found.py_rows) + len(topo.info.get("line", ()))      # every line C read is one
+        facts["other_lines"] = max(0, text_lines(text) - n_rows - len(bare) - found.mentions - n_coll - len(topo))
+        if not n_rows and not n_coll and not len(topo):
             return cls.result(label, _versions_only(bare, facts, log), facts, log)
         _stamp_local_times(rows)
         info = [r for r in rows if r.level == "INFO"]
@@ -287,10 +288,12 @@ class NcclDebugParser(TextParser):
             tables["nccl_warnings"] = _warnings_table(warns)
 
         # per-process facts from the remaining INFO lines, refined by channels and comms
-        procs = _process_facts(rows, info, tables, bare, facts, log, topo)
-        _refine_processes(procs, chans, comms, rings, topo)
-        tables["nccl_log_lines"] = _merged(_log_lines_table(rows, bare, tables["nccl_coll"] if coll == "rows" else None),
-                                           topo.log_lines, cls.SCHEMAS["nccl_log_lines"])
+        procs = _process_facts(found.py_rows, info, tables, bare, facts, log, topo)
+        refine_processes(procs, chans, comms, rings, topo)
+        found.c_kinds[found.c_at] = [r.kind for r in found.c_rows]
+        c_lines = topo.lines_with_kinds(found.c_kinds, coll == "rows")
+        tables["nccl_log_lines"] = _merged(_log_lines_table(found.py_rows, bare, tables["nccl_coll"] if coll == "rows"
+                                                            else None), c_lines, cls.SCHEMAS["nccl_log_lines"])
         return cls.result(label, tables, facts, log)
 
 
@@ -327,18 +330,45 @@ class _Line:
         self.kind = "other"
 
 
-def _prefixed_rows(info: dict[str, list]) -> list[_Line]:
-    """The rows of INFO lines whose prefix C read (``nccl_topo.TopoLines.info``): what
-    ``_Line`` makes of the same line's LINE_RE match."""
+def _prefixed_rows(info: dict[str, np.ndarray], at: np.ndarray) -> list[_Line]:
+    """The rows of the INFO lines at ``at`` among those whose prefix C read
+    (``nccl_topo.TopoLines.info``): what ``_Line`` makes of the same line's LINE_RE match."""
     out = []
     new = _Line.__new__
-    for line, pre, ts, host, pid, tid, dev, msg in zip(*(info[k] for k in (
+    for line, pre, ts, host, pid, tid, dev, msg in zip(*(info[k][at].tolist() for k in (
             "line", "pre", "ts", "host", "pid", "tid", "dev", "msg"))):
         r = new(_Line)
         r.line, r.pre, r.ts, r.host, r.pid, r.tid, r.dev, r.msg = line, pre, ts, host, pid, tid, dev, msg
         r.level, r.kind, r.src, r.ts_local = "INFO", "other", None, None
         out.append(r)
     return out
+
+
+def _kind_alone(msg: str) -> tuple[str | None, str | None]:
+    """(the kind of an INFO line C read, from its message alone: its :data:`INFO_FACTS` entry's
+    (or ``other``) where no pass below reads the line (no fact to read into its process, no
+    Init, COLL, topology line or error return: what their passes look for first), None where
+    one does (the line is a row); the kind of its fact where a later line of its process with a
+    fact of the same reader makes reading it pointless (:data:`LAST_WINS`), else None)."""
+    if msg.startswith(TOPOLOGY_STARTS) or " - Init " in msg or ": opCount " in msg or "->" in msg:
+        return None, None
+    if (hit := _FACT_OF.get(msg, False)) is False:
+        hit = _fact_of(msg)
+    if hit is None or hit[1] is None:
+        return ("other" if hit is None else hit[0]), None
+    return None, hit[0] if hit[1] in LAST_WINS else None
+
+
+def _drop_overwritten(info: dict, family: np.ndarray, kinds: np.ndarray, need: np.ndarray) -> None:
+    """Of the INFO lines C read (``info``), those whose fact a later line of the same process
+    overwrites (``family``: each line's :data:`LAST_WINS` kind, or None) become no row: ``need``
+    cleared, ``kinds`` set. Called only where the regular expressions read no INFO line (one of
+    those could come between)."""
+    at = np.flatnonzero(pd.notna(family))
+    if len(at):
+        later = pd.DataFrame({"h": info["host"][at], "p": info["pid"][at], "f": family[at]}).duplicated(keep="last")
+        gone = at[later.to_numpy()]
+        need[gone], kinds[gone] = False, family[gone]
 
 
 _FINDERS: dict = {}
@@ -410,9 +440,15 @@ class _NcclLines:
     """The NCCL lines of a log besides the COLL lines the C scanner read: ``rows`` (lines with
     the NCCL prefix, with or without pid:tid, or a WARN pasted without its host:pid:tid), ``bare`` (``NCCL version x``
     without a prefix: (line, version, the text before it)) and ``mentions`` (lines naming an
-    NCCL level that do not parse, each warned about)."""
+    NCCL level that do not parse, each warned about); ``rows`` are ``c_rows`` (the INFO lines
+    whose prefix C read that a pass below reads, at ``c_at`` among them; ``c_kinds``: the kind
+    of each of them, None for those) and ``py_rows`` (the others) in line order."""
 
     rows: list[_Line] = field(default_factory=list)
+    c_rows: list[_Line] = field(default_factory=list)
+    c_at: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    c_kinds: np.ndarray = field(default_factory=lambda: np.empty(0, object))
+    py_rows: list[_Line] = field(default_factory=list)
     bare: list[tuple[int, str, str]] = field(default_factory=list)
     mentions: int = 0
 
@@ -424,14 +460,23 @@ def _read_lines(text: LogText, other: np.ndarray, log: WarningLog, topo: TopoLin
     found = _NcclLines()
     sel = text.lines_with(NEEDLES, also=[other])
     if len(topo.starts) and len(sel):
-        keep = ~np.isin(sel.start, topo.starts)
+        at = np.minimum(np.searchsorted(topo.starts, sel.start), len(topo.starts) - 1)     # both sorted
+        keep = topo.starts[at] != sel.start
         sel = Lines(sel.start[keep], sel.end[keep], sel.line[keep])
     if topo.info:
-        found.rows = _prefixed_rows(topo.info)
-        if len(sel):       # both in line order
-            found.rows = list(heapq.merge(found.rows, _read_selected(text, sel, log, found), key=attrgetter("line")))
+        code = topo.info["code"]
+        alone = [_kind_alone(m) for m in topo.info_msgs]
+        found.c_kinds = np.array([k for k, _ in alone], dtype=object)[code]
+        need = np.array([k is None for k, _ in alone], bool)[code]
+        found.py_rows = _read_selected(text, sel, log, found) if len(sel) else []
+        if not any(r.level == "INFO" for r in found.py_rows):
+            _drop_overwritten(topo.info, np.array([f for _, f in alone], dtype=object)[code], found.c_kinds, need)
+        found.c_at = np.flatnonzero(need)
+        found.rows = found.c_rows = _prefixed_rows(topo.info, found.c_at)
+        if found.py_rows:       # both in line order
+            found.rows = list(heapq.merge(found.c_rows, found.py_rows, key=attrgetter("line")))
         return found
-    found.rows = _read_selected(text, sel, log, found)
+    found.rows = found.py_rows = _read_selected(text, sel, log, found)
     return found
 
 
@@ -573,7 +618,7 @@ def _comms_table(comms: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     """``nccl_comms`` of the Init START/COMPLETE lines."""
     t = _table(("line", "host", "pid", "tid", "dev"), comms)
     for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
-        t[k] = [_int(v) for v in t[k]]
+        t[k] = list(map(int, t[k])) if None not in t[k] else [_int(v) for v in t[k]]
     t.update(_contexts([r for r, _ in comms]))
     return t
 
@@ -695,8 +740,8 @@ def _process(procs: dict, host: str, pid: int) -> dict:
 
 def _process_facts(rows: list[_Line], info: list[_Line], tables: dict, bare: list[tuple[int, str, str]],
                    facts: dict, log: WarningLog, topo: TopoLines) -> dict:
-    """``facts["processes"]``: one entry per process seen (in any line, C's Channel lines
-    ``topo`` or COLL row), filled from the INFO lines not read yet (:data:`INFO_FACTS`, each
+    """``facts["processes"]``: one entry per process seen (in ``rows``, the lines C did not read;
+    the lines C read, ``topo``; a COLL row), filled from the INFO lines not read yet (:data:`INFO_FACTS`, each
     line marked with its kind); also adds the versions to ``facts``. Returns the processes."""
     procs: dict = facts["processes"]
     seen: dict = {}
@@ -741,7 +786,7 @@ def _fact_of(msg: str) -> tuple | None:
     """(the kind, the reader, the match) of the first :data:`INFO_FACTS` entry ``msg`` matches
     (None: none), looked for once per distinct message (an init log repeats most of them on
     every rank of every communicator): the fact itself is read into its process line by line."""
-    hit = next(((kind, read, g) for kind, find, read in INFO_FACTS if (g := find(msg))), None)
+    hit = next(((kind, read, g) for kind, hint, find, read in INFO_FACTS if hint in msg and (g := find(msg))), None)
     if len(_FACT_OF) > 50_000:
         _FACT_OF.clear()
     _FACT_OF[msg] = hit
@@ -792,66 +837,26 @@ def _fact_nchannels(p: dict, g: re.Match, r: _Line, facts: dict, log: WarningLog
     p["nchannels"] = int(g["n"])
 
 
-# The INFO lines that give a process fact: (the kind a line gets, how it is found, what reads
-# its fact into the process; None: a kind without a fact), tried in this order.
+# readers of a field no other reader writes, unconditionally: a process's lines of one are read
+# for nothing before its last one (_drop_overwritten)
+LAST_WINS = (_fact_using_net, _fact_nchannels)
+
+
+# The INFO lines that give a process fact: (the kind a line gets, text every line it finds
+# holds, how it is found, what reads its fact into the process; None: a kind without a fact),
+# tried in this order.
 INFO_FACTS = (
-    ("version", INFO_VERSION_RE.match, _fact_version),
-    ("net", NET_IB_RE.match, _fact_net_ib),
-    ("net", NET_SOCKET_RE.match, _fact_net_socket),
-    ("net", USING_NET_RE.match, _fact_using_net),
-    ("net", BOOTSTRAP_RE.match, _fact_bootstrap),
-    ("gdr", GDR_RE.search, _fact_gdr),
-    ("env", ENV_RE.match, _fact_env),
-    ("nchannels", NCHANNELS_RE.match, _fact_nchannels),
-    ("topology", TOPO_RE.match, None),
-    ("error_return", ERROR_RETURN_RE.match, None),
+    ("version", "NCCL version ", INFO_VERSION_RE.match, _fact_version),
+    ("net", "NET/IB", NET_IB_RE.match, _fact_net_ib),
+    ("net", "NET/Socket", NET_SOCKET_RE.match, _fact_net_socket),
+    ("net", "Using network ", USING_NET_RE.match, _fact_using_net),
+    ("net", "Bootstrap", BOOTSTRAP_RE.match, _fact_bootstrap),
+    ("gdr", "GPU Direct RDMA ", GDR_RE.search, _fact_gdr),
+    ("env", "NCCL_", ENV_RE.match, _fact_env),
+    ("nchannels", " coll channels", NCHANNELS_RE.match, _fact_nchannels),
+    ("topology", "comm ", TOPO_RE.match, None),
+    ("error_return", "-> ", ERROR_RETURN_RE.match, None),
 )
-
-
-def _refine_processes(procs: dict, chans: list[tuple[_Line, re.Match]], comms: list[tuple[_Line, re.Match]],
-                      rings: list[dict], topo: TopoLines) -> None:
-    """Complete the processes' facts from their channels (GDR, the transport when no line named
-    it; those read here and C's ``topo``), comms (ranks, comm ids) and ring order (nChannels
-    without a "N coll channels" line), then list their interfaces."""
-    nets: dict[str, list[str]] = {}
-    vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
-    conns = [(r.line, r.host, r.pid, c["via"]) for r, c in chans]
-    if topo.vias:
-        conns = sorted(conns + topo.vias, key=lambda x: x[0])
-    for _, host, pid, via in conns:
-        key = f"{host}:{pid}"
-        if key not in procs:          # a line of no pid (the process's facts are keyed by it)
-            continue
-        if "/GDRDMA" in via:
-            procs[key]["gdr"] = True
-        if via not in vias:
-            v = VIA_RE.match(via)
-            vias[via] = v["net"] if v and v["transport"] == "NET" else None
-        if vias[via] is not None:
-            nets.setdefault(key, []).append(vias[via])
-    for key, used in nets.items():       # IB when any NET channel is, else the first one's
-        if procs[key]["transport"] is None:
-            procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
-    for r, c in comms:
-        if (p := procs.get(f"{r.host}:{r.pid}")) is None:
-            continue
-        p["ranks"][c["comm"]] = _int(c["rank"])
-        if c["comm_id"] is not None and c["comm_id"] not in p["comm_ids"]:
-            p["comm_ids"].append(c["comm_id"])
-    # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
-    ring_orders: dict = {}
-    for row in rings:
-        if row["kind"] == "ring_order" and row.get("nchannels") is not None:
-            key = f"{row['host']}:{row['pid']}"
-            ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
-    for host, pid, n in topo.nchannels:
-        key = f"{host}:{pid}"
-        ring_orders[key] = max(ring_orders.get(key, 0), n)
-    for key, p in procs.items():
-        if p["nchannels"] is None and key in ring_orders:
-            p["nchannels"] = ring_orders[key]
-        p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
-                                 | ({p["oob_interface"]} if p["oob_interface"] else set()))
 
 
 # --------------------------------------------------------------------------- the other lines

@@ -28,6 +28,10 @@ VIA_RE = re.compile(r"(?P<transport>[A-Z0-9]+)(?:/(?P<net>[^/\s]+)/(?P<net_dev>\
 
 _CHANNEL_COLS = ("line", "host", "pid", "tid", "dev", "channel", "conn_index", "src_rank", "src_dev", "dst_rank",
                  "dst_dev", "direction", "via", "transport", "net", "net_dev", "gdrdma")
+# the C columns the connection and ring order lines fill
+_CONNECTION_COLS = ("start", "channel", "sub", "src_rank", "src_dev_off", "src_dev_len", "src_dev_hash", "dst_rank",
+                    "dst_dev_off", "dst_dev_len", "dst_dev_hash", "direction", "via_off", "via_len", "via_hash")
+_RING_ORDER_COLS = ("start", "channel", "sub", "order_off", "order_len", "order_hash")
 _RING_COLS = ("line", "host", "pid", "dev", "kind", "channel", "rank", "prev", "next", "up", "down", "order",
               "nchannels")
 
@@ -44,22 +48,40 @@ def via_fields(via: str) -> tuple[str | None, str | None, int | None]:
 
 @dataclass
 class TopoLines:
-    """What the C reader read of a log's Channel lines. ``channels``, ``rings`` and
-    ``log_lines``: typed frames of ``nccl_channels``, ``nccl_rings`` and ``nccl_log_lines``
-    rows (their schemas' columns); ``first_seen``: (line, host, pid) of each process's first
-    line here; ``vias``: (line, host, pid, via) of each process's first connection by each
-    ``via``, by line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its
-    ring order lines)."""
+    """What the C reader read of a log's Channel lines. ``channels`` and ``rings``: typed
+    frames of ``nccl_channels`` and ``nccl_rings`` rows (their schemas' columns);
+    ``log_lines``: the ``nccl_log_lines`` rows of every line C read, the other INFO lines
+    (at the rows ``info_rows``) of kind ``other`` until :meth:`lines_with_kinds`; ``info``:
+    those lines' prefix fields (arrays; ``code``: the index of each one's message in
+    ``info_msgs``); ``first_seen``: (line, host, pid) of each process's first line C read;
+    ``vias``: (line, host, pid, via) of each process's first connection by each ``via``, by
+    line; ``nchannels``: (host, pid, the largest ``Channel NN/CC`` count of its ring order
+    lines)."""
 
     starts: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     n_topo: int = 0
-    info: dict[str, list] = field(default_factory=dict)
+    info: dict[str, np.ndarray] = field(default_factory=dict)
     channels: pd.DataFrame | None = None
     rings: pd.DataFrame | None = None
     log_lines: pd.DataFrame | None = None
     first_seen: list[tuple[int, str, int]] = field(default_factory=list)
     vias: list[tuple[int, str, int, str]] = field(default_factory=list)
     nchannels: list[tuple[str, int, int]] = field(default_factory=list)
+    info_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    info_msgs: list[str] = field(default_factory=list)
+
+    def lines_with_kinds(self, kinds: np.ndarray, coll_apart: bool) -> pd.DataFrame | None:
+        """``log_lines`` with the kinds the parser gave the ``info`` lines (``kinds``, in their
+        order); ``coll_apart``: the lines of kind ``coll`` left out (their rows are the
+        ``nccl_coll`` table's)."""
+        if self.log_lines is None or not len(self.info_rows):
+            return self.log_lines
+        kind = self.log_lines["kind"].to_numpy(dtype=object, copy=True)
+        kind[self.info_rows] = kinds
+        out = self.log_lines.assign(kind=pd.array(kind, dtype="string"))
+        if coll_apart and (kind == "coll").any():
+            out = out[kind != "coll"].reset_index(drop=True)
+        return out
 
     def __len__(self) -> int:
         """The Channel lines read (not the ``info`` lines: those become the parser's rows)."""
@@ -76,32 +98,34 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     if not len(c["start"]):
         return TopoLines(), rest
     _, _, line = text.line_numbers_and_ends(c["start"])
-    host = _strings(text, c["host_off"], c["host_len"], c["host_hash"])
+    host = _sa(*_distinct(text, c["host_off"], c["host_len"], c["host_hash"]))
     out = TopoLines(starts=c["start"].copy())
     other = c["kind"] == TOPO_PREFIX
+    # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
+    msgs, code = _distinct(text, c["msg_off"], c["msg_len"], c["msg_hash"])
+    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
+    out.log_lines = _log_lines(text, c, base, _sa(["", "channel", "ring", "other", "tree"], c["kind"]),
+                               _sa(msgs, code), schemas["nccl_log_lines"])
+    out.info_rows = np.flatnonzero(other)
+    keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
+    first = np.flatnonzero(~keys.duplicated().to_numpy())
+    out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
     if other.any():
-        out.info = _info(text, {k: v[other] for k, v in c.items()}, line[other], host[other])
-        items["item_row"] = (np.cumsum(~other) - 1)[items["item_row"]]       # rows renumbered without them
-        c = {k: v[~other] for k, v in c.items()}
-        line, host = line[~other], host[~other]
-    out.n_topo = len(line)
+        out.info = _info(text, {k: c[k][other] for k in ("start", "pre", "pre_hash", "ts_len", "pid", "tid", "dev")},
+                         line[other], host[other], _objects(msgs)[code[other]])
+        out.info["code"], out.info_msgs = code[other], msgs
+    out.n_topo = len(line) - len(out.info_rows)      # the tables below: the rows of their kinds
     if not out.n_topo:
         return out, rest
     conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
-    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
-    out.channels = _channels(text, {k: v[conn] for k, v in c.items()}, {k: v[conn] for k, v in base.items()},
+    out.channels = _channels(text, {k: c[k][conn] for k in _CONNECTION_COLS}, {k: v[conn] for k, v in base.items()},
                              schemas["nccl_channels"])
-    rings = [_ring_orders(text, {k: v[ring] for k, v in c.items()}, {k: v[ring] for k, v in base.items()},
+    rings = [_ring_orders(text, {k: c[k][ring] for k in _RING_ORDER_COLS}, {k: v[ring] for k, v in base.items()},
                           schemas["nccl_rings"]),
              _trees(text, items, {k: v[items["item_row"]] for k, v in base.items()}, schemas["nccl_rings"])]
     rings = [r for r in rings if r is not None]
     out.rings = (pd.concat(rings, ignore_index=True).sort_values("line", kind="stable").reset_index(drop=True)
                  if len(rings) > 1 else rings[0] if rings else None)
-    kind = _objects(["", "channel", "ring", "", "tree"])[c["kind"]]
-    out.log_lines = _log_lines(text, c, base, kind, schemas["nccl_log_lines"])
-    keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
-    first = np.flatnonzero(~keys.duplicated().to_numpy())
-    out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
     vk = keys[conn].assign(v=c["via_hash"][conn])
     ci = np.flatnonzero(conn)[~vk.duplicated().to_numpy()]
     out.vias = [(int(line[i]), host[i], int(c["pid"][i]),
@@ -115,6 +139,61 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     return out, rest
 
 
+def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
+                      rings: list[dict], topo: TopoLines) -> None:
+    """Complete the processes' facts (``procs``: :mod:`.nccl_debug`'s ``processes`` fact) from
+    their channels (GDR, the transport when no line named it; ``chans``: (row, match) of the
+    Channel lines the regular expressions read, and C's ``topo``), comms (ranks, comm ids;
+    ``comms``: (row, match) of the Init lines) and ring order (nChannels without a "N coll
+    channels" line; ``rings``: the ``nccl_rings`` rows read by the regular expressions), then
+    list their interfaces."""
+    nets: dict[str, list[str]] = {}
+    vias: dict[str, str | None] = {}          # via -> the net it names (NET channels), read once each
+    conns = [(r.line, r.host, r.pid, c["via"]) for r, c in chans]
+    if topo.vias:
+        conns = sorted(conns + topo.vias, key=lambda x: x[0])
+    for _, host, pid, via in conns:
+        key = f"{host}:{pid}"
+        if key not in procs:          # a line of no pid (the process's facts are keyed by it)
+            continue
+        if "/GDRDMA" in via:
+            procs[key]["gdr"] = True
+        if via not in vias:
+            v = VIA_RE.match(via)
+            vias[via] = v["net"] if v and v["transport"] == "NET" else None
+        if vias[via] is not None:
+            nets.setdefault(key, []).append(vias[via])
+    for key, used in nets.items():       # IB when any NET channel is, else the first one's
+        if procs[key]["transport"] is None:
+            procs[key]["transport"] = "IB" if any(n.startswith("IB") for n in used) else used[0]
+    ids: dict[str, dict] = {}                 # each process's comm ids, in order (a dict: no list search)
+    for r, c in comms:
+        key = f"{r.host}:{r.pid}"
+        if (p := procs.get(key)) is None:
+            continue
+        p["ranks"][c["comm"]] = None if c["rank"] is None else int(c["rank"])
+        if c["comm_id"] is not None:
+            if (seen := ids.get(key)) is None:
+                seen = ids[key] = dict.fromkeys(p["comm_ids"])
+            seen[c["comm_id"]] = None
+    for key, seen in ids.items():
+        procs[key]["comm_ids"][:] = seen
+    # Without a "N coll channels" line, "Channel 00/NN : ranks" gives nChannels.
+    ring_orders: dict = {}
+    for row in rings:
+        if row["kind"] == "ring_order" and row.get("nchannels") is not None:
+            key = f"{row['host']}:{row['pid']}"
+            ring_orders[key] = max(ring_orders.get(key, 0), row["nchannels"])
+    for host, pid, n in topo.nchannels:
+        key = f"{host}:{pid}"
+        ring_orders[key] = max(ring_orders.get(key, 0), n)
+    for key, p in procs.items():
+        if p["nchannels"] is None and key in ring_orders:
+            p["nchannels"] = ring_orders[key]
+        p["interfaces"] = sorted({d["name"] for d in p["ib_devices"]} | {d["name"] for d in p["socket_interfaces"]}
+                                 | ({p["oob_interface"]} if p["oob_interface"] else set()))
+
+
 def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame | None:
     """``nccl_rings`` rows (kind ``trees``) of the items of the Trees lines C read, in line order."""
     n = len(items["item_row"])
@@ -122,30 +201,34 @@ def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame
         return None
     return _frame({
         "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
-        "kind": _str(np.full(n, "trees", dtype=object)), "channel": _int(items["item_channel"]),
+        "kind": _sa(["trees"], np.zeros(n, np.intp)), "channel": _int(items["item_channel"]),
         "rank": _int(items["item_rank"]), "up": _int(items["item_up"]),
-        "down": _str(_strings(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
+        "down": _sa(*_distinct(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
     }, schema)
 
 
-def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray) -> dict[str, list]:
-    """The prefix fields of the other INFO lines C read, as lists (each becomes the parser's
-    row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
+def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.ndarray) -> dict[str, np.ndarray]:
+    """The prefix fields of the other INFO lines C read, as arrays (a line the parser reads
+    becomes its row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
     data = text.data
-    ts: list = [None] * len(line)
+    ts = np.full(len(line), None, dtype=object)
     for i in np.flatnonzero(c["ts_len"] > 0).tolist():
         a = int(c["pre"][i])
         ts[i] = bytes(data[a + 1:a + int(c["ts_len"][i]) - 1]).decode("ascii")
-    return {"line": line.tolist(), "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]).tolist(),
-            "ts": ts, "host": host.tolist(), "pid": c["pid"].tolist(), "tid": c["tid"].tolist(),
-            "dev": c["dev"].tolist(), "msg": _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"]).tolist()}
+    return {"line": line, "pre": _strings(text, c["start"], c["pre"] - c["start"], c["pre_hash"]), "ts": ts,
+            "host": np.asarray(host, dtype=object), "pid": c["pid"], "tid": c["tid"], "dev": c["dev"], "msg": msg}
 
 
 def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
     """(the distinct (ASCII) texts at (offset, length) by ``key``, each row's index into them)."""
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    data = text.data
-    return [bytes(data[int(off[i]):int(off[i] + ln[i])]).decode("ascii") for i in first], inv.reshape(-1)
+    inv, uniq = pd.factorize(key)          # a hash table: no sort of the keys
+    first = np.empty(len(uniq), np.int64)
+    first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)      # each key's first row
+    if not len(first):
+        return [], inv
+    data = text.data        # each text within one ASCII line: decoded together, split at the joins
+    joined = b"\n".join([data[o:o + n] for o, n in zip(off[first].tolist(), ln[first].tolist())])
+    return joined.decode("ascii").split("\n"), inv
 
 
 def _objects(values: list) -> np.ndarray:
@@ -176,18 +259,23 @@ def _ints(distinct: list, inv: np.ndarray):
     return pd.arrays.IntegerArray(vals[inv], na[inv])
 
 
+def _sa(values: list, inv: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """A string column of the distinct values ``values`` (str or None: NA) at ``inv``."""
+    return pd.array(_objects(values), dtype="string").take(inv)
+
+
 def _str(values) -> pd.api.extensions.ExtensionArray:
     return pd.array(np.asarray(values, dtype=object), dtype="string")
 
 
 def _frame(cols: dict, schema: dict) -> pd.DataFrame:
     n = len(cols["line"])
-    na = {"str": lambda: pd.array(np.full(n, None, dtype=object), dtype="string"),
+    na = {"str": lambda: _sa([None], np.zeros(n, np.intp)),
           "int": lambda: pd.arrays.IntegerArray(np.zeros(n, np.int64), np.ones(n, bool)),
           "bool": lambda: pd.arrays.BooleanArray(np.zeros(n, bool), np.ones(n, bool)),
           "time": lambda: np.full(n, None, dtype=object)}
     return pd.DataFrame({k: cols[k] if k in cols else na[kind]() for k, kind in schema.items()},
-                        index=pd.RangeIndex(n))
+                        index=pd.RangeIndex(n), copy=False)
 
 
 def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame | None:
@@ -195,17 +283,15 @@ def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame 
         return None
     vals, inv = _distinct(text, c["via_off"], c["via_len"], c["via_hash"])
     fields = [via_fields(v) for v in vals]
-    via = _objects(vals)[inv]
-    direction = _objects([None, "send", "receive"])[c["direction"]]
     return _frame({
         "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
         "dev": _int(base["dev"]), "channel": _int(c["channel"]), "conn_index": _int(c["sub"], c["sub"] < 0),
-        "src_rank": _int(c["src_rank"]), "src_dev": _str(_strings(text, c["src_dev_off"], c["src_dev_len"],
-                                                                   c["src_dev_hash"])),
-        "dst_rank": _int(c["dst_rank"]), "dst_dev": _str(_strings(text, c["dst_dev_off"], c["dst_dev_len"],
-                                                                   c["dst_dev_hash"])),
-        "direction": _str(direction), "via": _str(via),
-        "transport": _str(_objects([f[0] for f in fields])[inv]), "net": _str(_objects([f[1] for f in fields])[inv]),
+        "src_rank": _int(c["src_rank"]), "src_dev": _sa(*_distinct(text, c["src_dev_off"], c["src_dev_len"],
+                                                                     c["src_dev_hash"])),
+        "dst_rank": _int(c["dst_rank"]), "dst_dev": _sa(*_distinct(text, c["dst_dev_off"], c["dst_dev_len"],
+                                                                     c["dst_dev_hash"])),
+        "direction": _sa([None, "send", "receive"], c["direction"]), "via": _sa(vals, inv),
+        "transport": _sa([f[0] for f in fields], inv), "net": _sa([f[1] for f in fields], inv),
         "net_dev": _ints([f[2] for f in fields], inv),
         "gdrdma": pd.array(np.array(["/GDRDMA" in v for v in vals], bool)[inv], dtype="boolean"),
     }, schema)
@@ -218,14 +304,13 @@ def _ring_orders(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFra
     n = len(inv)
     return _frame({
         "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
-        "kind": _str(np.full(n, "ring_order", dtype=object)), "channel": _int(c["channel"]),
-        "order": _str(_objects([" ".join(o.split()) for o in vals])[inv]), "nchannels": _int(c["sub"], c["sub"] < 0),
+        "kind": _sa(["ring_order"], np.zeros(n, np.intp)), "channel": _int(c["channel"]),
+        "order": _sa([" ".join(o.split()) for o in vals], inv), "nchannels": _int(c["sub"], c["sub"] < 0),
     }, schema)
 
 
-def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dict) -> pd.DataFrame:
+def _log_lines(text: LogText, c: dict, base: dict, kind, msg, schema: dict) -> pd.DataFrame:
     n = len(kind)
-    msg = _strings(text, c["msg_off"], c["msg_len"], c["msg_hash"])
     ts = np.full(n, None, dtype=object)
     stamped = np.flatnonzero(c["ts_len"] > 0)
     data = text.data
@@ -239,14 +324,14 @@ def _log_lines(text: LogText, c: dict, base: dict, kind: np.ndarray, schema: dic
     if len(stamped):
         ts_local[stamped] = _objects(pd.to_datetime(pd.Series([ts[i].replace("_", " ") for i in stamped],
                                                               dtype="object"), errors="coerce", format="mixed").tolist())
-    cols = {"line": _int(base["line"]), "ts": _str(ts), "ts_local": ts_local, "host": _str(base["host"]),
-            "pid": _int(base["pid"]), "tid": _int(base["tid"]), "dev": _int(base["dev"]),
-            "level": _str(np.full(n, "INFO", dtype=object)), "kind": _str(kind), "message": _str(msg)}
+    cols = {"line": _int(base["line"]), "ts": _str(ts) if len(stamped) else _sa([None], np.zeros(n, np.intp)),
+            "ts_local": ts_local, "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
+            "dev": _int(base["dev"]), "level": _sa(["INFO"], np.zeros(n, np.intp)), "kind": kind, "message": msg}
     pres, inv = _distinct(text, c["start"], c["pre"] - c["start"], c["pre_hash"])
     ctx = lines_mod.context_columns(pres)
     for k, kind_ in lines_mod.CONTEXT_COLUMNS.items():
-        cols[k] = _str(_objects(ctx[k])[inv]) if kind_ == "str" else _ints(ctx[k], inv)
+        cols[k] = _sa(ctx[k], inv) if kind_ == "str" else _ints(ctx[k], inv)
     return _frame(cols, schema)
 
 
-__all__ = ["TopoLines", "VIA_RE", "scan_topology", "via_fields"]
+__all__ = ["TopoLines", "VIA_RE", "refine_processes", "scan_topology", "via_fields"]

@@ -112,8 +112,9 @@ def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str]) -> pd.
         cols = {c: [r.get(c) for r in rows] for c in schema}
     if n == 0:
         return empty_frame(schema)
+    # every column is a new array (_column copies what it is given as it is): no second copy
     return pd.DataFrame({c: _column(cols.get(c, [None] * n), kind) for c, kind in schema.items()},
-                        index=pd.RangeIndex(n))
+                        index=pd.RangeIndex(n), copy=False)
 
 
 def _is_na(v) -> bool:
@@ -151,6 +152,12 @@ def _fast_column(values, kind: str):
     return out
 
 
+def _no_times(n: int) -> np.ndarray:
+    """A time column of ``n`` NaT, of the dtype the value-by-value conversion gives None."""
+    dtype = pd.to_datetime(pd.Series([None], dtype="object"), errors="coerce", format="mixed").dtype
+    return np.full(n, np.datetime64("NaT"), dtype=dtype)
+
+
 def _numpy_int64(values, kind: str) -> bool:
     """``values`` are numpy integers that int64 holds, for an int column."""
     return kind == "int" and isinstance(values, np.ndarray) and values.dtype.kind in "iu" \
@@ -181,6 +188,8 @@ def _column(values: list, kind: str):
     if kind == "bool":
         return pd.array([v if isinstance(v, (bool, np.bool_)) else None for v in values], dtype="boolean")
     if kind == "time":
+        if values.count(None) == len(values):        # no time at all (most logs)
+            return _no_times(len(values))
         return pd.to_datetime(pd.Series(values, dtype="object"), errors="coerce", format="mixed").to_numpy()
     raise ValueError(f"unknown column kind {kind!r}")  # pragma: no cover - schema typo
 

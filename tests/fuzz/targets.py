@@ -288,11 +288,12 @@ def check_loose_archive(data: bytes, work: Workdir) -> None:
 
 def check_nccl_topo(data: bytes, work: Workdir) -> None:
     """``logscan.c``'s readers of NCCL INFO lines (``logscan_topo``, ``logscan_coll``) on any
-    bytes and any offsets: every offset they give lies inside the input; then the NCCL_DEBUG
-    parser with them and without them (``native=False``) gives the same tables."""
+    bytes and any offsets: every offset they give lies inside the input; its needle finder
+    (``logscan_presence``) finds what ``bytes.find`` finds; then the NCCL_DEBUG parser with them
+    and without them (``native=False``) gives the same tables."""
     import numpy as np
     import pandas as pd
-    from forensics.native import coll_chunks, topo_lines
+    from forensics.native import coll_chunks, first_offsets, topo_lines
     from forensics.parsers.nccl_debug import NcclDebugParser
     from forensics.parsers.text import LogText
     n = len(data)
@@ -309,6 +310,10 @@ def check_nccl_topo(data: bytes, work: Workdir) -> None:
             raise ContractViolation(f"logscan_topo: {off} outside the input")
     for _ in coll_chunks(data, n, chunk=64):
         pass
+    needles = [data[i:i + rng.randrange(2, 9)] for i in (rng.randrange(n) for _ in range(8 if n else 0))]
+    needles = [x for x in needles if len(x) >= 2] + [b"NCCL INFO ", b"->", b"\x00\xffabsent"]
+    if first_offsets(data, n, needles) != [data.find(x) for x in needles]:
+        raise ContractViolation("logscan_presence: a first offset differs from bytes.find")
     text = LogText(data, "fuzz.log")
     if text.size == 0:
         return

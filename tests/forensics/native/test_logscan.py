@@ -106,6 +106,11 @@ def test_first_offsets_finds_every_needle_in_one_pass():
     many = [f"k{i:03d}".encode() for i in range(70)]
     blob = b" ".join(many[::2])
     assert first_offsets(blob, len(blob), many) == [blob.find(n) for n in many]
+    # past one call's 1024 needles, many sharing their first bytes (one table key), some
+    # found only at the very end, some shorter than 4 bytes
+    more = [f"kk{i:04d}".encode() for i in range(1100)] + [b"kk", b"k0", b"zz9"]
+    blob = b"..".join(more[::3]) + b"kk1099"
+    assert first_offsets(blob, len(blob), more) == [blob.find(n) for n in more]
 
 
 def test_lines_with_selects_each_line_once():
@@ -114,3 +119,13 @@ def test_lines_with_selects_each_line_once():
     sel = t.lines_with([b"WorkNCCL", b"watchdog"])
     assert sel.line.tolist() == [1, 3]
     assert [x for _, x, _ in t.iter(sel)] == ["WorkNCCL and WorkNCCL", "watchdog WorkNCCL"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.text(alphabet=" \t\x0b\x0cab", max_size=40), st.sampled_from(["\n", "\r", "\r\n", ""])),
+                max_size=12))
+def test_line_count_counts_as_split_lines_does_on_long_and_blank_lines(parts):
+    data = "".join(t + e for t, e in parts).encode()
+    lines = split_lines(data.decode())
+    lines = lines[:-1] if lines[-1] == "" else lines      # the last line counts without its terminator
+    assert line_count(data, len(data)) == (len(lines), sum(1 for ln in lines if ln.strip()))

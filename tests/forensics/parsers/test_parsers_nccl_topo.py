@@ -137,3 +137,43 @@ def test_line_by_line_edges_alone():
     for line in EDGES:
         assert_same(line.encode())
         assert_same((line + "\n" + PRE + "Channel 01/0 : 3[3] -> 4[4] via P2P\n").encode())
+
+
+# INFO lines C reads the prefix of, of every kind the parser's passes read or take from the
+# message alone (nccl_debug._kind_alone): each INFO_FACTS entry, text an entry needs without
+# its form, Init and COLL lines well formed and not, error returns, messages no pass reads
+KINDS = [
+    "NCCL version 2.21.5+cuda12.4", "NCCL version",
+    "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>",
+    "NET/IB : Using [RO]; OOB eth0:10.0.0.1<0>", "NET/IB : No device found.", "NET/Socket : Using [0]eth0:10.0.0.1<0>",
+    "NET/Socket : Using nothing", "Using network IB", "Using network Socket", "Using network",
+    "Bootstrap : Using eth0:10.0.0.1<0>",
+    "Bootstrap: nothing", "GPU Direct RDMA Enabled for HCA 0 'mlx5_0'", "GPU Direct RDMA Disabled for HCA 1",
+    "NCCL_IB_HCA set by environment to mlx5_0.", "NCCL_DEBUG set to INFO", "NCCL_FOO is unset",
+    "16 coll channels, 16 collnet channels, 0 nvls channels, 16 p2p channels", "x coll channels",
+    "comm 0x55d4a0c0 rank 3 nRanks 8 nNodes 1 localRanks 8 localRank 3 MNNVL 0", "comm 0x55d4 rank x",
+    "init.cc:1200 -> 2 (ncclSystemError)", "misc/socket.cc:484 -> 6", "a -> b", "x->y",
+    "ncclCommInitRank comm 0x55d4a0c0 rank 3 nranks 8 cudaDev 3 nvmlDev 3 busId 48000 commId 0x7d1e - Init START",
+    "ncclCommInitRank comm 0x55d4a0c0 rank 3 nranks 8 cudaDev 3 nvmlDev 3 busId 48000 commId 0x7d1e - Init COMPLETE",
+    "comm 0x55d4a0c0 rank 3 nranks 8 cudaDev 3 busId 48000 - Init COMPLETE", "something - Init START broken",
+    "AllReduce: opCount 1 sendbuff 0x1 recvbuff 0x2 count 3 datatype 7 op 0 root 0 comm 0x55d4 [nranks=8] stream 0x9",
+    "AllReduce: opCount zz broken", "Connected all rings", "threadThresholds 8/8/64 | 512/8/64 | 512 | 512",
+    "Init timings: rank 3 nranks 8 total 0.52", "Ring 00 : 2 -> 3 -> 4", "Tree 0 : 2 -> 3 -> 4/-1/-1", "Treex",
+]
+
+
+def test_same_tables_for_every_kind_of_info_line_repeated_across_processes():
+    lines = []
+    for rep in range(3):             # repeated, interleaved across two processes, in changing order
+        for i, msg in enumerate(KINDS if rep != 1 else KINDS[::-1]):
+            lines.append(f"gpu-{i % 2}:{4242 + (i + rep) % 2}:4250 [3] NCCL INFO {msg}")
+    assert_same(("\n".join(lines) + "\n").encode())
+    for msg in KINDS:                # each alone, and twice in one process around another process's line
+        assert_same(f"{PRE}{msg}\ngpu-2:7:7 [0] NCCL INFO Using network Socket\n{PRE}{msg}\n".encode())
+    # facts a later line overwrites (read once: nccl_debug._drop_overwritten), between other facts
+    seq = ["Using network IB", "NET/Socket : Using [0]eth0:10.0.0.1<0>", "Using network Socket", "16 coll channels",
+           "Using network IB", "NET/IB : Using [0]mlx5_0:1/IB ; OOB eth0:10.0.0.1<0>", "8 coll channels",
+           "Using network IB -> x", "4 coll channels"]
+    for order in (seq, seq[::-1], seq[1:] + seq[:1]):
+        assert_same("".join(f"{PRE}{m}\n" for m in order).encode())
+        assert_same(("".join(f"{PRE}{m}\n" for m in order) + "gpu-1:4242:4250 NCCL INFO 2 coll channels\n").encode())

@@ -3,6 +3,7 @@
 
     sudo .venv/bin/python bench/time_to_bundle.py [--runs N] [--profile defaults|fast|both] [--seed S]
                                                   [--checkpoints N] [--scope host|job] [--keep]
+                                                  [--onset-s A-B] [--slack-s S]
 
 Per run, a watcher starts as deploy/ runs it (``stallscope capture --watch`` with no --pid and
 no --nccl-lib), then a lab job (tests/lab: 3 ranks in network namespaces, from its own copy of
@@ -39,6 +40,8 @@ from tests.lab.watcher import start_watcher as lab_watcher  # noqa: E402
 LAB = ROOT / "tests" / "lab"
 PY = sys.executable
 SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
+ONSET_S = (12.0, 20.0)      # the hang's onset, seconds into the job (--onset-s)
+SLACK_S = 25.0              # the hang is held this long past --hang-after and --after (--slack-s)
 PROFILES = {"defaults": {"args": [], "hang_after_s": 10.0, "after_s": 30.0},
             "fast": {"args": ["--hang-after", "10s", "--after", "5s"], "hang_after_s": 10.0, "after_s": 5.0}}
 
@@ -153,11 +156,13 @@ def job_run(i: int, build: Path, work: Path, bundles: Path, profile: dict, rng: 
             poll: FirstBundles, scope: str) -> dict:
     lib = work / f"job-{i}" / "nccl"
     shutil.copytree(build, lib, ignore=shutil.ignore_patterns("static"))
-    hold = profile["hang_after_s"] + profile["after_s"] + 25
+    hold = profile["hang_after_s"] + profile["after_s"] + profile.get("slack_s", SLACK_S)
+    lo, hi = profile.get("onset_s", ONSET_S)
     if i % 2 == 0:
-        fault = ["--scenario", "link-down-hang", "--rank", "2", "--start-s", f"{rng.uniform(12, 20):.1f}"]
-    else:
-        fault = ["--scenario", "mismatch-hang", "--rank", "1", "--at-op", str(rng.randint(200, 500))]
+        fault = ["--scenario", "link-down-hang", "--rank", "2", "--start-s", f"{rng.uniform(lo, hi):.1f}"]
+    else:       # about 40 ms a step: ops 200-500 are 8-20 s into the job
+        fault = ["--scenario", "mismatch-hang", "--rank", "1",
+                 "--at-op", str(rng.randint(int(lo * 50 / 3), int(hi * 25)))]
     before = set(bundles.glob("stallscope-*.tar.gz"))
     out = work / f"job-{i}" / "lab"
     watched_lab(["--build", str(lib), "--out", str(out), "--ranks", "3", "--hold-s", f"{hold:g}", *fault, *SMALL],
@@ -225,7 +230,16 @@ def main() -> int:
                     help="host: the watcher as deployed (every NCCL job of the host); job: --pid of the lab job")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (bundles, reports)")
     ap.add_argument("--checkpoints", type=int, default=0, help="slow-checkpoint runs under the defaults")
+    ap.add_argument("--onset-s", default="12-20", help="the hang's onset, A-B seconds into the job (default 12-20)")
+    ap.add_argument("--slack-s", type=float, default=SLACK_S,
+                    help="seconds the hang is held past --hang-after and --after (default 25)")
     a = ap.parse_args()
+    try:
+        lo, hi = (float(x) for x in (a.onset_s.split("-", 1) * 2)[:2])
+        if not 0 < lo <= hi:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--onset-s {a.onset_s!r}: A-B seconds, 0 < A <= B")
     if os.geteuid() != 0 or not shutil.which("bpftrace"):
         print("bench/time_to_bundle.py: needs root and bpftrace (the lab's namespaces, the tracer)")
         return 0
@@ -237,7 +251,7 @@ def main() -> int:
     netns.sweep()
     results: dict[str, list[dict]] = {}
     for name in {"both": ["defaults", "fast"], "none": []}.get(a.profile, [a.profile]):
-        profile = PROFILES[name]
+        profile = dict(PROFILES[name], onset_s=(lo, hi), slack_s=a.slack_s)
         rows = []
         for i in range(a.runs or (3 if name == "defaults" else 5)):
             row = one_run(i, build, work / name, profile, rng, a.scope)

@@ -114,8 +114,11 @@ def pytest_collection_modifyitems(session, config, items):
     cpu = [it for it in items if it.path.name in OVERLAP_MODULES]
     if not pool or not cpu:
         return
-    moved = {id(it) for it in pool + cpu}
-    items[:] = [it for it in items if id(it) not in moved] + cpu + pool
+    # other modules' cases the pool runs too (their POOL_CASES): checked after the CPU tests
+    pooled = [it for it in items if it.path.name != LAB_POOL_MODULE and getattr(getattr(it, "callspec", None),
+              "params", {}).get("name") in getattr(getattr(it, "module", None), "POOL_CASES", {})]
+    moved = {id(it) for it in pool + cpu + pooled}
+    items[:] = [it for it in items if id(it) not in moved] + cpu + pooled + pool
     _overlap.update(first=cpu[0], cpu={id(it) for it in cpu}, pool_module=pool[0].module)
 
 

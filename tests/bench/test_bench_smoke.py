@@ -35,7 +35,8 @@ SMOKE = {
     "logs.py": Smoke(("--mb", "1", "--runs", "1", "--dir", "{tmp}"), "the lagging rank 37 named: yes"),
     "pcap_throughput.py": Smoke(("--packets", "5000", "--runs", "1"), "packets/s"),
     "synth_capture.py": Smoke(("{tmp}/s.pcap", "--packets", "2000"), "2000 packets written"),
-    "time_to_bundle.py": Smoke(("--runs", "1", "--profile", "fast", "--scope", "job"), "median", root=True,
+    "time_to_bundle.py": Smoke(("--runs", "1", "--profile", "fast", "--scope", "job", "--onset-s", "5-6",
+                                "--slack-s", "10"), "median", root=True,
                                timeout_s=400),
     "tracer_overhead.py": Smoke(("--pairs", "1", "--steps", "50"), "slowdown ratio", root=True),
 }

@@ -4,8 +4,8 @@ Unit tests (no root): the hang trigger read from the tracer's spooled lines, the
 trigger, the tracer spool's age ring. Root tests: a real watcher with no job (on-demand
 trigger, SIGKILL leaves no child and no ring), and the lab under watch: a watcher started
 before each job, ``link-down-hang`` and ``mismatch-hang`` injected at a random time, a
-clean job watched for 90 s (``STALLSCOPE_WATCH_CLEAN_S``; ``make watch-clean-5min``
-watches it five), all three at once.
+clean job watched for 60 s, twice the shortest automatic --hang-after
+(``STALLSCOPE_WATCH_CLEAN_S``; ``make watch-clean-5min`` watches it five), all three at once.
 """
 from __future__ import annotations
 
@@ -728,7 +728,7 @@ def test_trigger_without_a_watcher_is_a_clear_error(tmp_path):
 
 # ---------------------------------------------------------------- the lab under watch (root)
 # make test watches the clean job 90 s (CI's 30-minute budget); make watch-clean-5min, 5 minutes
-CLEAN_S = float(os.environ.get("STALLSCOPE_WATCH_CLEAN_S", "90"))
+CLEAN_S = float(os.environ.get("STALLSCOPE_WATCH_CLEAN_S", "60"))
 HANG_AFTER_S, AFTER_S = 5, 5
 SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
 
@@ -796,11 +796,11 @@ def watched(tmp_path_factory):
                                    ["--duration", f"{CLEAN_S:g}s"])
         runs["link-down-hang"] = WatchedRun(
             "link-down-hang", base, build, ["--scenario", "link-down-hang", "--rank", "2", "--ranks", "3",
-                                            "--start-s", f"{rng.uniform(4, 15):.1f}", "--hold-s", "45"] + SMALL,
+                                            "--start-s", f"{rng.uniform(4, 15):.1f}", "--hold-s", "35"] + SMALL,
             hang_watch)
         runs["mismatch-hang"] = WatchedRun(
             "mismatch-hang", base, build, ["--scenario", "mismatch-hang", "--rank", "1", "--ranks", "3",
-                                           "--at-op", str(rng.randint(120, 450)), "--hold-s", "45"] + SMALL,
+                                           "--at-op", str(rng.randint(120, 450)), "--hold-s", "35"] + SMALL,
             hang_watch)
         yield runs
     finally:

@@ -65,6 +65,14 @@ CASES = {
 }
 
 
+# the cases the lab pool runs early in a full run, beside the pure-CPU tests (tests/conftest.py,
+# test_regimes_findings.start): the ones make test runs, but cpu-starved, whose quota must be
+# the only thing that slows its rank; a killed rank runs alone there (solo: its capture outlives
+# its process, and other runs' ranks have the same addresses and rank numbers)
+POOL_CASES = {n: (CASES[n][0] + SMALL + ["--require-captures"], sum(map(ord, n)), n == "rank-killed")
+              for n in ONCE if n != "cpu-starved"}
+
+
 @pytest.fixture(scope="module")
 def build(tmp_path_factory) -> Path:
     if os.geteuid() != 0:
@@ -81,6 +89,16 @@ def build(tmp_path_factory) -> Path:
 
 
 def run_lab(build: Path, out: Path, name: str) -> dict:
+    """The case's lab run: the pool's, when a full run started it early, else one run now."""
+    import test_regimes_findings as regimes
+    res = regimes.pooled_result(sys.modules[__name__], name)
+    if res is not None:
+        assert res.launcher_rc == 0, res.stderr
+        out.symlink_to(res.out, target_is_directory=True)
+        truth = res.truth
+        if truth["fault"].get("cgroup"):
+            assert not Path(truth["fault"]["cgroup"]).exists(), "the rank's cgroup outlived the run"
+        return truth
     args = CASES[name][0] + SMALL
     p = subprocess.Popen([PY, "-m", "tests.lab.launcher", "--build", str(build), "--out", str(out),
                           "--seed", str(sum(map(ord, name))), "--require-captures", *args],

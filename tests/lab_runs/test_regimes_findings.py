@@ -118,6 +118,14 @@ def need(*tools: str) -> None:
 
 
 @dataclass
+class Pooled:
+    """One lab run of the pool: the launcher's arguments, its seed, whether it runs alone."""
+    args: list[str]
+    seed: int
+    solo: bool = False
+
+
+@dataclass
 class Result:
     name: str
     out: Path
@@ -131,14 +139,17 @@ class Runs:
     """The selected cases' lab runs, a few at a time in the background (a solo case waits
     until it runs alone)."""
 
-    def __init__(self, build: Path, base: Path, names: list[str]):
+    def __init__(self, build: Path, base: Path, names: list[str], pooled: dict[str, Pooled] | None = None):
         self.build, self.base = build, base
+        # name -> how to run it: this module's cases, then other modules' (their POOL_CASES)
+        self.specs = {n: Pooled(CASES[n].args, sum(map(ord, n)), CASES[n].solo) for n in names}
+        self.specs.update(pooled or {})
         self.pool = cf.ThreadPoolExecutor(max_workers=POOL, thread_name_prefix="lab")
         self.lock = threading.Lock()
         self.turn = threading.Condition()
         self.active = 0                  # runs going on; -1 while a solo one runs
         self.futures: dict[str, cf.Future] = {}
-        for n in sorted(names, key=lambda n: CASES[n].solo):      # the solo ones last
+        for n in sorted(self.specs, key=lambda n: self.specs[n].solo):      # the solo ones last
             self.submit(n)
 
     def _enter(self, solo: bool) -> None:
@@ -158,7 +169,7 @@ class Runs:
             return self.futures[name]
 
     def one(self, name: str) -> Result:
-        solo = CASES[name].solo
+        solo = self.specs[name].solo
         self._enter(solo)
         try:
             return self._run(name)
@@ -167,8 +178,9 @@ class Runs:
 
     def _run(self, name: str) -> Result:
         out = self.base / name
+        spec = self.specs[name]
         argv = [PY, "-m", "tests.lab.launcher", "--build", str(self.build), "--out", str(out), "--seed",
-                str(sum(map(ord, name))), *CASES[name].args]
+                str(spec.seed), *spec.args]
         p = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             _, se = p.communicate(timeout=420)
@@ -202,10 +214,31 @@ def start(session, tmp_path_factory) -> Runs:
     assert p.returncode == 0, p.stdout + p.stderr
     netns.sweep()
     me = sys.modules[__name__]
-    names = [it.callspec.params["case"] for it in session.items
-             if getattr(it, "module", None) is me and hasattr(it, "callspec") and "case" in it.callspec.params]
-    _STARTED.append(Runs(build, tmp_path_factory.mktemp("regimes"), names))
+    names, pooled = [], {}
+    for it in session.items:
+        params = getattr(getattr(it, "callspec", None), "params", {})
+        mod = getattr(it, "module", None)
+        if mod is me and "case" in params:
+            names.append(params["case"])
+        elif mod is not None and params.get("name") in getattr(mod, "POOL_CASES", {}):
+            # another module's lab run, started here with these (pooled_result fetches it)
+            args, seed, solo = mod.POOL_CASES[params["name"]]
+            pooled[pool_key(mod, params["name"])] = Pooled(list(args), seed, solo)
+    _STARTED.append(Runs(build, tmp_path_factory.mktemp("regimes"), names, pooled))
     return _STARTED[0]
+
+
+def pool_key(module, name: str) -> str:
+    """The pool's name of another module's case: its module, then the case."""
+    return f"{Path(module.__file__).stem}-{name}"
+
+
+def pooled_result(module, name: str) -> Result | None:
+    """Another module's case as run by the pool started early (tests/conftest.py), or None
+    when no pool holds it (a run of that module alone, no root, STALLSCOPE_OVERLAP=0)."""
+    if not _STARTED or pool_key(module, name) not in _STARTED[0].specs:
+        return None
+    return _STARTED[0].get(pool_key(module, name))
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,9 @@ def driver_args(run, r: int) -> list[str]:
         args += ["--compute-busy"]
     if a.scenario == "slow-checkpoint" and r in run.fault_ranks():
         args += ["--pause-s", str(a.hold_s), "--pause-from-s", str(a.start_s)]
+    if a.scenario == "host-stuck" and r in run.fault_ranks():
+        args += ["--stuck-mode", a.stuck_mode, "--stuck-s", str(a.stuck_s)]
+        args += (["--stuck-from-s", str(a.start_s)] if a.hang_at == "time" else ["--stuck-at-op", str(run.at_op())])
     if a.scenario == "mismatch-hang" and r in run.fault_ranks():
         args += ["--skip-op", str(run.at_op()), "--skip-mode", a.skip_mode]
     return args

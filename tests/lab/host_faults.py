@@ -232,8 +232,7 @@ def host_stuck(run, r: int, t0: int) -> None:
     during the stall). Then which ranks enqueued that collective (its peers, who wait inside it;
     rank r must not be among them)."""
     a = run.a
-    what = (f"rank {r} to get stuck before collective #{run.at_op()}" if a.hang_at == "op"
-            else f"rank {r} to get stuck before its next collective")
+    what = f"rank {r} to get stuck in host code before a collective"
     ev = run.wait_for(lambda: next((e for e in run.events(r) if e.get("ev") == "host_stuck"), None),
                       (a.start_s if a.hang_at == "time" else 0.0) + 60, what)
     run.onset_ns = ev["t_ns"]

@@ -59,8 +59,8 @@ DEFAULTS = {
     # the faulty rank's traffic to rank 0's host (the bootstrap root; the store's port excepted)
     # is dropped in the switch before it calls ncclCommInitRank (--init-delay-ms later than the others)
     "init-hang-dropped": dict(steps=100000, init_delay_ms=1500),
-    # rank r stops before enqueuing collective #--at-op (default: the middle of step 3; or the first
-    # after --start-s when only that is given) and stays in host code: --stuck-mode spin (a busy loop
+    # rank r stops before enqueuing collective #--at-op (default: step 3's first; or, when only
+    # --start-s is given, the first of the first burst after it) and stays in host code: --stuck-mode spin (a busy loop
     # on a CPU, host_busy_loop) or block (read(2) of a pipe nobody writes, host_blocked_read), for
     # --stuck-s (0: until the hold ends the run); its peers enqueue it and wait inside it
     "host-stuck": dict(steps=100000, stuck_mode="spin", stuck_s=0.0),

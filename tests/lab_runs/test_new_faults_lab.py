@@ -67,8 +67,8 @@ CASES = {
     "cpu-starved-during": (["--scenario", "cpu-starved", "--rank", "1", "--ranks", "3", "--cpu-quota", "4%",
                             "--capture", "per-host", "--capture-start", "onset+1", "--capture-stagger-s", "0-2",
                             "--capture-duration-s", "15"], ("during",), "straggler", False),
-    # the rank stops before collective #12 (step 2's third) and spins until the hold's end
-    "host-stuck": (["--scenario", "host-stuck", "--rank", "1", "--ranks", "3", "--at-op", "12", "--compute-ms", "30",
+    # the rank stops before collective #13 (step 4's first: 3 a step from #1) and spins until the hold's end
+    "host-stuck": (["--scenario", "host-stuck", "--rank", "1", "--ranks", "3", "--at-op", "13", "--compute-ms", "30",
                     "--capture-duration-s", "10"] + BEFORE, ("before",), "hang_host", False),
     "host-stuck-block": (["--scenario", "host-stuck", "--stuck-mode", "block", "--rank", "2", "--ranks", "4",
                           "--start-s", "1", "--compute-ms", "30", "--capture-duration-s", "10"] + BEFORE,
@@ -77,7 +77,7 @@ CASES = {
                            "--compute-ms", "30", "--capture", "per-host", "--capture-start", "onset+2",
                            "--capture-stagger-s", "0-2", "--capture-duration-s", "8"], ("during",), "hang_host", False),
     "host-stuck-block-during": (["--scenario", "host-stuck", "--stuck-mode", "block", "--rank", "1", "--ranks", "3",
-                                 "--at-op", "20", "--compute-ms", "30", "--capture", "per-host", "--capture-start",
+                                 "--at-op", "19", "--compute-ms", "30", "--capture", "per-host", "--capture-start",
                                  "onset+2", "--capture-stagger-s", "0-2", "--capture-duration-s", "8"],
                                 ("during",), "hang_host", False),
 }

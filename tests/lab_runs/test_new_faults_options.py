@@ -50,8 +50,8 @@ class _Run:
     def fault_ranks(self):
         return [self.a.rank]
 
-    def at_op(self):
-        return self.a.at_op if self.a.at_op is not None else 14
+    def ops_per_step(self):
+        return 3
 
 
 def test_host_stuck_options_reach_the_faulty_rank_only():
@@ -62,6 +62,9 @@ def test_host_stuck_options_reach_the_faulty_rank_only():
     args = driver_args(_Run(a), 2)
     assert args[args.index("--stuck-at-op") + 1] == "9" and args[args.index("--stuck-mode") + 1] == "spin"
     assert not any(x.startswith("--stuck") for x in driver_args(_Run(a), 1))
+    a = parse_args(["--no-netns", "--scenario", "host-stuck"])        # default: step 3's first collective
+    args = driver_args(_Run(a), 1)
+    assert args[args.index("--stuck-at-op") + 1] == "10"
     # --start-s alone: the first collective after it (as gpu-hang); a finite stall with --stuck-s
     a = parse_args(["--no-netns", "--scenario", "host-stuck", "--start-s", "2", "--stuck-mode", "block",
                     "--stuck-s", "5"])

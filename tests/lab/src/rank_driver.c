@@ -1002,9 +1002,11 @@ static int train(struct opts *o) {
       else if (!strcmp(o->pattern, "mixed")) kind = (b % 3 == 0) ? "allreduce" : (b % 3 == 1) ? "allgather" : "reducescatter";
       else kind = "allreduce";
       if (!stuck && ((o->stuck_op >= 0 && (int64_t)k == o->stuck_op) ||
-                     (o->stuck_from_s >= 0 && (now_ns() - t_start) / 1e9 >= o->stuck_from_s))) {
+                     (o->stuck_from_s >= 0 && b == 0 && (now_ns() - t_start) / 1e9 >= o->stuck_from_s))) {
         /* host-stuck: this rank stops before enqueuing collective #k (its peers enqueue it and
-           wait inside it); its earlier collectives complete */
+           wait inside it). From a time, before a burst's first collective: every earlier one was
+           synchronized; at an op inside a burst, the burst's earlier ones complete on the GPU but
+           no host wait of this rank ever returns for them */
         stuck = 1;
         int spin = !strcmp(o->stuck_mode, "spin");
         uint64_t s0 = now_ns();

@@ -52,7 +52,7 @@ from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, ded
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        who_text, world_rank_map)
-from .host_stall import HostActivity, host_activity
+from .host_stall import HostActivity, host_activity, stacks_after
 from .silent_rank import silent_rank
 from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, WATCHDOG, consult
 
@@ -334,12 +334,12 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
                    f"#{others}){_size_note(h)}{_numbering(ctx, comm)[0]}.")
         if untraced:
             summary = summary[:-1] + f"; {names.many(untraced)} had no traced call at all (were they captured?)."
-        stacks = {r: rank_stack(ctx, r) for r in g_missing}
+        since = h.last_progress_ns if pd.notna(h.last_progress_ns) else h.first_entry_ns
+        stacks = {r: rank_stack(ctx, r, int(since)) for r in g_missing}
         for r, frames in stacks.items():
             if frames:
                 summary = summary[:-1] + f"; rank {r}'s stack: {' <- '.join(frames[:3])}."
         evidence = _last_ops_rows(last, names, waiting)
-        since = h.last_progress_ns if pd.notna(h.last_progress_ns) else h.first_entry_ns
         out.append(host_side(ctx, Finding(
             kind="hang_mismatch", severity="error", confidence=0.6 if untraced else 0.9, summary=summary,
             confidence_note=("lower: some ranks had no traced call (were they captured?)" if untraced else
@@ -521,14 +521,15 @@ def collective_mismatch(ctx: Context) -> list[Finding]:
     return out
 
 
-def rank_stack(ctx, rank: int) -> list[str]:
+def rank_stack(ctx, rank: int, since_ns: int | None = None) -> list[str]:
     """Innermost-first frames of a rank's busiest thread from the py-spy dumps (``stacks``
-    table, when the bundle has them): the latest dump, the thread holding the GIL or
-    active, else the main thread."""
+    table, when the bundle has them): the latest dump taken after the hang began at
+    ``since_ns`` (:func:`.host_stall.stacks_after`), the thread holding the GIL or active, else
+    the main thread."""
     st = ctx.model.tables.get("stacks")
     if st is None or st.empty:
         return []
-    st = st[st["rank"] == rank]
+    st = stacks_after(ctx, st[st["rank"] == rank], since_ns)
     if st.empty:
         return []
     phases = st["phase"].dropna().unique().tolist()

@@ -160,10 +160,12 @@ def _main_threads(ctx, rank: int, since_ns: int | None) -> pd.DataFrame:
     return th.assign(_t=t.fillna(0).to_numpy()).sort_values("_t", kind="stable")
 
 
-def _usable_phases(ctx, rank: int, since_ns: int | None, st: pd.DataFrame) -> pd.DataFrame:
-    """Stacks taken after the hang began: an end-of-capture dump, or one taken at the start of a
-    capture that began after ``since_ns`` (any, when the hang's start is unknown)."""
-    if since_ns is None:
+def stacks_after(ctx, st: pd.DataFrame, since_ns: int | None) -> pd.DataFrame:
+    """The rows of ``st`` (stacks) taken after the hang began at ``since_ns``: an end-of-capture
+    dump, or one taken at the start of a capture that began after it (every row, when the hang's
+    start is unknown). A stack from before (a capture attached before the job takes its stacks
+    when it starts, if the job looks idle then) says nothing of where the rank is in the hang."""
+    if since_ns is None or st.empty:
         return st
     started = {c.get("host"): c.get("started_ns") for c in (getattr(ctx.model, "captures", None) or [])
                if isinstance(c, dict)}
@@ -178,7 +180,7 @@ def _main_stack(ctx, rank: int, since_ns: int | None) -> tuple[list[tuple[str, s
     if st.empty:
         return [], None
     st = st[(pd.to_numeric(st["rank"], errors="coerce") == rank).fillna(False).to_numpy()]
-    st = _usable_phases(ctx, rank, since_ns, st)
+    st = stacks_after(ctx, st, since_ns)
     if st.empty:
         return [], None
     order = {"start": 0, "hung": 1, "end": 2}
@@ -247,4 +249,4 @@ def _socket_peer_is_rank(ctx, inode: int) -> bool:
     return bool(pd.to_numeric(hit["peer_rank"], errors="coerce").notna().any())
 
 
-__all__ = ["HostActivity", "PARKED_SYSCALLS", "host_activity"]
+__all__ = ["HostActivity", "PARKED_SYSCALLS", "host_activity", "stacks_after"]

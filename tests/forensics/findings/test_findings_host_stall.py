@@ -188,3 +188,16 @@ def test_a_late_capture_turns_the_rank_behind_into_a_host_hang_from_its_stack():
     assert [x.kind for x in f] == ["hang_host"] and "blocked in the read syscall in host_blocked_read" in f[0].chain[1]
     # the twin: the same capture with the rank parked in pause()
     assert [x.kind for x in _late(PAUSE, "sleeping")] == ["hang_mismatch"]
+
+
+def test_a_mismatch_quotes_no_stack_taken_before_the_hang():
+    # a capture attached before the job took its stacks at its start (the job looked idle): the
+    # main thread then waited at the gate; that is not where the rank is in the hang
+    gate = [("__GI___clock_nanosleep", SYSDEPS + "clock_nanosleep.c"), ("sleep_ms", "src/rank_driver.c"),
+            ("main", "src/rank_driver.c")]
+    f = _one(_context([_thread(2, "S", "pause")], _stack(2, gate, "sleeping", phase="hung")))
+    assert f.kind == "hang_mismatch" and "stack" not in f.summary and f.details["stacks"] == {}
+    # its twin: the same stack from a capture that began after the hang is quoted
+    f = _one(_context([_thread(2, "S", "pause")], _stack(2, gate, "sleeping", phase="hung"),
+                      started_ns=SINCE + 2000 * MS))
+    assert "rank 2's stack: __GI___clock_nanosleep <- sleep_ms <- main" in f.summary, f.summary

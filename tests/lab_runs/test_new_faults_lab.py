@@ -18,7 +18,7 @@ the capture catches the outage's end (unit-tested on synthetic tables). A host-s
 frame is named where a stack was taken after the hang began (a capture started during it,
 ``during``); a capture attached before the job has only /proc's view of it at its end (on a
 CPU, or blocked in read on a pipe), and says so. Small tensors and short jobs: about 6 minutes in all on the
-2-core machine.
+2-core machine, and 3-4 more for the host-stuck cases (45-65 s each).
 """
 from __future__ import annotations
 

@@ -119,8 +119,13 @@ ROWS = (
     # a rank starved of CPU by its cgroup: a straggler whose cause is its host, naming the rank
     FaultClass("cpu-starved", "cpu-starved", RUNNING_REGIMES, ("straggler", "cpu_starved", "host_starved"),
                strength=("--cpu-quota", 4, 10, "{:.0f}%")),
-    # a rank stuck in host code before it enqueues: the never-enqueued side, naming the rank
-    FaultClass("host-stuck", "host-stuck", HANG_REGIMES, ("host_stuck", "hang_mismatch", "straggler")),
+    # a rank stuck in host code before it enqueues (a busy loop on a CPU; blocked in read(2) of a
+    # pipe): the never-enqueued side, naming the rank and what it was doing (layer host). The logs
+    # alone hold nothing of the rank's threads: there the rank that never entered is all there is
+    FaultClass("host-stuck", "host-stuck", CAPTURED + ("watch",), ("hang_host",), extra=("--stuck-mode", "spin")),
+    FaultClass("host-stuck-block", "host-stuck", CAPTURED + ("watch",), ("hang_host",),
+               extra=("--stuck-mode", "block")),
+    FaultClass("host-stuck-logs", "host-stuck", ("logs",), ("hang_mismatch", "hang_host")),
     # rank 0 busy outside NCCL while the others wait: nothing to find; an error is a false alarm
     # (a warning naming rank 0 as the one everybody waits for is allowed)
     FaultClass("slow-checkpoint", "slow-checkpoint", ALL_REGIMES, (), alarm=("error",), fixed_rank=0),

@@ -1,4 +1,4 @@
-"""Hangs, per communicator: ``hang_mismatch`` and ``hang_stuck``.
+"""Hangs, per communicator: ``hang_mismatch``, ``hang_host`` and ``hang_stuck``.
 
 Every finding of these kinds comes from this module, whichever evidence saw the hang: the
 tracer's calls (``hang_mismatch``, ``collective_mismatch``, ``hang_stuck``, below), else
@@ -16,6 +16,13 @@ completed and nothing completed on the communicator for a while before the captu
   entered: another code path, or they died) while others wait inside #n. The blame goes
   to the ranks behind; the last op each rank reached is listed, with its Python stack
   when the bundle has py-spy dumps.
+- ``hang_host``: a ``hang_mismatch`` whose one rank behind is seen stuck in its own host code
+  (:mod:`.host_stall`: its main thread on a CPU, or blocked in a syscall of its own, outside
+  NCCL): the collective was never enqueued because that rank never got there (a busy loop, a
+  deadlock, blocking I/O). Whichever evidence found the mismatch (the tracer, the state at
+  capture, the reports), the same rule turns it into this kind (:func:`host_side`); where the
+  capture shows nothing of the rank (the logs alone, no thread sampled after the hang began),
+  or shows it parked or inside another NCCL call, it stays ``hang_mismatch``.
 - ``hang_stuck``: every rank waits inside a collective (the same #n, or a rank stuck in
   #n that its peers completed before moving on to #n+1). NCCL RAS counts launches, so it
   reports the first case as healthy; the explanation is on the ring's links. The first
@@ -34,6 +41,7 @@ communicators are created) for hang verdicts.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -45,10 +53,11 @@ from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, ded
                        is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
                        sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
                        who_text, world_rank_map)
+from .host_stall import HostActivity, host_activity, stacks_after
 from .silent_rank import silent_rank
 from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, TRACER, WATCHDOG, consult, sees
 
-KINDS = ("hang_mismatch", "hang_stuck")
+KINDS = ("hang_mismatch", "hang_stuck", "hang_host")
 # the sources hang_state consults, in this order (each under its precedence)
 LATE_SOURCES = (STATE_HANGS, RAS_REPORT, FR_REPORT, FR_DUMPS, WATCHDOG)
 HANG_MIN_NS = 500_000_000      # a collective open this long at the end of the capture is a hang ...
@@ -332,13 +341,13 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
                    f"#{others}){_size_note(h)}{_numbering(ctx, comm)[0]}.")
         if untraced:
             summary = summary[:-1] + f"; {names.many(untraced)} had no traced call at all (were they captured?)."
-        stacks = {r: rank_stack(ctx, r) for r in g_missing}
+        since = h.last_progress_ns if pd.notna(h.last_progress_ns) else h.first_entry_ns
+        stacks = {r: rank_stack(ctx, r, int(since)) for r in g_missing}
         for r, frames in stacks.items():
             if frames:
                 summary = summary[:-1] + f"; rank {r}'s stack: {' <- '.join(frames[:3])}."
         evidence = _last_ops_rows(last, names, waiting)
-        since = h.last_progress_ns if pd.notna(h.last_progress_ns) else h.first_entry_ns
-        out.append(Finding(
+        out.append(host_side(ctx, Finding(
             kind="hang_mismatch", severity="error", confidence=0.6 if untraced else 0.9, summary=summary,
             confidence_note=("lower: some ranks had no traced call (were they captured?)" if untraced else
                              "the tracer saw every rank's calls: who entered the collective and who did not"),
@@ -357,8 +366,55 @@ def hang_mismatch(ctx: Context) -> list[Finding]:
                      "untraced_ranks": untraced,
                      "nranks_claimed": None if pd.isna(h.nranks_claimed) else int(h.nranks_claimed),
                      "stacks": {str(r): f for r, f in stacks.items() if f},
-                     **_numbering(ctx, comm)[1]}))
+                     **_numbering(ctx, comm)[1]})))
     return out
+
+
+def host_side(ctx, f: Finding) -> Finding:
+    """``f`` as a ``hang_host`` finding when it is a ``hang_mismatch`` of one rank behind (not a
+    different call at one position) and the capture shows that rank stuck in its own host code
+    (:func:`.host_stall.host_activity`); else ``f`` itself. The chain: it never enqueued #n while
+    its peers wait inside it, what its main thread was doing, what that means (layer ``host``)."""
+    if f.kind != "hang_mismatch" or len(f.ranks) != 1 or "calls" in f.details or "fr_seq_id" in f.details:
+        return f
+    r = int(f.ranks[0])
+    act = host_activity(ctx, r, f.since_ns)
+    if act is None:
+        return f
+    n = f.details.get("op_count") if f.details.get("op_count") is not None else f.op_count
+    op = f.details.get("op")
+    at = (f"{op} #{n}" if op else f"collective #{n}") if n is not None else "the collective its peers wait in"
+    peers = ranks_text(f.peer_ranks) if len(f.peer_ranks) else "the other ranks"
+    what = "a busy loop or livelock" if act.mode == "spin" else "blocking I/O or a lock that never returns"
+    chain = [f"rank {r} never enqueued {at}; {peers} enqueued it and wait inside it",
+             act.text(),
+             f"the collective was never enqueued: rank {r} is stuck in its own host code before NCCL ({what}); "
+             "its GPU, its links and its peers are not the cause"]
+    summary = (f.summary.replace("Hang (rank mismatch)", "Hang (host-side stall)", 1)
+               + f" Rank {r} is stuck in host code, not on another code path: " + act.text() + ".")
+    return replace(
+        f, kind="hang_host", layer="host", chain=chain, summary=summary, op_count=n if n is not None else f.op_count,
+        headline="Hang: {who} stuck in host code before " + at + f" ({act.doing()}); " + "{peers} wait in it ({since})",
+        confidence=min(f.confidence, 0.9 if act.frames else 0.8),
+        confidence_note=(f.confidence_note + "; " if f.confidence_note else "") + (
+            "its main thread's stack names the function" if act.frames else
+            "lower: no stack of its main thread after the hang began, only its state"),
+        action=_host_action(r, act),
+        details={**f.details, "host_activity": {"mode": act.mode, "tid": act.tid, "thread": act.thread,
+                                                "syscall": act.syscall, "fd": act.fd, "fd_kind": act.fd_kind,
+                                                "frames": act.frames, "cpu_share": act.cpu_share,
+                                                "sources": act.sources}})
+
+
+def _host_action(r: int, act: HostActivity) -> str:
+    where = f" in {act.frame}" if act.frame else ""
+    if act.mode == "spin":
+        head = f"Look at what rank {r} loops on{where}: a busy wait or livelock before its next collective"
+    else:
+        head = (f"Find what rank {r} waits for in {act.syscall}(2){where}: a pipe, file or lock that never returns "
+                "(a dead data-loader worker, a deadlock)")
+    return (head + "; py-spy dump --native --pid <its pid> on its host shows the Python frame. The waiting ranks, "
+            "their GPUs and links are healthy: restarting without fixing that code path will hang again.")
 
 
 P2P_OPS = ("SEND", "RECV")   # point-to-point calls differ between ranks by design
@@ -472,14 +528,15 @@ def collective_mismatch(ctx: Context) -> list[Finding]:
     return out
 
 
-def rank_stack(ctx, rank: int) -> list[str]:
+def rank_stack(ctx, rank: int, since_ns: int | None = None) -> list[str]:
     """Innermost-first frames of a rank's busiest thread from the py-spy dumps (``stacks``
-    table, when the bundle has them): the latest dump, the thread holding the GIL or
-    active, else the main thread."""
+    table, when the bundle has them): the latest dump taken after the hang began at
+    ``since_ns`` (:func:`.host_stall.stacks_after`), the thread holding the GIL or active, else
+    the main thread."""
     st = ctx.model.tables.get("stacks")
     if st is None or st.empty:
         return []
-    st = st[st["rank"] == rank]
+    st = stacks_after(ctx, st[st["rank"] == rank], since_ns)
     if st.empty:
         return []
     phases = st["phase"].dropna().unique().tolist()
@@ -682,4 +739,4 @@ def hang_state(ctx: Context) -> list[Finding]:
     they hang in, or it did not run): from the state at capture, else NCCL RAS's report and the
     Flight Recorder analyzer's, else the Flight Recorder dumps compared, else from PyTorch's watchdog lines (:data:`LATE_SOURCES`, each consulted under
     :data:`forensics.findings.precedence.PRECEDENCE`)."""
-    return [f for source in LATE_SOURCES for f in consult(ctx, source)]
+    return [host_side(ctx, f) for source in LATE_SOURCES for f in consult(ctx, source)]

@@ -40,7 +40,7 @@ from typing import Callable
 
 from .base import Context, Finding
 
-HANG_KINDS = ("hang_mismatch", "hang_stuck")
+HANG_KINDS = ("hang_mismatch", "hang_stuck", "hang_host")
 
 # witnesses: evidence judged by detectors of its own, asked here only whether it saw the event
 TRACER = "tracer: a hung communicator"

@@ -648,7 +648,7 @@ class Field:
     text: str
 
 
-HANG_KINDS = ("hang_mismatch", "hang_stuck", "connection_reset")
+HANG_KINDS = ("hang_mismatch", "hang_host", "hang_stuck", "connection_reset")
 
 
 def first_screen(analysis, f) -> list[Field]:

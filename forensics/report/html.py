@@ -422,7 +422,7 @@ def context(analysis) -> dict[str, Any]:
 
     progress = data.progress_of(analysis)
     stuck = [p for p in progress if p.stuck_op_count is not None]
-    hang_kinds = {"hang_mismatch", "hang_stuck"}
+    hang_kinds = {"hang_mismatch", "hang_host", "hang_stuck"}
     show_hang = any(f.kind in hang_kinds for f in findings)
     hang_tables = [_progress_table(i, p) for i, p in enumerate(progress)] if show_hang else []
 

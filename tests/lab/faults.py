@@ -224,6 +224,7 @@ FAULTS = {
     "init-hang-dropped": _init_hang_dropped,
     "slow-checkpoint": _slow_checkpoint,
 }
-from .host_faults import cpu_starved, link_flap, rank_killed  # noqa: E402  (they use link_info above)
+from .host_faults import cpu_starved, host_stuck, link_flap, rank_killed  # noqa: E402  (they use link_info above)
 
-FAULTS.update({"rank-killed": rank_killed, "link-flap": link_flap, "cpu-starved": cpu_starved})
+FAULTS.update({"rank-killed": rank_killed, "link-flap": link_flap, "cpu-starved": cpu_starved,
+               "host-stuck": host_stuck})

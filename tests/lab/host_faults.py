@@ -1,6 +1,7 @@
 """The lab's faults of issue 44 that are not a lossy or slow link: a rank killed mid-collective
 (``rank-killed``), a link that goes down for seconds and comes back (``link-flap``), a rank
-starved of CPU by its cgroup's quota (``cpu-starved``). Functions over the
+starved of CPU by its cgroup's quota (``cpu-starved``), a rank stuck in host code before its next
+collective (``host-stuck``). Functions over the
 :class:`~tests.lab.launcher.Run`, rows of :data:`.faults.FAULTS`: each waits for the fault's
 start, applies it and fills ``run.fault`` (``kind``, ``ranks``, ``link``, ``start_time_ns`` and
 the kind's own fields, README.md "Scenarios and knobs"); what must be undone at teardown (the
@@ -222,6 +223,44 @@ def cpu_starved(run, r: int, t0: int) -> None:
                      note="rank r's process (all its threads) runs under a CPU quota of cpu_quota of one CPU "
                           "from start_time_ns; every rank's compute is CPU work, so rank r enters its "
                           "collectives late: a straggler whose cause is the host's CPU, not the GPU or network")
+
+
+def host_stuck(run, r: int, t0: int) -> None:
+    """Rank r stops before enqueuing a collective and stays in host code (the driver does it:
+    --stuck-mode spin or block, before collective #--at-op or the first one after --start-s):
+    its ``host_stuck`` event is the onset (set at once: captures scheduled from the onset start
+    during the stall). Then which ranks enqueued that collective (its peers, who wait inside it;
+    rank r must not be among them)."""
+    a = run.a
+    what = f"rank {r} to get stuck in host code before a collective"
+    ev = run.wait_for(lambda: next((e for e in run.events(r) if e.get("ev") == "host_stuck"), None),
+                      (a.start_s if a.hang_at == "time" else 0.0) + 60, what)
+    run.onset_ns = ev["t_ns"]
+    n = ev["op_index"]
+
+    def entered() -> list[int] | None:   # every other rank enqueued #n
+        got = [q for q in range(a.ranks) if any(e["opCount"] == n for e in _world_ops(run, q)[0])]
+        return got if len(got) >= a.ranks - 1 and r not in got else None
+    try:
+        peers = run.wait_for(entered, 10, f"the other ranks to enter collective #{n}")
+    except ScenarioError:
+        peers = [q for q in range(a.ranks) if any(e["opCount"] == n for e in _world_ops(run, q)[0])]
+    enq, done = _world_ops(run, r)
+    if any(e["opCount"] >= n for e in enq):
+        raise ScenarioError(f"rank {r} enqueued collective #{n} although stuck before it")
+    spin = ev["mode"] == "spin"
+    run.fault.update(
+        start_time_ns=ev["t_ns"], op_index=n, opCount=n, collective_seq_id=n + 1, op=ev["op"], step=ev["step"],
+        mode=ev["mode"], trigger=a.hang_at, stuck_s=a.stuck_s if a.stuck_s > 0 else None,
+        ranks_entered=sorted(peers), mid_collective=False,
+        last_enqueued_op=max((e["opCount"] for e in enq), default=None),
+        last_completed_op=max((e["opCount"] for e in done), default=None),
+        stuck_thread={"tid": ev["tid"], "name": "sslab_rank", "function": ev["function"], "syscall": ev["syscall"],
+                      "on_cpu": spin},
+        note="rank r never enqueued collective op_index (opCount on the world communicator; torch's "
+             "collective_seq_id = opCount + 1): its main thread stays in host code, on a CPU in host_busy_loop "
+             "(mode spin) or blocked in read(2) of a pipe nobody writes in host_blocked_read (mode block), for "
+             "stuck_s (null: until the hold ended the run); ranks_entered enqueued it and wait inside it")
 
 
 # last: faults.py's table imports this module's functions, and they use its link_info and

@@ -92,6 +92,11 @@ def driver_args(run, r: int) -> list[str]:
         args += ["--compute-busy"]
     if a.scenario == "slow-checkpoint" and r in run.fault_ranks():
         args += ["--pause-s", str(a.hold_s), "--pause-from-s", str(a.start_s)]
+    if a.scenario == "host-stuck" and r in run.fault_ranks():
+        args += ["--stuck-mode", a.stuck_mode, "--stuck-s", str(a.stuck_s)]
+        # default: the first collective of step 3 (a burst's first: every earlier one synchronized)
+        op = a.at_op if a.at_op is not None else 1 + 3 * run.ops_per_step()
+        args += ["--stuck-from-s", str(a.start_s)] if a.hang_at == "time" else ["--stuck-at-op", str(op)]
     if a.scenario == "mismatch-hang" and r in run.fault_ranks():
         args += ["--skip-op", str(run.at_op()), "--skip-mode", a.skip_mode]
     return args

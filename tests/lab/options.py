@@ -10,7 +10,8 @@ import random
 import shlex
 import sys
 
-from .scenarios import DEFAULT_BUILD, DEFAULTS, HOLDS, SCENARIOS, parse_capture_start, parse_stagger, quota_fraction
+from .scenarios import (DEFAULT_BUILD, DEFAULTS, HOLDS, SCENARIOS, STUCK_MODES, parse_capture_start, parse_stagger,
+                        quota_fraction)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,10 +37,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--rank must be a rank of the job")
     if not a.no_netns and os.geteuid() != 0:
         ap.error("network namespaces need root (or use --no-netns for loopback runs)")
-    # gpu-hang: at an op count (default), or at the first collective after --start-s when only that is given
-    a.hang_at = "time" if a.scenario == "gpu-hang" and "start_s" in explicit and "at_op" not in explicit else "op"
-    if a.scenario in ("gpu-hang", "mismatch-hang", "rank-killed") and a.at_op is not None and a.at_op < 1:
+    # gpu-hang, host-stuck: at an op count (default), or at the first collective after --start-s when only
+    # that is given
+    a.hang_at = ("time" if a.scenario in ("gpu-hang", "host-stuck") and "start_s" in explicit
+                 and "at_op" not in explicit else "op")
+    if a.scenario in ("gpu-hang", "mismatch-hang", "rank-killed", "host-stuck") and a.at_op is not None and a.at_op < 1:
         ap.error("--at-op must be >= 1 (op 0 is the initial broadcast, before training starts)")
+    if a.scenario == "host-stuck" and a.stuck_s < 0:
+        ap.error("--stuck-s must be >= 0 (0: stuck until the hold ends the run)")
     if a.scenario == "link-flap" and not (a.down_s > 0 and a.up_s >= 0 and a.flaps >= 1):
         ap.error("link-flap needs --down-s > 0, --up-s >= 0 and --flaps >= 1")
     if a.scenario == "cpu-starved":
@@ -125,13 +130,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--straggle-ms", type=float)
     ap.add_argument("--at-op", type=int,
                     help="mismatch-hang: index of the collective the rank skips; gpu-hang: the collective (opCount) "
-                         "its stream hangs in")
+                         "its stream hangs in; host-stuck: the collective the rank never enqueues")
     ap.add_argument("--skip-mode", choices=("stop", "continue"))
     ap.add_argument("--link-side", choices=("switch", "host"))
     ap.add_argument("--kill-signal", choices=("KILL", "SEGV"), help="rank-killed: the signal (default KILL)")
     ap.add_argument("--down-s", type=float, help="link-flap: seconds each flap keeps the link down (2-10)")
     ap.add_argument("--up-s", type=float, help="link-flap: seconds up between two flaps")
     ap.add_argument("--flaps", type=int, help="link-flap: how many times the link goes down")
+    ap.add_argument("--stuck-mode", choices=STUCK_MODES,
+                    help="host-stuck: spin (a busy loop on a CPU) or block (read(2) of a pipe nobody writes)")
+    ap.add_argument("--stuck-s", type=float,
+                    help="host-stuck: seconds the rank stays stuck, then goes on (default 0: until the hold ends)")
     ap.add_argument("--cpu-quota", help="cpu-starved: rank r's CPU quota, a share of one CPU (e.g. 10%%)")
     ap.add_argument("--reset-method", choices=("nft",), default="nft")
     ap.add_argument("--reset-scope", choices=("connection", "peer"), default="connection",

@@ -21,6 +21,9 @@ HANGS = ("mismatch-hang", "link-down-hang", "gpu-hang")
 INIT_HANGS = ("init-hang", "init-hang-dropped")     # the job never finishes ncclCommInitRank: no training
 SCENARIOS += INIT_HANGS
 HANGS += INIT_HANGS
+SCENARIOS += ("host-stuck",)
+HANGS += ("host-stuck",)          # one rank stuck in host code before its next collective: a hang
+STUCK_MODES = ("spin", "block")   # host-stuck: on a CPU in a busy loop, or blocked in read(2) of a pipe
 HOLDS = HANGS + ("reset", "rank-killed", "link-flap")   # end --hold-s after the fault, not when the job ends
 DYING = ("reset", "rank-killed")    # scenarios whose ranks may exit (fail) once the fault is in
 STOP_MARGIN_STEPS = 5               # --stop-file: steps between the last one logged and the one all ranks stop at,
@@ -56,6 +59,11 @@ DEFAULTS = {
     # the faulty rank's traffic to rank 0's host (the bootstrap root; the store's port excepted)
     # is dropped in the switch before it calls ncclCommInitRank (--init-delay-ms later than the others)
     "init-hang-dropped": dict(steps=100000, init_delay_ms=1500),
+    # rank r stops before enqueuing collective #--at-op (default: step 3's first; or, when only
+    # --start-s is given, the first of the first burst after it) and stays in host code: --stuck-mode spin (a busy loop
+    # on a CPU, host_busy_loop) or block (read(2) of a pipe nobody writes, host_blocked_read), for
+    # --stuck-s (0: until the hold ends the run); its peers enqueue it and wait inside it
+    "host-stuck": dict(steps=100000, stuck_mode="spin", stuck_s=0.0),
     # rank 0 saves a checkpoint: --hold-s in host code after --start-s, its peers wait in the next
     # collective; a benign stall, no error (issue 44). Enough steps to train ~10 s after it.
     "slow-checkpoint": dict(rank=0, steps=400, start_s=5.0, hold_s=30.0, compute_ms=30.0),

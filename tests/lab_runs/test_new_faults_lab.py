@@ -1,5 +1,6 @@
 """Issue 44's lab faults, run and analysed (root): a rank killed mid-collective, a link that
-flaps, loss one way only, a rank starved of CPU by its cgroup's quota. Each case runs the
+flaps, loss one way only, a rank starved of CPU by its cgroup's quota, a rank stuck in host code
+before its next collective (spinning on a CPU, or blocked in read(2)). Each case runs the
 lab launcher once with one ``stallscope capture`` per host (inside each rank's namespaces)
 and analyses what the regime gives: the bundles of captures attached before the job
 (``before``), of captures started after the fault's onset while it lasts (``during``), or
@@ -13,8 +14,11 @@ logs then, the ``logs`` case). A flap of 2-10 s is over before a capture started
 begins capturing (on this loaded machine the per-host captures began 36 s after a 10 s
 outage's onset): what remains is the slow collectives, network_loss at best; link_flap reads
 the backoff from a capture that was running (``before``), and from deep in the backoff when
-the capture catches the outage's end (unit-tested on synthetic tables). Small tensors and short jobs: about 6 minutes in all on the
-2-core machine.
+the capture catches the outage's end (unit-tested on synthetic tables). A host-stuck rank's
+frame is named where a stack was taken after the hang began (a capture started during it,
+``during``); a capture attached before the job has only /proc's view of it at its end (on a
+CPU, or blocked in read on a pipe), and says so. Small tensors and short jobs: about 6 minutes in all on the
+2-core machine, and 3-4 more for the host-stuck cases (45-65 s each).
 """
 from __future__ import annotations
 
@@ -39,7 +43,8 @@ BEFORE = ["--capture", "per-host", "--capture-start", "before", "--capture-stagg
 # name -> (launcher arguments, the regimes analysed, the top finding's kind, whether it names a link)
 # cpu-starved's quota is 4% of a CPU: on this 2-core machine shared by other jobs (load 25 and
 # more), an unthrottled rank gets ~8% of a CPU itself; a 10% quota then starves nobody more
-ONCE = ("rank-killed", "link-flap", "cpu-starved")     # make test: each new class once (loss: test_findings_lab)
+# make test: each new class once (loss: test_findings_lab)
+ONCE = ("rank-killed", "link-flap", "cpu-starved", "host-stuck")
 CASES = {
     "rank-killed": (["--scenario", "rank-killed", "--rank", "2", "--ranks", "3", "--compute-ms", "30",
                      "--capture-duration-s", "8"] + BEFORE, ("before", "logs"), "process_exit", False),
@@ -62,6 +67,19 @@ CASES = {
     "cpu-starved-during": (["--scenario", "cpu-starved", "--rank", "1", "--ranks", "3", "--cpu-quota", "4%",
                             "--capture", "per-host", "--capture-start", "onset+1", "--capture-stagger-s", "0-2",
                             "--capture-duration-s", "15"], ("during",), "straggler", False),
+    # the rank stops before collective #13 (step 4's first: 3 a step from #1) and spins until the hold's end
+    "host-stuck": (["--scenario", "host-stuck", "--rank", "1", "--ranks", "3", "--at-op", "13", "--compute-ms", "30",
+                    "--capture-duration-s", "10"] + BEFORE, ("before",), "hang_host", False),
+    "host-stuck-block": (["--scenario", "host-stuck", "--stuck-mode", "block", "--rank", "2", "--ranks", "4",
+                          "--start-s", "1", "--compute-ms", "30", "--capture-duration-s", "10"] + BEFORE,
+                         ("before",), "hang_host", False),
+    "host-stuck-during": (["--scenario", "host-stuck", "--rank", "0", "--ranks", "3", "--start-s", "1",
+                           "--compute-ms", "30", "--capture", "per-host", "--capture-start", "onset+2",
+                           "--capture-stagger-s", "0-2", "--capture-duration-s", "8"], ("during",), "hang_host", False),
+    "host-stuck-block-during": (["--scenario", "host-stuck", "--stuck-mode", "block", "--rank", "1", "--ranks", "3",
+                                 "--at-op", "19", "--compute-ms", "30", "--capture", "per-host", "--capture-start",
+                                 "onset+2", "--capture-stagger-s", "0-2", "--capture-duration-s", "8"],
+                                ("during",), "hang_host", False),
 }
 
 
@@ -130,7 +148,7 @@ def describe(findings) -> list:
     return [(f.kind, f.severity, f.ranks, f.peer_ranks, f.layer, f.summary[:200]) for f in findings]
 
 
-def check(name: str, truth: dict, top, findings) -> None:
+def check(name: str, truth: dict, top, findings, regime: str = "before") -> None:
     _, _, kind, link = CASES[name]
     fault = truth["fault"]
     assert top is not None and top.kind == kind, describe(findings)
@@ -164,6 +182,19 @@ def check(name: str, truth: dict, top, findings) -> None:
         # single it out (on a machine at load 20+ its peers wait for a CPU nearly as long) and
         # the cgroup's throttling counters, which capture does not collect yet
         assert top.layer == "host" and "enqueued late" in top.chain[0], top.chain
+    if fault["kind"] == "host-stuck":
+        n, act = fault["op_index"], top.details["host_activity"]
+        assert fault["ranks_entered"] == sorted(set(range(len(truth["ranks"]))) - set(fault["ranks"])), fault
+        assert top.layer == "host" and top.op_count == n, (top.op_count, n, top.chain)
+        assert top.chain[0].startswith(f"rank {fault['ranks'][0]} never enqueued ") and f" #{n};" in top.chain[0]
+        assert set(top.peer_ranks) == set(fault["ranks_entered"]), top.peer_ranks
+        assert act["mode"] == fault["mode"], (act, fault["mode"])
+        if fault["mode"] == "spin":
+            assert "was on a CPU, spinning" in top.chain[1], top.chain
+        else:
+            assert "blocked in the read syscall" in top.chain[1] and "not a socket" in top.chain[1], top.chain
+        if regime == "during":      # a stack taken during the hang names the function
+            assert act["frames"][:1] == [fault["stuck_thread"]["function"]], (act, fault["stuck_thread"])
 
 
 @pytest.mark.root
@@ -175,7 +206,7 @@ def test_new_fault_top_finding(build, tmp_path, name):
         a = analyze(inputs(tmp_path / name, regime))
         try:
             top, findings = a.top, list(a.findings)
-            check(name, truth, top, findings)
+            check(name, truth, top, findings, regime)
             assert a.con.execute(top.sql).fetchall() or regime == "logs"
         finally:
             a.close()

@@ -30,11 +30,48 @@ def test_new_scenarios_have_rows_and_defaults():
                                   ["--scenario", "cpu-starved", "--cpu-quota", "150%"],
                                   ["--scenario", "cpu-starved", "--cpu-quota", "lots"],
                                   ["--scenario", "rank-killed", "--kill-signal", "TERM"],
-                                  ["--scenario", "rank-killed", "--at-op", "0"]])
+                                  ["--scenario", "rank-killed", "--at-op", "0"],
+                                  ["--scenario", "host-stuck", "--stuck-mode", "sleep"],
+                                  ["--scenario", "host-stuck", "--stuck-s", "-1"],
+                                  ["--scenario", "host-stuck", "--at-op", "0"]])
 def test_bad_new_fault_options_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--no-netns", *argv])
     assert e.value.code == 2 and "error" in capsys.readouterr().err
+
+
+class _Run:
+    """What job.driver_args reads of a launcher Run."""
+    stop_mode, gate_file, stop_file = False, None, None
+
+    def __init__(self, a):
+        self.a = a
+
+    def fault_ranks(self):
+        return [self.a.rank]
+
+    def ops_per_step(self):
+        return 3
+
+
+def test_host_stuck_options_reach_the_faulty_rank_only():
+    from tests.lab.job import driver_args
+    assert "host-stuck" in SCENARIOS and "host-stuck" in HOLDS
+    a = parse_args(["--no-netns", "--scenario", "host-stuck", "--rank", "2", "--at-op", "9"])
+    assert (a.stuck_mode, a.stuck_s, a.hang_at) == ("spin", 0.0, "op")
+    args = driver_args(_Run(a), 2)
+    assert args[args.index("--stuck-at-op") + 1] == "9" and args[args.index("--stuck-mode") + 1] == "spin"
+    assert not any(x.startswith("--stuck") for x in driver_args(_Run(a), 1))
+    a = parse_args(["--no-netns", "--scenario", "host-stuck"])        # default: step 3's first collective
+    args = driver_args(_Run(a), 1)
+    assert args[args.index("--stuck-at-op") + 1] == "10"
+    # --start-s alone: the first collective after it (as gpu-hang); a finite stall with --stuck-s
+    a = parse_args(["--no-netns", "--scenario", "host-stuck", "--start-s", "2", "--stuck-mode", "block",
+                    "--stuck-s", "5"])
+    args = driver_args(_Run(a), 1)
+    assert a.hang_at == "time" and "--stuck-at-op" not in args
+    assert args[args.index("--stuck-from-s") + 1] == "2.0" and args[args.index("--stuck-s") + 1] == "5.0"
+    assert args[args.index("--stuck-mode") + 1] == "block"
 
 
 def test_cpu_quota_spellings():

@@ -7,7 +7,7 @@
  * burst of collectives enqueued on one stream, cudaStreamSynchronize, check.
  *
  * Modes
- *   --mode train     the loop above (default); faults: --skip-op, --straggle-*, --pause-*
+ *   --mode train     the loop above (default); faults: --skip-op, --straggle-*, --pause-*, --stuck-*
  *   --mode selftest  every op x dtype x reduction checked against an
  *                    independently computed expectation; ncclCommSplit,
  *                    ncclCommInitAll, groups, send/recv and asynchrony too.
@@ -850,6 +850,11 @@ struct opts {
   int steps, check, skip_op;
   double compute_ms, straggle_ms, straggle_from_s, duration_s, pause_s, pause_from_s;
   size_t st_small, st_large;
+  /* host-stuck: before enqueuing collective #stuck_op (or the first one --stuck-from-s after
+     training began), spin or block in host code for stuck_s seconds (<= 0: forever) */
+  const char *stuck_mode;
+  long stuck_op;
+  double stuck_from_s, stuck_s;
 };
 
 /* --pause-s: a slow checkpoint. The rank is busy in host code (here sleeping in 100 ms slices,
@@ -862,6 +867,44 @@ static void __attribute__((noinline)) sslab_save_checkpoint(double seconds) {
     double left_ms = (end - now_ns()) / 1e6;
     sleep_ms(left_ms < 100 ? left_ms : 100);
   }
+}
+
+/* --stuck-mode spin: a busy loop in host code (a Python `while not ready: pass`, a livelocked
+ * data loader), on a CPU the whole time, outside every NCCL call. Out of line and not cloned so
+ * that a native stack names it. */
+static void __attribute__((noinline, noclone)) host_busy_loop(double seconds) {
+  uint64_t end = seconds > 0 ? now_ns() + (uint64_t)(seconds * 1e9) : UINT64_MAX;
+  volatile uint64_t x = 0;
+  while (now_ns() < end)
+    for (int i = 0; i < 200000; i++) x += i;
+}
+
+struct pipe_writer { int fd; double seconds; };
+static void *pipe_writer_main(void *arg) {
+  struct pipe_writer *w = arg;
+  sleep_ms(w->seconds * 1e3);
+  char c = 1;
+  if (write(w->fd, &c, 1) != 1) { /* the reader then stays blocked: nothing better to do */ }
+  return NULL;
+}
+
+/* --stuck-mode block: blocked in a syscall in host code: read(2) of a pipe nobody writes (a
+ * data loader waiting on a dead worker, a lock never released), asleep, off CPU. A finite
+ * --stuck-s has a thread write the byte that ends it. */
+static void __attribute__((noinline, noclone)) host_blocked_read(double seconds) {
+  int fds[2];
+  if (pipe(fds) != 0) DIE("pipe: %s", strerror(errno));
+  static struct pipe_writer w;
+  if (seconds > 0) {
+    pthread_t t;
+    w.fd = fds[1];
+    w.seconds = seconds;
+    pthread_create(&t, NULL, pipe_writer_main, &w);
+    pthread_detach(t);
+  }
+  char c;
+  while (read(fds[0], &c, 1) < 0 && errno == EINTR) {}
+  /* fds stay open: a writer thread may still hold the write end */
 }
 
 static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -913,7 +956,7 @@ static int train(struct opts *o) {
   uint64_t t_start = now_ns();
   emit("{\"ev\":\"train_start\",\"t_ns\":%llu,\"rank\":%d,\"world_size\":%d,\"pid\":%d}",
        (unsigned long long)t_start, g_rank, g_world, (int)getpid());
-  int straggling = 0, paused = 0;
+  int straggling = 0, paused = 0, stuck = 0;
   long stop_at = -1; /* --stop-file: the step number to stop before, once the launcher wrote it */
   for (int step = 0; step < o->steps; step++) {
     if (o->duration_s > 0 && (now_ns() - t_start) / 1e9 > o->duration_s) break;
@@ -958,6 +1001,23 @@ static int train(struct opts *o) {
       else if (!strcmp(o->pattern, "fsdp")) kind = (b % 2 == 0) ? "allgather" : "reducescatter";
       else if (!strcmp(o->pattern, "mixed")) kind = (b % 3 == 0) ? "allreduce" : (b % 3 == 1) ? "allgather" : "reducescatter";
       else kind = "allreduce";
+      if (!stuck && ((o->stuck_op >= 0 && (int64_t)k == o->stuck_op) ||
+                     (o->stuck_from_s >= 0 && b == 0 && (now_ns() - t_start) / 1e9 >= o->stuck_from_s))) {
+        /* host-stuck: this rank stops before enqueuing collective #k (its peers enqueue it and
+           wait inside it). From a time, before a burst's first collective: every earlier one was
+           synchronized; at an op inside a burst, the burst's earlier ones complete on the GPU but
+           no host wait of this rank ever returns for them */
+        stuck = 1;
+        int spin = !strcmp(o->stuck_mode, "spin");
+        uint64_t s0 = now_ns();
+        emit("{\"ev\":\"host_stuck\",\"t_ns\":%llu,\"rank\":%d,\"op_index\":%llu,\"op\":\"%s\",\"step\":%d,"
+             "\"mode\":\"%s\",\"function\":\"%s\",\"syscall\":%s,\"tid\":%d,\"seconds\":%.3f}",
+             (unsigned long long)s0, g_rank, (unsigned long long)k, kind, step, o->stuck_mode,
+             spin ? "host_busy_loop" : "host_blocked_read", spin ? "null" : "\"read\"", (int)gettid(), o->stuck_s);
+        if (spin) host_busy_loop(o->stuck_s); else host_blocked_read(o->stuck_s);
+        emit("{\"ev\":\"host_unstuck\",\"t_ns\":%llu,\"rank\":%d,\"held_ms\":%.3f}", (unsigned long long)now_ns(),
+             g_rank, (now_ns() - s0) / 1e6);
+      }
       if (o->skip_op >= 0 && (int64_t)k == o->skip_op && !skipped) {
         skipped = 1;
         emit("{\"ev\":\"skip\",\"t_ns\":%llu,\"rank\":%d,\"op_index\":%llu,\"op\":\"%s\",\"step\":%d,\"mode\":\"%s\"}",
@@ -1025,7 +1085,7 @@ static int train(struct opts *o) {
 
 int main(int argc, char **argv) {
   struct opts o = {"train", "1048576,1048576,262144", "float32", "ddp", "stop", "int8,uint8,int32,uint32,int64,uint64,float16,float32,float64,bfloat16",
-                   NULL, NULL, 20, 1, -1, 50, 0, 0, 0, 0, 0, 1003, 0};
+                   NULL, NULL, 20, 1, -1, 50, 0, 0, 0, 0, 0, 1003, 0, "spin", -1, -1, 0};
   static struct option lo[] = {
     {"mode", 1, 0, 'm'}, {"steps", 1, 0, 's'}, {"compute-ms", 1, 0, 'c'}, {"buckets", 1, 0, 'b'},
     {"dtype", 1, 0, 'd'}, {"pattern", 1, 0, 'p'}, {"no-check", 0, 0, 'N'}, {"skip-op", 1, 0, 'k'},
@@ -1033,6 +1093,7 @@ int main(int argc, char **argv) {
     {"watchdog-timeout-s", 1, 0, 'W'}, {"duration-s", 1, 0, 'D'}, {"selftest-dtypes", 1, 0, 'T'},
     {"selftest-count", 1, 0, 'C'}, {"selftest-large", 1, 0, 'L'}, {"gate-file", 1, 0, 'G'},
     {"stop-file", 1, 0, 'P'}, {"compute-busy", 0, 0, 'B'}, {"pause-s", 1, 0, 'Z'}, {"pause-from-s", 1, 0, 'z'},
+    {"stuck-at-op", 1, 0, 'o'}, {"stuck-from-s", 1, 0, 'f'}, {"stuck-mode", 1, 0, 'M'}, {"stuck-s", 1, 0, 'u'},
     {0, 0, 0, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "", lo, NULL)) != -1) {
@@ -1058,6 +1119,13 @@ int main(int argc, char **argv) {
       case 'B': g_compute_busy = 1; break;
       case 'Z': o.pause_s = atof(optarg); break;
       case 'z': o.pause_from_s = atof(optarg); break;
+      case 'o': o.stuck_op = atol(optarg); break;
+      case 'f': o.stuck_from_s = atof(optarg); break;
+      case 'M':
+        if (strcmp(optarg, "spin") && strcmp(optarg, "block")) { fprintf(stderr, "--stuck-mode spin|block\n"); return 2; }
+        o.stuck_mode = optarg;
+        break;
+      case 'u': o.stuck_s = atof(optarg); break;
       default: fprintf(stderr, "usage: sslab_rank [--mode train|selftest] [options]\n"); return 2;
     }
   }

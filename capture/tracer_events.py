@@ -422,7 +422,7 @@ def postprocess(raw_dir: Path | None, out: Path, max_bytes: int, extra: list[Pat
     counts: dict[str, int] = {}
     hot_sizes = array.array("Q")
     total = 0
-    span = _Span()
+    span = _Span(windows)
     with open(out, "wb") as fh:
         merged = heapq.merge(*streams, key=_time_of)
         for ev in (dedup(merged, windows, dups) if windows else merged):
@@ -539,12 +539,15 @@ def dedup(events, windows: list[tuple[int, int]], counter: list[int] | None = No
 class _Span:
     """CLOCK_MONOTONIC [first, last] the tracer covered: from its start mark (else its first
     event) to its stop or end mark (else its last event time, returns included). Off-CPU
-    samples come from capture's /proc reads, not the tracer: left out."""
+    samples come from capture's /proc reads, not the tracer: left out. A stop or end mark
+    inside a restart's overlap window (``windows``, [the new program's launch, the old one's
+    end]) is the old program's: the new one traced on past it."""
 
-    def __init__(self):
+    def __init__(self, windows=()):
         self.start = self.stop = self.lo = self.hi = None
         self.last_start = None
         self.stops: list[int] = []
+        self.windows = list(windows or ())
 
     def add(self, kind: str, ev: dict) -> None:
         if kind == "offcpu":
@@ -553,7 +556,8 @@ class _Span:
         if kind == "tracer_start" and isinstance(t, int):
             self.start = t if self.start is None else min(self.start, t)
             self.last_start = t if self.last_start is None else max(self.last_start, t)
-        elif kind in ("tracer_stopped", "tracer_end") and isinstance(t, int):
+        elif kind in ("tracer_stopped", "tracer_end") and isinstance(t, int) and not any(
+                lo <= t <= hi for lo, hi in self.windows):
             self.stops.append(t)
         for k in ("t0", "t", "t1"):
             v = ev.get(k)

@@ -35,6 +35,42 @@ from .libversion import nccl_version
 OLD_STOP_S = 30.0       # the longest wait for the old program to end after the overlap
 
 
+def cudart_beside(nccl_path: str) -> list[str]:
+    """The CUDA runtime files a process that maps ``nccl_path`` most likely maps too: the
+    ``libcudart.so*`` in its folder (a toolkit's, an image's or an environment's lib/) and, for
+    the PyPI wheels' layout (``nvidia/nccl/lib``), ``nvidia/cuda_runtime/lib``. A library
+    traced before its process is known (ahead of time, or at its mapping) gets these too: the
+    host waits after a launch are the calls the hang trigger reads (without them a thread
+    waiting in the CUDA runtime looks idle, outside any call)."""
+    import glob
+    folder = os.path.dirname(os.path.realpath(nccl_path))
+    found = sorted(glob.glob(os.path.join(folder, "libcudart.so*")))
+    if os.path.basename(os.path.dirname(folder)) == "nccl":
+        found += sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(folder)), "cuda_runtime", "lib",
+                                               "libcudart.so*")))
+    out: list[str] = []
+    for path in found:
+        real = os.path.realpath(path)
+        if os.path.isfile(real) and real not in out:
+            out.append(real)
+    return out
+
+
+def add_cudart_beside(targets: tracer.TraceTargets, nccl_path: str) -> None:
+    """``cudart_beside(nccl_path)``'s files that export CUDA runtime calls the tracer knows join
+    ``targets.cudart`` (a file already there, by any path, is left as it is)."""
+    from .elf import ElfError, exported_functions_cached
+    for real in cudart_beside(nccl_path):
+        if any(os.path.exists(k) and os.path.samefile(real, k) for k in targets.cudart):
+            continue
+        try:
+            syms = set(exported_functions_cached(real)) & set(tracer.CUDART_SYMBOLS)
+        except (OSError, ElfError):
+            continue
+        if syms:
+            targets.cudart[real] = syms
+
+
 class AheadOfTime:
     """The libraries the watcher traces whether or not a followed process maps them yet (see
     the module's text), and the processes held at their mapping. Does nothing outside ring
@@ -96,6 +132,7 @@ class AheadOfTime:
                 continue
             covered[f.key] = f.path
             targets.nccl.setdefault(f.path, set()).update(f.symbols or set(tracer.NCCL_SYMBOLS))
+            add_cudart_beside(targets, f.path)
             v = nccl_version(f.path)
             if v:
                 versions[f.path] = v

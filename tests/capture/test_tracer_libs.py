@@ -5,6 +5,7 @@ tests/lab_runs/test_watch_blind.py."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -98,6 +99,26 @@ def test_postprocess_reads_the_overlap_mark_and_drops_the_twin(tmp_path):
     summ = tracer_events.postprocess(raw, out, 1 << 20)
     assert summ["overlap_duplicates"] == 1
     assert summ["by_type"].get("comm_init") == 1
+
+
+def test_the_old_programs_end_inside_the_overlap_does_not_end_the_span(tmp_path):
+    # a restart with overlap: the new program started at 3000, the old one ended at 8000, inside
+    # the window; the new one traced on to 20000. The span is the new one's (a watcher's bundle of a
+    # hang after a restart was judged on a window that closed before the hang: no finding)
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    lines = ['{"ev":"tracer_start","t":100,"tracer_pid":1}',
+             '{"ev":"tracer_start","t":3000,"tracer_pid":2}',
+             '{"ev":"tracer_end","t":8000}',
+             '{"ev":"tracer_overlap","t0":1000,"t1":9000}',
+             '{"ev":"host_wait","kind":32,"t0":15000,"pid":5,"tid":7,"obj":"0x1"}',
+             '{"ev":"tracer_end","t":20000}']
+    (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
+    summ = tracer_events.postprocess(raw, tmp_path / "events.jsonl", 1 << 20)
+    assert summ["span_monotonic_ns"] == [100, 20000]
+    # no end mark after it (the bundle cut while the program runs): its last event ends it
+    (raw / "seg-000000.txt").write_text("\n".join(lines[:-1]) + "\n")
+    assert tracer_events.postprocess(raw, tmp_path / "e2.jsonl", 1 << 20)["span_monotonic_ns"] == [100, 15000]
 
 
 def test_spool_overlap_reads_both_programs_until_the_old_one_ends(tmp_path):
@@ -204,3 +225,49 @@ def test_the_watchers_program_without_the_hold_passes_bpftrace_in_safe_mode(labn
     path.write_text(script)
     p = subprocess.run(["bpftrace", "-d", str(path)], capture_output=True, text=True, timeout=120)
     assert "unsafe" not in p.stderr and p.returncode == 0, p.stderr[-2000:]
+
+
+def test_a_library_traced_before_its_process_brings_its_cuda_runtime(labnccl, tmp_path):
+    """A libnccl traced ahead of time or at its mapping gets the libcudart beside it (its folder,
+    or the PyPI wheels' nvidia/cuda_runtime/lib): the host waits after a launch are what the
+    hang trigger reads. Without them a job from a path the watcher had never seen hung with no
+    bundle (tests/lab_runs/test_watch_unknown.py)."""
+    from capture.tracer_libs import add_cudart_beside, cudart_beside
+    cudart = labnccl.parent / "libcudart.so.12"
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    shutil.copy(labnccl, beside / "libnccl.so.2")
+    shutil.copy(cudart, beside / "libcudart.so.12")
+    assert cudart_beside(str(beside / "libnccl.so.2")) == [str(beside / "libcudart.so.12")]
+    wheel = tmp_path / "site-packages" / "nvidia"
+    (wheel / "nccl" / "lib").mkdir(parents=True)
+    (wheel / "cuda_runtime" / "lib").mkdir(parents=True)
+    shutil.copy(labnccl, wheel / "nccl" / "lib" / "libnccl.so.2")
+    shutil.copy(cudart, wheel / "cuda_runtime" / "lib" / "libcudart.so.12")
+    t = tracer.TraceTargets()
+    add_cudart_beside(t, str(wheel / "nccl" / "lib" / "libnccl.so.2"))
+    assert list(t.cudart) == [str(wheel / "cuda_runtime" / "lib" / "libcudart.so.12")]
+    assert t.cudart[str(wheel / "cuda_runtime" / "lib" / "libcudart.so.12")] <= set(tracer.CUDART_SYMBOLS)
+    add_cudart_beside(t, str(wheel / "nccl" / "lib" / "libnccl.so.2"))        # once, however often asked
+    assert len(t.cudart) == 1
+    lonely = tmp_path / "lonely"
+    lonely.mkdir()
+    shutil.copy(labnccl, lonely / "libnccl.so.2")
+    assert cudart_beside(str(lonely / "libnccl.so.2")) == []
+
+
+def test_a_collective_marks_its_process_traced_for_its_host_waits(labnccl):
+    """The host-wait probes count only traced processes; a program started after a job's
+    communicator init (a restart, a late capture) learns the job's processes from their
+    collectives, or it never sees the waits a hang sits in."""
+    t = tracer.TraceTargets()
+    t.nccl[str(labnccl)] = set(tracer.NCCL_SYMBOLS)
+    t.cudart[str(labnccl.parent / "libcudart.so.12")] = set(tracer.CUDART_SYMBOLS)
+    t.fill_addresses()
+    for returns in (False, True):
+        script, _ = tracer.render_script(t, tracer.KernelFeatures(), call_returns=returns, ring=64)
+        blocks = [b.strip() for b in re.split(r"\n\s*\n", script)]
+        colls = [b for b in blocks if "ncclAllReduce" in b or "$c = (uint64)" in b and "@opc[$c]" in b]
+        assert colls and all("@traced[(uint64)pid] = 1;" in b for b in colls if "@opc[$c] = $n + 1" in b)
+        waits = [b for b in blocks if b.startswith("uprobe:") and "libcudart" in b.split("\n")[0]]
+        assert waits and all("/@traced[(uint64)pid]/" in b for b in waits)

@@ -152,9 +152,6 @@ def _traced(m: dict, lib_dir: Path) -> None:
     assert versions and None not in versions, versions
 
 
-@pytest.mark.xfail(strict=False, reason="issue 43, open: since the watcher restarts its tracer with overlap on a "
-                                        "library mapped unannounced, this hang often gives no bundle (failed in the "
-                                        "last three full runs; the same gap as make watch-blind)")
 def test_a_job_from_an_unseen_library_path_is_traced_and_its_hang_caught(lab):
     watch, base = lab["watch"], lab["base"]
     delay = random.uniform(30, 60) if ALL else 8.0

@@ -85,9 +85,9 @@ CASES = {
 
 # the cases the lab pool runs early in a full run, beside the pure-CPU tests (tests/conftest.py,
 # test_regimes_findings.start): the ones make test runs, but cpu-starved, whose quota must be
-# the only thing that slows its rank; a killed rank runs alone there (solo: its capture outlives
-# its process, and other runs' ranks have the same addresses and rank numbers)
-POOL_CASES = {n: (CASES[n][0] + SMALL + ["--require-captures"], sum(map(ord, n)), n == "rank-killed")
+# the only thing that slows its rank. None runs alone: their captures start before the job,
+# each with its rank's pid (the regimes' late reset runs alone: its capture finds no process left)
+POOL_CASES = {n: (CASES[n][0] + SMALL + ["--require-captures"], sum(map(ord, n)), False)
               for n in ONCE if n != "cpu-starved"}
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import LAB_MATRIX, ROOT
 from forensics.analysis import analyze
 from tests.lab import netns
 from tests.lab.verdicts import names_fault
@@ -216,6 +216,8 @@ def start(session, tmp_path_factory) -> Runs:
     me = sys.modules[__name__]
     names, pooled = [], {}
     for it in session.items:
+        if _skipped(it):
+            continue          # a case of the full matrix only (LAB_MATRIX): not run, not pooled
         params = getattr(getattr(it, "callspec", None), "params", {})
         mod = getattr(it, "module", None)
         if mod is me and "case" in params:
@@ -226,6 +228,11 @@ def start(session, tmp_path_factory) -> Runs:
             pooled[pool_key(mod, params["name"])] = Pooled(list(args), seed, solo)
     _STARTED.append(Runs(build, tmp_path_factory.mktemp("regimes"), names, pooled))
     return _STARTED[0]
+
+
+def _skipped(item) -> bool:
+    """Whether a skipif mark with a plain condition (LAB_MATRIX's) skips ``item``."""
+    return any(m.args and m.args[0] is True for m in item.iter_markers("skipif"))
 
 
 def pool_key(module, name: str) -> str:
@@ -288,10 +295,15 @@ def check_verdict(name: str, res: Result, top, findings) -> None:
 
 # ------------------------------------------------------------------ issue 11: late captures
 LATE_CASES = [n for n in CASES if n.startswith("late-")]
+# make test runs each way (logs, neither, no-bpf) with two hang kinds at least and every kind with
+# the logs; these run under make lab-matrix (the reset cases run alone: each costs CI its full time)
+LATE_MATRIX_ONLY = {"late-reset-neither", "late-reset-no-bpf", "late-mismatch-hang-neither",
+                    "late-link-down-hang-no-bpf"}
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("case", LATE_CASES)
+@pytest.mark.parametrize("case", [pytest.param(n, marks=LAB_MATRIX) if n in LATE_MATRIX_ONLY else n
+                                  for n in LATE_CASES])
 def test_late_capture_verdict(runs, case):
     res = checked(runs, case)
     onset = res.truth["onset_ns"]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from import_paths import from_module
 
 PRODUCT = ("forensics", "capture")
 SIZED = PRODUCT + ("tests/lab",)
@@ -101,12 +102,7 @@ def private_uses(source: str, module: str, known: Modules) -> list[str]:
                 local = a.asname or a.name.split(".")[0]
                 bound[local] = (a.name if a.asname else local, True)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here.split(".")
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                source_mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_mod = node.module or ""
+            source_mod = from_module(here, node)
             if source_mod not in known:
                 continue
             for a in node.names:

@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 
 from conftest import ROOT
+from import_paths import from_module
 
 PRODUCT = ("forensics", "capture")
 
@@ -53,12 +54,7 @@ def imports_of(source: str, module: str, packages: set[str], known: set[str]) ->
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here.split(".")
-                base = base[:len(base) - (node.level - 1)] if node.level > 1 else base
-                source_mod = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source_mod = node.module or ""
+            source_mod = from_module(here, node)
             targets = [f"{source_mod}.{a.name}" if f"{source_mod}.{a.name}" in known else source_mod
                        for a in node.names]
         else:

@@ -15,11 +15,10 @@ ends are candidates; the rank on more chains wins). A chain during which one of 
 a collective is no outage: data crossed that rank's link meanwhile (random loss on a lightly used
 connection spaces its resends seconds apart, by chance about doubling). Packets' verdicts from
 different captures are never joined into one chain (each host's pcap sees its own resends), nor
-resends of different segments (the ``packets`` table's ``seq_raw``: a dead link's timer resends the
-one segment at the head of the queue). The
-link came back when a collective
-completed after the last resend of the episode; a link still down at the end is a hang,
-which the hang detectors report, so no finding here.
+resends of different segments (the ``packets`` table's ``seq_raw``: a dead link's timer resends
+the one segment at the head of the queue). The link came back when a collective completed
+after the last resend of the episode; a link still down at the end is a hang, which the hang
+detectors report, so no finding here.
 
 Layer ``transport``: the collective was enqueued everywhere and the transport stalled.
 """
@@ -52,9 +51,9 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["saddr", "sport", "daddr", "dport", "rank", "peer_rank", "t0", "t1", "n",
                                      "gaps_ns"])
     rt = rt.sort_values("timestamp_ns", kind="stable")
-    # one capture's view at a time: two hosts' pcaps interleaved make gaps neither saw
-    # and where the packets say which segment each resend carried, one segment's resends (a dead
-    # link resends the same head segment after every timeout; random loss resends other ones)
+    # one capture's view at a time (two hosts' pcaps interleaved make gaps neither saw) and, where
+    # the packets say which segment each resend carried, one segment's resends (a dead link resends
+    # the same head segment after every timeout; random loss resends other ones)
     by = ["saddr", "sport", "daddr", "dport"] + [c for c in ("host", "seq_raw") if c in rt.columns]
     for key, g in rt.groupby(by, sort=False, dropna=False):
         t = pd.to_numeric(g["timestamp_ns"], errors="coerce").dropna().astype("int64").to_numpy()
@@ -132,11 +131,12 @@ def _with_segments(ctx: Context, rt: pd.DataFrame) -> pd.DataFrame:
     if p is None or p.empty or not all(k in p and k in rt for k in keys) or "seq_raw" not in p:
         return rt
     seg = p[keys + ["seq_raw"]].drop_duplicates(keys)
-    pcap = rt["source"].eq("pcap") if "source" in rt else pd.Series(True, index=rt.index)
-    joined = rt[pcap].reset_index().merge(seg, on=keys, how="left").set_index("index")
-    out = rt.assign(seq_raw=pd.array([pd.NA] * len(rt), dtype="Int64"))
-    out.loc[joined.index, "seq_raw"] = pd.to_numeric(joined["seq_raw"], errors="coerce").astype("Int64")
-    return out
+    pcap = (rt["source"].eq("pcap") if "source" in rt else pd.Series(True, index=rt.index)).to_numpy(dtype=bool)
+    # a left merge on unique keys keeps the left rows, in their order
+    seq = rt.loc[pcap, keys].merge(seg, on=keys, how="left")["seq_raw"]
+    col = pd.array([pd.NA] * len(rt), dtype="Int64")
+    col[pcap] = pd.to_numeric(seq, errors="coerce").astype("Int64").to_numpy()
+    return rt.assign(seq_raw=col)
 
 
 def _owner_ranks(ctx: Context) -> dict[str, int]:

@@ -85,10 +85,11 @@ CASES = {
 
 # the cases the lab pool runs early in a full run, beside the pure-CPU tests (tests/conftest.py,
 # test_regimes_findings.start): the ones make test runs, but cpu-starved, whose quota must be
-# the only thing that slows its rank, and rank-killed, whose verdict needs its peers' errors
-# inside its captures' windows (beside another run they came late: hang_mismatch, in a full run)
+# the only thing that slows its rank, rank-killed, whose verdict needs its peers' errors inside
+# its captures' windows (beside another run they came late: hang_mismatch, in a full run), and
+# host-stuck, whose spinning rank holds a CPU the pool's timing-sensitive per-host runs need
 POOL_CASES = {n: (CASES[n][0] + SMALL + ["--require-captures"], sum(map(ord, n)), False)
-              for n in ONCE if n not in ("cpu-starved", "rank-killed")}
+              for n in ONCE if n not in ("cpu-starved", "rank-killed", "host-stuck")}
 
 
 @pytest.fixture(scope="module")

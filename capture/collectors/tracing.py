@@ -7,7 +7,6 @@ samples of the job's threads (``capture.offcpu``, /proc schedstat). Both spool r
 Standard library only."""
 from __future__ import annotations
 
-import glob
 import os
 import shlex
 import shutil
@@ -204,15 +203,8 @@ class Tracing(Collector):
                 self.pinned.add((st.st_dev, st.st_ino))
             except OSError:
                 pass
-            # processes not started yet: look for the CUDA runtime next to the given libnccl
-            for sib in sorted(glob.glob(str(Path(path).resolve().parent / "libcudart.so*"))):
-                try:
-                    cs = set(exported_functions_cached(sib)) & set(tracer.CUDART_SYMBOLS)
-                except (OSError, ElfError):
-                    continue
-                real = str(Path(sib).resolve())
-                if cs and not any(os.path.samefile(real, k) for k in targets.cudart):
-                    targets.cudart[real] = cs
+            # processes not started yet: the CUDA runtime next to the given libnccl
+            tracer_libs.add_cudart_beside(targets, path)
         self.libs.add_targets(targets, covered, self.versions)
         self.covered = covered
         libc = tracer.own_libc()

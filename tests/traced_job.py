@@ -42,16 +42,24 @@ def job(n_ops: int = 40, dur_ms=lambda k: 5.0, late=None, completed=lambda k, r:
     return rows
 
 
+def window(rank: int, first_op: int, last_op: int, kind: str = "tracer") -> dict:
+    """A capture_windows row: rank's host watched from op ``first_op``'s slot to the end of
+    op ``last_op``'s (each op owns 100 ms from T0 + op * 100 ms)."""
+    return {"host": f"node{rank}", "collector": kind, "kind": kind, "first_ns": T0 + first_op * 100 * MS - MS,
+            "last_ns": T0 + (last_op + 1) * 100 * MS - MS, "source": "manifest"}
+
+
 def tcp(t_ns: int, sender: int, receiver: int, event: str = "tcp_retransmit_skb", source: str = "bpf") -> dict:
     return {"timestamp_ns": t_ns, "event": event, "source": source, "saddr": addr(sender), "daddr": addr(receiver),
             "sport": 40000 + sender, "dport": 50000 + receiver, "host": f"node{sender}", "pid": 100 + sender,
             "rank": sender, "peer_rank": receiver, "capture": f"ns-r{sender}"}
 
 
-def context(nccl, tcp_rows=(), flows=(), ib=(), ended_ns=None, offcpu=(), stacks=()) -> Context:
+def context(nccl, tcp_rows=(), flows=(), ib=(), ended_ns=None, offcpu=(), stacks=(), windows=()) -> Context:
+    """A Context over these tables' rows (``windows``: capture_windows rows, :func:`window`)."""
     tables = {name: empty(name) for name in TABLES}
     for name, rows in (("nccl_events", nccl), ("tcp_events", tcp_rows), ("flows", flows), ("ib_counters", ib),
-                       ("offcpu", offcpu), ("stacks", stacks)):
+                       ("offcpu", offcpu), ("stacks", stacks), ("capture_windows", windows)):
         if rows:
             tables[name] = conform(pd.DataFrame(list(rows)), name)
     m = Model(tables=tables, hosts=[f"node{r}" for r in range(RANKS)], captures=[{"ended_ns": ended_ns}])

@@ -175,7 +175,8 @@ def ms(ns) -> str:
 
 def collective_windows(ctx) -> pd.DataFrame:
     """One row per (communicator, op_count): t0 = first rank's entry, t1 = last rank's
-    end (NA unless every rank that should take part completed), duration, complete."""
+    end (NA unless every rank that should take part completed), duration, complete. The
+    ranks that should take part are those a capture watched then (:func:`all_watched_entered`)."""
     c = ctx.table("collectives")
     if c.empty:
         return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "bytes", "nranks", "t0", "t1", "duration_ns",
@@ -183,7 +184,7 @@ def collective_windows(ctx) -> pd.DataFrame:
     nranks = c["nranks"].fillna(c["ranks_entered"])
     # a communicator created before the tracer attached has no id: its rows are one process's
     # calls (key host:pid:comm), complete when that process completed them
-    complete = (c["ranks_completed"] == c["ranks_entered"]) & ((c["ranks_entered"] >= nranks)
+    complete = (c["ranks_completed"] == c["ranks_entered"]) & (all_watched_entered(c)
                                                               | is_per_process(c["comm_id_hash"]))
     w = pd.DataFrame({"comm_id_hash": c["comm_id_hash"], "op_count": c["op_count"], "op": c["op"],
                       "bytes": c["bytes"] if "bytes" in c.columns else pd.NA, "nranks": nranks, "t0": c["first_entry_ns"].astype("Int64"),
@@ -258,6 +259,19 @@ def impact(w: pd.DataFrame, slow, clean, cap_ns=None) -> Impact:
         over = np.where(np.isnan(cap), over, np.minimum(over, np.clip(cap, 0, None)))
     excess = float(over.sum())
     return Impact(min(1.0, excess / total), excess, total, int(slow.sum()))
+
+
+def all_watched_entered(c: pd.DataFrame) -> pd.Series:
+    """Per ``collectives`` row: every rank of its communicator entered it, less those absent
+    because no capture watched them then (``ranks_unwatched``: per-host captures that start
+    and stop apart see each collective on the hosts watching at the time, and what those
+    ranks did is the whole of what there is to judge). A rank never seen, or on a host with
+    no capture window, still counts as absent. :data:`ALL_WATCHED_ENTERED_SQL` in SQL."""
+    unwatched = c["ranks_unwatched"].fillna(0) if "ranks_unwatched" in c else 0
+    return (c["ranks_entered"] + unwatched >= c["nranks"].fillna(c["ranks_entered"])).fillna(False).astype(bool)
+
+
+ALL_WATCHED_ENTERED_SQL = "ranks_entered + coalesce(ranks_unwatched, 0) >= coalesce(nranks, ranks_entered)"
 
 
 def is_per_process(comm_id_hash: pd.Series) -> pd.Series:

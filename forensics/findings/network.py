@@ -26,8 +26,8 @@ from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pi
 from .bottleneck import link_rates, transfer_excess
 from .loss_direction import loss_direction
 from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact, clean_baselines, collective_windows,
-                       dedup_counts, dedup_sql, hosts_of, impact, in_windows, label, ms, rank_directory, ranks_text,
+from .evidence import (ALL_WATCHED_ENTERED_SQL, COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact,
+                       clean_baselines, collective_windows, dedup_counts, dedup_sql, hosts_of, impact, in_windows, label, ms, rank_directory, ranks_text,
                        shared_endpoint, sql_int, sql_list, sql_str, tcp_sources, trouble_events, trouble_sql,
                        who_text)
 
@@ -234,8 +234,7 @@ def _per_rank_durations(ctx, windows: pd.DataFrame) -> dict:
 
 
 # the collectives collective_windows() calls complete (per-process keys hold one process's calls)
-COMPLETE_SQL = ("ranks_completed = ranks_entered AND (ranks_entered >= coalesce(nranks, ranks_entered) "
-                "OR contains(comm_id_hash, ':'))")
+COMPLETE_SQL = f"ranks_completed = ranks_entered AND ({ALL_WATCHED_ENTERED_SQL} OR contains(comm_id_hash, ':'))"
 
 
 def link_rows_sql(classes, slower_than_ns: int | None = None, without_links=()) -> str:

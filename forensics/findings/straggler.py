@@ -24,8 +24,9 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity
-from .evidence import (LOSS_CLASSES, collective_windows, dedup_counts, impact, in_windows, label, ms, rank_directory,
-                       sql_int, sql_str, trouble_events, world_rank_map)
+from .evidence import (ALL_WATCHED_ENTERED_SQL, LOSS_CLASSES, all_watched_entered, collective_windows, dedup_counts,
+                       impact, in_windows, label, ms, rank_directory, sql_int, sql_str, trouble_events,
+                       world_rank_map)
 
 MIN_LATE = 3
 MIN_LATE_FRACTION = 0.10
@@ -51,13 +52,14 @@ def _second_max(v: np.ndarray) -> np.ndarray:
 
 
 def entry_margins(ctx) -> pd.DataFrame:
-    """One row per (communicator, op_count, rank) of collectives every rank entered:
+    """One row per (communicator, op_count, rank) of collectives every watched rank entered
+    (:func:`.evidence.all_watched_entered`):
     entry_ns, margin_ns (entry minus the latest other entry), spread_ns (the others'
     spread: second-latest minus earliest entry of the collective)."""
     c = ctx.table("collectives")
     if c.empty:
         return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "rank", "entry_ns", "margin_ns", "spread_ns"])
-    full = c[(c["ranks_entered"] >= c["nranks"].fillna(c["ranks_entered"])) & (c["ranks_entered"] >= 2)]
+    full = c[all_watched_entered(c) & (c["ranks_entered"] >= 2)]
     if full.empty:
         return pd.DataFrame(columns=["comm_id_hash", "op_count", "op", "rank", "entry_ns", "margin_ns", "spread_ns"])
     e = full[["comm_id_hash", "op_count", "op", "ranks", "entry_ns"]].explode(["ranks", "entry_ns"])
@@ -85,9 +87,12 @@ def straggler(ctx: Context) -> list[Finding]:
     e = entry_margins(ctx)
     if e.empty:
         return []
-    spreads = e.drop_duplicates(["comm_id_hash", "op_count"])["spread_ns"].to_numpy(dtype=np.float64)
-    jitter = float(np.median(spreads)) if len(spreads) else 0.0
-    thr = max(MIN_MARGIN_NS, JITTER_FACTOR * jitter)
+    # the others' spread needs two others: a collective seen on two ranks (captures per host
+    # apart, the rest unwatched) has none
+    three = e.groupby(["comm_id_hash", "op_count"])["rank"].transform("size") >= 3
+    spreads = e[three].drop_duplicates(["comm_id_hash", "op_count"])["spread_ns"].to_numpy(dtype=np.float64)
+    jitter = float(np.median(spreads)) if len(spreads) else float("nan")
+    thr = max(MIN_MARGIN_NS, JITTER_FACTOR * jitter) if not np.isnan(jitter) else MIN_MARGIN_NS
     n_coll = e.drop_duplicates(["comm_id_hash", "op_count"]).shape[0]
     late = e[e["margin_ns"] > thr]
     if late.empty:
@@ -174,8 +179,8 @@ def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss, window
     off_txt = f"; {off['text']}" if off.get("text") else ""
     imp = _late_impact(windows, late, mine)
     summary = (f"{label(directory, rank)} entered {int(r.n)} of {n_comm} collectives last, "
-               f"{ms(r.p50)} (p50; p90 {ms(r.p90)}) after the latest of its peers, whose entries are "
-               f"{ms(jitter)} apart{peers_txt}{net_txt}{off_txt}; it explains {imp.text()}.")
+               f"{ms(r.p50)} (p50; p90 {ms(r.p90)}) after the latest of its peers{_spread_text(jitter)}"
+               f"{peers_txt}{net_txt}{off_txt}; it explains {imp.text()}.")
     evidence = [{"comm_id_hash": comm, "op_count": int(x.op_count), "op": x.op, "rank": rank,
                  "late_ms": round(float(x.margin_ns) / 1e6, 3), "entry_ns": int(x.entry_ns)}
                 for x in mine.sort_values(["margin_ns", "op_count"], ascending=[False, True], kind="stable")
@@ -183,7 +188,7 @@ def _finding(ctx, e, late, r, thr, jitter, n_coll, gmap, directory, loss, window
     # the rows above: its comm rank's late entries, named by its global rank
     sql = f"""WITH e AS (
   SELECT comm_id_hash, op_count, op, unnest(ranks) AS rank, unnest(entry_ns) AS entry_ns
-  FROM collectives WHERE ranks_entered >= coalesce(nranks, ranks_entered) AND ranks_entered >= 2
+  FROM collectives WHERE {ALL_WATCHED_ENTERED_SQL} AND ranks_entered >= 2
     AND comm_id_hash = {sql_str(comm)}
 ), o AS (
   SELECT comm_id_hash, op_count, max(entry_ns) AS others_latest FROM e WHERE rank <> {sql_int(crank)} GROUP BY ALL
@@ -212,17 +217,23 @@ ORDER BY e.entry_ns - o.others_latest DESC, e.op_count LIMIT {sql_int(MAX_EVIDEN
                 "delay), GC or checkpointing, a throttled GPU (nvidia-smi -q clocks/throttle reasons); "
                 "py-spy dump its main thread while it is late."),
         details={"late_collectives": int(r.n), "collectives": n_comm, "late_threshold_ns": thr,
-                 "jitter_ns": jitter, "late_p50_ns": float(r.p50), "late_p90_ns": float(r.p90),
+                 "jitter_ns": None if np.isnan(jitter) else jitter, "late_p50_ns": float(r.p50),
+                 "late_p90_ns": float(r.p90),
                  "late_total_ns": float(r.total), "tcp_trouble_on_its_links": n_loss,
                  "durations_in_late_collectives": per_rank, "offcpu": off.get("per_rank", {}),
                  "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns})
 
 
+def _spread_text(jitter: float) -> str:
+    """", whose entries are 0.12 ms apart"; nothing when no collective had two other ranks watched."""
+    return "" if np.isnan(jitter) else f", whose entries are {ms(jitter)} apart"
+
+
 def _chain(who: str, r, n_comm: int, jitter: float, n_loss: int, off: dict) -> list[str]:
     """The straggler's evidence in order (Finding.chain): the late entries, the network on its
     links, the host's CPU where the capture sampled it; its layer is the host (it enqueued late)."""
-    return [f"{who} entered {int(r.n)} of {n_comm} collectives last, {ms(r.p50)} (p50) after its peers, whose "
-            f"entries are {ms(jitter)} apart: the collective was enqueued late on its host",
+    return [f"{who} entered {int(r.n)} of {n_comm} collectives last, {ms(r.p50)} (p50) after its peers"
+            f"{_spread_text(jitter)}: the collective was enqueued late on its host",
             "its links were clean meanwhile: not the transport" if n_loss < 3 else
             f"{n_loss} TCP retransmissions on its links meanwhile: the network may share the blame",
             (off["text"] if off.get("supports") else

@@ -18,8 +18,8 @@ import pandas as pd
 from . import nccl as nccl_mod
 from .schema import SCHEMAS, TABLES
 
-# loaded when the connection is made: collectives is made from it
-FIRST = ("nccl_events",)
+# loaded when the connection is made: collectives is made from them
+FIRST = ("nccl_events", "capture_windows")
 
 
 class EventDatabase:

@@ -312,13 +312,23 @@ def _asof_forward(left: pd.DataFrame, right: pd.DataFrame, by: list[str]) -> pd.
     return m
 
 
+# the collectives table, from nccl_events and capture_windows (both loaded first: database.FIRST)
 COLLECTIVES_SQL = """
 WITH e AS (
   SELECT coalesce(comm_id_hash, host || ':' || CAST(pid AS VARCHAR) || ':' || comm_ptr) AS comm_id_hash,
-         op_count, op, nranks, rank, timestamp_ns, end_ns, completed, bytes
+         op_count, op, nranks, rank, timestamp_ns, end_ns, completed, bytes, host
   -- a call of no known rank (its communicator made before the tracer attached, no RANK in its
   -- environment) has no place in the per-rank lists
   FROM nccl_events WHERE op_count IS NOT NULL AND rank IS NOT NULL
+), hw AS (
+  -- what each host watched: its tracer's window, else its capture's (model/windows.host_windows)
+  SELECT host, min(first_ns) AS first_ns, max(last_ns) AS last_ns FROM capture_windows
+  WHERE kind IN ('tracer', 'capture') GROUP BY host, kind
+  QUALIFY row_number() OVER (PARTITION BY host ORDER BY kind = 'tracer' DESC) = 1
+), members AS (
+  SELECT comm_id_hash, host, count(DISTINCT rank) AS n FROM e WHERE host IS NOT NULL GROUP BY ALL
+), entered AS (
+  SELECT comm_id_hash, op_count, host, count(DISTINCT rank) AS n FROM e WHERE host IS NOT NULL GROUP BY ALL
 ), g AS (
   SELECT comm_id_hash, op_count,
          mode(op) AS op, count(DISTINCT op) > 1 AS ops_differ,
@@ -335,12 +345,21 @@ WITH e AS (
          max(end_ns) AS last_end_ns, max(bytes) AS bytes
   FROM (SELECT *, min(timestamp_ns) OVER (PARTITION BY comm_id_hash, op_count) AS min_entry FROM e)
   GROUP BY comm_id_hash, op_count
+), u AS (
+  -- ranks absent because no capture watched them: the communicator's ranks on each host whose
+  -- window does not hold the collective's span (first entry to last end, else last entry)
+  SELECT g.comm_id_hash, g.op_count, CAST(sum(m.n - coalesce(en.n, 0)) AS INTEGER) AS ranks_unwatched
+  FROM g JOIN members m USING (comm_id_hash) JOIN hw ON hw.host = m.host
+  LEFT JOIN entered en ON en.comm_id_hash = g.comm_id_hash AND en.op_count = g.op_count AND en.host = m.host
+  WHERE NOT (hw.first_ns <= g.first_entry_ns AND coalesce(g.last_end_ns, g.last_entry_ns) <= hw.last_ns)
+  GROUP BY ALL
 )
-SELECT comm_id_hash, op_count, op, nranks, ranks_entered, ranks_completed, ranks, entry_ns, end_ns, lateness_ns,
+SELECT comm_id_hash, op_count, op, nranks, ranks_entered, ranks_completed, coalesce(ranks_unwatched, 0) AS ranks_unwatched,
+       ranks, entry_ns, end_ns, lateness_ns,
        -- a communicator size far beyond the ranks seen is not trusted to list the missing
        -- ones (the same rule as findings.hang.communicator_members)
        CASE WHEN nranks IS NULL OR nranks > greatest(65536, 4 * ranks_entered) THEN NULL
             ELSE list_filter(range(nranks), lambda x: NOT list_contains(ranks, x)) END AS missing_ranks,
        first_entry_ns, last_entry_ns, max_lateness_ns, latest_rank, last_end_ns, bytes, ops_differ
-FROM g
+FROM g LEFT JOIN u USING (comm_id_hash, op_count)
 """

@@ -14,10 +14,13 @@ which from an attach (``'attach'``). :func:`align` (all hosts) then shifts each 
 the job's own numbering (NCCL's opCount: the count from the init, which Flight Recorder's
 ``collective_seq_id`` - 1 and NCCL's COLL lines also give), from the best evidence there is:
 
-1. ``log``: NCCL's COLL lines name the opCount of the last call a process launched on the
-   communicator (``coll_log_ops``); the last run of that process ends with the same call when
-   the op agrees: the shift is exact. ``flight_recorder``: PyTorch's record of the same op
-   created nearest each call's entry gives its ``collective_seq_id`` - 1 (:func:`_fr_shifts`).
+1. ``flight_recorder``: PyTorch's record of the same op created nearest each call's entry
+   gives its ``collective_seq_id`` - 1 (:func:`_fr_shifts`); call by call, so it comes first.
+   ``log``, where no record matched: NCCL's COLL lines name the opCount of the last call a
+   process launched on the communicator (``coll_log_ops``); the last run of that process ends
+   with the same call when the op agrees and the process had stopped calling (a hang). A job
+   only slow (seconds-long collectives under loss) when its capture stopped looks the same,
+   and its log went on past the tracer's last call: the log's number is then far too high.
 2. ``peers``: a run whose counts are known (init or log) and that overlaps it in time: the same
    collective ends at about the same time on every rank (entries, when no call has an end: the
    watcher traces no returns), so the shift most matched calls agree on is the one (at least
@@ -119,9 +122,11 @@ def align(nccl: pd.DataFrame, coll_log: pd.DataFrame | None = None,
     keys = out["comm_id_hash"].astype("string").fillna(out["host"].astype(str) + ":" + out["pid"].astype("string")
                                                        .fillna("") + ":" + out["comm_ptr"].astype("string").fillna(""))
     new_oc, new_src = oc.copy(), src.copy()
-    shifted = {u: (d, LOG) for u, d in _log_shifts(out, unit, oc, rel, coll_log, ended or {}).items()}
-    for u, d in _fr_shifts(out, unit, oc, rel, fr).items():
-        shifted.setdefault(u, (d, FR))
+    # Flight Recorder first: each call matched to its own record by time; the COLL log's last
+    # line is believed only when the process stopped calling, which a slow job can look like
+    shifted = {u: (d, FR) for u, d in _fr_shifts(out, unit, oc, rel, fr).items()}
+    for u, d in _log_shifts(out, unit, oc, rel, coll_log, ended or {}).items():
+        shifted.setdefault(u, (d, LOG))
     for u, (shift, how) in shifted.items():
         rows = (unit == u).to_numpy()
         new_oc[rows] = oc[rows] + shift

@@ -90,6 +90,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
     "collectives": {
         "comm_id_hash": "VARCHAR", "op_count": "BIGINT", "op": "VARCHAR", "nranks": "INTEGER",
         "ranks_entered": "INTEGER", "ranks_completed": "INTEGER",
+        # ranks absent from it whose host's capture was not watching then (captures per host
+        # start and stop apart): ranks_entered + ranks_unwatched = nranks is a collective
+        # every watched rank took part in
+        "ranks_unwatched": "INTEGER",
         "ranks": "INTEGER[]", "entry_ns": "BIGINT[]", "end_ns": "BIGINT[]", "lateness_ns": "BIGINT[]",
         "missing_ranks": "INTEGER[]",    # ranks of the communicator that never entered this collective
         "first_entry_ns": "BIGINT", "last_entry_ns": "BIGINT", "max_lateness_ns": "BIGINT",

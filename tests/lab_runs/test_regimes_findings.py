@@ -299,17 +299,10 @@ LATE_CASES = [n for n in CASES if n.startswith("late-")]
 # the logs; these run under make lab-matrix (the reset cases run alone: each costs CI its full time)
 LATE_MATRIX_ONLY = {"late-reset-neither", "late-reset-no-bpf", "late-mismatch-hang-neither",
                     "late-link-down-hang-no-bpf"}
-# a known defect (issues 42/43, open): when the per-host captures start late and far apart (a
-# loaded machine), one rank's op numbers come from its NCCL_DEBUG COLL log and the others' from
-# their Flight Recorder dumps, offset by tens of ops; no collective then has all its ranks, and
-# network_loss sees no slow collective (2 of the last 3 full runs here)
-LATE_KNOWN = {"late-loss": pytest.mark.xfail(strict=False, reason="issues 42/43: op numbers from COLL logs and "
-                                             "Flight Recorder dumps not aligned when captures start far apart")}
 
 
 @pytest.mark.root
-@pytest.mark.parametrize("case", [pytest.param(n, marks=LAB_MATRIX) if n in LATE_MATRIX_ONLY else
-                                  pytest.param(n, marks=LATE_KNOWN[n]) if n in LATE_KNOWN else n
+@pytest.mark.parametrize("case", [pytest.param(n, marks=LAB_MATRIX) if n in LATE_MATRIX_ONLY else n
                                   for n in LATE_CASES])
 def test_late_capture_verdict(runs, case):
     res = checked(runs, case)

@@ -20,7 +20,7 @@ from forensics.findings.network import network_loss, slow_link
 from forensics.findings.straggler import straggler
 from forensics.model.schema import conform
 from forensics.model.schema import TABLES
-from traced_job import MS, RANKS, T0, addr, context, job, subcomm_job, tcp
+from traced_job import MS, RANKS, T0, addr, context, job, subcomm_job, tcp, window
 
 
 def slow_after(k0: int, ms: float = 400.0):
@@ -671,3 +671,48 @@ def test_a_lossy_link_that_costs_little_is_a_warning_with_its_rate():
     ctx, _ = _lossy_fast_job(data_packets=400_000)
     (f,) = network_loss(ctx)
     assert f.severity == "info" and "data segments" not in f.summary
+
+
+# --------------------------------------------------------------------------- per-host captures apart
+
+def _apart(first_half=(0, 1), k_split=20, n_ops=40):
+    """Captures per host that do not overlap: ``first_half``'s hosts watched ops 0..k_split-1,
+    the others' ops k_split..n_ops-1; each rank's tracer saw only its own host's share."""
+    windows = [window(r, 0, k_split - 1) if r in first_half else window(r, k_split, n_ops - 1) for r in range(RANKS)]
+    return windows, (lambda k, r: (k < k_split) == (r in first_half))
+
+
+def test_collectives_seen_only_by_the_hosts_watching_then_are_complete_for_them():
+    windows, seen = _apart()
+    ctx = context(job(dur_ms=slow_after(20), entered=seen),
+                  loss_in_slow_windows([(2, 3), (3, 2)]), windows=windows)
+    c = ctx.table("collectives")
+    assert (c["ranks_entered"] == 2).all() and (c["ranks_unwatched"] == 2).all()
+    f = network_loss(ctx)
+    assert len(f) == 1 and f[0].ranks == [2, 3], f
+    assert len(ctx.con.execute(f[0].sql).fetchall()) > 0
+    # its twins: the same calls with no capture windows known, or with every host watching
+    # the whole job (ranks 0 and 1 then truly absent from the last 20), are not complete
+    for w in ((), [window(r, 0, 45) for r in range(RANKS)]):
+        ctx = context(job(dur_ms=slow_after(20), entered=seen), loss_in_slow_windows([(2, 3), (3, 2)]), windows=w)
+        assert (ctx.table("collectives")["ranks_unwatched"] == 0).all()
+        assert network_loss(ctx) == []
+
+
+def test_a_rank_absent_while_its_host_watched_is_not_excused():
+    # every host watched the whole job; rank 3 never entered the last ten: not complete
+    windows = [window(r, 0, 39) for r in range(RANKS)]
+    ctx = context(job(entered=lambda k, r: not (k >= 30 and r == 3)), windows=windows)
+    c = ctx.table("collectives").set_index("op_count")
+    assert c.loc[35, "ranks_entered"] == 3 and c.loc[35, "ranks_unwatched"] == 0
+    assert c.loc[5, "ranks_entered"] == 4
+
+
+def test_a_straggler_seen_beside_one_peer_while_the_others_were_unwatched():
+    windows, seen = _apart(first_half=(0, 1))
+    ctx = context(job(late=lambda k, r: 60.0 if r == 0 else 0.0, entered=seen), windows=windows)
+    f = straggler(ctx)
+    assert len(f) == 1 and f[0].ranks == [0], f
+    assert len(ctx.con.execute(f[0].sql).fetchall()) > 0
+    ctx = context(job(late=lambda k, r: 60.0 if r == 0 else 0.0, entered=seen))      # no windows: nothing full
+    assert straggler(ctx) == []

@@ -310,8 +310,9 @@ def test_collectives_do_not_expand_an_absurd_communicator_size():
              "completed": True, "end_ns": 20, "bytes": 4}
             for h, n in (("0x1", 1_000_000), ("0x2", 4)) for r in (0, 1)]
     con = duckdb.connect()
-    cols = ", ".join(f'"{c}" {t}' for c, t in SCHEMAS["nccl_events"].items())
-    con.execute(f"CREATE TABLE nccl_events ({cols})")
+    for table in ("nccl_events", "capture_windows"):       # COLLECTIVES_SQL's inputs
+        cols = ", ".join(f'"{c}" {t}' for c, t in SCHEMAS[table].items())
+        con.execute(f"CREATE TABLE {table} ({cols})")
     con.register("_df", conform(pd.DataFrame(rows), "nccl_events"))
     con.execute("INSERT INTO nccl_events SELECT * FROM _df")
     got = dict(con.execute(f"SELECT comm_id_hash, missing_ranks FROM ({COLLECTIVES_SQL})").fetchall())

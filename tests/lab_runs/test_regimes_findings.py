@@ -295,10 +295,10 @@ def check_verdict(name: str, res: Result, top, findings) -> None:
 
 # ------------------------------------------------------------------ issue 11: late captures
 LATE_CASES = [n for n in CASES if n.startswith("late-")]
-# make test runs each way (logs, neither, no-bpf) with two hang kinds at least and every kind with
-# the logs; these run under make lab-matrix (the reset cases run alone: each costs CI its full time)
+# make test runs every hang kind with its logs and each other way (neither, no-bpf) with one
+# kind; the rest run under make lab-matrix (the reset cases run alone: each costs CI its full time)
 LATE_MATRIX_ONLY = {"late-reset-neither", "late-reset-no-bpf", "late-mismatch-hang-neither",
-                    "late-link-down-hang-no-bpf"}
+                    "late-link-down-hang-no-bpf", "late-link-down-hang-neither", "late-gpu-hang-no-bpf"}
 
 
 @pytest.mark.root

@@ -102,6 +102,8 @@ OVERLAP_MODULES = {
     "test_findings_contract.py", "test_findings_init.py", "test_findings_init_hang.py", "test_findings_new_faults.py",
     "test_findings_fr_dumps.py", "test_findings_cascade.py", "test_findings_silent_rank.py",
     "test_findings_bottleneck.py", "test_op_align.py", "test_watcher_view.py", "test_job_scope.py",
+    "test_report.py", "test_cli.py", "test_cli_outputs.py", "test_intake.py", "test_logscan.py",
+    "test_house_rules.py", "test_import_graph.py", "test_design_names.py",
 }
 LAB_POOL_MODULE = "test_regimes_findings.py"
 _overlap: dict = {}
@@ -120,6 +122,23 @@ def pytest_collection_modifyitems(session, config, items):
     moved = {id(it) for it in pool + cpu + pooled}
     items[:] = [it for it in items if id(it) not in moved] + cpu + pooled + pool
     _overlap.update(first=cpu[0], cpu={id(it) for it in cpu}, pool_module=pool[0].module)
+    _fuzz_in_background(session, items)
+
+
+def _fuzz_in_background(session, items) -> None:
+    """The selected fuzz runs (test_fuzz_parsers.py's mutated and deep targets) start now in a
+    background process of the lowest priority (fuzz/background.py): the lab and capture tests
+    that come first leave CPU idle while their jobs run, and the fuzz tests, in the overlap
+    phase, then only read their outcome. STALLSCOPE_FUZZ_BACKGROUND=0 runs them in place."""
+    if os.environ.get("STALLSCOPE_FUZZ_BACKGROUND", "1") == "0":
+        return
+    kinds = {"test_mutated_inputs_keep_the_contract": "mutated", "test_deeper_paths_keep_the_contract": "deep"}
+    selected = [f"{kinds[it.originalname]}:{it.callspec.params['name']}" for it in items
+                if it.path.name == "test_fuzz_parsers.py" and getattr(it, "originalname", "") in kinds]
+    if selected:
+        from fuzz import background
+        base = session.config._tmp_path_factory.mktemp("fuzz-background")
+        background.start(base / "runs.jsonl", base / "crashes", selected, ROOT)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -149,6 +168,8 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from fuzz import background
+    background.stop()
     # a run stopped before the regimes tests (-x, Ctrl-C): the runs under way end and tear their
     # namespaces down, the ones not begun are cancelled
     mod = _overlap.get("pool_module")

@@ -24,37 +24,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import FIXTURES
-from fuzz import runner
+from fuzz import background, runner
+from fuzz.plan import DEEP, EXAMPLES, JOBS, PARALLEL, TIME_LIMIT_S
 from fuzz.targets import ALL_TARGETS, PWNED, TARGETS, Workdir, malicious_pickle
 
-EXAMPLES = int(os.environ.get("STALLSCOPE_FUZZ_EXAMPLES", "10000"))
-# deeper paths cost 2-60 ms an input: fewer of them (each still well past a thousand but the model)
-DEEP = {"ib_counters_tree": max(1, EXAMPLES // 5), "bundle_archive": max(1, EXAMPLES // 5),
-        "bpf_events_model": max(1, EXAMPLES // 40), "loose_archive": max(1, EXAMPLES // 10),
-        "nccl_topo": max(1, EXAMPLES // 40)}
 HYPO = settings(max_examples=max(1, EXAMPLES // 20), deadline=None, derandomize=True, database=None,
                 suppress_health_check=list(HealthCheck))
 REGRESSIONS = FIXTURES / "fuzz"
 
 
-# the targets that cost about a millisecond an input or more run in worker processes (two cores
-# on CI; a worker's start, ~1 s of imports, is paid back from ~5 s of inputs)
-PARALLEL = {"nccl_debug", "nccl_profiler_trace", "flight_recorder", "bpf_events", "pcap", "pcapng", "manifest",
-            "torch_watchdog", "bpf_events_model", "ss", "ncclras", "native_stacks", "nccl_tests", "pyspy",
-            "nccl_inspector", "nccl_topo"}
-JOBS = int(os.environ.get("STALLSCOPE_FUZZ_JOBS", str(min(2, os.cpu_count() or 1))))
-
-
-def _run(name: str, n: int, tmp_path: Path) -> None:
+def _run(kind: str, name: str, n: int, tmp_path: Path) -> None:
+    """``n`` inputs of ``name``: the background run's (tests/conftest.py started it at the
+    start of the session: fuzz/background.py), else run here."""
     crashes = tmp_path / "crashes"
-    if JOBS > 1 and name in PARALLEL:
-        r = runner.run_parallel(name, n, 0, JOBS, 10.0, crashes)
+    r = background.result(kind, name)
+    if r is None and JOBS > 1 and name in PARALLEL:
+        r = runner.run_parallel(name, n, 0, JOBS, TIME_LIMIT_S, crashes)
+    elif r is not None:
+        crashes = background.STARTED["out"].parent / "crashes" / name
+    if r is not None:
         assert r["inputs"] == n, r
         assert not r["failures"], (f"{len(r['failures'])} failure(s); shrunk inputs in {crashes}\n" + "\n".join(
             f"{f['kind']} at {f['where']}: {f['message']}\n  input: {bytes.fromhex(f['input_hex'])[:300]!r}\n"
             f"{f['trace']}" for f in r["failures"]))
         return
-    out = runner.run_target(name, n, seed=0, crash_dir=crashes, time_limit=10.0, work=Workdir(tmp_path / "work"))
+    out = runner.run_target(name, n, seed=0, crash_dir=crashes, time_limit=TIME_LIMIT_S,
+                            work=Workdir(tmp_path / "work"))
     assert out.inputs == n
     assert not out.failures, (f"{len(out.failures)} distinct failure(s); shrunk inputs in {crashes}\n"
                               + "\n".join(f.describe() for f in out.failures.values()))
@@ -62,12 +57,12 @@ def _run(name: str, n: int, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(TARGETS))
 def test_mutated_inputs_keep_the_contract(name, tmp_path):
-    _run(name, EXAMPLES, tmp_path)
+    _run("mutated", name, EXAMPLES, tmp_path)
 
 
 @pytest.mark.parametrize("name", sorted(DEEP))
 def test_deeper_paths_keep_the_contract(name, tmp_path):
-    _run(name, DEEP[name], tmp_path)
+    _run("deep", name, DEEP[name], tmp_path)
 
 
 def test_an_input_that_spins_is_a_hang_and_one_that_waits_is_not(tmp_path):

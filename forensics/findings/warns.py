@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..model.nccl_errors import CLASSES
 from .base import Finding
-from .evidence import sql_list
+from .sql import sql_list
 
 FIRST_FAILURE_SCORE = 3e6     # the job's first failure: above the hang (1e6 + s) and the reset (2e6) it causes
 LOG_FINDING_SCORE = 1.5e6     # an error logged by the job, not its first failure

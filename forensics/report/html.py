@@ -28,7 +28,7 @@ from markupsafe import Markup
 from .. import __version__
 from ..errors import InputError
 from ..findings.ranks import rank_hosts_of
-from ..findings.evidence import ms
+from ..wording import ms
 from ..model.logs import hosts_in_text
 from . import data, figures
 

@@ -41,10 +41,10 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from ..model.windows import host_windows
+from ..model.windows import capture_start_ns, host_windows
 from .base import HEADLINE_CHARS, Context, Finding
 from .precedence import HANG_KINDS, STATE_HANGS, STATE_RESETS, finds
-from .onset import ONSET_UNKNOWN, Onset, capture_start_ns, comm_onset
+from .onset import ONSET_UNKNOWN, Onset, comm_onset
 from .socket_errors import reset_warnings
 from ..wording import ms, ranks_text
 from .ranks import label, rank_directory, who_text

@@ -2,7 +2,7 @@
 
 One answer for the whole analysis, read by the contract (a finding's ``hosts`` and ``nodes``:
 :mod:`.contract`) and by the detectors: :func:`rank_hosts` (a rank's own host name and its
-capture node, a memo of the analysis; :func:`rank_hosts_of` of a model for the report's lanes),
+capture node, :func:`forensics.model.rank_hosts.rank_hosts_of` kept as a memo),
 :func:`rank_directory` (host and TCP address per rank) with the labels findings write
 (:func:`label`, :func:`who_text`), and :func:`world_rank_map` (a communicator's ranks as
 global ranks; :data:`WORLD_RANK_SQL` in SQL). Everything is a DataFrame operation over the
@@ -15,24 +15,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..model.nccl import world_ranks
+from ..model.rank_hosts import rank_hosts_of
 from ..wording import ranks_text
 from .base import Context
-
-# (table, column naming the rank's own host, column naming the capture) in order of trust:
-# a log line's prefix names the host its process runs on; a capture's tables name the capture
-HOST_SOURCES = (
-    ("coll_log_ops", "log_host", "node"),
-    ("nccl_config", "log_host", "node"),
-    ("nccl_warnings", "log_host", "node"),
-    ("watchdog_events", "ctx_host", "node"),
-    ("nccl_config", "host", "node"),
-    ("nccl_warnings", "host", "node"),
-    ("watchdog_events", "host", "node"),
-    ("coll_log_ops", "host", "node"),
-    ("nccl_events", "host", "host"),
-    ("fr_pg_status", "host", "host"),
-    ("sockets", "host", "host"),
-)
 
 
 def rank_hosts(ctx: Context) -> dict[int, tuple[str | None, str | None]]:
@@ -49,36 +34,6 @@ class RankInfo:
     def label(self, rank: int) -> str:
         parts = [p for p in (self.host, self.addr) if p]
         return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
-
-
-def rank_hosts_of(model) -> dict[int, tuple[str | None, str | None]]:
-    """:func:`rank_hosts` of a model (the report's lanes name ranks the same way)."""
-    own: dict[int, str] = {}
-    node: dict[int, str] = {}
-    for c in model.captures:                     # the process's own UTS host name: what NCCL prints
-        for p in c.get("processes", []) or []:
-            if p.get("rank") is not None and p.get("hostname"):
-                own.setdefault(int(p["rank"]), str(p["hostname"]))
-    for table, host_col, node_col in HOST_SOURCES:
-        t = model.tables.get(table)
-        if t is None or t.empty or host_col not in t or "rank" not in t:
-            continue
-        ranks = pd.to_numeric(t["rank"], errors="coerce")
-        for col, into in ((host_col, own), (node_col, node)):
-            if col not in t:
-                continue
-            v = t[col].astype("string")
-            ok = ranks.notna().to_numpy() & v.notna().to_numpy() & ~v.str.startswith("unknown:").fillna(True)
-            pairs = pd.DataFrame({"rank": ranks[ok].astype("int64"), "h": v[ok]}).drop_duplicates("rank")
-            for r, h in zip(pairs["rank"].tolist(), pairs["h"].tolist()):
-                into.setdefault(r, h)
-    for c in model.captures:                     # process facts: RANK in the environment
-        if c.get("kind") == "loose":
-            continue
-        for p in c.get("processes", []) or []:
-            if p.get("rank") is not None:
-                node.setdefault(int(p["rank"]), c.get("host"))
-    return {r: (own.get(r), node.get(r)) for r in sorted(set(own) | set(node))}
 
 
 def rank_directory(ctx) -> dict[int, RankInfo]:
@@ -167,5 +122,5 @@ WORLD_RANK_SQL = """seen AS (
 )"""
 
 
-__all__ = ["HOST_SOURCES", "RankInfo", "WORLD_RANK_SQL", "hosts_of", "label", "rank_directory", "rank_hosts", "rank_hosts_of", "who_text",
+__all__ = ["RankInfo", "WORLD_RANK_SQL", "hosts_of", "label", "rank_directory", "rank_hosts", "who_text",
            "world_rank_map"]

@@ -712,7 +712,7 @@ def since_field(analysis, f) -> str:
         return "not dated: the lines it rests on carry no time" if logs_only else \
             "not dated by this evidence (it began before the capture, or the evidence has no times)"
     from ..wording import ms
-    from ..findings.onset import capture_start_ns
+    from ..model.windows import capture_start_ns
     start = capture_start_ns(analysis.model)
     when = utc(f.since_ns)[:23] + " UTC"
     if any(YEAR_ASSUMED in n for n in analysis.model.notes):     # c10's prefix prints no year

@@ -197,7 +197,8 @@ def dedup_counts(ev: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class LinkBlame:
-    """The rank(s) a set of troubled TCP links share (:func:`shared_endpoint`)."""
+    """The rank(s) a set of troubled TCP links share (:func:`shared_endpoint`); the hosts a
+    set of failing WARN-line pairs share are :class:`forensics.findings.warns.HostBlame`."""
 
     ranks: list[int]            # the endpoint(s) the trouble shares (two when it cannot tell them apart)
     coverage: dict[int, float]  # rank -> share of the trouble on links touching it

@@ -103,7 +103,7 @@ class CommState:
     overlap: bool = True                  # False: the hosts' captures (barely) overlapped; each judged alone
     onset: "Onset | None" = None          # since when (hung communicators: late_hang_findings)
     first_open: int | None = None         # the first op not every rank completed (ditto)
-    capture_start_ns: int | None = None   # when the first capture began (onset.capture_start_ns)
+    capture_start_ns: int | None = None   # when the first capture began (model.windows.capture_start_ns)
 
 
 # --------------------------------------------------------------------------- building the state

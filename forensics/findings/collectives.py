@@ -1,10 +1,10 @@
 """Collective windows: when each collective began and ended across its ranks.
 
-Everything here is a DataFrame operation over the model's ``collectives`` table (no per-event
-Python loop): :func:`collective_windows` (one row per communicator and op_count), which of them
-every watched rank entered (:func:`all_watched_entered`, :data:`ALL_WATCHED_ENTERED_SQL` in
-SQL), times inside a union of windows (:func:`in_windows`) and when the capture stopped looking
-(:func:`capture_end_ns`).
+Everything here is a vectorized operation over the model's tables (``collectives`` above
+all; no per-event Python loop): :func:`collective_windows` (one row per communicator and
+op_count), which of them every watched rank entered (:func:`all_watched_entered`,
+:data:`ALL_WATCHED_ENTERED_SQL` in SQL), times inside a union of windows (:func:`in_windows`)
+and when the capture stopped looking (:func:`capture_end_ns`).
 """
 from __future__ import annotations
 

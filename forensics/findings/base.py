@@ -15,7 +15,7 @@ may import it.
 
 Severity from impact, not counts: a finding about slowness (network_loss, slow_link,
 straggler) carries ``impact_share``, the share of the job's collective time its slow
-collectives explain (:func:`forensics.findings.evidence.impact`), and takes its severity
+collectives explain (:func:`forensics.findings.impact.impact`), and takes its severity
 from it (:func:`impact_severity`): a handful of retransmissions on a busy host that cost
 nothing measurable is no warning, however many there are.
 """
@@ -75,7 +75,7 @@ class Finding:
     score: float = 0.0             # ordering within a severity (impact), detector-defined
     details: dict[str, Any] = field(default_factory=dict)   # key numbers for the report (p50/p99, counts...)
     # slowness findings: the share of the job's collective time their slow collectives explain
-    # (evidence.impact); the severity follows it (impact_severity) and so does the order
+    # (impact.impact); the severity follows it (impact_severity) and so does the order
     impact_share: float | None = None
     # hangs and failures: the collective as NCCL counts it (opCount) and as PyTorch does (SeqNum,
     # Flight Recorder's collective_seq_id), and since when (UTC ns), from which evidence (a hang

@@ -3,7 +3,7 @@ left to compare with.
 
 A capture that started after a link slowed down (one per host, started apart: the common
 window of their tracers) holds only collectives that all paid the slow link, so their spread
-is small and the fastest decile is no clean baseline: :func:`forensics.findings.evidence.impact`
+is small and the fastest decile is no clean baseline: :func:`forensics.findings.impact.impact`
 then finds nothing slow, and the queueing delay alone (its RTT above the other links', per
 round trip) is a poor lower bound on a link that is slow because of its *rate*: every byte a
 collective moves over it takes longer, not just one round trip.
@@ -48,7 +48,7 @@ def link_rates(ctx, slow_links, bulk_share: float) -> tuple[float, float] | None
 
 
 def transfer_excess(ctx, done: pd.DataFrame, slow_links, bulk_share: float) -> np.ndarray | None:
-    """Per completed collective of ``done`` (rows of :func:`~.evidence.collective_windows`), the
+    """Per completed collective of ``done`` (rows of :func:`~.collectives.collective_windows`), the
     least time in ns it waited for the slow link's rate (module docstring): 0 for a collective
     of a communicator without both ends of a slow link, or without a byte count. None when the
     rates show no bottleneck of rate (the slow links deliver more than 1/MIN_RATE_RATIO of the

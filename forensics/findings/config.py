@@ -34,7 +34,7 @@ from typing import Callable
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import sql_str
+from .sql import sql_str
 
 VIRTUAL_IFACES = ("lo", "docker", "virbr", "veth", "br-", "cni", "flannel", "cali", "tun", "tap", "kube")
 KIB = 1024

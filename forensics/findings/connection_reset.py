@@ -19,9 +19,12 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Context, Finding, detector
-from .evidence import (LOSS_CLASSES, as_int, collective_windows, dedup_counts, hosts_of, in_windows,
-                       kernel_logged_reset, ms, rank_directory, sql_int, trouble_events, trouble_rows,
-                       trouble_rows_sql)
+from ..tcp.classes import LOSS_CLASSES
+from ..wording import ms
+from .collectives import collective_windows, in_windows
+from .ranks import hosts_of, rank_directory
+from .sql import as_int, sql_int
+from .trouble import dedup_counts, kernel_logged_reset, trouble_events, trouble_rows, trouble_rows_sql
 from .precedence import PACKETS, SOCKET_ERRORS, STATE_RESETS, WARN_RESETS, consult, sees
 
 KINDS = ("connection_reset",)

@@ -22,7 +22,7 @@ import pandas as pd
 
 from ..model.logs import ZONE_ASSUMED, host_text, hosts_in_text
 from .base import HEADLINE_CHARS, Context, Finding
-from .evidence import ranks_text
+from ..wording import ranks_text
 from .ranks import rank_hosts
 
 def complete(ctx: Context, findings: list[Finding]) -> list[Finding]:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from . import warns
 from .base import Context, Finding, detector
-from .evidence import ranks_text
+from ..wording import ranks_text
 
 STUCK_SQL = ("SELECT host, rank, pid, kind, time_ns, message, artifact, log_line FROM watchdog_events "
              "WHERE kind = 'watchdog_stuck' ORDER BY time_ns NULLS LAST, rank")

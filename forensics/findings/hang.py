@@ -49,10 +49,12 @@ import pandas as pd
 
 from .base import Context, Finding, detector
 from ..model.windows import common_end
-from .evidence import (LOSS_CLASSES, WORLD_RANK_SQL, as_int, capture_end_ns, dedup_counts,
-                       is_per_process, kernel_logged_reset, label, ms, rank_directory, ranks_text, shared_endpoint,
-                       sql_int, sql_list, sql_str, trouble_events, trouble_rows, trouble_rows_sql,
-                       who_text, world_rank_map)
+from ..tcp.classes import LOSS_CLASSES
+from ..wording import ms, ranks_text
+from .collectives import capture_end_ns, is_per_process
+from .ranks import WORLD_RANK_SQL, label, rank_directory, who_text, world_rank_map
+from .sql import as_int, sql_int, sql_list, sql_str
+from .trouble import dedup_counts, kernel_logged_reset, shared_endpoint, trouble_events, trouble_rows, trouble_rows_sql
 from .host_stall import HostActivity, host_activity, stacks_after
 from .silent_rank import silent_rank
 from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, TRACER, WATCHDOG, consult, sees

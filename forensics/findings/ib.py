@@ -26,7 +26,7 @@ import pandas as pd
 from ..model.nccl_errors import IB_STATUS, IB_STATUS_ACTION
 from . import warns
 from .base import Context, Finding, detector
-from .evidence import sql_int, sql_str
+from .sql import sql_int, sql_str
 
 # counters whose any increase is an error (the link failed or corrupts data)
 ERROR_COUNTERS = {"link_downed", "symbol_error", "link_error_recovery", "port_rcv_errors",

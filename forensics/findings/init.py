@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import ranks_text
+from ..wording import ranks_text
 
 INIT_SCORE = 2.5e6            # above a hang (the job never started: nothing else can follow it), below a first NCCL failure
 COLS = ["host", "rank", "root_rank", "kind", "address", "timeout_ms", "error", "message", "time_ns", "artifact",

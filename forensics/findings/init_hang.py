@@ -20,7 +20,7 @@ from __future__ import annotations
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import ranks_text
+from ..wording import ranks_text
 from .init import INIT_SCORE
 
 SQL = ("SELECT host, pid, rank, nranks, comm_id, fn, start_ns, end_ns, completed, source, unreached "

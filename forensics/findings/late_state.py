@@ -41,13 +41,15 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from ..model.windows import host_windows
+from ..model.windows import capture_start_ns, host_windows
 from .base import HEADLINE_CHARS, Context, Finding
 from .precedence import HANG_KINDS, STATE_HANGS, STATE_RESETS, finds
-from .onset import ONSET_UNKNOWN, Onset, capture_start_ns, comm_onset
+from .onset import ONSET_UNKNOWN, Onset, comm_onset
 from .socket_errors import reset_warnings
-from .evidence import (dedup_counts, label, ms, model_table, rank_directory, ranks_text, shared_endpoint, sql_evidence,
-                       sql_int, sql_str, trouble_events, who_text)
+from ..wording import ms, ranks_text
+from .ranks import label, rank_directory, who_text
+from .sql import model_table, sql_evidence, sql_int, sql_str
+from .trouble import dedup_counts, shared_endpoint, trouble_events
 
 STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
 DURATION_FACTOR = 5.0
@@ -101,7 +103,7 @@ class CommState:
     overlap: bool = True                  # False: the hosts' captures (barely) overlapped; each judged alone
     onset: "Onset | None" = None          # since when (hung communicators: late_hang_findings)
     first_open: int | None = None         # the first op not every rank completed (ditto)
-    capture_start_ns: int | None = None   # when the first capture began (onset.capture_start_ns)
+    capture_start_ns: int | None = None   # when the first capture began (model.windows.capture_start_ns)
 
 
 # --------------------------------------------------------------------------- building the state

@@ -28,7 +28,8 @@ import numpy as np
 import pandas as pd
 
 from .base import STOPS_JOB_SCORE, Context, Finding, detector
-from .evidence import label, ms, rank_directory, ranks_text
+from ..wording import ms, ranks_text
+from .ranks import label, rank_directory
 
 MIN_CHAIN = 4                  # resends of one connection in backoff (3 in a row lost: not random loss)
 MIN_GAP_NS = 150_000_000       # Linux's RTO is 200 ms at least (TCP_RTO_MIN)

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from .base import Context
-from .evidence import DATA_LOSS_CLASSES, dedup_counts, trouble_events
+from ..tcp.classes import DATA_LOSS_CLASSES
+from .trouble import dedup_counts, trouble_events
 
 LOSSY_RATE = 0.005         # a link resending or losing this share of its data segments ...
 LOSSY_MIN_SEGMENTS = 20    # ... and at least this many is a fault to fix, whatever it costs today

@@ -21,7 +21,7 @@ import pandas as pd
 
 from . import warns
 from .base import Context, Finding, detector
-from .evidence import ranks_text
+from ..wording import ranks_text
 
 UNKNOWN_SCORE = 1e4           # below every classified WARN (a consequence scores 1e5)
 TIMEOUT_KINDS = ("timeout", "terminated", "exception")

@@ -34,7 +34,7 @@ import json
 import pandas as pd
 
 from .base import Context, Finding, detector
-from .evidence import sql_int, sql_str
+from .sql import sql_int, sql_str
 
 PEER_RATIO = 0.7
 LARGE_BYTES = 64 << 20

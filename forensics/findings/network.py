@@ -25,11 +25,13 @@ from .base import Context, Finding, detector, impact_severity
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from .bottleneck import link_rates, transfer_excess
 from .loss_direction import loss_direction
-from ..tcp.classes import FLOW_DATA_LOST_SQL, flow_data_lost
-from .evidence import (ALL_WATCHED_ENTERED_SQL, COUNT_COLUMNS, DATA_LOSS_CLASSES, LOSS_CLASSES, Impact,
-                       clean_baselines, collective_windows, dedup_counts, dedup_sql, hosts_of, impact, in_windows, label, ms, rank_directory, ranks_text,
-                       shared_endpoint, sql_int, sql_list, sql_str, tcp_sources, trouble_events, trouble_sql,
-                       who_text)
+from ..tcp.classes import DATA_LOSS_CLASSES, FLOW_DATA_LOST_SQL, LOSS_CLASSES, flow_data_lost
+from ..wording import ms, ranks_text
+from .collectives import ALL_WATCHED_ENTERED_SQL, collective_windows, in_windows
+from .impact import Impact, clean_baselines, impact
+from .ranks import hosts_of, label, rank_directory, who_text
+from .sql import sql_int, sql_list, sql_str
+from .trouble import COUNT_COLUMNS, dedup_counts, dedup_sql, shared_endpoint, tcp_sources, trouble_events, trouble_sql
 
 KINDS = ("network_loss", "slow_link")
 MIN_LOSS_EVENTS = 3        # retransmissions/dup ACKs (deduplicated) inside slow collectives
@@ -546,7 +548,7 @@ def _slow_blame(directory, slow_links: list[tuple[int, int]], fast: pd.DataFrame
 
 @dataclass
 class QueueCost:
-    """What the slow links' queue cost the job: ``imp`` (:class:`~.evidence.Impact`), the
+    """What the slow links' queue cost the job: ``imp`` (:class:`~.impact.Impact`), the
     severity's ``ceiling``, the sentence's ``text``, when the first collective paid it
     (``first_paid``), the collectives' p10/p50/p90 and the queue's ``share`` of a collective's
     p50 (None without MIN_BASELINE completed collectives)."""

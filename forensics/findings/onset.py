@@ -65,13 +65,6 @@ def onset(candidates: list[tuple[int, str]], usual_ns: float = 0.0) -> Onset | N
     return Onset(t, source, precision)
 
 
-def capture_start_ns(model) -> int | None:
-    """When the first capture began (the manifests' started_ns): what "before the capture"
-    counts from, in the summaries and on the report's first screen alike."""
-    starts = [int(c["started_ns"]) for c in model.captures if c.get("started_ns")]
-    return min(starts) if starts else None
-
-
 def comm_onset(ctx, ranks: dict, members: set[int], comm_key: str, usual_ns: float = 0.0,
                samples: pd.DataFrame | None = None) -> Onset | None:
     """The onset of a hung communicator from its ranks' fused state (``ranks``: global rank
@@ -106,4 +99,4 @@ def comm_onset(ctx, ranks: dict, members: set[int], comm_key: str, usual_ns: flo
     return onset(cands, usual_ns)
 
 
-__all__ = ["ONSET_UNKNOWN", "Onset", "PRECISION_NS", "capture_start_ns", "comm_onset", "onset"]
+__all__ = ["ONSET_UNKNOWN", "Onset", "PRECISION_NS", "comm_onset", "onset"]

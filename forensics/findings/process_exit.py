@@ -22,7 +22,7 @@ import pandas as pd
 
 from . import warns
 from .base import Context, Finding, detector
-from .evidence import ranks_text
+from ..wording import ranks_text
 
 KILLED_SCORE = 3.5e6          # above the first NCCL failure (3e6) and the hang (1e6 + s) a killed rank causes
 KILL_SIGNALS = ("SIGKILL", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")

@@ -36,7 +36,8 @@ import pandas as pd
 from ..parsers.ncclras import LAGGING_STATUS
 from . import warns
 from .base import Context, Finding
-from .evidence import ranks_text, sql_str
+from ..wording import ranks_text
+from .sql import sql_str
 from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, finds
 
 MAX_EVIDENCE = 20

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .evidence import ranks_text
+from ..wording import ranks_text
 
 MAX_THREADS = 3
 

@@ -20,7 +20,9 @@ import pandas as pd
 
 from . import warns
 from .base import Finding
-from .evidence import label, model_table as table, rank_directory, ranks_text, sql_evidence, sql_str
+from ..wording import ranks_text
+from .ranks import label, rank_directory
+from .sql import model_table as table, sql_evidence, sql_str
 from .onset import ONSET_UNKNOWN
 from .precedence import SOCKET_ERRORS, WARN_RESETS, finds
 from .timeouts import abort_cascade

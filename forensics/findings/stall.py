@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .base import Context, Finding, detector
 from .contract import since_text
-from .evidence import ranks_text
+from ..wording import ranks_text
 from .precedence import HANG_KINDS
 
 RESOLVED_SCORE = 5e5          # below the hangs (1e6 + s), above the slowness findings

@@ -24,9 +24,13 @@ import numpy as np
 import pandas as pd
 
 from .base import Context, Finding, detector, impact_severity
-from .evidence import (ALL_WATCHED_ENTERED_SQL, LOSS_CLASSES, all_watched_entered, collective_windows, dedup_counts,
-                       impact, in_windows, label, ms, rank_directory, sql_int, sql_str, trouble_events,
-                       world_rank_map)
+from ..tcp.classes import LOSS_CLASSES
+from ..wording import ms
+from .collectives import ALL_WATCHED_ENTERED_SQL, all_watched_entered, collective_windows, in_windows
+from .impact import impact
+from .ranks import label, rank_directory, world_rank_map
+from .sql import sql_int, sql_str
+from .trouble import dedup_counts, trouble_events
 
 MIN_LATE = 3
 MIN_LATE_FRACTION = 0.10
@@ -53,7 +57,7 @@ def _second_max(v: np.ndarray) -> np.ndarray:
 
 def entry_margins(ctx) -> pd.DataFrame:
     """One row per (communicator, op_count, rank) of collectives every watched rank entered
-    (:func:`.evidence.all_watched_entered`):
+    (:func:`.collectives.all_watched_entered`):
     entry_ns, margin_ns (entry minus the latest other entry), spread_ns (the others'
     spread: second-latest minus earliest entry of the collective)."""
     c = ctx.table("collectives")

@@ -26,7 +26,7 @@ import pandas as pd
 from ..model.nccl_errors import CLASSES
 from . import warns
 from .base import Finding
-from .evidence import ranks_text
+from ..wording import ranks_text
 from .precedence import WATCHDOG, finds
 
 TIMEOUT_KINDS = ("timeout", "terminated")

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..model.nccl_errors import CLASSES
 from .base import Finding
-from .evidence import sql_list
+from .sql import sql_list
 
 FIRST_FAILURE_SCORE = 3e6     # the job's first failure: above the hang (1e6 + s) and the reset (2e6) it causes
 LOG_FINDING_SCORE = 1.5e6     # an error logged by the job, not its first failure
@@ -72,8 +72,9 @@ def hosts_text(hosts: list[str], of: int | None = None, limit: int = 4) -> str:
 
 
 @dataclass
-class Blame:
-    """Where a set of failing (reporter, peer) pairs points: the endpoint they all share."""
+class HostBlame:
+    """Where a set of failing (reporter, peer) pairs of WARN lines points: the host they all
+    share (the ranks a set of troubled TCP links share: :class:`forensics.findings.trouble.LinkBlame`)."""
 
     hosts: list[str]
     peer_hosts: list[str]
@@ -81,7 +82,7 @@ class Blame:
     side: str                   # "peer": every reporter names it; "reporter": it reports to every peer; "" else
 
 
-def blame(rows: pd.DataFrame) -> Blame:
+def blame(rows: pd.DataFrame) -> HostBlame:
     """The shared endpoint of the rows' (host, peer_host) pairs: many hosts reporting one peer
     point at that peer (or its link); one host reporting many peers points at itself."""
     hosts = sorted({h for h in rows["host"].dropna().astype(str)})
@@ -97,10 +98,10 @@ def blame(rows: pd.DataFrame) -> Blame:
             side = "peer" if all(p == shared for _, p in pairs) and len({h for h, _ in pairs}) > 1 else \
                 "reporter" if all(h == shared for h, _ in pairs) else "peer" if all(p == shared for _, p in pairs) \
                 else ""
-            return Blame(hosts, peers, shared, side)
+            return HostBlame(hosts, peers, shared, side)
     if len(hosts) == 1:
-        return Blame(hosts, peers, hosts[0], "reporter")
-    return Blame(hosts, peers, None, "")
+        return HostBlame(hosts, peers, hosts[0], "reporter")
+    return HostBlame(hosts, peers, None, "")
 
 
 def first_text(rows: pd.DataFrame) -> str:
@@ -217,6 +218,6 @@ def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
     return sorted({r for h in hosts for r in hr.get(h, [])})
 
 
-__all__ = ["Blame", "capital", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
+__all__ = ["HostBlame", "capital", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
            "evidence", "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "links",
            "ranks_of_hosts", "rows_of", "short_meaning", "since", "sql", "utc_clock"]

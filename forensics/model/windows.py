@@ -101,3 +101,10 @@ def common_start(windows: pd.DataFrame, hosts) -> int | None:
     w = host_windows(windows)
     starts = [w[h][0] for h in {str(h) for h in hosts if h is not None and not pd.isna(h)} if h in w]
     return max(starts) if starts else None
+
+
+def capture_start_ns(model) -> int | None:
+    """When the first capture began (the manifests' started_ns): what "before the capture"
+    counts from, in the summaries and on the report's first screen alike."""
+    starts = [int(c["started_ns"]) for c in model.captures if c.get("started_ns")]
+    return min(starts) if starts else None

@@ -711,8 +711,8 @@ def since_field(analysis, f) -> str:
     if f.since_ns is None:
         return "not dated: the lines it rests on carry no time" if logs_only else \
             "not dated by this evidence (it began before the capture, or the evidence has no times)"
-    from ..findings.evidence import ms
-    from ..findings.onset import capture_start_ns
+    from ..wording import ms
+    from ..model.windows import capture_start_ns
     start = capture_start_ns(analysis.model)
     when = utc(f.since_ns)[:23] + " UTC"
     if any(YEAR_ASSUMED in n for n in analysis.model.notes):     # c10's prefix prints no year

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..findings.ranks import rank_hosts_of
+from ..model.rank_hosts import rank_hosts_of
 from . import data
 
 MAX_INTERVALS = 5000        # collective intervals drawn on the timeline

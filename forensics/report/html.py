@@ -27,8 +27,8 @@ from markupsafe import Markup
 
 from .. import __version__
 from ..errors import InputError
-from ..findings.ranks import rank_hosts_of
-from ..findings.evidence import ms
+from ..model.rank_hosts import rank_hosts_of
+from ..wording import ms
 from ..model.logs import hosts_in_text
 from . import data, figures
 

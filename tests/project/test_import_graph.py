@@ -159,6 +159,20 @@ def test_no_import_circle_among_the_products_modules():
                          + describe(graph, found))
 
 
+def test_the_report_imports_no_module_of_findings():
+    """docs/DESIGN.md, "Dependencies go one way": what the report and the detectors both use is
+    below both (the words in ``forensics/wording.py``, a rank's hosts in the model), so the
+    report does not load detector modules to format a number."""
+    sources = product_sources()
+    packages = {module_of(p) for r in PRODUCT for p in (ROOT / r).rglob("__init__.py")}
+    graph = import_graph(sources, packages)
+    assert any(m.startswith("forensics.report.") for m in graph)
+    wrong = {f"{m} -> {t} ({'; '.join(where)})" for m, deps in graph.items()
+             if m == "forensics.report" or m.startswith("forensics.report.")
+             for t, where in deps.items() if t == "forensics.findings" or t.startswith("forensics.findings.")}
+    assert not wrong, "the report imports findings modules:\n" + "\n".join(sorted(wrong))
+
+
 # ------------------------------------------------------------------ the checker catches what it should
 
 def toy(**modules: str) -> dict[str, dict[str, list[str]]]:

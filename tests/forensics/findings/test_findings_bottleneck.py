@@ -11,7 +11,7 @@ import pytest
 
 from forensics.findings import Context
 from forensics.findings.bottleneck import link_rates, transfer_excess
-from forensics.findings.evidence import collective_windows
+from forensics.findings.collectives import collective_windows
 from forensics.findings.network import slow_link
 from forensics.model.schema import conform
 from traced_job import MS, addr, context, job

@@ -7,7 +7,7 @@ import pandas as pd
 from forensics.findings import Context
 from forensics.findings.base import HEADLINE_CHARS, Finding
 from forensics.findings.contract import complete, headline_of, shorten, since_text
-from forensics.findings.ranks import rank_hosts_of
+from forensics.model.rank_hosts import rank_hosts_of
 from forensics.model import Model
 from forensics.model.schema import conform, empty
 from forensics.model.schema import TABLES

@@ -430,7 +430,7 @@ def test_empty_model_gives_no_finding(detector):
 
 
 def test_in_windows_handles_nested_and_overlapping_windows():
-    from forensics.findings.evidence import in_windows
+    from forensics.findings.collectives import in_windows
     t0 = np.array([0, 10, 12, 40]); t1 = np.array([30, 11, 13, 50])
     got = in_windows(np.array([-1, 0, 25, 31, 45, 51]), t0, t1)
     assert got.tolist() == [False, True, True, False, True, False]
@@ -459,7 +459,7 @@ HOSTILE = "0x58cf' OR '1'='1"
 
 def test_sql_str_keeps_bundle_text_one_literal():
     import duckdb
-    from forensics.findings.evidence import sql_list, sql_str
+    from forensics.findings.sql import sql_list, sql_str
     assert sql_str(HOSTILE) == "'0x58cf'' OR ''1''=''1'"
     assert sql_str(np.int64(7)) == "7" and sql_str(3) == "3" and sql_list(["a'b", 2]) == "'a''b', 2"
     for text in (HOSTILE, "a\x00b'; DROP TABLE x; --", "\\'"):

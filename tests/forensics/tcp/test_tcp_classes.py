@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from forensics.findings.evidence import trouble_events
+from forensics.findings.trouble import trouble_events
 from forensics.report import data
 from forensics.tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, classify, events_of, subsumed_sql
 from captured_job import T0, context
@@ -59,7 +59,7 @@ def test_one_packet_has_one_class():
 def test_the_kernel_tracers_events_count_as_their_own_source():
     # the tracer's retransmissions have no capture file: their source is "bpf:<host>:<NA>" in
     # pandas as in the findings' SQL, so a link that only the kernel saw still gets its count
-    from forensics.findings.evidence import dedup_counts, dedup_sql, trouble_sql
+    from forensics.findings.trouble import dedup_counts, dedup_sql, trouble_sql
     ctx = context(tcp_events=[tcp("tcp_retransmit_skb", T0 + i, source="bpf") | {"capture": None}
                               for i in range(3)] + [tcp("retransmission", T0 + 10, frame=4)])
     ev = trouble_events(ctx)
@@ -88,7 +88,7 @@ def test_trouble_events_say_what_their_sql_says_flips_and_unknowns_included():
     """The evidence's text columns are made once per distinct connection, not per event: the
     same text as the SQL, a received reset's endpoints flipped to its sender's view, unknown
     ports and captures "<NA>", and a packet with neither host nor capture still one packet."""
-    from forensics.findings.evidence import trouble_sql
+    from forensics.findings.trouble import trouble_sql
     rows = [tcp("retransmission", T0, frame=3), tcp("tcp_receive_reset", T0 + 1, rank=1, peer=0, source="bpf")
             | {"capture": None, "saddr": "10.9.0.11", "sport": 50000, "daddr": "10.9.0.10", "dport": 40000},
             tcp("tcp_send_reset", T0 + 2, source="bpf") | {"capture": None, "sport": None},

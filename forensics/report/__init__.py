@@ -2,7 +2,8 @@
 
 ``html`` (the self-contained incident report), ``markdown`` (a ticket summary),
 ``perfetto`` (Chrome trace event JSON); the findings JSON is ``Analysis.to_json()``.
-Each module has ``write(analysis, fh)``; :mod:`.data` computes what they share.
+Each module has ``write(analysis, fh)``; what they share is computed in :mod:`.sections`, one
+module a section of the report, and gathered under one name in :mod:`.data`.
 """
 from __future__ import annotations
 

@@ -119,10 +119,11 @@ def test_cli_jobs_2_writes_the_same_json_report_and_summary_as_jobs_1(tmp_path):
 
 def test_the_reports_model_tables_are_made_beside_the_detectors_with_two_jobs():
     from forensics.report import data, model_steps
+    from forensics.report.sections import ranks as report_ranks
     a = analyze(HANG, execution=Execution(jobs=2, model_steps=tuple(model_steps())))
     try:
         assert {"rank_table", "intervals", "heatmap"} <= set(a.memos)
-        made_here = data._rank_table(a.model)
+        made_here = report_ranks._rank_table(a.model)
         pd.testing.assert_frame_equal(a.memos["rank_table"], made_here)
         assert len(made_here) == 3                               # the ranks of the three hosts
         got = data.rank_table(a)

@@ -8,7 +8,7 @@ the keys that hold objects or lists of objects name their own table (:data:`PROC
 
 The writer (``capture``) builds every object of the manifest through :meth:`Table.make`, which
 refuses a key its table lacks; the collectors' records start from :meth:`Table.defaults` of
-:data:`RECORD`. The reader (``forensics/bundle.py``) reads each field of its typed records by
+:data:`RECORD`. The reader (``forensics/inputs/bundle.py``) reads each field of its typed records by
 the kind its table gives, and cannot name a field the table lacks. ``tests/capture/test_manifest_schema.py``
 checks both sides against these tables, and that docs/DESIGN.md ("Bundle layout") carries
 :func:`markdown`'s tables (``python -m capture.manifest`` prints them).

@@ -219,7 +219,7 @@ RECORD = Table("collectors.*", "one collector instance's record; key `name[@scop
     Field("summary", OBJECT, "tracer: counts of bpf/events.jsonl by kind, lost and dropped events, its span",
           always=False),
     Field("libraries_ahead", STRS, "tracer (watcher): the host's libnccl files found before any job mapped them "
-          "(capture/libscan.py)", always=False),
+          "(capture/tracer/libscan.py)", always=False),
     Field("libraries_left_out", STRS, "tracer (watcher): libnccl files found but not traced, past the bound on "
           "libraries (the first 50)", always=False),
     Field("hold", BOOL, "tracer (watcher): a process that maps an untraced libnccl is stopped until the "

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 from . import bundle_files as bd
-from . import procs, tracer
+from . import procs
 from .collectors import RING
 from .incident import IncidentWriter
 from .init_watch import InitWatch
@@ -60,6 +60,7 @@ from .options import CaptureResult, CaptureUsageError
 from .policy import RingPolicy
 from .runner import Capture
 from .staging import lock_staging
+from .tracer import program
 from .triggers import PENDING, TRIGGER_NAME, Trigger, registry_dir
 
 HANG_AFTER_FLOOR_S = 10.0
@@ -499,7 +500,7 @@ class Watcher:
             return None
         mon.poll()
         before = mon.ring_dumps
-        tracer.trigger_dump()
+        program.trigger_dump()
         return before
 
     def wait_dump(self, before: int | None, wait_s: float) -> bool:

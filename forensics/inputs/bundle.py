@@ -643,7 +643,7 @@ class Bundle:
         return ClockMap([ClockSample(first, first + off)])
 
 
-# Field types of bpf/events.jsonl as capture/tracer_events.py writes them. A record whose known
+# Field types of bpf/events.jsonl as capture/tracer/events.py writes them. A record whose known
 # field holds another type (or any int beyond int64, a non-finite float, a nested object)
 # is corrupt: it is skipped with a problem line rather than handed to the model, whose
 # vectorised columns would fail on it.

@@ -6,7 +6,7 @@ chunks a few times a second and parsing nothing, so that it takes no CPU per
 event from the job. When the raw data outgrow the tracer's byte share the oldest
 segment goes, its rare lines kept (``keep.txt``); in ring mode (capture --watch)
 segments also age out. :func:`raw_files` lists what was spooled in stream
-order: the input of :func:`capture.tracer_events.postprocess`.
+order: the input of :func:`capture.tracer.events.postprocess`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ LIB_MAP_TAG = b'{"ev":"lib_map"'        # a process mapped a libnccl the program
 INIT_TAGS = (b'{"ev":"comm_init"', b'{"ev":"ret","k":"init"', b'{"ev":"split_enter"')
 KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
 PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
-# bpftrace's line that says how many probes it attached (read here and by capture.tracer_events)
+# bpftrace's line that says how many probes it attached (read here and by capture.tracer.events)
 ATTACHING_RE = re.compile(rb"Attaching (\d+) probe")
 
 

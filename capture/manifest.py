@@ -306,7 +306,7 @@ FILE = Table("files[]", "a file of the bundle", (
     Field("sha256", STR, "its SHA-256, hex"),
 ))
 
-TRIGGER = Table("trigger", "what made the watcher cut the bundle (capture/triggers.py)", (
+TRIGGER = Table("trigger", "what made the watcher cut the bundle (capture/watch/triggers.py)", (
     Field("kind", STR, "hang | log | on-demand | ..."),
     Field("reason", STR, "in words"),
     Field("realtime_ns", INT, "UTC ns"),
@@ -331,7 +331,7 @@ PCAP_RING = Table("watch.pcap_ring", "the watcher's packet ring", (
 ))
 
 STALL = Table("watch.stall", "a hang trigger's stall, as the watcher followed it through the after-window "
-              "(capture/watch.py)", (
+              "(capture/watch/watcher.py)", (
     Field("state", STR, "pending (the first archive, written at the trigger) | resolved (progress resumed in "
           "the after-window) | stuck (still stuck at the end of the window) | ended (its processes exited)"),
     Field("stalled_since_ns", INT, "UTC ns: the stuck processes' last progress before the trigger"),
@@ -344,7 +344,7 @@ STALL = Table("watch.stall", "a hang trigger's stall, as the watcher followed it
     Field("source", STR, "tracer | tracer-free (ss series)"),
 ))
 
-WATCH = Table("watch", "the watcher's settings and the incident's window (capture/incident.py)", (
+WATCH = Table("watch", "the watcher's settings and the incident's window (capture/watch/incident.py)", (
     Field("started_ns", INT, "when the watch started, UTC ns"),
     Field("before_s", NUMBER, "--before"),
     Field("after_s", NUMBER, "--after"),

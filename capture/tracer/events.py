@@ -28,7 +28,7 @@ TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5:
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
 _LOST_RE = re.compile(rb"Lost (\d+) events")
 _REC_RE = re.compile(rb"^@(e0|e1)\[(\d+), (\d+)\]: \(([-\d, ]+)\)\s*$")
-# the same records, for capture.watch's progress monitor (all of a chunk's in one pass): tid,
+# the same records, for the watcher's progress monitor (capture.watch.monitors) (all of a chunk's in one pass): tid,
 # key, and kind, pid, a, t1 of the tuple (kind, pid, a, b, c, d, e, f, g, t1, rc)
 PROGRESS_RE = re.compile(rb"^@e[01]\[(\d+), (\d+)\]: \((\d+), (\d+), (\d+), -?\d+, -?\d+, -?\d+, -?\d+, "
                          rb"-?\d+, -?\d+, (\d+), -?\d+\)[ \t\r]*$", re.M)

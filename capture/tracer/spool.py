@@ -24,7 +24,7 @@ from pathlib import Path
 HOT_TAGS = (b"@e0[", b"@e1[", b"@op[", b"@rg[")
 RING_DUMP_TAG = b'{"ev":"ring_dump"'    # a dump's end: goes with its records
 LIB_MAP_TAG = b'{"ev":"lib_map"'        # a process mapped a libnccl the program does not trace
-# communicator inits entered and returned (capture.init_watch: a rank stuck in its init)
+# communicator inits entered and returned (capture.watch.init_hang: a rank stuck in its init)
 INIT_TAGS = (b'{"ev":"comm_init"', b'{"ev":"ret","k":"init"', b'{"ev":"split_enter"')
 KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
 PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
@@ -82,7 +82,7 @@ class Spool:
         self._old: list[list] = []
         self._lock = threading.Lock()
         self.lib_maps: list[dict] = []    # ring mode: the lib_map events read (bpf/nccl.bt), taken by the tracer
-        self.inits: list[dict] = []       # comm_init / init return / split_enter events, taken by init_watch
+        self.inits: list[dict] = []       # comm_init / init return / split_enter events, taken by watch.init_hang
         self._nonblocking()
 
     def overlap(self, stream) -> "Spool":

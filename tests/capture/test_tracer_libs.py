@@ -171,7 +171,7 @@ def test_hold_setting():
 
 
 def test_init_watch_reports_an_init_that_never_returns_once():
-    from capture.init_watch import InitWatch
+    from capture.watch.init_hang import InitWatch
     w = InitWatch()
     me = os.getpid()
     w.feed([{"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": me, "tid": 1, "rank": 0, "nranks": 2},
@@ -189,7 +189,7 @@ def test_init_watch_reports_an_init_that_never_returns_once():
 def test_blocked_in_socket_sees_a_thread_waiting_in_accept(tmp_path):
     import socket
     import threading
-    from capture.init_watch import blocked_in_socket
+    from capture.watch.init_hang import blocked_in_socket
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)

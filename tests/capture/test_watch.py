@@ -26,7 +26,7 @@ from capture_helpers import send_last_datagrams, udp_payloads_in_bundle, wait_fo
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
-from capture import monitors, triggers
+from capture.watch import monitors, triggers
 from capture.tracer import events, program, spool
 
 PY = sys.executable

@@ -195,7 +195,7 @@ def build(src_bundle: Path, out_dir: Path, ranks: int, packets: int, hosts: int,
           same_packets: bool = False) -> list[Path]:
     """The scaled bundles (one per host); ``same_packets``: every host's capture from one
     generated packet stream (readdressed to its own ranks), so many hosts cost one generation."""
-    from forensics.bundle import unpack_archive
+    from forensics.inputs.bundle import unpack_archive
     work = Path(tempfile.mkdtemp(prefix="bench-src-", dir=out_dir))
     unpack_archive(src_bundle, work)
     root = next(p.parent for p in work.rglob("manifest.json"))

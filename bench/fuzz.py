@@ -53,7 +53,7 @@ def atheris_run(name: str, runs: int) -> int:
     import numpy  # noqa: F401  (imported before instrumenting: only stallscope's code is)
     import pandas  # noqa: F401
     with atheris.instrument_imports(include=["forensics"]):
-        import forensics.bundle  # noqa: F401
+        import forensics.inputs.bundle  # noqa: F401
         import forensics.parsers  # noqa: F401
         import forensics.tcp  # noqa: F401
     # libFuzzer starts from the target's real samples (a corpus folder of them)

@@ -195,7 +195,7 @@ def timed(cmd: list[str], name: str = "") -> tuple[float, str]:
 READ_ONLY = """
 import sys, time
 t0, c0 = time.perf_counter(), time.process_time()
-from forensics.intake import gather
+from forensics.inputs.intake import gather
 from forensics.model.hosts import read_host
 with gather([sys.argv[1]]) as intake:
     part = read_host(intake.sources(1)[0])

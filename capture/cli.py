@@ -174,14 +174,14 @@ def execute(args: argparse.Namespace, stderr) -> tuple[list, int]:
     if args.recover:
         return recover(args, stderr), 0
     if args.trigger is not None:
-        from .triggers import trigger_watchers
+        from .watch.triggers import trigger_watchers
         n = trigger_watchers(args.trigger, stderr)
         if not n:
             raise CaptureUsageError("--trigger: no stallscope watcher (capture --watch) runs on this host")
         return [], 0
     ignore_late_signals()
     if args.watch:
-        from .watch import run_watch
+        from .watch.watcher import run_watch
         result = run_watch(options_from_args(args), stderr=stderr)
         return list(result.manifest.get("bundles") or []), result.exit_code
     from .runner import run_capture

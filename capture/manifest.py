@@ -8,7 +8,7 @@ the keys that hold objects or lists of objects name their own table (:data:`PROC
 
 The writer (``capture``) builds every object of the manifest through :meth:`Table.make`, which
 refuses a key its table lacks; the collectors' records start from :meth:`Table.defaults` of
-:data:`RECORD`. The reader (``forensics/bundle.py``) reads each field of its typed records by
+:data:`RECORD`. The reader (``forensics/inputs/bundle.py``) reads each field of its typed records by
 the kind its table gives, and cannot name a field the table lacks. ``tests/capture/test_manifest_schema.py``
 checks both sides against these tables, and that docs/DESIGN.md ("Bundle layout") carries
 :func:`markdown`'s tables (``python -m capture.manifest`` prints them).
@@ -219,7 +219,7 @@ RECORD = Table("collectors.*", "one collector instance's record; key `name[@scop
     Field("summary", OBJECT, "tracer: counts of bpf/events.jsonl by kind, lost and dropped events, its span",
           always=False),
     Field("libraries_ahead", STRS, "tracer (watcher): the host's libnccl files found before any job mapped them "
-          "(capture/libscan.py)", always=False),
+          "(capture/tracer/libscan.py)", always=False),
     Field("libraries_left_out", STRS, "tracer (watcher): libnccl files found but not traced, past the bound on "
           "libraries (the first 50)", always=False),
     Field("hold", BOOL, "tracer (watcher): a process that maps an untraced libnccl is stopped until the "
@@ -306,7 +306,7 @@ FILE = Table("files[]", "a file of the bundle", (
     Field("sha256", STR, "its SHA-256, hex"),
 ))
 
-TRIGGER = Table("trigger", "what made the watcher cut the bundle (capture/triggers.py)", (
+TRIGGER = Table("trigger", "what made the watcher cut the bundle (capture/watch/triggers.py)", (
     Field("kind", STR, "hang | log | on-demand | ..."),
     Field("reason", STR, "in words"),
     Field("realtime_ns", INT, "UTC ns"),
@@ -331,7 +331,7 @@ PCAP_RING = Table("watch.pcap_ring", "the watcher's packet ring", (
 ))
 
 STALL = Table("watch.stall", "a hang trigger's stall, as the watcher followed it through the after-window "
-              "(capture/watch.py)", (
+              "(capture/watch/watcher.py)", (
     Field("state", STR, "pending (the first archive, written at the trigger) | resolved (progress resumed in "
           "the after-window) | stuck (still stuck at the end of the window) | ended (its processes exited)"),
     Field("stalled_since_ns", INT, "UTC ns: the stuck processes' last progress before the trigger"),
@@ -344,7 +344,7 @@ STALL = Table("watch.stall", "a hang trigger's stall, as the watcher followed it
     Field("source", STR, "tracer | tracer-free (ss series)"),
 ))
 
-WATCH = Table("watch", "the watcher's settings and the incident's window (capture/incident.py)", (
+WATCH = Table("watch", "the watcher's settings and the incident's window (capture/watch/incident.py)", (
     Field("started_ns", INT, "when the watch started, UTC ns"),
     Field("before_s", NUMBER, "--before"),
     Field("after_s", NUMBER, "--after"),

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import tracer
+from .tracer import program
 
 # tcpdump's per-packet hand-over and write; a buffered tcpdump (the watcher's) runs without them
 TCPDUMP_PER_PACKET = ("--immediate-mode", "-U")
@@ -30,7 +30,7 @@ class BundlePolicy:
     records every ``tracer_flush_ms``."""
     ring = False
     age_s: float = 0.0
-    tracer_flush_ms: int = tracer.FLUSH_MS
+    tracer_flush_ms: int = program.FLUSH_MS
     tracer_ring: bool = False          # the tracer keeps its records in a kernel ring (bpf/README.md)
     stacks_at_start: bool = True       # --stacks always/auto run from the start of the capture
     buffered_pcap: bool = False        # tcpdump buffers packets (flushed with SIGUSR2 before a cut)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import __version__
 from . import bundle_files as bd
-from . import children, tracer
+from . import children
 from . import manifest as schema
 from .collectors import BUNDLE, Collector
 from .options import CaptureFailed, CaptureOptions, CaptureResult, CaptureUsageError
@@ -30,6 +30,7 @@ from .policy import BundlePolicy
 from .session import Session, clock_sample
 from .staging import (DISK_FULL, STAGED_MANIFEST, find_orphans, fit_budget, lock_staging, recover_orphans,
                       trim)
+from .tracer import program
 
 __all__ = ["Capture", "CaptureFailed", "CaptureOptions", "CaptureResult", "CaptureUsageError", "run_capture"]
 
@@ -219,7 +220,7 @@ class Capture:
         o, s = self.o, self.s
         s.clock.append(clock_sample())
         s.jobs.own()
-        s.jobs.discover(tracer.NCCL_SYMBOLS, by_env=s.policy.jobs_by_env)
+        s.jobs.discover(program.NCCL_SYMBOLS, by_env=s.policy.jobs_by_env)
         if o.pids:
             missing = [p for p in o.pids if p not in s.procs]
             if missing:
@@ -264,8 +265,8 @@ class Capture:
         """New processes of the job (and their namespaces and interfaces), and interfaces newly
         in use by those already followed, handed to every collector."""
         s = self.s
-        fresh = s.jobs.discover(tracer.NCCL_SYMBOLS, by_env=s.policy.jobs_by_env)
-        changed = [i for i in s.jobs.refresh_libraries(tracer.NCCL_SYMBOLS) if i not in fresh]
+        fresh = s.jobs.discover(program.NCCL_SYMBOLS, by_env=s.policy.jobs_by_env)
+        changed = [i for i in s.jobs.refresh_libraries(program.NCCL_SYMBOLS) if i not in fresh]
         if fresh:
             s.log(f"new NCCL process(es): {', '.join(str(i.pid) for i in fresh)}")
             packets = self.collector("tcpdump")

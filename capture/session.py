@@ -83,7 +83,7 @@ class Session:
         self.lock = threading.Lock()
         self.staging: Path | None = None
         self.budget: bd.Budget | None = None
-        self.spool = None     # the tracer's spool (capture.tracer_spool.Spool) once it runs: what others read of it
+        self.spool = None     # the tracer's spool (capture.tracer.spool.Spool) once it runs: what others read of it
 
     @property
     def raw_dir(self) -> Path:

@@ -249,9 +249,9 @@ class TracerActivity:
 
 
 def tracer_activity(raw_dir: Path, call_returns: bool = True, max_bytes: int = 256 << 20) -> TracerActivity:
-    """Count what the tracer spooled so far (raw bpftrace lines, see capture.tracer_spool)."""
-    from .tracer_events import RET_KIND, parse_record
-    from .tracer_spool import raw_files
+    """Count what the tracer spooled so far (raw bpftrace lines, see capture.tracer.spool)."""
+    from .tracer.events import RET_KIND, parse_record
+    from .tracer.spool import raw_files
     act = TracerActivity()
     read = 0
     for f in raw_files(raw_dir):

@@ -23,8 +23,8 @@ from pathlib import Path
 from . import __version__
 from . import bundle_files as bd
 from . import manifest as schema
-from . import tracer_events
 from .session import clock_sample, utc_span
+from .tracer import events
 
 
 def tcpdump_files(out: Path) -> list[Path]:
@@ -201,7 +201,7 @@ def recover_staging(staging: Path, log=None, output_folder: Path | None = None) 
         summary = None
         if raw.is_dir():
             try:
-                summary = tracer_events.postprocess(raw, staging / "bpf" / "events.jsonl", budget.tracer,
+                summary = events.postprocess(raw, staging / "bpf" / "events.jsonl", budget.tracer,
                                                     extra=[raw / "offcpu.jsonl"],
                                                     call_returns=bool(opts.get("call_returns", True)))
                 shutil.rmtree(raw, ignore_errors=True)

@@ -107,15 +107,15 @@ def _logs_verdict(model: Model) -> str:
 def analyze(paths, *, options: Options | None = None, db: str | os.PathLike | None = None,
             progress: Callable[[str], None] | None = None, execution: Execution | None = None) -> Analysis:
     """Model the inputs, run every detector, and store the findings next to the events.
-    ``paths``: what the user gave (bundles, log files, folders, archives: :mod:`forensics.intake`)
-    or an :class:`~forensics.intake.Intake` made of it already. ``execution``: where the
+    ``paths``: what the user gave (bundles, log files, folders, archives: :mod:`forensics.inputs.intake`)
+    or an :class:`~forensics.inputs.intake.Intake` made of it already. ``execution``: where the
     per-host stage runs and what overlaps what (:class:`~forensics.execution.Execution`; by
     default this process alone); the analysis is the same whatever it says. The in-memory
     database loads its event tables only if a query needs them (:mod:`.model.database`)."""
     options = options or Options()
     execution = execution or Execution()
     say = progress or (lambda _msg: None)
-    from .intake import Intake, gather
+    from .inputs.intake import Intake, gather
     intake = paths if isinstance(paths, Intake) else gather(list(paths))
     try:
         return _analyze(intake, options, db, say, execution)

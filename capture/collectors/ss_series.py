@@ -34,7 +34,7 @@ class SsSeries(Collector):
         self.sockdiag: dict[int, sockdiag.SockDiag | None] = {}   # netns inode -> its socket (None: use ss)
         self.last = 0.0
         # the newest sample of each namespace (CLOCK_MONOTONIC ns, ss text): what the watcher's
-        # tracer-free hang trigger reads (capture.monitors.QuietJobs)
+        # tracer-free hang trigger reads (capture.watch.monitors.QuietJobs)
         self.latest: dict[int, tuple[int, bytes]] = {}
 
     def start(self) -> None:

@@ -1,8 +1,8 @@
 """The tracer: bpftrace on the NCCL API, the CUDA host waits and the kernel's TCP and scheduler
-tracepoints (``capture.tracer`` renders its program from ``bpf/nccl.bt``), with the off-CPU
+tracepoints (``capture.tracer.program`` renders it from ``bpf/nccl.bt``), with the off-CPU
 samples of the job's threads (``capture.offcpu``, /proc schedstat). Both spool raw lines into
 ``bpf/raw/`` while the job runs (no parsing then) and become ``bpf/events.jsonl`` at the end
-(``tracer_events.postprocess``), within the tracer's share of the byte budget.
+(``capture.tracer.events.postprocess``), within the tracer's share of the byte budget.
 
 Standard library only."""
 from __future__ import annotations
@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 from .. import bundle_files as bd
-from .. import children, procs, tracer, tracer_events, tracer_libs, tracer_spool
+from .. import children, procs
 from ..offcpu import OffCpuSampler
 from ..session import LOG_CAP, clock_sample, tail, utc_span
+from ..tracer import events, libs, program, spool
 from .collector import Collector
 
 TRACER_STOP_S = 30.0    # + 0.5 s per probe: the longest wait for bpftrace's END after SIGINT
@@ -48,7 +49,7 @@ class Tracing(Collector):
     def __init__(self, session):
         super().__init__(session)
         self.proc: subprocess.Popen | None = None
-        self.spool: tracer_spool.Spool | None = None
+        self.spool: spool.Spool | None = None
         self.stderr_fh = None
         self.problems: list[str] = []          # asked-for libraries the tracer cannot attach to
         self.offcpu: OffCpuSampler | None = None
@@ -64,7 +65,7 @@ class Tracing(Collector):
         self.last_check = 0.0
         self.orphaned_since: float | None = None
         self.restarts: list[dict] = []
-        self.libs = tracer_libs.AheadOfTime(session)    # the watcher's: files found before a job maps them
+        self.libs = libs.AheadOfTime(session)    # the watcher's: files found before a job maps them
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -164,7 +165,7 @@ class Tracing(Collector):
             return
         # --pid roots and their descendants alive now; later forks are followed in the kernel
         want = sorted(set(s.o.pids) | procs.descendants(s.o.pids)) if s.o.pids else []
-        targets = tracer.TraceTargets(want_pids=want)
+        targets = program.TraceTargets(want_pids=want)
         covered: dict[tuple, str] = {}
         for info in s.procs.values():
             if not os.path.isdir(f"/proc/{info.pid}"):
@@ -173,24 +174,24 @@ class Tracing(Collector):
                 if lib.key in covered:
                     continue          # the same file through another path (another namespace's)
                 covered[lib.key] = lib.host_path
-                targets.nccl.setdefault(lib.host_path, set()).update(lib.symbols or set(tracer.NCCL_SYMBOLS))
+                targets.nccl.setdefault(lib.host_path, set()).update(lib.symbols or set(program.NCCL_SYMBOLS))
                 if lib.version:
                     self.versions[lib.host_path] = lib.version
             for lib in info.cudart_libs:
-                targets.cudart.setdefault(lib.host_path, set()).update(lib.symbols & set(tracer.CUDART_SYMBOLS))
+                targets.cudart.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDART_SYMBOLS))
             for lib in info.cuda_libs:
-                targets.cuda.setdefault(lib.host_path, set()).update(lib.symbols & set(tracer.CUDA_SYMBOLS))
+                targets.cuda.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDA_SYMBOLS))
             targets.traced_pids.append(info.pid)
         from ..elf import ElfError, exported_functions_cached
         for path in s.o.nccl_libs:
             try:
-                syms = set(exported_functions_cached(path)) & set(tracer.NCCL_SYMBOLS)
+                syms = set(exported_functions_cached(path)) & set(program.NCCL_SYMBOLS)
             except (OSError, ElfError) as e:
                 s.record(key, status="failed", reason=f"--nccl-lib {path}: {e}", started_ns=t0, ended_ns=t0)
                 return
             if not syms:   # a wrong library: say so (manifest, stderr, exit code 3); trace the rest
                 problem = (f"--nccl-lib {path}: exports none of the NCCL API "
-                           f"({', '.join(tracer.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
+                           f"({', '.join(program.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
                 if problem not in self.problems:      # once, not again at each restart
                     self.problems.append(problem)
                     s.log(problem)
@@ -204,21 +205,21 @@ class Tracing(Collector):
             except OSError:
                 pass
             # processes not started yet: the CUDA runtime next to the given libnccl
-            tracer_libs.add_cudart_beside(targets, path)
+            libs.add_cudart_beside(targets, path)
         self.libs.add_targets(targets, covered, self.versions)
         self.covered = covered
-        libc = tracer.own_libc()
+        libc = program.own_libc()
         try:
-            if libc and tracer.STOP_SYMBOL in exported_functions_cached(libc):
+            if libc and program.STOP_SYMBOL in exported_functions_cached(libc):
                 targets.stop_lib, targets.capture_pid = libc, os.getpid()
         except (OSError, ElfError):
             pass
         targets.fill_addresses()
-        feats = tracer.KernelFeatures.probe()
-        keys = os.environ.get("BPFTRACE_MAP_KEYS_MAX", str(tracer.MAP_KEYS_MAX))
+        feats = program.KernelFeatures.probe()
+        keys = os.environ.get("BPFTRACE_MAP_KEYS_MAX", str(program.MAP_KEYS_MAX))
         # ring mode needs the dump probe's attach point (the libc of this process)
         ring = int(keys) if s.policy.tracer_ring and targets.stop_lib and keys.isdigit() else 0
-        script, blocks = tracer.render_script(targets, feats, call_returns=s.o.call_returns,
+        script, blocks = program.render_script(targets, feats, call_returns=s.o.call_returns,
                                               flush_ms=s.policy.tracer_flush_ms, ring=ring)
         bpf_dir = s.staging / "bpf"
         bpf_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +228,7 @@ class Tracing(Collector):
         if not restart:
             s.budget.take(len(script) + 1024)
         argv = ["bpftrace", "-B", "line"] + (["--unsafe"] if targets.hold and ring else []) + [str(script_path)]
-        self.stderr_fh = open(bpf_dir / "tracer.stderr.txt", "ab" if restart else "wb")
+        self.stderr_fh = open(bpf_dir / "program.stderr.txt", "ab" if restart else "wb")
         self.libs.rendered(targets, ring)
         env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
                    BPFTRACE_MAP_KEYS_MAX=keys)
@@ -239,12 +240,12 @@ class Tracing(Collector):
         elif restart and self.spool is not None:
             self.spool.follow(self.proc.stdout)
         else:
-            self.spool = tracer_spool.Spool(self.proc.stdout, s.raw_dir, s.budget.tracer,
+            self.spool = spool.Spool(self.proc.stdout, s.raw_dir, s.budget.tracer,
                                             max_age_s=s.policy.spool_max_age()).start()
         s.spool = self.spool
         s.record(key, status="running", command=shlex.join(["bpftrace", "-B", "line", "bpf/nccl.generated.bt"]),
                  **({} if restart else {"started_ns": t0}),
-                 files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/tracer.stderr.txt"],
+                 files=["bpf/events.jsonl", "bpf/nccl.generated.bt", "bpf/program.stderr.txt"],
                  libraries=sorted(targets.nccl), cuda_libraries=sorted(set(targets.cudart) | set(targets.cuda)),
                  library_versions={p: v for p, v in sorted(self.versions.items()) if p in targets.nccl},
                  blocks=blocks, kernel_tracepoints=sorted(feats.tracepoints), btf=feats.btf,
@@ -299,12 +300,12 @@ class Tracing(Collector):
         before = sorted(self.covered.values())
         if self.spool is not None and (s.records.get("tracer") or {}).get("ring_slots") and self.alive():
             dumps = self.spool.ring_dumps
-            tracer.trigger_dump()
+            program.trigger_dump()
             deadline = time.monotonic() + RING_DUMP_WAIT_S
             while self.spool.ring_dumps == dumps and time.monotonic() < deadline and self.alive():
                 time.sleep(0.05)
         self.last_restart = time.monotonic()
-        overlap = tracer_libs.overlap_restart(self, t0)
+        overlap = libs.overlap_restart(self, t0)
         if overlap is None:           # the old program stopped first (capture, not the watcher)
             self.halt()
             self.start_tracer(restart=True)
@@ -342,7 +343,7 @@ class Tracing(Collector):
         late = False
         if alive and "stop" in s.records["tracer"].get("blocks", []):
             # the stop probe: recording ends now, the last records and open calls come out
-            tracer.trigger_stop()
+            program.trigger_stop()
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and proc.poll() is None and not self.spool.stopped.is_set():
                 time.sleep(0.02)
@@ -358,8 +359,8 @@ class Tracing(Collector):
         rc = children.stop(proc, signal.SIGINT, grace_s=10)
         self.spool.join(timeout=15)
         self.stderr_fh.close()
-        err = (s.staging / "bpf/tracer.stderr.txt").read_bytes()
-        bd.truncate_file(s.staging / "bpf/tracer.stderr.txt", LOG_CAP)
+        err = (s.staging / "bpf/program.stderr.txt").read_bytes()
+        bd.truncate_file(s.staging / "bpf/program.stderr.txt", LOG_CAP)
         flushed = self.spool.stopped.is_set()   # the stop probe printed every record before SIGINT
         final = flushed or self.spool.ended.is_set()
         ok = self.spool.ready.is_set() and alive and final
@@ -414,7 +415,7 @@ class Tracing(Collector):
         out = s.staging / "bpf" / "events.jsonl"
         extra = [s.raw_dir / "offcpu.jsonl"] if self.offcpu is not None else []
         try:
-            summ = tracer_events.postprocess(s.raw_dir if self.spool is not None else None, out, s.budget.tracer,
+            summ = events.postprocess(s.raw_dir if self.spool is not None else None, out, s.budget.tracer,
                                              extra=extra, call_returns=s.o.call_returns, spool=self.spool)
         except Exception as e:  # noqa: BLE001 - keep the raw lines in the bundle instead
             s.record("tracer", status="failed", reason=f"building bpf/events.jsonl failed: "

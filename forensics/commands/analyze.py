@@ -2,7 +2,7 @@
 :func:`forensics.analysis.analyze` and the renderers of :mod:`forensics.report`.
 
 Inputs are bundles, or whatever else the incident left (job logs, folders of them, archives,
-nccl-tests output, ``ibstat``), mixed freely (:mod:`forensics.intake`).
+nccl-tests output, ``ibstat``), mixed freely (:mod:`forensics.inputs.intake`).
 
 Every output is checked before the (possibly long) analysis starts, so an existing
 file is refused at once; files are written through :func:`forensics.output.open_output`
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace, env) -> int:
     outs = _outputs(args)
     from ..execution import default_jobs, memory
     from ..execution.reader_pool import ReaderPool
-    from ..intake import gather
+    from ..inputs.intake import gather
     memory.keep_freed_memory()    # before the workers fork: they inherit it
     # what was given sorted out (standard library only: archives of logs unpacked, folders walked)
     mine = [v for v in outs.values() if v != "-"] + ([args.db] if args.db else [])

@@ -25,7 +25,7 @@ PRELOAD = ["forensics.model.hosts", "forensics.tcp", "pandas", "numpy"]
 
 def source_keys(paths: list) -> list:
     """The sources as a reading keeps them: paths as strings, loose evidence as it is
-    (:class:`forensics.intake.LooseSet`, plain data that pickles)."""
+    (:class:`forensics.inputs.intake.LooseSet`, plain data that pickles)."""
     return [os.fspath(p) if isinstance(p, (str, bytes, os.PathLike)) else p for p in paths]
 
 

@@ -1,6 +1,6 @@
 """The event model: one or more hosts' bundles -> DuckDB tables (DESIGN.md "Event tables").
 
-``build_model(paths)`` opens each bundle (:mod:`forensics.bundle`), converts tracer times
+``build_model(paths)`` opens each bundle (:mod:`forensics.inputs.bundle`), converts tracer times
 to UTC with each manifest's clock samples, attributes TCP events to processes, ranks and
 the collective in flight, reads the other artefacts (NCCL logs, nccl-tests, py-spy, ss,
 Flight Recorder, Inspector: :mod:`forensics.model.artifacts`, which also puts GPU times on
@@ -16,7 +16,7 @@ from itertools import combinations
 
 import pandas as pd
 
-from ..bundle import Bundle
+from ..inputs.bundle import Bundle
 from . import artifacts as artifacts_mod
 from . import logs as logs_mod
 from . import nccl as nccl_mod
@@ -42,7 +42,7 @@ class Model:
     @property
     def logs_only(self) -> bool:
         """Whether this model was made from the logs alone: every input was loose evidence
-        (:mod:`forensics.loose`), so no tracer, no packets and no process facts of a capture.
+        (:mod:`forensics.inputs.loose`), so no tracer, no packets and no process facts of a capture.
         The verdict, the findings' wording and the report's first lines say so."""
         return bool(self.captures) and all(c.get("kind") == "loose" for c in self.captures)
 
@@ -80,12 +80,12 @@ def memo(memos: dict, key, make):
 
 def build_model(inputs, *, skew: bool = True) -> Model:
     """The model of ``inputs``, read in this process: the paths the user gave (bundles, log
-    files, folders, archives: sorted out by :func:`forensics.intake.gather`) or an
-    :class:`~forensics.intake.Intake` already made (its caller closes it). Each host's part
+    files, folders, archives: sorted out by :func:`forensics.inputs.intake.gather`) or an
+    :class:`~forensics.inputs.intake.Intake` already made (its caller closes it). Each host's part
     is read by :func:`.hosts.read_host`, then merged by :func:`from_parts`; an analysis that
     reads them elsewhere (worker processes, a Dask cluster) does the same through
     :mod:`forensics.execution`. InputError when nothing given can be read."""
-    from ..intake import Intake, gather
+    from ..inputs.intake import Intake, gather
     own = not isinstance(inputs, Intake)
     intake = gather(list(inputs)) if own else inputs
     try:
@@ -100,7 +100,7 @@ def from_parts(parts: list[HostPart], *, skew: bool = True) -> Model:
     """The model of every host's part (:func:`.hosts.read_host`, in the order of the
     sources): loose evidence read in shares merged back, two bundles of one host kept apart,
     then what needs every host (:func:`_build`). InputError when nothing could be read."""
-    from ..loose import merge, nothing_read
+    from ..inputs.loose import merge, nothing_read
     parts = merge(parts)
     nothing_read(parts)
     hosts = [p.bundle.host for p in parts]
@@ -173,7 +173,7 @@ def capture_summary(b: Bundle) -> dict:
     """What one bundle holds and lacks: collectors with status and reason, time covered,
     processes, partial-capture flags; the report's capture section and --json "capture".
     Loose evidence: the files read and by what, the files not read and why, the kinds of
-    evidence absent and what that limits (:meth:`forensics.loose.LooseBundle.summary`)."""
+    evidence absent and what that limits (:meth:`forensics.inputs.loose.LooseBundle.summary`)."""
     m = b.manifest
     if b.loose is not None:
         return {"host": b.host, "bundle": " ".join(b.loose.given) or b.loose.label, "given": list(b.loose.given),

@@ -11,7 +11,7 @@ durations of ``nccl_events`` (:mod:`.gpu_times`), and here ``nccl_tests``, ``ncc
 
 Where a parser looks:
 
-- ``logs/**`` (and loose evidence, :mod:`forensics.loose`): by content. A structured file
+- ``logs/**`` (and loose evidence, :mod:`forensics.inputs.loose`): by content. A structured file
   (Inspector JSONL, a profiler trace, a Flight Recorder dump, a py-spy dump) is read by the one
   parser its first bytes show; a text log by every text parser whose markers stand anywhere in
   it (a job's output holds NCCL lines, watchdog timeouts, torchrun's summary, an nccl-tests run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..bundle import EventLog
+from ..inputs.bundle import EventLog
 
 
 def events_frame(events: list[dict], kind: str) -> pd.DataFrame:

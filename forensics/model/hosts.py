@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..bundle import Bundle
+from ..inputs.bundle import Bundle
 from ..errors import InputError
 from . import artifacts as artifacts_mod
 from . import job_scope
@@ -89,7 +89,7 @@ class HostPart:
 
 def read_host(path, *, skew: bool = True) -> HostPart:
     """The per-host stage for one bundle (tar.gz or folder), or for loose evidence (a
-    :class:`~forensics.intake.LooseSet`, read as :class:`~forensics.loose.LooseBundle`); raises
+    :class:`~forensics.inputs.intake.LooseSet`, read as :class:`~forensics.inputs.loose.LooseBundle`); raises
     InputError when the path is no bundle. Runs in a worker process as well as in the caller's."""
     b = open_source(path)
     try:
@@ -116,7 +116,7 @@ def open_source(source) -> Bundle:
     """The bundle at a path, or loose evidence as a pseudo-bundle."""
     if isinstance(source, (str, bytes, os.PathLike)):
         return Bundle.open(source)
-    from ..loose import LooseBundle
+    from ..inputs.loose import LooseBundle
     return LooseBundle(source)
 
 

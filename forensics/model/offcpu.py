@@ -4,7 +4,7 @@ capture samples ``/proc/PID/task/TID/schedstat`` of the job's threads every few 
 (bpf/README.md, ``offcpu`` events): ``ns`` is the thread's off-CPU time since capture
 first saw it (blocked, or waiting for a CPU), ``oncpu_ns`` and ``runq_ns`` the kernel's
 totals since the thread started. Times are tracer (monotonic) times: converted to UTC
-with the bundle's :class:`~forensics.bundle.ClockMap`. The ``*_delta_ns`` columns are the
+with the bundle's :class:`~forensics.inputs.bundle.ClockMap`. The ``*_delta_ns`` columns are the
 growth since the thread's previous sample (NULL on its first), so "how long was rank 3's
 main thread off-CPU between two samples" is one column, not a window query.
 """

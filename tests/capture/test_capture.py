@@ -21,9 +21,10 @@ from capture_helpers import CaptureProc, alive, bundle_manifest, check_bundle, r
 from conftest import ROOT
 
 from capture import bundle_files as bd
-from capture import procs, tracer, tracer_events, tracer_spool
+from capture import procs
 from capture.collectors.specs import SPECS
 from capture.elf import ElfError, exported_functions
+from capture.tracer import events, program, spool
 
 LAB_BUILD = ROOT / "tests" / "lab" / "build"
 
@@ -40,7 +41,7 @@ def lab_lib() -> Path:
 # ---------------------------------------------------------------- ELF
 def test_elf_reader_finds_the_nccl_api_of_the_lab_library(lab_lib):
     syms = exported_functions(lab_lib)
-    for name in tracer.NCCL_SYMBOLS:
+    for name in program.NCCL_SYMBOLS:
         assert name in syms, name
     assert "comm_init" not in syms  # static (hidden) functions are not exported
 
@@ -118,20 +119,20 @@ def test_discover_reads_a_process_without_nccl_again_only_once_it_changed(lab_li
     try:
         assert p.stdout.readline() == b"up\n"
         cache: dict = {}
-        found = procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+        found = procs.discover(program.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
         assert p.pid not in [i.pid for i in found] and p.pid in cache and inspected.count(p.pid) == 1
-        procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+        procs.discover(program.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
         assert inspected.count(p.pid) == 1          # unchanged: its maps are not read again
         p.stdin.write(b"go\n")
         p.stdin.flush()
         assert p.stdout.readline() == b"loaded\n"
-        found = procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+        found = procs.discover(program.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
         assert [i.pid for i in found if i.pid == p.pid] == [p.pid] and p.pid not in cache
         assert found[[i.pid for i in found].index(p.pid)].nccl_libs
     finally:
         p.kill()
         p.wait()
-    procs.discover(tracer.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
+    procs.discover(program.NCCL_SYMBOLS, skip={os.getpid()}, not_nccl=cache)
     assert p.pid not in cache                        # gone: forgotten (a reused pid is a new process)
 
 
@@ -245,7 +246,7 @@ def _features():
     fmt_old = ("field:int state;\tfield:__u16 sport;\tfield:__u16 dport;\tfield:__u16 family;\t"
                "field:__u8 saddr[4];\tfield:__u8 daddr[4];\tfield:__u8 saddr_v6[16];\tfield:__u8 daddr_v6[16];")
     fmt_new = "field:int state;\tfield:enum sk_rst_reason reason;\tfield:__u8 saddr[28];\tfield:__u8 daddr[28];"
-    return tracer.KernelFeatures(btf=True, tracepoints={
+    return program.KernelFeatures(btf=True, tracepoints={
         "tcp/tcp_retransmit_skb": fmt_old, "tcp/tcp_send_reset": fmt_new, "tcp/tcp_receive_reset": fmt_old,
         "sock/inet_sock_set_state": fmt_old + "field:__u16 protocol;", "sched/sched_switch": "",
         "sched/sched_process_fork": "", "sched/sched_process_exit": ""})
@@ -256,15 +257,15 @@ def test_possible_cpus_counts_the_highest_cpu_number(tmp_path):
     f = tmp_path / "possible"
     for text, want in (("0-1\n", 2), ("0-3,8-11\n", 12), ("0\n", 1), ("5\n", 6)):
         f.write_text(text)
-        assert tracer.possible_cpus(str(f)) == want, text
+        assert program.possible_cpus(str(f)) == want, text
     f.write_text("garbage")
-    assert tracer.possible_cpus(str(f)) == (os.cpu_count() or 1)
-    assert tracer.possible_cpus(str(tmp_path / "absent")) == (os.cpu_count() or 1)
+    assert program.possible_cpus(str(f)) == (os.cpu_count() or 1)
+    assert program.possible_cpus(str(tmp_path / "absent")) == (os.cpu_count() or 1)
 
 
 def test_render_keeps_only_what_exists():
-    t = tracer.TraceTargets(nccl={"/opt/a/libnccl.so.2": {"ncclAllReduce", "ncclCommInitRank", "ncclSend"}})
-    script, blocks = tracer.render_script(t, _features(), call_returns=False)
+    t = program.TraceTargets(nccl={"/opt/a/libnccl.so.2": {"ncclAllReduce", "ncclCommInitRank", "ncclSend"}})
+    script, blocks = program.render_script(t, _features(), call_returns=False)
     assert "uprobe:/opt/a/libnccl.so.2:ncclAllReduce" in script
     assert "ncclAllGather" not in script and "cudaStreamSynchronize" not in script
     assert "send_reset_sockaddr" in blocks and "send_reset_ports" not in blocks
@@ -282,11 +283,11 @@ def test_render_keeps_only_what_exists():
 
 
 def test_render_pid_filter_and_two_libraries():
-    t = tracer.TraceTargets(nccl={"/a/libnccl.so.2": set(tracer.NCCL_SYMBOLS),
+    t = program.TraceTargets(nccl={"/a/libnccl.so.2": set(program.NCCL_SYMBOLS),
                                   "/b/libtorch_cuda.so": {"ncclAllReduce"}},
                             cudart={"/a/libcudart.so.12": {"cudaStreamSynchronize"}}, want_pids=[11, 12],
                             stop_lib="/lib/libc.so.6", capture_pid=77)
-    script, blocks = tracer.render_script(t, _features(), call_returns=False)
+    script, blocks = program.render_script(t, _features(), call_returns=False)
     assert "uprobe:/a/libnccl.so.2:ncclAllReduce,\nuprobe:/b/libtorch_cuda.so:ncclAllReduce" in script
     assert "@want[(uint64)11] = 1;" in script and "follow_forks" in blocks
     assert script.count("if (@want[(uint64)pid]) {") >= 10
@@ -300,21 +301,21 @@ def test_render_pid_filter_and_two_libraries():
 
 
 def test_render_call_returns_by_default():
-    t = tracer.TraceTargets(nccl={"/a/libnccl.so.2": set(tracer.NCCL_SYMBOLS)})
-    script, blocks = tracer.render_script(t, _features())
+    t = program.TraceTargets(nccl={"/a/libnccl.so.2": set(program.NCCL_SYMBOLS)})
+    script, blocks = program.render_script(t, _features())
     assert "coll_call:ncclAllReduce" in blocks and "coll_return" in blocks and "coll_entry:ncclAllReduce" not in blocks
     assert "uretprobe:/a/libnccl.so.2:ncclAllReduce" in script and "group_call:ncclGroupStart" in blocks
     # the return completes the call's record in place while it is in the current buffer
     ret = script.split("uretprobe:/a/libnccl.so.2:ncclRecv", 1)[1].split("\n}\n", 1)[0]
     assert "@e0[(int32)tid, $o.0] = ($x.0," in ret and "(int32)255" in ret and "delete(@op[" in ret
     assert "printf" not in ret
-    lean, _ = tracer.render_script(t, _features(), call_returns=False)
+    lean, _ = program.render_script(t, _features(), call_returns=False)
     assert "(--no-call-returns)" in lean.splitlines()[0] and "uretprobe:/a/libnccl.so.2:ncclAllReduce" not in lean
     # the flush interval: capture's, and the watcher's longer one (each flush costs the job)
-    assert f"interval:ms:{tracer.FLUSH_MS}\n" in script
+    assert f"interval:ms:{program.FLUSH_MS}\n" in script
     from capture.policy import RingPolicy
     ring_ms = RingPolicy().tracer_flush_ms
-    slow, _ = tracer.render_script(t, _features(), flush_ms=ring_ms)
+    slow, _ = program.render_script(t, _features(), flush_ms=ring_ms)
     assert f"interval:ms:{ring_ms}\n" in slow and "interval:ms:500\n" not in slow
 
 
@@ -322,13 +323,13 @@ def test_render_ring_mode_keeps_the_records_in_the_kernel():
     """capture --watch: the records go into a ring (@r) that is printed only when the watcher
     asks (the dump probe on its libc); every second the tracer prints the calls' state (@op),
     which only the state block deletes from, just before its print."""
-    t = tracer.TraceTargets(nccl={"/a/libnccl.so.2": set(tracer.NCCL_SYMBOLS)},
-                            cudart={"/a/libcudart.so.12": set(tracer.CUDART_SYMBOLS)},
+    t = program.TraceTargets(nccl={"/a/libnccl.so.2": set(program.NCCL_SYMBOLS)},
+                            cudart={"/a/libcudart.so.12": set(program.CUDART_SYMBOLS)},
                             stop_lib="/lib/libc.so.6", capture_pid=42)
-    script, blocks = tracer.render_script(t, _features(), flush_ms=1000, ring=4096)
+    script, blocks = program.render_script(t, _features(), flush_ms=1000, ring=4096)
     assert {"state", "dump", "thread_exit"} <= set(blocks) and not {"flush", "stop"} & set(blocks)
     assert "@e0" not in script and "@e1" not in script and "@ne" not in script and "print(@r)" in script
-    assert f"uprobe:/lib/libc.so.6:{tracer.DUMP_SYMBOL}\n/pid == 42/" in script
+    assert f"uprobe:/lib/libc.so.6:{program.DUMP_SYMBOL}\n/pid == 42/" in script
     assert script.count("$s % 4096;") >= 3 and "(ring mode, 4096 records)" in script.splitlines()[0]
     state = script.split("interval:ms:1000\n", 1)[1].split("\n}\n", 1)[0]
     # @op is deleted from in the state block only, right before its print (and after its declaration)
@@ -338,22 +339,22 @@ def test_render_ring_mode_keeps_the_records_in_the_kernel():
     assert f"@xc[0] = ($q + 1) % {feats.cpus};" in state
     ended = script.split("tracepoint:sched:sched_process_exit", 1)[1].split("\n}\n", 1)[0]
     assert "$q = (uint64)cpu;" in ended and "@xw[$q] = $i + 1;" in ended and "@xw[0]" not in script
-    wide = tracer.render_script(t, tracer.KernelFeatures(btf=True, tracepoints=feats.tracepoints, cpus=96),
+    wide = program.render_script(t, program.KernelFeatures(btf=True, tracepoints=feats.tracepoints, cpus=96),
                                 flush_ms=1000, ring=4096)[0]
     assert "@xc[0] = ($q + 1) % 96;" in wide
     others = [l.strip() for l in script.replace(state, "").splitlines() if "delete(@op[" in l]
-    assert len(others) == 1 and others[0].startswith(tracer.RING_OP_DECL), others
+    assert len(others) == 1 and others[0].startswith(program.RING_OP_DECL), others
     # a host wait's return keeps the second's longest wait after a collective; others do not
     wait_ret = script.split("uretprobe:/a/libcudart.so.12:cudaStreamSynchronize", 1)[1].split("\n}\n", 1)[0]
     coll_ret = script.split("uretprobe:/a/libnccl.so.2:ncclRecv", 1)[1].split("\n}\n", 1)[0]
     assert "$lc > $o.3" in wait_ret and "$lc" not in coll_ret and "(int32)255" in coll_ret
     # no returns traced: a collective's launch is its class's last t0
-    lean, _ = tracer.render_script(t, _features(), call_returns=False, ring=4096)
+    lean, _ = program.render_script(t, _features(), call_returns=False, ring=4096)
     entry = lean.split("uprobe:/a/libnccl.so.2:ncclAllReduce", 1)[1].split("\n}\n", 1)[0]
     assert "@op[(int32)tid, (int32)0] = ((uint64)0, (uint64)0, (int32)pid, (uint64)$t, $p.4" in entry
     # without the libc to attach the dump to, no ring
     t.stop_lib = None
-    assert "dump" not in tracer.render_script(t, _features(), ring=4096)[1]
+    assert "dump" not in program.render_script(t, _features(), ring=4096)[1]
 
 
 def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):
@@ -361,17 +362,17 @@ def _rec(kind, pid, a=0, b=0, c=0, d=0, e=0, f=0, g=0, t1=0, rc=0):
 
 
 def test_the_progress_monitor_reads_the_fields_parse_record_reads():
-    """capture.watch reads the hot-path records with tracer_events.PROGRESS_RE, a chunk at a time:
-    the same fields as tracer_events.parse_record, line by line, and nothing that is not a record."""
+    """capture.watch reads the hot-path records with events.PROGRESS_RE, a chunk at a time:
+    the same fields as events.parse_record, line by line, and nothing that is not a record."""
     lines = [f"@e0[101, 5000]: {_rec(0, 7, a=0xdead, b=3, c=1024, d=7, f=-1, g=99, t1=5300)}",
              f"@e1[102, 6000]: {_rec(255, 7, a=5500, t1=6000, rc=-2)}",
              f"@e1[103, 7000]: {_rec(32, 8, a=4)}",
              "@ne: 3", '{"ev":"tcp_retransmit_skb","t":1}', "@e0[1, 2]: (1, 2)"]
     data = ("\n".join(lines) + "\n").encode()
-    got = [tuple(int(x) for x in g) for g in tracer_events.PROGRESS_RE.findall(data)]
+    got = [tuple(int(x) for x in g) for g in events.PROGRESS_RE.findall(data)]
     want = []
     for line in data.split(b"\n"):
-        rec = tracer_events.parse_record(line)
+        rec = events.parse_record(line)
         if rec is not None:
             tid, key, f = rec
             want.append((tid, key, f[0], f[1], f[2], f[9]))
@@ -412,7 +413,7 @@ def test_postprocess_records_joins_names_and_open_calls(tmp_path):
     off = tmp_path / "offcpu.jsonl"
     off.write_text('{"ev":"offcpu","t":35,"pid":5,"tid":6,"name":"x","state":"S","ns":3,"oncpu_ns":1,"runq_ns":0}\n')
     out = tmp_path / "events.jsonl"
-    s = tracer_events.postprocess(raw, out, 1 << 20, extra=[off], call_returns=False)
+    s = events.postprocess(raw, out, 1 << 20, extra=[off], call_returns=False)
     ev = [json.loads(l) for l in out.read_text().splitlines()]
     times = [e.get("t0", e.get("t")) for e in ev]
     assert times == sorted(times)
@@ -451,7 +452,7 @@ def test_postprocess_keeps_rare_events_and_the_newest_within_the_cap(tmp_path):
     lines += ['{"ev":"tracer_end","t":9999}']
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "e.jsonl"
-    s = tracer_events.postprocess(raw, out, 20_000, call_returns=False)
+    s = events.postprocess(raw, out, 20_000, call_returns=False)
     assert out.stat().st_size <= 20_000 and s["dropped_for_budget"] > 0
     ev = [json.loads(l) for l in out.read_text().splitlines()]
     assert {"tracer_start", "unique_id", "tracer_end"} <= {e["ev"] for e in ev}
@@ -467,7 +468,7 @@ def test_postprocess_keeps_rare_events_and_the_newest_within_the_cap(tmp_path):
 def test_spool_segments_drop_oldest_keep_rare(tmp_path):
     r, w = os.pipe()
     rf = os.fdopen(r, "rb")
-    sp = tracer_spool.Spool(rf, tmp_path / "raw", max_bytes=6000, poll_s=0.01, segment_bytes=1500).start()
+    sp = spool.Spool(rf, tmp_path / "raw", max_bytes=6000, poll_s=0.01, segment_bytes=1500).start()
     os.write(w, b'Attaching 7 probes...\n{"ev":"tracer_start","t":1}\n')
     assert sp.ready.wait(5) and sp.attached_probes == 7
     for i in range(200):
@@ -478,7 +479,7 @@ def test_spool_segments_drop_oldest_keep_rare(tmp_path):
     os.write(w, b'{"ev":"tracer_stopped","t":8}\n{"ev":"tracer_end","t":9}\n')
     os.close(w)
     assert sp.join(5) and sp.ended.is_set() and sp.stopped.is_set()
-    files = tracer_spool.raw_files(tmp_path / "raw")
+    files = spool.raw_files(tmp_path / "raw")
     assert files[0].name == "keep.txt" and sp.dropped_segments > 0 and sp.dropped_lines > 0
     data = b"".join(f.read_bytes() for f in files)
     assert sum(f.stat().st_size for f in files) <= 6000 + 1500
@@ -510,7 +511,8 @@ def test_capture_package_is_standard_library_only():
     code = ("import sys, importlib, pkgutil; sys.path.insert(0, sys.argv[1]); import capture; "
             "mods = [m.name for m in pkgutil.walk_packages(capture.__path__, 'capture.') "
             "if not m.name.endswith('__main__')]; [importlib.import_module(m) for m in mods]; "
-            "assert 'capture.watch' in mods and 'capture.collectors.tracing' in mods, mods; "
+            "assert {'capture.watch.watcher', 'capture.tracer.events', 'capture.collectors.tracing'} <= set(mods), "
+            "mods; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'forensics', 'dpkt')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     p = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(ROOT)], capture_output=True, text=True)
@@ -694,7 +696,7 @@ def test_postprocess_call_returns_in_place_and_across_buffers(tmp_path):
              f"@e1[6, 31]: {_rec(255, 5, 30, t1=31, rc=5)}",                         # ... its return record
              f"@e1[6, 40]: {_rec(0, 5, 0xA, 2, 8, 7, 0, -1, 0xB)}"]                  # never returned
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
-    tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     assert [(e["op_count"], e["t1"], e["rc"], e["returned"]) for e in ev] == \
         [(0, 25, 0, True), (1, 31, 5, True), (2, None, None, False)]
@@ -725,7 +727,7 @@ def test_postprocess_ring_dumps(tmp_path):
              "@rg[0]: 5004", "", '{"ev":"ring_dump","t":650,"slots":4096}']
     (raw / "keep.txt").write_text('{"ev":"tracer_start","t":10}\n')
     (raw / "seg-000000.txt").write_text("\n".join(dump1 + dump2) + "\n")
-    summ = tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    summ = events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     hot = [(e["ev"], e["t0"], e["t1"], e["rc"], e["returned"]) for e in ev if e["ev"] in ("coll", "host_wait")]
     assert hot == [("coll", 100, 110, 0, True), ("coll", 200, None, None, None),
@@ -742,9 +744,9 @@ def test_attach_points_by_address(lab_lib):
     name starts with it (NCCL 2.28: ncclCommInitRank -> ncclCommInitRankDev(...) too): the
     rendered program attaches by the symbol's address and says which is which."""
     syms = exported_functions(lab_lib)
-    t = tracer.TraceTargets(nccl={str(lab_lib): set(tracer.NCCL_SYMBOLS)}, stop_lib=str(lab_lib), capture_pid=5)
+    t = program.TraceTargets(nccl={str(lab_lib): set(program.NCCL_SYMBOLS)}, stop_lib=str(lab_lib), capture_pid=5)
     t.fill_addresses()
-    script, _ = tracer.render_script(t, _features())
+    script, _ = program.render_script(t, _features())
     addr = syms["ncclCommInitRank"].value
     assert f"uprobe:{lab_lib}:0x{addr:x}\n" in script and f"uretprobe:{lab_lib}:0x{addr:x}" in script
     assert f"// {lab_lib}: ncclCommInitRank = 0x{addr:x}" in script
@@ -762,7 +764,7 @@ def test_postprocess_a_return_read_before_its_entry_completes_the_call_it_follow
              '{"ev":"comm_init","fn":"ncclCommInitRank","t0":100,"pid":5,"tid":6,"nranks":2,"rank":1,'
              '"comm_id_hash":"0x00000000000000aa","unique_id":["0x1"]}']
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
-    tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
+    events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20)
     ev = [json.loads(l) for l in (tmp_path / "e.jsonl").read_text().splitlines()]
     init = [e for e in ev if e.get("ev") == "comm_init"]
     assert [(e["t0"], e["t1"], e["rc"], e["returned"]) for e in init] == [(100, 150, 2, True)], ev
@@ -819,10 +821,10 @@ def test_tracer_span_from_its_marks_else_its_events_and_in_utc(tmp_path):
         '{"ev":"tracer_stopped","t":900}']) + "\n")
     off = tmp_path / "offcpu.jsonl"
     off.write_text('{"ev":"offcpu","t":5000,"pid":5,"tid":5,"ns":0}\n')
-    s = tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])
+    s = events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])
     assert s["span_monotonic_ns"] == [100, 900]
     (raw / "seg-000000.txt").write_text(f"@e0[6, 200]: {_rec(0, 5, 0xA, 0, 8, 7, 0, -1, 0xB, t1=250, rc=0)}\n")
-    assert tracer_events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])["span_monotonic_ns"] == [200, 250]
+    assert events.postprocess(raw, tmp_path / "e.jsonl", 1 << 20, extra=[off])["span_monotonic_ns"] == [200, 250]
     samples = [{"monotonic_ns": 0, "realtime_ns": 10**18}, {"monotonic_ns": 1000, "realtime_ns": 10**18 + 1003}]
     assert utc_span(samples, [100, 900]) == [10**18 + 100, 10**18 + 903]
     assert utc_span(samples, None) is None and utc_span([], [1, 2]) is None

@@ -59,7 +59,7 @@ def test_full_disk_gives_a_bundle_of_what_fitted(tmp_path):
         assert m["partial"] is True and "file system was full" in m["partial_reason"]
         assert any("file system was full" in n for n in m["notes"])
         assert "No space left on device" in m["collectors"]["nccl-tests"]["reason"]
-        from forensics.bundle import Bundle
+        from forensics.inputs.bundle import Bundle
         with Bundle.open(bundle, workdir=tmp_path) as b:      # a valid bundle, with what was captured
             out = b.path("nccl-tests/output.txt")
             assert out is not None and out.stat().st_size > 100_000
@@ -113,7 +113,7 @@ def test_tracer_that_cannot_attach_is_reported_and_the_rest_runs(tmp_path):
     assert col["tcpdump@host/lo"]["status"] == "ok" and col["ss@host:end"]["status"] == "ok"
     assert any(f["path"] == "bpf/events.jsonl" for f in m["files"])   # kernel TCP events still traced
     # and the analyzer says so
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     with Bundle.open(p.stdout.strip(), workdir=tmp_path) as b:
         assert any(x.startswith("collector tracer failed: --nccl-lib") for x in b.problems), b.problems
 

@@ -27,7 +27,7 @@ from capture.options import CaptureOptions
 from capture.runner import Capture
 from capture.session import clock_sample
 from capture.staging import recover_staging
-from forensics.bundle import (ClockSample, CollectorStatus, FileEntry, Manifest, NetnsInfo, ProcessInfo, SocketInfo,
+from forensics.inputs.bundle import (ClockSample, CollectorStatus, FileEntry, Manifest, NetnsInfo, ProcessInfo, SocketInfo,
                               field_readers, parse_manifest)
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from capture import elf, libversion, procs, tracer
+from capture import elf, libversion, procs
+from capture.tracer import program
 
 
 HIDDEN_SRC = r"""
@@ -84,7 +85,7 @@ def _plain_env() -> dict[str, str]:
 
 
 def _inspect(pid):
-    return procs.inspect(pid, tracer.NCCL_SYMBOLS, by_env=True)
+    return procs.inspect(pid, program.NCCL_SYMBOLS, by_env=True)
 
 
 # ---------------------------------------------------------------- the version in the library
@@ -153,7 +154,7 @@ def test_the_lab_library_is_traceable_with_its_version(libs):
         info = _inspect(c.pid)
         assert info.traceable and info.untraced_nccl_libs == []
         [lib] = info.nccl_libs
-        assert lib.symbols == set(tracer.NCCL_SYMBOLS) & set(elf.exported_functions(libs["lab"]))
+        assert lib.symbols == set(program.NCCL_SYMBOLS) & set(elf.exported_functions(libs["lab"]))
         assert lib.kind == "nccl" and lib.version == "2.21.5+cuda12.4"
         assert [l.path for l in info.cudart_libs] == [str(libs["lab"].parent / "libcudart.so.12")]
         m = info.to_manifest()
@@ -177,8 +178,8 @@ def test_nccl_variables_alone_make_a_job_except_for_the_captures_own_children(li
     with Child(env=env) as own:
         info = _inspect(own.pid)
         assert info.job_reasons == ["nccl-env"] and info.env["NCCL_SOCKET_IFNAME"] == "lo"
-        assert procs.inspect(own.pid, tracer.NCCL_SYMBOLS) is None            # not asked: not a job
-        assert own.pid not in [i.pid for i in procs.discover(tracer.NCCL_SYMBOLS, by_env=True)]
+        assert procs.inspect(own.pid, program.NCCL_SYMBOLS) is None            # not asked: not a job
+        assert own.pid not in [i.pid for i in procs.discover(program.NCCL_SYMBOLS, by_env=True)]
     # not ours: started through a shell that exits (reparented away from this process)
     script = f"{sys.executable} -c 'import time; time.sleep(60)' >/dev/null 2>&1 & echo $!"
     out = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=10).stdout
@@ -186,9 +187,9 @@ def test_nccl_variables_alone_make_a_job_except_for_the_captures_own_children(li
     try:
         assert not procs.descends_from(orphan, os.getpid())
         cache: dict = {}
-        found = {i.pid: i for i in procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache, by_env=True)}
+        found = {i.pid: i for i in procs.discover(program.NCCL_SYMBOLS, not_nccl=cache, by_env=True)}
         assert found[orphan].job_reasons == ["nccl-env"] and orphan not in cache
-        assert orphan not in {i.pid for i in procs.discover(tracer.NCCL_SYMBOLS)}     # by_env off (default)
+        assert orphan not in {i.pid for i in procs.discover(program.NCCL_SYMBOLS)}     # by_env off (default)
     finally:
         os.kill(orphan, 9)
 
@@ -208,7 +209,7 @@ def test_libraries_are_keyed_by_the_mapped_file_not_its_path(libs, tmp_path):
     env = _plain_env()
     with Child(libs["lab"], env=env) as a, Child(link, env=env) as b, Child(libs["copy"], env=env) as c, \
             Child(libs["hidden"], env=env) as d:
-        found = procs.libraries_in_use(tracer.NCCL_SYMBOLS, pids=[a.pid, b.pid, c.pid, d.pid])
+        found = procs.libraries_in_use(program.NCCL_SYMBOLS, pids=[a.pid, b.pid, c.pid, d.pid])
         st = os.stat(libs["lab"])
         lab = found[(st.st_dev, st.st_ino)]
         assert lab.kind == "nccl" and lab.traceable and lab.version == "2.21.5+cuda12.4"
@@ -250,7 +251,7 @@ def test_a_job_in_its_own_mount_namespace_is_seen_through_its_root(libs, tmp_pat
         [lib] = info.nccl_libs
         assert lib.path == str(lib_in_ns) and lib.host_path == f"/proc/{c.pid}/root{lib_in_ns}"
         assert lib.version == "2.21.5+cuda12.4"
-        assert lib.symbols == set(tracer.NCCL_SYMBOLS) & set(elf.exported_functions(libs["lab"]))
+        assert lib.symbols == set(program.NCCL_SYMBOLS) & set(elf.exported_functions(libs["lab"]))
         [shared] = [s for s in procs.libraries([info]).values() if s.kind == "nccl"]
         st = os.stat(lib.host_path)
         assert shared.key == (lib.dev, st.st_ino) and shared.host_path() == lib.host_path
@@ -273,10 +274,10 @@ def test_discover_keeps_a_rescan_cheap_for_processes_that_are_no_job(libs, monke
     monkeypatch.setattr(procs, "inspect", lambda pid, *a, **k: seen.append(pid) or real(pid, *a, **k))
     with Child(env=_plain_env()) as c:
         cache: dict = {}
-        procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache, by_env=True)
+        procs.discover(program.NCCL_SYMBOLS, not_nccl=cache, by_env=True)
         assert c.pid in cache
         time.sleep(0.05)
-        procs.discover(tracer.NCCL_SYMBOLS, not_nccl=cache, by_env=True)
+        procs.discover(program.NCCL_SYMBOLS, not_nccl=cache, by_env=True)
         assert seen.count(c.pid) == 1
 
 
@@ -292,14 +293,14 @@ def test_refresh_shows_the_libnccl_of_a_job_found_by_its_variables_before_it_loa
         assert p.stdout.readline() == b"ready\n"
         info = _inspect(p.pid)
         assert info.job_reasons == ["nccl-env"] and not info.traceable
-        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is False             # unchanged: nothing read
+        assert procs.refresh(info, program.NCCL_SYMBOLS) is False             # unchanged: nothing read
         p.stdin.write(b"go\n")
         p.stdin.flush()
         assert p.stdout.readline() == b"loaded\n"
-        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is True
+        assert procs.refresh(info, program.NCCL_SYMBOLS) is True
         assert info.traceable and info.job_reasons == ["libnccl", "nccl-env"]
         assert info.nccl_version == "2.21.5+cuda12.4" and info.cudart_libs
-        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is False
+        assert procs.refresh(info, program.NCCL_SYMBOLS) is False
     finally:
         p.kill()
         p.wait()
@@ -322,7 +323,7 @@ def test_refresh_keeps_the_libnccl_of_a_job_that_exits(libs):
             if "Z" in (Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[:1] or [""])[0]:
                 break
             time.sleep(0.02)
-        assert procs.refresh(info, tracer.NCCL_SYMBOLS) is False
+        assert procs.refresh(info, program.NCCL_SYMBOLS) is False
         assert info.traceable and info.nccl_version == "2.21.5+cuda12.4" and "libnccl" in info.job_reasons
     finally:
         p.kill()

@@ -1,5 +1,5 @@
-"""The watcher's tracer with no blind window (capture.libscan, capture.tracer_libs, the spool's
-overlap, tracer_events.dedup, the lib_map block): unit tests without root. The end-to-end runs
+"""The watcher's tracer with no blind window (capture.tracer.libscan, capture.tracer.libs, the spool's
+overlap, events.dedup, the lib_map block): unit tests without root. The end-to-end runs
 (a watcher before unknown jobs, a library in a container's mount namespace, init hangs) are in
 tests/lab_runs/test_watch_blind.py."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 
-from capture import libscan, tracer, tracer_events, tracer_spool
+from capture.tracer import events, libscan, program, spool
 
 LAB = ROOT / "tests" / "lab"
 
@@ -41,14 +41,14 @@ def test_scan_finds_host_python_and_layer_copies_once_per_file(tmp_path, labnccl
     shutil.copy(labnccl, layer / "libnccl.so.2")                      # a copy of the same build
     (root / "usr/lib/libnccl.so.2").write_bytes(b"not an ELF")        # no NCCL API: left out
     found = libscan.scan(roots={"host": str(root)}, layers=(str(tmp_path / "layers/*/fs"),), containers=False,
-                         ld_cache=str(tmp_path / "none"), wanted=tracer.NCCL_SYMBOLS)
+                         ld_cache=str(tmp_path / "none"), wanted=program.NCCL_SYMBOLS)
     assert len(found) == 2, found
     # the wheel in a project's hidden virtual environment, as on a GPU host (/opt/torch/.venv)
     venv = root / "opt/torch/.venv/lib/python3.12/site-packages/nvidia/nccl/lib"
     venv.mkdir(parents=True)
     shutil.copy(labnccl, venv / "libnccl.so.2")
     again = libscan.scan(roots={"host": str(root)}, layers=(), containers=False, ld_cache=str(tmp_path / "none"),
-                         wanted=tracer.NCCL_SYMBOLS)
+                         wanted=program.NCCL_SYMBOLS)
     assert str(venv / "libnccl.so.2") in {f.path for f in again}, again
     assert {f.where for f in found} == {"host", "layer"}
     assert {"ncclAllReduce", "ncclCommInitRank"} <= found[0].symbols
@@ -79,7 +79,7 @@ def test_dedup_keeps_a_call_both_programs_saw_once_inside_the_overlap_only():
            _coll(1_003_000, count=8),                                # another call (other count): kept
            _coll(9_000_000), _coll(9_001_000)]                       # outside the window: both kept
     n = [0]
-    out = list(tracer_events.dedup(iter(evs), [(900_000, 2_000_000)], n))
+    out = list(events.dedup(iter(evs), [(900_000, 2_000_000)], n))
     assert n == [1]
     assert [e["t0"] for e in out] == [1_000_000, 1_003_000, 9_000_000, 9_001_000]
     assert out[0]["t1"] == 1_500_000 and out[0]["returned"] is True
@@ -96,7 +96,7 @@ def test_postprocess_reads_the_overlap_mark_and_drops_the_twin(tmp_path):
              '{"ev":"tracer_overlap","t0":1000,"t1":9000}']
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "events.jsonl"
-    summ = tracer_events.postprocess(raw, out, 1 << 20)
+    summ = events.postprocess(raw, out, 1 << 20)
     assert summ["overlap_duplicates"] == 1
     assert summ["by_type"].get("comm_init") == 1
 
@@ -114,18 +114,18 @@ def test_the_old_programs_end_inside_the_overlap_does_not_end_the_span(tmp_path)
              '{"ev":"host_wait","kind":32,"t0":15000,"pid":5,"tid":7,"obj":"0x1"}',
              '{"ev":"tracer_end","t":20000}']
     (raw / "seg-000000.txt").write_text("\n".join(lines) + "\n")
-    summ = tracer_events.postprocess(raw, tmp_path / "events.jsonl", 1 << 20)
+    summ = events.postprocess(raw, tmp_path / "events.jsonl", 1 << 20)
     assert summ["span_monotonic_ns"] == [100, 20000]
     # no end mark after it (the bundle cut while the program runs): its last event ends it
     (raw / "seg-000000.txt").write_text("\n".join(lines[:-1]) + "\n")
-    assert tracer_events.postprocess(raw, tmp_path / "e2.jsonl", 1 << 20)["span_monotonic_ns"] == [100, 15000]
+    assert events.postprocess(raw, tmp_path / "e2.jsonl", 1 << 20)["span_monotonic_ns"] == [100, 15000]
 
 
 def test_spool_overlap_reads_both_programs_until_the_old_one_ends(tmp_path):
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
     old, new = os.fdopen(r1, "rb"), os.fdopen(r2, "rb")
-    sp = tracer_spool.Spool(old, tmp_path / "raw", 1 << 20, poll_s=0.02).start()
+    sp = spool.Spool(old, tmp_path / "raw", 1 << 20, poll_s=0.02).start()
     os.write(w1, b'{"ev":"tracer_start","t":1,"tracer_pid":1}\n')
     assert sp.ready.wait(5)
     sp.overlap(new)
@@ -142,36 +142,36 @@ def test_spool_overlap_reads_both_programs_until_the_old_one_ends(tmp_path):
     os.write(w2, b"new-line\n")
     os.close(w2)
     assert sp.join(5)
-    text = b"".join(p.read_bytes() for p in tracer_spool.raw_files(tmp_path / "raw"))
+    text = b"".join(p.read_bytes() for p in spool.raw_files(tmp_path / "raw"))
     assert b"old-late" in text and b"new-line" in text and text.count(b"tracer_start") == 2
 
 
 def test_lib_map_block_needs_ring_btf_and_no_pid_and_holds_only_when_asked(labnccl):
-    feats = tracer.KernelFeatures(tracepoints={"syscalls/sys_enter_mmap": ""}, btf=True, cpus=2)
-    t = tracer.TraceTargets()
-    t.nccl[str(labnccl)] = set(tracer.NCCL_SYMBOLS)
+    feats = program.KernelFeatures(tracepoints={"syscalls/sys_enter_mmap": ""}, btf=True, cpus=2)
+    t = program.TraceTargets()
+    t.nccl[str(labnccl)] = set(program.NCCL_SYMBOLS)
     t.stop_lib, t.capture_pid = "/lib/libc.so.6", 1
     t.known_inodes = {12345}
-    script, blocks = tracer.render_script(t, feats, ring=64)
+    script, blocks = program.render_script(t, feats, ring=64)
     assert "lib_map" in blocks and "@known[(uint64)12345] = 1;" in script and "$h = 0;" in script
     assert 'signal("SIGSTOP")' not in script     # bpftrace refuses signal() without --unsafe, reached or not
     t.hold, t.hold_cgroup = True, "/sys/fs/cgroup/unified/x"
-    script, _ = tracer.render_script(t, feats, ring=64)
+    script, _ = program.render_script(t, feats, ring=64)
     assert '$h = (cgroup == cgroupid("/sys/fs/cgroup/unified/x") ? 1 : 0);' in script and 'signal("SIGSTOP")' in script
-    assert "lib_map" not in tracer.render_script(t, feats, ring=0)[1]           # a capture: not there
-    assert "lib_map" not in tracer.render_script(t, tracer.KernelFeatures(btf=False), ring=64)[1]
+    assert "lib_map" not in program.render_script(t, feats, ring=0)[1]           # a capture: not there
+    assert "lib_map" not in program.render_script(t, program.KernelFeatures(btf=False), ring=64)[1]
     t.want_pids = [1]
-    assert "lib_map" not in tracer.render_script(t, feats, ring=64)[1]           # --pid: only those
+    assert "lib_map" not in program.render_script(t, feats, ring=64)[1]           # --pid: only those
 
 
 def test_hold_setting():
-    assert tracer.hold_setting({}) == (False, None)
-    assert tracer.hold_setting({"STALLSCOPE_HOLD": "on"}) == (True, None)
-    assert tracer.hold_setting({"STALLSCOPE_HOLD": "/sys/fs/cgroup/unified/t"}) == (True, "/sys/fs/cgroup/unified/t")
+    assert program.hold_setting({}) == (False, None)
+    assert program.hold_setting({"STALLSCOPE_HOLD": "on"}) == (True, None)
+    assert program.hold_setting({"STALLSCOPE_HOLD": "/sys/fs/cgroup/unified/t"}) == (True, "/sys/fs/cgroup/unified/t")
 
 
 def test_init_watch_reports_an_init_that_never_returns_once():
-    from capture.init_watch import InitWatch
+    from capture.watch.init_hang import InitWatch
     w = InitWatch()
     me = os.getpid()
     w.feed([{"ev": "comm_init", "fn": "ncclCommInitRank", "t0": 1_000, "pid": me, "tid": 1, "rank": 0, "nranks": 2},
@@ -189,7 +189,7 @@ def test_init_watch_reports_an_init_that_never_returns_once():
 def test_blocked_in_socket_sees_a_thread_waiting_in_accept(tmp_path):
     import socket
     import threading
-    from capture.init_watch import blocked_in_socket
+    from capture.watch.init_hang import blocked_in_socket
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
@@ -212,14 +212,14 @@ def test_the_watchers_program_without_the_hold_passes_bpftrace_in_safe_mode(labn
     from conftest import require_root, require_tool
     require_root()
     require_tool("bpftrace")
-    feats = tracer.KernelFeatures.probe()
+    feats = program.KernelFeatures.probe()
     if "syscalls/sys_enter_mmap" not in feats.tracepoints or not feats.btf:
         pytest.skip("the lib_map block needs the sys_enter_mmap tracepoint and kernel BTF")
-    t = tracer.TraceTargets()
-    t.nccl[str(labnccl)] = set(tracer.NCCL_SYMBOLS)
+    t = program.TraceTargets()
+    t.nccl[str(labnccl)] = set(program.NCCL_SYMBOLS)
     t.stop_lib, t.capture_pid = "/lib/x86_64-linux-gnu/libc.so.6", os.getpid()
     t.resolve() if hasattr(t, "resolve") else None
-    script, blocks = tracer.render_script(t, feats, ring=64)
+    script, blocks = program.render_script(t, feats, ring=64)
     assert "lib_map" in blocks
     path = tmp_path / "watch.bt"
     path.write_text(script)
@@ -232,7 +232,7 @@ def test_a_library_traced_before_its_process_brings_its_cuda_runtime(labnccl, tm
     or the PyPI wheels' nvidia/cuda_runtime/lib): the host waits after a launch are what the
     hang trigger reads. Without them a job from a path the watcher had never seen hung with no
     bundle (tests/lab_runs/test_watch_unknown.py)."""
-    from capture.tracer_libs import add_cudart_beside, cudart_beside
+    from capture.tracer.libs import add_cudart_beside, cudart_beside
     cudart = labnccl.parent / "libcudart.so.12"
     beside = tmp_path / "beside"
     beside.mkdir()
@@ -244,10 +244,10 @@ def test_a_library_traced_before_its_process_brings_its_cuda_runtime(labnccl, tm
     (wheel / "cuda_runtime" / "lib").mkdir(parents=True)
     shutil.copy(labnccl, wheel / "nccl" / "lib" / "libnccl.so.2")
     shutil.copy(cudart, wheel / "cuda_runtime" / "lib" / "libcudart.so.12")
-    t = tracer.TraceTargets()
+    t = program.TraceTargets()
     add_cudart_beside(t, str(wheel / "nccl" / "lib" / "libnccl.so.2"))
     assert list(t.cudart) == [str(wheel / "cuda_runtime" / "lib" / "libcudart.so.12")]
-    assert t.cudart[str(wheel / "cuda_runtime" / "lib" / "libcudart.so.12")] <= set(tracer.CUDART_SYMBOLS)
+    assert t.cudart[str(wheel / "cuda_runtime" / "lib" / "libcudart.so.12")] <= set(program.CUDART_SYMBOLS)
     add_cudart_beside(t, str(wheel / "nccl" / "lib" / "libnccl.so.2"))        # once, however often asked
     assert len(t.cudart) == 1
     lonely = tmp_path / "lonely"
@@ -260,12 +260,12 @@ def test_a_collective_marks_its_process_traced_for_its_host_waits(labnccl):
     """The host-wait probes count only traced processes; a program started after a job's
     communicator init (a restart, a late capture) learns the job's processes from their
     collectives, or it never sees the waits a hang sits in."""
-    t = tracer.TraceTargets()
-    t.nccl[str(labnccl)] = set(tracer.NCCL_SYMBOLS)
-    t.cudart[str(labnccl.parent / "libcudart.so.12")] = set(tracer.CUDART_SYMBOLS)
+    t = program.TraceTargets()
+    t.nccl[str(labnccl)] = set(program.NCCL_SYMBOLS)
+    t.cudart[str(labnccl.parent / "libcudart.so.12")] = set(program.CUDART_SYMBOLS)
     t.fill_addresses()
     for returns in (False, True):
-        script, _ = tracer.render_script(t, tracer.KernelFeatures(), call_returns=returns, ring=64)
+        script, _ = program.render_script(t, program.KernelFeatures(), call_returns=returns, ring=64)
         blocks = [b.strip() for b in re.split(r"\n\s*\n", script)]
         colls = [b for b in blocks if "ncclAllReduce" in b or "$c = (uint64)" in b and "@opc[$c]" in b]
         assert colls and all("@traced[(uint64)pid] = 1;" in b for b in colls if "@opc[$c] = $n + 1" in b)

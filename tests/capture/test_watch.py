@@ -26,7 +26,8 @@ from capture_helpers import send_last_datagrams, udp_payloads_in_bundle, wait_fo
 from conftest import ROOT, require_root, require_tool
 from test_capture import _rec
 
-from capture import monitors, tracer, tracer_events, tracer_spool, triggers
+from capture.watch import monitors, triggers
+from capture.tracer import events, program, spool
 
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
@@ -287,20 +288,20 @@ def test_log_watch_reports_new_warn_and_watchdog_lines_only(tmp_path):
 def test_spool_ring_drops_old_segments_and_compacts_the_kept_lines(tmp_path):
     r, w = os.pipe()
     raw = tmp_path / "raw"
-    sp = tracer_spool.Spool(os.fdopen(r, "rb"), raw, max_bytes=1 << 20, max_age_s=8.0)
+    sp = spool.Spool(os.fdopen(r, "rb"), raw, max_bytes=1 << 20, max_age_s=8.0)
     sp._append(b'{"ev":"comm_init","t0":1,"pid":5}\n' + b"@e0[7, 1]: (0, 5, 1, 1, 0, 0, 0, 0, 0, 0, 0)\n")
     old = sp._segments[0]
     os.utime(old, (time.time() - 60, time.time() - 60))       # a minute old: out of the ring
     sp._seg_opened -= 2                                         # past max_age_s / 8: a new segment
     sp._append(b"@e0[7, 2]: (0, 5, 1, 2, 0, 0, 0, 0, 0, 0, 0)\n")
     assert not old.exists() and len(sp._segments) == 1
-    keep = (raw / tracer_spool.KEEP_FILE).read_bytes()
+    keep = (raw / spool.KEEP_FILE).read_bytes()
     assert b"comm_init" in keep and b"@e0" not in keep         # the rare line kept, the hot one gone
     assert sp.dropped_lines == 1
     # a long watch: old TCP events of the kept lines go, what joins later events stays
-    (raw / tracer_spool.KEEP_FILE).write_bytes(keep + b'{"ev":"tcp_retransmit_skb","t":3}\n' * 5000)
+    (raw / spool.KEEP_FILE).write_bytes(keep + b'{"ev":"tcp_retransmit_skb","t":3}\n' * 5000)
     sp._drop_aged()
-    kept = (raw / tracer_spool.KEEP_FILE).read_bytes()
+    kept = (raw / spool.KEEP_FILE).read_bytes()
     assert b"tcp_retransmit_skb" not in kept and b"comm_init" in kept
     os.close(w)
 
@@ -310,7 +311,7 @@ def test_spool_follows_a_restarted_tracer_into_the_same_segments(tmp_path):
     spool: the same segments, one stream; the new program's start mark makes it ready again."""
     raw = tmp_path / "raw"
     r1, w1 = os.pipe()
-    sp = tracer_spool.Spool(os.fdopen(r1, "rb"), raw, max_bytes=1 << 20, poll_s=0.01).start()
+    sp = spool.Spool(os.fdopen(r1, "rb"), raw, max_bytes=1 << 20, poll_s=0.01).start()
     os.write(w1, b'{"ev":"tracer_start","t":100,"tracer_pid":1}\n{"ev":"ring_dump","t":150,"slots":4}\n'
                  b'{"ev":"tracer_end","t":200}\n')
     os.close(w1)
@@ -321,12 +322,12 @@ def test_spool_follows_a_restarted_tracer_into_the_same_segments(tmp_path):
     os.write(w2, b'{"ev":"tracer_start","t":300,"tracer_pid":2}\n{"ev":"tracer_end","t":400}\n')
     os.close(w2)
     assert sp.join(5) and sp.ready.is_set() and sp.ended.is_set()
-    text = b"".join(p.read_bytes() for p in tracer_spool.raw_files(raw))
+    text = b"".join(p.read_bytes() for p in spool.raw_files(raw))
     assert text.count(b"tracer_start") == 2 and text.index(b'"t":100') < text.index(b'"t":300')
     assert sp.lines == 5
     # the events it becomes cover both programs: from the first start to the last one's end
     out = tmp_path / "events.jsonl"
-    summ = tracer_events.postprocess(raw, out, 1 << 20)
+    summ = events.postprocess(raw, out, 1 << 20)
     assert summ["span_monotonic_ns"] == [100, 400], summ.get("span_monotonic_ns")
 
 
@@ -573,12 +574,12 @@ def test_threads_that_end_together_are_all_forgotten(tmp_path):
     pids = [p.pid for p in procs]
     # one that stays: its thread's state is printed throughout (the tracer did not just stop)
     stays = subprocess.Popen([str(exe), str(lib), "1", "stay"], stdin=subprocess.PIPE)
-    t = tracer.TraceTargets(nccl={str(lib): {"ncclAllReduce"}}, want_pids=pids + [stays.pid],
+    t = program.TraceTargets(nccl={str(lib): {"ncclAllReduce"}}, want_pids=pids + [stays.pid],
                             traced_pids=pids + [stays.pid],
-                            stop_lib=tracer.own_libc(), capture_pid=os.getpid())
+                            stop_lib=program.own_libc(), capture_pid=os.getpid())
     t.fill_addresses()
-    feats = tracer.KernelFeatures.probe()
-    script, blocks = tracer.render_script(t, feats, call_returns=False, flush_ms=1000, ring=4096)
+    feats = program.KernelFeatures.probe()
+    script, blocks = program.render_script(t, feats, call_returns=False, flush_ms=1000, ring=4096)
     assert "thread_exit" in blocks and f"% {feats.cpus};" in script
     (tmp_path / "gen.bt").write_text(script)
     out = tmp_path / "bt.out"

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from capture import incident, monitors, watch
-from capture.triggers import Trigger
+from capture.watch import incident, monitors, watcher
+from capture.watch.triggers import Trigger
 from forensics.findings import stall
 from forensics.findings.base import Context, Finding
 
@@ -49,8 +49,8 @@ def ranks():
         p.wait()
 
 
-def _watcher(raw: Path, ranks, hang_after_s=None) -> watch.Watcher:
-    w = watch.Watcher.__new__(watch.Watcher)          # its trigger logic alone: no capture behind it
+def _watcher(raw: Path, ranks, hang_after_s=None) -> watcher.Watcher:
+    w = watcher.Watcher.__new__(watcher.Watcher)          # its trigger logic alone: no capture behind it
     w.o = SimpleNamespace(hang_after_s=hang_after_s)
     w.monitor = monitors.RingMonitor(raw, call_returns=False)
     w.s = SimpleNamespace(procs={p.pid: _Info(r) for r, p in enumerate(ranks)})
@@ -77,7 +77,7 @@ def _checkpoint_lines(ranks) -> list[str]:
             _op(12, 0, c, last_t0=1 * S), _op(12, 1, c, t0=1 * S + 5000)]
 
 
-def _trigger(w: watch.Watcher, now_ns: int):
+def _trigger(w: watcher.Watcher, now_ns: int):
     stuck = w.monitor.stuck(now_ns, w.hang_after_ns(now_ns))
     trig = Trigger("hang", "test", 1_000 * S + now_ns, now_ns, pids=[s["pid"] for s in stuck], source="tracer")
     return trig, stuck

@@ -203,7 +203,7 @@ def test_the_packages_exist_in_debian_12():
 def test_the_copied_files_exist_and_run_the_capture_with_the_standard_library_alone(tmp_path):
     """Every COPY source exists (context: the repository root); a folder holding only them
     runs ``python3 -m capture`` with no site-packages (-S) and no PYTHONPATH (-E), imports
-    the whole capture package, and the tracer finds its bpftrace template."""
+    every module of the capture package (its subpackages' too), and the tracer finds its bpftrace template."""
     instr = _instructions(CONTAINERFILE.read_text())
     copies = [a.split() for w, a in instr if w == "COPY"]
     assert copies, "the Containerfile copies nothing"
@@ -220,10 +220,11 @@ def test_the_copied_files_exist_and_run_the_capture_with_the_standard_library_al
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "--watch" in p.stdout, p.stderr
     code = ("import sys, pkgutil, importlib, capture\n"
-            "mods = [m.name for m in pkgutil.iter_modules(capture.__path__) if m.name != '__main__']\n"
-            "for m in mods: importlib.import_module('capture.' + m)\n"
-            "from capture import tracer\n"
-            "assert tracer.TEMPLATE.exists(), tracer.TEMPLATE\n"
+            "mods = [m.name for m in pkgutil.walk_packages(capture.__path__, 'capture.')\n"
+            "        if not m.name.endswith('__main__')]\n"
+            "for m in mods: importlib.import_module(m)\n"
+            "from capture.tracer import program\n"
+            "assert program.TEMPLATE.exists(), program.TEMPLATE\n"
             "assert not [n for n in sys.modules if n.split('.')[0] in ('forensics', 'pandas', 'numpy', 'yaml')]\n"
             "print(len(mods))\n")
     p = subprocess.run([sys.executable, "-E", "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True,

@@ -1,4 +1,4 @@
-"""forensics.bundle: safe unpacking of untrusted archives, partly broken bundles, clock maps.
+"""forensics.inputs.bundle: safe unpacking of untrusted archives, partly broken bundles, clock maps.
 
 Malicious archives are crafted here with tarfile; each must be refused with one
 ``InputError`` line and leave nothing outside the (removed) unpack folder.
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import FIXTURES
-from forensics.bundle import Bundle, ClockMap, ClockSample, unpack_archive
+from forensics.inputs.bundle import Bundle, ClockMap, ClockSample, unpack_archive
 from forensics.errors import InputError
 
 BUNDLES = FIXTURES / "bundles"

@@ -117,12 +117,12 @@ def _rows(name: str, data: bytes, work: Workdir) -> int:
         except StallscopeError:
             return 0
     if name == "bpf_events":
-        from forensics.bundle import Bundle
+        from forensics.inputs.bundle import Bundle
         from fuzz.targets import MINIMAL_MANIFEST, _folder_bundle
         with Bundle.open(_folder_bundle(work, MINIMAL_MANIFEST, data)) as b:
             return len(b.read_bpf_events())
     if name == "manifest":
-        from forensics.bundle import parse_manifest
+        from forensics.inputs.bundle import parse_manifest
         try:
             raw = json.loads(data)
         except (ValueError, RecursionError):
@@ -156,7 +156,7 @@ def test_huge_pickle_memo_indices_are_refused_before_unpickling():
 
 @pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("bpf_events_model/*")), ids=lambda p: p.name)
 def test_corrupt_events_are_skipped_with_a_problem_line(path, tmp_path):
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     from fuzz.targets import MINIMAL_MANIFEST, _folder_bundle
     with Bundle.open(_folder_bundle(Workdir(tmp_path), MINIMAL_MANIFEST, path.read_bytes())) as b:
         events = b.read_bpf_events()

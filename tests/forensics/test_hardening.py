@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES, ROOT
-from forensics.bundle import Bundle
+from forensics.inputs.bundle import Bundle
 from forensics.cli import Env, main
 from forensics.errors import InputError
 from shipped import BUNDLES, shipped

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import FIXTURES
-from forensics.archive import Budget
+from forensics.inputs.archive import Budget
 from forensics.errors import InputError
-from forensics.intake import gather
+from forensics.inputs.intake import gather
 from shipped import shipped
 from test_hardening import cli, time_limit
 
@@ -204,7 +204,7 @@ def test_budget_parsing_and_bad_value():
 def test_loose_files_split_over_jobs_give_the_same_analysis(tmp_path, monkeypatch):
     """--jobs 2 reads the loose files in two shares (two processes); merged back, the tables
     and findings equal one process's."""
-    import forensics.intake as intake_mod
+    import forensics.inputs.intake as intake_mod
     from forensics.analysis import analyze
     from forensics.execution import Execution
     monkeypatch.setattr(intake_mod, "SPLIT_MIN_BYTES", 0)

@@ -214,7 +214,7 @@ MINIMAL_MANIFEST = json.dumps({
 
 
 def check_bpf_events(data: bytes, work: Workdir) -> None:
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     root = _folder_bundle(work, MINIMAL_MANIFEST, data)
     with Bundle.open(root) as b:
         ev = b.read_bpf_events()
@@ -234,7 +234,7 @@ def check_bpf_events_model(data: bytes, work: Workdir) -> None:
 
 
 def check_manifest(data: bytes, work: Workdir) -> None:
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     ev = b'{"ev":"tracer_start","t":11000000000000}\n{"ev":"coll","t":11000000001000}\n'
     root = _folder_bundle(work, data, ev)
     with Bundle.open(root) as b:
@@ -248,7 +248,7 @@ def check_manifest(data: bytes, work: Workdir) -> None:
 
 def check_archive(data: bytes, work: Workdir) -> None:
     """A damaged bundle archive: unpacked (or refused) without leaving anything behind."""
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     arc = work.file("stallscope-fuzz-20260101T000000Z.tar.gz", data)
     unpack = work.path / "unpack"
     unpack.mkdir(exist_ok=True)
@@ -268,8 +268,8 @@ def check_archive(data: bytes, work: Workdir) -> None:
 def check_loose_archive(data: bytes, work: Workdir) -> None:
     """A damaged archive of loose evidence: sorted out by the intake (what it cannot unpack is
     a note, an archive that yields nothing a one-line error), nothing left behind once closed."""
-    from forensics.intake import gather
-    from forensics.archive import Budget
+    from forensics.inputs.intake import gather
+    from forensics.inputs.archive import Budget
     unpack = work.path / "loose"
     unpack.mkdir(exist_ok=True)
     arc = work.file("logs.tar.gz" if data[:2] == b"\x1f\x8b" else "logs.zip", data)

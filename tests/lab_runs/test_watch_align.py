@@ -27,7 +27,7 @@ import pytest
 from capture_helpers import bundle_manifest
 from conftest import ROOT, require_root, require_tool
 
-from capture.watch import RING_SLACK_S
+from capture.watch.watcher import RING_SLACK_S
 
 pytestmark = pytest.mark.skipif(os.environ.get("STALLSCOPE_WATCH_ALIGN") != "1",
                                 reason="minutes of lab jobs under a watcher: make watch-align")

@@ -26,7 +26,7 @@ import pytest
 from capture_helpers import bundle_manifest, wait_for
 from conftest import ROOT, require_root, require_tool
 
-from capture.watch import RING_SLACK_S
+from capture.watch.watcher import RING_SLACK_S
 from tests.lab.verdicts import names_link
 
 PY = sys.executable

@@ -23,7 +23,7 @@ from conftest import ROOT, run_python
 from forensics.analysis import analyze
 from forensics.execution import Execution, choice, on_dask
 from forensics.execution.reader_pool import ReaderPool
-from forensics.bundle import Bundle
+from forensics.inputs.bundle import Bundle
 from forensics.cli import Env, main
 from forensics.model import build_model, hosts
 from forensics.report import figures, html

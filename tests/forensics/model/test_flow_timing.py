@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from forensics.bundle import Bundle
+from forensics.inputs.bundle import Bundle
 from forensics.model import build_model
 from forensics.model.schema import SCHEMAS
 from forensics.model.hosts import scan_pcaps

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from forensics.analysis import analyze
-from forensics.bundle import Bundle
+from forensics.inputs.bundle import Bundle
 from shipped import SCENARIOS, shipped
 
 needs_bundles = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles (tests/lab/make_bundles.sh)")

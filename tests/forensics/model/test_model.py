@@ -224,7 +224,7 @@ def _shift_pcap(path: Path, shift_ns: int) -> None:
 def test_two_hosts_skew_estimated_from_common_segments(tmp_path):
     """The loss bundle split into two 'hosts' (ranks 0-1 / 2-3), the second's pcaps 3 ms ahead."""
     import shutil
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     with Bundle.open(shipped("loss"), workdir=tmp_path) as b:
         a, c = tmp_path / "stallscope-hosta-20260101T000000Z", tmp_path / "stallscope-hostb-20260101T000000Z"
         shutil.copytree(b.root, a)
@@ -268,7 +268,7 @@ def test_two_hosts_skew_estimated_from_common_segments(tmp_path):
 @needs_bundles
 def test_ib_counter_deltas_when_the_bundle_has_ib(tmp_path):
     import shutil
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     with Bundle.open(shipped("clean"), workdir=tmp_path) as b:
         folder = tmp_path / "stallscope-ibhost-20260101T000000Z"
         shutil.copytree(b.root, folder)
@@ -287,7 +287,7 @@ def test_an_empty_pcap_is_a_problem_not_silence(tmp_path):
     the model says that rank's packet evidence is missing instead of implying a clean link."""
     import shutil
     import struct
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     with Bundle.open(shipped("loss"), workdir=tmp_path) as b:
         folder = tmp_path / "stallscope-vm-20260101T000000Z"
         shutil.copytree(b.root, folder)

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import FIXTURES
 from forensics.analysis import analyze
-from forensics.bundle import unpack_archive
+from forensics.inputs.bundle import unpack_archive
 from forensics.model import build_model
 from synthetic_bundle import LAB, PARSERS, lab_bundle, lab_pids, make_bundle, process
 
@@ -366,7 +366,7 @@ def test_bundle_without_artifacts_gets_empty_tables(tmp_path):
 def test_profiler_kernel_times_of_the_readme_trace(tmp_path):
     """The example plugin's README trace (not strict JSON: repaired with warnings): its one
     AllReduce ran 8159.232 us on the GPU (KernelCh StopGpuClk - StartGpuClk)."""
-    from forensics.bundle import Bundle
+    from forensics.inputs.bundle import Bundle
     from forensics.model.artifacts import read_artifacts
     from forensics.model.gpu_times import profiler_records
     d = make_bundle(tmp_path, "h", [], {"logs/nccl-profile-h-1.txt":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from forensics.analysis import analyze
-from forensics.bundle import open_bundle
+from forensics.inputs.bundle import open_bundle
 from forensics.model import build_model
 from synthetic_bundle import lab_bundle, lab_pids
 

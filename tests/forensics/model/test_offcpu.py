@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from forensics.bundle import Bundle
+from forensics.inputs.bundle import Bundle
 from forensics.model import build_model
 from forensics.model.offcpu import offcpu_samples
 from forensics.model.schema import SCHEMAS

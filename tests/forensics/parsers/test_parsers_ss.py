@@ -120,7 +120,7 @@ def test_series_rows_reach_the_model_sockets_table_with_phase_series(tmp_path):
     both, phase start for the snapshot (sample_ns NULL), series (sample_ns set) for the blocks."""
     import json
 
-    from forensics.bundle import open_bundle
+    from forensics.inputs.bundle import open_bundle
     from forensics.model import build_model
     root = tmp_path / "stallscope-h-20260101T000000Z"
     (root / "sys" / "host").mkdir(parents=True)

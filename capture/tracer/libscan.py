@@ -34,7 +34,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from .elf import ElfError, exported_functions_cached, sections
+from ..elf import ElfError, exported_functions_cached, sections
 
 SCAN_EVERY_S = 60.0          # the watcher scans again this often
 MAX_FILES = 2000             # candidate paths looked at per scan

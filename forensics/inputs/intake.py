@@ -3,14 +3,14 @@
 An incident often leaves no bundle at all: the job's logs (a Slurm ``slurm-1234.out``, a
 torchrun log folder, every rank's output merged by the launcher), an nccl-tests run, ``ibstat``.
 :func:`gather` takes any mix of paths and returns an :class:`Intake`: the bundles, read as
-before (:class:`forensics.bundle.Bundle`), and the rest as one :class:`LooseSet`, read as a
-pseudo-bundle whose files are typed by content (:mod:`forensics.loose`).
+before (:class:`forensics.inputs.bundle.Bundle`), and the rest as one :class:`LooseSet`, read as a
+pseudo-bundle whose files are typed by content (:mod:`forensics.inputs.loose`).
 
 - A folder holding a bundle's ``manifest.json`` (one stallscope wrote: not another tool's of
   that name), or, given directly, a ``bpf/`` or ``pcap/``, is a bundle; any other folder is walked, links followed and their loops ended.
 - An archive named like a bundle, or whose first members show a bundle's layout, is a bundle;
   any other archive (tar, tar.gz/bz2/xz, zip) or compressed file (gz, bz2, xz) is unpacked
-  under the lenient rules of :func:`forensics.archive.unpack_loose`, into a folder this intake
+  under the lenient rules of :func:`forensics.inputs.archive.unpack_loose`, into a folder this intake
   owns and removes (:meth:`Intake.close`), and its members are walked in turn.
 - A FIFO, device or socket is never opened for reading: given directly it is refused with one
   line (:class:`InputError`), met inside a folder it is listed as not read.
@@ -27,9 +27,9 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..errors import InputError
 from . import archive
 from .layout import bundle_name, find_root
-from .errors import InputError
 
 MAX_LOOSE_FILES = 20_000       # files looked at in the folders given (a home folder given by mistake)
 MAX_NESTING = 3                # archives inside archives
@@ -55,7 +55,7 @@ class NotRead:
 
 @dataclass(frozen=True)
 class LooseSet:
-    """Loose evidence, read as one pseudo-bundle (:class:`forensics.loose.LooseBundle`).
+    """Loose evidence, read as one pseudo-bundle (:class:`forensics.inputs.loose.LooseBundle`).
     ``part``/``parts``: one of the shares :meth:`Intake.sources` splits it into for ``--jobs``
     (each read by one process, merged again by the model)."""
 

@@ -8,9 +8,9 @@ symbol in a traced library, a tracepoint field of this kernel, kernel BTF, the
 (:func:`hot_macros`): flush (capture) and ring (capture --watch).
 
 The program's output is handled by two other modules, so that nothing competes
-with the job for the CPU while it runs: :mod:`capture.tracer_spool` copies
+with the job for the CPU while it runs: :mod:`capture.tracer.spool` copies
 bpftrace's stdout into raw segment files during the capture, and
-:mod:`capture.tracer_events` turns the raw lines into ``bpf/events.jsonl`` at
+:mod:`capture.tracer.events` turns the raw lines into ``bpf/events.jsonl`` at
 the end.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BPF_DIR = Path(__file__).resolve().parent.parent / "bpf"
+BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"     # capture/tracer/program.py -> the repository's bpf/
 TEMPLATE = BPF_DIR / "nccl.bt"
 TRACEFS = ("/sys/kernel/tracing", "/sys/kernel/debug/tracing")
 
@@ -216,7 +216,7 @@ class TraceTargets:
 
     def fill_addresses(self) -> None:
         """The address of every symbol to attach to, from the libraries' .dynsym."""
-        from .elf import ElfError, exported_functions_cached
+        from ..elf import ElfError, exported_functions_cached
         wanted: dict[str, set[str]] = {}
         for kind in ("NCCL", "CUDART", "CUDA"):
             for path, syms in self.libs(kind).items():

@@ -1,6 +1,6 @@
 """The tracer's events: raw bpftrace lines -> ``bpf/events.jsonl``, at the end of a capture.
 
-:func:`postprocess` reads the spooled lines (:func:`capture.tracer_spool.raw_files`)
+:func:`postprocess` reads the spooled lines (:func:`capture.tracer.spool.raw_files`)
 and writes one JSON event a line, in time order: entry and return merged per
 thread and kind, the communicator's rank, nranks and id joined from its init by
 the comm pointer, TCP states named, the off-CPU samples merged in, the oldest
@@ -20,15 +20,15 @@ import os
 import re
 from pathlib import Path
 
-from .tracer import COLLECTIVES, GROUP, HOST_WAITS
-from .tracer_spool import ATTACHING_RE, Spool, raw_files
+from .program import COLLECTIVES, GROUP, HOST_WAITS
+from .spool import ATTACHING_RE, Spool, raw_files
 
 RET_KIND = 255   # the return record of a call (bpf/nccl.bt)
 TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
               7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
 _LOST_RE = re.compile(rb"Lost (\d+) events")
 _REC_RE = re.compile(rb"^@(e0|e1)\[(\d+), (\d+)\]: \(([-\d, ]+)\)\s*$")
-# the same records, for capture.watch's progress monitor (all of a chunk's in one pass): tid,
+# the same records, for the watcher's progress monitor (capture.watch.monitors) (all of a chunk's in one pass): tid,
 # key, and kind, pid, a, t1 of the tuple (kind, pid, a, b, c, d, e, f, g, t1, rc)
 PROGRESS_RE = re.compile(rb"^@e[01]\[(\d+), (\d+)\]: \((\d+), (\d+), (\d+), -?\d+, -?\d+, -?\d+, -?\d+, "
                          rb"-?\d+, -?\d+, (\d+), -?\d+\)[ \t\r]*$", re.M)
@@ -47,7 +47,7 @@ OPEN_KINDS = {"comm_init": "init", "comm_destroy": "destroy"}   # JSON entry eve
 HOT_KINDS = ("coll", "host_wait", "group", "offcpu")   # events of the hot path (already normal, droppable)
 DROPPABLE = tuple(f'{{"ev":"{k}"'.encode() for k in HOT_KINDS)
 DUP_NS = 50_000         # a restart's overlap: the same call's record from both programs is this close
-OVERLAP_TAG = b'{"ev":"tracer_overlap"'     # capture.tracer_libs: the window two programs both traced
+OVERLAP_TAG = b'{"ev":"tracer_overlap"'     # capture.tracer.libs: the window two programs both traced
 # what may differ between two programs' records of one call: the times, what the new program
 # did not know yet (the communicator's init, its op count), whether the return was seen
 VOLATILE = frozenset({"t", "t0", "t1", "rc", "returned", "op_count", "rank", "nranks", "comm_id_hash",

@@ -1,4 +1,4 @@
-"""An incident's bundle, cut from the watcher's rings (``capture.watch``) in two stages. At the
+"""An incident's bundle, cut from the watcher's rings (``capture.watch.watcher``) in two stages. At the
 trigger (:meth:`IncidentWriter.write_first`) the rings' last ``--before`` are copied into the
 incident's own staging folder, the state of the job is taken then (the snapshots of a capture's
 end, native stacks for a hang, Flight Recorder dumps through their pipes, the logs), and the
@@ -20,13 +20,13 @@ import threading
 import time
 from pathlib import Path
 
-from . import bundle_files as bd
-from . import manifest as schema
-from . import tracer_events
-from .options import CaptureFailed
-from .policy import ring_previous
-from .session import clock_sample, utc_span
-from .staging import DISK_FULL, STAGED_MANIFEST, fit_budget, lock_staging, tcpdump_files
+from .. import bundle_files as bd
+from .. import manifest as schema
+from ..options import CaptureFailed
+from ..policy import ring_previous
+from ..session import clock_sample, utc_span
+from ..staging import DISK_FULL, STAGED_MANIFEST, fit_budget, lock_staging, tcpdump_files
+from ..tracer import events
 from .triggers import PENDING, Trigger
 
 RING_DUMP_WAIT_S = 10.0              # the completion waits this long for the tracer's ring dump to be spooled
@@ -304,7 +304,7 @@ class IncidentWriter:
         if raw.is_dir():
             extra = [raw / n for n in ("offcpu.1.jsonl", "offcpu.jsonl") if (raw / n).exists()]
             try:
-                summ = tracer_events.postprocess(raw, dest / "bpf" / "events.jsonl", s.budget.tracer, extra=extra,
+                summ = events.postprocess(raw, dest / "bpf" / "events.jsonl", s.budget.tracer, extra=extra,
                                                  call_returns=self.o.call_returns)
                 kept = dest / ".raw"                 # hidden (not archived): the completion merges it
                 shutil.rmtree(kept, ignore_errors=True)

@@ -31,7 +31,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from .errors import InputError
+from ..errors import InputError
 
 MAX_MEMBER_BYTES = 8 << 30       # one file inside a bundle (pcaps are capped by --max-bytes anyway)
 MAX_TOTAL_BYTES = 32 << 30       # everything unpacked from one archive

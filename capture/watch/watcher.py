@@ -9,14 +9,14 @@ collector table (``capture.collectors.RING``), in a hidden staging folder in the
 with no end. The :class:`Watcher` is its hooks: each 0.2 s tick of the loop it checks its
 triggers:
 
-- **hang**: ``capture.monitors.RingMonitor`` reads the calls' state the tracer prints every second (its
+- **hang**: ``capture.watch.monitors.RingMonitor`` reads the calls' state the tracer prints every second (its
   records stay in a ring in the kernel, printed at a trigger and at the cut: bpf/README.md,
   "Ring mode"; ``ProgressMonitor`` reads every record where the ring cannot be used); a process
   with a collective in flight (an NCCL collective entered since its last returned host wait,
   and a call of it still open: the collective or the synchronize after it) and nothing
   returned for ``--hang-after`` (default: the larger of 10 s and 10x the slowest collective
   completed in the last 5 minutes on this host);
-- **log**: ``capture.monitors.LogWatch`` tails the job's NCCL_DEBUG_FILE logs and stdout/stderr files for
+- **log**: ``capture.watch.monitors.LogWatch`` tails the job's NCCL_DEBUG_FILE logs and stdout/stderr files for
   ``NCCL WARN`` lines and PyTorch watchdog timeouts;
 - **on demand**: SIGUSR1, ``stallscope capture --trigger`` or the trigger file
   (``--trigger-file``, default ``<output>/stallscope.trigger``).
@@ -25,7 +25,7 @@ The packet ring runs on trouble (``--pcap-ring on-trouble``, the default;
 ``capture.collectors.packet_ring``).
 
 An incident starts at its first trigger, and its bundle is written in two stages
-(``capture.incident``): at once, the rings' last ``--before`` and the state of the job then
+(``capture.watch.incident``): at once, the rings' last ``--before`` and the state of the job then
 (the snapshots of a capture's end, native stacks for a hang, Flight Recorder dumps through
 their pipes, the logs), a complete bundle with ``"trigger"`` and ``"watch"`` in its manifest;
 ``--after`` later, the same archive completed with what followed (every file of the first
@@ -50,16 +50,17 @@ import signal
 import time
 from pathlib import Path
 
-from . import bundle_files as bd
-from . import procs, tracer
-from .collectors import RING
+from .. import bundle_files as bd
+from .. import procs
+from ..collectors import RING
+from ..options import CaptureResult, CaptureUsageError
+from ..policy import RingPolicy
+from ..runner import Capture
+from ..staging import lock_staging
+from ..tracer import program
 from .incident import IncidentWriter
-from .init_watch import InitWatch
+from .init_hang import InitWatch
 from .monitors import LogWatch, ProgressMonitor, QuietJobs, RingMonitor
-from .options import CaptureResult, CaptureUsageError
-from .policy import RingPolicy
-from .runner import Capture
-from .staging import lock_staging
 from .triggers import PENDING, TRIGGER_NAME, Trigger, registry_dir
 
 HANG_AFTER_FLOOR_S = 10.0
@@ -452,7 +453,7 @@ class Watcher:
 
     # ---------------------------------------------------------------- the incident's bundle
     def cut(self) -> None:
-        """Complete the open incident's bundle (``capture.incident``; its first stage first, if
+        """Complete the open incident's bundle (``capture.watch.incident``; its first stage first, if
         the watcher stops before it was written)."""
         inc, self.incident = self.incident, None
         self.last_incident_pids = list(inc["first"].pids or [])
@@ -499,7 +500,7 @@ class Watcher:
             return None
         mon.poll()
         before = mon.ring_dumps
-        tracer.trigger_dump()
+        program.trigger_dump()
         return before
 
     def wait_dump(self, before: int | None, wait_s: float) -> bool:

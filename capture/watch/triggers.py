@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import manifest as schema
+from .. import manifest as schema
 
 PENDING = ".incident-pending"        # in the ring's staging folder while an incident's data are only there
 TRIGGER_NAME = "stallscope.trigger"

@@ -1,7 +1,7 @@
 """The watcher's init-hang trigger: ranks stuck in a communicator's init, before any collective.
 
 A job that never finishes initialization makes no collective, so the hang trigger (a
-collective in flight, ``capture.monitors``) never sees it. Two signs, each for ``--hang-after``
+collective in flight, ``capture.watch.monitors``) never sees it. Two signs, each for ``--hang-after``
 (its floor, ``HANG_AFTER_FLOOR_S``, by default: a large job's init takes that long legitimately):
 
 - **traced**: an ``ncclCommInitRank``/``ncclCommInitRankConfig`` entered and not returned, or an

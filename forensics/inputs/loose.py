@@ -1,7 +1,7 @@
 """Loose evidence read as a bundle: the job's logs, nccl-tests output, ``ibstat``, captures.
 
-:class:`LooseBundle` is a :class:`forensics.bundle.Bundle` with no layout: no manifest, no
-tracer, no ``sys/`` snapshots; its files (:class:`forensics.intake.LooseSet`) are typed by
+:class:`LooseBundle` is a :class:`forensics.inputs.bundle.Bundle` with no layout: no manifest, no
+tracer, no ``sys/`` snapshots; its files (:class:`forensics.inputs.intake.LooseSet`) are typed by
 content alone (:func:`forensics.model.artifacts.read_artifacts`), packet captures among them by
 their magic. The per-host stage reads it like any bundle, so loose evidence gets the same
 tables, findings, outputs and ``--jobs`` as bundles do. Its ``host`` is a label, not a host: the
@@ -28,7 +28,7 @@ ABSENT = {
 
 def is_pcap(path: str | Path) -> bool:
     """Whether the file starts with a magic number the capture reader knows (pcap, pcapng)."""
-    from .pcap.reader import FORMATS
+    from ..pcap.reader import FORMATS
     try:
         with open(path, "rb") as fh:
             head = fh.read(4)
@@ -137,7 +137,7 @@ def merge(parts: list) -> list:
 def nothing_read(parts: list) -> None:
     """Raise InputError (one line) when the inputs held no bundle and no loose file any parser
     read: there is nothing to analyze, and the user should hear why at once."""
-    from .errors import InputError
+    from ..errors import InputError
     if any(not isinstance(p.bundle, LooseBundle) for p in parts):
         return
     loose = [p.bundle for p in parts]

@@ -3,7 +3,7 @@
 A bundle is a ``stallscope-<host>-<UTC>.tar.gz`` (or that archive unpacked into a
 folder) holding ``manifest.json`` and the collectors' files (see DESIGN.md). It is
 untrusted input: it may come from a broken node, a truncated copy, or someone else.
-An archive is unpacked by :func:`forensics.archive.unpack_archive`, never with
+An archive is unpacked by :func:`forensics.inputs.archive.unpack_archive`, never with
 ``tarfile.extract*``: a link, device, FIFO or sparse member, a name that climbs out, a
 member or a total over its cap (decompression bombs) refuse the whole archive with one
 line (``InputError``), and the partly unpacked folder is removed.
@@ -35,8 +35,8 @@ import numpy as np
 
 from capture import manifest as schema
 
+from ..errors import InputError
 from .archive import MAX_MEMBER_BYTES, MAX_MEMBERS, MAX_TOTAL_BYTES, safe_relpath, unpack_archive
-from .errors import InputError
 from .layout import BUNDLE_NAME_RE, bundle_name, find_root, regular as _regular
 
 SUPPORTED_SCHEMA = schema.SCHEMA_VERSION    # the analyzer reads what this capture writes
@@ -414,7 +414,7 @@ class Bundle:
     """An opened bundle. Use as a context manager (or call :meth:`close`) so the
     temporary folder an archive was unpacked into is removed."""
 
-    loose = None     # the LooseSet a forensics.loose.LooseBundle reads; a capture's bundle has none
+    loose = None     # the LooseSet a forensics.inputs.loose.LooseBundle reads; a capture's bundle has none
 
     def __init__(self, source: Path, root: Path, manifest: Manifest, problems: list[str],
                  tmpdir: Path | None = None):
@@ -643,7 +643,7 @@ class Bundle:
         return ClockMap([ClockSample(first, first + off)])
 
 
-# Field types of bpf/events.jsonl as capture/tracer_events.py writes them. A record whose known
+# Field types of bpf/events.jsonl as capture/tracer/events.py writes them. A record whose known
 # field holds another type (or any int beyond int64, a non-finite float, a nested object)
 # is corrupt: it is skipped with a problem line rather than handed to the model, whose
 # vectorised columns would fail on it.

@@ -1,5 +1,5 @@
 """A bundle's layout on disk, as the analyzer recognises it (standard library only: the command
-line sorts its inputs with it before it imports anything heavy, :mod:`forensics.intake`).
+line sorts its inputs with it before it imports anything heavy, :mod:`forensics.inputs.intake`).
 
 A bundle is ``stallscope-<host>-<YYYYmmddTHHMMSSZ>[.tar.gz]``: a folder (or that folder
 archived) holding ``manifest.json`` and the collectors' folders (``bpf/``, ``pcap/``, ``logs/``,

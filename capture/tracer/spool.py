@@ -6,7 +6,7 @@ chunks a few times a second and parsing nothing, so that it takes no CPU per
 event from the job. When the raw data outgrow the tracer's byte share the oldest
 segment goes, its rare lines kept (``keep.txt``); in ring mode (capture --watch)
 segments also age out. :func:`raw_files` lists what was spooled in stream
-order: the input of :func:`capture.tracer_events.postprocess`.
+order: the input of :func:`capture.tracer.events.postprocess`.
 """
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ from pathlib import Path
 HOT_TAGS = (b"@e0[", b"@e1[", b"@op[", b"@rg[")
 RING_DUMP_TAG = b'{"ev":"ring_dump"'    # a dump's end: goes with its records
 LIB_MAP_TAG = b'{"ev":"lib_map"'        # a process mapped a libnccl the program does not trace
-# communicator inits entered and returned (capture.init_watch: a rank stuck in its init)
+# communicator inits entered and returned (capture.watch.init_hang: a rank stuck in its init)
 INIT_TAGS = (b'{"ev":"comm_init"', b'{"ev":"ret","k":"init"', b'{"ev":"split_enter"')
 KEEP_FILE = "keep.txt"                     # rare lines of dropped segments
 PIPE_BYTES = 1 << 20                       # bpftrace's stdout pipe, enlarged so that rare reads suffice
-# bpftrace's line that says how many probes it attached (read here and by capture.tracer_events)
+# bpftrace's line that says how many probes it attached (read here and by capture.tracer.events)
 ATTACHING_RE = re.compile(rb"Attaching (\d+) probe")
 
 
@@ -82,7 +82,7 @@ class Spool:
         self._old: list[list] = []
         self._lock = threading.Lock()
         self.lib_maps: list[dict] = []    # ring mode: the lib_map events read (bpf/nccl.bt), taken by the tracer
-        self.inits: list[dict] = []       # comm_init / init return / split_enter events, taken by init_watch
+        self.inits: list[dict] = []       # comm_init / init return / split_enter events, taken by watch.init_hang
         self._nonblocking()
 
     def overlap(self, stream) -> "Spool":

@@ -1,4 +1,4 @@
-"""What the watcher (``capture.watch``) watches for a hang without stopping anything: the calls'
+"""What the watcher (``capture.watch.watcher``) watches for a hang without stopping anything: the calls'
 state the tracer prints (:class:`ProgressMonitor`, :class:`RingMonitor`) and the job's own logs
 (:class:`LogWatch`). Each is polled from the watcher's loop and keeps bounded state.
 
@@ -21,7 +21,7 @@ MAX_TROUBLE = 1000                   # kept between two polls
 
 # --------------------------------------------------------------------------- the hang trigger
 class ProgressMonitor:
-    """The tracer's raw lines (capture.tracer_spool.Spool's segments), read as they are spooled, into
+    """The tracer's raw lines (capture.tracer.spool.Spool's segments), read as they are spooled, into
     what each traced process is doing: its open calls, its last return, and whether a
     collective is in flight (one entered after the last host wait that returned). Times are
     the tracer's CLOCK_MONOTONIC ns. bpftrace prints a flush's records unsorted: each poll's
@@ -48,7 +48,7 @@ class ProgressMonitor:
         self.trouble: list[dict] = []                              # TCP trouble events since take_trouble
 
     def scan(self, data: bytes) -> list[tuple[bytes, ...]]:
-        from .tracer_events import PROGRESS_RE
+        from ..tracer.events import PROGRESS_RE
         return PROGRESS_RE.findall(data)
 
     def poll(self) -> int:
@@ -95,7 +95,7 @@ class ProgressMonitor:
         """A poll's records (tid, key, kind, pid, slot a, t1 of bpf/nccl.bt's tuple, as bytes),
         in time order: the key (an entry's t0, a return record's t1), as bpftrace prints a flush
         unsorted. A return read before its entry waits in ``early`` for it."""
-        from .tracer_events import RET_KIND
+        from ..tracer.events import RET_KIND
         recs = sorted((int(k), t, kd, pid, a, t1) for t, k, kd, pid, a, t1 in found)
         lc, lr, opn, early = self.last_coll, self.last_return, self.open, self.early
         returns = self.call_returns
@@ -218,7 +218,7 @@ class RingMonitor(ProgressMonitor):
         self.asked: dict[tuple[int, int], tuple[bool | None, int]] = {}   # (tid, t0) -> (inside?, when)
 
     def scan(self, data: bytes) -> list[tuple[bytes, ...]]:
-        from .tracer_spool import RING_DUMP_TAG
+        from ..tracer.spool import RING_DUMP_TAG
         self.ring_dumps += data.count(RING_DUMP_TAG)
         return STATE_RE.findall(data)
 
@@ -318,7 +318,7 @@ class QuietJobs:
     def feed(self, latest: dict[int, tuple[int, bytes]], pids: set[int]) -> None:
         """Read the samples not read yet (``latest``: netns inode -> (CLOCK_MONOTONIC ns, ss
         text)) for the processes ``pids``."""
-        from .procs import parse_ss_tinp
+        from ..procs import parse_ss_tinp
         for inode, (t, text) in list(latest.items()):
             if self.seen.get(inode) == t:
                 continue

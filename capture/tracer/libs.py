@@ -2,22 +2,22 @@
 the ones it learns of when a process maps them, and restarts with overlap.
 
 - **Ahead of time** (:class:`AheadOfTime`): at start and every ``libscan.SCAN_EVERY_S`` the
-  host's libnccl files (``capture.libscan``: the linker cache, library folders, Python
+  host's libnccl files (``capture.tracer.libscan``: the linker cache, library folders, Python
   environments, image layers, running containers' roots) join the program's targets, at most
-  ``tracer.MAX_NCCL_LIBS`` files in all (those processes map first; the rest in the order
+  ``program.MAX_NCCL_LIBS`` files in all (those processes map first; the rest in the order
   ``libscan.choose`` gives, the others listed in the record's ``libraries_left_out``: a
   process that maps one is traced when it maps it). A uprobe is per file: a job that maps a
   file traced already is traced from its first call, with no restart.
 - **At its mapping**: the program's ``lib_map`` block (bpf/nccl.bt) prints a line when a
   process maps a libnccl whose inode it does not trace; the spool hands it over
   (``Spool.lib_maps``) and the tracer restarts at once, not at the next scan. With
-  ``STALLSCOPE_HOLD`` on (``tracer.hold_setting``) the process is stopped in the kernel at that
-  mmap and resumed here once the new program is attached (or after ``tracer.HOLD_MAX_S``).
+  ``STALLSCOPE_HOLD`` on (``program.hold_setting``) the process is stopped in the kernel at that
+  mmap and resumed here once the new program is attached (or after ``program.HOLD_MAX_S``).
 - **Overlap** (:func:`overlap_restart`): the new program starts while the old one runs; once it
   is attached the old one's ring is printed and it is stopped. The records both programs made
-  during the overlap are kept once (``capture.tracer_events``: the window is a
+  during the overlap are kept once (``capture.tracer.events``: the window is a
   ``tracer_overlap`` line in the spool; the key is the thread, the record's kind, process and
-  fields, and entry times within ``tracer_events.DUP_NS``).
+  fields, and entry times within ``events.DUP_NS``).
 
 Standard library only.
 """
@@ -29,8 +29,9 @@ import signal
 import threading
 import time
 
-from . import children, libscan, procs, tracer
-from .libversion import nccl_version
+from .. import children, procs
+from ..libversion import nccl_version
+from . import libscan, program
 
 OLD_STOP_S = 30.0       # the longest wait for the old program to end after the overlap
 
@@ -56,15 +57,15 @@ def cudart_beside(nccl_path: str) -> list[str]:
     return out
 
 
-def add_cudart_beside(targets: tracer.TraceTargets, nccl_path: str) -> None:
+def add_cudart_beside(targets: program.TraceTargets, nccl_path: str) -> None:
     """``cudart_beside(nccl_path)``'s files that export CUDA runtime calls the tracer knows join
     ``targets.cudart`` (a file already there, by any path, is left as it is)."""
-    from .elf import ElfError, exported_functions_cached
+    from ..elf import ElfError, exported_functions_cached
     for real in cudart_beside(nccl_path):
         if any(os.path.exists(k) and os.path.samefile(real, k) for k in targets.cudart):
             continue
         try:
-            syms = set(exported_functions_cached(real)) & set(tracer.CUDART_SYMBOLS)
+            syms = set(exported_functions_cached(real)) & set(program.CUDART_SYMBOLS)
         except (OSError, ElfError):
             continue
         if syms:
@@ -79,7 +80,7 @@ class AheadOfTime:
     def __init__(self, session):
         self.s = session
         self.enabled = bool(getattr(session.policy, "tracer_ring", False)) and not session.o.pids
-        self.hold, self.hold_cgroup = tracer.hold_setting()
+        self.hold, self.hold_cgroup = program.hold_setting()
         self.found: list[libscan.FoundLib] | None = None
         self.mapped: dict[tuple, str] = {}       # (dev, inode) -> host path: seen at a process's mmap
         self.held: dict[int, float] = {}          # pid -> monotonic s by which it is resumed anyway
@@ -98,9 +99,9 @@ class AheadOfTime:
 
     # -------------------------------------------------------------- the program's targets
     def scan(self) -> list[libscan.FoundLib]:
-        return libscan.scan(wanted=tracer.NCCL_SYMBOLS)
+        return libscan.scan(wanted=program.NCCL_SYMBOLS)
 
-    def add_targets(self, targets: tracer.TraceTargets, covered: dict, versions: dict) -> None:
+    def add_targets(self, targets: program.TraceTargets, covered: dict, versions: dict) -> None:
         """The files found ahead of time and at their mapping join ``targets`` (and ``covered``,
         by (dev, inode)) up to MAX_NCCL_LIBS files; the inodes traced, the hold."""
         if not self.enabled:
@@ -118,7 +119,7 @@ class AheadOfTime:
         limit = max_libs()
         inos = {k[1] for k in covered}
         held = {i for i, p in self.held_inos.items() if os.path.isdir(f"/proc/{p}")}
-        seen = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(tracer.NCCL_SYMBOLS))
+        seen = [libscan.FoundLib(path=p, key=k, where="mapped", symbols=set(program.NCCL_SYMBOLS))
                 for k, p in self.mapped.items() if k[1] not in inos]
         first = [f for f in seen if f.key[1] in held][:limit]       # a held process waits for these
         self.bound(targets, covered, limit - len(first))
@@ -131,7 +132,7 @@ class AheadOfTime:
             if f.key in covered:
                 continue
             covered[f.key] = f.path
-            targets.nccl.setdefault(f.path, set()).update(f.symbols or set(tracer.NCCL_SYMBOLS))
+            targets.nccl.setdefault(f.path, set()).update(f.symbols or set(program.NCCL_SYMBOLS))
             add_cudart_beside(targets, f.path)
             v = nccl_version(f.path)
             if v:
@@ -145,7 +146,7 @@ class AheadOfTime:
                 pass
         targets.hold, targets.hold_cgroup = self.hold, self.hold_cgroup
 
-    def bound(self, targets: tracer.TraceTargets, covered: dict, limit: int) -> None:
+    def bound(self, targets: program.TraceTargets, covered: dict, limit: int) -> None:
         """At most ``limit`` libraries of the followed processes: --nccl-lib's, those a held
         process waits for, those the running program traces (a running job stays traced), then
         those of the newest processes;
@@ -178,7 +179,7 @@ class AheadOfTime:
             self.declined.add(key)
             self.left_out.append(path)
 
-    def rendered(self, targets: tracer.TraceTargets, ring: int) -> None:
+    def rendered(self, targets: program.TraceTargets, ring: int) -> None:
         self.ring = ring
         if self.enabled:
             self.s.record("tracer", libraries_ahead=sorted(f.path for f in self.found or []),
@@ -244,7 +245,7 @@ class AheadOfTime:
 
     def _covered(self, pid: int, tracing) -> bool:
         try:
-            libs, _ = procs.mapped_libs(pid, tracer.NCCL_SYMBOLS)
+            libs, _ = procs.mapped_libs(pid, program.NCCL_SYMBOLS)
         except OSError:
             return True
         return all(tracing.covers(lib) for lib in libs.get("nccl", []))
@@ -282,20 +283,20 @@ class AheadOfTime:
 
 
 def hold_max_s() -> float:
-    """tracer.HOLD_MAX_S, or ``STALLSCOPE_HOLD_MAX_S``."""
+    """program.HOLD_MAX_S, or ``STALLSCOPE_HOLD_MAX_S``."""
     try:
-        return max(1.0, float(os.environ.get("STALLSCOPE_HOLD_MAX_S", tracer.HOLD_MAX_S)))
+        return max(1.0, float(os.environ.get("STALLSCOPE_HOLD_MAX_S", program.HOLD_MAX_S)))
     except ValueError:
-        return tracer.HOLD_MAX_S
+        return program.HOLD_MAX_S
 
 
 def max_libs() -> int:
-    """How many NCCL library files one program traces: tracer.MAX_NCCL_LIBS, or
+    """How many NCCL library files one program traces: program.MAX_NCCL_LIBS, or
     ``STALLSCOPE_MAX_NCCL_LIBS`` (a shared test machine whose other jobs should not fill it)."""
     try:
-        return max(1, int(os.environ.get("STALLSCOPE_MAX_NCCL_LIBS", tracer.MAX_NCCL_LIBS)))
+        return max(1, int(os.environ.get("STALLSCOPE_MAX_NCCL_LIBS", program.MAX_NCCL_LIBS)))
     except ValueError:
-        return tracer.MAX_NCCL_LIBS
+        return program.MAX_NCCL_LIBS
 
 
 def _mapped_path(pid: int, ino: int) -> str | None:
@@ -345,7 +346,7 @@ class Handover(threading.Thread):
     def run(self) -> None:
         tr = self.tracing
         s, spool, new = tr.s, tr.spool, tr.proc
-        deadline = time.monotonic() + s.o.ready_timeout_s + 0.5 * tracer.MAX_NCCL_LIBS * 41
+        deadline = time.monotonic() + s.o.ready_timeout_s + 0.5 * program.MAX_NCCL_LIBS * 41
         while time.monotonic() < deadline and not spool.ready.is_set() and new.poll() is None \
                 and not s.stop_evt.is_set():
             time.sleep(0.05)
@@ -360,7 +361,7 @@ class Handover(threading.Thread):
             return
         self.attached.set()
         dumps = spool.ring_dumps
-        tracer.trigger_dump()                        # the old ring's records (and the new one's, kept once)
+        program.trigger_dump()                        # the old ring's records (and the new one's, kept once)
         end = time.monotonic() + 5.0
         while spool.ring_dumps < dumps + 2 and time.monotonic() < end and self.old.poll() is None:
             time.sleep(0.05)

@@ -1,4 +1,4 @@
-"""The text normalizer (forensics/parsers/normalize.py): each repair on small real-looking
+"""The text normalizer (forensics/parsers/normalize/): each repair on small real-looking
 pastes, the fast path on clean text, and the property that damage a paste does (a hard wrap at
 any width from 60 to 200, the whole log joined onto one line, a Markdown quote, docker's JSON
 log lines) leaves the facts the parsers read unchanged, over every sample of the log corpora."""

@@ -1,0 +1,239 @@
+"""Lines hard-wrapped by a terminal, a renderer or a mail client, joined again (:class:`HardWrap`)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .lineheads import LOG_START_RE, SEPARATOR_RE, TAGS, all_heads
+from .repair import Repair
+
+MIN_WIDTH, MAX_WIDTH = 60, 200  # the hard-wrap widths recognised
+
+
+def _lines(data: bytes):
+    """(start, end, char length, trailing blanks) of every line, from numpy over the bytes."""
+    arr = np.frombuffer(data, np.uint8)
+    nl = np.flatnonzero(arr == 10)
+    starts = np.concatenate(([0], nl + 1))
+    ends = np.concatenate((nl, [len(arr)]))
+    if len(data) and data.endswith(b"\n"):
+        starts, ends = starts[:-1], ends[:-1]
+    cont = np.concatenate(([0], np.cumsum((arr & 0xC0) == 0x80, dtype=np.int64)))
+    chars = (ends - starts) - (cont[ends] - cont[starts])
+    # trailing blanks: the last non-blank byte of each line, found from a cumulative index
+    nb = np.where((arr != 32) & (arr != 9), np.arange(len(arr)), -1)
+    last_nb = np.maximum.accumulate(nb) if len(nb) else nb
+    lastc = (np.where(ends > starts, last_nb[np.maximum(ends - 1, 0)], -1) if len(arr)
+             else np.full(len(ends), -1, dtype=np.int64))       # no bytes: one empty line
+    trail = np.where(lastc >= starts, ends - 1 - lastc, ends - starts)
+    return starts, ends, chars, trail
+
+
+@dataclass(frozen=True)
+class _Wrap:
+    width: int
+    joins: np.ndarray        # line indexes joined onto the next one
+    space: np.ndarray        # of those, the ones whose padding stood for one blank
+    indent: int              # blanks the continuation lines start with (removed)
+    padded: bool             # lines padded with blanks to the width (removed)
+    words: bool = False      # a word wrap (:func:`_word_wrap`): each join a blank, every indent removed
+
+
+_HEAD_AT_RE: re.Pattern | None = None
+_NAME_COLON_RE = re.compile(rb"[\w.-]+: ")     # ``srun: error``, ``ncclInvalidUsage: ...``
+# a line of its own after a lone long one: a traceback's source line (an assignment, a call, a
+# return), or any line after a whole frame header (its source line, whatever it holds)
+_SOURCE_RE = re.compile(rb"(?:return|raise|await|yield|del|assert) |[A-Za-z_][\w.]*(?:\[[^\]\n]*\])?(?: ?[-+*/|&]?= |\()")
+_FRAME_END_RE = re.compile(rb'[ \t]*File "[^"\n]+", line \d+, in [\w<>.]+[ \t]*$')
+_EXCEPTION_RE = re.compile(rb"[ \t]*[\w.]*(?:Error|Exception)\b")     # an exception's message line
+_DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _begins_like_log(data: bytes, at: int) -> bool:
+    """Whether the line starting at offset ``at`` begins like a log line: a line head of
+    :data:`LOG_START_RE`, a separator, or (after blanks and launcher tags) any line head the
+    glued-line split knows (:func:`all_heads`)."""
+    return bool(LOG_START_RE.match(data, at) or SEPARATOR_RE.match(data, at) or _head_at().match(data, at))
+
+
+def _head_at() -> re.Pattern:
+    """A line head of :class:`GluedLines` (with its launcher tags) at a line's start."""
+    global _HEAD_AT_RE
+    if _HEAD_AT_RE is None:
+        _HEAD_AT_RE = re.compile(rb"[ \t]*(?P<chain>" + TAGS + rb")(?:" + all_heads() + rb")")
+    return _HEAD_AT_RE
+
+
+def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True) -> bool:
+    """Whether line ``i + 1`` reads as the continuation of line ``i``: it does not begin like a
+    log line, and the two do not begin alike, digits aside (a list of like lines: paths,
+    counters, numbered devices, table rows)."""
+    s, t = int(starts[i]), int(starts[i + 1])
+    if SEPARATOR_RE.match(data, s) or LOG_START_RE.match(data, t) or SEPARATOR_RE.match(data, t) \
+            or heads and _begins_like_log(data, t):
+        return False
+    a = data[s:s + 6].translate(_DIGITS_AS_0)
+    return not (len(a) == 6 and data[t:t + 6].translate(_DIGITS_AS_0) == a)
+
+
+def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
+    """The hard wrap of ``data``, or None: see :class:`HardWrap`. ``limit``: at most that many
+    candidate lines are looked at (the sniff: its cost stays bounded)."""
+    if not data:
+        return None
+    nl = np.flatnonzero(np.frombuffer(data, np.uint8) == 10)
+    if len(nl) < 2 or int(np.diff(nl, prepend=-1).max()) - 1 < MIN_WIDTH and len(data) - 1 - int(nl[-1]) < MIN_WIDTH:
+        return None              # no line as long as the narrowest width (bytes >= characters)
+    starts, ends, chars, trail = _lines(data)
+    n = len(starts)
+    if n < 3:
+        return None
+    blank = trail == (ends - starts)
+    nonblank = ~blank
+    if nonblank.sum() < 3:
+        return None
+    W = int(chars[nonblank].max())
+    if not MIN_WIDTH <= W <= MAX_WIDTH:
+        return None
+    padded = bool((chars[nonblank] == W).mean() > 0.6 and (trail[nonblank] > 0).mean() > 0.3)
+    followed = np.zeros(n, bool)
+    followed[:-1] = nonblank[1:]
+    edge = nonblank & followed & (chars == W)        # reaching the width: cut there, or not
+    if padded:
+        edge &= trail <= 1                           # the text itself reaches the edge
+        soft = np.zeros(n, bool)
+    else:
+        # wrapped at a blank (``fold -s``): the line keeps its blank, nearly the width long
+        soft = nonblank & followed & (trail > 0) & (chars >= W - 24) & (chars < W)
+    cand = np.flatnonzero(edge | soft)
+    if limit is not None:
+        cand = cand[:limit]
+    if not len(cand):
+        return None
+
+    def verdict(ok):
+        e, s = edge[cand], soft[cand]
+        he, hc, se, sc = int(e.sum()), int((e & ok).sum()), int(s.sum()), int((s & ok).sum())
+        # most lines reaching the width go on in the next line: the lines of a log that merely
+        # share the longest length (one format, many lines) are followed by log lines as often
+        hard_ok = hc >= 2 and hc >= 0.75 * he
+        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
+        lone = he == hc == 1 and sc == 0
+        return e, s, hard_ok, soft_ok, lone
+
+    # the cheap test first (the line heads of LOG_START_RE): the full one only tells fewer
+    # lines apart as continuations, so when the cheap one finds no wrap there is none
+    quick = np.fromiter((_continues(data, starts, i, heads=False) for i in cand.tolist()), bool, len(cand))
+    if not any(verdict(quick)[2:]):
+        return None
+    ok = quick.copy()
+    ok[quick] = [_continues(data, starts, i) for i in cand[quick].tolist()]
+    e, s, hard_ok, soft_ok, lone = verdict(ok)
+    joins = cand[(e | s) & ok] if soft_ok else cand[e & ok]
+    if not (hard_ok or soft_ok):
+        if not lone:
+            return None
+        # one wrap alone: taken only when it cut a line a parser reads mid-word: the line
+        # begins with a line head of GluedLines or an exception's message, no blank on either
+        # side of the cut, and the next line begins like no line a program prints (not a
+        # capital, not ``name: ``, no source line) and follows no whole frame header
+        i = int(cand[e & ok][0])
+        last, nxt = data[ends[i] - 1:ends[i]], data[starts[i + 1]:starts[i + 1] + 1]
+        if not (last.isalnum() and nxt.isalnum() and not nxt.isupper()) \
+                or _NAME_COLON_RE.match(data, int(starts[i + 1])) or _SOURCE_RE.match(data, int(starts[i + 1])) \
+                or _FRAME_END_RE.match(data, int(starts[i]), int(ends[i])) \
+                or not (_head_at().match(data, int(starts[i])) or _EXCEPTION_RE.match(data, int(starts[i]))):
+            return None
+        joins = np.array([i])
+    space = joins[trail[joins] == 1] if padded else np.zeros(0, np.int64)
+    # indented continuations: the indent 7 in 10 of them have at least (a cut at a blank adds it)
+    ji = joins + 1
+    ind = np.array([len(data[s:e]) - len(data[s:e].lstrip(b" \t")) for s, e in
+                    zip(starts[ji[:200]].tolist(), ends[ji[:200]].tolist())])
+    indent = int(np.percentile(ind, 30, method="lower")) if len(ind) else 0
+    return _Wrap(W, joins, space, indent, padded)
+
+
+def _word_wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
+    """A greedy word wrap at blanks whose blank a renderer dropped (no line reaches a fixed width, none
+    ends in a blank): W is the longest line; a line followed by its continuation (:func:`_continues`) was
+    cut when that line, a blank and the next line's first word (20 characters at most: no path, no table
+    cell) exceed W. Declared when three cuts or more make three in four of the lines at least half as long
+    as W followed by a continuation, half of them fall short of W (one format's lines reaching W are no
+    wrap), half the words after them differ (not one format's), and two begin like a log line (no prose)."""
+    starts, ends, chars, trail = _lines(data)
+    nonblank = trail != (ends - starts)
+    W = int(chars[nonblank].max()) if nonblank.sum() >= 3 else 0
+    if not MIN_WIDTH <= W <= MAX_WIDTH or (trail[nonblank] > 0).any():
+        return None
+    pairs = np.flatnonzero(nonblank[:-1] & nonblank[1:] & (chars[:-1] * 2 >= W))[:limit]
+    pairs = [i for i in pairs.tolist() if _continues(data, starts, i)]
+    fw = {i: (data[starts[i + 1]:ends[i + 1]].split() or [b""])[0] for i in pairs}
+    cut = [i for i in pairs if chars[i] + 1 + len(fw[i]) > W and len(fw[i]) <= 20]
+    if len(cut) < 3 or len(cut) < 0.75 * len(pairs) or 2 * (chars[cut] < W).sum() < len(cut) \
+            or 2 * len({fw[i] for i in cut}) < len(cut) or sum(_begins_like_log(data, int(starts[i])) for i in cut) < 2:
+        return None
+    return _Wrap(W, np.asarray(cut, np.int64), np.zeros(0, np.int64), 0, False, True)
+
+
+class HardWrap(Repair):
+    """Lines hard-wrapped at a fixed width (60 to 200 columns) by a terminal, a renderer or a
+    mail client, mid-word or at a blank, the continuation indented or not, every line padded
+    with blanks to the width or not (a GitHub-rendered terminal paste). The width W is the
+    longest line's (no line of a wrapped text is longer). A wrap is declared only when it is
+    plain: at least two lines reach W and three in four of those that do are followed by a
+    line that reads as their continuation: one that does not begin like a log line
+    (:data:`LOG_START_RE`: launcher tags, NCCL's ``host:pid:tid [dev]``, ``[rankN]:``, c10's
+    ``[E1112 ...]``, timestamps, Python tracebacks, nccl-tests rows, torchrun's summary; or
+    any line head of :class:`GluedLines`) and does not begin like the line itself (a list of
+    like lines). A log whose lines merely share the longest length (one format: the lines
+    after them are log lines as often as not) is not wrapped; nor is one long line before a
+    short one, unless the cut fell mid-word in a line that begins with a line head a parser
+    reads (:class:`GluedLines`'s) or with an exception's name, and the next begins with a
+    lower-case word that is no ``name: `` nor a source line (an assignment, a call, a
+    ``return``) and the long line is no whole traceback frame header. ``fold -s`` wraps (lines ending in a blank just
+    short of W) count with those reaching W; four of them make a wrap without any line
+    reaching W (a log's lines seldom end in a blank). A word wrap whose blank went (no fixed
+    width) is told by its cuts instead (:func:`_word_wrap`). Such a line is joined with the next: mid-word
+    with nothing between, at a blank keeping it; a line that begins like a log line is never
+    joined onto the one before. Padding is removed from every line. The sniff
+    looks at no more than 400 candidate lines per sampled window."""
+
+    NAME = "hard_wrap"
+
+    @classmethod
+    def seen(cls, seg: bytes) -> bool:
+        seg = seg.replace(b"\r\n", b"\n")
+        return _wrap(seg, limit=400) is not None or _word_wrap(seg, limit=400) is not None
+
+    @classmethod
+    def apply(cls, data: bytes) -> bytes:
+        w = _wrap(data) or _word_wrap(data)
+        if w is None:
+            return data
+        starts, ends, chars, trail = _lines(data)
+        keep = np.ones(len(data), bool)
+        arr = np.frombuffer(data, np.uint8)
+        if w.padded:   # the padding of every line
+            nb = np.flatnonzero(trail > 0)
+            for s, e in zip((ends[nb] - trail[nb]).tolist(), ends[nb].tolist()):
+                keep[s:e] = False
+            # one blank stands for the space the wrap fell on
+            keep[ends[w.space] - 1] = True
+        j = w.joins
+        keep[ends[j]] = False       # the newline
+        if w.words:                 # a blank for it, the continuation's indent gone
+            arr = arr.copy()
+            arr[ends[j]], keep[ends[j]] = 32, True
+            for p in (ends[j] + 1).tolist():
+                while p < len(arr) and arr[p] in (32, 9):
+                    keep[p], p = False, p + 1
+        if w.indent:
+            for k in range(w.indent):
+                pos = ends[j] + 1 + k
+                ok = (pos < len(arr))
+                pos = pos[ok]
+                keep[pos[(arr[pos] == 32) | (arr[pos] == 9)]] = False
+        return arr[keep].tobytes()

@@ -9,7 +9,8 @@ import re
 from ..heads import CODE_MARKERS, NCCL_DEBUG_MARKERS, NCCL_TESTS_MARKERS, TORCH_ELASTIC_MARKERS
 
 # a line that begins like a log line (never joined onto the one before): launcher tags
-# (lines.PREFIXES), NCCL's host:pid:tid [dev], c10/glog, timestamps, tracebacks, nccl-tests rows
+# (lines.PREFIXES), NCCL's host:pid:tid [dev], c10/glog, timestamps, tracebacks, nccl-tests rows,
+# a stack frame's ``at`` (a function and its ``(``, a path or a file:line after it: not prose's "at")
 MON = rb"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 ISO = rb"\d{4}-\d\d-\d\d[T _]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d|\s?UTC)?"
 CTIME = rb"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + MON + rb" [ \d]\d \d\d:\d\d:\d\d \d{4}"
@@ -25,7 +26,7 @@ LOG_START_RE = re.compile(
     rb"|[\w.]*(?:Error|Exception|Interrupt|Warning)(?::|[ \t]*$)|frame #\d+:|Exception raised from|terminate called"
     rb"|[ \t]*what\(\):|(?:INFO|WARNING|WARN|ERROR|DEBUG|CRITICAL|FATAL)\b|\[(?:INFO|WARNING|ERROR|DEBUG)"
     rb"|#|" + TEST_ROW + rb"|[A-Za-z][\w.-]*\d[\w.-]*: |NCCL (?:[A-Z]{4,5}|version)\b|[ \t]*(?:time|host|rank|exitcode|error_file"
-    rb"|traceback)\s*:|[ \t]*\[\d+\]:|Root Cause|Failures:|Other Failures|[=-]{5,}|[ \t]*at |\S+@\S+:)")
+    rb"|traceback)\s*:|[ \t]*\[\d+\]:|Root Cause|Failures:|Other Failures|[=-]{5,}|[ \t]*at (?:[\w$.<>\[\]]+ ?\(|/|\S+:\d)|\S+@\S+:)")
 SEPARATOR_RE = re.compile(rb"(?m)^[ \t]*[=*#~_-]{20,}[ \t]*$")
 
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .lineheads import LOG_START_RE, SEPARATOR_RE, TAGS, all_heads
+from ..lines import strip_tags
+from .lineheads import LOG_START_RE, NCCL_HEAD, SEPARATOR_RE, TAGS, all_heads, nccl_markers
 from .repair import Repair
 
 MIN_WIDTH, MAX_WIDTH = 60, 200  # the hard-wrap widths recognised
@@ -42,6 +43,7 @@ class _Wrap:
 
 
 _HEAD_AT_RE: re.Pattern | None = None
+_HEAD_IN_RE: re.Pattern | None = None
 _NAME_COLON_RE = re.compile(rb"[\w.-]+: ")     # ``srun: error``, ``ncclInvalidUsage: ...``
 # a line of its own after a lone long one: a traceback's source line (an assignment, a call, a
 # return), or any line after a whole frame header (its source line, whatever it holds)
@@ -49,6 +51,12 @@ _SOURCE_RE = re.compile(rb"(?:return|raise|await|yield|del|assert) |[A-Za-z_][\w
 _FRAME_END_RE = re.compile(rb'[ \t]*File "[^"\n]+", line \d+, in [\w<>.]+[ \t]*$')
 _EXCEPTION_RE = re.compile(rb"[ \t]*[\w.]*(?:Error|Exception)\b")     # an exception's message line
 _DIGITS_AS_0 = bytes.maketrans(b"123456789", b"000000000")
+_INDENT_RE = re.compile(rb"[ \t]{0,8}")
+# an NCCL line head with its launcher tags (``host:pid:tid [dev]`` or the pidless ``host [dev]``, a
+# source, the level); ``head``: where it starts after the tags
+_CUT_HEAD_RE = re.compile(rb"[ \t]*" + TAGS + rb"(?P<head>(?:" + NCCL_HEAD + rb"|(?:[A-Za-z](?=[\w.-]*\d)[\w.-]*\w )?"
+                          rb"\[-?\d+\] )(?:\w[\w./-]*:\d+ (?:\(\w+\) )?)?NCCL (?:" + nccl_markers() + rb")\b)")
+_LEVEL_LINE_RE = re.compile(rb"\n[ \t]*NCCL (?:" + nccl_markers() + rb")\b")    # a line that begins with the level
 
 
 def _begins_like_log(data: bytes, at: int) -> bool:
@@ -64,6 +72,15 @@ def _head_at() -> re.Pattern:
     if _HEAD_AT_RE is None:
         _HEAD_AT_RE = re.compile(rb"[ \t]*(?P<chain>" + TAGS + rb")(?:" + all_heads() + rb")")
     return _HEAD_AT_RE
+
+
+def _head_in() -> re.Pattern:
+    """Any line head of :class:`GluedLines`, wherever it stands in a line (after tags a parser
+    skips as a line's context: ``trainer/0 [0]:E0927 ...``)."""
+    global _HEAD_IN_RE
+    if _HEAD_IN_RE is None:
+        _HEAD_IN_RE = re.compile(all_heads())
+    return _HEAD_IN_RE
 
 
 def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True) -> bool:
@@ -105,48 +122,53 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         edge &= trail <= 1                           # the text itself reaches the edge
         soft = np.zeros(n, bool)
     else:
-        # wrapped at a blank (``fold -s``): the line keeps its blank, nearly the width long
-        soft = nonblank & followed & (trail > 0) & (chars >= W - 24) & (chars < W)
+        # wrapped at a blank (``fold -s``): the line keeps its blank, and is nearly the width
+        # long or the next line's first word would not have fit after it
+        soft = nonblank & followed & (trail > 0) & (chars < W) & ((chars >= W - 24) | (chars + _first_words(
+            data, starts, ends) > W))
     cand = np.flatnonzero(edge | soft)
     if limit is not None:
         cand = cand[:limit]
-    if not len(cand):
+    stray = _stray_heads(data, starts, limit)
+    if not len(cand) and not len(stray):
         return None
+    e, s = edge[cand], soft[cand]
 
     def verdict(ok):
-        e, s = edge[cand], soft[cand]
         he, hc, se, sc = int(e.sum()), int((e & ok).sum()), int(s.sum()), int((s & ok).sum())
         # most lines reaching the width go on in the next line: the lines of a log that merely
         # share the longest length (one format, many lines) are followed by log lines as often
         hard_ok = hc >= 2 and hc >= 0.75 * he
         soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
-        lone = he == hc == 1 and sc == 0
-        return e, s, hard_ok, soft_ok, lone
+        # too few for a count, no line reaching W that goes on as a log line: each cut proven alone
+        alone = he == hc and bool(ok.any())
+        return hard_ok, soft_ok, alone
 
     # the cheap test first (the line heads of LOG_START_RE): the full one only tells fewer
     # lines apart as continuations, so when the cheap one finds no wrap there is none
-    quick = np.fromiter((_continues(data, starts, i, heads=False) for i in cand.tolist()), bool, len(cand))
-    if not any(verdict(quick)[2:]):
+    cut = np.fromiter((_head_cut(data, starts, i) for i in cand.tolist()), bool, len(cand))
+    quick = cut | np.fromiter((_continues(data, starts, i, heads=False) for i in cand.tolist()), bool, len(cand))
+    if not any(verdict(quick)) and not len(stray):
         return None
     ok = quick.copy()
-    ok[quick] = [_continues(data, starts, i) for i in cand[quick].tolist()]
-    e, s, hard_ok, soft_ok, lone = verdict(ok)
-    joins = cand[(e | s) & ok] if soft_ok else cand[e & ok]
-    if not (hard_ok or soft_ok):
-        if not lone:
-            return None
-        # one wrap alone: taken only when it cut a line a parser reads mid-word: the line
-        # begins with a line head of GluedLines or an exception's message, no blank on either
-        # side of the cut, and the next line begins like no line a program prints (not a
-        # capital, not ``name: ``, no source line) and follows no whole frame header
-        i = int(cand[e & ok][0])
-        last, nxt = data[ends[i] - 1:ends[i]], data[starts[i + 1]:starts[i + 1] + 1]
-        if not (last.isalnum() and nxt.isalnum() and not nxt.isupper()) \
-                or _NAME_COLON_RE.match(data, int(starts[i + 1])) or _SOURCE_RE.match(data, int(starts[i + 1])) \
-                or _FRAME_END_RE.match(data, int(starts[i]), int(ends[i])) \
-                or not (_head_at().match(data, int(starts[i])) or _EXCEPTION_RE.match(data, int(starts[i]))):
-            return None
-        joins = np.array([i])
+    ok[quick & ~cut] = [_continues(data, starts, i) for i in cand[quick & ~cut].tolist()]
+    hard_ok, soft_ok, alone = verdict(ok)
+    if soft_ok:
+        joins = cand[(e | s) & ok]
+    elif hard_ok or alone:
+        # the lines reaching W when they make a wrap, and any other cut that shows on its own
+        # (the rest of a line joined already holds the head of that line)
+        joins = []
+        for i, c, x in zip(cand[ok].tolist(), cut[ok].tolist(), (e & ok)[ok].tolist()):
+            if x and hard_ok or c or _proven(data, starts, ends, chars, trail, i, W, padded,
+                                            bool(joins) and joins[-1] == i - 1):
+                joins.append(i)
+        joins = np.asarray(joins, np.int64)
+    else:
+        joins = np.zeros(0, np.int64)
+    joins = np.union1d(joins, stray).astype(np.int64)
+    if not len(joins):
+        return None
     space = joins[trail[joins] == 1] if padded else np.zeros(0, np.int64)
     # indented continuations: the indent 7 in 10 of them have at least (a cut at a blank adds it)
     ji = joins + 1
@@ -154,6 +176,71 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
                     zip(starts[ji[:200]].tolist(), ends[ji[:200]].tolist())])
     indent = int(np.percentile(ind, 30, method="lower")) if len(ind) else 0
     return _Wrap(W, joins, space, indent, padded)
+
+
+def _first_words(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """For each line, the length in bytes of the next line's first word (0 when that line begins
+    with a blank, and for the last line)."""
+    arr = np.frombuffer(data, np.uint8)
+    bl = np.flatnonzero((arr == 32) | (arr == 9) | (arr == 10))
+    nxt = np.append(starts[1:], len(data))
+    at = np.searchsorted(bl, nxt)
+    stop = np.where(at < len(bl), bl[np.minimum(at, len(bl) - 1)], len(data))
+    nend = np.append(ends[1:], len(data))
+    out = np.minimum(stop, nend) - nxt
+    out[-1] = 0
+    return out
+
+
+def _proven(data: bytes, starts, ends, chars, trail, i: int, W: int, padded: bool, headed: bool) -> bool:
+    """Whether the cut after line ``i`` shows on its own (a wrap too short to count): the line it
+    ends (``headed``: the rest of a line whose cut showed, so holding its head) holds a line head a parser reads
+    (:func:`all_heads`, an NCCL head with or without its pid) or begins with an exception's name
+    (maybe after launcher tags of ``lines.PREFIXES``) and is no whole frame header; the next line,
+    after an indent of two to eight blanks or none, is no ``name: `` nor a source line; and the cut
+    fell mid-word (line ``i`` reaches W, a letter or digit on each side, the next no capital) or at a
+    blank the way ``fold -s`` cuts (line ``i`` ends in one blank, and the next line's first word
+    would not have fit after it)."""
+    s, e, t = int(starts[i]), int(ends[i]), int(starts[i + 1])
+    h = s + len(strip_tags(data[s:e].decode("utf-8", "surrogateescape"))[0].encode("utf-8", "surrogateescape"))
+    if _FRAME_END_RE.match(data, s, e) or not (headed or _EXCEPTION_RE.match(data, s) or _EXCEPTION_RE.match(data, h)
+                                                or _CUT_HEAD_RE.search(data, s, e) or _head_in().search(data, s, e)):
+        return False
+    u = _INDENT_RE.match(data, t).end()
+    if u - t == 1 or _NAME_COLON_RE.match(data, u) or _SOURCE_RE.match(data, u):
+        return False         # one blank: a cut before a blank, as likely as an indent
+    last, nxt = data[e - 1:e], data[u:u + 1]
+    if trail[i] == 0:
+        return chars[i] == W and last.isalnum() and nxt.isalnum() and not nxt.isupper()
+    word = (data[u:int(ends[i + 1])].split(None, 1) or [b""])[0]
+    return not padded and trail[i] == 1 and u == t and int(chars[i]) + len(word) > W
+
+
+def _head_cut(data: bytes, starts, i: int) -> bool:
+    """Whether the cut after line ``i`` fell inside an NCCL line head (:data:`_CUT_HEAD_RE`): line ``i``
+    holds none, but with the next line joined to it (mid-word or at a blank) one starts in line
+    ``i`` and ends in the next. The next line then begins like a log line (``flow:123:456 [0]``,
+    ``[5] socket.cc:46 NCCL WARN``, ``NCCL WARN``) and is still the rest of the one cut."""
+    s, t = int(starts[i]), int(starts[i + 1])
+    line = data[s:t - 1].rstrip(b" \t")
+    rest = data[t:t + 400].split(b"\n", 1)[0].lstrip(b" \t")
+    if not line or b"NCCL " in line and _CUT_HEAD_RE.match(line):
+        return False
+    for j in (line + rest, line + b" " + rest):
+        m = b"NCCL " in j and _CUT_HEAD_RE.match(j)     # the literal first: most lines hold no head
+        if m and m.start("head") < len(line) < m.end():
+            return True
+    return False
+
+
+def _stray_heads(data: bytes, starts: np.ndarray, limit: int | None) -> np.ndarray:
+    """Lines that are an NCCL line head cut before its level (``host:pid:tid [dev] source:line``,
+    nothing after) followed by a line that begins with the level (``NCCL WARN``): NCCL prints no
+    such line, whatever its length (a wrap one short of the width, its line's opening backtick
+    gone). Their indexes."""
+    hits = [m.start() for m in _LEVEL_LINE_RE.finditer(data)][:limit]
+    i = np.searchsorted(starts, np.asarray(hits, np.int64), side="right") - 1
+    return np.asarray([k for k in i.tolist() if k >= 0 and _head_cut(data, starts, k)], np.int64)
 
 
 def _word_wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
@@ -189,17 +276,22 @@ class HardWrap(Repair):
     ``[E1112 ...]``, timestamps, Python tracebacks, nccl-tests rows, torchrun's summary; or
     any line head of :class:`GluedLines`) and does not begin like the line itself (a list of
     like lines). A log whose lines merely share the longest length (one format: the lines
-    after them are log lines as often as not) is not wrapped; nor is one long line before a
-    short one, unless the cut fell mid-word in a line that begins with a line head a parser
-    reads (:class:`GluedLines`'s) or with an exception's name, and the next begins with a
-    lower-case word that is no ``name: `` nor a source line (an assignment, a call, a
-    ``return``) and the long line is no whole traceback frame header. ``fold -s`` wraps (lines ending in a blank just
-    short of W) count with those reaching W; four of them make a wrap without any line
-    reaching W (a log's lines seldom end in a blank). A word wrap whose blank went (no fixed
-    width) is told by its cuts instead (:func:`_word_wrap`). Such a line is joined with the next: mid-word
-    with nothing between, at a blank keeping it; a line that begins like a log line is never
-    joined onto the one before. Padding is removed from every line. The sniff
-    looks at no more than 400 candidate lines per sampled window."""
+    after them are log lines as often as not) is not wrapped. ``fold -s`` wraps (lines ending
+    in a blank just short of W, or before a word that would not have fit) count with those
+    reaching W; four of them make a wrap without any line reaching W (a log's lines seldom end
+    in a blank). A wrap too short to count (one line, two) is taken cut by cut when no line
+    reaching W goes on as a log line, each cut proven on its own (:func:`_proven`): in a line
+    that holds a line head a parser reads or an exception's message, mid-word (the rest no
+    capital, maybe indented) or at a blank before a word that would not have fit, the next
+    line no ``name: `` nor a source line (an assignment, a call, a ``return``), the line no
+    whole traceback frame header. A cut inside an NCCL line head (:func:`_head_cut`: the next
+    line, ``flow:123:456 [0] ...`` or ``NCCL WARN ...``, begins like a log line but is the
+    rest of the head) is a continuation too, and a head cut before its level is joined
+    whatever its line's length (:func:`_stray_heads`). A word wrap whose blank went (no fixed
+    width) is told by its cuts instead (:func:`_word_wrap`). Such a line is joined with the
+    next: mid-word with nothing between, at a blank keeping it; the continuations' indent is
+    removed. Padding is removed from every line. The sniff looks at no more than 400
+    candidate lines per sampled window."""
 
     NAME = "hard_wrap"
 

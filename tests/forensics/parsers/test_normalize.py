@@ -126,8 +126,6 @@ def _fold(line: str, w: int, indent: str = "") -> list[str]:
 @pytest.mark.parametrize("w", [60, 97, 120, 200])
 @pytest.mark.parametrize("indent", ["", "  "])
 def test_hard_wrap_mid_word(w, indent):
-    if w == 200 and indent:
-        pytest.skip("one wrap alone, continuation indented: not told from a line and an indented next line")
     lines = [WARN, "some short line", WATCHDOG + " and then " + WARN[25:], "NCCL version 2.18.3+cuda12.1", WARN]
     wrapped = [p for ln in lines for p in _fold(ln, w, indent)]
     assert fixed("\n".join(wrapped) + "\n") == "\n".join(lines) + "\n"
@@ -549,3 +547,83 @@ def test_a_word_wrap_with_no_fixed_width_is_rejoined():
     stack = "".join(f"#{i}  0x00007f0a1749{i:04x} {'frame' * (i + 1)} - /usr/lib/x86_64-linux-gnu/libc.so.6\n"
                     f"    ../sysdeps/unix/sysv/linux/pause_{i}.c:29:10\n" for i in range(8))
     assert normalize(stack.encode()).repairs == ()
+
+
+# ----------------------------------------------------------------------------- cuts proven alone
+
+def test_a_cut_inside_an_nccl_line_head_is_rejoined():
+    """A wrap that falls inside an NCCL line head leaves a continuation that is itself a well-formed
+    head (``flow:202016:202235 [0] ...``, ``[5] socket.cc:46 NCCL WARN``, ``NCCL WARN``): the line
+    before holds no head and the two joined hold one that crosses the cut (corpus 063, 054, 12)."""
+    host = "mt-l-x86iavx512-45-172-t4-4-csmpw-runner-g4sfw-workflow"
+    warn = f"[2026-04-22 21:34:20] {host}:202016:202235 [0] misc/shmutils.cc:88 NCCL WARN Error: failed to extend"
+    text = "\n".join(_fold(warn, 73, "  ") + ["done"]) + "\n"             # cut in the host, indented
+    assert _fold(warn, 73, "  ")[1].startswith("  flow:202016")
+    assert fixed(text).splitlines()[0] == warn
+    pidless = "2025-11-24T03:20:21.001125857Z [2025-11-24 11:20:21] gpu-server320 [5] misc/socket.cc:46 NCCL WARN " \
+              "socketProgressOpt: Call to send to 10.44.137.149<52905> failed : Connection reset by peer"
+    cut = pidless.index("[5]")
+    text = "\n".join([pidless[:cut].ljust(67), pidless[cut:cut + 67].ljust(67), pidless[cut + 67:].ljust(67),
+                      "x".ljust(67)]) + "\n"                                 # padded, cut at the blank before [5]
+    assert fixed(text).splitlines()[0] == pidless
+
+
+def test_an_nccl_head_cut_before_its_level_is_rejoined_whatever_its_length():
+    """``host:pid:tid [dev] source:line`` and nothing after, the next line ``NCCL WARN ...``: NCCL
+    prints no such pair, so it is a cut even one short of the width (a paste's opening backtick
+    gone, corpus 060) or at a blank (``fold -s``, corpus 12)."""
+    line = ("[1,13]<stdout>:nccl-tests-worker-1:35:89 [5] ofi_process_cq:1039 NCCL WARN NET/OFI Request 0x7fbb944701b8 "
+            "completed with error. RC: 20. Error: unknown error. Completed length: 0")
+    text = "`" + "\n".join(_fold(line, 65)) + "`\n"
+    assert fixed(text).splitlines()[0] == line
+    kube = "[pod/trainer-worker-0/pytorch] " + WARN.replace("[3] ", "[3] transport/net_ib.cc:2121 ")
+    soft = _soft(kube, 84)
+    assert soft[1].startswith("NCCL WARN") and fixed("\n".join(soft) + "\n").splitlines()[0] == kube
+
+
+def test_a_lone_mid_word_cut_with_an_indented_continuation_is_rejoined():
+    """One line reaches the width, cut mid-word, the rest indented two blanks (corpus 054, 073,
+    117): rejoined when the line holds a head a parser reads or begins with an exception's name;
+    a next line indented one blank is as likely a cut before a blank, and is left."""
+    exc = "RuntimeError: NCCL error in: /pytorch/torch/lib/c10d/ProcessGroupNCCL.cpp:31, unhandled cuda error, " \
+          "NCCL version 2.7.8"
+    head = "Traceback (most recent call last):\n  File \"x.py\", line 3, in <module>\n"
+    text = head + exc[:106] + "\n  " + exc[106:] + "\n"
+    assert fixed(text).splitlines()[2] == exc
+    assert normalize((head + exc[:106] + "\n " + exc[106:] + "\n").encode()).repairs == ()
+
+
+def test_lone_cuts_at_a_blank_are_rejoined_when_the_next_word_would_not_have_fit():
+    """``fold -s`` leaves two or three lines ending in a blank, too few to count (corpus 122, 034,
+    073): each is a cut on its own when it holds a line head, ends in one blank, and the next line's
+    first word would not have fit after it (even behind a prefix the tags table does not know)."""
+    wd = WATCHDOG.replace("NumelIn=1, NumelOut=1", "NumelIn=8652160, NumelOut=8652160")
+    lines = ["NCCL version 2.26.2 compiled with CUDA 12.4", wd,
+             "trainer/0 [0]:E0927 12:07:22.643702 1012209 ProcessGroupNCCL.cpp:1356] [PG ID 0 PG GUID 0(default_pg) "
+             "Rank 0] ProcessGroupNCCL preparing to dump debug info.", "done"]
+    wrapped = [p for ln in lines for p in _soft(ln, 119)]
+    assert len(wrapped) == 7
+    assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
+    # a line ending in a blank whose next word would have fit is no cut
+    text = "\n".join([wd, "[rank1]:[E1112 10:21:07.284617000 ProcessGroupNCCL.cpp:616] [Rank 1] timed out ", "x y"]) + "\n"
+    assert normalize(text.encode()).repairs == ()
+
+
+def test_short_lines_before_a_word_too_long_for_the_width_are_soft_cuts():
+    """``fold -s`` before a path longer than the rest of the width leaves a short line (``  File ``,
+    ``...: Command ``) (corpus 117): a cut, since the next word would not have fit."""
+    path = '"/public/home/anaconda3/envs/stylegan/lib/python3.6/site-packages/torch/distributed/launch.py"'
+    lines = ["Traceback (most recent call last):"] + [f'  File {path}, line {n}, in main' for n in (193, 85, 253, 249)] + [
+        "subprocess.CalledProcessError: Command '['/public/home/anaconda3/envs/stylegan/bin/python', '-u', "
+        "'train.py', '--local_rank=1']' died with <Signals.SIGSEGV: 11>."]
+    wrapped = [p for ln in lines for p in _soft(ln, 100)]
+    assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
+
+
+def test_prose_at_is_no_stack_frame():
+    """A padded wrap that cuts before `` at work: 812`` (corpus 17): prose's "at" begins no line;
+    a stack frame's ``at fn(``, ``at /path`` does."""
+    from forensics.parsers.normalize.lineheads import LOG_START_RE
+    assert not LOG_START_RE.match(b" at work: 812, last enqueued NCCL work: 812")
+    for frame in (b"\tat org.x.Y.run(Y.java:12)", b"    at Object.<anonymous> (/x/y.js:1:2)", b"      at /rustc/x/lib.rs:5"):
+        assert LOG_START_RE.match(frame), frame

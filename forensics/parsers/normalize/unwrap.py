@@ -86,10 +86,13 @@ def _head_in() -> re.Pattern:
 def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True) -> bool:
     """Whether line ``i + 1`` reads as the continuation of line ``i``: it does not begin like a
     log line, and the two do not begin alike, digits aside (a list of like lines: paths,
-    counters, numbered devices, table rows)."""
+    counters, numbered devices, table rows). A separator line (``-----``) goes on only as a line
+    of its own character alone (the rest of a separator wider than the width)."""
     s, t = int(starts[i]), int(starts[i + 1])
-    if SEPARATOR_RE.match(data, s) or LOG_START_RE.match(data, t) or SEPARATOR_RE.match(data, t) \
-            or heads and _begins_like_log(data, t):
+    if (m := SEPARATOR_RE.match(data, s)):      # a separator goes on only as more of its character
+        c = data[m.start():m.end()].strip()[-1:]
+        return bool(re.match(rb"[ \t]*(?:" + re.escape(c) + rb")+[ \t]*(?:\n|$)", data[t:t + 256]))
+    if LOG_START_RE.match(data, t) or SEPARATOR_RE.match(data, t) or heads and _begins_like_log(data, t):
         return False
     a = data[s:s + 6].translate(_DIGITS_AS_0)
     return not (len(a) == 6 and data[t:t + 6].translate(_DIGITS_AS_0) == a)
@@ -197,21 +200,22 @@ def _proven(data: bytes, starts, ends, chars, trail, i: int, W: int, padded: boo
     ends (``headed``: the rest of a line whose cut showed, so holding its head) holds a line head a parser reads
     (:func:`all_heads`, an NCCL head with or without its pid) or begins with an exception's name
     (maybe after launcher tags of ``lines.PREFIXES``) and is no whole frame header; the next line,
-    after an indent of two to eight blanks or none, is no ``name: `` nor a source line; and the cut
-    fell mid-word (line ``i`` reaches W, a letter or digit on each side, the next no capital) or at a
-    blank the way ``fold -s`` cuts (line ``i`` ends in one blank, and the next line's first word
-    would not have fit after it)."""
+    after an indent of two to eight blanks or none, is no ``name: ``; and the cut fell mid-word (line
+    ``i`` reaches W, a letter or digit on each side, the next no capital and no source line: an
+    assignment, a call, a ``return``) or at a blank the way ``fold -s`` cuts (line ``i`` ends in one
+    blank, and the next line's first word would not have fit after it: ``Timeout(ms)=...`` too)."""
     s, e, t = int(starts[i]), int(ends[i]), int(starts[i + 1])
     h = s + len(strip_tags(data[s:e].decode("utf-8", "surrogateescape"))[0].encode("utf-8", "surrogateescape"))
     if _FRAME_END_RE.match(data, s, e) or not (headed or _EXCEPTION_RE.match(data, s) or _EXCEPTION_RE.match(data, h)
                                                 or _CUT_HEAD_RE.search(data, s, e) or _head_in().search(data, s, e)):
         return False
     u = _INDENT_RE.match(data, t).end()
-    if u - t == 1 or _NAME_COLON_RE.match(data, u) or _SOURCE_RE.match(data, u):
+    if u - t == 1 or _NAME_COLON_RE.match(data, u):
         return False         # one blank: a cut before a blank, as likely as an indent
     last, nxt = data[e - 1:e], data[u:u + 1]
     if trail[i] == 0:
-        return chars[i] == W and last.isalnum() and nxt.isalnum() and not nxt.isupper()
+        return chars[i] == W and last.isalnum() and nxt.isalnum() and not nxt.isupper() \
+            and not _SOURCE_RE.match(data, u)
     word = (data[u:int(ends[i + 1])].split(None, 1) or [b""])[0]
     return not padded and trail[i] == 1 and u == t and int(chars[i]) + len(word) > W
 

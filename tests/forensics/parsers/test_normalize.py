@@ -594,16 +594,24 @@ def test_a_lone_mid_word_cut_with_an_indented_continuation_is_rejoined():
 
 
 def test_lone_cuts_at_a_blank_are_rejoined_when_the_next_word_would_not_have_fit():
-    """``fold -s`` leaves two or three lines ending in a blank, too few to count (corpus 122, 034,
+    """``fold -s`` leaves one or two lines ending in a blank, too few to count (corpus 122, 034,
     073): each is a cut on its own when it holds a line head, ends in one blank, and the next line's
     first word would not have fit after it (even behind a prefix the tags table does not know)."""
-    wd = WATCHDOG.replace("NumelIn=1, NumelOut=1", "NumelIn=8652160, NumelOut=8652160")
-    lines = ["NCCL version 2.26.2 compiled with CUDA 12.4", wd,
-             "trainer/0 [0]:E0927 12:07:22.643702 1012209 ProcessGroupNCCL.cpp:1356] [PG ID 0 PG GUID 0(default_pg) "
-             "Rank 0] ProcessGroupNCCL preparing to dump debug info.", "done"]
-    wrapped = [p for ln in lines for p in _soft(ln, 119)]
-    assert len(wrapped) == 7
-    assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
+    wd = "[rank118]:[E603 17:48:01.005271823 ProcessGroupNCCL.cpp:632] [Rank 118] Watchdog caught collective operation " \
+         "timeout: WorkNCCL(SeqNum=2398459, OpType=ALLREDUCE, NumelIn=8652160, NumelOut=8652160, Timeout(ms)=1800000) " \
+         "ran for 1800068 milliseconds before timing out."
+    fail = "[rank118]:[E603 17:48:01.005538748 ProcessGroupNCCL.cpp:2268] [PG ID 0 PG GUID 0(default_pg) Rank 118]  " \
+           "failure detected by watchdog at work sequence id: 2398459 PG status: last enqueued work: 2398578, last " \
+           "completed work: 2398458"
+    glog = ["trainer/0 [0]:E0927 12:07:22.643702 1012209 ProcessGroupNCCL.cpp:1356] [PG ID 0 PG GUID 0(default_pg) "
+            "Rank 0] ProcessGroupNCCL preparing to dump debug info.",
+            "trainer/0 [0]:I0927 12:07:22.643784 1012209 ProcessGroupNCCL.cpp:392] NCCL_PROFILER_PLUGIN: "
+            "/data/users/x/fbsource/fbcode/scripts/nbahl/libnccl_profiler_plugin.so",
+            "trainer/0 [0]:I0927 12:07:22.643805 1012209 plugin.cpp:559] Profiler start dump"]
+    for lines, w in (([wd, fail], 199), (glog, 119)):
+        wrapped = [p for ln in lines for p in _soft(ln, w)]
+        assert len(wrapped) == len(lines) + 2
+        assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
     # a line ending in a blank whose next word would have fit is no cut
     text = "\n".join([wd, "[rank1]:[E1112 10:21:07.284617000 ProcessGroupNCCL.cpp:616] [Rank 1] timed out ", "x y"]) + "\n"
     assert normalize(text.encode()).repairs == ()
@@ -627,3 +635,14 @@ def test_prose_at_is_no_stack_frame():
     assert not LOG_START_RE.match(b" at work: 812, last enqueued NCCL work: 812")
     for frame in (b"\tat org.x.Y.run(Y.java:12)", b"    at Object.<anonymous> (/x/y.js:1:2)", b"      at /rustc/x/lib.rs:5"):
         assert LOG_START_RE.match(frame), frame
+
+
+def test_a_separator_wider_than_the_width_goes_on_as_its_own_character():
+    """mpirun's 74-dash rules wrapped at 63 (corpus 084, 085): each goes on as a line of dashes
+    alone, a continuation, so the wrap counts them with the message cut beside them; a rule
+    followed by text is no wrap."""
+    lines = ["-" * 74, "mpirun noticed that process rank 3 with PID 1167 on node 10.10.21.2 exited on signal 11 "
+             "(Segmentation fault).", "-" * 74, "3 total processes killed (some possibly by mpirun during cleanup)"]
+    wrapped = [p for ln in lines for p in _fold(ln, 63)]
+    assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
+    assert normalize(("-" * 80 + "\nsome text after it\n" + "x" * 70 + "\nend\n").encode()).repairs == ()

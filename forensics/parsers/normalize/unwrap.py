@@ -83,11 +83,12 @@ def _head_in() -> re.Pattern:
     return _HEAD_IN_RE
 
 
-def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True) -> bool:
+def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True, alike: bool = True) -> bool:
     """Whether line ``i + 1`` reads as the continuation of line ``i``: it does not begin like a
     log line, and the two do not begin alike, digits aside (a list of like lines: paths,
-    counters, numbered devices, table rows). A separator line (``-----``) goes on only as a line
-    of its own character alone (the rest of a separator wider than the width)."""
+    counters, numbered devices, table rows; not asked when ``alike`` is False). A separator line
+    (``-----``) goes on only as a line of its own character alone (the rest of a separator wider
+    than the width)."""
     s, t = int(starts[i]), int(starts[i + 1])
     if (m := SEPARATOR_RE.match(data, s)):      # a separator goes on only as more of its character
         c = data[m.start():m.end()].strip()[-1:]
@@ -95,7 +96,18 @@ def _continues(data: bytes, starts: np.ndarray, i: int, heads: bool = True) -> b
     if LOG_START_RE.match(data, t) or SEPARATOR_RE.match(data, t) or heads and _begins_like_log(data, t):
         return False
     a = data[s:s + 6].translate(_DIGITS_AS_0)
-    return not (len(a) == 6 and data[t:t + 6].translate(_DIGITS_AS_0) == a)
+    return not (alike and len(a) == 6 and data[t:t + 6].translate(_DIGITS_AS_0) == a)
+
+
+def _readmit(data: bytes, starts: np.ndarray, cand: np.ndarray, ok: np.ndarray, heads: bool) -> None:
+    """A candidate that itself continues the line before (``cand[k] - 1`` goes on in it) begins
+    mid-text: its start's likeness to the next line's is chance (``last completed `` before ``NCCL
+    work: 5179.``, the line before ``NCCL work: 5180, ...``). Such candidates refused, asked again
+    without the likeness test, in order (a chain of cuts); ``ok`` updated in place."""
+    where = {c: k for k, c in enumerate(cand.tolist())}
+    for k, c in enumerate(cand.tolist()):
+        if not ok[k] and ok[where.get(c - 1, k)] and c - 1 in where:
+            ok[k] = _continues(data, starts, c, heads=heads, alike=False)
 
 
 def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
@@ -151,10 +163,12 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
     # lines apart as continuations, so when the cheap one finds no wrap there is none
     cut = np.fromiter((_head_cut(data, starts, i) for i in cand.tolist()), bool, len(cand))
     quick = cut | np.fromiter((_continues(data, starts, i, heads=False) for i in cand.tolist()), bool, len(cand))
+    _readmit(data, starts, cand, quick, heads=False)
     if not any(verdict(quick)) and not len(stray):
         return None
     ok = quick.copy()
     ok[quick & ~cut] = [_continues(data, starts, i) for i in cand[quick & ~cut].tolist()]
+    _readmit(data, starts, cand, ok, heads=True)
     hard_ok, soft_ok, alone = verdict(ok)
     if soft_ok:
         joins = cand[(e | s) & ok]
@@ -223,13 +237,16 @@ def _proven(data: bytes, starts, ends, chars, trail, i: int, W: int, padded: boo
 def _head_cut(data: bytes, starts, i: int) -> bool:
     """Whether the cut after line ``i`` fell inside an NCCL line head (:data:`_CUT_HEAD_RE`): line ``i``
     holds none, but with the next line joined to it (mid-word or at a blank) one starts in line
-    ``i`` and ends in the next. The next line then begins like a log line (``flow:123:456 [0]``,
-    ``[5] socket.cc:46 NCCL WARN``, ``NCCL WARN``) and is still the rest of the one cut."""
+    ``i`` and ends in the next; or line ``i`` ends with a head's level (``... NCCL WARN``, no message).
+    The next line then begins like a log line (``flow:123:456 [0]``, ``[5] socket.cc:46 NCCL WARN``,
+    ``NCCL WARN``, ``Error: failed to extend``) and is still the rest of the one cut."""
     s, t = int(starts[i]), int(starts[i + 1])
     line = data[s:t - 1].rstrip(b" \t")
     rest = data[t:t + 400].split(b"\n", 1)[0].lstrip(b" \t")
-    if not line or b"NCCL " in line and _CUT_HEAD_RE.match(line):
+    if not line or not rest:
         return False
+    if b"NCCL " in line and (m := _CUT_HEAD_RE.match(line)):
+        return m.end() == len(line)     # a head and nothing after its level: its message is the next line
     for j in (line + rest, line + b" " + rest):
         m = b"NCCL " in j and _CUT_HEAD_RE.match(j)     # the literal first: most lines hold no head
         if m and m.start("head") < len(line) < m.end():

@@ -646,3 +646,25 @@ def test_a_separator_wider_than_the_width_goes_on_as_its_own_character():
     wrapped = [p for ln in lines for p in _fold(ln, 63)]
     assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
     assert normalize(("-" * 80 + "\nsome text after it\n" + "x" * 70 + "\nend\n").encode()).repairs == ()
+
+
+def test_the_rest_of_a_cut_line_is_not_taken_for_a_list_of_like_lines():
+    """A line that is itself the rest of a cut begins mid-text (``NCCL work: 5180, ...``): that its
+    start is like the next line's (``NCCL work: 5179.``) is chance, not a list (corpus 07 at 63)."""
+    timeout = "[rank2]:[E ProcessGroupNCCL.cpp:1537] [PG 0 Rank 2] Timeout at NCCL work: 5180, last enqueued NCCL " \
+              "work: 5180, last completed NCCL work: 5179."
+    lines = [WATCHDOG.replace("rank1", "rank2"), timeout, "done"]
+    wrapped = [p for ln in lines for p in _fold(ln, 63)]
+    assert wrapped[wrapped.index(next(p for p in wrapped if p.startswith("NCCL work: 5180"))) + 1] == "NCCL work: 5179."
+    assert fixed("\n".join(wrapped) + "\n").splitlines() == lines
+
+
+def test_an_nccl_head_cut_after_its_level_takes_its_message_back():
+    """A wrap right after ``NCCL WARN `` leaves the message alone on the next line, where
+    ``Error: failed ...`` begins like a log line (corpus 31 at 82): NCCL prints no WARN without a
+    message, so the line ending at its level is cut."""
+    lines = ["[2025-06-03 14:22:41] llm-train-worker-1:88:437 [3] misc/shmutils.cc:87 NCCL WARN Error: failed to "
+             "extend /dev/shm/nccl-qW3xTz to 9637892 bytes, error: No space left on device (28)", WATCHDOG, "done"]
+    wrapped = [p for ln in lines for p in _soft(ln, 82)]
+    assert wrapped[1].startswith("Error: failed")
+    assert fixed("\n".join(wrapped) + "\n").splitlines() == lines

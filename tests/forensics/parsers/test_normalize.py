@@ -459,7 +459,8 @@ def test_every_sample_survives_every_transform(sample, transform):
 
 
 @pytest.mark.xfail(strict=False, reason="widths beyond the seeded sweep still find normalizer gaps "
-                   "(e.g. 31-dev-shm-enospc hard-wrapped at 82); a work list, see normalize_gaps.txt")
+                   "(about 1 in 40 sample/width pairs, e.g. 022-glm130b-bold-communicator-aborted hard-wrapped "
+                   "at 127, 057-start-connect-abort-ipv6-ll at 108); a work list, see normalize_gaps.txt")
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(SAMPLES or [None]), st.sampled_from(TRANSFORMS[1:5]), st.integers(60, 200))
 def test_facts_survive_any_wrap_width(sample, transform, w):

@@ -170,6 +170,7 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
     ok[quick & ~cut] = [_continues(data, starts, i) for i in cand[quick & ~cut].tolist()]
     _readmit(data, starts, cand, ok, heads=True)
     hard_ok, soft_ok, alone = verdict(ok)
+    text_blank: set[int] = set()
     if soft_ok:
         joins = cand[(e | s) & ok]
     elif hard_ok or alone:
@@ -177,9 +178,12 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # (the rest of a line joined already holds the head of that line)
         joins = []
         for i, c, x in zip(cand[ok].tolist(), cut[ok].tolist(), (e & ok)[ok].tolist()):
-            if x and hard_ok or c or _proven(data, starts, ends, chars, trail, i, W, padded,
-                                            bool(joins) and joins[-1] == i - 1):
+            if x and hard_ok or c:
                 joins.append(i)
+            elif _proven(data, starts, ends, chars, trail, i, W, padded, bool(joins) and joins[-1] == i - 1):
+                joins.append(i)
+                if _INDENT_RE.match(data, int(starts[i + 1])).end() == starts[i + 1] + 1:
+                    text_blank.add(i)     # a hard cut just before a blank: the blank is the text's
         joins = np.asarray(joins, np.int64)
     else:
         joins = np.zeros(0, np.int64)
@@ -188,7 +192,7 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         return None
     space = joins[trail[joins] == 1] if padded else np.zeros(0, np.int64)
     # indented continuations: the indent 7 in 10 of them have at least (a cut at a blank adds it)
-    ji = joins + 1
+    ji = np.asarray([j for j in joins.tolist() if j not in text_blank], np.int64) + 1
     ind = np.array([len(data[s:e]) - len(data[s:e].lstrip(b" \t")) for s, e in
                     zip(starts[ji[:200]].tolist(), ends[ji[:200]].tolist())])
     indent = int(np.percentile(ind, 30, method="lower")) if len(ind) else 0
@@ -211,21 +215,22 @@ def _first_words(data: bytes, starts: np.ndarray, ends: np.ndarray) -> np.ndarra
 
 def _proven(data: bytes, starts, ends, chars, trail, i: int, W: int, padded: bool, headed: bool) -> bool:
     """Whether the cut after line ``i`` shows on its own (a wrap too short to count): the line it
-    ends (``headed``: the rest of a line whose cut showed, so holding its head) holds a line head a parser reads
-    (:func:`all_heads`, an NCCL head with or without its pid) or begins with an exception's name
-    (maybe after launcher tags of ``lines.PREFIXES``) and is no whole frame header; the next line,
-    after an indent of two to eight blanks or none, is no ``name: ``; and the cut fell mid-word (line
-    ``i`` reaches W, a letter or digit on each side, the next no capital and no source line: an
-    assignment, a call, a ``return``) or at a blank the way ``fold -s`` cuts (line ``i`` ends in one
-    blank, and the next line's first word would not have fit after it: ``Timeout(ms)=...`` too)."""
+    ends (``headed``: the rest of a line whose cut showed, so holding its head) holds a line head a
+    parser reads (:func:`all_heads`, an NCCL head with or without its pid) or begins with an
+    exception's name (maybe after launcher tags of ``lines.PREFIXES``) and is no whole frame header;
+    the next line, after an indent of up to eight blanks (one: the cut fell before a blank), is no
+    ``name: ``; and the cut fell mid-word or before a blank (line ``i`` reaches W, a letter or digit
+    on each side, the next no capital and no source line: an assignment, a call, a ``return``) or
+    at a blank the way ``fold -s`` cuts (line ``i`` ends in one blank, and the next line's first
+    word would not have fit after it: ``Timeout(ms)=...`` too)."""
     s, e, t = int(starts[i]), int(ends[i]), int(starts[i + 1])
     h = s + len(strip_tags(data[s:e].decode("utf-8", "surrogateescape"))[0].encode("utf-8", "surrogateescape"))
     if _FRAME_END_RE.match(data, s, e) or not (headed or _EXCEPTION_RE.match(data, s) or _EXCEPTION_RE.match(data, h)
                                                 or _CUT_HEAD_RE.search(data, s, e) or _head_in().search(data, s, e)):
         return False
     u = _INDENT_RE.match(data, t).end()
-    if u - t == 1 or _NAME_COLON_RE.match(data, u):
-        return False         # one blank: a cut before a blank, as likely as an indent
+    if _NAME_COLON_RE.match(data, u):
+        return False
     last, nxt = data[e - 1:e], data[u:u + 1]
     if trail[i] == 0:
         return chars[i] == W and last.isalnum() and nxt.isalnum() and not nxt.isupper() \

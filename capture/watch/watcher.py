@@ -361,8 +361,11 @@ class Watcher:
                 if pid not in seen or not any(tr.covers(l) for l in info.nccl_libs)}
 
     def check_quiet(self) -> None:
-        """The tracer-free hang trigger (``QuietJobs``) on the processes the tracer does not cover."""
-        pids = self.untraced()
+        """The tracer-free hang trigger (``QuietJobs``) on the live processes the tracer does not
+        cover. A process that ended is no hang: the followed ones are kept a while after they
+        end, and the hang monitor forgets them at once, so they read as untraced with their last
+        ss samples, data waiting (a job torn down after its hang's incident, make watch-align)."""
+        pids = {p for p in self.untraced() if os.path.isdir(f"/proc/{p}")}
         if not pids or self.ss is None:
             return
         self.quiet.feed(self.ss.latest, pids)

@@ -369,6 +369,39 @@ def test_quiet_jobs_tell_a_stalled_collective_from_a_job_between_steps():
     assert q.stuck(40 * S, 30 * S) == []
 
 
+def test_the_tracer_free_trigger_judges_live_processes_only():
+    """A followed process is kept a while after it ends, and the hang monitor forgets it at
+    once: it read as untraced, with its last ss samples (data waiting, no progress), and a job
+    torn down after its hang's incident opened a second one (make watch-align). Only a live
+    process is judged; the same samples on a live one still fire."""
+    from types import SimpleNamespace
+    from capture.watch import watcher
+    S = 10**9
+    big = 50 << 20
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        fired = []
+        for pid in (dead.pid, live.pid):
+            w = watcher.Watcher.__new__(watcher.Watcher)
+            info = SimpleNamespace(rank_facts=lambda: {"rank": 1}, job_reasons=["libnccl"])
+            w.s = SimpleNamespace(procs={pid: info})
+            w.o = SimpleNamespace(hang_after_s=5)
+            w.tracing, w.monitor = SimpleNamespace(alive=lambda: False), None
+            w.quiet, w.quiet_cleared = monitors.QuietJobs(), {}
+            w.fire = lambda trig, stuck=None: fired.append(trig.pids)
+            rows = [("10.0.0.1:5000", "10.0.0.2:6000", pid, big, big, 3, 65536, 0)]
+            for t in (now - 40 * S, now - 30 * S):
+                w.ss = SimpleNamespace(latest={1: (t, _ss_text(rows))})
+                w.check_quiet()
+        assert fired == [[live.pid]]
+    finally:
+        live.kill()
+        live.wait()
+
+
 # ---------------------------------------------------------------- a real watcher (root)
 def _watcher(out: Path, *args: str, log: Path) -> subprocess.Popen:
     return subprocess.Popen([PY, "-m", "forensics", "capture", "--watch", "-o", str(out), "--status-every", "30s",

@@ -3,7 +3,9 @@
 The watcher follows every NCCL job of its host, and its rings hold all of them: a job that
 ended a minute ago, one that runs beside the hung one. Its incident bundle names the job that
 hung (the manifest's ``job``: the trigger's processes and those of the same launcher and
-cgroup, ``capture.jobs.Jobs.job_of``) and the other jobs it followed (``job.others``).
+cgroup, ``capture.jobs.Jobs.job_of``) and the other jobs it followed (``job.others``); a
+process it no longer followed whose calls all came before the hung job's first is another
+job's too (a job that ran before).
 :func:`scope` reads the bundle as that job's alone: the other jobs' processes leave the
 manifest's process list (so no rank, socket or log of theirs is attributed), their tracer
 events and the captures of network namespaces only they used go, and the rows of the artefact
@@ -52,7 +54,9 @@ def scope(bundle, events: list) -> tuple[JobScope, list]:
     keep = {p for p in job["pids"] if isinstance(p, int)}
     if not keep:
         return JobScope(), events
-    drop = frozenset(p.pid for p in m.processes if p.pid not in keep)
+    followed = frozenset(p.pid for p in m.processes if p.pid not in keep)
+    ended = _ended_before(events, keep, m)
+    drop = followed | ended
     if not drop:
         return JobScope(str(job.get("id") or "")), events
     ns_drop = frozenset(n.inode for n in m.netns if n.pids and not (set(n.pids) & keep))
@@ -64,11 +68,39 @@ def scope(bundle, events: list) -> tuple[JobScope, list]:
     others = [o for o in job.get("others") or [] if isinstance(o, dict)]
     bundle.problems.append(
         f"the incident's job is {job.get('id')} (pids {', '.join(map(str, sorted(keep)))}); "
-        f"{len(drop)} process(es) of {max(len(others), 1)} other job(s) the watcher followed left out "
-        f"(pids {', '.join(map(str, sorted(drop)[:12]))}{' ...' if len(drop) > 12 else ''}), "
+        + (f"{len(followed)} process(es) of {max(len(others), 1)} other job(s) the watcher followed"
+           if followed else "")
+        + (" and " if followed and ended else "")
+        + (f"{len(ended)} {'' if followed else 'process(es) '}that ended before it began" if ended else "")
+        + f" left out (pids {', '.join(map(str, sorted(drop)[:12]))}{' ...' if len(drop) > 12 else ''}), "
         f"with {len(events) - len(kept)} tracer event(s), {len(files)} file(s) and {len(labels)} network "
         "namespace(s) of theirs")
     return JobScope(str(job.get("id") or ""), drop, ns_drop, labels, files), kept
+
+
+def _ended_before(events: list, keep: set, m) -> frozenset:
+    """Pids the manifest does not list whose every traced call precedes the hung job's first:
+    the processes of a job that ended before it began (the watcher stops following a process
+    a while after it exits, but its calls stay in the ring's before-window). A process of the
+    hung job runs beside its other ranks, so a rank killed mid-job overlaps them and stays."""
+    listed = {p.pid for p in m.processes}
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for e in events:
+        if not (isinstance(e, dict) and e.get("ev") in PROCESS_EVENTS and isinstance(e.get("pid"), int)):
+            continue
+        ts = [t for t in (e.get("t"), e.get("t0"), e.get("t1")) if isinstance(t, int)]   # a call: t0, t1
+        if not ts:
+            continue
+        pid = e["pid"]
+        if pid in keep:
+            first[pid] = min(first.get(pid, min(ts)), *ts)
+        elif pid not in listed:
+            last[pid] = max(last.get(pid, max(ts)), *ts)
+    if not first:
+        return frozenset()
+    begun = min(first.values())
+    return frozenset(pid for pid, t in last.items() if t < begun)
 
 
 OF_PID = re.compile(r"\bof pid (\d+)\b")                       # a collector's source: "NCCL_DEBUG_FILE of pid N"

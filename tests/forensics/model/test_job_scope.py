@@ -15,10 +15,13 @@ from shipped import SCENARIOS, shipped
 needs_bundles = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles (tests/lab/make_bundles.sh)")
 
 
-def _two_jobs(tmp_path, name_the_job: bool):
+def _two_jobs(tmp_path, name_the_job: bool, forgotten: str | None = None):
     """The mismatch-hang bundle with the clean job's processes, events, logs, namespaces and
     captures added (as the watcher's rings hold a job that ran before); ``name_the_job``: the
-    manifest's ``job`` names the hung one, as capture/jobs.py writes it."""
+    manifest's ``job`` names the hung one, as capture/jobs.py writes it. ``forgotten``: the
+    clean job's processes are not in the manifest (the watcher stopped following them after
+    they exited), and its calls are moved to end just ``"before"`` the hung job's first call
+    or to run ``"beside"`` them (shifted onto the hung job's first second)."""
     for d in ("a", "b"):
         (tmp_path / d).mkdir(parents=True)
     with Bundle.open(shipped("mismatch-hang"), workdir=tmp_path / "a") as b:
@@ -32,12 +35,23 @@ def _two_jobs(tmp_path, name_the_job: bool):
         older = [p for p in old["processes"] if p["pid"] not in hung]
         assert older and {n["label"] for n in old["netns"] if not n.get("own")}.isdisjoint(
             n["label"] for n in man["netns"])
-        man["processes"] += older
+        if not forgotten:
+            man["processes"] += older
         man["netns"] += [n for n in old["netns"] if not n.get("own")]
+        theirs = [e for e in map(json.loads, (other / "bpf" / "events.jsonl").read_text().splitlines())
+                  if e.get("pid") in {p["pid"] for p in older}]
+        if forgotten:
+            man["processes"] = [p for p in man["processes"] if p["pid"] not in {q["pid"] for q in older}]
+            stamps = ("t", "t0", "t1")
+            ours = [e[k] for e in map(json.loads, (folder / "bpf" / "events.jsonl").read_text().splitlines())
+                    if e.get("pid") in hung for k in stamps if isinstance(e.get(k), int)]
+            timed = [e[k] for e in theirs for k in stamps if isinstance(e.get(k), int)]
+            shift = (min(ours) - max(timed) - 1000 if forgotten == "before"
+                     else min(ours) + 1_000_000 - min(timed))
+            theirs = [{**e, **{k: e[k] + shift for k in stamps if isinstance(e.get(k), int)}} for e in theirs]
         with open(folder / "bpf" / "events.jsonl", "a") as fh:
-            for line in (other / "bpf" / "events.jsonl").read_text().splitlines():
-                if json.loads(line).get("pid") in {p["pid"] for p in older}:
-                    fh.write(line + "\n")
+            for e in theirs:
+                fh.write(json.dumps(e) + "\n")
         by_rank = {p["rank"]: p["pid"] for p in older}
         sources = []
         for f in (other / "logs").glob("nccl-rank*.log"):
@@ -80,3 +94,30 @@ def test_without_the_job_named_both_jobs_are_read(tmp_path):
     pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
     assert pids & older and pids & hung
     assert "job" not in res.model.captures[0]
+
+
+@needs_bundles
+def test_a_job_that_ended_before_the_hung_one_began_is_left_out(tmp_path):
+    """The watcher no longer lists the processes of a job that exited before the hung one
+    started, but their calls are still in its ring: calls that all precede the hung job's first
+    are another job's."""
+    alone = analyze([str(shipped("mismatch-hang"))])
+    folder, hung, older = _two_jobs(tmp_path / "forgotten", name_the_job=True, forgotten="before")
+    res = analyze([str(folder)])
+    pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
+    assert pids <= hung and not pids & older
+    assert not set(res.model.tables["coll_log_ops"]["pid"].dropna().astype(int)) & older
+    top, ref = res.findings[0], alone.findings[0]
+    assert (top.kind, top.ranks, top.op_count) == (ref.kind, ref.ranks, ref.op_count)
+    assert any(f"{len(older)} process(es) that ended before it began left out" in p for p in res.problems), \
+        res.problems
+
+
+@needs_bundles
+def test_an_unlisted_process_that_ran_beside_the_hung_job_is_kept(tmp_path):
+    """A process the manifest does not list but whose calls overlap the hung job's (a rank
+    that died mid-job, no longer followed) may be the job's own: it stays."""
+    folder, hung, older = _two_jobs(tmp_path / "beside", name_the_job=True, forgotten="beside")
+    res = analyze([str(folder)])
+    pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
+    assert pids & older and pids & hung

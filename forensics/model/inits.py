@@ -52,19 +52,28 @@ def _traced(bundle, events: list[dict]) -> pd.DataFrame | None:
 
 def _unreached(bundle, events: list[dict], inits: pd.DataFrame) -> pd.Series:
     """Per init row not completed: ``addr:port`` of a connection its process tried after the init
-    began and that failed unopened (``sock_state`` SYN_SENT -> CLOSE: refused, timed out), or NA.
-    A connection still trying at the end is in ``sockets`` (SYN-SENT), which the detector reads."""
+    began and that failed unopened (``sock_state`` SYN_SENT -> CLOSE: refused, timed out), else
+    of one still unopened when the tracer's record ends (it entered SYN_SENT and its socket
+    changed state no more: its SYNs unanswered, as when packets are dropped; the kernel keeps
+    retrying for minutes, longer than a watcher's bundle waits), or NA. A capture's end also
+    lists such a socket in ``sockets`` (SYN-SENT), which the detector reads."""
     res = pd.Series(pd.NA, index=inits.index, dtype="object")
     ss = events_frame(events, "sock_state")
     if ss.empty or not {"pid", "daddr", "dport", "oldstate", "newstate", "t"} <= set(ss.columns):
         return res
     ss = ss.assign(ts=utc_of(bundle.clock, ss["t"]))
     failed = ss[(ss["oldstate"] == "SYN_SENT") & (ss["newstate"] == "CLOSE")]
+    pending = ss.iloc[0:0]
+    if "sk" in ss.columns:
+        last = ss.sort_values("t", kind="stable").drop_duplicates("sk", keep="last")
+        pending = last[(last["newstate"] == "SYN_SENT") & last["sk"].notna()]
     for i, row in inits[~inits["completed"].astype(bool)].iterrows():
-        tried = failed[(failed["pid"] == row["pid"]) & (failed["ts"] >= row["start_ns"])]
-        if len(tried):
-            r = tried.iloc[-1]
-            res.loc[i] = f"{r['daddr']}:{r['dport']}"
+        for cand in (failed, pending):
+            tried = cand[(cand["pid"] == row["pid"]) & (cand["ts"] >= row["start_ns"])]
+            if len(tried):
+                r = tried.iloc[-1]
+                res.loc[i] = f"{r['daddr']}:{r['dport']}"
+                break
     return res
 
 

@@ -3,13 +3,14 @@
 Everything here is a vectorized operation over the model's tables (``collectives`` above
 all; no per-event Python loop): :func:`collective_windows` (one row per communicator and
 op_count), which of them every watched rank entered (:func:`all_watched_entered`,
-:data:`ALL_WATCHED_ENTERED_SQL` in SQL), times inside a union of windows (:func:`in_windows`)
-and when the capture stopped looking (:func:`capture_end_ns`).
+:data:`ALL_WATCHED_ENTERED_SQL` in SQL) and times inside a union of windows (:func:`in_windows`).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
+from ..model.progress import is_per_process
 
 
 def collective_windows(ctx) -> pd.DataFrame:
@@ -47,12 +48,6 @@ def all_watched_entered(c: pd.DataFrame) -> pd.Series:
 ALL_WATCHED_ENTERED_SQL = "ranks_entered + coalesce(ranks_unwatched, 0) >= coalesce(nranks, ranks_entered)"
 
 
-def is_per_process(comm_id_hash: pd.Series) -> pd.Series:
-    """Collectives keyed by one process (``host:pid:comm_ptr``, COLLECTIVES_SQL's fallback when
-    the communicator's id is unknown): they cannot be matched across ranks."""
-    return comm_id_hash.astype("string").str.contains(":", regex=False).fillna(False).astype(bool)
-
-
 def in_windows(t: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
     """For each time in ``t``: inside the union of the closed intervals [t0, t1]?"""
     t = np.asarray(t, dtype=np.int64)
@@ -68,18 +63,4 @@ def in_windows(t: np.ndarray, t0: np.ndarray, t1: np.ndarray) -> np.ndarray:
     return out
 
 
-def capture_end_ns(ctx) -> int | None:
-    """When the capture stopped looking (latest manifest end), else the last event seen."""
-    ends = [c.get("ended_ns") for c in getattr(ctx.model, "captures", []) or [] if c.get("ended_ns")]
-    last = []
-    for name, col in (("nccl_events", "timestamp_ns"), ("nccl_events", "end_ns"), ("tcp_events", "timestamp_ns")):
-        s = ctx.table(name)[col].dropna() if len(ctx.table(name)) else []
-        if len(s):
-            last.append(int(s.max()))
-    if ends:
-        return max(int(e) for e in ends + last)
-    return max(last) if last else None
-
-
-__all__ = ["ALL_WATCHED_ENTERED_SQL", "all_watched_entered", "capture_end_ns", "collective_windows", "in_windows",
-           "is_per_process"]
+__all__ = ["ALL_WATCHED_ENTERED_SQL", "all_watched_entered", "collective_windows", "in_windows"]

@@ -357,7 +357,7 @@ WITH e AS (
 SELECT comm_id_hash, op_count, op, nranks, ranks_entered, ranks_completed, coalesce(ranks_unwatched, 0) AS ranks_unwatched,
        ranks, entry_ns, end_ns, lateness_ns,
        -- a communicator size far beyond the ranks seen is not trusted to list the missing
-       -- ones (the same rule as findings.hang.communicator_members)
+       -- ones (the same rule as model.progress.communicator_members)
        CASE WHEN nranks IS NULL OR nranks > greatest(65536, 4 * ranks_entered) THEN NULL
             ELSE list_filter(range(nranks), lambda x: NOT list_contains(ranks, x)) END AS missing_ranks,
        first_entry_ns, last_entry_ns, max_lateness_ns, latest_rank, last_end_ns, bytes, ops_differ

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ...model.progress import hang_frontiers
 from .common import memo, utc, with_global_rank
 
 
@@ -87,7 +88,7 @@ class Progress:
 
     comm_id_hash: str
     per_rank: pd.DataFrame            # rank, host, last_entered, last_op, last_completed, in_flight
-    stuck_op_count: int | None        # first collective not completed by every rank
+    stuck_op_count: int | None        # the hang point (model.progress.hang_frontiers), None: not hung
     stuck_op: str | None
     stuck_at_ns: int | None           # last entry into it (the moment progress stopped)
     missing_ranks: list[int] = field(default_factory=list)   # never entered it
@@ -101,14 +102,17 @@ def progress_of(analysis) -> list[Progress]:
 
 
 def progress(model) -> list[Progress]:
-    """Op counts per rank and the hang point of each communicator (the first collective that
-    not every rank completed). Ranks are global ranks (``per_rank.comm_rank`` keeps the rank
-    within the communicator); a rank of a sub-communicator that was never traced has no known
-    process and keeps its comm rank in ``missing_ranks``."""
+    """Op counts per rank and the hang point of each hung communicator: the one the hang
+    detectors judge (:func:`forensics.model.progress.hang_frontiers`), with the ranks that
+    never entered it and those waiting inside; a communicator that is not hung has none.
+    Ranks are global ranks (``per_rank.comm_rank`` keeps the rank within the communicator);
+    a rank of a sub-communicator that was never traced has no known process and keeps its
+    comm rank in ``missing_ranks``."""
     n = model.tables["nccl_events"]
     if n.empty:
         return []
     c = model.tables.get("collectives")
+    frontiers = hang_frontiers(model)
     out = []
     ev = n.dropna(subset=["comm_id_hash", "rank", "op_count"]).assign(done=n["completed"].fillna(False).astype(bool))
     if len(ev):
@@ -125,24 +129,17 @@ def progress(model) -> list[Progress]:
         per["in_flight"] = (g[~g["done"]].groupby("rank").size().reindex(per.index).fillna(0).astype(int))
         per = per.reset_index().sort_values("rank")
         p = Progress(str(comm), per, None, None, None)
-        if c is not None and len(c):
-            cc = c[c["comm_id_hash"] == comm]
-            # the hang point: the first collective some rank never entered, or that every rank
-            # entered and none completed; else the first not completed by every rank (a rank's
-            # last call may simply have had no host wait after it, so that alone is weaker)
-            missing = cc["missing_ranks"].map(lambda v: len(_as_list(v))) > 0
-            none_done = (cc["ranks_completed"] == 0) & (cc["ranks_entered"] >= cc["nranks"])
-            bad = cc[missing | none_done]
-            if bad.empty:
-                bad = cc[cc["ranks_completed"] < cc["nranks"]]
-            if len(bad):
-                row = bad.sort_values("op_count").iloc[0]
-                p.stuck_op_count = int(row["op_count"])
-                p.stuck_op = str(row["op"])
-                p.stuck_at_ns = int(row["last_entry_ns"]) if pd.notna(row["last_entry_ns"]) else None
-                p.missing_ranks = sorted(to_global.get(int(r), int(r)) for r in _as_list(row["missing_ranks"]))
-                entered = g[g["op_count"] == p.stuck_op_count]
-                p.waiting_ranks = sorted(int(r) for r in entered.loc[~entered["done"], "rank"].unique())
+        hung = frontiers[frontiers["comm_id_hash"] == comm]
+        if len(hung):
+            # the hang point the detectors judged (forensics.model.progress): never another op
+            h = hung.iloc[0]
+            p.stuck_op_count, p.stuck_op = int(h["op_count"]), str(h["op"])
+            at = c[(c["comm_id_hash"] == comm) & (c["op_count"] == p.stuck_op_count)] if c is not None else None
+            entry = at["last_entry_ns"].dropna() if at is not None and len(at) else pd.Series([], dtype="Int64")
+            p.stuck_at_ns = int(entry.iloc[0]) if len(entry) else int(h["first_entry_ns"])
+            p.missing_ranks = sorted(to_global.get(int(r), int(r)) for r in _as_list(h["missing_ranks"]))
+            entered = g[g["op_count"] == p.stuck_op_count]
+            p.waiting_ranks = sorted(int(r) for r in entered.loc[~entered["done"], "rank"].unique())
         out.append(p)
     return out
 

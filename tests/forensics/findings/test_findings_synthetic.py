@@ -516,7 +516,7 @@ def test_loader_nulls_malformed_comm_ids_and_absurd_nranks():
 
 
 def test_a_hostile_nranks_is_not_trusted_as_the_communicator_size():
-    from forensics.findings.hang import communicator_members
+    from forensics.model.progress import communicator_members
     assert communicator_members(10**12, [0, 1, 2, 3]) == ([0, 1, 2, 3], 10**12)
     assert communicator_members(8, [0, 1, 2, 3]) == (list(range(8)), None)
     assert communicator_members(4, [0, 1, 7]) == ([0, 1, 7], 4)        # a rank beyond the claimed size

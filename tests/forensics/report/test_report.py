@@ -538,6 +538,25 @@ def test_progress_names_global_ranks_and_survives_an_unknown_nranks():
     assert t["calls"].to_dict() == {0: 5, 1: 8, 2: 5, 3: 11}   # sizes from the ranks seen; rank 1 skipped 3
 
 
+def test_the_report_marks_the_hang_point_the_detector_names():
+    """One hang point (forensics.model.progress): rank 3's tracer began at op 10, so ops 0-9
+    lack it, and rank 1 never entered #30 where the others wait. The first collective a rank
+    is absent from (#0) is no hang point; the report's is the detector's, #30, rank 1 behind."""
+    from forensics.findings.hang import hang_mismatch
+    from forensics.report import data
+    from traced_job import MS, T0, context, job
+    rows = job(n_ops=31, completed=lambda k, r: k < 30,
+               entered=lambda k, r: not (r == 3 and k < 10) and not (r == 1 and k >= 30))
+    ctx = context(rows, ended_ns=T0 + 6000 * MS)
+    (f,) = hang_mismatch(ctx)
+    (p,) = data.progress(ctx.model)
+    assert (f.op_count, f.ranks) == (30, [1])
+    assert (p.stuck_op_count, p.missing_ranks, p.waiting_ranks) == (30, [1], [0, 2, 3])
+    # no hang (every op completed): no hang point, though ops 0-9 still lack rank 3
+    ctx = context(job(n_ops=30, entered=lambda k, r: not (r == 3 and k < 10)), ended_ns=T0 + 6000 * MS)
+    assert [x.stuck_op_count for x in data.progress(ctx.model)] == [None]
+
+
 def test_plot_json_writes_nan_and_infinities_as_null_and_leaves_the_rest_as_dumped():
     import numpy as np
     from forensics.report.html import _json_script, _plot_json

@@ -44,17 +44,24 @@ def cudart_beside(nccl_path: str) -> list[str]:
     host waits after a launch are the calls the hang trigger reads (without them a thread
     waiting in the CUDA runtime looks idle, outside any call)."""
     import glob
-    folder = os.path.dirname(os.path.realpath(nccl_path))
+    folder = os.path.dirname(_real(nccl_path))
     found = sorted(glob.glob(os.path.join(folder, "libcudart.so*")))
     if os.path.basename(os.path.dirname(folder)) == "nccl":
         found += sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(folder)), "cuda_runtime", "lib",
                                                "libcudart.so*")))
     out: list[str] = []
     for path in found:
-        real = os.path.realpath(path)
+        real = _real(path)
         if os.path.isfile(real) and real not in out:
             out.append(real)
     return out
+
+
+def _real(path: str) -> str:
+    """``os.path.realpath``, except for a path through a process's root (``/proc/PID/root/...``,
+    a container's mount namespace): resolved here, it would leave that root for ours, where
+    the container's files are not (the magic link reads as ``/``)."""
+    return path if path.startswith("/proc/") else os.path.realpath(path)
 
 
 def add_cudart_beside(targets: program.TraceTargets, nccl_path: str) -> None:

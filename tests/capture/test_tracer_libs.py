@@ -256,6 +256,31 @@ def test_a_library_traced_before_its_process_brings_its_cuda_runtime(labnccl, tm
     assert cudart_beside(str(lonely / "libnccl.so.2")) == []
 
 
+def test_the_cuda_runtime_beside_a_library_in_another_mount_namespace(labnccl, tmp_path):
+    """A container's libnccl is traced through its process's root (``/proc/PID/root/...``); the
+    CUDA runtime beside it is found there too, not in our namespace, where the folder is empty
+    (a job in its own mount namespace got no host waits traced and no hang bundle:
+    tests/lab_runs/test_watch_blind.py)."""
+    from conftest import require_root, require_tool
+    require_root()
+    require_tool("unshare", "mount")
+    from capture.tracer.libs import cudart_beside
+    inside = tmp_path / "container-lib"
+    inside.mkdir()
+    script = (f"mount -t tmpfs tmpfs {inside} && cp {labnccl} {inside}/libnccl.so.2 && "
+              f"cp {labnccl.parent / 'libcudart.so.12'} {inside}/libcudart.so.12 && echo ready && exec sleep 60")
+    p = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        assert not any(inside.iterdir())                          # not in our namespace
+        root = f"/proc/{p.pid}/root"
+        assert cudart_beside(f"{root}{inside}/libnccl.so.2") == [f"{root}{inside}/libcudart.so.12"]
+    finally:
+        p.kill()
+        p.wait()
+
+
 def test_a_collective_marks_its_process_traced_for_its_host_waits(labnccl):
     """The host-wait probes count only traced processes; a program started after a job's
     communicator init (a restart, a late capture) learns the job's processes from their

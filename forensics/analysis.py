@@ -19,6 +19,7 @@ from .execution.host_reading import read_hosts
 from .execution.shared_steps import Workspace, detect_with_child
 from .execution.thread_call import ThreadCall, open_database_on_thread, opened_or_none
 from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, finish, run_detectors
+from .findings.verdict import verdict
 from .model import Model, from_parts
 
 __all__ = ["Analysis", "Execution", "analyze"]
@@ -54,31 +55,8 @@ class Analysis:
 
     def verdict(self) -> str:
         """One line of at most HEADLINE_CHARS: the most important finding's headline, or what
-        was (not) seen."""
-        from .findings.contract import shorten
-        return shorten(self._verdict())
-
-    def _verdict(self) -> str:
-        serious = [f for f in self.findings if f.severity in ("error", "warning")]
-        if serious:
-            return serious[0].headline or serious[0].summary
-        failed = [p for p in self.problems if p.startswith("detector ")]
-        if failed:   # never a clean bill of health over a check that did not run
-            return (f"No finding, but {len(failed)} detector(s) failed: this analysis is incomplete (see the "
-                    f"capture section): {failed[0]}")
-        n = len(self.model["nccl_events"])
-        if n == 0 and self.model.logs_only:
-            return _logs_verdict(self.model)
-        if n == 0:
-            from .findings.base import Context
-            from .findings.late_state import state_verdict
-            said = state_verdict(Context(self.model, self.con, self.options))
-            return said or "No NCCL collectives were captured: no verdict on the job (see the capture section)."
-        if any(f.kind == "transport" and f.details.get("rule") == "rdma_invisible_to_tcp" for f in self.findings):
-            # no retransmission means nothing when NCCL's traffic never touched the TCP stack
-            return (f"No problem found in {n} NCCL calls; their traffic went over RDMA, invisible to TCP: the "
-                    "IB counters are the network evidence, and they show no error.")
-        return f"No problem found in {n} NCCL calls and their TCP traffic."
+        was (not) seen (:func:`forensics.findings.verdict.verdict`)."""
+        return verdict(self.model, self.findings, self.problems, self.con, self.options)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -91,17 +69,6 @@ class Analysis:
 
     def close(self) -> None:
         self.con.close()
-
-
-def _logs_verdict(model: Model) -> str:
-    """One sentence when the logs alone hold no problem: what they cover."""
-    t = model.tables
-    read = sum(len(c.get("files_read") or []) for c in model.captures)
-    coll = t.get("coll_log_ops")
-    ranks = int(coll["rank"].nunique()) if coll is not None and len(coll) else 0
-    what = (f"; COLL lines place all {ranks} ranks" if ranks else "")
-    return (f"No failure in {read} log file(s): no NCCL WARN, watchdog timeout or failed process{what}. A slow "
-            "link or a straggler needs a capture (stallscope capture).")
 
 
 def analyze(paths, *, options: Options | None = None, db: str | os.PathLike | None = None,

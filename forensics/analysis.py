@@ -14,13 +14,13 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from .execution import LOCAL, Execution, memory
-from .execution.host_reading import read_hosts
+from .execution import Execution, memory
+from .execution.host_reading import read_model
 from .execution.shared_steps import Workspace, detect_with_child
 from .execution.thread_call import ThreadCall, open_database_on_thread, opened_or_none
 from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, finish, run_detectors
 from .findings.verdict import verdict
-from .model import Model, from_parts
+from .model import Model
 
 __all__ = ["Analysis", "Execution", "analyze"]
 
@@ -101,13 +101,8 @@ def _analyze(intake, options: Options, db, say, execution: Execution) -> Analysi
         if execution.meanwhile is not None:
             execution.meanwhile()
 
-    if execution.readers is not None:
-        sources = execution.readers.paths
-    else:
-        sources = intake.sources(execution.jobs if execution.kind == LOCAL else 1)
     try:
-        parts = read_hosts(sources, replace(execution, meanwhile=meanwhile), progress=say)
-        model = from_parts(parts)
+        model = read_model(intake, replace(execution, meanwhile=meanwhile), progress=say)
         memory.settle()       # the model lives as long as the analysis (forensics.execution.memory)
         say("building the event tables")
         con = model.connect(db, opened=opened_or_none(opening.pop()) if opening else None)

@@ -2,7 +2,7 @@
 
 Bundles (tar.gz or unpacked folders; several hosts at once) and loose evidence (job logs,
 nccl-tests output, ibstat; files, folders, archives) are modelled first
-(:func:`forensics.model.build_model`); a saved ``.duckdb`` file is opened read-only.
+(:func:`forensics.execution.host_reading.read_model`, as ``analyze`` reads them); a saved ``.duckdb`` file is opened read-only.
 ``--db FILE`` keeps the built model for later queries. Output: an aligned table, or
 ``--csv`` / ``--json`` (one JSON array of objects).
 """
@@ -73,8 +73,8 @@ def _connect(sources: list[str], db: str | None, env):
             return duckdb.connect(sources[0], read_only=True)
         except duckdb.Error as e:
             raise InputError(f"{sources[0]}: cannot open the database ({' '.join(str(e).split())})") from None
-    from ..model import build_model
-    model = build_model(sources)
+    from ..execution.host_reading import read_model
+    model = read_model(sources)
     for p in model.problems:
         env.warn(p)
     if len(model.captures) > 1:

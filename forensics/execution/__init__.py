@@ -5,7 +5,8 @@ One module per concern:
 
 - :mod:`.choice`: the execution choice :func:`forensics.analysis.analyze` takes
   (:class:`Execution`: local processes or a Dask cluster) and ``--jobs``' default;
-- :mod:`.host_reading`: the per-host stage run as the choice says (``read_hosts``);
+- :mod:`.host_reading`: the per-host stage run as the choice says (``read_hosts``), and the
+  one read pipeline from the user's paths to the model (``read_model``: analyze and query);
 - :mod:`.reader_pool`: this process and forked worker processes reading the hosts from one
   shared counter (``ReaderPool``);
 - :mod:`.on_dask`: the per-host stage on a ``dask.distributed`` cluster;

@@ -17,15 +17,40 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Callable
 
 from ..errors import StallscopeError
+from ..inputs.intake import Intake, gather
+from ..model import Model, from_parts
 from ..model.hosts import HostPart, read_host
 from . import memory
-from .choice import DASK, Execution
+from .choice import DASK, LOCAL, Execution
 from .on_dask import read_on_dask
 from .reader_pool import ReaderPool, source_keys
 
 
 class WorkerError(StallscopeError):
     """A worker process died (killed, out of memory) before returning its host."""
+
+
+def read_model(inputs, execution: Execution | None = None, *, skew: bool = True,
+               progress: Callable[[str], None] | None = None) -> Model:
+    """The model of ``inputs``: the one read pipeline of ``stallscope analyze`` and ``query``.
+    ``inputs``: the paths the user gave (bundles, log files, folders, archives: sorted out by
+    :func:`forensics.inputs.intake.gather`, closed here) or an
+    :class:`~forensics.inputs.intake.Intake` already made (its caller closes it). Each host's
+    part is read where ``execution`` says (default: in this process, :func:`read_hosts`), then
+    merged by :func:`forensics.model.from_parts`. InputError when nothing given can be read."""
+    execution = execution or Execution(jobs=1)
+    own = not isinstance(inputs, Intake)
+    intake = gather(list(inputs)) if own else inputs
+    try:
+        if execution.readers is not None:
+            sources = execution.readers.paths
+        else:
+            sources = intake.sources(execution.jobs if execution.kind == LOCAL else 1)
+        parts = read_hosts(sources, execution, skew=skew, progress=progress)
+    finally:
+        if own:
+            intake.close()
+    return from_parts(parts, skew=skew)
 
 
 def read_hosts(paths: list, execution: Execution, *, skew: bool = True,

@@ -48,7 +48,7 @@ from .onset import ONSET_UNKNOWN, Onset, comm_onset
 from .socket_errors import reset_warnings
 from ..wording import ms, ranks_text
 from .ranks import label, rank_directory, who_text
-from .sql import model_table, sql_evidence, sql_int, sql_str
+from .sql import as_int, model_table, sql_evidence, sql_int, sql_str
 from .trouble import dedup_counts, shared_endpoint, trouble_events
 
 STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
@@ -643,7 +643,8 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
         ranks = blame.ranks
         peers = sorted({x for lk in blame.links for x in lk} - set(ranks))
         n_retx = int(links["n_retx"].sum())
-        backoff = int(pd.to_numeric(stuck["backoff"], errors="coerce").max()) if len(stuck) else 0
+        # no sample may have printed a backoff yet (ss shows none before the first RTO)
+        backoff = (as_int(pd.to_numeric(stuck["backoff"], errors="coerce").max()) if len(stuck) else None) or 0
         who = who_text(directory, ranks)
         summary = (f"{head}; {len(blame.links)} link(s), all touching {who}"
                    + (f" (to {ranks_text(peers)})" if peers else "")

@@ -22,6 +22,7 @@ import pandas as pd
 
 from . import warns
 from .base import Context, Finding, detector
+from .sql import as_int
 from ..wording import ranks_text
 
 KILLED_SCORE = 3.5e6          # above the first NCCL failure (3e6) and the hang (1e6 + s) a killed rank causes
@@ -170,7 +171,9 @@ def vanished(ctx: Context) -> list[Finding]:
         open_ = mine[mine["completed"].eq(False)]
         if open_.empty:
             continue                            # it ended between collectives: a normal end or unseen
-        last = int(pd.to_numeric(mine["timestamp_ns"], errors="coerce").max())
+        last = as_int(pd.to_numeric(mine["timestamp_ns"], errors="coerce").max())
+        if last is None:
+            continue                            # calls with no time: nothing to order them by
         cands.append((last, host, pid, int(rank), open_.sort_values("timestamp_ns").iloc[0]))
     if not cands:
         return []

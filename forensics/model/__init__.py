@@ -1,8 +1,10 @@
 """The event model: one or more hosts' bundles -> DuckDB tables (DESIGN.md "Event tables").
 
-``build_model(paths)`` opens each bundle (:mod:`forensics.inputs.bundle`), converts tracer times
-to UTC with each manifest's clock samples, attributes TCP events to processes, ranks and
-the collective in flight, reads the other artefacts (NCCL logs, nccl-tests, py-spy, ss,
+Each host's part (:func:`.hosts.read_host`, run where :mod:`forensics.execution` says; the
+pipeline from the user's paths is ``forensics.execution.host_reading.read_model``) opens its
+bundle (:mod:`forensics.inputs.bundle`), converts tracer times to UTC with each manifest's
+clock samples and reads its artefacts; :func:`from_parts` merges them, attributes TCP events
+to processes, ranks and the collective in flight, and reads the rest (NCCL logs, nccl-tests, py-spy, ss,
 Flight Recorder, Inspector: :mod:`forensics.model.artifacts`, which also puts GPU times on
 ``nccl_events``), and returns a :class:`Model`: the tables as DataFrames plus
 ``connect()`` for SQL (an in-memory DuckDB, or a file with ``path=``). Column schemas
@@ -23,7 +25,7 @@ from . import nccl as nccl_mod
 from . import timing as timing_mod
 from . import tcp_ranks
 from .schema import SCHEMAS, concat, conform, empty
-from .hosts import HostPart, read_host
+from .hosts import HostPart
 from .skew import SkewEstimate, estimate_skew
 
 
@@ -76,24 +78,6 @@ def memo(memos: dict, key, make):
         memos[key] = make()
     v = memos[key]
     return v.copy() if isinstance(v, (pd.DataFrame, dict)) else v
-
-
-def build_model(inputs, *, skew: bool = True) -> Model:
-    """The model of ``inputs``, read in this process: the paths the user gave (bundles, log
-    files, folders, archives: sorted out by :func:`forensics.inputs.intake.gather`) or an
-    :class:`~forensics.inputs.intake.Intake` already made (its caller closes it). Each host's part
-    is read by :func:`.hosts.read_host`, then merged by :func:`from_parts`; an analysis that
-    reads them elsewhere (worker processes, a Dask cluster) does the same through
-    :mod:`forensics.execution`. InputError when nothing given can be read."""
-    from ..inputs.intake import Intake, gather
-    own = not isinstance(inputs, Intake)
-    intake = gather(list(inputs)) if own else inputs
-    try:
-        parts = [read_host(p, skew=skew) for p in intake.sources()]
-    finally:
-        if own:
-            intake.close()
-    return from_parts(parts, skew=skew)
 
 
 def from_parts(parts: list[HostPart], *, skew: bool = True) -> Model:
@@ -247,4 +231,4 @@ def _skew(parts: list[HostPart], endpoints: pd.DataFrame) -> list[SkewEstimate]:
     return out
 
 
-__all__ = ["Model", "build_model"]
+__all__ = ["Model", "from_parts"]

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from shipped import shipped_bundle
 
 LOSS = shipped_bundle("loss")
@@ -22,7 +22,7 @@ def test_scaled_bundle_has_every_rank_and_the_packets(tmp_path, hosts):
         sys.path.remove(str(ROOT / "bench"))
     bundles = bench.build(LOSS, tmp_path, ranks=8, packets=20_000, hosts=hosts, repeat=2)
     assert len(bundles) == hosts
-    m = build_model(bundles)
+    m = read_model(bundles)
     n = m["nccl_events"]
     per_rank = n.groupby("rank")["op_count"].nunique()
     assert sorted(per_rank.index) == list(range(8)) and per_rank.nunique() == 1

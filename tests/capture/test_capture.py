@@ -857,8 +857,8 @@ def test_the_jobs_own_output_file_is_attached_and_read_as_its_log(tmp_path):
     src = m["collectors"]["attachments:end"]["sources"]
     assert any(s["why"].startswith(f"stdout of pid {target.pid}") for s in src)
     assert isinstance(m["timezone"]["utc_offset_s"], int) and m["timezone"]["name"]
-    from forensics.model import build_model
-    wd = build_model([res.path]).tables["watchdog_events"]
+    from forensics.execution.host_reading import read_model
+    wd = read_model([res.path]).tables["watchdog_events"]
     assert wd["rank"].tolist() == [3] and wd["seq_num"].tolist() == [5]
 
 

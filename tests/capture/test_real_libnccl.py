@@ -30,7 +30,7 @@ import pytest
 from capture_helpers import CaptureProc
 from conftest import ROOT, require_root, require_tool
 from forensics.cli import Env, main
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 
 DRIVER = ROOT / "tests" / "capture" / "real_nccl" / "driver.c"
 WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stallscope" / "wheels"
@@ -142,7 +142,7 @@ def test_real_libnccl_captured_and_analysed(which, driver, tmp_path):
     assert [(e["fn"], e.get("rc")) for e in init] == [("ncclCommInitRank", 0 if gpu else 1)], init
     assert {e["fn"]: e.get("rc") for e in mine if e["ev"] == "coll"} == {"ncclAllReduce": 4, "ncclBroadcast": 4}
     assert any(e["ev"] == "comm_destroy" for e in mine), mine
-    m = build_model([bundle])
+    m = read_model([bundle])
     nccl = m["nccl_events"]
     assert sorted(nccl["op"]) == ["ALL_REDUCE", "BROADCAST"] and set(nccl["pid"]) == {job.pid}
 

@@ -190,7 +190,7 @@ def test_a_folder_gives_the_same_tables_as_its_archive(tmp_path):
 def test_fifos_devices_and_links_in_a_folder_are_never_read(tmp_path):
     """An unpacked folder is untrusted too: a FIFO where events.jsonl or a log should be
     would block a reader forever; a link would read a file outside the bundle."""
-    from forensics.model import build_model
+    from forensics.execution.host_reading import read_model
     from forensics.parsers import parse_tree
     folder = _unpack(shipped("loss"), tmp_path / "u")
     secret = tmp_path / "secret.log"
@@ -204,7 +204,7 @@ def test_fifos_devices_and_links_in_a_folder_are_never_read(tmp_path):
     os.mkfifo(folder / "ib" / "perfquery-mlx5_0-1.txt")
     with time_limit(60):
         results = parse_tree(folder)
-        m = build_model([folder], skew=False)
+        m = read_model([folder], skew=False)
     warned = "\n".join(w for r in results for w in r.warnings)
     assert "nccl-fifo.log: not a regular file" in warned and "nccl-link.log: symbolic link, skipped" in warned
     assert not any("secret outside" in str(df.to_dict()) for r in results for df in r.tables.values())

@@ -226,9 +226,9 @@ def check_bpf_events(data: bytes, work: Workdir) -> None:
 
 def check_bpf_events_model(data: bytes, work: Workdir) -> None:
     """The events through the model (NCCL calls, kernel TCP events, attribution)."""
-    from forensics.model import build_model
+    from forensics.execution.host_reading import read_model
     root = _folder_bundle(work, MINIMAL_MANIFEST, data)
-    m = build_model([root], skew=False)
+    m = read_model([root], skew=False)
     for p in m.problems:
         _one_line("model problem", p)
 
@@ -529,7 +529,7 @@ DEEP_TARGETS: dict[str, Target] = {t.name: t for t in [
     Target("ib_counters_tree", TARGETS["ib_counters"].seeds, gen_text(), check_ib_tree,
            doc="ib/ folder: phases, devices, ports, deltas"),
     Target("bpf_events_model", TARGETS["bpf_events"].seeds, gen_events, check_bpf_events_model,
-           doc="events.jsonl through build_model (NCCL calls, TCP events, attribution)"),
+           doc="events.jsonl through read_model (NCCL calls, TCP events, attribution)"),
     Target("bundle_archive", lambda: [_small_tar()], gen_archive, check_archive,
            doc="Bundle.open on damaged tar / tar.gz"),
     Target("loose_archive", lambda: [_small_log_tar(), _small_log_zip()], gen_archive, check_loose_archive,

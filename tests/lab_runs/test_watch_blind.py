@@ -112,10 +112,13 @@ def _events(bundle: Path) -> list[dict]:
 
 def _from_the_first_call(job: dict, bundle: Path, m: dict, ranks: int) -> None:
     """Every rank's ncclCommInitRank and its collectives from the first one on are in the
-    bundle (the ring holds them all: a short job)."""
+    bundle (the ring holds them all: a short job). The ring may hold an earlier job's calls
+    too (the manifest names the hung job: forensics.model.job_scope leaves the rest out)."""
     truth = job["truth"]
     evs = _events(bundle)
-    inits = [e for e in evs if e.get("ev") == "comm_init" and e.get("fn") == "ncclCommInitRank"]
+    mine = {r["pid"] for r in truth["ranks"]}
+    inits = [e for e in evs if e.get("ev") == "comm_init" and e.get("fn") == "ncclCommInitRank"
+             and e.get("pid") in mine]
     assert sorted(e["rank"] for e in inits) == list(range(ranks)), inits
     pids = {e["pid"] for e in inits}
     colls = [e for e in evs if e.get("ev") == "coll" and e.get("pid") in pids]

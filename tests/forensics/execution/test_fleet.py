@@ -25,7 +25,8 @@ from forensics.execution import Execution, choice, on_dask
 from forensics.execution.reader_pool import ReaderPool
 from forensics.inputs.bundle import Bundle
 from forensics.cli import Env, main
-from forensics.model import build_model, hosts
+from forensics.execution.host_reading import read_model
+from forensics.model import hosts
 from forensics.report import figures, html
 from shipped import shipped_bundle
 from tests.report_helpers import comparable
@@ -235,7 +236,7 @@ def test_the_last_report_steps_are_made_here_once_this_process_is_free(tmp_path)
     # every step is made: all steps made once, the first ones there, the last ones here
     from forensics.execution.forked_call import ForkedCall
     from forensics.execution.shared_steps import ModelStep, child_values, make_from_both_ends
-    model = build_model(EARLY_HANG)
+    model = read_model(EARLY_HANG)
     steps = [ModelStep("a", _step("a", 0.8)), ModelStep("b", _step("b", 0.8)), ModelStep("c", _step("c"), ("a",)),
              ModelStep("d", _step("d"), ("b",)), ModelStep("e", _step("e"))]
     child = ForkedCall(child_values, _workspace(model), steps, stream=True)
@@ -278,7 +279,7 @@ def test_the_detectors_are_shared_with_the_child_and_those_that_query_made_here(
         "declared": _probe("declared", pause=1.2, query=True), "broken": _probe("broken", fail=True),
         "quick": _probe("quick")})
     monkeypatch.setattr(base, "_QUERIES", {"declared"})
-    model = build_model(EARLY_HANG)
+    model = read_model(EARLY_HANG)
     con = model.connect()
     try:
         # while this process makes declared, the child makes slow, hands asks back (it
@@ -362,9 +363,9 @@ def test_host_parts_keep_no_per_packet_table():
 
 
 def test_sampled_fingerprints_give_the_skew_of_all_segments(monkeypatch):
-    full = build_model(CLEAN)
+    full = read_model(CLEAN)
     monkeypatch.setattr(hosts, "FINGERPRINTS_PER_HOST", 500)     # one segment in 2**k, the same on every host
-    sampled = build_model(CLEAN)
+    sampled = read_model(CLEAN)
     pairs = 0
     for f, s in zip(full.skew, sampled.skew):
         assert (f.host_a, f.host_b) == (s.host_a, s.host_b)

@@ -12,7 +12,7 @@ from forensics.analysis import analyze
 from forensics.findings import Context
 from forensics.findings import config as config_det
 from forensics.findings import nccl_tests as tests_det
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from synthetic_bundle import LAB, PARSERS, lab_bundle, make_bundle, process
 
 NO_IB = {"ib-counters:start": {"status": "skipped",
@@ -49,7 +49,7 @@ def test_lab_job_gets_only_info(tmp_path):
 
 @pytest.mark.parametrize("scenario", sorted(p.name for p in (FIXTURES / "bundles").iterdir() if p.is_dir()))
 def test_shipped_bundles_raise_no_config_warning(scenario):
-    m = build_model(glob.glob(str(FIXTURES / "bundles" / scenario / "*.tar.gz")), skew=False)
+    m = read_model(glob.glob(str(FIXTURES / "bundles" / scenario / "*.tar.gz")), skew=False)
     con = m.connect()
     ctx = Context(model=m, con=con)
     found = config_det.detect(ctx) + tests_det.detect(ctx)

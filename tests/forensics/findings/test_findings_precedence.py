@@ -184,13 +184,13 @@ def test_a_costly_witness_is_asked_only_when_the_weaker_source_has_something_to_
 def test_a_reset_the_packets_saw_is_not_judged_again_from_the_warn_lines_by_address():
     """The shipped reset bundle without the tracer's calls: with its packets, the reset is the
     packets' (the WARN lines by address yield); without them, the WARN lines name it."""
-    from forensics.model import build_model
+    from forensics.execution.host_reading import read_model
     from forensics.model.schema import empty
     from shipped import shipped
 
     bundle = shipped("reset")
     truth = json.loads((bundle.parent / "scenario.json").read_text())["fault"]
-    m = build_model([bundle])
+    m = read_model([bundle])
     m.tables["nccl_events"] = empty("nccl_events")
     ctx = Context(model=m, con=m.connect())
     assert precedence.saw(ctx, precedence.PACKETS)

@@ -137,15 +137,17 @@ def test_captures_that_never_overlapped_judge_each_host_alone():
 
 # --------------------------------------------------------------------------- stuck
 
-def _dead_link_samples(dead: int):
+def _dead_link_samples(dead: int, backoff: bool = True):
     """Rank `dead`'s NIC stopped: its neighbours' connections to it hold data behind a growing
-    RTO backoff; every other connection is drained."""
+    RTO backoff (``backoff`` False: ss printed none, as in its first seconds); every other
+    connection is drained."""
     rows = []
     for i, t in enumerate(range(WINDOW[0], WINDOW[1] + 1, 2 * S)):
         for r in range(RANKS):
             for p in ((r + 1) % RANKS, (r - 1) % RANKS):
                 stuck = dead in (r, p) and r != dead
-                rows.append(sock(r, p, t, unacked=12 if stuck else None, backoff=min(i + 3, 9) if stuck else None,
+                rows.append(sock(r, p, t, unacked=12 if stuck else None,
+                                 backoff=min(i + 3, 9) if stuck and backoff else None,
                                  lastack=20_000.0 + i * 2000 if stuck else 30.0))
     return rows
 
@@ -156,6 +158,17 @@ def test_late_dead_link_names_the_rank_every_stuck_socket_touches():
     f = hang_state(ctx)
     assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [2])]
     assert "inside collective #68" in f[0].summary and "RTO backoff" in f[0].summary
+
+
+def test_a_dead_link_whose_sockets_show_no_backoff_yet():
+    """No ss sample printed a backoff (a watcher's bundle seconds into the hang): the dead link
+    is still named, without an RTO figure (it was an internal error, the detector lost)."""
+    ctx = context(coll_log_ops=coll_logs({r: 68 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)],
+                  sockets=_dead_link_samples(2, backoff=False))
+    f = hang_state(ctx)
+    assert [(x.kind, x.ranks) for x in f] == [("hang_stuck", [2])]
+    assert "RTO backoff" not in f[0].summary
 
 
 def test_drained_links_and_no_wait_graph_blame_nobody():
@@ -385,12 +398,12 @@ def test_reset_before_the_capture_from_real_nccl_logs():
     calls, no packets; NCCL's WARN lines of every rank (all four say "reset by peer", the
     cascade of aborts) still name the connection the lab's firewall reset (ring 1 -> 2, sent
     by rank 2's host) by the failed send that started it."""
-    from forensics.model import build_model
+    from forensics.execution.host_reading import read_model
     from shipped import shipped
 
     bundle = shipped("reset")
     truth = json.loads((bundle.parent / "scenario.json").read_text())["fault"]
-    m = build_model([bundle])
+    m = read_model([bundle])
     for t in ("nccl_events", "tcp_events", "flows", "packets"):
         m.tables[t] = empty(t)
     ctx = Context(model=m, con=m.connect())

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from forensics.inputs.bundle import Bundle
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from forensics.model.schema import SCHEMAS
 from forensics.model.hosts import scan_pcaps
 from forensics.model.tcp_ranks import Attribution
@@ -54,7 +54,7 @@ def test_rtt_percentiles_equal_the_engines_per_packet_ack_rtt():
 def test_the_slow_ranks_connections_hold_the_queue():
     truth = json.loads((BUNDLES / "slow-link" / "scenario.json").read_text())
     slow = truth["fault"]["ranks"][0]
-    m = build_model([SLOW])
+    m = read_model([SLOW])
     t = m["flow_timing"].dropna(subset=["rank", "peer_rank", "rtt_p99_ns"])
     t = t[t["rtt_samples"] >= 20]
     touching = (t["rank"] == slow) | (t["peer_rank"] == slow)

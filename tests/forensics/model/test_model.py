@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from forensics.model.nccl import _host_sync_end
 from forensics.model.schema import NCCL_EVENTS_DESIGN, SCHEMAS, TCP_EVENTS_DESIGN
 from forensics.model.skew import estimate_skew
@@ -24,7 +24,7 @@ needs_bundles = pytest.mark.skipif(not SCENARIOS, reason="no shipped bundles (te
 
 @lru_cache(maxsize=None)
 def model(scenario: str):
-    m = build_model([shipped(scenario)])
+    m = read_model([shipped(scenario)])
     con = m.connect()
     return m, con
 
@@ -254,7 +254,7 @@ def test_two_hosts_skew_estimated_from_common_segments(tmp_path):
         man["files"] = [f for f in man["files"] if not f["path"].startswith("pcap/") or any(k in f["path"] for k in keep)]
         man["files"] = [f for f in man["files"] if (folder / f["path"]).exists()]
         (folder / "manifest.json").write_text(json.dumps(man))
-    m = build_model([a, c])
+    m = read_model([a, c])
     assert m.hosts == ["hosta", "hostb"]
     (s,) = m.skew
     assert s.status == "ok" and s.matched_segments > 100
@@ -277,7 +277,7 @@ def test_ib_counter_deltas_when_the_bundle_has_ib(tmp_path):
         d.mkdir(parents=True)
         (d / "symbol_error").write_text(f"{v}\n")
         (d / "port_xmit_data").write_text(f"{v * 1000}\n")
-    m = build_model([folder])
+    m = read_model([folder])
     rows = m.connect().execute("SELECT device, port, counter, delta, problem FROM ib_counters ORDER BY counter").fetchall()
     assert rows == [("mlx5_0", 1, "port_xmit_data", 4000, False), ("mlx5_0", 1, "symbol_error", 4, True)]
 
@@ -296,7 +296,7 @@ def test_an_empty_pcap_is_a_problem_not_silence(tmp_path):
     man = json.loads((folder / "manifest.json").read_text())
     man["files"] = [f for f in man["files"] if f["path"] != f"pcap/{victim.name}"]
     (folder / "manifest.json").write_text(json.dumps(man))
-    m = build_model([folder])
+    m = read_model([folder])
     assert any(f"pcap/{victim.name}: no packets" in p for p in m.problems), m.problems
 
 
@@ -353,7 +353,7 @@ def test_an_in_memory_database_loads_its_event_tables_at_the_first_query_only():
     """connect() loads nccl_events (collectives is made from it) and leaves the other event
     tables to the first statement that could read them; store() writes beside them unloaded;
     what a query then reads is every row of the model's frames."""
-    m = build_model([shipped("loss")])
+    m = read_model([shipped("loss")])
     con = m.connect()
     try:
         assert not con.loaded
@@ -376,7 +376,7 @@ def test_an_in_memory_database_loads_its_event_tables_at_the_first_query_only():
 @needs_bundles
 def test_a_database_file_is_written_whole_and_any_connection_attribute_loads_first(tmp_path):
     import duckdb
-    m = build_model([shipped("loss")])
+    m = read_model([shipped("loss")])
     path = tmp_path / "m.duckdb"
     con = m.connect(path)
     assert con.loaded

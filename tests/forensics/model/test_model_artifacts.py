@@ -13,7 +13,7 @@ import pytest
 from conftest import FIXTURES
 from forensics.analysis import analyze
 from forensics.inputs.bundle import unpack_archive
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from synthetic_bundle import LAB, PARSERS, lab_bundle, lab_pids, make_bundle, process
 
 BUNDLES = FIXTURES / "bundles"
@@ -21,7 +21,7 @@ BUNDLES = FIXTURES / "bundles"
 
 def test_nccl_config_merges_lab_logs_with_the_manifest(tmp_path):
     b = lab_bundle(tmp_path, "clean")
-    m = build_model([b])
+    m = read_model([b])
     cfg = m["nccl_config"].set_index("rank")
     pids = lab_pids("clean")
     assert sorted(cfg.index) == [0, 1, 2, 3]
@@ -54,7 +54,7 @@ def test_log_matched_by_attachment_record_when_pids_differ(tmp_path):
                                             "why": f"NCCL_DEBUG_FILE of pid {pid}"}]}}
     b = make_bundle(tmp_path, "h", [process(pid, None, {"NCCL_DEBUG": "INFO"})], {"logs/nccl-rank1.log": renamed},
                     collectors=col)
-    cfg = build_model([b])["nccl_config"]
+    cfg = read_model([b])["nccl_config"]
     assert len(cfg) == 1
     row = cfg.iloc[0]
     assert (row["pid"], row["log_pid"], row["rank"], row["source"]) == (pid, 77, 1, "log+manifest")
@@ -62,7 +62,7 @@ def test_log_matched_by_attachment_record_when_pids_differ(tmp_path):
 
 def test_nccl_config_of_reference_logs_of_several_versions(tmp_path):
     b = make_bundle(tmp_path, "ref", [], {"logs/nccl.log": PARSERS / "nccl_debug" / "nccl_debug_info_init.log"})
-    m = build_model([b])
+    m = read_model([b])
     cfg = m["nccl_config"]
     assert set(cfg["source"]) == {"log"}
     by = {(r.log_host, r.pid): r for r in cfg.itertuples()}
@@ -83,7 +83,7 @@ def test_nccl_config_of_reference_logs_of_several_versions(tmp_path):
 
 def test_nccl_warnings_from_the_lab_reset_logs(tmp_path):
     b = lab_bundle(tmp_path, "reset")
-    m = build_model([b])
+    m = read_model([b])
     w = m["nccl_warnings"]
     expected = sum(len(re.findall(r" NCCL WARN ", (LAB / "reset" / "logs" / f"nccl-rank{r}.log").read_text()))
                    for r in range(4))
@@ -98,7 +98,7 @@ def test_nccl_warnings_from_the_lab_reset_logs(tmp_path):
 def test_sockets_from_lab_ss_snapshots_attributed_to_ranks(tmp_path):
     extra = {f"sys/netns-r{r}/ss-tinp-end.txt": LAB / "mismatch-hang" / "sys" / f"ss-rank{r}.txt" for r in range(4)}
     b = lab_bundle(tmp_path, "mismatch-hang", extra=extra)
-    s = build_model([b])["sockets"]
+    s = read_model([b])["sockets"]
     n = sum(len(re.findall(r"(?m)^ESTAB", (LAB / "mismatch-hang" / "sys" / f"ss-rank{r}.txt").read_text()))
             for r in range(4))
     assert len(s) == n > 0
@@ -112,7 +112,7 @@ def test_sockets_from_lab_ss_snapshots_attributed_to_ranks(tmp_path):
 def test_sockets_retransmits_and_owner(tmp_path):
     b = make_bundle(tmp_path, "h", [process(4242, 3)],
                     {"sys/host/ss-tinp-start.txt": PARSERS / "ss" / "ss_tainp_crafted_ipv6_retrans.txt"})
-    s = build_model([b])["sockets"]
+    s = read_model([b])["sockets"]
     row = s[s["local_port"] == 43712].iloc[0]
     assert (row["pid"], row["rank"], row["retrans_cur"], row["retrans_total"], row["phase"]) == (4242, 3, 1, 13792,
                                                                                                 "start")
@@ -121,7 +121,7 @@ def test_sockets_retransmits_and_owner(tmp_path):
 def test_stacks_from_pyspy_dumps(tmp_path):
     b = make_bundle(tmp_path, "h", [process(48213, 0)],
                     {"stacks/py-spy-48213-end.txt": PARSERS / "pyspy" / "pyspy_dump_rank0.txt"})
-    st = build_model([b])["stacks"]
+    st = read_model([b])["stacks"]
     main = st[(st["thread_name"] == "MainThread")].sort_values("depth")
     assert list(main["function"][:2]) == ["synchronize", "train_step"]
     assert set(st["rank"]) == {0} and set(st["phase"]) == {"end"}
@@ -133,7 +133,7 @@ def test_nccl_tests_tables_keep_every_row_and_the_average(tmp_path):
     src = PARSERS / "nccl_tests" / "nccl_tests_output_mixed.txt"
     b = make_bundle(tmp_path, "h", [], {"nccl-tests/output.txt": src,
                                         "nccl-tests/all_reduce_perf.json": PARSERS / "nccl_tests" / "all_reduce_perf.json"})
-    m = build_model([b])
+    m = read_model([b])
     t = m["nccl_tests"]
     assert len(t) == len(get("nccl_tests").parse(src).tables["nccl_tests"]) + 2
     assert set(t["placement"]) == {"out", "in"}
@@ -154,7 +154,7 @@ def test_host_facts_ib_peermem_xid_interfaces(tmp_path):
         "sys/lsmod.txt": "Module Size Used by\nnvidia_peermem 16384 0\nnvidia 56623104 2 nvidia_peermem\n",
         "sys/host/ip-link-start.json": ip_link, "logs/dmesg-end-xid.txt": xid, "logs/dmesg-end.txt": "x\n" + xid,
         "sys/nvidia-smi-start.txt": "==============NVSMI LOG==============\nAttached GPUs                  : 8\n"})
-    hf = build_model([b])["host_facts"].iloc[0]
+    hf = read_model([b])["host_facts"].iloc[0]
     assert hf["ib_present"] == True and hf["ib_devices"] == "mlx4_0,mlx5_0"  # noqa: E712
     assert (hf["ib_ports"], hf["ib_ports_active"], hf["ib_rate_gbps"]) == (2, 2, 40.0)
     assert hf["nvidia_peermem"] == True and hf["gpus"] == 8  # noqa: E712
@@ -163,7 +163,7 @@ def test_host_facts_ib_peermem_xid_interfaces(tmp_path):
 
 
 def test_host_facts_of_a_shipped_lab_bundle_say_no_ib():
-    m = build_model(glob.glob(str(BUNDLES / "clean" / "*.tar.gz")), skew=False)
+    m = read_model(glob.glob(str(BUNDLES / "clean" / "*.tar.gz")), skew=False)
     hf = m["host_facts"].iloc[0]
     assert hf["ib_present"] == False  # noqa: E712 (the ib-counters collector found /sys/class/infiniband empty)
 
@@ -171,7 +171,7 @@ def test_host_facts_of_a_shipped_lab_bundle_say_no_ib():
 @pytest.mark.parametrize("scenario", sorted(p.name for p in BUNDLES.iterdir() if p.is_dir()))
 def test_shipped_bundles_have_a_config_row_per_rank(scenario):
     truth = json.loads((BUNDLES / scenario / "scenario.json").read_text())
-    m = build_model(glob.glob(str(BUNDLES / scenario / "*.tar.gz")), skew=False)
+    m = read_model(glob.glob(str(BUNDLES / scenario / "*.tar.gz")), skew=False)
     cfg = m["nccl_config"]
     assert sorted(cfg["rank"]) == list(range(truth["world_size"]))
     assert cfg["libnccl"].str.endswith("libnccl.so.2").all()
@@ -246,7 +246,7 @@ def _profiler_trace(pid: int, rank: int, ops: list[str]) -> str:
 
 def test_gpu_durations_from_flight_recorder_and_inspector_win(tmp_path):
     root = _unpacked_clean(tmp_path)
-    base = build_model([root], skew=False)["nccl_events"]
+    base = read_model([root], skew=False)["nccl_events"]
     assert set(base["duration_source"]) == {"host_sync"}
     ops = {r: list(g.sort_values("op_count")["op"]) for r, g in base.groupby("rank")}
     pid = {int(r): int(g["pid"].iloc[0]) for r, g in base.groupby("rank")}
@@ -255,7 +255,7 @@ def test_gpu_durations_from_flight_recorder_and_inspector_win(tmp_path):
     (root / "logs" / "nccl-inspector").mkdir()
     (root / "logs" / "nccl-inspector" / f"vm-pid{pid[2]}.log").write_text(_inspector(pid[2], 2, ops[2], 1234.0))
     (root / "logs" / "nccl-profile_0x14ba61f9a096f33f_3.json").write_text(_profiler_trace(pid[3], 3, ops[3]))
-    m = build_model([root], skew=False)
+    m = read_model([root], skew=False)
     n = m["nccl_events"]
     r1 = n[n["rank"] == 1].sort_values("op_count")
     gpu1 = r1[r1["duration_source"] == "gpu"]
@@ -286,7 +286,7 @@ def test_gpu_source_precedence_and_watchdog_discovery_times(tmp_path):
     kernel timing wins. Rank 0's dump has no duration_ms (timing off) but discovery times:
     their difference is used and the discovered completion bounds end_ns."""
     root = _unpacked_clean(tmp_path)
-    base = build_model([root], skew=False)["nccl_events"]
+    base = read_model([root], skew=False)["nccl_events"]
     ops = {r: list(g.sort_values("op_count")["op"]) for r, g in base.groupby("rank")}
     pid = {int(r): int(g["pid"].iloc[0]) for r, g in base.groupby("rank")}
     r0 = base[base["rank"] == 0].sort_values("op_count")
@@ -300,7 +300,7 @@ def test_gpu_source_precedence_and_watchdog_discovery_times(tmp_path):
     (root / "flight-recorder" / "nccl_trace_rank_1").write_bytes(_fr_dump(1, ops[1], 3.25, bad_seq=-1))
     (root / "logs" / "insp").mkdir()
     (root / "logs" / "insp" / f"vm-pid{pid[1]}.log").write_text(_inspector(pid[1], 1, ops[1], 77.0))
-    n = build_model([root], skew=False)["nccl_events"]
+    n = read_model([root], skew=False)["nccl_events"]
     one = n[n["rank"] == 1]
     assert set(one["gpu_source"]) == {"inspector"} and set(one["duration_ns"]) == {77_000}
     zero = n[n["rank"] == 0].sort_values("op_count")
@@ -311,13 +311,13 @@ def test_gpu_source_precedence_and_watchdog_discovery_times(tmp_path):
 
 def test_inspector_without_matching_calls_is_a_problem_not_a_crash(tmp_path):
     root = _unpacked_clean(tmp_path)
-    base = build_model([root], skew=False)["nccl_events"]
+    base = read_model([root], skew=False)["nccl_events"]
     pid2 = int(base.loc[base["rank"] == 2, "pid"].iloc[0])
     (root / "logs" / "insp").mkdir()
     # sequence numbers far beyond what the tracer saw (tracer attached late)
     text = _inspector(pid2, 2, ["ALL_REDUCE"], 10.0).replace('"coll_sn":0', '"coll_sn":9000')
     (root / "logs" / "insp" / f"vm-pid{pid2}.log").write_text(text)
-    m = build_model([root], skew=False)
+    m = read_model([root], skew=False)
     assert set(m["nccl_events"]["duration_source"]) == {"host_sync"}
     assert any("Inspector records of pid" in p for p in m.problems)
 
@@ -354,7 +354,7 @@ def test_malformed_artifacts_become_warnings(tmp_path):
 
 def test_bundle_without_artifacts_gets_empty_tables(tmp_path):
     b = make_bundle(tmp_path, "bare", [], {})
-    m = build_model([b])
+    m = read_model([b])
     for t in ("nccl_config", "nccl_warnings", "nccl_tests", "nccl_tests_runs", "stacks", "sockets", "fr_entries",
               "fr_pg_status"):
         assert m[t].empty, t
@@ -386,7 +386,7 @@ def test_nccl_tests_output_attached_in_logs_with_its_nccl_lines(tmp_path):
             if ln.startswith("axa:")]
     bench = (PARSERS / "nccl_tests" / "nccl_tests_output_mixed.txt").read_text().splitlines()[:15]
     b = make_bundle(tmp_path, "axa", [], {"logs/bench.log": "\n".join(bench[:3] + nccl + bench[3:]) + "\n"})
-    m = build_model([b])
+    m = read_model([b])
     assert len(m["nccl_tests"]) == 8 and m["nccl_tests_runs"]["test_hosts"].tolist() == ["spark-d708,spark-dbf4"]
     cfg = m["nccl_config"]
     assert cfg[["pid", "transport", "socket_ifaces"]].values.tolist() == [[3048391, "Socket", "lo"]]
@@ -398,7 +398,7 @@ def test_no_gpu_times_on_a_communicator_the_tracer_joined_late(tmp_path):
     0, so Inspector record n is not the tracer's call n. No GPU time may be mapped (a
     silent shift would time every call with its neighbour's kernel), and a problem says why."""
     root = _unpacked_clean(tmp_path)
-    base = build_model([root], skew=False)["nccl_events"]
+    base = read_model([root], skew=False)["nccl_events"]
     ops2 = list(base[base["rank"] == 2].sort_values("op_count")["op"])
     pid2 = int(base.loc[base["rank"] == 2, "pid"].iloc[0])
     ev_path = root / "bpf" / "events.jsonl"
@@ -419,7 +419,7 @@ def test_no_gpu_times_on_a_communicator_the_tracer_joined_late(tmp_path):
     (root / "manifest.json").write_text(json.dumps(man))
     (root / "logs" / "nccl-inspector").mkdir()
     (root / "logs" / "nccl-inspector" / f"vm-pid{pid2}.log").write_text(_inspector(pid2, 2, ops2, 1234.0))
-    m = build_model([root], skew=False)
+    m = read_model([root], skew=False)
     r2 = m["nccl_events"][m["nccl_events"]["rank"] == 2]
     assert len(r2) == len(ops2) - 5
     assert "gpu" not in set(r2["duration_source"])
@@ -432,7 +432,7 @@ def test_nccl_config_counts_warn_lines_without_a_pid(tmp_path):
     log = tmp_path / "pasted.log"
     log.write_text("vm:17:17 [0] NCCL INFO Bootstrap : Using eth0:192.0.2.2<0>\n"
                    "misc/argcheck.cc:30 NCCL WARN AllReduce : comm argument is NULL\n")
-    m = build_model([log])
+    m = read_model([log])
     cfg = m["nccl_config"]
     assert cfg["pid"].tolist() == [17] and cfg["warnings"].tolist() == [0]
     assert len(m["nccl_warnings"]) == 1

@@ -7,7 +7,7 @@ import json
 
 from forensics.analysis import analyze
 from forensics.inputs.bundle import open_bundle
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from synthetic_bundle import lab_bundle, lab_pids
 
 LOGGED = "2.21.5+cuda12.4"          # what rank 0's lab log states (the lab prints it on rank 0 only)
@@ -25,7 +25,7 @@ def _with_library_versions(bundle, versions: dict[int, str]):
 
 
 def _versions(bundle) -> dict[int, object]:
-    cfg = build_model([bundle])["nccl_config"]
+    cfg = read_model([bundle])["nccl_config"]
     return {int(r): (None if v != v else v) for r, v in zip(cfg["rank"], cfg["nccl_version"])}
 
 

@@ -6,7 +6,7 @@ import json
 import pandas as pd
 
 from forensics.analysis import analyze
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from synthetic_bundle import make_bundle
 
 INIT = "{h}:{p}:{p} [{d}] NCCL INFO comm 0x{c:x} rank {r} nranks 4 cudaDev {d} nvmlDev {d} busId 1000 commId 0xfeed - Init COMPLETE\n"
@@ -27,7 +27,7 @@ def test_rows_without_a_host_take_their_ranks_host_from_other_files(tmp_path):
     (tmp_path / "nccl.log").write_text(_init_lines())
     (tmp_path / "stderr.log").write_text("".join(WATCHDOG.format(r=r) for r in (0, 2, 3)))
     (tmp_path / "orphan.log").write_text(WATCHDOG.format(r=9))
-    m = build_model([tmp_path])
+    m = read_model([tmp_path])
     wd = m.tables["watchdog_events"]
     got = dict(zip(wd["rank"], wd["host"]))
     assert got == {0: "node-a", 2: "node-b", 3: "node-b", 9: f"unknown:{tmp_path}/orphan.log"}
@@ -45,7 +45,7 @@ def test_warn_lines_keep_their_own_host_in_a_bundle_and_name_the_peer(tmp_path):
         f"\n{h}:{p}:{p + 9} [0] misc/socket.cc:49 NCCL WARN socketProgress: Connection closed by remote peer "
         f"10.9.0.2<4{r}321>\n" for r, (h, p, _) in HOSTS.items() if h == "node-a")
     b = make_bundle(tmp_path, "capture-host", [], {"logs/job.log": log})
-    m = build_model([b])
+    m = read_model([b])
     w = m.tables["nccl_warnings"]
     assert set(w["host"]) == {"node-a"} and set(w["node"]) == {"capture-host"}
     assert set(w["peer_host"]) == {"node-b"} and set(w["class"]) == {"socket_closed"}
@@ -82,7 +82,7 @@ def test_log_times_are_read_in_the_capture_hosts_zone(tmp_path):
     man = json.loads((b / "manifest.json").read_text())
     man["timezone"] = {"name": "CEST", "utc_offset_s": 7200}
     (b / "manifest.json").write_text(json.dumps(man))
-    m = build_model([b])
+    m = read_model([b])
     t = int(m.tables["nccl_warnings"]["time_ns"].iloc[0])
     assert t == int(pd.Timestamp("2026-03-30 17:02:44").value)
     assert any("zone (CEST)" in n for n in m.notes)
@@ -94,16 +94,16 @@ SUMMARY = ("Root Cause (first observed failure):\n[0]:\n  time      : 2023-06-03
 
 def test_a_summary_host_stays_as_printed_unless_nccl_names_it_short(tmp_path):
     (tmp_path / "slurm.out").write_text(SUMMARY.format(h="gpu187.cluster.local"))
-    assert list(build_model([tmp_path]).tables["process_exits"]["host"]) == ["gpu187.cluster.local"]
+    assert list(read_model([tmp_path]).tables["process_exits"]["host"]) == ["gpu187.cluster.local"]
     (tmp_path / "nccl.log").write_text("gpu187:19414:19414 [0] NCCL INFO comm 0x5000 rank 0 nranks 4 cudaDev 0 "
                                        "nvmlDev 0 busId 1000 commId 0xfeed - Init COMPLETE\n")
-    assert list(build_model([tmp_path]).tables["process_exits"]["host"]) == ["gpu187"]
+    assert list(read_model([tmp_path]).tables["process_exits"]["host"]) == ["gpu187"]
 
 
 def test_warn_lines_prefixed_by_a_bare_rank_are_read(tmp_path):
     (tmp_path / "rank0.log").write_text("[0] misc/socket.cc:71 NCCL WARN socketProgress: Connection closed by remote "
                                         "peer 10.10.1.3<36138>\n[0] NCCL INFO misc/socket.cc:80 -> 6\n")
-    w = build_model([tmp_path]).tables["nccl_warnings"]
+    w = read_model([tmp_path]).tables["nccl_warnings"]
     assert len(w) == 1 and w["class"].iloc[0] == "socket_closed"
 
 
@@ -111,6 +111,6 @@ def test_a_launcher_line_without_a_time_of_its_own_takes_its_shippers_clock(tmp_
     (tmp_path / "trial.log").write_text(
         "[2024-02-27T21:35:32.106517Z] fa88a9df || WARNING: torch.distributed.elastic.multiprocessing.api:Sending "
         "process 165 closing signal SIGTERM\n")
-    ex = build_model([tmp_path]).tables["process_exits"]
+    ex = read_model([tmp_path]).tables["process_exits"]
     t = ex["time_ns"].iloc[0]
     assert pd.Timestamp(int(t), unit="ns").strftime("%Y-%m-%d %H:%M:%S") == "2024-02-27 21:35:32"

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from forensics.inputs.bundle import Bundle
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from forensics.model.offcpu import offcpu_samples
 from forensics.model.schema import SCHEMAS
 from shipped import BUNDLES, shipped_bundle
@@ -39,7 +39,7 @@ def test_offcpu_rows_are_the_tracers_samples_in_utc_per_rank():
 
 @needs_bundle
 def test_offcpu_is_a_sql_table_of_the_model():
-    m = build_model([BUNDLE])
+    m = read_model([BUNDLE])
     con = m.connect()
     n, ranks = con.execute("SELECT count(*), count(DISTINCT rank) FROM offcpu").fetchone()
     assert n == len(m["offcpu"]) > 0 and ranks == 4

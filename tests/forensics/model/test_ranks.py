@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from forensics.model import build_model
+from forensics.execution.host_reading import read_model
 from forensics.model.nccl import process_ranks
 from shipped import shipped
 
@@ -46,7 +46,7 @@ def test_tracer_wins_a_tie_with_the_log():
 
 @pytest.mark.parametrize("scenario", ["loss", "mismatch-hang"])
 def test_every_table_names_a_process_by_the_same_rank(scenario):
-    m = build_model([shipped(scenario)])
+    m = read_model([shipped(scenario)])
     ranks = {}
     for name in ("tcp_events", "stacks", "sockets", "nccl_config", "offcpu", "coll_log_ops", "fr_entries"):
         t = m.tables[name]

@@ -121,7 +121,7 @@ def test_series_rows_reach_the_model_sockets_table_with_phase_series(tmp_path):
     import json
 
     from forensics.inputs.bundle import open_bundle
-    from forensics.model import build_model
+    from forensics.execution.host_reading import read_model
     root = tmp_path / "stallscope-h-20260101T000000Z"
     (root / "sys" / "host").mkdir(parents=True)
     (root / "sys" / "host" / "ss-series.txt").write_bytes((D / "ss_series_loopback.txt").read_bytes())
@@ -132,7 +132,7 @@ def test_series_rows_reach_the_model_sockets_table_with_phase_series(tmp_path):
         "collectors": {"ss-series@host": {"status": "ok", "files": ["sys/host/ss-series.txt"],
                                           "covered_ns": [1795512918957028999, 1795512919768023268]}},
         "processes": [], "files": []}))
-    df = build_model([root]).tables["sockets"]
+    df = read_model([root]).tables["sockets"]
     b = open_bundle(root)
     series = df[df["phase"] == "series"]
     assert len(series) == 6 and series["sample_ns"].notna().all() and set(series["inode"]) == {439289, 439290}

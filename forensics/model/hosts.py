@@ -101,6 +101,7 @@ def read_host(path, *, skew: bool = True) -> HostPart:
         endpoints = tcp_ranks.endpoint_table(b, events)
         facts = nccl_config.host_facts(b, arts)
         pcap = scan_pcaps(b, fingerprints=skew, keep=sc.keeps_file)
+        job_scope.drop_early_packets(pcap, sc, b.problems)
     finally:
         b.close()
     flows = pd.concat(pcap.flows, ignore_index=True) if pcap.flows else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 # tracer events that belong to the process in their pid (TCP events carry the softirq's victim)
@@ -23,14 +24,24 @@ PROCESS_EVENTS = frozenset({"coll", "host_wait", "group", "comm_init", "comm_des
                             "offcpu"})
 
 
+# the job's start is its first process's, read from /proc in clock ticks against a boot time in
+# whole seconds: this much earlier is surely before it
+START_SLACK_NS = 2_000_000_000
+# tracer records about the tracer itself, kept whatever their time (its window, its restarts)
+TRACER_RECORDS = frozenset({"tracer_start", "tracer_end", "tracer_stopped", "tracer_overlap", "ring_dump", "lib_map"})
+
+
 class JobScope:
     """What :func:`scope` left out of one bundle: ``pids`` (other jobs' processes),
     ``netns`` (inodes) and ``labels`` (their ``sys/`` and ``pcap/`` name prefixes) only those
-    used; ``job``: the hung job's id, None when the bundle is read whole."""
+    used; ``since_ns`` (UTC): what happened before it is no part of the hung job (its start,
+    less ``START_SLACK_NS``; None: unknown); ``job``: the hung job's id, None when the bundle
+    is read whole."""
 
     def __init__(self, job: str | None = None, pids: frozenset = frozenset(), netns: frozenset = frozenset(),
-                 labels: frozenset = frozenset(), files: frozenset = frozenset()):
+                 labels: frozenset = frozenset(), files: frozenset = frozenset(), since_ns: int | None = None):
         self.job, self.pids, self.netns, self.labels, self.files = job, pids, netns, labels, files
+        self.since_ns = since_ns
 
     def keeps_file(self, rel: str) -> bool:
         """Whether a bundle file (``pcap/<label>-<iface>.pcap``, ``sys/<label>/...``) is not
@@ -57,8 +68,13 @@ def scope(bundle, events: list) -> tuple[JobScope, list]:
     followed = frozenset(p.pid for p in m.processes if p.pid not in keep)
     ended = _ended_before(events, keep, m)
     drop = followed | ended
+    since = job.get("started_ns") - START_SLACK_NS if isinstance(job.get("started_ns"), int) else None
+    events, early = _since(bundle, events, since)
+    if early:
+        bundle.problems.append(f"{early} tracer record(s) from before the incident's job began left out (the "
+                               "rings hold the minutes before it: another job's traffic)")
     if not drop:
-        return JobScope(str(job.get("id") or "")), events
+        return JobScope(str(job.get("id") or ""), since_ns=since), events
     ns_drop = frozenset(n.inode for n in m.netns if n.pids and not (set(n.pids) & keep))
     labels = frozenset(n.label for n in m.netns if n.inode in ns_drop)
     m.processes = [p for p in m.processes if p.pid not in drop]
@@ -75,7 +91,53 @@ def scope(bundle, events: list) -> tuple[JobScope, list]:
         + f" left out (pids {', '.join(map(str, sorted(drop)[:12]))}{' ...' if len(drop) > 12 else ''}), "
         f"with {len(events) - len(kept)} tracer event(s), {len(files)} file(s) and {len(labels)} network "
         "namespace(s) of theirs")
-    return JobScope(str(job.get("id") or ""), drop, ns_drop, labels, files), kept
+    return JobScope(str(job.get("id") or ""), drop, ns_drop, labels, files, since), kept
+
+
+def _since(bundle, events: list, since: int | None) -> tuple[list, int]:
+    """(the events of ``since`` (UTC) on, how many earlier ones went): records with a time
+    (``t``, a call's ``t0``) before it are another job's; the tracer's own records stay."""
+    if since is None or bundle.clock is None:
+        return events, 0
+    idx = [i for i, e in enumerate(events) if isinstance(e, dict) and e.get("ev") not in TRACER_RECORDS
+           and isinstance(e.get("t", e.get("t0")), int)]
+    if not idx:
+        return events, 0
+    mono = np.array([events[i].get("t", events[i].get("t0")) for i in idx], dtype=np.int64)
+    early = {i for i, utc in zip(idx, bundle.clock.to_utc(mono)) if utc < since}
+    if not early:
+        return events, 0
+    return type(events)(e for i, e in enumerate(events) if i not in early), len(early)
+
+
+def drop_early_packets(pcap, sc: JobScope, problems: list[str]) -> None:
+    """The captures' rows from before the hung job began (``sc.since_ns``) out of ``pcap`` (a
+    :class:`~forensics.model.hosts.PcapPart`, in place): flagged packets and their verdicts,
+    flows whose last packet came before, and those flows' timing aggregates. One problem line
+    says how many."""
+    if sc.since_ns is None:
+        return
+    since, n_pk, gone = sc.since_ns, 0, set()
+    for frames in (pcap.packets, pcap.events):
+        for i, df in enumerate(frames):
+            keep = pd.to_numeric(df["timestamp_ns"], errors="coerce").fillna(since) >= since
+            if frames is pcap.packets:
+                n_pk += int((~keep).sum())
+            frames[i] = df[keep.to_numpy()].reset_index(drop=True)
+    for i, df in enumerate(pcap.flows):
+        old = (pd.to_numeric(df["last_ns"], errors="coerce").fillna(since) < since).to_numpy()
+        for r in df[old].itertuples():
+            gone |= {(r.capture, str(r.orig_addr), int(r.orig_port), str(r.resp_addr), int(r.resp_port)),
+                     (r.capture, str(r.resp_addr), int(r.resp_port), str(r.orig_addr), int(r.orig_port))}
+        pcap.flows[i] = df[~old].reset_index(drop=True)
+    if gone:
+        for i, df in enumerate(pcap.timing):
+            key = zip(df["capture"], df["saddr"].astype(str), df["sport"].astype(int), df["daddr"].astype(str),
+                      df["dport"].astype(int))
+            pcap.timing[i] = df[[k not in gone for k in key]].reset_index(drop=True)
+    if n_pk or gone:
+        problems.append(f"{len(gone) // 2} flow(s) and {n_pk} flagged packet(s) of the captures from before the "
+                        "incident's job began left out")
 
 
 def _ended_before(events: list, keep: set, m) -> frozenset:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from forensics.analysis import analyze
@@ -121,3 +123,39 @@ def test_an_unlisted_process_that_ran_beside_the_hung_job_is_kept(tmp_path):
     res = analyze([str(folder)])
     pids = set(res.model.tables["nccl_events"]["pid"].dropna().astype(int))
     assert pids & older and pids & hung
+
+
+class _Clock:
+    def to_utc(self, mono):
+        return np.asarray(mono, np.int64)          # monotonic read as UTC, as it is
+
+
+def test_what_the_rings_hold_from_before_the_job_began_is_left_out():
+    """A watcher's rings hold the minutes before the incident: another job's TCP trouble there
+    (on the same lab addresses, as a job before it used) read as this job's was a link flap
+    named above the real hang (make watch-blind). Records and packets from before the job's
+    start (less its slack) go; the tracer's own records and what came after stay."""
+    from types import SimpleNamespace
+
+    from forensics.model.hosts import PcapPart
+    from forensics.model.job_scope import START_SLACK_NS, JobScope, _since, drop_early_packets
+    since = 10 * START_SLACK_NS - START_SLACK_NS
+    bundle = SimpleNamespace(clock=_Clock())
+    events = [{"ev": "tracer_start", "t": 1}, {"ev": "tcp_retransmit_skb", "t": since - 1, "saddr": "10.0.0.2"},
+              {"ev": "coll", "t0": since - 5, "pid": 9}, {"ev": "tcp_retransmit_skb", "t": since + 1},
+              {"ev": "coll", "t0": since + 5, "pid": 7}]
+    kept, n = _since(bundle, events, since)
+    assert n == 2 and kept == [events[0], events[3], events[4]]
+    assert _since(bundle, events, None) == (events, 0)
+    flows = pd.DataFrame({"capture": ["p", "p"], "orig_addr": ["a", "a"], "orig_port": [1, 3], "resp_addr": ["b", "b"],
+                          "resp_port": [2, 4], "first_ns": [0, 0], "last_ns": [since - 1, since + 1]})
+    timing = pd.DataFrame({"capture": ["p", "p", "p"], "saddr": ["b", "a", "a"], "sport": [2, 3, 1],
+                           "daddr": ["a", "b", "b"], "dport": [1, 4, 2]})
+    pk = pd.DataFrame({"timestamp_ns": [since - 1, since, since + 1]})
+    part = PcapPart(packets=[pk], events=[pk.assign(event="retransmission")], flows=[flows], timing=[timing])
+    problems: list[str] = []
+    drop_early_packets(part, JobScope("j", since_ns=since), problems)
+    assert part.packets[0]["timestamp_ns"].tolist() == [since, since + 1] and len(part.events[0]) == 2
+    assert part.flows[0]["orig_port"].tolist() == [3] and part.timing[0]["sport"].tolist() == [3]
+    assert problems == ["1 flow(s) and 1 flagged packet(s) of the captures from before the incident's job began "
+                        "left out"]

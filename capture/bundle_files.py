@@ -20,6 +20,8 @@ import tarfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+import struct
+import time
 
 from . import manifest as schema
 
@@ -247,7 +249,6 @@ def dumps_manifest(manifest: dict) -> bytes:
 def timezone_facts() -> dict:
     """This host's time zone (the job's logs print local times without a zone): its name and
     its offset east of UTC now, in seconds."""
-    import time
     t = time.localtime()
     return schema.TIMEZONE.make(name=t.tm_zone, utc_offset_s=int(t.tm_gmtoff))
 
@@ -334,7 +335,6 @@ _PCAP_SEEN: dict[str, tuple[int, int, int]] = {}   # path -> (inode, offset, rec
 def pcap_records(path: Path) -> int:
     """Complete records in a classic pcap file (a record cut by a kill is not counted).
     Incremental: a file that only grew is walked from where the last call stopped."""
-    import struct
     try:
         with open(path, "rb") as fh:
             st = os.fstat(fh.fileno())
@@ -370,7 +370,6 @@ def pcap_span(path: Path) -> tuple[int, int] | None:
     """UTC ns of the first and last complete record of a classic pcap file (tcpdump
     ``--time-stamp-precision nano`` writes nanosecond pcap; microsecond files are read too),
     None when it has none. Reads the record headers only, from the start to the end."""
-    import struct
     try:
         with open(path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size

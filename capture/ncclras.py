@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from .children import run
+from .procs import netns_inode
 
 DEFAULT_ADDR = "localhost:28028"
 RAS_MARKER = b"NCCL_RAS_ENABLE"
@@ -65,7 +67,6 @@ def port_answers(host: str, port: int, pid: int | None, own_ns: bool, timeout: f
                 return True
         except OSError:
             return False
-    from .children import run
     code = ("import socket,sys\ntry:\n socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=%g).close()\n"
             "except OSError:\n sys.exit(1)" % timeout)
     rc, _, _ = run(["nsenter", f"--net=/proc/{pid}/ns/net", sys.executable, "-S", "-E", "-c", code, host, str(port)],
@@ -75,8 +76,6 @@ def port_answers(host: str, port: int, pid: int | None, own_ns: bool, timeout: f
 
 def collect(ctx) -> bytes:
     """The collector: LookupError (skipped, with the reason) when RAS cannot answer here."""
-    from .children import run
-    from .procs import netns_inode
     job = ctx.get("procs") or {}
     if not job:
         raise LookupError("no NCCL process found")

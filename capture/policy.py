@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import bundle_files as bd
 from .tracer import program
 
 # tcpdump's per-packet hand-over and write; a buffered tcpdump (the watcher's) runs without them
@@ -49,7 +50,6 @@ class BundlePolicy:
         file cap): None when there is, else why sampling stops. Takes the bytes from the budget."""
         if st.setdefault("bytes", 0) + size > cap:
             return f"the series reached its cap ({cap >> 20} MiB): sampling stopped"
-        from . import bundle_files as bd
         extra = 2 * bd.TAR_BLOCK if st.get("path") is None else 0
         grant = budget.take(size + extra)
         if grant < size + extra:

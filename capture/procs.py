@@ -35,6 +35,8 @@ import socket
 import struct
 import subprocess
 from dataclasses import dataclass, field
+import json
+import time
 
 from . import manifest as schema
 from .elf import ElfError, exported_functions_cached
@@ -629,7 +631,6 @@ def blocked_sp(pid: int, tid: int, samples: int = 5, gap_s: float = 0.02) -> int
     """The user stack pointer of a thread blocked in the kernel (``/proc/PID/task/TID/syscall``:
     "nr args... sp pc", or "-1 sp pc"), sampled a few times while it reads "running"; None when
     it kept running, is gone or may not be read (ptrace access)."""
-    import time
     for i in range(samples):
         text = _read(f"/proc/{pid}/task/{tid}/syscall")
         if not text:
@@ -821,8 +822,6 @@ def select_ifaces(ifname_spec: str | None, available: list[str]) -> list[str]:
 
 def ifaces_of_addresses(pid: int | str, addrs: set[str]) -> list[str]:
     """Interfaces owning any of addrs in pid's namespace (via ``ip -j addr`` there)."""
-    import json
-    import subprocess
     if not addrs:
         return []
     cmd = ["ip", "-j", "addr"]

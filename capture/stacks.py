@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import children, procs
+from .tracer.events import RET_KIND, parse_record
+from .tracer.spool import raw_files
 
 TOOLS = ("eu-stack", "gdb", "py-spy")
 PROGRESS_BYTES = 256 * 1024     # TCP or IB payload growth over the grace period that counts as progress
@@ -250,8 +252,6 @@ class TracerActivity:
 
 def tracer_activity(raw_dir: Path, call_returns: bool = True, max_bytes: int = 256 << 20) -> TracerActivity:
     """Count what the tracer spooled so far (raw bpftrace lines, see capture.tracer.spool)."""
-    from .tracer.events import RET_KIND, parse_record
-    from .tracer.spool import raw_files
     act = TracerActivity()
     read = 0
     for f in raw_files(raw_dir):

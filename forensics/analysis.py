@@ -20,6 +20,7 @@ from .execution.shared_steps import Workspace, detect_with_child
 from .execution.thread_call import ThreadCall, open_database_on_thread, opened_or_none
 from .findings import NO_DATABASE, SCHEMA_VERSION, Context, Finding, Options, finish, run_detectors
 from .findings.verdict import verdict
+from .inputs.intake import Intake, gather
 from .model import Model
 
 __all__ = ["Analysis", "Execution", "analyze"]
@@ -82,7 +83,6 @@ def analyze(paths, *, options: Options | None = None, db: str | os.PathLike | No
     options = options or Options()
     execution = execution or Execution()
     say = progress or (lambda _msg: None)
-    from .inputs.intake import Intake, gather
     intake = paths if isinstance(paths, Intake) else gather(list(paths))
     try:
         return _analyze(intake, options, db, say, execution)

@@ -21,6 +21,10 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+import json
+from ..children import run
+from ..ncclras import collect
+from ..threads import thread_states
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,6 @@ def by_name() -> dict[str, Spec]:
 
 # ---------------------------------------------------------------- function collectors
 def ncclras(ctx) -> bytes:
-    from ..ncclras import collect
     return collect(ctx)
 
 
@@ -144,9 +147,7 @@ def flight_recorder_trigger(ctx) -> bytes:
 
 
 def proc_threads(ctx) -> bytes:
-    import json
 
-    from ..threads import thread_states
     return (json.dumps(thread_states(int(ctx["pid"]), ctx["phase"]), separators=(",", ":")) + "\n").encode()
 
 
@@ -162,7 +163,6 @@ XID_RE = re.compile(rb"NVRM: Xid|NVRM: GPU at|nvidia-peermem|mlx5_core.*(error|f
 
 
 def dmesg(ctx) -> dict[str, bytes]:
-    from ..children import run
     rc, out, err = run(["dmesg", "--time-format", "iso"], timeout=20)
     if rc != 0:
         rc, out, err = run(["dmesg"], timeout=20)
@@ -175,7 +175,6 @@ def dmesg(ctx) -> dict[str, bytes]:
 
 def ib_counters(ctx) -> dict[str, bytes]:
     """perfquery (plain and extended) when present, else sysfs counters and hw_counters."""
-    from ..children import run
     devices = sorted(glob.glob("/sys/class/infiniband/*/ports/*"))
     if not devices:
         raise LookupError("no InfiniBand/RoCE devices (/sys/class/infiniband is empty)")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import bundle_files as bd
 from .. import children, procs
+from ..elf import ElfError, exported_functions_cached
 from ..offcpu import OffCpuSampler
 from ..session import LOG_CAP, clock_sample, tail, utc_span
 from ..tracer import events, libs, program, spool
@@ -182,7 +183,6 @@ class Tracing(Collector):
             for lib in info.cuda_libs:
                 targets.cuda.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDA_SYMBOLS))
             targets.traced_pids.append(info.pid)
-        from ..elf import ElfError, exported_functions_cached
         for path in s.o.nccl_libs:
             try:
                 syms = set(exported_functions_cached(path)) & set(program.NCCL_SYMBOLS)

@@ -23,6 +23,7 @@ Standard library only.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -32,6 +33,7 @@ import time
 from .. import children, procs
 from ..libversion import nccl_version
 from . import libscan, program
+from ..elf import ElfError, exported_functions_cached
 
 OLD_STOP_S = 30.0       # the longest wait for the old program to end after the overlap
 
@@ -43,7 +45,6 @@ def cudart_beside(nccl_path: str) -> list[str]:
     traced before its process is known (ahead of time, or at its mapping) gets these too: the
     host waits after a launch are the calls the hang trigger reads (without them a thread
     waiting in the CUDA runtime looks idle, outside any call)."""
-    import glob
     folder = os.path.dirname(_real(nccl_path))
     found = sorted(glob.glob(os.path.join(folder, "libcudart.so*")))
     if os.path.basename(os.path.dirname(folder)) == "nccl":
@@ -67,7 +68,6 @@ def _real(path: str) -> str:
 def add_cudart_beside(targets: program.TraceTargets, nccl_path: str) -> None:
     """``cudart_beside(nccl_path)``'s files that export CUDA runtime calls the tracer knows join
     ``targets.cudart`` (a file already there, by any path, is left as it is)."""
-    from ..elf import ElfError, exported_functions_cached
     for real in cudart_beside(nccl_path):
         if any(os.path.exists(k) and os.path.samefile(real, k) for k in targets.cudart):
             continue

@@ -19,6 +19,8 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+import subprocess
+from ..elf import ElfError, exported_functions_cached
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"     # capture/tracer/program.py -> the repository's bpf/
 TEMPLATE = BPF_DIR / "nccl.bt"
@@ -144,7 +146,6 @@ def ensure_tracefs() -> str | None:
         if os.path.isdir(os.path.join(path, "events")):
             return path
     try:
-        import subprocess
         os.makedirs(TRACEFS[0], exist_ok=True)
         subprocess.run(["mount", "-t", "tracefs", "tracefs", TRACEFS[0]], capture_output=True, timeout=10)
     except (OSError, ValueError, Exception):  # noqa: BLE001 - best effort
@@ -216,7 +217,6 @@ class TraceTargets:
 
     def fill_addresses(self) -> None:
         """The address of every symbol to attach to, from the libraries' .dynsym."""
-        from ..elf import ElfError, exported_functions_cached
         wanted: dict[str, set[str]] = {}
         for kind in ("NCCL", "CUDART", "CUDA"):
             for path, syms in self.libs(kind).items():

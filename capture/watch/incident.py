@@ -19,6 +19,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+import tarfile
 
 from .. import bundle_files as bd
 from .. import manifest as schema
@@ -376,7 +377,6 @@ def merge_into(src: Path, dest: Path) -> None:
 
 def archive_members(path: Path) -> dict[str, int]:
     """An archive's files (path below its top folder -> size)."""
-    import tarfile
     with tarfile.open(path) as t:
         return {m.name.split("/", 1)[-1]: m.size for m in t if m.isfile()}
 

@@ -11,6 +11,9 @@ import os
 import re
 import stat
 from pathlib import Path
+from ..procs import parse_ss_tinp
+from ..tracer.events import PROGRESS_RE, RET_KIND
+from ..tracer.spool import RING_DUMP_TAG
 
 SLOWEST_WINDOW_S = 300.0             # --hang-after auto: the slowest collective of the last 5 minutes
 # the tracer's events that start the packet ring (--pcap-ring on-trouble): a kernel retransmission
@@ -48,7 +51,6 @@ class ProgressMonitor:
         self.trouble: list[dict] = []                              # TCP trouble events since take_trouble
 
     def scan(self, data: bytes) -> list[tuple[bytes, ...]]:
-        from ..tracer.events import PROGRESS_RE
         return PROGRESS_RE.findall(data)
 
     def poll(self) -> int:
@@ -95,7 +97,6 @@ class ProgressMonitor:
         """A poll's records (tid, key, kind, pid, slot a, t1 of bpf/nccl.bt's tuple, as bytes),
         in time order: the key (an entry's t0, a return record's t1), as bpftrace prints a flush
         unsorted. A return read before its entry waits in ``early`` for it."""
-        from ..tracer.events import RET_KIND
         recs = sorted((int(k), t, kd, pid, a, t1) for t, k, kd, pid, a, t1 in found)
         lc, lr, opn, early = self.last_coll, self.last_return, self.open, self.early
         returns = self.call_returns
@@ -218,7 +219,6 @@ class RingMonitor(ProgressMonitor):
         self.asked: dict[tuple[int, int], tuple[bool | None, int]] = {}   # (tid, t0) -> (inside?, when)
 
     def scan(self, data: bytes) -> list[tuple[bytes, ...]]:
-        from ..tracer.spool import RING_DUMP_TAG
         self.ring_dumps += data.count(RING_DUMP_TAG)
         return STATE_RE.findall(data)
 
@@ -318,7 +318,6 @@ class QuietJobs:
     def feed(self, latest: dict[int, tuple[int, bytes]], pids: set[int]) -> None:
         """Read the samples not read yet (``latest``: netns inode -> (CLOCK_MONOTONIC ns, ss
         text)) for the processes ``pids``."""
-        from ..procs import parse_ss_tinp
         for inode, (t, text) in list(latest.items()):
             if self.seen.get(inode) == t:
                 continue

@@ -33,6 +33,7 @@ from typing import Callable
 
 import pandas as pd
 
+from . import warns
 from .base import Context, Finding, detector
 from .sql import sql_str
 
@@ -200,7 +201,6 @@ def logged_failures(ctx: Context) -> list[Finding]:
     not register (memlock), IB devices it could not open, shared memory, foreign connections,
     a bootstrap or topology the ranks disagree on; one finding per class, naming the hosts and
     the check to run there."""
-    from . import warns
     rows = warns.rows_of(ctx, warns.classes_of("misconfiguration"))
     return [warns.class_finding(ctx, "misconfiguration", cls, g, confidence=0.8, severity="error")
             for cls, g in rows.groupby("class", sort=False)]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import pandas as pd
 
 from . import warns
+from ..parsers.kernel_log import HARDWARE_XIDS, xid_meaning
 from .base import Context, Finding, detector
 from ..wording import ranks_text
 
@@ -73,7 +74,6 @@ KERNEL_SQL = ("SELECT host, time_ns, xid, pci, pid, process, message, artifact, 
 def _kernel_xids(ctx: Context) -> list[Finding]:
     """One finding per host from the kernel log's Xid lines (``kernel_events``): which GPU (its
     PCI address), which Xids and what they mean, the first line quoted."""
-    from ..parsers.kernel_log import HARDWARE_XIDS, xid_meaning
     k = ctx.model.tables.get("kernel_events")
     if k is None or k.empty:
         return []

@@ -20,8 +20,10 @@ from __future__ import annotations
 import pandas as pd
 
 from . import warns
+from ..model.nccl_errors import CLASSES
 from .base import Context, Finding, detector
 from ..wording import ranks_text
+from .timeouts import rank_hosts
 
 UNKNOWN_SCORE = 1e4           # below every classified WARN (a consequence scores 1e5)
 TIMEOUT_KINDS = ("timeout", "terminated", "exception")
@@ -38,12 +40,10 @@ def nccl_error(ctx: Context) -> list[Finding]:
 
 
 def _owned_classes() -> list[str]:
-    from ..model.nccl_errors import CLASSES
     return [c.name for c in CLASSES if c.kind != "none"]
 
 
 def _none_classes() -> list[str]:
-    from ..model.nccl_errors import CLASSES
     return [c.name for c in CLASSES if c.kind == "none"]
 
 
@@ -134,7 +134,6 @@ def _since(g: pd.DataFrame) -> tuple[int | None, str | None]:
 
 def _dump_finding(ctx: Context, dumps: pd.DataFrame) -> Finding:
     first = int(pd.to_numeric(dumps["peer_rank"], errors="coerce").mode().iloc[0])
-    from .timeouts import rank_hosts
     host = rank_hosts(ctx).get(first)
     told = _ranks(dumps)
     since_ns, src = _since(dumps)

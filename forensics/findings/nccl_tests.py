@@ -33,7 +33,9 @@ import json
 
 import pandas as pd
 
+from ..model.nccl_errors import CLASS_BY_NAME, classify
 from .base import Context, Finding, detector
+from .ib import active_ports
 from .sql import sql_int, sql_str
 
 PEER_RATIO = 0.7
@@ -137,7 +139,6 @@ def _link_rate(ctx: Context, host: str, test_hosts) -> tuple[float, int, str | N
     if ports is None or ports.empty:
         return None
     hosts = {host, *[x for x in (test_hosts if isinstance(test_hosts, str) else "").split(",") if x]}   # NA: none
-    from .ib import active_ports
     act = active_ports(ports)
     mine = act[act["host"].isin(hosts)]
     act = mine if len(mine) else act
@@ -200,7 +201,6 @@ def _wrong_results(runs: pd.DataFrame) -> list[Finding]:
     text = next((t for t in bad["failure_text"] if isinstance(t, str) and t), None)
     why = ""
     if text:
-        from ..model.nccl_errors import CLASS_BY_NAME, classify
         cls = classify(pd.Series([text])).iloc[0]
         why = f": \"{text[:200]}\"" + (f" ({CLASS_BY_NAME[cls].meaning})" if cls in CLASS_BY_NAME else "")
     failed = _failed_hosts(bad)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..model.nccl_errors import CLASSES
+from ..model.logs import job_hosts as log_hosts
+from ..model.nccl_errors import CLASSES, CLASS_BY_NAME
 from .base import Finding
 from .sql import sql_list
 
@@ -47,7 +48,6 @@ def rows_of(ctx, classes: list[str]) -> pd.DataFrame:
 def job_hosts(ctx) -> list[str]:
     """Every host the evidence names: the captures' and those of the processes, WARN lines and
     watchdog lines in the logs."""
-    from ..model.logs import job_hosts as log_hosts
     named = log_hosts(ctx.model.tables, ("nccl_config", "nccl_warnings", "watchdog_events"))
     return sorted(set(getattr(ctx.model, "hosts", []) or []) | set(named))
 
@@ -172,7 +172,6 @@ def class_finding(ctx, kind: str, cls: str, g: pd.DataFrame, *, confidence: floa
     failure), the class's check on those hosts; ``detail``: what the detector adds after the
     hosts (a rank, a device). A consequence of an earlier failure is a warning unless it is the
     first failure itself."""
-    from ..model.nccl_errors import CLASS_BY_NAME
     c = CLASS_BY_NAME[cls]
     hosts = sorted(set(g["host"].dropna().astype(str)))
     ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()}) or ranks_of_hosts(ctx, hosts)

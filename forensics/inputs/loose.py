@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import InputError
+from ..pcap.reader import FORMATS
 from .bundle import Bundle, EventLog, Manifest
 from .intake import LooseSet
 
@@ -28,7 +30,6 @@ ABSENT = {
 
 def is_pcap(path: str | Path) -> bool:
     """Whether the file starts with a magic number the capture reader knows (pcap, pcapng)."""
-    from ..pcap.reader import FORMATS
     try:
         with open(path, "rb") as fh:
             head = fh.read(4)
@@ -137,7 +138,6 @@ def merge(parts: list) -> list:
 def nothing_read(parts: list) -> None:
     """Raise InputError (one line) when the inputs held no bundle and no loose file any parser
     read: there is nothing to analyze, and the user should hear why at once."""
-    from ..errors import InputError
     if any(not isinstance(p.bundle, LooseBundle) for p in parts):
         return
     loose = [p.bundle for p in parts]

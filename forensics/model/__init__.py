@@ -24,6 +24,7 @@ from . import logs as logs_mod
 from . import nccl as nccl_mod
 from . import timing as timing_mod
 from . import tcp_ranks
+from ..inputs.loose import merge, nothing_read
 from .schema import SCHEMAS, concat, conform, empty
 from .hosts import HostPart
 from .skew import SkewEstimate, estimate_skew
@@ -84,7 +85,6 @@ def from_parts(parts: list[HostPart], *, skew: bool = True) -> Model:
     """The model of every host's part (:func:`.hosts.read_host`, in the order of the
     sources): loose evidence read in shares merged back, two bundles of one host kept apart,
     then what needs every host (:func:`_build`). InputError when nothing could be read."""
-    from ..inputs.loose import merge, nothing_read
     parts = merge(parts)
     nothing_read(parts)
     hosts = [p.bundle.host for p in parts]

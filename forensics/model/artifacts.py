@@ -36,8 +36,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from . import gpu_times, inits, nccl_config, state
 from ..errors import InputError
 from ..parsers import registry
+from ..parsers.ib_counters import IbCountersParser, ib_deltas, snapshot_values
 from ..parsers.registry import ParseResult, looks_binary
 from ..parsers.text import LogText
 from .schema import concat, conform, empty
@@ -167,7 +169,6 @@ def read_artifacts(bundle) -> BundleArtifacts:
     if (bundle.root / "ib").is_dir() and any(True for _ in bundle.files("ib/**/*")):
         # the ib/ folder is one tree (start/end snapshots of every port): parsed once, for the
         # ib_counters table and the host facts both
-        from ..parsers.ib_counters import IbCountersParser
         res = IbCountersParser.parse(bundle.root / "ib")
         bundle.problems.extend(res.warnings[:WARNINGS_PER_FILE])
         arts.results.setdefault("ib_counters", []).insert(0, ("ib", res))
@@ -434,7 +435,6 @@ def ib_counters_table(bundle, arts: BundleArtifacts) -> pd.DataFrame:
     """Start/end deltas per port and counter of the bundle's ib/ tree; for a snapshot without
     phases (loose ``perfquery`` output), the values since the counters were last cleared
     (``start`` NA, :func:`forensics.parsers.ib_counters.snapshot_values`)."""
-    from ..parsers.ib_counters import ib_deltas, snapshot_values
     df = arts.table("ib_counters", "ib_counters")
     if df.empty:
         return empty("ib_counters")
@@ -458,7 +458,6 @@ def host_tables(b, arts: BundleArtifacts, ranks: dict[int, int], host_facts: pd.
     """The artefact tables of one host that need no other host (:mod:`.hosts`' per-host stage);
     ``ranks``: the host's :func:`forensics.model.nccl.process_ranks` (the one pid -> global
     rank rule); ``gpu_records``: its Inspector and profiler-plugin records for the GPU times."""
-    from . import gpu_times, inits, nccl_config, state
     tests, runs = nccl_tests_tables(b, arts)
     cfg, warns = nccl_config.config_tables(b, arts, ranks)
     insp = [r for r in (gpu_times.inspector_records(b, arts), gpu_times.profiler_records(b, arts)) if len(r)]
@@ -487,7 +486,6 @@ def artifact_tables(bundles: list, nccl: pd.DataFrame, attr, per_host: dict[str,
     """(nccl_events with GPU durations where the artefacts give them, the artefact tables) of
     every host: each host's :func:`host_tables` (``per_host``) put together, the sockets
     attributed with every host's endpoints (``attr``), the GPU times matched across hosts."""
-    from . import gpu_times
     tables: dict[str, pd.DataFrame] = {}
     for name in ARTIFACT_TABLES:
         if name == "sockets":      # attributed below, with every host's endpoints

@@ -51,6 +51,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from ..parsers.nccl_coll import op_enum
 from .schema import conform, empty
 
 GPU_TIMING = ("kernel_gpu", "kernel_cpu")
@@ -122,7 +123,6 @@ def _clocks(args) -> tuple[int | None, int | None]:
 
 
 def _op(name):
-    from ..parsers.nccl_coll import op_enum
     return op_enum(name) if isinstance(name, str) else None
 
 

@@ -25,12 +25,13 @@ import pandas as pd
 from ..inputs.bundle import Bundle
 from ..errors import InputError
 from . import artifacts as artifacts_mod
-from . import job_scope
+from . import job_scope, nccl_config, tcp_ranks
 from . import nccl as nccl_mod
-from . import nccl_config
 from . import offcpu as offcpu_mod
-from . import tcp_ranks
 from . import windows as windows_mod
+from ..inputs.loose import LooseBundle
+from ..tcp import analyze_file
+from .timing import TimingCollector
 
 # fingerprints kept per host for the clock skew: a sample chosen by the segment's own
 # bytes (its raw sequence number), the same rule on every host, so the segments two hosts
@@ -117,7 +118,6 @@ def open_source(source) -> Bundle:
     """The bundle at a path, or loose evidence as a pseudo-bundle."""
     if isinstance(source, (str, bytes, os.PathLike)):
         return Bundle.open(source)
-    from ..inputs.loose import LooseBundle
     return LooseBundle(source)
 
 
@@ -166,8 +166,6 @@ def scan_pcaps(bundle: Bundle, *, fingerprints: bool = True, keep=None) -> PcapP
     verdict rows, flows, the flow timing aggregates (:class:`~.timing.TimingCollector`) and,
     with ``fingerprints``, the sampled segment keys :func:`~.skew.estimate_skew` matches.
     ``keep(rel)``: whether a capture is read (:meth:`.job_scope.JobScope.keeps_file`)."""
-    from ..tcp import analyze_file
-    from .timing import TimingCollector
     part = PcapPart()
     caps = [(rel, p) for rel, p in bundle.pcaps() if keep is None or keep(rel)]
     shift = _sample_shift([p for _, p in caps]) if fingerprints else 0

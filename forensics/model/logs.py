@@ -35,6 +35,7 @@ import pandas as pd
 
 from ..parsers import lines as lines_mod
 from . import nccl_errors
+from ..parsers.nccl_debug import ib_fields, peer_fields
 from .schema import conform
 
 UNKNOWN = "unknown:"
@@ -361,7 +362,6 @@ def _quoted_warnings(tables: dict, w: pd.DataFrame | None) -> pd.DataFrame:
     """NCCL's last WARN as others quote it, without its prefix: after PyTorch's ``Last error:``
     and in nccl-tests' ``Test NCCL failure ... 'error / last error'``; rows of ``nccl_warnings``
     (``src_file`` says who quoted it) unless the log holds that WARN line itself."""
-    from ..parsers.nccl_debug import ib_fields, peer_fields
     rows = []
     wd = tables.get("watchdog_events")
     if wd is not None and len(wd):

@@ -29,6 +29,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from .nccl_errors import classify
 from .schema import conform, empty
 
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "TORCH_FR_", "TORCH_DISTRIBUTED_", "CUDA_VISIBLE_DEVICES")
@@ -272,7 +273,6 @@ def _warnings(bundle, warns: pd.DataFrame, pmap: dict, rows: dict, ranks: dict, 
     capture that holds it (``node``), and its class (:mod:`.nccl_errors`)."""
     if warns.empty:
         return empty("nccl_warnings")
-    from .nccl_errors import classify
     w = warns.rename(columns={"line": "log_line"}).copy()
     keys = _keys(warns, pmap)
     w["log_pid"] = w["pid"]

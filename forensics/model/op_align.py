@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from .events import events_frame
 
 ALIGN_MIN_MATCHES = 3        # calls matched by time before a shift is believed
 ALIGN_MIN_SUPPORT = 0.6      # share of the matched calls that agree on it
@@ -59,7 +60,6 @@ def tracer_runs(coll: pd.DataFrame, events: list[dict] | pd.DataFrame) -> tuple[
     idx = coll.index
     run = pd.Series(pd.NA, index=idx, dtype="Int64")
     source = pd.Series(None, index=idx, dtype="object")
-    from .events import events_frame
     starts_f = events_frame(events, "tracer_start") if isinstance(events, list) else pd.DataFrame()
     starts = np.sort(pd.to_numeric(starts_f.get("t", pd.Series(dtype="float64")), errors="coerce")
                      .dropna().to_numpy(np.float64))

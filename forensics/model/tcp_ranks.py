@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..parsers.ss import SsParser
 from .events import events_frame, utc_of
 from .schema import conform, empty
 
@@ -87,7 +88,6 @@ def _endpoints_from_manifest(bundle) -> pd.DataFrame:
 
 
 def _endpoints_from_ss(bundle) -> pd.DataFrame:
-    from ..parsers.ss import SsParser
     labels = {n.label: n.inode for n in bundle.manifest.netns}
     frames = []
     for rel, path in bundle.files("sys/**/ss*"):

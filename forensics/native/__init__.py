@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from ..errors import StallscopeError
+from ..errors import CaptureFormatError, StallscopeError
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -386,7 +386,6 @@ class RecordWalker:
         n = _lib.walk_records(self._st, _ptr(buf), length, base, ctypes.byref(c), max_out,
                               ctypes.byref(consumed))
         if n < 0:
-            from ..errors import CaptureFormatError
             raise CaptureFormatError(_lib.walk_error(self._st).decode())
         return {k: v[:n] for k, v in cols.items()}, consumed.value
 

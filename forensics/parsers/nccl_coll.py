@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
+from ..native import coll_chunks
 from .text import LogText
 
 # a COLL line's head (a line :data:`COLL_RE` must then read whole)
@@ -69,7 +70,6 @@ _K1, _K2 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
 def scan_coll(text: LogText, mode: str):
     """(COLL rows as a DataFrame or None, the last line per process and communicator as a
     DataFrame or None, offsets of the other "NCCL INFO " lines) of ``text``."""
-    from ..native import coll_chunks
     others, parts = [], []
     cols = _COLL_ROW_COLS if mode == "rows" else _COLL_LAST_COLS
     for chunk, other in coll_chunks(text.data, text.size, cols):

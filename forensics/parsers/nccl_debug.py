@@ -87,6 +87,7 @@ import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
+from ..native import line_count
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
 from .heads import NCCL_DEBUG_MARKERS
@@ -863,7 +864,6 @@ INFO_FACTS = (
 
 def text_lines(text: LogText) -> int:
     """Lines holding more than blanks."""
-    from ..native import line_count
     return line_count(text.data, text.size)[1]
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
+from ..native import TOPO_CONNECTION, TOPO_ITEM_DTYPES, TOPO_PREFIX, TOPO_RING_ORDER, topo_lines
 from .text import LogText
 
 # the transport a connection's ``via`` names (``NET/IB/0/GDRDMA``, ``P2P/IPC/read``, ``SHM/direct/direct``)
@@ -92,7 +93,6 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     """(the Channel and Trees lines among the "NCCL INFO " offsets ``hits`` that C read, and
     the prefixes of the other INFO lines it read; the offsets left to the regular
     expressions). ``schemas``: the parser's table schemas."""
-    from ..native import TOPO_CONNECTION, TOPO_ITEM_DTYPES, TOPO_PREFIX, TOPO_RING_ORDER, topo_lines
     c, rest = topo_lines(text.data, text.size, hits, any_message=True)
     items = {k: c.pop(k) for k in TOPO_ITEM_DTYPES}
     if not len(c["start"]):

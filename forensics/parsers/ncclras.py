@@ -97,6 +97,7 @@ dead_processes, timeouts (int), sections (list of the sections seen).
 """
 from __future__ import annotations
 
+import json
 import re
 
 
@@ -492,7 +493,6 @@ def _read_json(text: str, facts: dict, t: dict, log: WarningLog) -> None:
     a rank whose count of some collective differs from its peers' (MISMATCH, one row per such
     collective), a rank with an asynchronous error (ERROR), a missing rank (INCOMPLETE; status
     DEAD when RAS considers its process dead, UNRESPONSIVE when it did not answer)."""
-    import json
     fixed = re.sub(r'("nvml_dev": -?\d+)(\s*\n\s*"status")', r"\1,\2", text)
     try:
         doc = json.loads(fixed)

@@ -29,6 +29,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from ..errors import InputError
+from ..native import first_offsets, line_hits, line_spans
 from .normalize import normalize as normalize_text
 from .registry import SNIFF_BYTES, Parser, WarningLog, decode_text, looks_binary, read_source
 
@@ -108,7 +109,6 @@ class LogText:
         needles = [n for n in dict.fromkeys(needles) if n]
         todo = [n for n in needles if n not in self._first]
         if todo:
-            from ..native import first_offsets
             short = [n for n in todo if len(n) < 2]
             for n in short:
                 self._first[n] = self.data.find(n)
@@ -123,7 +123,6 @@ class LogText:
     # ---- line selection
     def lines_with(self, needles: Iterable[bytes], also: Iterable[np.ndarray] = ()) -> Lines:
         """The lines holding any of ``needles`` (and the lines at the offsets ``also``)."""
-        from ..native import line_hits, line_spans
         firsts = self.first(needles)
         hits = [line_hits(self.data, self.size, n, start=at) for n, at in firsts.items() if at >= 0]
         hits += [np.asarray(a, np.int64) for a in also]
@@ -143,7 +142,6 @@ class LogText:
 
     def line_numbers_and_ends(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(line start, line end, 1-based line number) of each sorted byte offset."""
-        from ..native import line_spans
         return line_spans(self.data, self.size, np.asarray(offsets, np.int64))
 
     def text(self, start: int, end: int) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .fields import FieldViews
-from .linktypes import ETH_IPV4, ETH_IPV6, locate_l3
+from .linktypes import ETH_IPV4, ETH_IPV6, LOCATORS, locate_l3
 from .reader import PAD, RecordBatch
 
 IPPROTO_TCP = 6
@@ -235,7 +235,6 @@ def _tunnels(fv: FieldViews, l4, l4_end, proto):
             etype[gvu] = np.where(gproto == ETH_TEB, 0, gproto)
     eth_idx = np.flatnonzero(eth)
     if len(eth_idx):
-        from .linktypes import LOCATORS
         l3, et = LOCATORS[1](fv, inner[eth_idx], l4_end[eth_idx])     # link type 1: Ethernet
         inner[eth_idx], etype[eth_idx] = l3, et
     is_tunnel = (etype == ETH_IPV4) | (etype == ETH_IPV6)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 from . import data, html, markdown, perfetto
+from ..execution.shared_steps import ModelStep
 
 
 def findings_json(analysis) -> dict:
@@ -46,7 +47,6 @@ def model_steps() -> list:
     last ones once the detectors are done, and the values reach the renderers through
     ``Analysis.memos`` (:func:`.data.memo`). The long ones first (the rank table, then its
     totals), so that the steps left at the end are short."""
-    from ..execution.shared_steps import ModelStep
     return [ModelStep("rank_table", data.rank_table), ModelStep("rank_totals", _rank_totals, ("rank_table",)),
             ModelStep("intervals", data.intervals), ModelStep("progress", data.progress_of),
             ModelStep("heatmap", _heatmap, ("rank_table",))]

@@ -18,6 +18,7 @@ import pandas as pd
 
 from ..model.rank_hosts import rank_hosts_of
 from . import data
+from ..model.windows import host_windows
 
 MAX_INTERVALS = 5000        # collective intervals drawn on the timeline
 MAX_MARKERS = 2500          # TCP markers drawn on the timeline
@@ -564,7 +565,6 @@ def _window_traces(windows, hosts: dict[int, str], ranks: list[int], pos: dict[i
     start and stop apart, and nothing outside a host's window is known there."""
     if windows is None or windows.empty or t0 is None:
         return []
-    from ..model.windows import host_windows
     spans = host_windows(windows)
     if len({spans.get(hosts.get(r)) for r in ranks}) <= 1 and len(spans) <= 1:
         return []   # one capture watched everything: nothing to tell apart

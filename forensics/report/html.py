@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+import shlex
 
 import numpy as np
 import pandas as pd
@@ -476,7 +477,6 @@ def context(analysis) -> dict[str, Any]:
 
 
 def _shell_quote(s: str) -> str:
-    import shlex
     return shlex.quote(s)
 
 

@@ -19,6 +19,7 @@ from ..pcap.decode import STATUS_BOGUS_HLEN, SkipCounts, TcpDecoder, TcpPackets
 from ..pcap.linktypes import NOT_A_PACKET
 from ..pcap.reader import CaptureReader, ReadReport
 from .conversations import ConversationTable
+from .flows import flow_table
 from .verdicts import CSV_VERDICTS, HIDDEN_BIT, VERDICT_BITS, printed
 
 if TYPE_CHECKING:
@@ -161,7 +162,6 @@ class TcpAnalyzer:
                 "like tshark, no verdicts are shown for them (state is still tracked)")
 
     def flows(self) -> "pd.DataFrame":
-        from .flows import flow_table
         return flow_table(self.kernel.conversations(), self.conversations)
 
 

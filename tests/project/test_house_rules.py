@@ -8,6 +8,11 @@ source with :mod:`ast`, so that a change that breaks one fails here, naming wher
 - Sizes: no module over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES, no class
   over MAX_CLASS_LINES, in ``forensics/``, ``capture/`` and the lab (``tests/lab/``). Tables
   of data are the only exception, each in SIZE_EXCEPTIONS with its reason.
+- No import inside a function (an import dodging a circle hides it from readers; there is
+  none: tests/project/test_import_graph.py) except where a reason holds: a command line
+  module imports what its command runs (LAZY_IMPORT_MODULES), a package that costs start-up
+  time or is optional is loaded where it is needed (LAZY_IMPORT_PACKAGES), and the pairs of
+  LAZY_IMPORT_PAIRS, each with its reason. Over ``forensics/`` and ``capture/``.
 """
 from __future__ import annotations
 
@@ -26,6 +31,35 @@ MAX_FUNCTION_LINES = 120
 MAX_CLASS_LINES = 450
 # "path" or "path:Qualified.name" -> why it may exceed its limit (tables of data only)
 SIZE_EXCEPTIONS: dict[str, str] = {}
+# imports inside functions: the importing module (a path or a folder's prefix) -> why
+COMMAND_LINE = ("the command line: each command imports what it runs when it runs, so `stallscope capture` "
+                "starts without numpy or the analyzer (DESIGN.md, Commands)")
+LAZY_IMPORT_MODULES: dict[str, str] = {
+    "forensics/cli.py": COMMAND_LINE, "forensics/commands/": COMMAND_LINE, "capture/cli.py": COMMAND_LINE,
+}
+# the imported top-level package -> why it is imported where it is needed
+LAZY_IMPORT_PACKAGES: dict[str, str] = {
+    "duckdb": "~0.1 s to import: only a process that opens a database loads it (worker processes read hosts "
+              "without it; analyze imports it on a thread while the hosts are read)",
+    "jinja2": "only the HTML report renders templates",
+    "distributed": "optional: only --dask ADDRESS needs dask.distributed",
+}
+# (importing path, imported module as written) -> why
+LAZY_IMPORT_PAIRS: dict[tuple[str, str], str] = {
+    ("forensics/model/__init__.py", ".database"): "the model's database, and duckdb with it, only when connected",
+    ("forensics/execution/thread_call.py", "..model.database"): "execution's scheduling modules import no analyzer "
+                                                                "code at module level",
+    ("forensics/execution/reader_pool.py", "..model.hosts"): "reader_pool imports the standard library only: analyze "
+                                                             "starts its workers before pandas and the analyzer load",
+    ("forensics/execution/reader_pool.py", "concurrent.futures"): "the same: nothing but what forking the workers needs",
+    ("forensics/execution/memory.py", "ctypes"): "glibc's mallopt is reached only when an analysis asks for it",
+    ("forensics/inputs/loose.py", "pandas"): "forensics.inputs sorts the user's paths with the standard library; "
+                                             "pandas only to merge the shares of a loose set",
+    ("forensics/tcp/engine.py", "pandas"): "the TCP engine works in numpy (`stallscope tcp` needs no pandas); a "
+                                           "frame only when one is asked for",
+    ("forensics/inputs/intake.py", "capture.bundle_files"): "the analyzer reads one setting with capture's size "
+                                                            "parser; capture's modules stay out of its start-up",
+}
 
 
 def _is_private(name: str) -> bool:
@@ -184,6 +218,49 @@ def test_no_module_function_or_class_exceeds_its_size():
 def test_every_size_exception_names_something_that_exists():
     for key in SIZE_EXCEPTIONS:
         assert (ROOT / key.partition(":")[0]).is_file(), key
+
+
+def function_imports(text: str) -> list[tuple[int, str]]:
+    """(line, the module as written) of every import inside a function of ``text``."""
+    out = []
+    for fn in ast.walk(ast.parse(text)):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Import):
+                    out += [(n.lineno, a.name) for a in n.names]
+                elif isinstance(n, ast.ImportFrom):
+                    out.append((n.lineno, "." * n.level + (n.module or "")))
+    return sorted(set(out))
+
+
+def lazy_import_reason(path: str, module: str) -> str | None:
+    """Why ``path`` may import ``module`` inside a function, None when nothing allows it."""
+    for prefix, why in LAZY_IMPORT_MODULES.items():
+        if path == prefix or (prefix.endswith("/") and path.startswith(prefix)):
+            return why
+    return LAZY_IMPORT_PACKAGES.get(module.split(".")[0]) or LAZY_IMPORT_PAIRS.get((path, module))
+
+
+def test_no_import_inside_a_function_without_its_reason():
+    found = [f"{p.relative_to(ROOT)}:{line}: {mod}" for p in sources(*PRODUCT)
+             for line, mod in function_imports(p.read_text())
+             if lazy_import_reason(str(p.relative_to(ROOT)), mod) is None]
+    assert found == [], ("imports inside functions with no reason listed (import at module level; or add the "
+                         "reason to LAZY_IMPORT_*):\n" + "\n".join(found))
+
+
+def test_every_listed_lazy_import_is_still_there():
+    used = {(str(p.relative_to(ROOT)), mod) for p in sources(*PRODUCT) for _, mod in function_imports(p.read_text())}
+    assert set(LAZY_IMPORT_PAIRS) <= used, set(LAZY_IMPORT_PAIRS) - used
+    for prefix in LAZY_IMPORT_MODULES:
+        assert (ROOT / prefix).exists(), prefix
+
+
+def test_an_import_inside_a_function_is_found_and_a_listed_one_passes():
+    text = "import os\n\ndef f():\n    from .x import y\n    import duckdb\n    return y\n"
+    assert function_imports(text) == [(4, ".x"), (5, "duckdb")]
+    assert lazy_import_reason("forensics/a.py", ".x") is None
+    assert lazy_import_reason("forensics/a.py", "duckdb") and lazy_import_reason("forensics/commands/q.py", ".x")
 
 
 # ------------------------------------------------------------------ the checker catches what it should

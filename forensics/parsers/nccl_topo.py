@@ -246,8 +246,8 @@ def _strings(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) ->
 
 
 def _int(a: np.ndarray, na: np.ndarray | None = None):
-    return pd.array(a.astype(np.int64), dtype="Int64") if na is None else \
-        pd.arrays.IntegerArray(a.astype(np.int64), na.copy())
+    """An Int64 column of ``a`` (a copy), NA where ``na``."""
+    return pd.arrays.IntegerArray(a.astype(np.int64), np.zeros(len(a), bool) if na is None else na.copy())
 
 
 def _ints(distinct: list, inv: np.ndarray):

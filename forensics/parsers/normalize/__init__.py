@@ -83,15 +83,15 @@ def normalize(data) -> Normalized:
     if not any(r.needed(segs) for r in dict.fromkeys(PIPELINE)):
         return Normalized(data)
     # the text is copied (BOM dropped, CRLF made LF) when that changes it or when a repair is
-    # to be applied: a repair that the sample calls for and that then changes nothing (its
-    # apply reads a longer sample) costs no copy of a clean text
+    # to be applied that reads only bytes: a repair that the sample calls for and that then
+    # changes nothing (its apply reads a longer sample) costs no copy of a clean text
     out = _lf_text(data) if head.startswith(b"\xef\xbb\xbf") or _holds_crlf(data) else data
     done: list[str] = []
     for r in PIPELINE:
         segs = sample(out)
         if not r.needed(segs):
             continue
-        if out is data:
+        if out is data and not r.BUFFERS:
             out = bytes(data)
         new = r.apply(out)
         if new != out:

@@ -143,11 +143,11 @@ def keep_freed_memory() -> None:
     ``M_TRIM_THRESHOLD``), instead of mapping each block over 32 MiB afresh and unmapping it
     when freed. Reading a big log makes and frees many column arrays of that size (tens of
     MiB per column of a million-row table); each fresh mapping is zeroed by the kernel page by
-    page (a third of the CPU time of reading an init-heavy log, bench/README.md), a reused
-    heap block is not. The cost: the process keeps up to 1 GiB it freed, and its peak is a few
-    per cent higher. Nothing is done where the C library is not glibc, where ``mallopt``
-    fails, or where the environment sets either glibc tunable itself
-    (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``)."""
+    page, a reused heap block is not (the effect: bench/README.md, the init-heavy log). The
+    cost: the process keeps up to 1 GiB it freed, and its peak is a little higher. Nothing is
+    done where the C library is not glibc, where ``mallopt`` fails, or where the environment
+    sets either glibc tunable itself (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+    ``GLIBC_TUNABLES``)."""
     if _malloc_tuned:
         return
     _malloc_tuned.append(True)
@@ -163,8 +163,9 @@ def small_pages():
     ``PR_SET_THP_DISABLE``), and back on after unless they were off before. numpy asks for
     huge pages for every array of 4 MiB or more (``madvise``); the kernel then zeroes 2 MiB at
     a time on the first touch, and a reading of a big log touches gigabytes of fresh columns
-    once each (on the 256 MiB init-heavy log: 1.9-2.4 s of system time with them, 0.7-0.9 s
-    without, bench/README.md). Elsewhere, or where ``prctl`` fails, the block runs as it is."""
+    once each (the effect: bench/README.md, the init-heavy log). Elsewhere, or where ``prctl``
+    fails, the block runs as it is. Process-wide: a block run by two threads at once may end
+    with huge pages on while the other still runs (slower, not wrong)."""
     prctl = _libc_function("prctl")
     was = prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) if prctl is not None else -1
     off = was == 0 and prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
@@ -179,7 +180,7 @@ def small_pages():
 def _no_cyclic_gc():
     """The block run with the cyclic garbage collector off (back on after if it was on): a
     big log's reading makes millions of objects, few of them in cycles, and the collector
-    walked them ~190 times per 64 MiB of init-heavy log (bench/README.md)."""
+    walked them again and again (bench/README.md)."""
     was = gc.isenabled()
     gc.disable()
     try:

@@ -16,7 +16,9 @@ nothing.
 """
 from __future__ import annotations
 
+import gc
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -92,6 +94,12 @@ def read_host(path, *, skew: bool = True) -> HostPart:
     """The per-host stage for one bundle (tar.gz or folder), or for loose evidence (a
     :class:`~forensics.inputs.intake.LooseSet`, read as :class:`~forensics.inputs.loose.LooseBundle`); raises
     InputError when the path is no bundle. Runs in a worker process as well as in the caller's."""
+    keep_freed_memory()
+    with small_pages(), _no_cyclic_gc():
+        return _read_host(path, skew)
+
+
+def _read_host(path, skew: bool) -> HostPart:
     b = open_source(path)
     try:
         # a watcher's incident: the job that hung alone (job_scope: the other jobs' processes out)
@@ -112,6 +120,76 @@ def read_host(path, *, skew: bool = True) -> HostPart:
                     windows=windows_mod.bundle_windows(b, events, flows),
                     tables=job_scope.drop_rows(artifacts_mod.host_tables(b, arts, ranks, facts, events), sc),
                     pcap=pcap)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3        # glibc's malloc.h
+_PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42     # linux/prctl.h
+_MALLOC_KEEP = 1 << 30
+_malloc_tuned: list[bool] = []
+
+
+def _libc_function(name: str):
+    """glibc's function ``name`` (ctypes, int arguments), or None elsewhere."""
+    import ctypes
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return None
+        return getattr(ctypes.CDLL(None), name)
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def keep_freed_memory() -> None:
+    """Once per process, on glibc: have ``malloc`` serve blocks of up to 1 GiB from its heap
+    and keep up to 1 GiB freed at its top (``mallopt`` ``M_MMAP_THRESHOLD`` and
+    ``M_TRIM_THRESHOLD``), instead of mapping each block over 32 MiB afresh and unmapping it
+    when freed. Reading a big log makes and frees many column arrays of that size (tens of
+    MiB per column of a million-row table); each fresh mapping is zeroed by the kernel page by
+    page, a reused heap block is not (the effect: bench/README.md, the init-heavy log). The
+    cost: the process keeps up to 1 GiB it freed, and its peak is a little higher. Nothing is
+    done where the C library is not glibc, where ``mallopt`` fails, or where the environment
+    sets either glibc tunable itself (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+    ``GLIBC_TUNABLES``)."""
+    if _malloc_tuned:
+        return
+    _malloc_tuned.append(True)
+    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
+        return
+    if (mallopt := _libc_function("mallopt")) is not None and mallopt(_M_TRIM_THRESHOLD, _MALLOC_KEEP):
+        mallopt(_M_MMAP_THRESHOLD, _MALLOC_KEEP)
+
+
+@contextmanager
+def small_pages():
+    """The block run with the process's transparent huge pages off (Linux ``prctl``
+    ``PR_SET_THP_DISABLE``), and back on after unless they were off before. numpy asks for
+    huge pages for every array of 4 MiB or more (``madvise``); the kernel then zeroes 2 MiB at
+    a time on the first touch, and a reading of a big log touches gigabytes of fresh columns
+    once each (the effect: bench/README.md, the init-heavy log). Elsewhere, or where ``prctl``
+    fails, the block runs as it is. Process-wide: a block run by two threads at once may end
+    with huge pages on while the other still runs (slower, not wrong)."""
+    prctl = _libc_function("prctl")
+    was = prctl(_PR_GET_THP_DISABLE, 0, 0, 0, 0) if prctl is not None else -1
+    off = was == 0 and prctl(_PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        if off:
+            prctl(_PR_SET_THP_DISABLE, 0, 0, 0, 0)
+
+
+@contextmanager
+def _no_cyclic_gc():
+    """The block run with the cyclic garbage collector off (back on after if it was on): a
+    big log's reading makes millions of objects, few of them in cycles, and the collector
+    walked them again and again (bench/README.md)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def open_source(source) -> Bundle:

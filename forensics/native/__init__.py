@@ -262,9 +262,11 @@ def topo_lines(buf, length: int, hits: np.ndarray, any_message: bool = False
     in all is left to Python."""
     hits = np.ascontiguousarray(hits, np.int64)
     n = len(hits)
-    cols = {k: np.zeros(max(n, 1), dt) for k, dt in TOPO_DTYPES.items()}
+    # not zeroed (a heap block reused would be cleared byte by byte): C writes every column a
+    # row's kind fills, and the others are garbage anyway
+    cols = {k: np.empty(max(n, 1), dt) for k, dt in TOPO_DTYPES.items()}
     cap = n + 4096
-    items = {k: np.zeros(cap, dt) for k, dt in TOPO_ITEM_DTYPES.items()}
+    items = {k: np.empty(cap, dt) for k, dt in TOPO_ITEM_DTYPES.items()}
     rest = np.empty(max(n, 1), np.int64)
     if not n:
         return {**{k: v[:0] for k, v in cols.items()}, **{k: v[:0] for k, v in items.items()}}, rest[:0]

@@ -54,15 +54,47 @@ static uint64_t fnv1a(const uint8_t *p, int64_t n) {
     return h ^ (h >> 32);
 }
 
+/* memmem's answer (the first occurrence of the m >= 1 bytes nd in the n at p) by memchr on
+ * the first byte and memcmp: for the short stretches a line offers, where memmem's setup costs
+ * more than the search (the needles here start with a byte that is rare in a line). */
+static inline const uint8_t *find_short(const uint8_t *p, size_t n, const char *nd, size_t m) {
+    const uint8_t *e = p + n;
+    while ((size_t)(e - p) >= m) {
+        const uint8_t *q = memchr(p, (uint8_t)nd[0], (size_t)(e - p) - m + 1);
+        if (!q) return NULL;
+        if (memcmp(q + 1, nd + 1, m - 1) == 0) return q;
+        p = q + 1;
+    }
+    return NULL;
+}
+
 /* a column the caller asked for (NULL: not wanted) */
 #define SET(col, i, v) do { if (o->col) o->col[i] = (v); } while (0)
 
+/* Whether one of the 8 bytes of w is b (exact: the "has a zero byte" test of w ^ b...b). */
+static inline int has_byte(uint64_t w, uint8_t b) {
+    uint64_t v = w ^ (0x0101010101010101ULL * b);
+    return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
+}
+
+static inline int has_term(uint64_t w) { return has_byte(w, '\n') || has_byte(w, '\r'); }
+
+/* The start of the line holding pos, and the end (its terminator, or len) of the line holding
+ * pos: 8 bytes a step up to the word holding a terminator, then byte by byte. */
 static int64_t line_start(const uint8_t *buf, int64_t pos) {
+    for (uint64_t w; pos >= 8; pos -= 8) {
+        memcpy(&w, buf + pos - 8, 8);
+        if (has_term(w)) break;
+    }
     while (pos > 0 && !is_term(buf[pos - 1])) pos--;
     return pos;
 }
 
 static int64_t line_end(const uint8_t *buf, int64_t len, int64_t pos) {
+    for (uint64_t w; pos + 8 <= len; pos += 8) {
+        memcpy(&w, buf + pos, 8);
+        if (has_term(w)) break;
+    }
     while (pos < len && !is_term(buf[pos])) pos++;
     return pos;
 }
@@ -237,7 +269,7 @@ int64_t logscan_coll(const uint8_t *buf, int64_t len, int64_t from, coll_cols *o
     int64_t n = 0, p = from;
     *n_other = 0;
     while (n < cap && *n_other < other_cap && p < len) {
-        const uint8_t *hit = memmem(buf + p, (size_t)(len - p), needle, (size_t)nl);
+        const uint8_t *hit = find_short(buf + p, (size_t)(len - p), needle, (size_t)nl);
         if (!hit) {
             p = len;
             break;
@@ -299,13 +331,15 @@ static int64_t count_lines(const uint8_t *buf, int64_t len, int64_t a, int64_t b
 
 int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64_t n, int64_t *start,
                       int64_t *end, int64_t *line) {
-    int64_t cursor = 0, lines = 1;
+    int64_t cursor = 0, lines = 1, prev_end = -1;     /* the end of the line at cursor, once known */
     for (int64_t i = 0; i < n; i++) {
         int64_t q = pos[i];
         if (q < cursor || q > len) return -1;   /* positions must be sorted and inside */
         int64_t ls = line_start(buf, q);
         if (ls > cursor) {
-            lines += count_lines(buf, len, cursor, ls);
+            /* the line right after the one at cursor, past a "\n": one terminator between */
+            if (prev_end >= 0 && ls == prev_end + 1 && buf[prev_end] == '\n') lines++;
+            else lines += count_lines(buf, len, cursor, ls);
             cursor = ls;
         } else if (ls < cursor) {
             return -1;
@@ -313,14 +347,9 @@ int64_t logscan_spans(const uint8_t *buf, int64_t len, const int64_t *pos, int64
         start[i] = ls;
         end[i] = line_end(buf, len, q);
         line[i] = lines;
+        prev_end = end[i];
     }
     return n;
-}
-
-/* Whether one of the 8 bytes of w is b (exact: the "has a zero byte" test of w ^ b...b). */
-static inline int has_byte(uint64_t w, uint8_t b) {
-    uint64_t v = w ^ (0x0101010101010101ULL * b);
-    return ((v - 0x0101010101010101ULL) & ~v & 0x8080808080808080ULL) != 0;
 }
 
 /* Lines in the buffer (the last one counts without its terminator) and how many of them hold
@@ -357,14 +386,14 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
 
 /* The first offset of each of up to PRESENCE_MAX needles (of 2 bytes or more) in one pass: a
  * table of their first two bytes (a bit per needle, W words a key) rejects almost every
- * position with one lookup, then a needle's first 4 bytes before memcmp. first[i] = -1 where
+ * position with one lookup, then a needle's first 8 bytes before memcmp. first[i] = -1 where
  * needle i does not occur. Returns 0, or -1 on bad arguments. */
 int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
                      const int32_t *nlen, int32_t n, int64_t *first) {
     if (n <= 0 || n > PRESENCE_MAX) return -1;
     const int32_t W = (n + 63) / 64;
     uint64_t *tab = calloc((size_t)65536 * (size_t)W, sizeof(uint64_t));
-    uint32_t *word = malloc((size_t)n * sizeof(uint32_t)), *mask = malloc((size_t)n * sizeof(uint32_t));
+    uint64_t *word = malloc((size_t)n * sizeof(uint64_t)), *mask = malloc((size_t)n * sizeof(uint64_t));
     int32_t *uses = calloc(65536, sizeof(int32_t));    /* needles still looked for, by key */
     if (!tab || !word || !mask || !uses) {
         free(tab); free(word); free(mask); free(uses);
@@ -379,17 +408,21 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
         tab[(size_t)key * W + i / 64] |= 1ULL << (i % 64);
         uses[key]++;
         word[i] = mask[i] = 0;
-        for (int b = 0; b < 4 && b < nlen[i]; b++) {
-            word[i] |= (uint32_t)nd[b] << (8 * b);
-            mask[i] |= 0xFFu << (8 * b);
+        for (int b = 0; b < 8 && b < nlen[i]; b++) {
+            word[i] |= (uint64_t)nd[b] << (8 * b);
+            mask[i] |= 0xFFULL << (8 * b);
         }
         left++;
     }
     for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
         uint32_t key = ((uint32_t)buf[p] << 8) | buf[p + 1];
         if (!uses[key]) continue;
-        uint32_t here = 0;                      /* the next 4 bytes (those before the end) */
-        for (int b = 0; b < 4 && p + b < len; b++) here |= (uint32_t)buf[p + b] << (8 * b);
+        uint64_t here = 0;                      /* the next 8 bytes (those before the end) */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (p + 8 <= len) memcpy(&here, buf + p, 8);    /* byte b at bits 8b, as word[] holds them */
+        else
+#endif
+        for (int b = 0; b < 8 && p + b < len; b++) here |= (uint64_t)buf[p + b] << (8 * b);
         for (int32_t w = 0; w < W; w++) {
             uint64_t m = tab[(size_t)key * W + w];
             while (m) {
@@ -440,7 +473,7 @@ static int prefix_is_first(const uint8_t *buf, int64_t ls, int64_t le, int64_t h
     }
     for (; k < le; k++)
         if (buf[k] >= 0x80) return 0;
-    if (h > ls && memmem(buf + ls, (size_t)(h - ls), "NCCL", 4) != NULL) return 0;
+    if (h > ls && find_short(buf + ls, (size_t)(h - ls), "NCCL", 4) != NULL) return 0;
     if (o->host_len[i] <= 0) return 0;
     int64_t hs = o->host_off[i];
     if (o->ts_len[i] == 0) {
@@ -488,7 +521,7 @@ static int topo_message(const uint8_t *buf, int64_t s, int64_t e, topo_cols *o, 
             else if (lit(&c, " [receive]")) o->direction[i] = 2;
             if (!lit(&c, " via ") || c.p >= c.end || is_pyspace(buf[c.p])) return 0;
             /* Python's path reads " - Init " lines as Init lines first */
-            if (memmem(buf + c.p, (size_t)(c.end - c.p), " - Init ", 8) != NULL) return 0;
+            if (find_short(buf + c.p, (size_t)(c.end - c.p), " - Init ", 8) != NULL) return 0;
             o->via_off[i] = c.p;
             o->via_len[i] = (int32_t)(c.end - c.p);
             o->via_hash[i] = fnv1a(buf + c.p, c.end - c.p);

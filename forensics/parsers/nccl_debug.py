@@ -393,16 +393,17 @@ def _section(info: list, hint: re.Pattern, rx: re.Pattern, kind: str, what: str,
              log: WarningLog, needle: str = "") -> list[tuple[_Line, re.Match]]:
     """The lines ``hint`` picks, each with its ``rx`` match and marked ``kind``; a one-line
     warning for each that ``rx`` does not match. ``needle``: text every line ``hint`` picks
-    holds (the others are passed over without a search)."""
+    holds (the others are passed over without a search); ``rx`` matches only lines ``hint``
+    picks (so ``hint`` is tried only where ``rx`` fails)."""
     out = []
     hint_at, find = _finder(hint), _finder(rx)
     for r in info:
-        if needle in r.msg and hint_at(r.msg):
-            if (c := find(r.msg)) is None:
-                log.add(r.line, f"malformed {what} line: {r.msg[:120]!r}")
-            else:
+        if needle in r.msg:
+            if (c := find(r.msg)) is not None:
                 r.kind = kind
                 out.append((r, c))
+            elif hint_at(r.msg):
+                log.add(r.line, f"malformed {what} line: {r.msg[:120]!r}")
     return out
 
 

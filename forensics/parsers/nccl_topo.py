@@ -98,7 +98,8 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     if not len(c["start"]):
         return TopoLines(), rest
     _, _, line = text.line_numbers_and_ends(c["start"])
-    host = _sa(*_distinct(text, c["host_off"], c["host_len"], c["host_hash"]))
+    hosts, host_code = _distinct(text, c["host_off"], c["host_len"], c["host_hash"])
+    host = _sa(hosts, host_code)
     out = TopoLines(starts=c["start"].copy())
     other = c["kind"] == TOPO_PREFIX
     # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
@@ -120,12 +121,9 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
     out.channels = _channels(text, {k: c[k][conn] for k in _CONNECTION_COLS}, {k: v[conn] for k, v in base.items()},
                              schemas["nccl_channels"])
-    rings = [_ring_orders(text, {k: c[k][ring] for k in _RING_ORDER_COLS}, {k: v[ring] for k, v in base.items()},
-                          schemas["nccl_rings"]),
-             _trees(text, items, {k: v[items["item_row"]] for k, v in base.items()}, schemas["nccl_rings"])]
-    rings = [r for r in rings if r is not None]
-    out.rings = (pd.concat(rings, ignore_index=True).sort_values("line", kind="stable").reset_index(drop=True)
-                 if len(rings) > 1 else rings[0] if rings else None)
+    raw = {"line": line, "host": host_code, "pid": c["pid"], "dev": c["dev"]}
+    out.rings = _rings(text, {k: c[k][ring] for k in _RING_ORDER_COLS}, {k: v[ring] for k, v in raw.items()},
+                       items, {k: v[items["item_row"]] for k, v in raw.items()}, hosts, schemas["nccl_rings"])
     vk = keys[conn].assign(v=c["via_hash"][conn])
     ci = np.flatnonzero(conn)[~vk.duplicated().to_numpy()]
     out.vias = [(int(line[i]), host[i], int(c["pid"][i]),
@@ -194,19 +192,6 @@ def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
                                  | ({p["oob_interface"]} if p["oob_interface"] else set()))
 
 
-def _trees(text: LogText, items: dict, base: dict, schema: dict) -> pd.DataFrame | None:
-    """``nccl_rings`` rows (kind ``trees``) of the items of the Trees lines C read, in line order."""
-    n = len(items["item_row"])
-    if not n:
-        return None
-    return _frame({
-        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
-        "kind": _sa(["trees"], np.zeros(n, np.intp)), "channel": _int(items["item_channel"]),
-        "rank": _int(items["item_rank"]), "up": _int(items["item_up"]),
-        "down": _sa(*_distinct(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])),
-    }, schema)
-
-
 def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.ndarray) -> dict[str, np.ndarray]:
     """The prefix fields of the other INFO lines C read, as arrays (a line the parser reads
     becomes its row): line, pre (the text before the prefix), ts, host, pid, tid, dev, msg."""
@@ -246,8 +231,8 @@ def _strings(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) ->
 
 
 def _int(a: np.ndarray, na: np.ndarray | None = None):
-    return pd.array(a.astype(np.int64), dtype="Int64") if na is None else \
-        pd.arrays.IntegerArray(a.astype(np.int64), na.copy())
+    """An Int64 column of ``a`` (a copy), NA where ``na``."""
+    return pd.arrays.IntegerArray(a.astype(np.int64), np.zeros(len(a), bool) if na is None else na.copy())
 
 
 def _ints(distinct: list, inv: np.ndarray):
@@ -297,15 +282,40 @@ def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame 
     }, schema)
 
 
-def _ring_orders(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame | None:
-    if not len(c["start"]):
+def _rings(text: LogText, c: dict, base: dict, items: dict, item_base: dict, hosts: list,
+           schema: dict) -> pd.DataFrame | None:
+    """``nccl_rings`` rows of the ring order lines C read (``c``: their columns, ``base``: their
+    line, host code (into ``hosts``), pid and dev) and of the items of its Trees lines
+    (``items``, ``item_base``), in line order (a line's items in theirs): each column is made
+    once, its values put in place of both kinds (no concatenation and sort of two frames)."""
+    n1, n2 = len(c["start"]), len(items["item_row"])
+    if not n1 + n2:
         return None
-    vals, inv = _distinct(text, c["order_off"], c["order_len"], c["order_hash"])
-    n = len(inv)
+    at1 = np.arange(n1) + np.searchsorted(item_base["line"], base["line"], "left")     # both sorted
+    at2 = np.arange(n2) + np.searchsorted(base["line"], item_base["line"], "right")
+
+    def both(a1, a2, dtype=np.int64) -> np.ndarray:
+        out = np.empty(n1 + n2, dtype)
+        out[at1], out[at2] = a1, a2
+        return out
+
+    def only(a, dtype=np.int64, first: bool = True) -> np.ndarray:     # one kind's values, NA in the other's
+        return both(a, np.zeros(n2, dtype), dtype) if first else both(np.zeros(n1, dtype), a, dtype)
+
+    orders, order_code = _distinct(text, c["order_off"], c["order_len"], c["order_hash"])
+    downs, down_code = _distinct(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])
+    nchannels_na = c["sub"] < 0
     return _frame({
-        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "dev": _int(base["dev"]),
-        "kind": _sa(["ring_order"], np.zeros(n, np.intp)), "channel": _int(c["channel"]),
-        "order": _sa([" ".join(o.split()) for o in vals], inv), "nchannels": _int(c["sub"], c["sub"] < 0),
+        "line": _int(both(base["line"], item_base["line"])), "host": _sa(hosts, both(base["host"], item_base["host"])),
+        "pid": _int(both(base["pid"], item_base["pid"])), "dev": _int(both(base["dev"], item_base["dev"])),
+        "kind": _sa(["ring_order", "trees"], only(np.ones(n2, np.intp), np.intp, first=False)),
+        "channel": _int(both(c["channel"], items["item_channel"])),
+        "rank": _int(only(items["item_rank"], first=False), only(np.ones(n1, bool), bool)),
+        "up": _int(only(items["item_up"], first=False), only(np.ones(n1, bool), bool)),
+        "down": _sa(downs + [None], both(np.full(n1, len(downs), np.intp), down_code, np.intp)),
+        "order": _sa([" ".join(o.split()) for o in orders] + [None],
+                     both(order_code, np.full(n2, len(orders), np.intp), np.intp)),
+        "nchannels": _int(only(c["sub"]), both(nchannels_na, np.ones(n2, bool), bool)),
     }, schema)
 
 

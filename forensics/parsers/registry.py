@@ -94,14 +94,16 @@ def empty_frame(schema: dict[str, str]) -> pd.DataFrame:
     return _EMPTY[key].copy()
 
 
-def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str]) -> pd.DataFrame:
+def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str], share: bool = False) -> pd.DataFrame:
     """A DataFrame with exactly the schema's columns, in order, with its dtypes.
 
     ``rows`` is a list of dicts (missing keys become NA) or a dict of columns.
     Values are converted column by column from the Python objects, so 64-bit
     integers (nanosecond times, counters) never pass through float. Values that do
     not convert become NA rather than raising: parsers validate what matters and
-    warn; this is the last line of defence.
+    warn; this is the last line of defence. ``share``: an array of ``rows`` already of its
+    column's dtype becomes the column itself, not a copy (the caller hands the arrays over;
+    one array given for two columns is still copied for the second).
     """
     if isinstance(rows, dict):
         cols = {k: v if isinstance(v, _ARRAYS) else list(v) for k, v in rows.items()}
@@ -112,8 +114,14 @@ def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str]) -> pd.
         cols = {c: [r.get(c) for r in rows] for c in schema}
     if n == 0:
         return empty_frame(schema)
-    # every column is a new array (_column copies what it is given as it is): no second copy
-    return pd.DataFrame({c: _column(cols.get(c, [None] * n), kind) for c, kind in schema.items()},
+    # every column is a new array (_column copies what it is given as it is, unless shared): no second copy
+    seen: set[int] = set()
+
+    def column(values, kind):
+        own = share and isinstance(values, _ARRAYS) and id(values) not in seen
+        seen.add(id(values))
+        return _column(values, kind, own)
+    return pd.DataFrame({c: column(cols.get(c, [None] * n), kind) for c, kind in schema.items()},
                         index=pd.RangeIndex(n), copy=False)
 
 
@@ -131,13 +139,14 @@ _TYPED = {"str": pd.array([], dtype="string").dtype, "int": pd.Int64Dtype(), "ui
 _PLAIN = {"str": {str, _NONE}, "int": {int, _NONE}, "uint": {int, _NONE}, "bool": {bool, _NONE}}
 
 
-def _fast_column(values, kind: str):
+def _fast_column(values, kind: str, own: bool = False):
     """The column of ``values`` without a Python call per value where they already have the
-    kind's type (an array of its dtype, numpy integers for ints, or Python values of the one
-    type, with None); else None: the value-by-value conversion decides."""
+    kind's type (an array of its dtype (a copy, or ``values`` itself where ``own``), numpy
+    integers for ints, or Python values of the one type, with None); else None: the
+    value-by-value conversion decides."""
     if isinstance(values, _ARRAYS):
         if values.dtype == _TYPED.get(kind, None):
-            return values.copy()
+            return values if own else values.copy()
         if _numpy_int64(values, kind):
             return pd.array(values.astype(np.int64), dtype="Int64")
         return None
@@ -164,8 +173,8 @@ def _numpy_int64(values, kind: str) -> bool:
         and values.dtype.itemsize <= (8 if values.dtype.kind == "i" else 4)
 
 
-def _column(values: list, kind: str):
-    fast = _fast_column(values, kind)
+def _column(values: list, kind: str, own: bool = False):
+    fast = _fast_column(values, kind, own)
     if fast is not None:
         return fast
     if isinstance(values, _ARRAYS):
@@ -297,20 +306,23 @@ class Parser:
     @classmethod
     def result(cls, label: str, tables: dict[str, Any], facts: dict, log: WarningLog) -> ParseResult:
         """Assemble a ParseResult, forcing every table onto its declared schema."""
-        typed = {name: typed_frame(tables.get(name), schema) for name, schema in cls.SCHEMAS.items()}
+        typed = {name: typed_frame(tables.get(name), schema, share=True) for name, schema in cls.SCHEMAS.items()}
         return ParseResult(parser=cls.NAME, source=label, tables=typed, facts=facts,
                            warnings=log.result())
 
 
-def typed_frame(rows, schema: dict[str, str]) -> pd.DataFrame:
+def typed_frame(rows, schema: dict[str, str], share: bool = False) -> pd.DataFrame:
     """:func:`frame` of a table as a parser hands it over: a DataFrame (column by column;
     ``tolist`` gives Python objects, as the rows' dicts would: no dict per row; a column the
-    frame lacks is NA in every row), a dict of columns, a list of row dicts, or None (empty)."""
+    frame lacks is NA in every row), a dict of columns, a list of row dicts, or None (empty).
+    ``share``: a DataFrame's columns already of their kind's dtype are taken as they are, not
+    copied (the parser hands its frame over: :meth:`Parser.result`)."""
     if isinstance(rows, pd.DataFrame):
         df = rows
         rows = {c: _values(df[c], kind) for c, kind in schema.items() if c in df.columns}
         if len(df) and not rows:
             rows = {next(iter(schema)): [None] * len(df)}
+        return frame(rows, schema, share)
     return frame(rows if rows is not None else [], schema)
 
 

@@ -82,15 +82,17 @@ def normalize(data) -> Normalized:
     segs = sample(data)
     if not any(r.needed(segs) for r in dict.fromkeys(PIPELINE)):
         return Normalized(data)
-    out = bytes(data)
-    if out.startswith(b"\xef\xbb\xbf"):
-        out = out[3:]
-    out = out.replace(b"\r\n", b"\n")
+    # the text is copied (BOM dropped, CRLF made LF) when that changes it or when a repair is
+    # to be applied that reads only bytes: a repair that the sample calls for and that then
+    # changes nothing (its apply reads a longer sample) costs no copy of a clean text
+    out = _lf_text(data) if head.startswith(b"\xef\xbb\xbf") or _holds_crlf(data) else data
     done: list[str] = []
     for r in PIPELINE:
         segs = sample(out)
         if not r.needed(segs):
             continue
+        if out is data and not r.BUFFERS:
+            out = bytes(data)
         new = r.apply(out)
         if new != out:
             done.append(r.NAME)
@@ -98,6 +100,20 @@ def normalize(data) -> Normalized:
     if not done:
         return Normalized(data)
     return Normalized(out, tuple(done))
+
+
+def _holds_crlf(data) -> bool:
+    find = getattr(data, "find", None) or bytes(data).find       # bytes, bytearray, mmap
+    first = find(b"\r")           # one byte: a memchr (a two-byte needle is searched byte by byte)
+    return first >= 0 and find(b"\r\n", first) >= 0
+
+
+def _lf_text(data) -> bytes:
+    """A copy of ``data`` without its UTF-8 BOM, its CRLF line ends made LF."""
+    out = bytes(data)
+    if out.startswith(b"\xef\xbb\xbf"):
+        out = out[3:]
+    return out.replace(b"\r\n", b"\n")
 
 
 __all__ = ["Normalized", "PIPELINE", "REPAIRS", "Repair", "normalize", "sample"]

@@ -156,6 +156,7 @@ class LineNumbers(Repair):
     from every line that carries them."""
 
     NAME = "line_numbers"
+    BUFFERS = True          # apply: a sample and one substitution, both read any buffer
 
     @classmethod
     def _style(cls, seg: bytes):

@@ -36,6 +36,9 @@ class Repair:
     ``bytes`` out, LF line ends). ``apply`` must leave text without that damage unchanged."""
 
     NAME = ""
+    # True where ``apply`` also takes any read-only buffer (the file's ``mmap``) and returns that
+    # very object when it repairs nothing: a clean file the sniff misjudged is then not copied
+    BUFFERS = False
 
     @classmethod
     def needed(cls, segments: list[bytes]) -> bool:

@@ -195,8 +195,10 @@ def timed(cmd: list[str], name: str = "") -> tuple[float, str]:
 READ_ONLY = """
 import sys, time
 t0, c0 = time.perf_counter(), time.process_time()
+from forensics.execution import memory
 from forensics.inputs.intake import gather
 from forensics.model.hosts import read_host
+memory.keep_freed_memory()      # as stallscope analyze sets it for itself
 with gather([sys.argv[1]]) as intake:
     part = read_host(intake.sources(1)[0])
 print(time.perf_counter() - t0, time.process_time() - c0)

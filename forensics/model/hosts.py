@@ -16,6 +16,7 @@ nothing.
 """
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 from contextlib import contextmanager
@@ -94,7 +95,6 @@ def read_host(path, *, skew: bool = True) -> HostPart:
     """The per-host stage for one bundle (tar.gz or folder), or for loose evidence (a
     :class:`~forensics.inputs.intake.LooseSet`, read as :class:`~forensics.inputs.loose.LooseBundle`); raises
     InputError when the path is no bundle. Runs in a worker process as well as in the caller's."""
-    keep_freed_memory()
     with small_pages(), _no_cyclic_gc():
         return _read_host(path, skew)
 
@@ -122,41 +122,17 @@ def _read_host(path, skew: bool) -> HostPart:
                     pcap=pcap)
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3        # glibc's malloc.h
 _PR_SET_THP_DISABLE, _PR_GET_THP_DISABLE = 41, 42     # linux/prctl.h
-_MALLOC_KEEP = 1 << 30
-_malloc_tuned: list[bool] = []
 
 
 def _libc_function(name: str):
     """glibc's function ``name`` (ctypes, int arguments), or None elsewhere."""
-    import ctypes
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
             return None
         return getattr(ctypes.CDLL(None), name)
     except (ValueError, OSError, AttributeError):
         return None
-
-
-def keep_freed_memory() -> None:
-    """Once per process, on glibc: have ``malloc`` serve blocks of up to 1 GiB from its heap
-    and keep up to 1 GiB freed at its top (``mallopt`` ``M_MMAP_THRESHOLD`` and
-    ``M_TRIM_THRESHOLD``), instead of mapping each block over 32 MiB afresh and unmapping it
-    when freed. Reading a big log makes and frees many column arrays of that size (tens of
-    MiB per column of a million-row table); each fresh mapping is zeroed by the kernel page by
-    page, a reused heap block is not (the effect: bench/README.md, the init-heavy log). The
-    cost: the process keeps up to 1 GiB it freed, and its peak is a little higher. Nothing is
-    done where the C library is not glibc, where ``mallopt`` fails, or where the environment
-    sets either glibc tunable itself (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
-    ``GLIBC_TUNABLES``)."""
-    if _malloc_tuned:
-        return
-    _malloc_tuned.append(True)
-    if any(k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
-        return
-    if (mallopt := _libc_function("mallopt")) is not None and mallopt(_M_TRIM_THRESHOLD, _MALLOC_KEEP):
-        mallopt(_M_MMAP_THRESHOLD, _MALLOC_KEEP)
 
 
 @contextmanager

@@ -57,6 +57,12 @@ EVIDENCE = {
                    "anon-rss:98765kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:1234kB oom_score_adj:0\n",
                    "process_exit"),
     "mlx5_link_down": ("Oct 14 10:11:12 node7 kernel: mlx5_core 0000:5e:00.0 ib0: Link down\n", "ib_errors"),
+    # NCCL's own word for a collective mismatch: the IB transport's size check (2.14), init's (2.4)
+    "collective_mismatch_warn": ("node3:1234:1300 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req 0/1 tag 0 peer "
+                                 "10.0.0.6<58683> collective mismatch error, local size 496640 remote size 65536\n",
+                                 "hang_mismatch"),
+    "mismatched_collective_warn": ("node3:39719:39719 [3] init.cu:1197 NCCL WARN Mismatched collective detected, "
+                                   "please check your collective calls at and around rank 11.\n", "hang_mismatch"),
     "ofi_warn": ("ip-10-0-1-5:1234:1300 [0] NCCL WARN NET/OFI Couldn't open AV. RC: -22, ERROR: Invalid argument\n",
                  "misconfiguration"),
     "libfabric": ("libfabric:12345:1700000000::efa:cq:efa_rdm_cq_readerr():123<warn> Error reading from CQ: "

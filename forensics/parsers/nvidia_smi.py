@@ -46,7 +46,8 @@ MESSAGES = (
 )
 # the first line of the driver's GPU message split over lines ("NVRM: The NVIDIA GPU 0000:b3:00.0")
 GPU_NAMED_RE = re.compile(r"NVRM: The NVIDIA GPU " + BUS)
-PROMPT_RE = re.compile(r"^\s*\[?[\w.-]+@(?P<host>[A-Za-z0-9][\w.-]*)[\s:\]].*?[#$]\s*\S*nvidia-smi\b")
+# a shell prompt: bash ``[u@h d]# ``, ``u@h:d$ ``, zsh ``u@h d % ``, tcsh/SUSE ``u@h:d> ``
+PROMPT_RE = re.compile(r"^\s*\[?[\w.-]+@(?P<host>[A-Za-z0-9][\w.-]*)[\s:\]].*?[#$%>]\s*\S*nvidia-smi\b")
 NEEDLES = (b"Unable to determine the device handle", b"fallen off the bus", b"RmInitAdapter failed",
            b"NVIDIA-SMI has failed", b"Failed to initialize NVML", b"No devices were found", b"ERR!",
            b"NVRM: The NVIDIA GPU ", b"nvidia-smi")

@@ -50,3 +50,9 @@ def test_every_message_of_the_sample():
                                    "nvml_init", "err_field", "no_devices"]
     assert set(ev["bus_id"].dropna()) == {"0000:9d:00.0"}
     assert ev["host"].tolist()[:5] == ["gpu-node12"] * 3 + ["node8", "node9"]
+
+
+def test_zsh_and_tcsh_prompts_name_the_host_too():
+    for prompt, host in (("zeyer@cn-234 ~ % nvidia-smi", "cn-234"), ("root@gpu-7:~> nvidia-smi -q", "gpu-7")):
+        ev = events(prompt + "\nUnable to determine the device handle for GPU0000:03:00.0: Unknown Error\n")
+        assert [(e["host"], e["bus_id"], e["kind"]) for e in ev] == [(host, "0000:03:00.0", "device_handle")], prompt

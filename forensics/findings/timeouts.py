@@ -188,10 +188,12 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         r0 = int(dump["peer_rank"].mode().iloc[0])
         cause = f"; rank {r0}'s watchdog fired first (the dump signals name it)"
     hosts = sorted({h for h in (first["host"].head(1) if len(first) else []) if isinstance(h, str)})
+    # "every rank" only where the logs know the job's ranks (their Init lines); else those that logged
+    everyone = "every rank" if world else ranks_text(timed)
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,
-        headline=(("Hang: every rank timed out in " + what + "; first failure on {who} ({since})") if blamed else
-                  ("Hang: every rank timed out in " + what + (f"; first failure on {hosts[0]}" if hosts else
+        headline=((f"Hang: {everyone} timed out in " + what + "; first failure on {who} ({since})") if blamed else
+                  (f"Hang: {everyone} timed out in " + what + (f"; first failure on {hosts[0]}" if hosts else
                                                               "; the logs name no cause") + " ({since})")),
         confidence_note=("the logs name the first failure" if cause else
                          "lower: the hang is certain, the logs name no cause"),

@@ -171,3 +171,14 @@ def test_bootstrap_by_source_file():
     got = classify(pd.Series(["Unexpected thing xyz", "Unexpected thing xyz"]),
                    pd.Series(["bootstrap.cc", "enqueue.cc"]))
     assert got.tolist() == ["bootstrap", "other"]
+
+
+def test_timeouts_without_the_jobs_ranks_name_the_ranks_that_logged_not_every_rank(tmp_path):
+    """With no Init line the job's world is unknown: the headline says which ranks timed out."""
+    line = ("[rank{r}]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, "
+            "Timeout(ms)=600000) ran for 600020 milliseconds before timing out.\n")
+    _, doc = _analyze(tmp_path, "wd", line.format(r=0) + line.format(r=3))
+    f = doc["findings"][0]
+    assert f["kind"] == "hang_stuck" and "every rank" not in f["headline"], f["headline"]
+    assert f["headline"].startswith("Hang: ranks 0, 3 timed out in collective SeqNum 808"), f["headline"]

@@ -137,10 +137,12 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9,
-            headline=(("Hang: {who} called a different collective than {peers} at SeqNum " if others else
-                       "Hang: {who} called different collectives at SeqNum ") + f"{n} ({{since}})"),
+            headline=(("Hang: {who} called a different collective than {peers}" if others else
+                       "Hang: {who} called different collectives")
+                      + (f" at SeqNum {n}" if n is not None else " at the same point") + " ({since})"),
             confidence_note="each rank's own watchdog line names the call it waits in",
-            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
+            summary=(f"Collective mismatch at {f'SeqNum {n}' if n is not None else 'the oldest pending work'} of "
+                     f"{pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
                      + (f" while {ranks_text(others)} called {majority}" if others else "")
                      + f"; every one timed out after {_secs(ran)}."),
             ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
@@ -212,10 +214,13 @@ def _cause_classes() -> list[str]:
 def _signatures(to: pd.DataFrame, n) -> tuple[list[int], str, dict[int, str]] | None:
     """(odd ranks, the majority's call, every rank's call) when the ranks' timeouts at SeqNum n
     name different collectives (op type or element count); None when they agree."""
-    if n is None:
+    seqs = pd.to_numeric(to["seq_num"], errors="coerce")
+    if n is None and seqs.notna().any():
         return None
-    # a timeout line without the WorkNCCL description ("Timeout at NCCL work: n") names no call
-    at = to[(pd.to_numeric(to["seq_num"], errors="coerce") == n) & to["op_type"].notna()]
+    # a timeout line without the WorkNCCL description ("Timeout at NCCL work: n") names no call;
+    # without any SeqNum (PyTorch < 1.10) each rank's line is its oldest pending work: the same
+    # position on every rank of the group, so different calls there are a mismatch too
+    at = to[(seqs == n if n is not None else seqs.isna()) & to["op_type"].notna()]
     at = at.drop_duplicates("_r", keep="first")
     if len(at) < 2:
         return None

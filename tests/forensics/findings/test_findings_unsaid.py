@@ -182,3 +182,16 @@ def test_timeouts_without_the_jobs_ranks_name_the_ranks_that_logged_not_every_ra
     f = doc["findings"][0]
     assert f["kind"] == "hang_stuck" and "every rank" not in f["headline"], f["headline"]
     assert f["headline"].startswith("Hang: ranks 0, 3 timed out in collective SeqNum 808"), f["headline"]
+
+
+def test_pytorch_1x_timeouts_without_seqnum_in_different_calls_name_the_odd_rank(tmp_path):
+    """PyTorch < 1.10 prints no SeqNum: each rank's line is its oldest pending work, so ranks
+    waiting in different calls there disagree on the collective (rank 0 in ALLREDUCE, the rest
+    in BROADCAST)."""
+    line = ("[E ProcessGroupNCCL.cpp:566] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(OpType={op}, Timeout(ms)=1800000) ran for 1801060 milliseconds before timing out.\n")
+    text = line.format(r=0, op="ALLREDUCE") + "".join(line.format(r=r, op="BROADCAST") for r in (1, 2, 3))
+    _, doc = _analyze(tmp_path, "wd19", text)
+    f = doc["findings"][0]
+    assert f["kind"] == "hang_mismatch" and f["ranks"] == [0] and f["peer_ranks"] == [1, 2, 3], f
+    assert "SeqNum" not in f["headline"] and "None" not in f["headline"] + f["summary"], f["headline"]

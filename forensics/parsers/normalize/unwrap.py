@@ -154,7 +154,8 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # most lines reaching the width go on in the next line: the lines of a log that merely
         # share the longest length (one format, many lines) are followed by log lines as often
         hard_ok = hc >= 2 and hc >= 0.75 * he
-        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
+        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se) \
+            or not padded and sc >= 4 and sc >= 0.9 * se     # fold -s: the longest lines may be whole ones
         # too few for a count, no line reaching W that goes on as a log line: each cut proven alone
         alone = he == hc and bool(ok.any())
         return hard_ok, soft_ok, alone

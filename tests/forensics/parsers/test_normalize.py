@@ -154,6 +154,19 @@ def test_a_lone_cut_after_a_tokens_inner_punctuation_is_joined():
     assert fixed("\n".join([row[:cut], row[cut:]] + lines[1:])) == "\n".join(lines)
 
 
+def test_fold_s_wrap_whose_longest_lines_are_whole_ones():
+    """``fold -s`` at 97 cuts each watchdog line at the blank before ``WorkNCCL(``: the first
+    pieces end in that blank, the second pieces (the longest lines) are whole and followed by
+    the next log line; the cuts are still a wrap."""
+    import textwrap
+    line = ("[E ProcessGroupNCCL.cpp:566] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000) ran for 1801140 milliseconds before timing out.")
+    lines = [line.format(r=r) for r in range(5)]
+    wrapped = [p for ln in lines for p in _soft(ln, 97)]
+    assert len(wrapped) == 10 and textwrap
+    assert fixed("\n".join(wrapped) + "\n") == "\n".join(lines) + "\n"
+
+
 def test_unmarked_nccl_tests_summary_lines_glued_to_a_row_are_split():
     row = "134217728      33554432   float     sum    2.237  60.00   0.00    0e+00    0.001  139715.53   0.00    0e+00"
     out = fixed(row + "  Out of bounds values : 0 OK  Avg bus bandwidth    : 0\n")

@@ -106,7 +106,7 @@ CLASSES: tuple[WarnClass, ...] = (
                     r"|Invalid NCCL_COMM_ID|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId",
        "misconfiguration", False,
        "the ranks' bootstrap disagrees: a wrong world size, a rank started twice, two jobs on one "
-       "NCCL_COMM_ID", "RANK / WORLD_SIZE / MASTER_ADDR of the launcher; NCCL_COMM_ID"),
+       "rendezvous address", "RANK / WORLD_SIZE / MASTER_ADDR of the launcher; NCCL_COMM_ID"),
     _c("topology", r"ring \d+ does not (?:loop back|contain)|Duplicate GPU detected|Mismatched NCCL version"
                    r"|version mismatch with remote peer|no algorithm/protocol available|incompatible devices",
        "misconfiguration", False,

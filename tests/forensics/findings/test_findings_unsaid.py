@@ -195,3 +195,16 @@ def test_pytorch_1x_timeouts_without_seqnum_in_different_calls_name_the_odd_rank
     f = doc["findings"][0]
     assert f["kind"] == "hang_mismatch" and f["ranks"] == [0] and f["peer_ranks"] == [1, 2, 3], f
     assert "SeqNum" not in f["headline"] and "None" not in f["headline"] + f["summary"], f["headline"]
+
+
+def test_a_warn_of_a_log_naming_no_host_reads_host_unknown_once_and_plainly(tmp_path):
+    """One file naming no host: "on host unknown (<file>)", not "on 1 host (host unknown (<file>))";
+    the socket headline has no colon before its "on"."""
+    from forensics.findings.warns import hosts_text
+    assert hosts_text(["unknown:/x/err.txt"]) == "unknown:/x/err.txt"
+    assert hosts_text(["node1"]) == "1 host (node1)" and hosts_text(["unknown:/x/a"], of=3) == "1 of 3 hosts (unknown:/x/a)"
+    text = ("[0] misc/socket.cc:49 NCCL WARN socketProgressOpt: Call to recv from 172.16.0.9<33759> failed : "
+            "Connection reset by peer\n")
+    _, doc = _analyze(tmp_path, "err", text)
+    f = next(f for f in doc["findings"] if f["kind"] == "connection_reset")
+    assert f["headline"].startswith("NCCL connections failed (socket reset) on host unknown (err.log)"), f["headline"]

@@ -191,16 +191,21 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         cause = f"; rank {r0}'s watchdog fired first (the dump signals name it)"
     hosts = sorted({h for h in (first["host"].head(1) if len(first) else []) if isinstance(h, str)})
     # "every rank" only where the logs know the job's ranks (their Init lines); else those that logged
-    everyone = "every rank" if world else ranks_text(timed)
+    # a rank whose own timeout is a later SeqNum went past n (a broadcast's root): said apart
+    at_n = sorted({r for r, q in zip(to["_r"], seqs) if n is None or q == n}) or timed
+    ahead = sorted({r for r, q in zip(to["_r"], seqs) if n is not None and pd.notna(q) and q > n} - set(at_n))
+    everyone = "every rank" if world and not ahead else ranks_text(at_n)
+    past = f", {ranks_text(ahead)} already past it" if ahead else ""
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,
-        headline=((f"Hang: {everyone} timed out in " + what + "; first failure on {who} ({since})") if blamed else
-                  (f"Hang: {everyone} timed out in " + what + (f"; first failure on {hosts[0]}" if hosts else
+        headline=((f"Hang: {everyone} timed out in " + what + past + "; first failure on {who} ({since})") if blamed else
+                  (f"Hang: {everyone} timed out in " + what + past + (f"; first failure on {hosts[0]}" if hosts else
                                                               "; the logs name no cause") + " ({since})")),
         confidence_note=("the logs name the first failure" if cause else
                          "lower: the hang is certain, the logs name no cause"),
-        summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(timed)}) timed out in {what} after "
-                 f"{_secs(ran)}: the collective itself stalled (a peer's GPU or process, or the network){cause}."),
+        summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(at_n)}) timed out in {what} after "
+                 f"{_secs(ran)}" + (f", {ranks_text(ahead)} in a later one" if ahead else "")
+                 + f": the collective itself stalled (a peer's GPU or process, or the network){cause}."),
         ranks=blamed, hosts=hosts or _host_list(blamed, dir_hosts), peer_ranks=sorted(set(timed) - set(blamed)),
         action=("Find the first error of the job: the NCCL WARN lines (IB or socket errors name the link and the "
                 "peer), dmesg on each host (Xid, NIC resets), the ranks' stacks; then restart without the host at "

@@ -208,3 +208,15 @@ def test_a_warn_of_a_log_naming_no_host_reads_host_unknown_once_and_plainly(tmp_
     _, doc = _analyze(tmp_path, "err", text)
     f = next(f for f in doc["findings"] if f["kind"] == "connection_reset")
     assert f["headline"].startswith("NCCL connections failed (socket reset) on host unknown (err.log)"), f["headline"]
+
+
+def test_a_rank_whose_timeout_is_a_later_seqnum_is_said_past_it_not_in_it(tmp_path):
+    line = ("[rank{r}]:[E513 13:25:57.714781669 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum={n}, OpType={op}, NumelIn=513, NumelOut=2052, Timeout(ms)=1800000) "
+            "ran for 1800042 milliseconds before timing out.\n")
+    text = line.format(r=2, n=532339, op="BROADCAST") + line.format(r=1, n=532339, op="BROADCAST") \
+        + line.format(r=0, n=532341, op="_ALLGATHER_BASE")
+    _, doc = _analyze(tmp_path, "ahead", text)
+    f = doc["findings"][0]
+    assert f["headline"].startswith("Hang: ranks 1, 2 timed out in collective SeqNum 532339 (BROADCAST), rank 0 "
+                                    "already past it"), f["headline"]

@@ -132,6 +132,7 @@ GPU_EVENTS = {
     "device_handle": ("is lost: nvidia-smi cannot get a handle to it", True),
     "fallen_off_bus": ("fell off the bus: it no longer answers the driver (as Xid 79 says)", True),
     "init_failed": ("failed to initialise in the driver (RmInitAdapter)", True),
+    "reset_required": ("needs a reset: the driver refuses its work until then (NV_ERR_RESET_REQUIRED)", True),
     "err_field": ("shows ERR! in nvidia-smi's table", True),
     "driver_unreachable": ("is out of reach: nvidia-smi cannot talk to the NVIDIA driver", False),
     "nvml_init": ("is out of reach: NVML does not initialise", False),

@@ -391,10 +391,11 @@ def _call_text(sig: str) -> str:
 @detector("collective_mismatch", kinds=KINDS)
 def collective_mismatch(ctx: Context) -> list[Finding]:
     """Ranks that called a different collective than their peers at the same position
-    (kind ``hang_mismatch``: the same class of bug as a skipped collective, caught earlier)."""
+    (kind ``hang_mismatch``: the same class of bug as a skipped collective, caught earlier);
+    without the tracer's calls, NCCL's own WARN lines of it (:func:`logged_mismatch`)."""
     mm = signature_mismatches(ctx)
     if mm.empty:
-        return []
+        return logged_mismatch(ctx)
     gmap, directory = world_rank_map(ctx), rank_directory(ctx)
     w = ctx.table("nccl_events")
     out = []
@@ -423,6 +424,21 @@ def collective_mismatch(ctx: Context) -> list[Finding]:
                     "rank must issue the same collectives in the same order on a communicator."),
             details={"comm_id_hash": comm, "op_count": k, "calls": {str(r): c for r, c in h.calls.items()},
                      "majority": h.majority, "skipped_one": bool(h.shift), "never_completed": never}))
+    return out
+
+
+def logged_mismatch(ctx: Context) -> list[Finding]:
+    """NCCL's WARN lines of a collective mismatch (class ``size_mismatch``: "collective mismatch
+    error", "message truncated", "Mismatched collective detected"), one finding per class: the
+    hosts (and ranks) that logged them. The ranks that logged it disagree with a peer; which side
+    issued the odd call the line does not say, so the finding names the reporters."""
+    from . import warns
+    rows = warns.rows_of(ctx, warns.classes_of("hang_mismatch"))
+    out = []
+    for cls, g in rows.groupby("class", sort=False):
+        ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})
+        out.append(warns.class_finding(ctx, "hang_mismatch", cls, g, confidence=0.7,
+                                       detail=f", {ranks_text(ranks)}" if ranks else "", severity="error"))
     return out
 
 

@@ -5,7 +5,9 @@ endpoint, each process group's ranks at ``MASTER_ADDR:MASTER_PORT`` where rank 0
 ``ncclUniqueId`` (:mod:`forensics.parsers.torch_init`). One finding for the job, naming what the
 logs say: the ranks that waited for the unique id and the rank they waited for (which never
 reached that communicator's init, or whose store they could not reach), the store address no
-client reached, the rendezvous that timed out (a node never joined). A traceback of the torchrun
+client reached, the rendezvous that timed out (a node never joined), a new process group's
+store-based barrier that not every rank reached (torch <= 1.13: the ranks missing are the cause,
+the ones waiting are named as peers; only waiting, no timeout yet, is a warning). A traceback of the torchrun
 agent cut before its error is a warning: the agent failed before any worker, the reason is not
 in the log.
 """
@@ -51,6 +53,18 @@ def init_failure(ctx: Context) -> list[Finding]:
                    "api) is in the log, the error it raised is not; at start-up that is most often the rendezvous.")
         headline = "torchrun's agent failed at start-up" + on + " (its error is cut from the log)"
         severity, confidence = "warning", 0.4
+    elif (bar := g[g["kind"].isin(("barrier_timeout", "barrier_wait"))]).shape[0] == len(g):
+        timed = bar["kind"].eq("barrier_timeout").any()
+        waited = sorted({int(r) for r in pd.to_numeric(bar["rank"], errors="coerce").dropna()})
+        err = str(bar["error"].dropna().iloc[-1]) if bar["error"].notna().any() else "the others never arrived"
+        verb = "timed out waiting" if timed else "waits"
+        summary = (f"{ranks_text(waited)}{on} {verb} at a new process group's store-based barrier: {err}. The ranks "
+                   "missing never reached that new_group/init call (still busy before it, hung or dead), or they "
+                   "used another store.")
+        headline = (f"Init {'failed' if timed else 'stalled'}: {ranks_text(waited)} {verb} at a process group's "
+                    f"store barrier, {err.split(' (key')[0]}" + on)
+        severity, confidence = ("error", 0.75) if timed else ("warning", 0.6)
+        waited, roots = [], waited      # the ranks missing are the cause; which ones the lines do not say
     elif len(uid):
         err = str(uid["error"].dropna().iloc[0]) if uid["error"].notna().any() else "no answer"
         summary = (f"{ranks_text(waited)} never got the ncclUniqueId from {ranks_text(roots)} through the c10d store"

@@ -86,8 +86,8 @@ def socket_failures(ctx) -> list[Finding]:
     blamed = [gone] if gone else sorted(set(rows["host"].dropna().astype(str)))[:1]
     since_ns, src = warns.since(rows)
     return [Finding(
-        headline=(f"NCCL connections failed ({cls.replace('_', ' ')}): "
-                  + (f"the peers on {gone} went first" if gone else f"on {warns.hosts_text(reporters, total)}")
+        headline=(f"NCCL connections failed ({cls.replace('_', ' ')})"
+                  + (f"; the peers on {gone} went first" if gone else f" on {warns.hosts_text(reporters, total)}")
                   + " ({since})"),
         kind="connection_reset", severity="error", confidence=0.75 if gone else 0.55, summary=summary,
         ranks=warns.ranks_of_hosts(ctx, blamed), hosts=blamed,

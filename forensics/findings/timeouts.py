@@ -137,10 +137,12 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
         return Finding(
             kind="hang_mismatch", severity="error", confidence=0.9,
-            headline=(("Hang: {who} called a different collective than {peers} at SeqNum " if others else
-                       "Hang: {who} called different collectives at SeqNum ") + f"{n} ({{since}})"),
+            headline=(("Hang: {who} called a different collective than {peers}" if others else
+                       "Hang: {who} called different collectives")
+                      + (f" at SeqNum {n}" if n is not None else " at the same point") + " ({since})"),
             confidence_note="each rank's own watchdog line names the call it waits in",
-            summary=(f"Collective mismatch at SeqNum {n} of {pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
+            summary=(f"Collective mismatch at {f'SeqNum {n}' if n is not None else 'the oldest pending work'} of "
+                     f"{pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
                      + (f" while {ranks_text(others)} called {majority}" if others else "")
                      + f"; every one timed out after {_secs(ran)}."),
             ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
@@ -188,15 +190,22 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         r0 = int(dump["peer_rank"].mode().iloc[0])
         cause = f"; rank {r0}'s watchdog fired first (the dump signals name it)"
     hosts = sorted({h for h in (first["host"].head(1) if len(first) else []) if isinstance(h, str)})
+    # "every rank" only where the logs know the job's ranks (their Init lines); else those that logged
+    # a rank whose own timeout is a later SeqNum went past n (a broadcast's root): said apart
+    at_n = sorted({r for r, q in zip(to["_r"], seqs) if n is None or q == n}) or timed
+    ahead = sorted({r for r, q in zip(to["_r"], seqs) if n is not None and pd.notna(q) and q > n} - set(at_n))
+    everyone = "every rank" if world and not ahead else ranks_text(at_n)
+    past = f", {ranks_text(ahead)} already past it" if ahead else ""
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,
-        headline=(("Hang: every rank timed out in " + what + "; first failure on {who} ({since})") if blamed else
-                  ("Hang: every rank timed out in " + what + (f"; first failure on {hosts[0]}" if hosts else
+        headline=((f"Hang: {everyone} timed out in " + what + past + "; first failure on {who} ({since})") if blamed else
+                  (f"Hang: {everyone} timed out in " + what + past + (f"; first failure on {hosts[0]}" if hosts else
                                                               "; the logs name no cause") + " ({since})")),
         confidence_note=("the logs name the first failure" if cause else
                          "lower: the hang is certain, the logs name no cause"),
-        summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(timed)}) timed out in {what} after "
-                 f"{_secs(ran)}: the collective itself stalled (a peer's GPU or process, or the network){cause}."),
+        summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(at_n)}) timed out in {what} after "
+                 f"{_secs(ran)}" + (f", {ranks_text(ahead)} in a later one" if ahead else "")
+                 + f": the collective itself stalled (a peer's GPU or process, or the network){cause}."),
         ranks=blamed, hosts=hosts or _host_list(blamed, dir_hosts), peer_ranks=sorted(set(timed) - set(blamed)),
         action=("Find the first error of the job: the NCCL WARN lines (IB or socket errors name the link and the "
                 "peer), dmesg on each host (Xid, NIC resets), the ranks' stacks; then restart without the host at "
@@ -210,10 +219,13 @@ def _cause_classes() -> list[str]:
 def _signatures(to: pd.DataFrame, n) -> tuple[list[int], str, dict[int, str]] | None:
     """(odd ranks, the majority's call, every rank's call) when the ranks' timeouts at SeqNum n
     name different collectives (op type or element count); None when they agree."""
-    if n is None:
+    seqs = pd.to_numeric(to["seq_num"], errors="coerce")
+    if n is None and seqs.notna().any():
         return None
-    # a timeout line without the WorkNCCL description ("Timeout at NCCL work: n") names no call
-    at = to[(pd.to_numeric(to["seq_num"], errors="coerce") == n) & to["op_type"].notna()]
+    # a timeout line without the WorkNCCL description ("Timeout at NCCL work: n") names no call;
+    # without any SeqNum (PyTorch < 1.10) each rank's line is its oldest pending work: the same
+    # position on every rank of the group, so different calls there are a mismatch too
+    at = to[(seqs == n if n is not None else seqs.isna()) & to["op_type"].notna()]
     at = at.drop_duplicates("_r", keep="first")
     if len(at) < 2:
         return None

@@ -66,6 +66,10 @@ def host_ranks(ctx) -> dict[str, list[int]]:
 
 
 def hosts_text(hosts: list[str], of: int | None = None, limit: int = 4) -> str:
+    """"2 of 5 hosts (node1, node2)"; one host of a log that names none is that placeholder
+    alone (it reads "host unknown (<file>)": no "1 host (host unknown (<file>))")."""
+    if len(hosts) == 1 and hosts[0].startswith("unknown:") and not (of and of > 1):
+        return hosts[0]
     shown = ", ".join(hosts[:limit]) + (f" and {len(hosts) - limit} more" if len(hosts) > limit else "")
     n = f"{len(hosts)} of {of} hosts" if of and of > len(hosts) else f"{len(hosts)} host{'s' if len(hosts) != 1 else ''}"
     return f"{n} ({shown})" if hosts else "no host"

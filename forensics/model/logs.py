@@ -426,6 +426,8 @@ def _warnings(w: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
 
 def _watchdog(wd: pd.DataFrame, d: Directory, clocks: Clocks) -> pd.DataFrame:
     wd = wd.copy()
+    if "ctx_rank" in wd:     # a line whose own text names no rank (DistBackendError, Last error) after ``[rank3]:``
+        wd["rank"] = wd["rank"].fillna(wd["ctx_rank"])
     wd["host"] = _fill_hosts(wd, d)
     wd["pid"] = wd["pid"].fillna(pd.Series([d.one_pid(r) for r in wd["rank"]], index=wd.index, dtype="Float64"))
     t = clocks.utc_ns(wd["log_time"], wd["node"])

@@ -69,9 +69,10 @@ CLASSES: tuple[WarnClass, ...] = (
     _c("size_mismatch", r"message truncated|collective mismatch error|posted incorrect receive info"
                         r"|Mismatched collective detected|may be hanging, this may be caused by a collective mismatch",
        "hang_mismatch", False,
-       "two ranks disagree on a message's size: a collective mismatch (different counts, dtypes or order), "
-       "or NCCL_PROTO/NCCL_ALGO differing between ranks",
-       "compare the ranks' collective calls at that point (the same ops, sizes and order on every rank)"),
+       "ranks disagree on a collective's size: a collective mismatch (different counts, dtypes or order), "
+       "or a protocol or algorithm set differently on some ranks",
+       "compare the ranks' collective calls at that point (the same ops, sizes and order on every rank), "
+       "and NCCL_PROTO / NCCL_ALGO in every rank's environment"),
     _c("socket_reset", r"reset by peer", "connection_reset", False,
        "a TCP connection between ranks was reset: the peer's kernel refused it (the peer died, was killed, "
        "or a firewall reset it)", "the peer's own log for its first error; firewall/conntrack rules"),
@@ -105,7 +106,7 @@ CLASSES: tuple[WarnClass, ...] = (
                     r"|Invalid NCCL_COMM_ID|bootstrap\w* (?:failed|error)|Unexpected magic|ncclGetUniqueId",
        "misconfiguration", False,
        "the ranks' bootstrap disagrees: a wrong world size, a rank started twice, two jobs on one "
-       "NCCL_COMM_ID", "RANK / WORLD_SIZE / MASTER_ADDR of the launcher; NCCL_COMM_ID"),
+       "rendezvous address", "RANK / WORLD_SIZE / MASTER_ADDR of the launcher; NCCL_COMM_ID"),
     _c("topology", r"ring \d+ does not (?:loop back|contain)|Duplicate GPU detected|Mismatched NCCL version"
                    r"|version mismatch with remote peer|no algorithm/protocol available|incompatible devices",
        "misconfiguration", False,

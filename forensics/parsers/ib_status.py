@@ -276,7 +276,8 @@ def _ipoib_down(rows: list[dict]) -> list[dict]:
     return rows
 
 
-PROMPT_RE = re.compile(r"^\s*(?:\[[\w.-]+@(?P<h1>[\w-]+)[^\]]*\]|[\w.-]+@(?P<h2>[\w-]+):\S*)\s?[#$] ")
+# a shell prompt: bash ``[u@h d]# ``, ``u@h:d$ ``, zsh ``u@h d % ``, tcsh/SUSE ``u@h:d> ``
+PROMPT_RE = re.compile(r"^\s*(?:\[[\w.-]+@(?P<h1>[\w-]+)[^\]]*\]|[\w.-]+@(?P<h2>[\w-]+)(?::\S*| \S+)?)\s?[#$%>] ")
 CA_DESC_RE = re.compile(r"^(?P<host>\S+)\s+(?P<dev>mlx\d+_\d+|HCA-\d+|[a-z]+\w*_\d+)$")
 
 

@@ -116,6 +116,9 @@ PIDLESS_RE = re.compile(r"(?<!\S)(?P<host>[A-Za-z][\w.-]*\w) "
                         r"\[(?P<dev>\d+)\] (?:(?P<src>[^\s:()]+):(?P<srcline>\d+) (?:\((?P<func>[^)\s]*)\) )?)?"
                         r"NCCL (?P<level>INFO|WARN|TRACE|CALL|ABORT)\b ?(?P<msg>.*)$")
 MENTION_RE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE|CALL|ABORT)\b")
+# a WARN line pasted with no prefix at all (``NCCL WARN Connect to 10.0.0.2<2172> failed``): only
+# launcher tags before it, never a mention inside prose
+BARE_WARN_RE = re.compile(r"NCCL (?P<level>WARN) (?P<msg>\S.*)$")
 # WARN lines before NCCL 2.3 printed "NCCL " before the level (NVIDIA/nccl's history: 1.x's
 # core.h, 2.3's debug.h): 2.0-2.2 "host:pid:tid [dev] file:line WARN msg" (2.0: "host [dev] ...",
 # the host often stripped or redacted by the reporter), 1.x "WARN file:line msg". The source
@@ -501,6 +504,8 @@ def _read_selected(text: LogText, sel: Lines, log: WarningLog, found: _NcclLines
                 out.append(_Line(ln, h, line[:h.start()]))
             elif (o := _old_warn(line)) is not None:
                 out.append(_Line(ln, o, line[:o.start()]))
+            elif (b := BARE_WARN_RE.search(line)) is not None and not lines_mod.strip_tags(line[:b.start()])[1].strip():
+                out.append(_Line(ln, b, line[:b.start()]))
             elif MENTION_RE.search(line):
                 found.mentions += 1
                 log.add(ln, f"NCCL line without a parsable host:pid:tid prefix: {line[:120]!r}")

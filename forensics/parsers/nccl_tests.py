@@ -69,7 +69,8 @@ CONFIG_FIELDS = {
     "iters": r"(?<!warmup )(?<!agg )iters: (\d+)", "agg_iters": r"agg iters: (\d+)",
     "validation": r"validation: (\d+)", "graph": r"graph: (\d+)", "unalign": r"unalign: (\d+)",
 }
-DEVICE_RE = re.compile(r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+(?P<group>\d+))?\s+Pid\s+(?P<pid>\d+)\s+on\s+"
+# (before 2019 the line had no "Pid": ``#   Rank  0 on node1 device  0 [0x00] Tesla M60``)
+DEVICE_RE = re.compile(r"^#\s+Rank\s+(?P<rank>\d+)(?:\s+Group\s+(?P<group>\d+))?(?:\s+Pid\s+(?P<pid>\d+))?\s+on\s+"
                        r"(?P<host>\S+)\s+device\s+(?P<device>\d+)\s+\[(?P<bus>[^\]]*)\]\s*(?P<gpu>.*?)\s*$")
 OOB_RE = re.compile(r"^#\s*Out of bounds values\s*:\s*(?P<n>\d+)\s*(?P<ok>OK|FAILED)?")
 AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(?P<v>[-+\w.]+)\s*(?P<ok>OK|FAILED)?")
@@ -80,6 +81,11 @@ SIDE_NAMES = {"time": "time_us", "algbw": "algbw_gbps", "busbw": "busbw_gbps", "
               "wrong": "wrong", "error": "wrong", "res": "wrong"}
 # nccl-tests 1.x printed its parameter and summary lines without the "#" of 2.x
 UNMARKED_RE = re.compile(r"^(?:nThread \d|Using devices|Out of bounds values|Avg bus bandwidth|Rank\s+\d+\s)")
+# the same lines as nccl-tests 1.x printed them, or a paste that lost the "#" (Markdown read it
+# as a heading): whole lines of their own, never a phrase inside prose
+UNMARKED_SNIFF_RE = re.compile(_LEAD + r"(?:nThread \d+ nGpus \d+ minBytes \d+|Out of bounds values\s*:\s*\d+\s*(?:OK|FAILED)"
+                               r"|Avg bus bandwidth\s*:\s*[-+\d.]+\s*$|#?\s*Rank\s+\d+\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?"
+                               r"on\s+\S+\s+device\s+\d+\s+\[|\s*size\s+count\s+type\s+redop\s)")
 MS_UNITS_RE = re.compile(r"^#?\s*\(B\)\s+\(elements\).*\(ms\)")
 
 
@@ -126,7 +132,7 @@ class NcclTestsParser(TextParser):
         if re.search(_LEAD + r"#\s*(?:nThread \d|nccl-tests version|Collective test starting"
                      r"|\s*size\s+count\s+type|\s*\(B\)\s+\(elements\)|Avg bus bandwidth|Out of bounds values)", t):
             return True
-        if _rows_in(head):
+        if UNMARKED_SNIFF_RE.search(t) or _rows_in(head):
             return True
         return t.lstrip().startswith("{") and '"results"' in t and ('"nccl_version"' in t or '"experiment_name"' in t)
 
@@ -221,7 +227,7 @@ def _parse_text(text: str, facts: dict, log: WarningLog, default_test: str | Non
                         facts["config"][key] = int(m[1]) if m[1].isdigit() else m[1]
             elif (m := DEVICE_RE.match(line)):
                 devices.append({"line": ln, "rank": int(m["rank"]), "group": int(m["group"]) if m["group"] else None,
-                                "pid": int(m["pid"]), "host": m["host"], "device": int(m["device"]),
+                                "pid": int(m["pid"]) if m["pid"] else None, "host": m["host"], "device": int(m["device"]),
                                 "bus_id": m["bus"], "gpu": m["gpu"]})
             elif body.split()[:2] == ["size", "count"]:
                 layout = _layout_from_header(body.split())

@@ -8,7 +8,9 @@
 - the driver's own kernel messages that carry no Xid, one message often printed over several
   ``NVRM:`` lines: ``NVRM: The NVIDIA GPU 0000:b3:00.0`` / ``NVRM: (PCI ID: 10de:26b5)
   installed in this system has`` / ``NVRM: fallen off the bus and is not responding to
-  commands.``, and ``NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0x65:1486)``.
+  commands.``, ``NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x26:0x65:1486)``, and a GSP
+  call refused until the GPU is reset (``NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset
+  required [NV_ERR_RESET_REQUIRED] ...``).
 
 ``NVRM: Xid`` lines are not read here (the kernel log's parser reads them), even one that says
 the GPU fell off the bus.
@@ -21,7 +23,8 @@ Table ``gpu_events`` (one row per message): line (int: the message's last line),
 NA), bus_id (str: the GPU's PCI id, lower case with a 4-digit domain, ``0000:9d:00.0``, as
 nvidia-smi's ``00000000:9D:00.0`` and the kernel's ``0000:9d:00.0`` both name it; NA when the
 message names none), kind
-(device_handle|fallen_off_bus|init_failed|driver_unreachable|nvml_init|no_devices|err_field),
+(device_handle|fallen_off_bus|init_failed|reset_required|driver_unreachable|nvml_init|no_devices|
+err_field),
 tool (nvidia-smi|kernel), message (str: the message, its lines joined).
 """
 from __future__ import annotations
@@ -38,6 +41,8 @@ MESSAGES = (
     ("device_handle", "nvidia-smi", re.compile(r"Unable to determine the device handle for GPU\s*" + BUS + r"?:?\s*.*")),
     ("fallen_off_bus", "kernel", re.compile(r"(?:NVRM: )?(?:The NVIDIA GPU |GPU )?" + BUS + r"?.*?fallen off the bus.*")),
     ("init_failed", "kernel", re.compile(r"NVRM: (?:GPU )?" + BUS + r"?:?\s*RmInitAdapter failed!.*")),
+    # the driver (its GSP firmware) refusing work until the GPU is reset: no Xid, no PCI id
+    ("reset_required", "kernel", re.compile(r"NVRM: (?:GPU )?" + BUS + r"?:?\s*.*\bNV_ERR_RESET_REQUIRED\b.*")),
     ("driver_unreachable", "nvidia-smi", re.compile(r"NVIDIA-SMI has failed because it couldn't communicate with the "
                                                     r"NVIDIA driver.*")),
     ("nvml_init", "nvidia-smi", re.compile(r"Failed to initialize NVML: .*")),
@@ -46,8 +51,9 @@ MESSAGES = (
 )
 # the first line of the driver's GPU message split over lines ("NVRM: The NVIDIA GPU 0000:b3:00.0")
 GPU_NAMED_RE = re.compile(r"NVRM: The NVIDIA GPU " + BUS)
-PROMPT_RE = re.compile(r"^\s*\[?[\w.-]+@(?P<host>[A-Za-z0-9][\w.-]*)[\s:\]].*?[#$]\s*\S*nvidia-smi\b")
-NEEDLES = (b"Unable to determine the device handle", b"fallen off the bus", b"RmInitAdapter failed",
+# a shell prompt: bash ``[u@h d]# ``, ``u@h:d$ ``, zsh ``u@h d % ``, tcsh/SUSE ``u@h:d> ``
+PROMPT_RE = re.compile(r"^\s*\[?[\w.-]+@(?P<host>[A-Za-z0-9][\w.-]*)[\s:\]].*?[#$%>]\s*\S*nvidia-smi\b")
+NEEDLES = (b"Unable to determine the device handle", b"fallen off the bus", b"RmInitAdapter failed", b"NV_ERR_RESET_REQUIRED",
            b"NVIDIA-SMI has failed", b"Failed to initialize NVML", b"No devices were found", b"ERR!",
            b"NVRM: The NVIDIA GPU ", b"nvidia-smi")
 SPLIT_LINES = 3          # how far back the GPU's id may stand of a message split over NVRM: lines
@@ -59,7 +65,7 @@ class NvidiaSmiParser(TextParser):
     GLOBS = ("nvidia-smi*", "*/nvidia-smi*")
     # not "fallen off the bus" alone: Xid 79 says it too, and Xid lines are the kernel log's
     MARKERS = (b"Unable to determine the device handle for GPU", b"NVRM: The NVIDIA GPU ", b"RmInitAdapter failed",
-               b"NVIDIA-SMI has failed", b"Failed to initialize NVML")
+               b"NVIDIA-SMI has failed", b"Failed to initialize NVML", b"NV_ERR_RESET_REQUIRED")
     NEEDLES = NEEDLES
     SCHEMAS = {"gpu_events": {"line": "int", "host": "str", "bus_id": "str", "kind": "str", "tool": "str",
                               "message": "str"}}

@@ -17,6 +17,11 @@ nobody can reach, shows as (torch 1.9 to 2.9, any launcher prefix before the tex
 - ``[1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value
   store by key '0', but store->get('0') got error: wait timeout after 600000ms`` (``retreiving``
   and ``got exception`` before torch 1.12): rank 1 waited for rank 0's id;
+- ``Timed out initializing process group in store based barrier on rank: 5, for key:
+  store_based_barrier_key:32 (world_size=8, worker_count=4, timeout=0:00:30)`` and its INFO
+  ``Waiting in store based barrier to initialize process group for rank: 0, key: ...`` (torch
+  1.8 to 1.13): a new process group's ranks meet at the store; only ``worker_count`` of
+  ``world_size`` arrived (more than the world: a rank started twice, or two jobs on one store);
 - the launch configuration the agent prints (``rdzv_endpoint    : IP1:2222``): where it meets;
 - a traceback of the torchrun agent itself (``torch/distributed/launcher/api.py ... in
   launch_agent`` / ``__call__``) with no error line after it in the log: the agent failed
@@ -24,7 +29,8 @@ nobody can reach, shows as (torch 1.9 to 2.9, any launcher prefix before the tex
 
 Table ``init_errors`` (one row per line read):
     line (int), kind (store_connect|rdzv_connection|rdzv_timeout|rdzv_closed|rdzv_keepalive|
-    unique_id|rdzv_endpoint|agent_traceback), rank (int: the rank that waited), root_rank (int:
+    unique_id|barrier_timeout|barrier_wait|rdzv_endpoint|agent_traceback), rank (int: the rank that
+    waited; a barrier's: ``error`` says how many of the world arrived), root_rank (int:
     the rank it waited for), address (str ``host:port``), timeout_ms (int), error (str: the
     error as printed), message (str), and the launcher context (ctx_rank, ctx_local_rank,
     ctx_host, ctx_pid, ctx_clock: :mod:`.lines`).
@@ -47,13 +53,16 @@ UNIQUE_RE = re.compile(r"\[(?P<rank>\d+)\] is setting up NCCL communicator and r
                        r"\[(?P<root>\d+)\](?: via c10d key-value store by key '(?P<key>[^']*)')?"
                        r"(?:, but store->get\('[^']*'\) got (?:error|exception): (?P<err>.*?))?\s*$")
 WAIT_MS_RE = re.compile(r"(?:wait )?timeout after (?P<ms>\d+)ms")
+BARRIER_RE = re.compile(r"(?P<state>Timed out initializing process group|Waiting) in store based barrier (?:on rank|to "
+                        r"initialize process group for rank): (?P<rank>\d+), (?:for )?key: (?P<key>[^\s,()]+) "
+                        r"\(world_size=(?P<world>\d+), worker_count=(?P<count>\d+), timeout=(?P<t>[\d:.]+)\)")
 ENDPOINT_RE = re.compile(r"^\s*rdzv_endpoint\s*:\s*(?P<addr>\S+:\d+)\s*$")
 AGENT_TB_RE = re.compile(r"torch/distributed/launcher/api\.py\", line \d+, in (?:__call__|launch_agent)")
 KINDS = {"Connection": "rdzv_connection", "Timeout": "rdzv_timeout", "Closed": "rdzv_closed", "State": "rdzv_connection",
          "": "rdzv_connection"}
 NEEDLES = (b"client socket has", b"RendezvousConnectionError", b"RendezvousTimeoutError", b"RendezvousClosedError",
            b"RendezvousStateError", b"keep-alive heartbeat", b"ncclUniqueId", b"rdzv_endpoint",
-           b"distributed/launcher/api.py")
+           b"distributed/launcher/api.py", b"store based barrier")
 # the lines that, after an agent's traceback, say why it failed (then the traceback adds nothing)
 TB_TAIL = 12
 
@@ -64,7 +73,8 @@ class TorchInitParser(TextParser):
     DESCRIPTION = "PyTorch rendezvous and c10d store failures: ranks that never met, stores never reached"
     GLOBS = ("logs/*", "logs/**/*")
     MARKERS = (b"client socket has", b"RendezvousConnectionError", b"RendezvousTimeoutError",
-               b"RendezvousClosedError", b"keep-alive heartbeat", b"ncclUniqueId", b"distributed/launcher/api.py")
+               b"RendezvousClosedError", b"keep-alive heartbeat", b"ncclUniqueId", b"distributed/launcher/api.py",
+               b"store based barrier")
     SCHEMAS = {"init_errors": {
         "line": "int", "kind": "str", "rank": "int", "root_rank": "int", "address": "str", "timeout_ms": "int",
         "error": "str", "message": "str", **lines_mod.CONTEXT_COLUMNS}}
@@ -114,6 +124,15 @@ def _address(text: str) -> str:
     return t
 
 
+def _hms_ms(t: str) -> int | None:
+    """``0:30:00`` (a timedelta as printed) in ms."""
+    try:
+        h, m, sec = t.split(":")
+        return int((int(h) * 3600 + int(m) * 60 + float(sec)) * 1000)
+    except ValueError:
+        return None
+
+
 def _row(ln: int, line: str) -> dict | None:
     if (m := UNIQUE_RE.search(line)):
         err = (m["err"] or "").strip() or None
@@ -125,6 +144,13 @@ def _row(ln: int, line: str) -> dict | None:
         return {"line": ln, "kind": "store_connect", "address": _address(m["addr"]),
                 "timeout_ms": int(m["s"]) * 1000 if m["s"] else None,
                 "error": ("timed out" if m["s"] else "failed to connect") + (m["rest"] or "").strip(" .")[:160],
+                "message": line[m.start():].strip()[:300], **_context(line[:m.start()])}
+    if (m := BARRIER_RE.search(line)):
+        world, count = int(m["world"]), int(m["count"])
+        arrived = (f"{count} of {world} ranks arrived" if count <= world else
+                   f"{count} workers for a world of {world}: a rank started twice, or two jobs on one store")
+        return {"line": ln, "kind": "barrier_timeout" if m["state"].startswith("Timed") else "barrier_wait",
+                "rank": int(m["rank"]), "timeout_ms": _hms_ms(m["t"]), "error": f"{arrived} (key {m['key']})",
                 "message": line[m.start():].strip()[:300], **_context(line[:m.start()])}
     if (m := KEEPALIVE_RE.search(line)):
         return {"line": ln, "kind": "rdzv_keepalive", "error": m["err"], "message": line[m.start():].strip()[:300],

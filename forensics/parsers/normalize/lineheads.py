@@ -94,6 +94,7 @@ def all_heads() -> bytes:
         rb"Failures:(?=\s+(?:<NO_OTHER_FAILURES>|\[\d+\]))",
         rb"\[\d+\]:(?=\s+time\s*:)", rb"(?<=\s\s)(?:time|host|rank|exitcode|error_file|traceback)\s*: ",
         tests_markers(),
+        rb"(?<!#)(?<!# )(?:Out of bounds values|Avg bus bandwidth)[ \t]*: ",   # nccl-tests 1.x: no "#"
         TEST_ROW[len(rb"[ \t]+"):],
         rb"\S+: Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure",
         rb"CA '\w+'", rb"hca_id:\s", rb"Infiniband device '", rb"(?<![\w.-])(?:Switch|CA|Router): (?:0x[0-9a-fA-F]+ )?\S",

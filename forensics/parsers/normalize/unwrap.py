@@ -154,7 +154,8 @@ def _wrap(data: bytes, limit: int | None = None) -> _Wrap | None:
         # most lines reaching the width go on in the next line: the lines of a log that merely
         # share the longest length (one format, many lines) are followed by log lines as often
         hard_ok = hc >= 2 and hc >= 0.75 * he
-        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se)
+        soft_ok = (hc >= 1 or sc >= 4) and hc + sc >= 3 and hc + sc >= 0.75 * (he + se) \
+            or not padded and sc >= 4 and sc >= 0.9 * se     # fold -s: the longest lines may be whole ones
         # too few for a count, no line reaching W that goes on as a log line: each cut proven alone
         alone = he == hc and bool(ok.any())
         return hard_ok, soft_ok, alone
@@ -220,7 +221,7 @@ def _proven(data: bytes, starts, ends, chars, trail, i: int, W: int, padded: boo
     exception's name (maybe after launcher tags of ``lines.PREFIXES``) and is no whole frame header;
     the next line, after an indent of up to eight blanks (one: the cut fell before a blank), is no
     ``name: ``; and the cut fell mid-word or before a blank (line ``i`` reaches W, a letter or digit
-    on each side, the next no capital and no source line: an assignment, a call, a ``return``) or
+    on each side, or in a padded paste any character before it, the next no capital and no source line: an assignment, a call, a ``return``) or
     at a blank the way ``fold -s`` cuts (line ``i`` ends in one blank, and the next line's first
     word would not have fit after it: ``Timeout(ms)=...`` too)."""
     s, e, t = int(starts[i]), int(ends[i]), int(starts[i + 1])
@@ -233,8 +234,14 @@ def _proven(data: bytes, starts, ends, chars, trail, i: int, W: int, padded: boo
         return False
     last, nxt = data[e - 1:e], data[u:u + 1]
     if trail[i] == 0:
-        return chars[i] == W and last.isalnum() and nxt.isalnum() and not nxt.isupper() \
-            and not _SOURCE_RE.match(data, u)
+        # padded, a line that fills the width unpadded was cut inside a token whatever its last
+        # character (``10.10.23.`` | ``6<58683>``); unpadded, only between letters or digits
+        # (or after a token's inner punctuation, a letter or digit before it: ``0e+`` | ``00``)
+        inside = last.isalnum() or padded and last not in (b"", b" ", b"\t") \
+            or last in (b"+", b"-", b".", b"/", b":", b"_") and data[e - 2:e - 1].isalnum()
+        # the next piece begins with a letter or digit, or a number's sign (``0e`` | ``+00``)
+        goes_on = nxt.isalnum() or nxt in (b"+", b"-") and last.isalnum() and data[u + 1:u + 2].isdigit()
+        return chars[i] == W and inside and goes_on and not nxt.isupper() and not _SOURCE_RE.match(data, u)
     word = (data[u:int(ends[i + 1])].split(None, 1) or [b""])[0]
     return not padded and trail[i] == 1 and u == t and int(chars[i]) + len(word) > W
 

@@ -37,3 +37,18 @@ def test_an_agent_traceback_cut_short_is_a_warning_and_nothing_when_workers_fail
                "  exitcode  : 1 (pid: 42)\n")
     (tmp_path / "summary.log").write_text(summary)
     assert _findings(tmp_path, AGENT) == []
+
+
+def test_a_store_barrier_not_every_rank_reached_names_the_waiters_as_peers(tmp_path):
+    line = ("RuntimeError: Timed out initializing process group in store based barrier on rank: {r}, for key: "
+            "store_based_barrier_key:32 (world_size=8, worker_count=4, timeout=0:00:30)\n")
+    (f,) = _findings(tmp_path, line.format(r=7) + line.format(r=5))
+    assert (f.severity, f.ranks, f.peer_ranks) == ("error", [], [5, 7])
+    assert f.headline.startswith("Init failed: ranks 5, 7 timed out waiting at a process group's store barrier, "
+                                 "4 of 8 ranks arrived"), f.headline
+    wait = ("05/10/2023 23:07:45 - INFO - torch.distributed.distributed_c10d - Waiting in store based barrier to "
+            "initialize process group for rank: 0, key: store_based_barrier_key:2 (world_size=8, worker_count=1, "
+            "timeout=0:30:00)\n")
+    (tmp_path / "w").mkdir()
+    (f,) = _findings(tmp_path / "w", wait)
+    assert f.severity == "warning" and f.headline.startswith("Init stalled: rank 0 waits"), f.headline

@@ -57,6 +57,12 @@ EVIDENCE = {
                    "anon-rss:98765kB, file-rss:0kB, shmem-rss:0kB, UID:1000 pgtables:1234kB oom_score_adj:0\n",
                    "process_exit"),
     "mlx5_link_down": ("Oct 14 10:11:12 node7 kernel: mlx5_core 0000:5e:00.0 ib0: Link down\n", "ib_errors"),
+    # NCCL's own word for a collective mismatch: the IB transport's size check (2.14), init's (2.4)
+    "collective_mismatch_warn": ("node3:1234:1300 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req 0/1 tag 0 peer "
+                                 "10.0.0.6<58683> collective mismatch error, local size 496640 remote size 65536\n",
+                                 "hang_mismatch"),
+    "mismatched_collective_warn": ("node3:39719:39719 [3] init.cu:1197 NCCL WARN Mismatched collective detected, "
+                                   "please check your collective calls at and around rank 11.\n", "hang_mismatch"),
     "ofi_warn": ("ip-10-0-1-5:1234:1300 [0] NCCL WARN NET/OFI Couldn't open AV. RC: -22, ERROR: Invalid argument\n",
                  "misconfiguration"),
     "libfabric": ("libfabric:12345:1700000000::efa:cq:efa_rdm_cq_readerr():123<warn> Error reading from CQ: "
@@ -165,3 +171,52 @@ def test_bootstrap_by_source_file():
     got = classify(pd.Series(["Unexpected thing xyz", "Unexpected thing xyz"]),
                    pd.Series(["bootstrap.cc", "enqueue.cc"]))
     assert got.tolist() == ["bootstrap", "other"]
+
+
+def test_timeouts_without_the_jobs_ranks_name_the_ranks_that_logged_not_every_rank(tmp_path):
+    """With no Init line the job's world is unknown: the headline says which ranks timed out."""
+    line = ("[rank{r}]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, "
+            "Timeout(ms)=600000) ran for 600020 milliseconds before timing out.\n")
+    _, doc = _analyze(tmp_path, "wd", line.format(r=0) + line.format(r=3))
+    f = doc["findings"][0]
+    assert f["kind"] == "hang_stuck" and "every rank" not in f["headline"], f["headline"]
+    assert f["headline"].startswith("Hang: ranks 0, 3 timed out in collective SeqNum 808"), f["headline"]
+
+
+def test_pytorch_1x_timeouts_without_seqnum_in_different_calls_name_the_odd_rank(tmp_path):
+    """PyTorch < 1.10 prints no SeqNum: each rank's line is its oldest pending work, so ranks
+    waiting in different calls there disagree on the collective (rank 0 in ALLREDUCE, the rest
+    in BROADCAST)."""
+    line = ("[E ProcessGroupNCCL.cpp:566] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(OpType={op}, Timeout(ms)=1800000) ran for 1801060 milliseconds before timing out.\n")
+    text = line.format(r=0, op="ALLREDUCE") + "".join(line.format(r=r, op="BROADCAST") for r in (1, 2, 3))
+    _, doc = _analyze(tmp_path, "wd19", text)
+    f = doc["findings"][0]
+    assert f["kind"] == "hang_mismatch" and f["ranks"] == [0] and f["peer_ranks"] == [1, 2, 3], f
+    assert "SeqNum" not in f["headline"] and "None" not in f["headline"] + f["summary"], f["headline"]
+
+
+def test_a_warn_of_a_log_naming_no_host_reads_host_unknown_once_and_plainly(tmp_path):
+    """One file naming no host: "on host unknown (<file>)", not "on 1 host (host unknown (<file>))";
+    the socket headline has no colon before its "on"."""
+    from forensics.findings.warns import hosts_text
+    assert hosts_text(["unknown:/x/err.txt"]) == "unknown:/x/err.txt"
+    assert hosts_text(["node1"]) == "1 host (node1)" and hosts_text(["unknown:/x/a"], of=3) == "1 of 3 hosts (unknown:/x/a)"
+    text = ("[0] misc/socket.cc:49 NCCL WARN socketProgressOpt: Call to recv from 172.16.0.9<33759> failed : "
+            "Connection reset by peer\n")
+    _, doc = _analyze(tmp_path, "err", text)
+    f = next(f for f in doc["findings"] if f["kind"] == "connection_reset")
+    assert f["headline"].startswith("NCCL connections failed (socket reset) on host unknown (err.log)"), f["headline"]
+
+
+def test_a_rank_whose_timeout_is_a_later_seqnum_is_said_past_it_not_in_it(tmp_path):
+    line = ("[rank{r}]:[E513 13:25:57.714781669 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            "operation timeout: WorkNCCL(SeqNum={n}, OpType={op}, NumelIn=513, NumelOut=2052, Timeout(ms)=1800000) "
+            "ran for 1800042 milliseconds before timing out.\n")
+    text = line.format(r=2, n=532339, op="BROADCAST") + line.format(r=1, n=532339, op="BROADCAST") \
+        + line.format(r=0, n=532341, op="_ALLGATHER_BASE")
+    _, doc = _analyze(tmp_path, "ahead", text)
+    f = doc["findings"][0]
+    assert f["headline"].startswith("Hang: ranks 1, 2 timed out in collective SeqNum 532339 (BROADCAST), rank 0 "
+                                    "already past it"), f["headline"]

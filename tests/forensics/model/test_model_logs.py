@@ -114,3 +114,18 @@ def test_a_launcher_line_without_a_time_of_its_own_takes_its_shippers_clock(tmp_
     ex = read_model([tmp_path]).tables["process_exits"]
     t = ex["time_ns"].iloc[0]
     assert pd.Timestamp(int(t), unit="ns").strftime("%Y-%m-%d %H:%M:%S") == "2024-02-27 21:35:32"
+
+
+def test_a_torch_error_tagged_rankN_takes_that_rank_and_so_does_its_last_error(tmp_path):
+    """``[rank3]: torch.distributed.DistBackendError: ...`` names no rank in its own text: the
+    ``[rank3]:`` tag gives it, and the quoted ``Last error:`` WARN it carries is rank 3's too."""
+    (tmp_path / "out.log").write_text(
+        _init_lines() + "[rank3]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote "
+        "process exited or there was a network error, NCCL version 2.28.8\n[rank3]: ncclRemoteError: A call failed "
+        "possibly due to a network error or a remote process exiting prematurely.\n[rank3]: Last error:\n[rank3]: "
+        "NET/OFI Request 0x7f14cc5b60c0 completed with error. RC: 113. Error: 2 (UNDELIVERABLE). Completed length: 0\n")
+    m = build_model([tmp_path])
+    wd = m.tables["watchdog_events"]
+    assert set(wd["rank"].dropna().astype(int)) == {3} and set(wd["host"]) == {"node-b"}
+    w = m.tables["nccl_warnings"]
+    assert w[["rank", "host", "class"]].values.tolist() == [[3, "node-b", "ofi_completion"]]

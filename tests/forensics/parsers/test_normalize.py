@@ -138,6 +138,41 @@ def test_hard_wrap_padded_terminal_paste():
     assert fixed("\n".join(wrapped) + "\n") == "\n".join(lines) + "\n"
 
 
+def test_a_lone_cut_after_a_tokens_inner_punctuation_is_joined():
+    """One line cut inside a token after its punctuation: an address in a padded paste
+    (``10.10.23.`` | ``6<58683>``), a number's exponent in a plain one (``0e+`` | ``00``)."""
+    warn = ("10.10.23.10: so-ucloud-10-10-23-10:1307367:1307586 [0] transport/net_ib.cc:1038 NCCL WARN NET/IB : req "
+            "0/1 tag 0 peer 10.10.23.6<58683> collective mismatch error, local size 496640 remote size 65536")
+    info = "10.10.23.10: so-ucloud-10-10-23-10:1307367:1307586 [0] NCCL INFO proxy.cc:520 -> 5"
+    w = warn.index("6<58683>")
+    lines = [warn, info, info, info]
+    padded = [p.ljust(w) for ln in lines for p in _fold(ln, w)]
+    assert fixed("\n".join(padded) + "\n") == "\n".join(lines) + "\n"
+    row = "134217728      33554432   float     sum    2.237  60.00   0.00    0e+00    0.001  139715.53   0.00    0e+00"
+    lines = [row, " Out of bounds values : 0 OK", " Avg bus bandwidth    : 0", ""]
+    cut = row.rindex("00")
+    assert fixed("\n".join([row[:cut], row[cut:]] + lines[1:])) == "\n".join(lines)
+
+
+def test_fold_s_wrap_whose_longest_lines_are_whole_ones():
+    """``fold -s`` at 97 cuts each watchdog line at the blank before ``WorkNCCL(``: the first
+    pieces end in that blank, the second pieces (the longest lines) are whole and followed by
+    the next log line; the cuts are still a wrap."""
+    import textwrap
+    line = ("[E ProcessGroupNCCL.cpp:566] [Rank {r}] Watchdog caught collective operation timeout: "
+            "WorkNCCL(OpType=BROADCAST, Timeout(ms)=1800000) ran for 1801140 milliseconds before timing out.")
+    lines = [line.format(r=r) for r in range(5)]
+    wrapped = [p for ln in lines for p in _soft(ln, 97)]
+    assert len(wrapped) == 10 and textwrap
+    assert fixed("\n".join(wrapped) + "\n") == "\n".join(lines) + "\n"
+
+
+def test_unmarked_nccl_tests_summary_lines_glued_to_a_row_are_split():
+    row = "134217728      33554432   float     sum    2.237  60.00   0.00    0e+00    0.001  139715.53   0.00    0e+00"
+    out = fixed(row + "  Out of bounds values : 0 OK  Avg bus bandwidth    : 0\n")
+    assert [ln.strip() for ln in out.splitlines()] == [row, "Out of bounds values : 0 OK", "Avg bus bandwidth    : 0"]
+
+
 def test_hard_wrap_at_blanks():
     import textwrap
     w = 90

@@ -120,3 +120,10 @@ def test_ibpanic_names_a_vanished_device():
     p = IbStatusParser.parse(text.encode()).tables["ib_ports"]
     assert p[["device", "state"]].values.tolist() == [["mlx5_7", "ACTIVE"], ["mlx5_8", "MISSING"]]
     assert p["port"].isna().tolist() == [False, True]
+
+
+def test_a_zsh_prompt_above_ibstat_names_the_ports_host():
+    r = IbStatusParser.parse(b"alice@gpu-e03 ~ % ibstat mlx5_1\nCA 'mlx5_1'\n\tCA type: MT4123\n\tPort 1:\n"
+                             b"\t\tState: Down\n\t\tPhysical state: Disabled\n\t\tRate: 10\n")
+    p = r.tables["ib_ports"]
+    assert p[["host", "device", "port", "state"]].values.tolist() == [["gpu-e03", "mlx5_1", 1, "DOWN"]]

@@ -174,6 +174,18 @@ def test_warn_lines_pasted_without_their_host_prefix_are_still_warn_lines():
     assert r.facts["processes"] == {}
 
 
+def test_a_warn_line_pasted_with_no_prefix_at_all_is_a_warn_line_but_not_a_mention_in_prose():
+    data = (b"Some of the log information is as follows:\n"
+            b"NCCL WARN Connect to 10.38.10.112<21724> failed : Connection refused\n"
+            b"[1,0]<stderr>:NCCL WARN Call to ibv_modify_qp failed with error Network is unreachable\n"
+            b"I grepped for NCCL WARN lines and found none else\n")
+    r = NcclDebugParser.parse(data)
+    w = r.tables["nccl_warnings"]
+    assert w["message"].tolist() == ["Connect to 10.38.10.112<21724> failed : Connection refused",
+                                     "Call to ibv_modify_qp failed with error Network is unreachable"]
+    assert w["line"].tolist() == [2, 3] and w["peer"].tolist()[0] == "10.38.10.112<21724>"
+
+
 def test_a_host_without_pid_and_tid_is_the_lines_host():
     data = (b"2025-11-24T03:20:21.001125857Z [2025-11-24 11:20:21] gpu-server320 [5] misc/socket.cc:46 NCCL WARN "
             b"socketProgressOpt: Call to send to 10.44.137.149<52905> failed : Connection reset by peer\n"

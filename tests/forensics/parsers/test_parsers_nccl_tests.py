@@ -189,3 +189,23 @@ def test_headerless_rows_of_every_layout():
         assert (got["redop"] if pd.notna(got["redop"]) else None) == redop, row
         assert (int(got["root"]) if pd.notna(got["root"]) else None) == root, row
         assert got["busbw_gbps"] == 3.04 and (got["wrong"] if pd.notna(got["wrong"]) else None) == wrong, row
+
+
+def test_unmarked_pastes_are_claimed_one_row_summary_or_header_alone():
+    """nccl-tests 1.x, or a paste that lost its "#": one row with its summary lines, the header
+    and device lines with no row yet, and the pre-2019 device line without "Pid" are all claimed."""
+    from forensics.parsers.text import LogText
+    row = ("134217728      33554432   float     sum    2.237  60.00   0.00    0e+00    0.001  139715.53   0.00    0e+00\n"
+           " Out of bounds values : 0 OK\n Avg bus bandwidth    : 0\n")
+    head = (" nThread 1 nGpus 1 minBytes 32 maxBytes 8589934592 step: 2(factor) warmup iters: 5       iters: 20\n\n"
+            " Using devices\n   Rank  0 Pid 1821213 on AI-A100-Beethoven01 device  0 [0x00] NVIDIA A100-SXM4-40GB\n")
+    old_devices = " Using devices\n#   Rank  0 on ip-172-31-6-103 device  0 [0x00] Tesla M60\n"
+    for text in (row, head, old_devices):
+        assert NcclTestsParser.claims(LogText.of(text.encode(), "paste.txt")), text
+    r = NcclTestsParser.parse(row.encode())
+    assert r.tables["nccl_tests"]["busbw_gbps"].tolist() == [0.0, 0.0] and r.facts["avg_busbw_gbps"] == 0.0
+    d = NcclTestsParser.parse(head.encode()).tables["nccl_tests_devices"]
+    assert d[["rank", "pid", "host"]].values.tolist() == [[0, 1821213, "AI-A100-Beethoven01"]]
+    d = NcclTestsParser.parse(old_devices.encode()).tables["nccl_tests_devices"]
+    assert d["host"].tolist() == ["ip-172-31-6-103"] and d["pid"].isna().all()
+    assert not NcclTestsParser.claims(LogText.of(b"The Avg bus bandwidth : 0 was odd, and Rank 0 on x too\n", "f"))

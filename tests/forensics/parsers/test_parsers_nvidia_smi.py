@@ -50,3 +50,16 @@ def test_every_message_of_the_sample():
                                    "nvml_init", "err_field", "no_devices"]
     assert set(ev["bus_id"].dropna()) == {"0000:9d:00.0"}
     assert ev["host"].tolist()[:5] == ["gpu-node12"] * 3 + ["node8", "node9"]
+
+
+def test_zsh_and_tcsh_prompts_name_the_host_too():
+    for prompt, host in (("zeyer@cn-234 ~ % nvidia-smi", "cn-234"), ("root@gpu-7:~> nvidia-smi -q", "gpu-7")):
+        ev = events(prompt + "\nUnable to determine the device handle for GPU0000:03:00.0: Unknown Error\n")
+        assert [(e["host"], e["bus_id"], e["kind"]) for e in ev] == [(host, "0000:03:00.0", "device_handle")], prompt
+
+
+def test_a_gsp_call_refused_until_a_reset_is_a_gpu_event():
+    ev = events(" [Sun Jan 11 09:52:01 2026] NVRM: rpcRmApiAlloc_GSP: GspRmAlloc failed: hClient=0xc1d1a616; "
+                "status=0x00000062 \n [Sun Jan 11 09:52:01 2026] NVRM: nvAssertOkFailedNoLog: Assertion failed: Reset "
+                "required [NV_ERR_RESET_REQUIRED] (0x00000062) returned from status @ kernel_channel.c:2874 \n")
+    assert [(e["kind"], e["tool"], e["line"], e["bus_id"]) for e in ev] == [("reset_required", "kernel", 2, None)]

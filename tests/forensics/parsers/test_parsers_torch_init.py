@@ -37,3 +37,20 @@ def test_an_agent_traceback_cut_before_its_error_is_a_row_and_one_with_its_error
 def test_a_log_without_any_is_a_warning():
     r = TorchInitParser.parse(b"all good\n")
     assert r.warnings and (r.tables.get("init_errors") is None or pd.DataFrame(r.tables["init_errors"]).empty)
+
+
+def test_store_based_barrier_timeouts_and_waits_of_torch_1x():
+    """torch <= 1.13: a new process group's ranks meet at a store-based barrier; the line says
+    who waited and how many of the world arrived (more than the world: two jobs on one store)."""
+    r = TorchInitParser.parse(
+        b"RuntimeError: Timed out initializing process group in store based barrier on rank: 7, for key: "
+        b"store_based_barrier_key:32 (world_size=8, worker_count=4, timeout=0:00:30)\n"
+        b"05/10/2023 23:07:45 - INFO - torch.distributed.distributed_c10d - Waiting in store based barrier to "
+        b"initialize process group for rank: 0, key: store_based_barrier_key:1 (world_size=4, worker_count=8, "
+        b"timeout=0:30:00)\n")
+    t = r.tables["init_errors"]
+    assert r.warnings == [] and t["kind"].tolist() == ["barrier_timeout", "barrier_wait"]
+    assert t["rank"].tolist() == [7, 0] and t["timeout_ms"].tolist() == [30000, 1800000]
+    assert t["error"].tolist()[0] == "4 of 8 ranks arrived (key store_based_barrier_key:32)"
+    assert t["error"].tolist()[1].startswith("8 workers for a world of 4: a rank started twice")
+    assert pd.isna(t["ctx_host"].tolist()[0])

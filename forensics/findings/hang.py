@@ -48,6 +48,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
+from . import warns
 from .base import Context, Finding, detector
 from ..model import progress
 from ..model.progress import capture_end_ns, is_per_process
@@ -432,7 +433,6 @@ def logged_mismatch(ctx: Context) -> list[Finding]:
     error", "message truncated", "Mismatched collective detected"), one finding per class: the
     hosts (and ranks) that logged them. The ranks that logged it disagree with a peer; which side
     issued the odd call the line does not say, so the finding names the reporters."""
-    from . import warns
     rows = warns.rows_of(ctx, warns.classes_of("hang_mismatch"))
     out = []
     for cls, g in rows.groupby("class", sort=False):

@@ -124,7 +124,7 @@ def test_a_torch_error_tagged_rankN_takes_that_rank_and_so_does_its_last_error(t
         "process exited or there was a network error, NCCL version 2.28.8\n[rank3]: ncclRemoteError: A call failed "
         "possibly due to a network error or a remote process exiting prematurely.\n[rank3]: Last error:\n[rank3]: "
         "NET/OFI Request 0x7f14cc5b60c0 completed with error. RC: 113. Error: 2 (UNDELIVERABLE). Completed length: 0\n")
-    m = build_model([tmp_path])
+    m = read_model([tmp_path])
     wd = m.tables["watchdog_events"]
     assert set(wd["rank"].dropna().astype(int)) == {3} and set(wd["host"]) == {"node-b"}
     w = m.tables["nccl_warnings"]

@@ -56,6 +56,8 @@ DURATION_FACTOR = 5.0
 STUCK_BACKOFF = 1                      # an RTO backoff this deep on a socket with data unacked: a dead path
 STUCK_LASTACK_MS = 1_000.0             # ... or nothing acknowledged for this long while data is unacked
 MAX_EVIDENCE = 20
+# a reset this long before the last sign of progress, and progress after it, did not break the ring
+RESET_BEFORE_ONSET_NS = 2_000_000_000
 
 # a frame that means "inside NCCL or waiting for the GPU"
 NCCL_FRAME_RE = re.compile(
@@ -606,6 +608,11 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
     ev = trouble_events(ctx)
     ev = ev[ev["a"].isin(members) & ev["b"].isin(members)] if len(ev) else ev
     resets = ev[ev["cls"] == "reset"] if len(ev) else ev
+    if len(resets) and c.onset is not None:
+        # the ring made progress after an earlier reset (a refused bootstrap connection at the
+        # job's start, a peer of another job): that reset broke nothing
+        resets = resets[pd.to_numeric(resets["timestamp_ns"], errors="coerce").fillna(c.onset.ns)
+                        >= c.onset.ns - RESET_BEFORE_ONSET_NS]
     warn = reset_warnings(ctx, members)
     head = (f"{_hung(c)}: every rank of {c.label} is inside "
             + (f"collective #{n}" if n is not None else "a collective")

@@ -171,6 +171,27 @@ def test_a_dead_link_whose_sockets_show_no_backoff_yet():
     assert "RTO backoff" not in f[0].summary
 
 
+def test_a_reset_the_ring_made_progress_after_broke_nothing():
+    """A refused connection at the job's start (a rank's bootstrap connect before the root
+    listened: a RST answering its SYN), then minutes of progress, then a hang: the hang is not
+    that reset's (a watcher's bundle holds the job's start; make watch-align named it)."""
+    moving_until = WINDOW[0] + 8 * S
+    reset = [{"timestamp_ns": WINDOW[0] + S, "event": ev, "source": "bpf", "saddr": addr(0), "sport": 29500,
+              "daddr": addr(1), "dport": 36654, "host": "node0", "pid": 100, "rank": 0, "peer_rank": 1}
+             for ev in ("tcp_send_reset", "tcp_receive_reset")]
+    ctx = context(coll_log_ops=coll_logs({r: 68 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)],
+                  sockets=ring_samples(moving_until=moving_until), tcp_events=reset)
+    f = hang_state(ctx)
+    assert [x.kind for x in f] == ["hang_stuck"], [x.summary for x in f]
+    # its twin: the same reset as the last progress ended breaks the ring
+    late = [dict(r, timestamp_ns=moving_until + S) for r in reset]
+    ctx = context(coll_log_ops=coll_logs({r: 68 for r in range(RANKS)}),
+                  stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)],
+                  sockets=ring_samples(moving_until=moving_until), tcp_events=late)
+    assert [(x.kind, x.ranks) for x in hang_state(ctx)] == [("connection_reset", [0])]
+
+
 def test_drained_links_and_no_wait_graph_blame_nobody():
     ctx = context(coll_log_ops=coll_logs({r: 68 for r in range(RANKS)}),
                   stacks=[row for r in range(RANKS) for row in stack(r, IN_NCCL)], sockets=ring_samples())

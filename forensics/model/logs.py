@@ -35,7 +35,7 @@ import pandas as pd
 
 from ..parsers import lines as lines_mod
 from . import nccl_errors
-from ..parsers.nccl_debug import ib_fields, peer_fields
+from ..parsers.nccl_warn_fields import ib_fields, peer_fields
 from .schema import conform
 
 UNKNOWN = "unknown:"

@@ -129,7 +129,7 @@ def test_chunked_scan_finds_a_string_across_a_chunk_boundary_and_bounds_headerle
 def test_version_matches_what_the_log_parser_keeps(libs):
     """The library's literal is the log's ``NCCL version`` line: both give the same string, so a
     process whose version comes from its library compares equal with one whose log states it."""
-    from forensics.parsers.nccl_debug import VERSION_RE
+    from forensics.parsers.nccl_grammar import VERSION_RE
     raw = [s for s in re.findall(rb"NCCL version [!-~]+", libs["lab"].read_bytes())]
     assert raw, "no version literal in the lab library"
     assert VERSION_RE.search(raw[0].decode())["version"] == libversion.nccl_version(libs["lab"])

@@ -6,7 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from forensics.native import first_offsets, line_count, line_hits, line_spans
-from forensics.parsers.nccl_debug import COLL_RE, LINE_RE, NcclDebugParser
+from forensics.parsers.nccl_coll import COLL_RE
+from forensics.parsers.nccl_debug import NcclDebugParser
+from forensics.parsers.nccl_grammar import LINE_RE
 from forensics.parsers.registry import split_lines
 from forensics.parsers.text import LogText
 

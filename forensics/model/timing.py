@@ -13,7 +13,7 @@ Loss lifts the tail too, and on every connection of a lossy link: the segments s
 hole wait for its retransmission before the cumulative ACK covers them. So the table also
 has the *clean* RTT percentiles: only the ACKs whose wait (from the segment they ACK to
 themselves) saw no retransmission, out-of-order or lost segment on that connection. A
-queue lifts those as well; loss does not (:func:`forensics.findings.network.queue_links`).
+queue lifts those as well; loss does not (:func:`forensics.findings.link_delays.queue_links`).
 
 Also per connection: the *busy rate*, the payload of the data segments that followed
 a short gap (at most ``IDLE_NS`` after the previous one of the same connection) divided

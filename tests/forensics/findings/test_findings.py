@@ -63,7 +63,7 @@ def test_queueing_delay_not_drops_tells_a_slow_link_from_loss():
     """Loss on a fast path leaves the bulk of the ACK round trips flat (p90 in µs) and lifts
     only the tail by a timeout; a bottleneck's queue delays most segments (p90 in ms)."""
     from forensics.findings import Context
-    from forensics.findings.network import queue_links
+    from forensics.findings.link_delays import queue_links
     t = truth("slow-link")["fault"]
     slow = queue_links(Context(analysed("slow-link").model, analysed("slow-link").con))
     assert slow and all(t["ranks"][0] in lk for lk in slow), slow

@@ -91,11 +91,11 @@ def _links(rtts: dict) -> pd.DataFrame:
 
 
 def test_one_endpoints_links_are_a_slow_group_even_when_a_majority():
-    from forensics.findings.network import _rtt_split
+    from forensics.findings.link_delays import rtt_split
     # a job of three ranks, rank 0's NIC slow: two links of three (the lab's slow-link, 3 ranks)
     cand = _links({(0, 1): 20e6, (0, 2): 25e6, (1, 2): 0.2e6})
-    k = _rtt_split(cand)
+    k = rtt_split(cand)
     assert k == 1 and {tuple(x) for x in cand[["a", "b"]].iloc[k:].to_numpy()} == {(0, 1), (0, 2)}
     # its twin: a majority of slow links that share no endpoint is no group (four ranks, six links)
     mesh = _links({(0, 1): 20e6, (2, 3): 21e6, (0, 2): 22e6, (1, 3): 23e6, (0, 3): 0.2e6, (1, 2): 0.2e6})
-    assert _rtt_split(mesh) is None
+    assert rtt_split(mesh) is None

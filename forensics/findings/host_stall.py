@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .sql import model_table
-from .late_state import NCCL_FILE_RE, NCCL_FRAME_RE
+from .comm_state import NCCL_FILE_RE, NCCL_FRAME_RE
 
 # a thread waiting for a signal, nothing else: the rank parked itself (another code path), no stall
 PARKED_SYSCALLS = {"pause", "rt_sigsuspend", "sigsuspend", "rt_sigtimedwait", "sigtimedwait", "sigwaitinfo"}

@@ -7,7 +7,7 @@ t", so the hang began at or after the latest such t, and soon after it (the next
 collective would have completed within its usual duration). :func:`comm_onset` takes
 the latest of them:
 
-- **progress** (:class:`~forensics.findings.late_state.RankState.last_progress_ns`): a
+- **progress** (:class:`~forensics.findings.comm_state.RankState.last_progress_ns`): a
   collective the tracer saw complete, a Flight Recorder completion (realtime clock),
   bytes acknowledged between two socket samples;
 - **NCCL_DEBUG COLL line times** (NCCL >= 2.26 prints them, launchers add theirs): the

@@ -231,7 +231,7 @@ def test_gpu_hang_blames_the_rank_its_peers_wait_on():
 
 
 def test_wait_for_graph_sink_is_one_rank_or_nobody():
-    from forensics.findings.late_state import _graph_sink
+    from forensics.findings.comm_state import graph_sink as _graph_sink
     # a ring waiting down to rank 2 (poll for its clear-to-send, recv for its data)
     assert _graph_sink([(1, 2), (3, 2), (0, 3), (0, 1)]) == 2
     assert _graph_sink([(0, 1), (1, 0)]) is None             # a cycle: a deadlock, no one culprit

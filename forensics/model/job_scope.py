@@ -72,7 +72,7 @@ def scope(bundle, events: list) -> tuple[JobScope, list]:
     events, early = _since(bundle, events, since)
     if early:
         bundle.problems.append(f"{early} tracer record(s) from before the incident's job began left out (the "
-                               "rings hold the minutes before it: another job's traffic)")
+                               "watcher's rings keep the minutes before an incident)")
     if not drop:
         return JobScope(str(job.get("id") or ""), since_ns=since), events
     ns_drop = frozenset(n.inode for n in m.netns if n.pids and not (set(n.pids) & keep))

@@ -16,12 +16,12 @@ import json
 import os
 import re
 import socket
+import struct
 import tarfile
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-import struct
-import time
 
 from . import manifest as schema
 

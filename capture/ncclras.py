@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+
 from .children import run
 from .procs import netns_inode
 

@@ -28,15 +28,15 @@ version is read from the file (:mod:`.libversion`).
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import shutil
 import socket
 import struct
 import subprocess
-from dataclasses import dataclass, field
-import json
 import time
+from dataclasses import dataclass, field
 
 from . import manifest as schema
 from .elf import ElfError, exported_functions_cached

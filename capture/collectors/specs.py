@@ -16,12 +16,13 @@ namespace other than capture's own runs under ``nsenter --net=/proc/{pid}/ns/net
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-import json
+
 from ..children import run
 from ..ncclras import collect
 from ..threads import thread_states
@@ -147,7 +148,6 @@ def flight_recorder_trigger(ctx) -> bytes:
 
 
 def proc_threads(ctx) -> bytes:
-
     return (json.dumps(thread_states(int(ctx["pid"]), ctx["phase"]), separators=(",", ":")) + "\n").encode()
 
 

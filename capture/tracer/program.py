@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-import subprocess
+
 from ..elf import ElfError, exported_functions_cached
 
 BPF_DIR = Path(__file__).resolve().parents[2] / "bpf"     # capture/tracer/program.py -> the repository's bpf/

@@ -16,10 +16,10 @@ import copy
 import os
 import re
 import shutil
+import tarfile
 import threading
 import time
 from pathlib import Path
-import tarfile
 
 from .. import bundle_files as bd
 from .. import manifest as schema

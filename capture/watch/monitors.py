@@ -11,6 +11,7 @@ import os
 import re
 import stat
 from pathlib import Path
+
 from ..procs import parse_ss_tinp
 from ..tracer.events import PROGRESS_RE, RET_KIND
 from ..tracer.spool import RING_DUMP_TAG

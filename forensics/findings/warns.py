@@ -11,7 +11,6 @@ them.
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass
 
 import pandas as pd

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+
 from .events import events_frame
 
 ALIGN_MIN_MATCHES = 3        # calls matched by time before a shift is believed

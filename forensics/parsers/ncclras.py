@@ -100,7 +100,6 @@ from __future__ import annotations
 import json
 import re
 
-
 from .registry import WarningLog, decode_text, looks_binary, register, split_lines
 from .text import LogText, TextParser
 

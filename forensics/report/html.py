@@ -16,11 +16,11 @@ import json
 import math
 import os
 import secrets
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-import shlex
 
 import numpy as np
 import pandas as pd

@@ -100,10 +100,10 @@ def _since(bundle, events: list, since: int | None) -> tuple[list, int]:
     if since is None or bundle.clock is None:
         return events, 0
     idx = [i for i, e in enumerate(events) if isinstance(e, dict) and e.get("ev") not in TRACER_RECORDS
-           and isinstance(e.get("t", e.get("t0")), int)]
+           and _stamps(e)]
     if not idx:
         return events, 0
-    mono = np.array([events[i].get("t", events[i].get("t0")) for i in idx], dtype=np.int64)
+    mono = np.array([min(_stamps(events[i])) for i in idx], dtype=np.int64)
     early = {i for i, utc in zip(idx, bundle.clock.to_utc(mono)) if utc < since}
     if not early:
         return events, 0
@@ -140,6 +140,11 @@ def drop_early_packets(pcap, sc: JobScope, problems: list[str]) -> None:
                         "incident's job began left out")
 
 
+def _stamps(e: dict) -> list[int]:
+    """A tracer record's monotonic times: ``t``, or a call's entry and return (``t0``, ``t1``)."""
+    return [t for t in (e.get("t"), e.get("t0"), e.get("t1")) if isinstance(t, int)]
+
+
 def _ended_before(events: list, keep: set, m) -> frozenset:
     """Pids the manifest does not list whose every traced call precedes the hung job's first:
     the processes of a job that ended before it began (the watcher stops following a process
@@ -151,7 +156,7 @@ def _ended_before(events: list, keep: set, m) -> frozenset:
     for e in events:
         if not (isinstance(e, dict) and e.get("ev") in PROCESS_EVENTS and isinstance(e.get("pid"), int)):
             continue
-        ts = [t for t in (e.get("t"), e.get("t0"), e.get("t1")) if isinstance(t, int)]   # a call: t0, t1
+        ts = _stamps(e)
         if not ts:
             continue
         pid = e["pid"]

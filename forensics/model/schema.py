@@ -4,6 +4,12 @@ Each table starts with exactly DESIGN.md's columns, in DESIGN's order; columns
 after those are stallscope's additions, documented here. All times are UTC ns
 (BIGINT); monotonic tracer times never reach a table.
 
+A table that shows a parser's table (the artefacts: ``nccl_warnings``, ``sockets``,
+``process_exits``, ...) names that table's columns and does not type them again: a bare
+name takes its type from the parser's ``SCHEMAS`` kind (:data:`KIND_TYPES`), so the two
+cannot drift apart; ``name:TYPE`` is the model's own column, or a parser's int kept as
+``INTEGER`` (:func:`shown`).
+
 The typed pandas frames of these tables are made here too, for every module that builds
 one: :func:`empty` (no rows), :func:`conform` (exactly a table's columns and dtypes) and
 :func:`concat` (parts made one table).
@@ -11,6 +17,8 @@ one: :func:`empty` (no rows), :func:`conform` (exactly a table's columns and dty
 from __future__ import annotations
 
 import pandas as pd
+
+from ..parsers import registry
 
 # DESIGN.md's columns, verbatim
 NCCL_EVENTS_DESIGN = [
@@ -20,6 +28,31 @@ NCCL_EVENTS_DESIGN = [
 TCP_EVENTS_DESIGN = [
     "timestamp_ns", "event", "source", "saddr", "daddr", "sport", "dport", "state", "host", "pid", "rank", "peer_rank",
 ]
+
+# a parser column's kind -> the type the model gives it
+KIND_TYPES = {"int": "BIGINT", "uint": "UBIGINT", "float": "DOUBLE", "str": "VARCHAR", "bool": "BOOLEAN"}
+# where a log line came from: the capture holding the file (NULL: loose evidence), the file, its line
+LOG_ORIGIN = " node:VARCHAR artifact:VARCHAR log_line:BIGINT"
+
+
+def shown(parser: str, table: str, columns: str, own: tuple[str, ...] = ()) -> dict[str, str]:
+    """The columns (name -> DuckDB type, in order) of a model table that shows ``parser``'s
+    ``table``. ``columns`` is whitespace-separated: a bare name is the parser's column, typed
+    from its kind; ``name:TYPE`` is a column the model adds, or an int of the parser's the model
+    keeps as INTEGER; ``own`` names the parser's names the model fills from elsewhere (a
+    rename). Raises ValueError at import on a bare name the parser has no column for, or a
+    type that restates the parser's (a drift the tests then name)."""
+    kinds = registry.get(parser).SCHEMAS[table]
+    out: dict[str, str] = {}
+    for spec in columns.split():
+        name, _, t = spec.partition(":")
+        if not t and name not in kinds:
+            raise ValueError(f"model table of {parser}.{table}: the parser has no column {name!r}")
+        if t and name in kinds and name not in own and t == KIND_TYPES.get(kinds[name]):
+            raise ValueError(f"model table of {parser}.{table}: {name} restates the parser's type; name it bare")
+        out[name] = t or KIND_TYPES[kinds[name]]
+    return out
+
 
 SCHEMAS: dict[str, dict[str, str]] = {
     # one row per NCCL collective/p2p call seen by the tracer
@@ -136,30 +169,28 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "bootstrap_addr": "VARCHAR",     # the address NCCL's bootstrap uses ("Bootstrap : Using eth0:10.0.0.4<0>")
     },
     # NCCL WARN lines of the NCCL_DEBUG logs (bundles' and loose ones; forensics/model/logs.py joins them)
-    "nccl_warnings": {
-        "host": "VARCHAR",               # the host the line names (its prefix), else its rank's or its process's
-        "pid": "INTEGER", "rank": "INTEGER", "log_pid": "INTEGER", "tid": "INTEGER",
-        "dev": "INTEGER",                # the CUDA device of the logging thread (not a rank)
-        "ts": "VARCHAR", "src_file": "VARCHAR", "src_line": "INTEGER", "func": "VARCHAR",
-        "message": "VARCHAR", "peer": "VARCHAR", "ib_status": "INTEGER", "artifact": "VARCHAR", "log_line": "BIGINT",
-        "node": "VARCHAR",               # the capture holding the log (NULL: loose evidence)
-        "log_host": "VARCHAR",           # the host the prefix names, as printed (NULL: none)
-        "class": "VARCHAR",              # forensics/model/nccl_errors.py: ib_completion, socket_closed, ...
-        "cascade": "BOOLEAN",            # a consequence of an earlier failure (a flush, a proxy, a closed peer)
-        "first": "BOOLEAN",              # the job's first failure (nccl_errors.first_failures)
-        "time_ns": "BIGINT",             # UTC, from the line's time (NCCL >= 2.26, or its launcher's)
-        "time_source": "VARCHAR",        # nccl | launcher: which clock time_ns came from
-        "peer_addr": "VARCHAR", "peer_port": "INTEGER",
-        "peer_host": "VARCHAR",          # the host the peer address belongs to (its NCCL lines, or the name printed)
-        "peer_rank": "INTEGER",
-        "ib_status_name": "VARCHAR",     # IB work completion status (ibv_wc_status), decoded
-        "ib_opcode": "INTEGER", "vendor_err": "INTEGER",
-        "ib_side": "VARCHAR",            # Send | Recv | Flush: the NCCL request that failed
-        "local_gid": "VARCHAR", "remote_gid": "VARCHAR", "ib_device": "VARCHAR",
-        "ctx_rank": "INTEGER",           # the rank a launcher's tag names ([1,N]<stdout>, [rankN]:)
-        "ctx_host": "VARCHAR",           # the host (or address) a launcher's or shipper's tag names
-        "ctx_clock": "VARCHAR",          # the launcher's or shipper's time on the line, as printed
-    },
+    # host: the host the line names (its prefix), else its rank's or its process's
+    # dev: the CUDA device of the logging thread (not a rank)
+    # node: the capture holding the log (NULL: loose evidence)
+    # log_host: the host the prefix names, as printed (NULL: none)
+    # class: forensics/model/nccl_errors.py: ib_completion, socket_closed, ...
+    # cascade: a consequence of an earlier failure (a flush, a proxy, a closed peer)
+    # first: the job's first failure (nccl_errors.first_failures)
+    # time_ns: UTC, from the line's time (NCCL >= 2.26, or its launcher's)
+    # time_source: nccl | launcher: which clock time_ns came from
+    # peer_host: the host the peer address belongs to (its NCCL lines, or the name printed)
+    # ib_status_name: IB work completion status (ibv_wc_status), decoded
+    # ib_side: Send | Recv | Flush: the NCCL request that failed
+    # ctx_rank: the rank a launcher's tag names ([1,N]<stdout>, [rankN]:)
+    # ctx_host: the host (or address) a launcher's or shipper's tag names
+    # ctx_clock: the launcher's or shipper's time on the line, as printed
+    "nccl_warnings": shown("nccl_debug", "nccl_warnings",
+        "host pid:INTEGER rank:INTEGER log_pid:INTEGER tid:INTEGER dev:INTEGER ts src_file "
+        "src_line:INTEGER func message peer ib_status:INTEGER artifact:VARCHAR log_line:BIGINT "
+        "node:VARCHAR log_host:VARCHAR class:VARCHAR cascade:BOOLEAN first:BOOLEAN time_ns:BIGINT "
+        "time_source:VARCHAR peer_addr peer_port:INTEGER peer_host:VARCHAR peer_rank:INTEGER "
+        "ib_status_name:VARCHAR ib_opcode:INTEGER vendor_err:INTEGER ib_side local_gid remote_gid "
+        "ib_device ctx_rank:INTEGER ctx_host ctx_clock"),
     # one row per bundle: what the host has (IB, interfaces, GPUDirect module, XIDs)
     "host_facts": {
         "host": "VARCHAR", "kernel": "VARCHAR",
@@ -172,13 +203,10 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "kernel_alerts": "INTEGER",      # lines of logs/dmesg-*-xid.txt (XID, GPU, peermem, mlx5 errors)
     },
     # nccl-tests result rows (one per size and placement)
-    "nccl_tests": {
-        "host": "VARCHAR", "artifact": "VARCHAR", "line": "BIGINT", "test": "VARCHAR", "size_bytes": "BIGINT",
-        "count": "BIGINT", "dtype": "VARCHAR", "redop": "VARCHAR", "root": "INTEGER",
-        "placement": "VARCHAR",          # out | in (out-of-place, in-place)
-        "time_us": "DOUBLE", "time_kind": "VARCHAR", "algbw_gbps": "DOUBLE", "busbw_gbps": "DOUBLE",
-        "wrong": "DOUBLE", "timestamp": "VARCHAR",
-    },
+    # placement: out | in (out-of-place, in-place)
+    "nccl_tests": shown("nccl_tests", "nccl_tests",
+        "host:VARCHAR artifact:VARCHAR line test size_bytes count dtype redop root:INTEGER "
+        "placement time_us time_kind algbw_gbps busbw_gbps wrong timestamp"),
     # one row per nccl-tests run (file and test)
     "nccl_tests_runs": {
         "host": "VARCHAR", "artifact": "VARCHAR", "test": "VARCHAR", "version": "VARCHAR", "ranks": "INTEGER",
@@ -191,46 +219,33 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "failure_hosts": "VARCHAR",      # every host a failure line names, comma-separated
     },
     # py-spy frames (depth 0 = innermost) of the traced processes
-    "stacks": {
-        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "phase": "VARCHAR", "thread_id": "VARCHAR",
-        "os_tid": "INTEGER", "thread_name": "VARCHAR", "status": "VARCHAR", "active": "BOOLEAN",
-        "owns_gil": "BOOLEAN", "depth": "INTEGER", "function": "VARCHAR", "code_file": "VARCHAR", "lineno": "INTEGER",
-        "artifact": "VARCHAR", "line": "BIGINT",
-    },
+    "stacks": shown("pyspy", "stacks",
+        "host:VARCHAR pid:INTEGER rank:INTEGER phase:VARCHAR thread_id os_tid:INTEGER thread_name "
+        "status active owns_gil depth:INTEGER function code_file:VARCHAR lineno:INTEGER "
+        "artifact:VARCHAR line"),
     # ss -tinp snapshots: one row per socket per snapshot
-    "sockets": {
-        "host": "VARCHAR", "netns": "VARCHAR", "phase": "VARCHAR", "pid": "INTEGER",
-        "rank": "INTEGER",               # owner's rank (pid, else the endpoint's owner)
-        "peer_rank": "INTEGER",          # rank owning the peer endpoint (or the only rank on its address)
-        "state": "VARCHAR", "local_addr": "VARCHAR", "local_port": "INTEGER", "peer_addr": "VARCHAR",
-        "peer_port": "INTEGER", "process": "VARCHAR", "recv_q": "BIGINT", "send_q": "BIGINT",
-        "retrans_cur": "BIGINT", "retrans_total": "BIGINT", "lost": "BIGINT", "unacked": "BIGINT",
-        "bytes_sent": "BIGINT", "bytes_retrans": "BIGINT", "bytes_acked": "BIGINT", "bytes_received": "BIGINT",
-        "segs_out": "BIGINT", "segs_in": "BIGINT", "rtt_ms": "DOUBLE", "rttvar_ms": "DOUBLE", "rto_ms": "DOUBLE",
-        "cwnd": "BIGINT", "delivery_rate_bps": "DOUBLE", "busy_ms": "DOUBLE", "lastsnd_ms": "DOUBLE",
-        "lastrcv_ms": "DOUBLE", "artifact": "VARCHAR", "line": "BIGINT",
-        "sample_ns": "BIGINT",           # UTC time of the sample (ss-series blocks); NULL for start/end snapshots
-        "inode": "BIGINT",               # the socket's inode (ss -e ino:), joins threads.socket_inode
-        "backoff": "BIGINT",             # RTO backoff: retransmission timeouts in a row with nothing acked
-        "notsent": "BIGINT", "lastack_ms": "DOUBLE",
-    },
+    # rank: owner's rank (pid, else the endpoint's owner)
+    # peer_rank: rank owning the peer endpoint (or the only rank on its address)
+    # sample_ns: UTC time of the sample (ss-series blocks); NULL for start/end snapshots
+    # inode: the socket's inode (ss -e ino:), joins threads.socket_inode
+    # backoff: RTO backoff: retransmission timeouts in a row with nothing acked
+    "sockets": shown("ss", "sockets",
+        "host:VARCHAR netns:VARCHAR phase:VARCHAR pid:INTEGER rank:INTEGER peer_rank:INTEGER "
+        "state local_addr local_port:INTEGER peer_addr peer_port:INTEGER process recv_q send_q "
+        "retrans_cur retrans_total lost unacked bytes_sent bytes_retrans bytes_acked "
+        "bytes_received segs_out segs_in rtt_ms rttvar_ms rto_ms cwnd delivery_rate_bps busy_ms "
+        "lastsnd_ms lastrcv_ms artifact:VARCHAR line sample_ns inode backoff notsent lastack_ms"),
     # Flight Recorder entries (times are wall-clock UTC ns as dumped; rank: global rank of the dump)
-    "fr_entries": {
-        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "record_id": "BIGINT", "pg_id": "BIGINT",
-        "pg_name": "VARCHAR", "pg_desc": "VARCHAR", "collective_seq_id": "BIGINT", "p2p_seq_id": "BIGINT",
-        "op_id": "BIGINT", "profiling_name": "VARCHAR", "op": "VARCHAR", "is_p2p": "BOOLEAN",
-        "state": "VARCHAR",              # scheduled | started | completed
-        "time_created_ns": "BIGINT", "time_discovered_started_ns": "BIGINT",
-        "time_discovered_completed_ns": "BIGINT", "duration_ms": "DOUBLE", "retired": "BOOLEAN",
-        "timeout_ms": "BIGINT", "input_numel": "BIGINT", "output_numel": "BIGINT", "input_dtypes": "VARCHAR",
-        "thread_name": "VARCHAR", "top_frame": "VARCHAR", "artifact": "VARCHAR",
-    },
+    # state: scheduled | started | completed
+    "fr_entries": shown("flight_recorder", "fr_entries",
+        "host:VARCHAR rank:INTEGER pid:INTEGER record_id pg_id pg_name pg_desc collective_seq_id "
+        "p2p_seq_id op_id profiling_name op is_p2p state time_created_ns "
+        "time_discovered_started_ns time_discovered_completed_ns duration_ms retired timeout_ms "
+        "input_numel output_numel input_dtypes thread_name top_frame artifact:VARCHAR"),
     # Flight Recorder pg_status per dump: the last collective_seq_id enqueued/started/completed (-1: none)
-    "fr_pg_status": {
-        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "pg_id": "VARCHAR",
-        "last_enqueued_collective": "BIGINT", "last_started_collective": "BIGINT",
-        "last_completed_collective": "BIGINT", "artifact": "VARCHAR",
-    },
+    "fr_pg_status": shown("flight_recorder", "fr_pg_status",
+        "host:VARCHAR rank:INTEGER pid:INTEGER pg_id last_enqueued_collective "
+        "last_started_collective last_completed_collective artifact:VARCHAR"),
     # what could not be read, per bundle
     "problems": {"host": "VARCHAR", "bundle": "VARCHAR", "problem": "VARCHAR"},
     # the interval each host's collectors really covered (forensics/model/windows.py)
@@ -254,58 +269,42 @@ SCHEMAS: dict[str, dict[str, str]] = {
     },
     # PyTorch ProcessGroupNCCL lines (parsers/torch_watchdog.py): watchdog timeouts, the work each
     # rank was in, NCCL errors, dump signals; host and pid joined across files (model/logs.py)
-    "watchdog_events": {
-        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "kind": "VARCHAR", "severity": "VARCHAR",
-        "pg_id": "INTEGER", "pg_guid": "VARCHAR", "pg_desc": "VARCHAR",
-        "seq_num": "BIGINT",             # PyTorch's SeqNum of the work (Flight Recorder's collective_seq_id)
-        "op_type": "VARCHAR", "op": "VARCHAR", "numel_in": "BIGINT", "numel_out": "BIGINT", "timeout_ms": "BIGINT",
-        "ran_for_ms": "BIGINT", "last_enqueued": "BIGINT", "last_completed": "BIGINT",
-        "peer_rank": "INTEGER",          # the rank a dump signal names (it timed out first)
-        "wait_ms": "BIGINT", "error": "VARCHAR", "nccl_version": "VARCHAR", "message": "VARCHAR",
-        "log_time": "VARCHAR",           # c10's "MMDD HH:MM:SS.frac", as printed
-        "ctx_rank": "INTEGER", "ctx_host": "VARCHAR", "ctx_clock": "VARCHAR",
-        "time_ns": "BIGINT", "time_source": "VARCHAR",
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    # seq_num: PyTorch's SeqNum of the work (Flight Recorder's collective_seq_id)
+    # peer_rank: the rank a dump signal names (it timed out first)
+    # log_time: c10's "MMDD HH:MM:SS.frac", as printed
+    "watchdog_events": shown("torch_watchdog", "watchdog",
+        "host:VARCHAR pid:INTEGER rank:INTEGER kind severity pg_id:INTEGER pg_guid pg_desc "
+        "seq_num op_type op numel_in numel_out timeout_ms ran_for_ms last_enqueued last_completed "
+        "peer_rank:INTEGER wait_ms error nccl_version message log_time ctx_rank:INTEGER ctx_host "
+        "ctx_clock time_ns:BIGINT time_source:VARCHAR" + LOG_ORIGIN),
     # processes a launcher reported failed or killed (parsers/torch_elastic.py, launcher_exits.py)
-    "process_exits": {
-        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "local_rank": "INTEGER", "kind": "VARCHAR",
-        "exitcode": "INTEGER", "signal": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "error_file": "VARCHAR",
-        "traceback": "VARCHAR", "ctx_clock": "VARCHAR",     # the clock of the line's launcher or shipper prefix
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    # ctx_clock: the clock of the line's launcher or shipper prefix
+    "process_exits": shown("torch_elastic", "process_exits",
+        "host pid:INTEGER rank:INTEGER local_rank:INTEGER kind exitcode:INTEGER signal time "
+        "time_ns:BIGINT error_file traceback ctx_clock" + LOG_ORIGIN),
     # what NCCL RAS (ncclras, parsers/ncclras.py) named: ranks of a communicator in trouble (missing,
     # with other op counts or status, errors) and job processes missing or dead (rank and comm NULL);
     # host: the node RAS names; group_ranks: a row for ranks RAS counted behind but did not list
     # (rank NULL), how many
-    "ras_ranks": {
-        "host": "VARCHAR", "rank": "INTEGER", "pid": "INTEGER", "gpu": "VARCHAR", "comm_id": "VARCHAR",
-        "comm_hash": "VARCHAR", "kind": "VARCHAR", "status": "VARCHAR", "op_count": "BIGINT", "collective": "VARCHAR",
-        "error": "VARCHAR", "missing": "BOOLEAN", "behind": "BOOLEAN", "peers_op_count": "BIGINT",
-        "group_ranks": "INTEGER", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    "ras_ranks": shown("ncclras", "ras_ranks",
+        "host:VARCHAR rank:INTEGER pid:INTEGER gpu:VARCHAR comm_id comm_hash kind status op_count "
+        "collective error missing behind peers_op_count group_ranks:INTEGER" + LOG_ORIGIN,
+        own=("gpu", "node")),   # the node RAS names is the host; gpus, the gpu
     # kernel log events (parsers/kernel_log.py: dmesg, journal): NVIDIA Xid, NIC link loss, OOM kills
-    "kernel_events": {
-        "host": "VARCHAR", "time": "VARCHAR", "time_ns": "BIGINT", "kind": "VARCHAR",   # xid | nic_link | oom_kill
-        "xid": "INTEGER", "pci": "VARCHAR", "pid": "INTEGER", "process": "VARCHAR", "message": "VARCHAR",
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    # kind: xid | nic_link | oom_kill
+    "kernel_events": shown("kernel_log", "kernel_events",
+        "host time time_ns:BIGINT kind xid:INTEGER pci pid:INTEGER process message" + LOG_ORIGIN),
     # what the Flight Recorder analyzer (fr_trace / torchfrtrace, parsers/fr_analyzer.py) reported: per
     # collective the ranks that did not join it (missing_ranks) or whose entry disagrees (culprit_ranks),
     # comma lists; host NULL (the report covers the job)
-    "fr_report": {
-        "host": "VARCHAR", "kind": "VARCHAR", "pg": "VARCHAR", "seq": "BIGINT", "record_id": "BIGINT",
-        "op": "VARCHAR", "state": "VARCHAR", "world_size": "INTEGER", "expected_ranks": "VARCHAR",
-        "missing_ranks": "VARCHAR", "culprit_ranks": "VARCHAR", "error_type": "VARCHAR", "message": "VARCHAR",
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    "fr_report": shown("fr_analyzer", "fr_report",
+        "host:VARCHAR kind pg seq record_id op state world_size:INTEGER expected_ranks "
+        "missing_ranks culprit_ranks error_type message" + LOG_ORIGIN),
     # ranks that never met: rendezvous and c10d store failures before the first collective
     # (parsers/torch_init.py)
-    "init_errors": {
-        "host": "VARCHAR", "rank": "INTEGER", "root_rank": "INTEGER", "kind": "VARCHAR", "address": "VARCHAR",
-        "timeout_ms": "BIGINT", "error": "VARCHAR", "message": "VARCHAR", "ctx_rank": "INTEGER", "ctx_host": "VARCHAR",
-        "ctx_clock": "VARCHAR", "time_ns": "BIGINT", "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    "init_errors": shown("torch_init", "init_errors",
+        "host:VARCHAR rank:INTEGER root_rank:INTEGER kind address timeout_ms error message "
+        "ctx_rank:INTEGER ctx_host ctx_clock time_ns:BIGINT" + LOG_ORIGIN),
     # communicator inits a rank began (model/inits.py: the tracer's comm_init, NCCL's Init START/COMPLETE)
     "comm_inits": {
         "host": "VARCHAR", "pid": "BIGINT", "tid": "BIGINT", "fn": "VARCHAR", "rank": "INTEGER", "nranks": "INTEGER",
@@ -313,27 +312,20 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "unreached": "VARCHAR",
     },
     # InfiniBand/RoCE port state (parsers/ib_status.py: ibstat, ibstatus, ibv_devinfo, sysfs)
-    "ib_ports": {
-        "host": "VARCHAR", "device": "VARCHAR", "port": "INTEGER", "state": "VARCHAR", "phys_state": "VARCHAR",
-        "rate_gbps": "DOUBLE", "width": "VARCHAR", "speed": "VARCHAR", "link_layer": "VARCHAR", "tool": "VARCHAR",
-        "node_type": "VARCHAR", "peer": "VARCHAR",   # iblinkinfo: Switch|CA|Router; the node at the other end
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    # peer: iblinkinfo: Switch|CA|Router; the node at the other end
+    "ib_ports": shown("ib_status", "ib_ports",
+        "host device port:INTEGER state phys_state rate_gbps width speed link_layer tool "
+        "node_type peer" + LOG_ORIGIN),
     # a GPU lost as nvidia-smi or the driver says it without an Xid (parsers/nvidia_smi.py)
-    "gpu_events": {
-        "host": "VARCHAR", "bus_id": "VARCHAR", "kind": "VARCHAR", "tool": "VARCHAR", "message": "VARCHAR",
-        "node": "VARCHAR", "artifact": "VARCHAR", "log_line": "BIGINT",
-    },
+    "gpu_events": shown("nvidia_smi", "gpu_events", "host bus_id kind tool message" + LOG_ORIGIN),
     # per thread of the traced processes at the start and end of the capture (/proc/PID/task)
-    "threads": {
-        "host": "VARCHAR", "pid": "INTEGER", "rank": "INTEGER", "phase": "VARCHAR", "sample_ns": "BIGINT",
-        "tid": "INTEGER", "name": "VARCHAR", "state": "VARCHAR", "wchan": "VARCHAR",
-        "syscall_name": "VARCHAR",       # the syscall the thread sits in (NULL: running, or unknown number)
-        "fd": "BIGINT",                  # its fd argument, for the fd-taking ones
-        "socket_inode": "BIGINT",        # the socket that fd is (joins sockets.inode)
-        "wait_events": "VARCHAR",        # in | out | in,out: what the wait is for (a recv: in; a send: out)
-        "utime_ticks": "BIGINT", "stime_ticks": "BIGINT", "artifact": "VARCHAR",
-    },
+    # syscall_name: the syscall the thread sits in (NULL: running, or unknown number)
+    # fd: its fd argument, for the fd-taking ones
+    # socket_inode: the socket that fd is (joins sockets.inode)
+    # wait_events: in | out | in,out: what the wait is for (a recv: in; a send: out)
+    "threads": shown("proc_threads", "threads",
+        "host:VARCHAR pid:INTEGER rank:INTEGER phase sample_ns tid:INTEGER name state wchan "
+        "syscall_name fd socket_inode wait_events utime_ticks stime_ticks artifact:VARCHAR"),
     # per directed TCP connection and capture: ACK round-trip times and data rate (forensics/model/timing.py)
     "flow_timing": {
         "host": "VARCHAR", "capture": "VARCHAR", "saddr": "VARCHAR", "sport": "INTEGER", "daddr": "VARCHAR",
@@ -403,4 +395,5 @@ def concat(parts: list[pd.DataFrame], table: str) -> pd.DataFrame:
     return conform(pd.concat(parts, ignore_index=True), table)
 
 
-__all__ = ["NCCL_EVENTS_DESIGN", "SCHEMAS", "TABLES", "TCP_EVENTS_DESIGN", "concat", "conform", "empty"]
+__all__ = ["KIND_TYPES", "LOG_ORIGIN", "NCCL_EVENTS_DESIGN", "SCHEMAS", "TABLES", "TCP_EVENTS_DESIGN", "concat", "conform",
+           "empty", "shown"]

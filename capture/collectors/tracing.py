@@ -31,6 +31,57 @@ DETACH_AFTER_S = 60.0       # a traced library no followed process maps any more
 RING_DUMP_WAIT_S = 5.0      # before a restart, the wait for the ring's records to be spooled
 
 
+def trace_targets(s, versions: dict, pinned: set, problems: list) -> tuple[program.TraceTargets, dict] | str:
+    """What the tracer's program attaches to: the NCCL, CUDA runtime and driver libraries the
+    session's live processes map (each file once, whatever path or namespace it is seen
+    through) and ``--nccl-lib``'s, with the processes traced; and the files covered (file key
+    -> the path traced). Fills ``versions`` (path -> NCCL version), ``pinned`` (the
+    ``--nccl-lib`` files' keys) and ``problems`` (a ``--nccl-lib`` that exports no NCCL API, once
+    each). A string instead: why the tracer cannot start (an ``--nccl-lib`` it cannot read)."""
+    # --pid roots and their descendants alive now; later forks are followed in the kernel
+    want = sorted(set(s.o.pids) | procs.descendants(s.o.pids)) if s.o.pids else []
+    targets = program.TraceTargets(want_pids=want)
+    covered: dict[tuple, str] = {}
+    for info in s.procs.values():
+        if not os.path.isdir(f"/proc/{info.pid}"):
+            continue              # gone: its libraries' paths may be gone with its mount namespace
+        for lib in info.nccl_libs:
+            if lib.key in covered:
+                continue          # the same file through another path (another namespace's)
+            covered[lib.key] = lib.host_path
+            targets.nccl.setdefault(lib.host_path, set()).update(lib.symbols or set(program.NCCL_SYMBOLS))
+            if lib.version:
+                versions[lib.host_path] = lib.version
+        for lib in info.cudart_libs:
+            targets.cudart.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDART_SYMBOLS))
+        for lib in info.cuda_libs:
+            targets.cuda.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDA_SYMBOLS))
+        targets.traced_pids.append(info.pid)
+    for path in s.o.nccl_libs:
+        try:
+            syms = set(exported_functions_cached(path)) & set(program.NCCL_SYMBOLS)
+        except (OSError, ElfError) as e:
+            return f"--nccl-lib {path}: {e}"
+        if not syms:   # a wrong library: say so (manifest, stderr, exit code 3); trace the rest
+            problem = (f"--nccl-lib {path}: exports none of the NCCL API "
+                       f"({', '.join(program.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
+            if problem not in problems:      # once, not again at each restart
+                problems.append(problem)
+                s.log(problem)
+            continue
+        real = str(Path(path).resolve())
+        targets.nccl.setdefault(real, set()).update(syms)
+        try:
+            st = os.stat(real)
+            covered.setdefault((st.st_dev, st.st_ino), real)
+            pinned.add((st.st_dev, st.st_ino))
+        except OSError:
+            pass
+        # processes not started yet: the CUDA runtime next to the given libnccl
+        libs.add_cudart_beside(targets, path)
+    return targets, covered
+
+
 class Tracing(Collector):
     """The tracer's bpftrace (``proc``) and its spool (``spool``, also ``session.spool``), and
     the off-CPU sampler (``offcpu``). The manifest records ``tracer`` and ``offcpu``.
@@ -164,48 +215,11 @@ class Tracing(Collector):
         if reason:
             s.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=t0)
             return
-        # --pid roots and their descendants alive now; later forks are followed in the kernel
-        want = sorted(set(s.o.pids) | procs.descendants(s.o.pids)) if s.o.pids else []
-        targets = program.TraceTargets(want_pids=want)
-        covered: dict[tuple, str] = {}
-        for info in s.procs.values():
-            if not os.path.isdir(f"/proc/{info.pid}"):
-                continue              # gone: its libraries' paths may be gone with its mount namespace
-            for lib in info.nccl_libs:
-                if lib.key in covered:
-                    continue          # the same file through another path (another namespace's)
-                covered[lib.key] = lib.host_path
-                targets.nccl.setdefault(lib.host_path, set()).update(lib.symbols or set(program.NCCL_SYMBOLS))
-                if lib.version:
-                    self.versions[lib.host_path] = lib.version
-            for lib in info.cudart_libs:
-                targets.cudart.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDART_SYMBOLS))
-            for lib in info.cuda_libs:
-                targets.cuda.setdefault(lib.host_path, set()).update(lib.symbols & set(program.CUDA_SYMBOLS))
-            targets.traced_pids.append(info.pid)
-        for path in s.o.nccl_libs:
-            try:
-                syms = set(exported_functions_cached(path)) & set(program.NCCL_SYMBOLS)
-            except (OSError, ElfError) as e:
-                s.record(key, status="failed", reason=f"--nccl-lib {path}: {e}", started_ns=t0, ended_ns=t0)
-                return
-            if not syms:   # a wrong library: say so (manifest, stderr, exit code 3); trace the rest
-                problem = (f"--nccl-lib {path}: exports none of the NCCL API "
-                           f"({', '.join(program.NCCL_SYMBOLS[:3])}, ...): its calls are not traced")
-                if problem not in self.problems:      # once, not again at each restart
-                    self.problems.append(problem)
-                    s.log(problem)
-                continue
-            real = str(Path(path).resolve())
-            targets.nccl.setdefault(real, set()).update(syms)
-            try:
-                st = os.stat(real)
-                covered.setdefault((st.st_dev, st.st_ino), real)
-                self.pinned.add((st.st_dev, st.st_ino))
-            except OSError:
-                pass
-            # processes not started yet: the CUDA runtime next to the given libnccl
-            libs.add_cudart_beside(targets, path)
+        found = trace_targets(s, self.versions, self.pinned, self.problems)
+        if isinstance(found, str):
+            s.record(key, status="failed", reason=found, started_ns=t0, ended_ns=t0)
+            return
+        targets, covered = found
         self.libs.add_targets(targets, covered, self.versions)
         self.covered = covered
         libc = program.own_libc()

@@ -27,7 +27,8 @@ from ..options import CaptureFailed
 from ..policy import ring_previous
 from ..session import clock_sample, utc_span
 from ..staging import DISK_FULL, STAGED_MANIFEST, fit_budget, lock_staging, tcpdump_files
-from ..tracer import events
+from ..tracer import events, program
+from .monitors import RingMonitor
 from .triggers import PENDING, Trigger
 
 RING_DUMP_WAIT_S = 10.0              # the completion waits this long for the tracer's ring dump to be spooled
@@ -74,7 +75,7 @@ class IncidentWriter:
             collectors = copy.deepcopy(s.records)
             took = [("state", time.monotonic())]
             # the ring's dump and the packets' flush run while the state is taken (each ~1 s)
-            dump = w.start_dump()
+            dump = start_dump(w)
             flush = threading.Thread(target=w.packets.flush, name="stallscope-flush", daemon=True)
             flush.start()
             s.staging, s.records, snap.started = dest, collectors, set()
@@ -82,7 +83,7 @@ class IncidentWriter:
             s.notes, s.futures = list(saved[4]), []
             inc["fr_pending"] = self.state_at_trigger(first, fr_wait_s=FIRST_WAIT_S)
             took.append(("ring dump", time.monotonic()))
-            w.wait_dump(dump, FIRST_WAIT_S)          # the records up to now
+            wait_dump(w, dump, FIRST_WAIT_S)          # the records up to now
             flush.join()                           # the packets up to now onto the ring files
             took.append(("copy", time.monotonic()))
             pcap_files = self.copy_rings(dest, w0_real / 1e9, src=saved[0])
@@ -134,7 +135,7 @@ class IncidentWriter:
             try:
                 lock = lock_staging(dest)
                 scratch.mkdir(parents=True)
-                w.dump_ring(wait_s=RING_DUMP_WAIT_S)
+                dump_ring(w, wait_s=RING_DUMP_WAIT_S)
                 w.packets.flush()
                 pcap_files = self.copy_rings(scratch, self.window0 / 1e9, src=saved[0])
                 s.staging, s.records, snap.started = scratch, copy.deepcopy(st["records"]), set()
@@ -213,7 +214,6 @@ class IncidentWriter:
         """The rings' files (in the watch's staging folder ``src``) that hold data from w0 (epoch
         s) on, copied into dest; the start snapshots and logs of the watch copied whole. Returns
         each tcpdump's copies, oldest first."""
-        s = self.s
         skip = {STAGED_MANIFEST, ".lock", PENDING, ".manifest.staged.tmp"}
         ring_pcaps = set()
         pcaps = []
@@ -408,3 +408,36 @@ def stall_words(inc: dict) -> str:
     if st["state"] == "ended":
         return "the stuck processes exited during the after-window"
     return "still stuck at the end of the window"
+
+
+# --------------------------------------------------------------------------- the tracer's ring
+def dump_ring(w, wait_s: float = 0.0) -> bool:
+    """Ring mode: the watcher ``w``'s tracer prints its record ring (its lines go to the
+    spool's segments, which the cut copies); with ``wait_s``, until the dump's end mark is
+    spooled. False without a ring, or when no dump arrived in time."""
+    before = start_dump(w)
+    return before is not None and wait_dump(w, before, wait_s)
+
+
+def start_dump(w) -> int | None:
+    """Ask ``w``'s tracer for its ring's dump without waiting: the dumps read so far (for
+    :func:`wait_dump`), None without a ring."""
+    mon = w.monitor
+    if not isinstance(mon, RingMonitor) or not w.tracing.alive():
+        return None
+    mon.poll()
+    before = mon.ring_dumps
+    program.trigger_dump()
+    return before
+
+
+def wait_dump(w, before: int | None, wait_s: float) -> bool:
+    """Until a dump after ``before`` (:func:`start_dump`'s) is spooled, at most ``wait_s`` seconds."""
+    mon = w.monitor
+    if before is None or not isinstance(mon, RingMonitor):
+        return False
+    deadline = time.monotonic() + wait_s
+    while wait_s and mon.ring_dumps == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+        mon.poll()
+    return mon.ring_dumps > before

@@ -57,9 +57,9 @@ from ..options import CaptureResult, CaptureUsageError
 from ..policy import RingPolicy
 from ..runner import Capture
 from ..staging import lock_staging
-from ..tracer import program
 from .incident import IncidentWriter
 from .init_hang import InitWatch
+from . import stall
 from .monitors import LogWatch, ProgressMonitor, QuietJobs, RingMonitor
 from .triggers import PENDING, TRIGGER_NAME, Trigger, registry_dir
 
@@ -244,53 +244,12 @@ class Watcher:
         return info.rank_facts().get("rank") if info else None
 
     def stall_of(self, trig: Trigger, stuck: list[dict] | None) -> dict | None:
-        """A hang trigger's stall (the manifest's ``watch.stall``, state pending), with what
-        :meth:`follow_stall` needs (the keys starting with ``_``): each stuck process's progress
-        mark (the tracer's last return, or the ss series' last move) at the trigger."""
-        if trig.pids:             # a trigger split per job: this job's stuck processes only
-            stuck = [st for st in stuck or [] if st["pid"] in trig.pids]
-        if trig.kind != "hang" or not stuck:
-            return None
-        tracer = trig.source == "tracer"
-        if tracer and self.monitor is None:
-            return None
-        since = min(trig.monotonic_ns - st["quiet_ns"] for st in stuck)
-        marks = {st["pid"]: (self.monitor.last_return.get(st["pid"], 0) if tracer else st["last_move_ns"])
-                 for st in stuck}
-        out = {"state": "pending", "stalled_since_ns": since + trig.realtime_ns - trig.monotonic_ns,
-               "pids": sorted(marks), "ranks": [r for p in sorted(marks) if (r := self.rank_of(p)) is not None]}
-        if tracer:     # the traced processes outside every collective: what the stuck ones wait for
-            waited = [{"pid": p, "rank": self.rank_of(p)} for p in sorted(set(self.monitor.last_coll) - set(marks))
-                      if os.path.isdir(f"/proc/{p}") and not self.monitor.in_flight(p)]
-            if waited:
-                out["waited_for"] = waited
-        out.update(source=trig.source, _marks=marks, _since=since, _offset=trig.realtime_ns - trig.monotonic_ns,
-                   _resumed={})
-        return out
+        """A hang trigger's stall (``capture.watch.stall.stall_at``)."""
+        return stall.stall_at(trig, stuck, self.monitor, self.rank_of)
 
     def follow_stall(self, inc: dict) -> None:
-        """During the after-window: the stall resolved once every stuck process still there made
-        progress again (the tracer saw a call of it return, or its connections moved); ended when
-        none is left."""
-        st = inc.get("stall")
-        if not st or st["state"] != "pending":
-            return
-        alive = [p for p in st["pids"] if os.path.isdir(f"/proc/{p}")]
-        if not alive:
-            st["state"] = "ended"
-            return
-        for p in alive:
-            if p in st["_resumed"]:
-                continue
-            if st["source"] == "tracer":
-                mark = self.monitor.last_return.get(p, 0) if self.monitor is not None else 0
-            else:
-                mark = (self.quiet.procs.get(p) or {}).get("last_move", 0)
-            if mark > st["_marks"][p]:
-                st["_resumed"][p] = mark
-        if all(p in st["_resumed"] for p in alive):
-            t = max(st["_resumed"][p] for p in alive)
-            st.update(state="resolved", resumed_ns=t + st["_offset"], resolved_after_s=round((t - st["_since"]) / 1e9, 1))
+        """The open incident's stall followed (``capture.watch.stall.follow``)."""
+        stall.follow(inc.get("stall"), self.monitor, self.quiet)
 
     def fire(self, trig: Trigger, stuck: list[dict] | None = None) -> None:
         s = self.s
@@ -488,34 +447,6 @@ class Watcher:
         a = {self.s.jobs.job_id(p) for p in pids or []} - {None}
         b = {self.s.jobs.job_id(p) for p in than or []} - {None}
         return bool(a and b) and not (a & b)
-
-    def dump_ring(self, wait_s: float = 0.0) -> bool:
-        """Ring mode: the tracer prints its record ring (its lines go to the spool's segments,
-        which the cut copies); with ``wait_s``, until the dump's end mark is spooled."""
-        before = self.start_dump()
-        return before is not None and self.wait_dump(before, wait_s)
-
-    def start_dump(self) -> int | None:
-        """Ask the tracer for its ring's dump without waiting: the dumps read so far (for
-        :meth:`wait_dump`), None without a ring."""
-        mon = self.monitor
-        if not isinstance(mon, RingMonitor) or not self.tracing.alive():
-            return None
-        mon.poll()
-        before = mon.ring_dumps
-        program.trigger_dump()
-        return before
-
-    def wait_dump(self, before: int | None, wait_s: float) -> bool:
-        """Until a dump after ``before`` (start_dump's) is spooled, at most wait_s seconds."""
-        mon = self.monitor
-        if before is None or not isinstance(mon, RingMonitor):
-            return False
-        deadline = time.monotonic() + wait_s
-        while wait_s and mon.ring_dumps == before and time.monotonic() < deadline:
-            time.sleep(0.05)
-            mon.poll()
-        return mon.ring_dumps > before
 
 
 def run_watch(opts, stderr=None) -> CaptureResult:

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ..model.windows import capture_start_ns, host_windows
+from ..coerce import cell_int
+from ..model.windows import host_windows
 from .onset import Onset
-from .ranks import label
 from .sql import model_table
 
 STATE_MIN_SILENCE_NS = 3_000_000_000   # no progress this long (or 5x the p99 collective) before the window's end
@@ -93,7 +93,7 @@ def communicator_states(ctx) -> list[CommState]:
         ranks: dict[int, RankState] = {}
         for r in pos.itertuples(index=False):
             g = int(r.rank)
-            st = ranks.setdefault(g, RankState(g, _str(r.host), _int(r.pid)))
+            st = ranks.setdefault(g, RankState(g, _str(r.host), cell_int(r.pid)))
             if pd.notna(r.position):
                 st.position, st.position_op, st.position_source = int(r.position), _str(r.op), r.source
                 st.sources.add(r.source)
@@ -107,10 +107,6 @@ def communicator_states(ctx) -> list[CommState]:
                 st.sources |= ev["sources"]
         out.append(_judge(ctx, key, label_, nranks, ranks, windows))
     return out
-
-
-def _int(v) -> int | None:
-    return None if v is None or pd.isna(v) else int(v)
 
 
 def _str(v) -> str | None:

@@ -34,6 +34,7 @@ from typing import Callable
 import pandas as pd
 
 from . import warns
+from ..coerce import literal_int
 from .base import Context, Finding, detector
 from .sql import sql_str
 
@@ -43,13 +44,6 @@ KIB = 1024
 
 def _truthy(v: str) -> bool:
     return str(v).strip().lower() in ("1", "true", "yes", "y", "on")
-
-
-def _int(v: str) -> int | None:
-    try:
-        return int(str(v).strip(), 0)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -76,8 +70,8 @@ def _proto_info(v, env):
 
 
 def _nthreads(v, env):
-    n = _int(v)
-    socks = _int(env.get("NCCL_NSOCKS_PERTHREAD", "1")) or 1
+    n = literal_int(v)
+    socks = literal_int(env.get("NCCL_NSOCKS_PERTHREAD", "1")) or 1
     if n is None:
         return None
     if n > 16:
@@ -88,26 +82,26 @@ def _nthreads(v, env):
 
 
 def _nsocks(v, env):
-    n = _int(v)
-    threads = _int(env.get("NCCL_SOCKET_NTHREADS", "1")) or 1
+    n = literal_int(v)
+    threads = literal_int(env.get("NCCL_SOCKET_NTHREADS", "1")) or 1
     if n is not None and "NCCL_SOCKET_NTHREADS" not in env and n * threads > 64:
         return f"x NCCL_SOCKET_NTHREADS = {n * threads} sockets, above NCCL's limit of 64"
     return None
 
 
 def _buffsize(v, env, lo=1 << 20):
-    n = _int(v)
+    n = literal_int(v)
     return f"is {n} bytes ({n / KIB:.0f} KiB), below {lo >> 10} KiB (default 4 MiB): more, smaller chunks " \
         "and less pipelining" if n is not None and n < lo else None
 
 
 def _buffsize_info(v, env):
-    n = _int(v)
+    n = literal_int(v)
     return f"is {n} bytes, below the 4 MiB default" if n is not None and (1 << 20) <= n < (4 << 20) else None
 
 
 def _max_channels(v, env):
-    n = _int(v)
+    n = literal_int(v)
     return f"caps NCCL at {n} channel(s): fewer parallel rings/connections, less bandwidth" \
         if n is not None and n <= 2 else None
 

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..coerce import cell_int
 from .base import Context, Finding, detector
 from ..tcp.classes import LOSS_CLASSES
 from ..wording import ms
 from .collectives import collective_windows, in_windows
 from .ranks import hosts_of, rank_directory
-from .sql import as_int, sql_int
 from .trouble import dedup_counts, kernel_logged_reset, trouble_events, trouble_rows, trouble_rows_sql
 from .precedence import PACKETS, SOCKET_ERRORS, STATE_RESETS, WARN_RESETS, consult, sees
+from .sql import sql_int
 
 KINDS = ("connection_reset",)
 MAX_EVIDENCE = 20
@@ -100,8 +101,8 @@ def connection_reset(ctx: Context) -> list[Finding]:
         since_ns=tr, since_source="packets", since_precision_ns=1_000_000,
         op_count=int(open_w.sort_values("op_count").iloc[0]["op_count"]) if n_failed and len(open_w) else None,
         ranks=[snd], hosts=hosts_of(directory, [snd]), peer_ranks=[rcv],
-        links=[{"rank": snd, "peer_rank": rcv, "saddr": first["saddr"], "sport": as_int(first["sport"]),
-                "daddr": first["daddr"], "dport": as_int(first["dport"]), "first_reset_ns": tr, "forged": forged}],
+        links=[{"rank": snd, "peer_rank": rcv, "saddr": first["saddr"], "sport": cell_int(first["sport"]),
+                "daddr": first["daddr"], "dport": cell_int(first["dport"]), "first_reset_ns": tr, "forged": forged}],
         evidence=evidence, sql=sql, score=2e6 if n_failed else 10.0,
         action=("Find who reset the connection on that host: firewall/conntrack rules (nft/iptables REJECT, "
                 "conntrack table full), a NIC or bond failover, a process closing the socket; NCCL cannot "

@@ -49,17 +49,18 @@ import numpy as np
 import pandas as pd
 
 from . import warns
+from ..coerce import cell_int
 from .base import Context, Finding, detector
 from ..model import progress
 from ..model.progress import capture_end_ns, is_per_process
 from ..tcp.classes import LOSS_CLASSES
 from ..wording import ms, ranks_text
 from .ranks import WORLD_RANK_SQL, label, rank_directory, who_text, world_rank_map
-from .sql import as_int, sql_int, sql_list, sql_str
 from .trouble import dedup_counts, kernel_logged_reset, shared_endpoint, trouble_events, trouble_rows, trouble_rows_sql
 from .host_stall import HostActivity, host_activity, stacks_after
 from .silent_rank import silent_rank
 from .precedence import FR_DUMPS, FR_REPORT, RAS_REPORT, STATE_HANGS, TRACER, WATCHDOG, consult, sees
+from .sql import sql_int, sql_list, sql_str
 
 KINDS = ("hang_mismatch", "hang_stuck", "hang_host")
 # the sources hang_state consults, in this order (each under its precedence)
@@ -527,7 +528,7 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
             cause += ("; the sender's kernel did not log sending it (no tcp_send_reset): a firewall or "
                       "middlebox forged it")
         links = [{"rank": snd, "peer_rank": rcv, "saddr": r0["saddr"], "daddr": r0["daddr"],
-                  "sport": as_int(r0["sport"]), "dport": as_int(r0["dport"]), "event": "reset",
+                  "sport": cell_int(r0["sport"]), "dport": cell_int(r0["dport"]), "event": "reset",
                   "first_ns": first_reset}]
         action = ("Find who reset the connection: firewall/conntrack rules (nft/iptables REJECT, conntrack "
                   "table full), a NIC or host reboot, a process on that host closing its socket; NCCL cannot "

@@ -39,7 +39,8 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from .comm_state import (STATE_MIN_SILENCE_NS, WAIT_SYSCALLS, CommState, RankState, collective_p99_ns,
+from ..coerce import cell_int
+from .comm_state import (WAIT_SYSCALLS, CommState, RankState, collective_p99_ns,
                          communicator_states, frames_text, socket_samples, stuck_sockets, wait_sink)
 from ..model.windows import capture_start_ns
 from .base import HEADLINE_CHARS, Context, Finding
@@ -48,7 +49,7 @@ from .onset import ONSET_UNKNOWN, comm_onset
 from .socket_errors import reset_warnings
 from ..wording import ms, ranks_text
 from .ranks import label, rank_directory, who_text
-from .sql import as_int, model_table, sql_evidence, sql_int, sql_str
+from .sql import model_table, sql_evidence, sql_int, sql_str
 from .trouble import dedup_counts, shared_endpoint, trouble_events
 
 MAX_EVIDENCE = 20
@@ -319,7 +320,7 @@ def _stuck(ctx, c: CommState, directory) -> Finding | None:
         peers = sorted({x for lk in blame.links for x in lk} - set(ranks))
         n_retx = int(links["n_retx"].sum())
         # no sample may have printed a backoff yet (ss shows none before the first RTO)
-        backoff = (as_int(pd.to_numeric(stuck["backoff"], errors="coerce").max()) if len(stuck) else None) or 0
+        backoff = (cell_int(pd.to_numeric(stuck["backoff"], errors="coerce").max()) if len(stuck) else None) or 0
         who = who_text(directory, ranks)
         summary = (f"{head}; {len(blame.links)} link(s), all touching {who}"
                    + (f" (to {ranks_text(peers)})" if peers else "")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..coerce import cell_ints
 from .base import STOPS_JOB_SCORE, Context, Finding, detector
 from ..wording import ms, ranks_text
 from .ranks import label, rank_directory
@@ -82,17 +83,6 @@ def backoff_chains(rt: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _ints(values) -> list[int | None]:
-    """The elements of one list cell as ints, None where missing (NA, None, masked)."""
-    out: list[int | None] = []
-    for v in np.ma.asarray(values).tolist(None):
-        try:
-            out.append(None if v is None or pd.isna(v) else int(v))
-        except (TypeError, ValueError):
-            out.append(None)
-    return out
-
-
 def _completions(ctx: Context) -> dict[int, np.ndarray]:
     """Rank -> the sorted times its collectives of more than one rank completed (the
     ``collectives`` table's per-rank ``end_ns``): when each rank's link was carrying data."""
@@ -104,7 +94,7 @@ def _completions(ctx: Context) -> dict[int, np.ndarray]:
     for ranks, ends in zip(c["ranks"], c["end_ns"]):
         if np.ndim(ranks) != 1 or np.ndim(ends) != 1:
             continue
-        for r, e in zip(_ints(ranks), _ints(ends)):
+        for r, e in zip(cell_ints(ranks), cell_ints(ends)):
             if r is not None and e is not None:
                 out.setdefault(r, []).append(e)
     return {r: np.sort(np.asarray(v, dtype=np.int64)) for r, v in out.items()}

@@ -21,8 +21,8 @@ import re
 import pandas as pd
 
 from . import warns
+from ..coerce import cell_int
 from .base import Context, Finding, detector
-from .sql import as_int
 from ..wording import ranks_text
 
 KILLED_SCORE = 3.5e6          # above the first NCCL failure (3e6) and the hang (1e6 + s) a killed rank causes
@@ -171,7 +171,7 @@ def vanished(ctx: Context) -> list[Finding]:
         open_ = mine[mine["completed"].eq(False)]
         if open_.empty:
             continue                            # it ended between collectives: a normal end or unseen
-        last = as_int(pd.to_numeric(mine["timestamp_ns"], errors="coerce").max())
+        last = cell_int(pd.to_numeric(mine["timestamp_ns"], errors="coerce").max())
         if last is None:
             continue                            # calls with no time: nothing to order them by
         cands.append((last, host, pid, int(rank), open_.sort_values("timestamp_ns").iloc[0]))
@@ -190,7 +190,7 @@ def vanished(ctx: Context) -> list[Finding]:
              "process",
              f"the tracer's last records of it: {name}" + (f" #{n}" if n is not None else "") + " entered, never "
              "completed (in flight when it died)",
-             f"it logged no NCCL warning and no watchdog line of its own: it did not fail, it was ended",
+             "it logged no NCCL warning and no watchdog line of its own: it did not fail, it was ended",
              ("its peers then failed: " + ranks_text(peers_err) + " logged NCCL errors or watchdog lines")
              if peers_err else "its peers kept running after it"]
     return [Finding(

@@ -59,11 +59,4 @@ def sql_evidence(ctx, sql: str, limit: int) -> list[dict]:
     return rows
 
 
-def as_int(v) -> int | None:
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
-
-
-__all__ = ["as_int", "model_table", "sql_evidence", "sql_int", "sql_list", "sql_str"]
+__all__ = ["model_table", "sql_evidence", "sql_int", "sql_list", "sql_str"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field, fields
@@ -35,6 +34,7 @@ import numpy as np
 
 from capture import manifest as schema
 
+from ..coerce import int64
 from ..errors import InputError
 from .archive import MAX_MEMBER_BYTES, MAX_MEMBERS, MAX_TOTAL_BYTES, safe_relpath, unpack_archive
 from .layout import BUNDLE_NAME_RE, bundle_name, find_root, regular as _regular
@@ -196,16 +196,7 @@ class ClockMap:
 # Each field of the records above is read by the kind ``capture.manifest`` gives its key: one
 # reader per kind, each returning a value of the record's type or None (an empty sequence or
 # mapping) for anything else, so a field of the wrong type is dropped, never raised on.
-
-def _int(v) -> int | None:
-    """An integer that fits int64 (every manifest number does: ns times, pids, counts), or None."""
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, str) and re.fullmatch(r"-?\d{1,19}", v.strip()):
-        v = int(v)
-    if isinstance(v, int) and -(1 << 63) <= v < (1 << 63):
-        return v
-    return None
+# Integers: :func:`forensics.coerce.int64`.
 
 
 def _str(v) -> str | None:
@@ -216,7 +207,7 @@ def _interval(v) -> tuple[int, int] | None:
     """A manifest ``[first_ns, last_ns]`` pair, else None (absent, null or not two ordered ints)."""
     if not isinstance(v, (list, tuple)) or len(v) != 2:
         return None
-    a, b = _int(v[0]), _int(v[1])
+    a, b = int64(v[0]), int64(v[1])
     return (a, b) if a is not None and b is not None and 0 <= a <= b else None
 
 
@@ -240,7 +231,7 @@ def _strs(v) -> tuple[str, ...]:
     return tuple(x for x in _seq(v) if isinstance(x, str))
 
 
-def _ints(v) -> tuple[int, ...]:
+def _int_seq(v) -> tuple[int, ...]:
     return tuple(x for x in _seq(v) if isinstance(x, int))
 
 
@@ -256,9 +247,9 @@ def _object(v) -> dict:
     return v if isinstance(v, dict) else {}
 
 
-_KIND_READERS = {schema.INT: _int, schema.STR: _str, schema.INTERVAL: _interval, schema.INTERVALS: _intervals,
+_KIND_READERS = {schema.INT: int64, schema.STR: _str, schema.INTERVAL: _interval, schema.INTERVALS: _intervals,
                  schema.STRS: _strs,
-                 schema.INTS: _ints, schema.ARGV: _argv, schema.MAP: _str_map, schema.OBJECT: _object}
+                 schema.INTS: _int_seq, schema.ARGV: _argv, schema.MAP: _str_map, schema.OBJECT: _object}
 
 
 def field_readers(cls, table: schema.Table, derived: tuple[str, ...] = (),
@@ -386,7 +377,6 @@ def parse_manifest(raw: Any, problems: list[str], fallback_host: str) -> Manifes
 
 
 # --------------------------------------------------------------------------- the bundle
-
 
 
 class EventLog(list):
@@ -598,7 +588,7 @@ class Bundle:
         bounds the offset from above. Without a ``tracer_start``, the events' span must lie
         inside ``started_ns..ended_ns``: the midpoint is used. The problem line gives the
         bound, so each finding's timing can be judged against it."""
-        spawned = _int(self.manifest.record_value("tracer", "started_ns"))
+        spawned = int64(self.manifest.record_value("tracer", "started_ns"))
         start_ns, end_ns = self.manifest.started_ns, self.manifest.ended_ns
         p = self.path("bpf/events.jsonl")
         if p is None:
@@ -612,7 +602,7 @@ class Bundle:
                     continue
                 if not isinstance(e, dict):
                     continue
-                t = _int(e.get("t0", e.get("t")))
+                t = int64(e.get("t0", e.get("t")))
                 if t is None or not _I64[0] <= t <= _I64[1]:
                     continue
                 first = t if first is None else min(first, t)

@@ -49,6 +49,7 @@ import pickletools
 import re
 from pathlib import Path
 
+from ..coerce import json_int
 from .registry import Parser, WarningLog, register
 
 OPS = {"all_reduce": "ALL_REDUCE", "allreduce": "ALL_REDUCE", "all_gather": "ALL_GATHER",
@@ -260,17 +261,13 @@ class FlightRecorderParser(Parser):
                           facts, log)
 
 
-def _int(v):
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def _counter(v):
     """A pg_status counter: an int in the pickle, a decimal string in the JSON dump
     (``getPgStatusJson`` writes ``std::to_string(status->lastEnqueuedSeq)``; FlightRecorder.hpp /
     FlightRecorderDetail.hpp from format 2.3 on)."""
     if isinstance(v, str) and re.fullmatch(r"-?\d{1,20}", v.strip()):
         return int(v)
-    return _int(v)
+    return json_int(v)
 
 
 def _ranks_size(ranks) -> int | None:
@@ -303,7 +300,7 @@ def _entry(e: dict, rank, i: int, log: WarningLog) -> dict | None:
     for k in ("time_discovered_started_ns", "time_discovered_completed_ns"):
         if row[k] == 0:
             row[k] = None
-    if row["collective_seq_id"] is None and _int(e.get("seq_id")) is not None:
+    if row["collective_seq_id"] is None and json_int(e.get("seq_id")) is not None:
         row["collective_seq_id"] = e["seq_id"]          # dumps before collective_seq_id/p2p_seq_id (2.2)
     if row["collective_seq_id"] is None and row["p2p_seq_id"] is None and row["record_id"] is None:
         log.add(None, f"entries[{i}] has no record_id or sequence ids, skipped")

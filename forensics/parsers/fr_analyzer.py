@@ -43,6 +43,7 @@ from __future__ import annotations
 import re
 
 from . import lines as lines_mod
+from ..coerce import first_int
 from .registry import WarningLog, register
 from .text import LogText, TextParser
 
@@ -148,11 +149,6 @@ def _culprits(text: str) -> dict:
     return {"culprits": sorted({int(r) for r, _ in found}), "error_type": ",".join(types) or None}
 
 
-def _int(v: str | None) -> int | None:
-    m = re.search(r"-?\d+", v or "")
-    return int(m[0]) if m else None
-
-
 def _block(kind: str, m: re.Match, ln: int, below: list[str]) -> tuple[dict, int]:
     """One report block: its header's match and the field lines below it (up to the next
     header, a second value of a field, or two blank lines); (row, lines read)."""
@@ -187,9 +183,9 @@ def _block(kind: str, m: re.Match, ln: int, below: list[str]) -> tuple[dict, int
     exp = fields.get("expected ranks")
     row = _row(kind, ln, message, missing=missing, **cul,
                pg=g.get("group") or fields.get("group info") or None,
-               seq=_int(g.get("seq")), record_id=_int(g.get("rec") or fields.get("internal record id")),
+               seq=first_int(g.get("seq")), record_id=first_int(g.get("rec") or fields.get("internal record id")),
                op=g.get("op") or fields.get("collective") or None, state=fields.get("collective state") or None,
-               world_size=_int(fields.get("world size")),
+               world_size=first_int(fields.get("world size")),
                expected_ranks=(_join(ranks_of(exp)) if exp and ("{" in exp or "[" in exp) else exp or None))
     if kind == "too_many_mismatches":
         row["pg"] = g.get("group")
@@ -209,8 +205,8 @@ def _table(head: str, ln: int, below: list[str]) -> tuple[list[dict], int]:
             continue
         cells = dict(zip(names, nxt[:s.start()].split()))
         rows.append(_row("not_joined", ln + i, nxt, missing=ranks_of(s["ranks"]),
-                         pg=cells.get("group_id"), seq=_int(cells.get("collective_seq_id")),
-                         record_id=_int(cells.get("record_id")), op=cells.get("collective_name"),
+                         pg=cells.get("group_id"), seq=first_int(cells.get("collective_seq_id")),
+                         record_id=first_int(cells.get("record_id")), op=cells.get("collective_name"),
                          state=cells.get("collective_state")))
     return rows, used
 

@@ -87,6 +87,7 @@ import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
+from ..coerce import group_int
 from ..native import line_count
 from .nccl_coll import (COLL_HEAD_RE, COLL_LAST_SCHEMA, COLL_RE, COLL_SCHEMA, coll_derived, concat_rows,
                         last_positions, scan_coll)
@@ -103,16 +104,10 @@ from .registry import WarningLog, register, typed_frame
 from .text import Lines, LogText, TextParser
 
 
-
-def _int(v):
-    """An int from a regex group of digits, or None where the group took no part."""
-    return None if v is None else int(v)
-
-
 def _dev(v):
     """The cudaDev of a line's ``[N]``: None where absent, or ``[-1]`` (NCCL prints -1 before the
     communicator has a device: a ``ncclCommInitRank`` that failed on its CUDA call)."""
-    d = _int(v)
+    d = group_int(v)
     return None if d is None or d < 0 else d
 
 
@@ -251,7 +246,7 @@ class _Line:
         else:
             fields = g.groupdict()        # a WARN pasted without its host:pid:tid has none of them
             self.ts, self.host, self.level = fields.get("ts"), fields.get("host") or "", g["level"]
-            self.pid, self.tid, self.dev = _int(fields.get("pid")), _int(fields.get("tid")), _dev(fields.get("dev"))
+            self.pid, self.tid, self.dev = group_int(fields.get("pid")), group_int(fields.get("tid")), _dev(fields.get("dev"))
             msg = g["msg"]
             src = (fields.get("src"), fields.get("srcline"), fields.get("func"))
         self.ts_local = None
@@ -552,7 +547,7 @@ def _comms_table(comms: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     """``nccl_comms`` of the Init START/COMPLETE lines."""
     t = _table(("line", "host", "pid", "tid", "dev"), comms)
     for k in ("rank", "nranks", "cuda_dev", "nvml_dev"):
-        t[k] = list(map(int, t[k])) if None not in t[k] else [_int(v) for v in t[k]]
+        t[k] = list(map(int, t[k])) if None not in t[k] else [group_int(v) for v in t[k]]
     t.update(_contexts([r for r, _ in comms]))
     return t
 
@@ -611,12 +606,12 @@ def _channels_table(chans: list[tuple[_Line, re.Match]]) -> dict[str, list]:
     """``nccl_channels`` of the Channel connection lines, with the transport their ``via`` names."""
     t = _table(("line", "host", "pid", "tid", "dev"), chans)
     for k in ("channel", "conn_index", "src_rank", "dst_rank"):
-        t[k] = [_int(v) for v in t[k]]
+        t[k] = [group_int(v) for v in t[k]]
     parsed = {v: VIA_RE.match(v) for v in dict.fromkeys(t["via"])}      # a log has few distinct vias
     vias = [parsed[v] for v in t["via"]]
     t["transport"] = [v["transport"] if v else None for v in vias]
     t["net"] = [v["net"] if v and v["transport"] == "NET" else None for v in vias]
-    t["net_dev"] = [_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
+    t["net_dev"] = [group_int(v["net_dev"]) if v and v["transport"] == "NET" else None for v in vias]
     t["gdrdma"] = ["/GDRDMA" in v for v in t["via"]]
     return t
 
@@ -627,7 +622,7 @@ def _warnings_table(warns: list[_Line]) -> dict[str, list]:
     for r in warns:
         r.kind = "warn"
     t["src_file"] = [r.src[0] for r in warns]
-    t["src_line"] = [_int(r.src[1]) for r in warns]
+    t["src_line"] = [group_int(r.src[1]) for r in warns]
     t["func"] = [r.src[2] for r in warns]
     t["message"] = [r.msg for r in warns]
     t.update(peer_fields(t["message"]))

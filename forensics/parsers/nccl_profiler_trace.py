@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 
+from ..coerce import json_int
 from .registry import Parser, WarningLog, decode_text, looks_binary, register, split_lines
 
 BARE_VALUE_RE = re.compile(r'(:\s*)(0x[0-9a-fA-F]+|[A-Za-z_][A-Za-z0-9_]*)(\s*[,}])')
@@ -118,12 +119,12 @@ class NcclProfilerTraceParser(Parser):
                 continue
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
             row = {"line": ln, "name": e["name"], "cat": e.get("cat") if isinstance(e.get("cat"), str) else None,
-                   "ph": e["ph"], "id": _int(e.get("id")), "pid": _int(e.get("pid")), "tid": _int(e.get("tid")),
+                   "ph": e["ph"], "id": json_int(e.get("id")), "pid": json_int(e.get("pid")), "tid": json_int(e.get("tid")),
                    "ts_us": e.get("ts") if isinstance(e.get("ts"), (int, float)) and not isinstance(e.get("ts"), bool)
                    else None, "args": json.dumps(args) if args else None}
             for k, col in ARG_COLS.items():
                 if k in args:
-                    row[col] = _int(args[k]) if col in INT_ARGS else str(args[k])
+                    row[col] = json_int(args[k]) if col in INT_ARGS else str(args[k])
             ch = args.get("CommHash")
             if isinstance(ch, int) and not isinstance(ch, bool) and ch >= 0:
                 row["comm_hash"] = f"0x{ch:x}"
@@ -137,10 +138,6 @@ class NcclProfilerTraceParser(Parser):
         if not rows:
             log.add(None, "no trace events found")
         return cls.result(label, {"profiler_events": rows, "profiler_spans": spans}, facts, log)
-
-
-def _int(v):
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _pair(rows: list[dict]) -> list[dict]:

@@ -230,12 +230,12 @@ def _strings(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) ->
     return _objects(vals)[inv]
 
 
-def _int(a: np.ndarray, na: np.ndarray | None = None):
+def _int_column(a: np.ndarray, na: np.ndarray | None = None):
     """An Int64 column of ``a`` (a copy), NA where ``na``."""
     return pd.arrays.IntegerArray(a.astype(np.int64), np.zeros(len(a), bool) if na is None else na.copy())
 
 
-def _ints(distinct: list, inv: np.ndarray):
+def _int_column_at(distinct: list, inv: np.ndarray):
     """An Int64 column of the distinct values ``distinct`` (ints or None) at ``inv``; a value
     int64 does not hold is NA, as the registry's conversion makes it."""
     distinct = [None if v is None or not -(1 << 63) <= v < 1 << 63 else v for v in distinct]
@@ -269,15 +269,15 @@ def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame 
     vals, inv = _distinct(text, c["via_off"], c["via_len"], c["via_hash"])
     fields = [via_fields(v) for v in vals]
     return _frame({
-        "line": _int(base["line"]), "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
-        "dev": _int(base["dev"]), "channel": _int(c["channel"]), "conn_index": _int(c["sub"], c["sub"] < 0),
-        "src_rank": _int(c["src_rank"]), "src_dev": _sa(*_distinct(text, c["src_dev_off"], c["src_dev_len"],
+        "line": _int_column(base["line"]), "host": _str(base["host"]), "pid": _int_column(base["pid"]), "tid": _int_column(base["tid"]),
+        "dev": _int_column(base["dev"]), "channel": _int_column(c["channel"]), "conn_index": _int_column(c["sub"], c["sub"] < 0),
+        "src_rank": _int_column(c["src_rank"]), "src_dev": _sa(*_distinct(text, c["src_dev_off"], c["src_dev_len"],
                                                                      c["src_dev_hash"])),
-        "dst_rank": _int(c["dst_rank"]), "dst_dev": _sa(*_distinct(text, c["dst_dev_off"], c["dst_dev_len"],
+        "dst_rank": _int_column(c["dst_rank"]), "dst_dev": _sa(*_distinct(text, c["dst_dev_off"], c["dst_dev_len"],
                                                                      c["dst_dev_hash"])),
         "direction": _sa([None, "send", "receive"], c["direction"]), "via": _sa(vals, inv),
         "transport": _sa([f[0] for f in fields], inv), "net": _sa([f[1] for f in fields], inv),
-        "net_dev": _ints([f[2] for f in fields], inv),
+        "net_dev": _int_column_at([f[2] for f in fields], inv),
         "gdrdma": pd.array(np.array(["/GDRDMA" in v for v in vals], bool)[inv], dtype="boolean"),
     }, schema)
 
@@ -306,16 +306,16 @@ def _rings(text: LogText, c: dict, base: dict, items: dict, item_base: dict, hos
     downs, down_code = _distinct(text, items["item_down_off"], items["item_down_len"], items["item_down_hash"])
     nchannels_na = c["sub"] < 0
     return _frame({
-        "line": _int(both(base["line"], item_base["line"])), "host": _sa(hosts, both(base["host"], item_base["host"])),
-        "pid": _int(both(base["pid"], item_base["pid"])), "dev": _int(both(base["dev"], item_base["dev"])),
+        "line": _int_column(both(base["line"], item_base["line"])), "host": _sa(hosts, both(base["host"], item_base["host"])),
+        "pid": _int_column(both(base["pid"], item_base["pid"])), "dev": _int_column(both(base["dev"], item_base["dev"])),
         "kind": _sa(["ring_order", "trees"], only(np.ones(n2, np.intp), np.intp, first=False)),
-        "channel": _int(both(c["channel"], items["item_channel"])),
-        "rank": _int(only(items["item_rank"], first=False), only(np.ones(n1, bool), bool)),
-        "up": _int(only(items["item_up"], first=False), only(np.ones(n1, bool), bool)),
+        "channel": _int_column(both(c["channel"], items["item_channel"])),
+        "rank": _int_column(only(items["item_rank"], first=False), only(np.ones(n1, bool), bool)),
+        "up": _int_column(only(items["item_up"], first=False), only(np.ones(n1, bool), bool)),
         "down": _sa(downs + [None], both(np.full(n1, len(downs), np.intp), down_code, np.intp)),
         "order": _sa([" ".join(o.split()) for o in orders] + [None],
                      both(order_code, np.full(n2, len(orders), np.intp), np.intp)),
-        "nchannels": _int(only(c["sub"]), both(nchannels_na, np.ones(n2, bool), bool)),
+        "nchannels": _int_column(only(c["sub"]), both(nchannels_na, np.ones(n2, bool), bool)),
     }, schema)
 
 
@@ -334,13 +334,13 @@ def _log_lines(text: LogText, c: dict, base: dict, kind, msg, schema: dict) -> p
     if len(stamped):
         ts_local[stamped] = _objects(pd.to_datetime(pd.Series([ts[i].replace("_", " ") for i in stamped],
                                                               dtype="object"), errors="coerce", format="mixed").tolist())
-    cols = {"line": _int(base["line"]), "ts": _str(ts) if len(stamped) else _sa([None], np.zeros(n, np.intp)),
-            "ts_local": ts_local, "host": _str(base["host"]), "pid": _int(base["pid"]), "tid": _int(base["tid"]),
-            "dev": _int(base["dev"]), "level": _sa(["INFO"], np.zeros(n, np.intp)), "kind": kind, "message": msg}
+    cols = {"line": _int_column(base["line"]), "ts": _str(ts) if len(stamped) else _sa([None], np.zeros(n, np.intp)),
+            "ts_local": ts_local, "host": _str(base["host"]), "pid": _int_column(base["pid"]), "tid": _int_column(base["tid"]),
+            "dev": _int_column(base["dev"]), "level": _sa(["INFO"], np.zeros(n, np.intp)), "kind": kind, "message": msg}
     pres, inv = _distinct(text, c["start"], c["pre"] - c["start"], c["pre_hash"])
     ctx = lines_mod.context_columns(pres)
     for k, kind_ in lines_mod.CONTEXT_COLUMNS.items():
-        cols[k] = _sa(ctx[k], inv) if kind_ == "str" else _ints(ctx[k], inv)
+        cols[k] = _sa(ctx[k], inv) if kind_ == "str" else _int_column_at(ctx[k], inv)
     return _frame(cols, schema)
 
 

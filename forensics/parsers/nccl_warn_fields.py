@@ -6,6 +6,7 @@ fields in every wording (``ib_status``, ``ib_opcode``, ``ib_len``, ``vendor_err`
 from __future__ import annotations
 
 import re
+from ..coerce import group_int
 
 PEER_RE = re.compile(r"\b(?:peer|from|to) (?P<peer>[^\s,]*<\d+>)|\bpeer (?P<peer2>[^\s,]+)")
 IB_STATUS_RE = re.compile(r"\bwith (?:error |status=)(?:[A-Za-z_ ]+\()?(?P<st>\d+)")
@@ -22,10 +23,6 @@ IB_COMPLETION_RE = re.compile(
 # an IB async event names its device and port: "NET/IB : mlx5_0:1 Got async event : port error"
 IB_DEV_PORT_RE = re.compile(r"NET/IB ?: (?P<dev>[A-Za-z][\w-]*):(?P<port>\d+) ")
 PEER_ADDR_RE = re.compile(r"^\[?(?P<addr>[^\s<>\[\]]+?)\]?(?:<(?P<port>\d+)>|:(?P<port2>\d+))?[,.;:]?$")
-
-
-def _int(v):
-    return None if v is None else int(v)
 
 
 def peer_fields(msgs: list[str]) -> dict[str, list]:
@@ -52,12 +49,12 @@ def ib_fields(msgs: list[str]) -> dict[str, list]:
     for msg in msgs:
         row = dict.fromkeys(keys)
         if "completion" in msg and (m := IB_COMPLETION_RE.search(msg)):
-            row.update(ib_status=_int(m["st_a"] or m["st_b"]), ib_opcode=_int(m["op_a"] or m["op_b"]),
-                       ib_len=_int(m["len_a"] or m["len_b"] or m["rs"]), vendor_err=_int(m["ve_a"] or m["ve_b"]),
+            row.update(ib_status=group_int(m["st_a"] or m["st_b"]), ib_opcode=group_int(m["op_a"] or m["op_b"]),
+                       ib_len=group_int(m["len_a"] or m["len_b"] or m["rs"]), vendor_err=group_int(m["ve_a"] or m["ve_b"]),
                        ib_side=m["req_a"] or m["req_b"], local_gid=m["lgid"], remote_gid=m["rgid"],
                        ib_device=m["hca"])
         elif (m := IB_STATUS_RE.search(msg)):
-            row["ib_status"] = _int(m["st"])
+            row["ib_status"] = group_int(m["st"])
         if row["ib_device"] is None and (d := IB_DEV_PORT_RE.search(msg)):
             row["ib_device"] = d["dev"]
         for k in keys:

@@ -22,11 +22,8 @@ from __future__ import annotations
 
 import json
 
+from ..coerce import json_int
 from .registry import Parser, WarningLog, register
-
-
-def _int(v):
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _str(v):
@@ -64,23 +61,23 @@ class ProcThreadsParser(Parser):
             log.add(None, "no threads list: not a capture thread sample")
             doc = None
         if doc is not None:
-            pid, phase, t_ns = _int(doc.get("pid")), _str(doc.get("phase")), _int(doc.get("sample_ns"))
+            pid, phase, t_ns = json_int(doc.get("pid")), _str(doc.get("phase")), json_int(doc.get("sample_ns"))
             notes = doc.get("notes")
             facts.update(pid=pid, phase=phase,
                          notes=[n for n in notes if isinstance(n, str)] if isinstance(notes, list) else [])
             for i, t in enumerate(doc["threads"]):
-                if not isinstance(t, dict) or _int(t.get("tid")) is None:
+                if not isinstance(t, dict) or json_int(t.get("tid")) is None:
                     log.add(None, f"thread #{i}: no tid, skipped")
                     continue
                 base = {"pid": pid, "phase": phase, "sample_ns": t_ns, "tid": t["tid"], "name": _str(t.get("name")),
                         "state": _str(t.get("state")), "wchan": _str(t.get("wchan")),
                         "syscall_name": _str(t.get("syscall_name")), "fd": None, "socket_inode": None,
-                        "wait_events": None, "utime_ticks": _int(t.get("utime_ticks")),
-                        "stime_ticks": _int(t.get("stime_ticks"))}
+                        "wait_events": None, "utime_ticks": json_int(t.get("utime_ticks")),
+                        "stime_ticks": json_int(t.get("stime_ticks"))}
                 waits = t.get("waits")
                 waits = [w for w in waits if isinstance(w, dict)] if isinstance(waits, list) else []
                 for w in waits:
-                    rows.append(dict(base, fd=_int(w.get("fd")), socket_inode=_int(w.get("socket_inode")),
+                    rows.append(dict(base, fd=json_int(w.get("fd")), socket_inode=json_int(w.get("socket_inode")),
                                      wait_events=_str(w.get("events"))))
                 if not waits:
                     rows.append(base)

@@ -24,6 +24,7 @@ from typing import Any, Iterable, Union
 import numpy as np
 import pandas as pd
 
+from ..coerce import INT64_END, INT64_MIN, bounded_int, is_missing
 from ..errors import InputError
 
 Source = Union[str, os.PathLike, bytes, bytearray, memoryview]
@@ -125,12 +126,6 @@ def frame(rows: Iterable[dict] | dict[str, list], schema: dict[str, str], share:
                         index=pd.RangeIndex(n), copy=False)
 
 
-def _is_na(v) -> bool:
-    if v is None or v is pd.NA or v is pd.NaT:
-        return True
-    return isinstance(v, float) and v != v
-
-
 _ARRAYS = (np.ndarray, pd.api.extensions.ExtensionArray)
 _NONE = type(None)
 # the exact dtype each kind's column gets (what the value-by-value conversion gives)
@@ -180,17 +175,17 @@ def _column(values: list, kind: str, own: bool = False):
     if isinstance(values, _ARRAYS):
         values = list(values)           # as a dict of columns always was
     if kind == "str":
-        return pd.array([None if _is_na(v) else (v if isinstance(v, str) else str(v)) for v in values],
+        return pd.array([None if is_missing(v) else (v if isinstance(v, str) else str(v)) for v in values],
                         dtype="string")
     if kind == "int":
-        return _to_int(values)
+        return _int_array(values)
     if kind == "uint":
-        return _to_int(values, lo=0, hi=1 << 64, dtype="UInt64")
+        return _int_array(values, lo=0, hi=1 << 64, dtype="UInt64")
     if kind == "float":
         out = []
         for v in values:
             try:
-                out.append(float("nan") if _is_na(v) or isinstance(v, bool) else float(v))
+                out.append(float("nan") if is_missing(v) or isinstance(v, bool) else float(v))
             except (TypeError, ValueError):
                 out.append(float("nan"))
         return np.array(out, dtype="float64")
@@ -203,23 +198,8 @@ def _column(values: list, kind: str, own: bool = False):
     raise ValueError(f"unknown column kind {kind!r}")  # pragma: no cover - schema typo
 
 
-def _to_int(values, lo: int = -(1 << 63), hi: int = 1 << 63, dtype: str = "Int64"):
-    def conv(v):
-        if _is_na(v):
-            return None
-        if isinstance(v, (bool, np.bool_)):
-            v = int(v)
-        elif isinstance(v, (float, np.floating)):
-            if v in (float("inf"), float("-inf")) or v != int(v):
-                return None
-            v = int(v)
-        elif not isinstance(v, int):
-            try:
-                v = int(v)          # numpy integers
-            except (TypeError, ValueError):
-                return None
-        return v if lo <= v < hi else None
-    return pd.array([conv(v) for v in values], dtype=dtype)
+def _int_array(values, lo: int = INT64_MIN, hi: int = INT64_END, dtype: str = "Int64"):
+    return pd.array([bounded_int(v, lo, hi) for v in values], dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------

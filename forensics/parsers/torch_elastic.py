@@ -46,6 +46,7 @@ import re
 import signal
 
 from . import lines as lines_mod
+from ..coerce import text_int
 from .heads import TORCH_ELASTIC_MARKERS
 from .registry import WarningLog, register
 from .text import LogText, TextParser
@@ -79,13 +80,6 @@ SRUN_SIGNALS = {"killed": "SIGKILL", "out of memory": "SIGKILL", "segmentation f
 EXIT_CODE_RE = re.compile(r"[Ee]xited with exit code (?P<code>\d+)")
 MAX_TASKS = 64
 NEEDLES = (b"exitcode", b"closing signal", b"death signal", b"srun: error:", b"slurmstepd", b"exited on signal", b"CalledProcessError")
-
-
-def _int(v):
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
 
 
 def signal_name(code: int | None) -> str | None:
@@ -167,7 +161,7 @@ def launcher_rows(ln: int, line: str) -> list[dict]:
                  "exitcode": -int(m["sig"]), "signal": signal_name(-int(m["sig"])), "traceback": m["what"]}]
     if (m := LAUNCH_RE.search(line)):
         code = -int(m["n"]) if m["n"] else int(m["code"])
-        return [{"line": ln, "kind": "launch", "local_rank": _int(m["local"]), "exitcode": code,
+        return [{"line": ln, "kind": "launch", "local_rank": text_int(m["local"]), "exitcode": code,
                  "signal": m["sig"] or signal_name(code), **lines_mod.context(line[:m.start()]).as_row()}]
     return []
 

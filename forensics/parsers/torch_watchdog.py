@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 
 from . import lines as lines_mod
+from ..coerce import text_int
 from .heads import CODE_MARKERS
 from .registry import WarningLog, register
 from .text import LogText, TextParser
@@ -96,13 +97,6 @@ NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", *CODE_MA
 NOT_QUOTED_RE = re.compile(r"\s*(?:nccl(?:[A-Za-z]+Error|InvalidUsage|InvalidArgument): |[\w.]*(?:DistBackendError|RuntimeError): NCCL error"
                            r"|Traceback \(most recent|File \")")
 WRAP_JOIN = 4            # lines after a cut one that may complete it
-
-
-def _int(v):
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
 
 
 class TorchWatchdogParser(TextParser):
@@ -179,7 +173,7 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
         msg = m["msg"]
         row.update(severity=m["sev"], src_file=m["file"], src_line=int(m["srcline"]),
                    log_time=f"{m['date']} {m['time']}" if m["date"] and m["time"] else None,
-                   rank=_int(m["prank"]))
+                   rank=text_int(m["prank"]))
         pre = raw[:m.start()]
     else:
         pre, msg = lines_mod.strip_tags(raw.strip())       # a launcher's tags say whose line it is
@@ -188,9 +182,9 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
     row.update({k: v for k, v in lines_mod.context(pre).as_row().items() if v is not None})
     row["message"] = msg.strip()
     if (t := PG_TAG_RE.search(msg)):
-        row["pg_id"] = _int(t["pg"])
+        row["pg_id"] = text_int(t["pg"])
         row["pg_guid"], row["pg_desc"] = t["guid"], t["desc"]
-        row["rank"] = row.get("rank") if row.get("rank") is not None else _int(t["rank"])
+        row["rank"] = row.get("rank") if row.get("rank") is not None else text_int(t["rank"])
     if "WorkNCCL(" in msg:
         w = WORK_RE.search(msg)
         if w is None:                                 # a line hard-wrapped by a terminal
@@ -202,16 +196,16 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
                     row["message"] = msg.strip()
                     break
         fields = {f["k"]: f["v"].strip() for f in FIELD_RE.finditer(w["fields"])} if w else {}
-        if not w or ("SeqNum" in fields and _int(fields["SeqNum"]) is None) or "OpType" not in fields:
+        if not w or ("SeqNum" in fields and text_int(fields["SeqNum"]) is None) or "OpType" not in fields:
             log.add(ln, f"unreadable WorkNCCL(...) description: {raw.strip()[:160]!r}")
             return None
         row["kind"] = "terminated" if "watchdog thread terminated" in msg else "timeout"
-        row["seq_num"] = _int(fields.get("SeqNum"))
+        row["seq_num"] = text_int(fields.get("SeqNum"))
         row["op_type"] = fields.get("OpType")
         row["op"] = OP_TYPES.get((fields.get("OpType") or "").upper(), fields.get("OpType"))
-        row["numel_in"], row["numel_out"] = _int(fields.get("NumelIn")), _int(fields.get("NumelOut"))
-        row["timeout_ms"] = _int(fields.get("Timeout(ms)"))
-        row["ran_for_ms"] = _int(w["ran"])
+        row["numel_in"], row["numel_out"] = text_int(fields.get("NumelIn")), text_int(fields.get("NumelOut"))
+        row["timeout_ms"] = text_int(fields.get("Timeout(ms)"))
+        row["ran_for_ms"] = text_int(w["ran"])
         # the inner "[Rank N]" of a terminated line names the rank too
         if row.get("rank") is None and (r := re.search(r"\[Rank (\d+)\]", msg)):
             row["rank"] = int(r[1])

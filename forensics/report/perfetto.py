@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import data
+from ..coerce import cell_int
 
 LANE_STRIDE = 100_000       # tid offset of a rank's sub-tracks (ranks < LANE_STRIDE)
 UNATTRIBUTED_TID = 99_999   # per host: TCP events with no rank
@@ -56,9 +57,9 @@ def trace(analysis) -> dict:
             events.append({
                 "ph": "X", "name": str(row.op), "cat": f"nccl,{row.duration_source}", "pid": int(row.pid),
                 "tid": int(row.tid), "ts": t, "dur": d,
-                "args": {"op_count": _int(row.op_count), "comm": str(row.comm_id_hash), "bytes": _int(row.bytes),
+                "args": {"op_count": cell_int(row.op_count), "comm": str(row.comm_id_hash), "bytes": cell_int(row.bytes),
                          "duration_source": str(row.duration_source), "completed": not bool(row.open),
-                         "rank": int(row.rank), "datatype": _str(row.datatype), "count": _int(row.count)},
+                         "rank": int(row.rank), "datatype": _str(row.datatype), "count": cell_int(row.count)},
             })
         for (pid, tid, rank, lane) in iv[["pid", "tid", "rank", "lane"]].drop_duplicates().itertuples(index=False):
             tracks.add((int(pid), int(tid), f"rank {int(rank)}" + (f" · queued +{int(lane)}" if lane else ""),
@@ -73,9 +74,9 @@ def trace(analysis) -> dict:
             events.append({
                 "ph": "i", "s": "t", "name": str(row.event), "cat": f"tcp,{row.source}", "pid": int(row.pid),
                 "tid": int(row.tid), "ts": float(row.ts),
-                "args": {"flow": f"{row.saddr}:{_int(row.sport)} -> {row.daddr}:{_int(row.dport)}",
-                         "rank": _int(row.rank), "peer_rank": _int(row.peer_rank), "source": str(row.source),
-                         "collective": (f"{row.coll_op} #{_int(row.coll_op_count)}"
+                "args": {"flow": f"{row.saddr}:{cell_int(row.sport)} -> {row.daddr}:{cell_int(row.dport)}",
+                         "rank": cell_int(row.rank), "peer_rank": cell_int(row.peer_rank), "source": str(row.source),
+                         "collective": (f"{row.coll_op} #{cell_int(row.coll_op_count)}"
                                         if pd.notna(row.coll_op) else None)},
             })
         for pid, tid, rank in tcp[["pid", "tid", "rank"]].drop_duplicates().itertuples(index=False):
@@ -93,10 +94,6 @@ def trace(analysis) -> dict:
     return {"traceEvents": meta + events, "displayTimeUnit": "ms",
             "otherData": {"generator": "stallscope", "verdict": analysis.verdict(),
                           "time_origin_utc": data.utc(t0), "time_origin_ns": t0}}
-
-
-def _int(v):
-    return None if v is None or pd.isna(v) else int(v)
 
 
 def _str(v):

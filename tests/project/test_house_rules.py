@@ -13,10 +13,15 @@ source with :mod:`ast`, so that a change that breaks one fails here, naming wher
   module imports what its command runs (LAZY_IMPORT_MODULES), a package that costs start-up
   time or is optional is loaded where it is needed (LAZY_IMPORT_PACKAGES), and the pairs of
   LAZY_IMPORT_PAIRS, each with its reason. Over ``forensics/`` and ``capture/``.
+- One set of int readers: a module-level function named as one (``_int``, ``to_int``,
+  ``int_or_none``, ...) is defined only in ``forensics/coerce.py``, whose readers each name
+  the kind of value they read (a regex group, a JSON value, a pandas cell, ...). Over
+  ``forensics/``; ``capture/`` keeps to the standard library and its own.
 """
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -218,6 +223,27 @@ def test_no_module_function_or_class_exceeds_its_size():
 def test_every_size_exception_names_something_that_exists():
     for key in SIZE_EXCEPTIONS:
         assert (ROOT / key.partition(":")[0]).is_file(), key
+
+
+INT_READER_NAME = re.compile(r"_?(to_|as_|maybe_|opt_)?ints?(_or_none)?")
+COERCE = "forensics/coerce.py"
+
+
+def int_readers(text: str) -> list[str]:
+    """``line: name`` of each module-level function of ``text`` named as an int reader."""
+    return [f"{n.lineno}: {n.name}" for n in ast.parse(text).body
+            if isinstance(n, ast.FunctionDef) and INT_READER_NAME.fullmatch(n.name)]
+
+
+def test_int_readers_live_in_coerce_only():
+    found = [f"{p.relative_to(ROOT)}:{r}" for p in sources("forensics") if str(p.relative_to(ROOT)) != COERCE
+             for r in int_readers(p.read_text())]
+    assert found == [], f"int readers outside {COERCE} (use or add a named reader there):\n" + "\n".join(found)
+
+
+def test_an_int_reader_outside_coerce_is_found():
+    text = "def _int(v):\n    return int(v)\n\ndef _interval(v):\n    pass\n\ndef to_ints(v):\n    pass\n"
+    assert int_readers(text) == ["1: _int", "7: to_ints"]
 
 
 def function_imports(text: str) -> list[tuple[int, str]]:

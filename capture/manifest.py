@@ -173,7 +173,7 @@ ATTACHMENT = Table("collectors.*.sources[]", "one file the attachments collector
 ))
 
 RESTART = Table("collectors.*.restarts[]", "a restart of the tracer on the libraries the job maps now "
-                "(capture/collectors/tracing.py)", (
+                "(capture/collectors/tracer.py)", (
     Field("at_ns", INT, "UTC ns: when it was decided"),
     Field("why", STR, "the libraries that appeared, or that no process maps any more"),
     Field("libraries", STRS, "the NCCL libraries the new program probes"),

@@ -57,7 +57,7 @@ SPECS: tuple[Spec, ...] = (
     # bursts while tcpdump waits for the CPU. The watcher (capture.watch), which runs for days,
     # leaves both out (capture.policy.TCPDUMP_PER_PACKET): a wake-up and a write per packet take about five
     # times the CPU of a buffered tcpdump (capture/README.md); it flushes tcpdump
-    # (capture.collectors.packets) before it cuts a bundle.
+    # (capture.collectors.tcpdump) before it cuts a bundle.
     Spec("tcpdump", argv=("tcpdump", "-i", "{iface}", "-s", "{snaplen}", "--time-stamp-precision", "nano",
                           "--immediate-mode", "-B", "8192", "-n", "-U", "-Z", "root"),
          out="pcap/{ns}-{iface}.pcap", when=("continuous",), scope="iface", needs_root=True,
@@ -120,7 +120,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("native-stacks", func="native_stacks", out="stacks/native-{pid}-{phase}.txt", when=("continuous",),
          scope="process", needs_root=True, timeout_s=10.0,
          doc="eu-stack / gdb / py-spy --native stacks of every thread, when no collective completes"),
-    # its own collector (capture.collectors.fr_pipes), before the attachments take the dumps
+    # its own collector (capture.collectors.flight_recorder_trigger), before the attachments take the dumps
     Spec("flight-recorder-trigger", func="flight_recorder_trigger", out="flight-recorder", when=("end",),
          scope="process",
          doc="one byte into TORCH_NCCL_DEBUG_INFO_PIPE_FILE<rank>.pipe: torch dumps its Flight Recorder"),
@@ -143,7 +143,7 @@ def native_stacks(ctx) -> bytes:
 
 
 def flight_recorder_trigger(ctx) -> bytes:
-    """Not run by the snapshot loop: its own collector (capture.collectors.fr_pipes) is."""
+    """Not run by the snapshot loop: its own collector (capture.collectors.flight_recorder_trigger) is."""
     raise LookupError("Flight Recorder triggers are sent by their own collector")
 
 

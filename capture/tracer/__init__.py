@@ -8,6 +8,6 @@
   mapping, restarts with overlap, the bound);
 - :mod:`.libscan`: the host's libnccl files found before any job maps them.
 
-The collector that runs it is ``capture.collectors.tracing.Tracing``. This package imports
+The collector that runs it is ``capture.collectors.tracer.Tracer``. This package imports
 none of its modules.
 """

@@ -566,7 +566,7 @@ class _Span:
                 self.hi = v if self.hi is None else max(self.hi, v)
 
     def result(self) -> list[int] | None:
-        # a tracer restarted (capture.collectors.tracing) ran several programs: the span ends
+        # a tracer restarted (capture.collectors.tracer) ran several programs: the span ends
         # with the last one's stop (or end) mark, the first mark after its start
         last_run = [t for t in self.stops if self.last_start is None or t >= self.last_start]
         self.stop = min(last_run) if last_run else None

@@ -25,7 +25,7 @@ looked at; :func:`choose` bounds how many files are traced (each costs its ~41 p
 the program and its compile time): the files processes map first, then one per GNU build
 id (copies of one build in several layers: the first of them), newest first, then the
 other copies, up to the limit; the rest are listed as not traced ahead of time (a process
-that maps one is traced when it maps it, ``capture.collectors.tracing``).
+that maps one is traced when it maps it, ``capture.collectors.tracer``).
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ triggers:
   (``--trigger-file``, default ``<output>/stallscope.trigger``).
 
 The packet ring runs on trouble (``--pcap-ring on-trouble``, the default;
-``capture.collectors.packet_ring``).
+``capture.collectors.tcpdump_ring``).
 
 An incident starts at its first trigger, and its bundle is written in two stages
 (``capture.watch.incident``): at once, the rings' last ``--before`` and the state of the job then
@@ -81,7 +81,7 @@ class Watcher:
         self.cap = Capture(opts, stderr=stderr, policy=policy, table=RING, hooks=self)
         self.s = self.cap.s
         self.tracing = self.cap.collector("tracer")
-        self.packets = self.cap.collector("tcpdump")          # a PacketRing
+        self.packets = self.cap.collector("tcpdump")          # a TcpdumpRing
         self.monitor: ProgressMonitor | None = None
         self.stuck_kw: dict = {}
         self.logwatch = LogWatch()

@@ -511,7 +511,7 @@ def test_capture_package_is_standard_library_only():
     code = ("import sys, importlib, pkgutil; sys.path.insert(0, sys.argv[1]); import capture; "
             "mods = [m.name for m in pkgutil.walk_packages(capture.__path__, 'capture.') "
             "if not m.name.endswith('__main__')]; [importlib.import_module(m) for m in mods]; "
-            "assert {'capture.watch.watcher', 'capture.tracer.events', 'capture.collectors.tracing'} <= set(mods), "
+            "assert {'capture.watch.watcher', 'capture.tracer.events', 'capture.collectors.tracer'} <= set(mods), "
             "mods; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'pandas', 'forensics', 'dpkt')]; "
             "print(bad); sys.exit(1 if bad else 0)")

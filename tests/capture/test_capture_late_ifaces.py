@@ -1,6 +1,6 @@
 """A capture started before the job's sockets exist (a prolog) captures the packets of the
 interfaces the job starts using later; when no packet capture runs at all, stderr and the
-manifest say why (capture/jobs.py: Jobs.refresh_ifaces; capture/collectors/packets.py: Packets.no_pcap_warning)."""
+manifest say why (capture/jobs.py: Jobs.refresh_ifaces; capture/collectors/tcpdump.py: Tcpdump.no_pcap_warning)."""
 from __future__ import annotations
 
 import json

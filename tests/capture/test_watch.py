@@ -307,7 +307,7 @@ def test_spool_ring_drops_old_segments_and_compacts_the_kept_lines(tmp_path):
 
 
 def test_spool_follows_a_restarted_tracer_into_the_same_segments(tmp_path):
-    """A tracer restarted on other libraries (capture.collectors.tracing) goes on into the same
+    """A tracer restarted on other libraries (capture.collectors.tracer) goes on into the same
     spool: the same segments, one stream; the new program's start mark makes it ready again."""
     raw = tmp_path / "raw"
     r1, w1 = os.pipe()

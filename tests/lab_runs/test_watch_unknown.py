@@ -1,7 +1,7 @@
 """The black box as an operator runs it (root, the lab): a watcher started long before jobs it
 knows nothing about, with no --pid and no --nccl-lib, as deploy/ runs it. Each job brings its
 own copy of the lab's NCCL from a path the watcher has never seen; the watcher must trace it
-(capture.collectors.tracing: the tracer restarted on the libraries that appear), catch its hang,
+(capture.collectors.tracer: the tracer restarted on the libraries that appear), catch its hang,
 and write a bundle that holds the onset and names the rank.
 
 The default suite runs one job (a link-down hang from a fresh library path) a short while after

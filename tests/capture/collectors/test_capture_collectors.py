@@ -8,8 +8,8 @@ import tarfile
 import time
 
 from capture.collectors import BUNDLE, RING, Collector
-from capture.collectors.packet_ring import PacketRing
-from capture.collectors.packets import Packets
+from capture.collectors.tcpdump import Tcpdump
+from capture.collectors.tcpdump_ring import TcpdumpRing
 from capture.options import CaptureOptions
 from capture.runner import Capture
 
@@ -127,8 +127,18 @@ def test_the_tables():
     assert len(names) == len(set(names))
     assert all(issubclass(c, Collector) for c in BUNDLE + RING)
     # the watcher runs the same collectors; only tcpdump differs (the packet ring)
-    assert [c for c in BUNDLE if c is not Packets] == [c for c in RING if c is not PacketRing]
-    assert Packets in BUNDLE and PacketRing in RING and Packets not in RING
+    assert [c for c in BUNDLE if c is not Tcpdump] == [c for c in RING if c is not TcpdumpRing]
+    assert Tcpdump in BUNDLE and TcpdumpRing in RING and Tcpdump not in RING
+
+
+def test_each_collector_is_named_after_what_it_drives():
+    """A collector's module and class carry its record's name (the tool or file it drives:
+    ``tcpdump`` -> collectors/tcpdump.py, ``Tcpdump``); the watcher's variant adds ``ring``."""
+    for c in set(BUNDLE + RING):
+        ring = c in RING and c not in BUNDLE
+        stem = c.name.replace("-", "_") + ("_ring" if ring else "")
+        assert c.__module__ == f"capture.collectors.{stem}", (c, c.__module__)
+        assert c.__name__ == "".join(w.capitalize() for w in stem.split("_")), (c, c.__name__)
 
 
 def test_a_collector_that_raises_is_recorded_and_the_capture_goes_on(tmp_path):

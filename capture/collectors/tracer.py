@@ -82,7 +82,7 @@ def trace_targets(s, versions: dict, pinned: set, problems: list) -> tuple[progr
     return targets, covered
 
 
-class Tracing(Collector):
+class Tracer(Collector):
     """The tracer's bpftrace (``proc``) and its spool (``spool``, also ``session.spool``), and
     the off-CPU sampler (``offcpu``). The manifest records ``tracer`` and ``offcpu``.
 

@@ -30,7 +30,7 @@ def size_of(path: Path) -> int:
         return 0
 
 
-class Packets(Collector):
+class Tcpdump(Collector):
     """One tcpdump per (namespace, interface): ``tcpdumps`` maps (netns inode, interface) to
     its run (``proc`` None when it was skipped, with the reason recorded)."""
 

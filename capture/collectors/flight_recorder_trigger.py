@@ -14,7 +14,7 @@ from .. import torchfr
 from .collector import Collector
 
 
-class FlightRecorderPipes(Collector):
+class FlightRecorderTrigger(Collector):
     name = "flight-recorder-trigger"
     share = "attach"
 

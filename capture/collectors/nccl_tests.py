@@ -16,7 +16,7 @@ from .. import children
 from .collector import Collector
 
 
-class NcclTestsRun(Collector):
+class NcclTests(Collector):
     name = "nccl-tests"
     share = "attach"
 

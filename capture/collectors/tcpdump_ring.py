@@ -14,7 +14,7 @@ import time
 from .. import children
 from .. import manifest as schema
 from ..staging import tcpdump_files
-from .packets import Packets
+from .tcpdump import Tcpdump
 
 # the tracer's events that start the packet ring: this many TCP retransmissions or resets
 # within PCAP_ARM_WINDOW_S. A busy host retransmits now and then with nothing wrong (a tail
@@ -25,8 +25,8 @@ PCAP_ARM_WINDOW_S = 10.0
 MAX_TROUBLE = 1000                   # kept between two polls
 
 
-class PacketRing(Packets):
-    """Packets with runs: ``wanted`` holds the job's interfaces (tapped only while ``armed``),
+class TcpdumpRing(Tcpdump):
+    """Tcpdump with runs: ``wanted`` holds the job's interfaces (tapped only while ``armed``),
     ``done`` the tcpdumps of earlier runs whose files are still in the ring, ``runs`` when each
     run started and stopped and why (the bundle's ``watch.pcap_ring``)."""
 

@@ -195,3 +195,6 @@ def check_first_screen(o: Outcome) -> None:
             or "since" not in top["headline"], top["headline"]
         for h in top.get("hosts") or []:
             assert "/" not in h, (h, verdict)
+        hosts = top.get("hosts") or []
+        if top.get("ranks") and (not hosts or all(str(h).startswith(("unknown", "host unknown")) for h in hosts)):
+            assert "rank" in verdict, ("no host is known: the headline names the ranks", verdict, top["ranks"])

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from ..model.logs import job_hosts as log_hosts
+from ..model.logs import UNKNOWN, host_text, job_hosts as log_hosts
 from ..model.nccl_errors import CLASSES, CLASS_BY_NAME
 from .base import Finding
 from .sql import sql_list
+from ..wording import ranks_text
 
 FIRST_FAILURE_SCORE = 3e6     # the job's first failure: above the hang (1e6 + s) and the reset (2e6) it causes
 LOG_FINDING_SCORE = 1.5e6     # an error logged by the job, not its first failure
@@ -162,6 +163,16 @@ def sql(classes: list[str], extra: str = "") -> str:
             f"ORDER BY NOT coalesce(\"first\", false), time_ns NULLS LAST, artifact, log_line LIMIT {MAX_ROWS}")
 
 
+def where_text(ctx, hosts: list[str], line_ranks: list[int]) -> str:
+    """Where WARN lines were logged, for a headline: the hosts (:func:`hosts_text`); for lines
+    that name no host (a log without prefixes: the ``unknown:<file>`` placeholders) but do name
+    their ranks (``[rank3]:``), those ranks and the files, "rank 3 (output.log)"."""
+    if line_ranks and hosts and all(h.startswith(UNKNOWN) for h in hosts):
+        files = [host_text(h).removeprefix("host unknown (").removesuffix(")") for h in hosts]
+        return f"{ranks_text(line_ranks)} ({', '.join(files[:2])}{', ...' if len(files) > 2 else ''})"
+    return hosts_text(hosts, len(job_hosts(ctx)))
+
+
 def hosts_of_ranks(ctx, ranks) -> list[str]:
     """The hosts the evidence places ``ranks`` on."""
     want = {int(r) for r in ranks}
@@ -177,14 +188,15 @@ def class_finding(ctx, kind: str, cls: str, g: pd.DataFrame, *, confidence: floa
     first failure itself."""
     c = CLASS_BY_NAME[cls]
     hosts = sorted(set(g["host"].dropna().astype(str)))
-    ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()}) or ranks_of_hosts(ctx, hosts)
+    line_ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})
+    ranks = line_ranks or ranks_of_hosts(ctx, hosts)
     first = bool(g["first"].fillna(False).any())
     since_ns, src = since(g)
     summary = (f"{capital(c.meaning)}, on {hosts_text(hosts, len(job_hosts(ctx)))}{detail}: "
                f"\"{str(g.iloc[0]['message'])[:160]}\" ({len(g)} line(s), first on {first_text(g)}"
                + (", the first failure in the logs" if first else "") + ")" + cascade_text(ctx, g) + ".")
     return Finding(
-        headline=f"{short_meaning(c.meaning)} on {hosts_text(hosts, len(job_hosts(ctx)))}" + " ({since})",
+        headline=f"{short_meaning(c.meaning)} on {where_text(ctx, hosts, line_ranks)}" + " ({since})",
         kind=kind, severity=severity or ("warning" if c.cascade and not first else "error"),
         confidence=confidence if not c.cascade else min(confidence, 0.5), summary=summary, ranks=ranks, hosts=hosts,
         evidence=evidence(g), sql=sql([cls]), action=f"On {', '.join(hosts[:3]) or 'the hosts'}: {c.action}",
@@ -222,4 +234,4 @@ def ranks_of_hosts(ctx, hosts: list[str]) -> list[int]:
 
 __all__ = ["HostBlame", "capital", "class_finding", "FIRST_FAILURE_SCORE", "LOG_FINDING_SCORE", "blame", "cascade_text", "classes_of",
            "evidence", "first_text", "host_ranks", "hosts_of_ranks", "hosts_text", "job_hosts", "links",
-           "ranks_of_hosts", "rows_of", "short_meaning", "since", "sql", "utc_clock"]
+           "ranks_of_hosts", "rows_of", "short_meaning", "since", "sql", "utc_clock", "where_text"]

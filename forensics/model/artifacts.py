@@ -243,7 +243,7 @@ def _sniff(parser, head: bytes) -> bool:
 def _parse(parser, text: LogText, rel: str, bundle) -> ParseResult:
     try:
         if parser.NAME == "nccl_debug":
-            res = parser.parse_text(text, rel, coll="positions")
+            res = parser.parse_text(text, rel, coll="positions", lines=False)   # what the model reads
         elif hasattr(parser, "parse_text"):
             res = parser.parse_text(text, rel)
         else:

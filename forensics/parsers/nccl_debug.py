@@ -167,10 +167,12 @@ class NcclDebugParser(TextParser):
         return False
 
     @classmethod
-    def parse_text(cls, text: LogText, label: str, coll: str = "rows", native: bool = True):
+    def parse_text(cls, text: LogText, label: str, coll: str = "rows", native: bool = True, lines: bool = True):
         """Parse one log. ``coll``: ``"rows"`` (a ``nccl_coll`` row per COLL line) or
         ``"positions"`` (``nccl_coll_last``: the last line of each process and communicator,
         what the model reads; a log of millions of COLL lines costs no row per line).
+        ``lines=False``: ``nccl_log_lines`` left empty (a row per NCCL line, which the model does
+        not read: millions of rows in a job that creates many communicators).
         ``native=False`` reads the init's Channel lines with the regular expressions too (the
         tables are the same: the tests compare the two)."""
         log = WarningLog(label)
@@ -181,14 +183,14 @@ class NcclDebugParser(TextParser):
         # COLL lines in C; every other NCCL line located by its marker, decoded and read here
         # and the init's Channel lines in C too (nccl_topo)
         c_rows, c_last, other = scan_coll(text, coll)
-        topo, other = scan_topology(text, other, cls.SCHEMAS) if native else (TopoLines(), other)
+        topo, other = scan_topology(text, other, cls.SCHEMAS, lines) if native else (TopoLines(), other)
         found = _read_lines(text, other, log, topo)
         rows, bare = found.rows, found.bare
         n_coll = len(c_rows) if c_rows is not None else int(c_last["lines"].sum()) if c_last is not None else 0
         n_rows = len(found.py_rows) + len(topo.info.get("line", ()))      # every line C read is one
         facts["other_lines"] = max(0, text_lines(text) - n_rows - len(bare) - found.mentions - n_coll - len(topo))
         if not n_rows and not n_coll and not len(topo):
-            return cls.result(label, _versions_only(bare, facts, log), facts, log)
+            return cls.result(label, _versions_only(bare, facts, log, lines), facts, log)
         _stamp_local_times(rows)
         info = [r for r in rows if r.level == "INFO"]
         tables: dict = {}
@@ -216,10 +218,12 @@ class NcclDebugParser(TextParser):
         # per-process facts from the remaining INFO lines, refined by channels and comms
         procs = _process_facts(found.py_rows, info, tables, bare, facts, log, topo)
         refine_processes(procs, chans, comms, rings, topo)
-        found.c_kinds[found.c_at] = [r.kind for r in found.c_rows]
-        c_lines = topo.lines_with_kinds(found.c_kinds, coll == "rows")
-        tables["nccl_log_lines"] = _merged(_log_lines_table(found.py_rows, bare, tables["nccl_coll"] if coll == "rows"
-                                                            else None), c_lines, cls.SCHEMAS["nccl_log_lines"])
+        if lines:
+            found.c_kinds[found.c_at] = [r.kind for r in found.c_rows]
+            c_lines = topo.lines_with_kinds(found.c_kinds, coll == "rows")
+            tables["nccl_log_lines"] = _merged(_log_lines_table(found.py_rows, bare, tables["nccl_coll"]
+                                                                if coll == "rows" else None), c_lines,
+                                               cls.SCHEMAS["nccl_log_lines"])
         return cls.result(label, tables, facts, log)
 
 
@@ -506,15 +510,16 @@ def prefixed(rx: re.Pattern, line: str) -> re.Match | None:
     return None
 
 
-def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog) -> dict:
-    """The tables of a log with no NCCL line but bare version lines (or none at all)."""
+def _versions_only(bare: list[tuple[int, str, str]], facts: dict, log: WarningLog, lines: bool = True) -> dict:
+    """The tables of a log with no NCCL line but bare version lines (or none at all): their
+    ``nccl_log_lines`` rows (``lines``), none without."""
     for _, v, _ in bare:
         _add_version(facts, v)
     if not bare:
         log.add(None, "no NCCL_DEBUG lines found")
     bv = [{"line": ln, "level": "VERSION", "kind": "version", "message": "NCCL version " + v,
            **lines_mod.context(pre).as_row()} for ln, v, pre in bare]
-    return {"nccl_log_lines": bv}
+    return {"nccl_log_lines": bv} if lines else {}
 
 
 def _stamp_local_times(rows: list[_Line]) -> None:

@@ -89,10 +89,12 @@ class TopoLines:
         return self.n_topo
 
 
-def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoLines, np.ndarray]:
+def scan_topology(text: LogText, hits: np.ndarray, schemas: dict,
+                  lines: bool = True) -> tuple[TopoLines, np.ndarray]:
     """(the Channel and Trees lines among the "NCCL INFO " offsets ``hits`` that C read, and
     the prefixes of the other INFO lines it read; the offsets left to the regular
-    expressions). ``schemas``: the parser's table schemas."""
+    expressions). ``schemas``: the parser's table schemas; ``lines``: whether to make their
+    ``nccl_log_lines`` rows (``log_lines``; None without)."""
     c, rest = topo_lines(text.data, text.size, hits, any_message=True)
     items = {k: c.pop(k) for k in TOPO_ITEM_DTYPES}
     if not len(c["start"]):
@@ -105,8 +107,9 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict) -> tuple[TopoL
     # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
     msgs, code = _distinct(text, c["msg_off"], c["msg_len"], c["msg_hash"])
     base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
-    out.log_lines = _log_lines(text, c, base, _sa(["", "channel", "ring", "other", "tree"], c["kind"]),
-                               _sa(msgs, code), schemas["nccl_log_lines"])
+    if lines:
+        out.log_lines = _log_lines(text, c, base, _sa(["", "channel", "ring", "other", "tree"], c["kind"]),
+                                   _sa(msgs, code), schemas["nccl_log_lines"])
     out.info_rows = np.flatnonzero(other)
     keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
     first = np.flatnonzero(~keys.duplicated().to_numpy())

@@ -26,6 +26,8 @@ def both(data: bytes, coll: str = "rows"):
 
 
 def assert_same(data: bytes) -> None:
+    """C and the regular expressions agree; and the model's read (``lines=False``, either way)
+    is the same with ``nccl_log_lines`` empty."""
     for coll in ("rows", "positions"):
         c, py = both(data, coll)
         assert c.tables.keys() == py.tables.keys()
@@ -33,6 +35,13 @@ def assert_same(data: bytes) -> None:
             pd.testing.assert_frame_equal(c.tables[name], py.tables[name], check_exact=True, obj=name)
         assert json.dumps(c.facts, default=str) == json.dumps(py.facts, default=str)
         assert c.warnings == py.warnings
+        for native in (True, False):
+            lean = NcclDebugParser.parse_text(LogText(data, "x.log"), "x.log", coll=coll, native=native, lines=False)
+            assert lean.tables.keys() == c.tables.keys() and lean.tables["nccl_log_lines"].empty
+            for name in set(lean.tables) - {"nccl_log_lines"}:
+                pd.testing.assert_frame_equal(lean.tables[name], c.tables[name], check_exact=True, obj=name)
+            assert json.dumps(lean.facts, default=str) == json.dumps(c.facts, default=str)
+            assert lean.warnings == c.warnings
 
 
 def test_fixture_logs_are_many():

@@ -55,19 +55,21 @@ def clean_baselines(w: pd.DataFrame, clean) -> np.ndarray:
     return base.to_numpy(dtype=np.float64)
 
 
-def impact(w: pd.DataFrame, slow, clean, cap_ns=None) -> Impact:
+def impact(w: pd.DataFrame, slow, clean, cap_ns=None, base_ns=None) -> Impact:
     """The share of the job's collective time the ``slow`` collectives of ``w`` explain: the
     sum over them of (duration - the clean median of their op/size class, :func:`clean_baselines`
     from the ``clean`` ones), over the sum of every completed collective's duration.
     ``cap_ns`` (per row of ``w``, NaN: none): the most of a collective's excess the finding's
-    cause can explain (a late rank: how long the others waited for it)."""
+    cause can explain (a late rank: how long the others waited for it). ``base_ns`` (per row
+    of ``w``): the baseline to use instead of :func:`clean_baselines`, where the caller knows
+    a better one (no clean collective at all, but what the slow ones would have taken)."""
     dur = pd.to_numeric(w["duration_ns"], errors="coerce").astype("float64").to_numpy()
     ok = ~np.isnan(dur)
     slow = np.asarray(slow, dtype=bool) & ok
     total = float(dur[ok].sum())
     if not slow.any() or total <= 0:
         return Impact(0.0, 0.0, max(total, 0.0), int(slow.sum()))
-    base = clean_baselines(w, clean)
+    base = clean_baselines(w, clean) if base_ns is None else np.asarray(base_ns, dtype=np.float64)
     over = np.clip(dur[slow] - np.nan_to_num(base[slow], nan=0.0), 0, None)
     if cap_ns is not None:
         cap = np.asarray(cap_ns, dtype=np.float64)[slow]

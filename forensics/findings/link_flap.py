@@ -11,7 +11,11 @@ connection kept): a *backoff chain* is at least
 that began during the outage sees the backoff from deep in it), the first gap at least ``MIN_GAP_NS``, each next one ``BACKOFF`` times
 the one before (about twice), spanning ``MIN_SPAN_NS`` or more. At least ``MIN_CONNECTIONS``
 chains that overlap in time and share one rank blame that rank's link (one chain alone: both of its
-ends are candidates; the rank on more chains wins). A chain during which one of its ends completed
+ends are candidates; the rank on more chains wins). Ranks on as many chains (each other's only
+peer: a two-rank job) are told apart by their own captures: a host drops what it sends while its
+link has no carrier before tcpdump's capture point, so the end whose tracer saw its kernel resend
+and whose own tcpdump saw (almost) none of those resends leave had the link that went down; with
+nothing to tell them apart, both ends are named: the link between them. A chain during which one of its ends completed
 a collective is no outage: data crossed that rank's link meanwhile (random loss on a lightly used
 connection spaces its resends seconds apart, by chance about doubling). Packets' verdicts from
 different captures are never joined into one chain (each host's pcap sees its own resends), nor
@@ -41,6 +45,9 @@ MIN_SPAN_NS = 1_000_000_000    # a chain spans a second at least (4 resends: 0.4
 DEEP_GAP_NS = 1_500_000_000
 EDGE_NS = 50_000_000          # a completion this close to a chain's first or last resend is not inside it
 MIN_CONNECTIONS = 2            # a link's outage stalls every connection on it at once
+# a rank's own tcpdump saw at most this share of the resends its kernel made: they never left
+# its host (a link without carrier: the kernel drops what it sends before the capture point)
+DARK_SHARE = 0.25
 COLS = ["timestamp_ns", "event", "source", "saddr", "sport", "daddr", "dport", "rank", "peer_rank"]
 
 
@@ -135,6 +142,70 @@ def _owner_ranks(ctx: Context) -> dict[str, int]:
     return {info.addr: r for r, info in rank_directory(ctx).items() if getattr(info, "addr", None)}
 
 
+def own_resends(ctx: Context, rt: pd.DataFrame, directory, ranks, t0: int, t1: int) -> dict[int, tuple[int, int]]:
+    """Per rank of ``ranks``: (resends its kernel made from its address in [t0, t1], as its
+    host's tracer saw them; how many of those its host's tcpdump saw leave: the packets'
+    resends from that address on that host, between the first and the last of them). Only
+    ranks whose host's tracer saw it resend there and whose tcpdump ran all that time
+    (``capture_windows``): elsewhere nothing is known."""
+    w = ctx.model.tables.get("capture_windows")
+    if w is None or w.empty or "host" not in rt:
+        return {}
+    w = w[w["kind"] == "tcpdump"]
+    ts = pd.to_numeric(rt["timestamp_ns"], errors="coerce")
+    out = {}
+    for r in ranks:
+        addr = getattr(directory.get(r), "addr", None)
+        if not addr:
+            continue
+        k = rt[(rt["event"] == "tcp_retransmit_skb") & (rt["saddr"] == addr) & ts.between(t0 - EDGE_NS, t1 + EDGE_NS)]
+        if k.empty or k["host"].isna().all():
+            continue
+        host = k["host"].mode().iat[0]
+        kt = pd.to_numeric(k.loc[k["host"] == host, "timestamp_ns"], errors="coerce")
+        a, b = int(kt.min()), int(kt.max())
+        ww = w[w["host"] == host]
+        if not ((pd.to_numeric(ww["first_ns"], errors="coerce") <= a)
+                & (pd.to_numeric(ww["last_ns"], errors="coerce") >= b)).any():
+            continue
+        seen = rt[(rt["event"] == "retransmission") & (rt["saddr"] == addr) & (rt["host"] == host)
+                  & ts.between(a - EDGE_NS, b + EDGE_NS)]
+        out[r] = (int(len(kt)), int(len(seen)))
+    return out
+
+
+def dark(counts: tuple[int, int]) -> bool:
+    """Whether a rank's resends (:func:`own_resends`) never reached its wire: the kernel made
+    ``MIN_CHAIN`` or more and its own tcpdump saw at most ``DARK_SHARE`` of them leave."""
+    kernel, wire = counts
+    return kernel >= MIN_CHAIN and wire <= DARK_SHARE * kernel
+
+
+def whose_link(tied: list[int], own: dict[int, tuple[int, int]]) -> list[int]:
+    """The rank(s) whose link the finding blames, of those on the most chains (``tied``):
+    one alone is it; of several, the one whose own resends never reached its wire
+    (:func:`dark`) while the others' did or are unknown; else, of two (each other's only
+    peer: the connections of a two-rank job), both ends; else the lowest."""
+    if len(tied) == 1:
+        return tied
+    out = [r for r in tied if r in own and dark(own[r])]
+    if len(out) == 1:
+        return out
+    return tied if len(tied) == 2 else tied[:1]
+
+
+def _ends_text(d, tied: list[int], blamed: list[int], own: dict[int, tuple[int, int]]) -> str:
+    """The chain's step that says which of the ranks on the most stalled connections (``tied``,
+    several) had the link that went down, and from what."""
+    said = "; ".join(f"{label(d, r)}'s own capture saw {own[r][1]} of the {own[r][0]} resends its kernel made "
+                     "leave its interface" for r in tied if r in own)
+    if len(blamed) == 1:
+        return (f"{said}: a host drops what it sends while its link has no carrier, before tcpdump sees it, "
+                f"so the link that went down was {label(d, blamed[0])}'s")
+    return ((said + ": " if said else "") + "nothing tells which end's link went down (the connections "
+            "stalled alike at both ends): the link between them")
+
+
 @detector("link_flap", kinds=("link_flap",))
 def link_flap(ctx: Context) -> list[Finding]:
     t = ctx.model.tables.get("tcp_events")
@@ -176,7 +247,7 @@ def link_flap(ctx: Context) -> list[Finding]:
     if not votes:
         return []
     top = max(votes.values())
-    rank = min(r for r, v in votes.items() if v == top)
+    tied = sorted(r for r, v in votes.items() if v == top)
     # when the link was back: where the connections' chains end (a resend got through), their
     # median (one chain cut short by a missed event, or one whose backoff had grown longer and
     # stalled on past the link's return, does not move it)
@@ -190,42 +261,48 @@ def link_flap(ctx: Context) -> list[Finding]:
         back_ns = int(later.min()) if len(later) else None
     if back_ns is None:
         return []                       # still down when the evidence ends: a hang, reported as one
-    peers = sorted({int(r) for ab in zip(ep["a"], ep["b"]) for r in ab
-                    if r is not None and not pd.isna(r) and int(r) != rank})
     d = rank_directory(ctx)
-    who = label(d, rank)
+    own = own_resends(ctx, rt, d, tied, t0, t1)
+    blamed = whose_link(tied, own)
+    rank = blamed[0]
+    peers = sorted({int(r) for ab in zip(ep["a"], ep["b"]) for r in ab
+                    if r is not None and not pd.isna(r) and int(r) not in blamed})
+    who = " and ".join(label(d, r) for r in blamed)
+    link_of = f"{who}'s link" if len(blamed) == 1 else f"the link between {who}"
+    hosts_of = f"{who}'s host" if len(blamed) == 1 else "both hosts"
     gaps = [g for gs in ep["gaps_ns"] for g in gs]
     longest = max(ep["gaps_ns"], key=len)
-    links = [{"rank": rank, "peer_rank": p} for p in peers]
+    links = [{"rank": rank, "peer_rank": p} for p in (peers if len(blamed) == 1 else blamed[1:])]
     chain = [f"{int(ep['n'].sum())} retransmissions on {len(ep)} connection(s) of {who} (to "
-             f"{ranks_text(peers) if peers else 'its peers'}) in RTO backoff: the same data resent after "
+             f"{ranks_text(peers) if peers else 'each other'}) in RTO backoff: the same data resent after "
              + ", ".join(ms(g) for g in longest[:6]) + " (each gap about twice the last): nothing was answered",
              f"no data crossed that link for about {ms(t_up - t0)} (from the first timed-out resend to the "
              f"connections' resends through again, their median); its slowest connection stalled {ms(t1 - t0)}",
              f"then the resends stopped and collectives completed again ({ms(back_ns - t1)} after the last one): "
-             "the link came back"]
+             "the link came back"] + ([_ends_text(d, tied, blamed, own)] if len(tied) > 1 else [])
     ev = rt[rt["saddr"].isin(ep["saddr"]) & rt["sport"].isin(ep["sport"])
             & (pd.to_numeric(rt["timestamp_ns"], errors="coerce") >= t0)
             & (pd.to_numeric(rt["timestamp_ns"], errors="coerce") <= t1)]
     return [Finding(
         kind="link_flap", severity="error", confidence=0.75,
-        headline=f"Link flap: {who}'s link was down about {ms(t_up - t0)} and came back" + " ({since})",
+        headline=f"Link flap: {link_of} was down about {ms(t_up - t0)} and came back" + " ({since})",
         confidence_note="RTO backoff on every connection of one rank's link at once, then recovery",
-        summary=(f"{who[0].upper() + who[1:]}'s link stopped carrying data for about {ms(t_up - t0)}: "
-                 f"{len(ep)} connection(s) to {ranks_text(peers) if peers else 'its peers'} resent the same data "
+        summary=(f"{link_of[0].upper() + link_of[1:]} stopped carrying data for about {ms(t_up - t0)}: "
+                 f"{len(ep)} connection(s) to {ranks_text(peers) if peers else 'each other'} resent the same data "
                  f"with RTO backoff ({int(ep['n'].sum())} resends, gaps up to {ms(max(gaps))}), then traffic resumed "
                  f"and collectives completed again: the link went down and came back up (a flapping port, a cable, "
                  f"a switch reboot). Every collective in flight waited, up to {ms(t1 - t0)} (the connection whose backoff "
                  "had grown longest)."),
-        ranks=[rank], peer_ranks=peers, links=links,
+        ranks=blamed, peer_ranks=peers, links=links,
         evidence=[{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
                   for row in ev[[c_ for c_ in COLS if c_ in ev]].head(30).to_dict("records")],
         sql=("SELECT timestamp_ns, event, source, saddr, sport, daddr, dport, rank, peer_rank FROM tcp_events "
              "WHERE event IN ('tcp_retransmit_skb', 'retransmission') "
              f"AND timestamp_ns BETWEEN {t0} AND {t1} ORDER BY timestamp_ns"),
-        action=(f"The switch port and cable of {who}'s host: the switch's log for link down/up at that time, "
+        action=(f"The switch port and cable of {hosts_of}: the switch's log for link down/up at that time, "
                 "the NIC's carrier_changes (/sys/class/net/<if>/carrier_changes), dmesg for 'Link is Down'"),
         score=STOPS_JOB_SCORE, since_ns=t0, since_source="tracer and packets: the first timed-out resend",
         layer="transport", chain=chain,
         details={"down_ns": t_up - t0, "stalled_ns": t1 - t0, "back_ns": back_ns, "connections": int(len(ep)), "resends": int(ep["n"].sum()),
+                 "own_resends": {str(r): {"kernel": k, "on_wire": w} for r, (k, w) in own.items()},
                  "rule": "rto_backoff_then_recovery"})]

@@ -27,7 +27,7 @@ from .base import Context, Finding, detector, impact_severity
 from ..tcp.classes import LOSS_CLASSES
 from ..wording import ms
 from .collectives import ALL_WATCHED_ENTERED_SQL, all_watched_entered, collective_windows, in_windows
-from .impact import impact
+from .impact import clean_baselines, impact
 from .ranks import label, rank_directory, world_rank_map
 from .sql import sql_int, sql_str
 from .trouble import dedup_counts, trouble_events
@@ -125,20 +125,35 @@ def straggler(ctx: Context) -> list[Finding]:
 
 
 def _late_impact(windows: pd.DataFrame, late: pd.DataFrame, mine: pd.DataFrame):
-    """What the straggler cost: its late collectives' excess over the clean ones (no rank
-    late in them) of their op/size class, as a share of the job's collective time. A
-    collective's window runs from the first entry to the last end: it holds the wait. The
-    straggler explains no more of a collective's excess than its margin (how long the others
-    waited for it): a collective slowed by something else as well (load that also made the
-    rank late, the network) is not all its doing."""
+    """What the straggler cost: its late collectives' excess over the clean ones of their
+    op/size class, as a share of the job's collective time. A collective's window runs from
+    the first entry to the last end: it holds the wait. The straggler explains no more of a
+    collective's excess than its margin (how long the others waited for it): a collective
+    slowed by something else as well (load that also made the rank late, the network) is not
+    all its doing.
+
+    Clean: every rank of the communicator entered it and none was late. A collective some
+    rank's capture did not see (captures per host that start and stop apart) is not known to
+    be clean: the unseen rank may be the late one, and the window of the ranks that waited
+    for it holds the wait. With no clean collective at all (the rank was late in every
+    collective the captures saw: it straggled before they began), the baseline is what each
+    of its late collectives would have taken had it come in time, its window less the wait
+    (:func:`.impact.clean_baselines` of those), so the impact is the wait itself."""
     key = pd.MultiIndex.from_frame(windows[["comm_id_hash", "op_count"]].astype(str))
     mkey = pd.MultiIndex.from_frame(mine[["comm_id_hash", "op_count"]].astype(str))
     slow = key.isin(mkey)
     anyone = key.isin(pd.MultiIndex.from_frame(late[["comm_id_hash", "op_count"]].astype(str)))
+    seen = (pd.to_numeric(windows["ranks_entered"], errors="coerce")
+            >= pd.to_numeric(windows["nranks"], errors="coerce")).fillna(False).to_numpy(dtype=bool)
+    clean = seen & ~anyone
     margin = pd.Series(mine["margin_ns"].to_numpy(dtype=np.float64), index=mkey)
     margin = margin[~margin.index.duplicated()]
     cap = margin.reindex(key).to_numpy(dtype=np.float64)
-    return impact(windows, slow, ~anyone, cap_ns=cap)
+    if clean.any() or not slow.any():
+        return impact(windows, slow, clean, cap_ns=cap)
+    dur = pd.to_numeric(windows["duration_ns"], errors="coerce").astype("float64").to_numpy()
+    in_time = windows.assign(duration_ns=np.where(slow, dur - np.nan_to_num(cap, nan=0.0), dur))
+    return impact(windows, slow, clean, cap_ns=cap, base_ns=clean_baselines(in_time, slow))
 
 
 def _peers_waited(ctx, late: pd.DataFrame, r) -> bool:

@@ -15,7 +15,7 @@ from forensics.findings.process_exit import process_exit
 from forensics.findings.straggler import straggler
 from forensics.model.schema import conform
 from test_findings_synthetic import loss_in_slow_windows
-from traced_job import MS, RANKS, T0, context, job, tcp
+from traced_job import MS, RANKS, T0, context, job, tcp, window
 
 DOWN_AT = 20          # the link goes down during op 20 (T0 + 2 s)
 
@@ -115,6 +115,40 @@ def test_resends_of_different_segments_are_never_one_chain():
             for i, r in enumerate(backoff(1, 2, T0))]
     assert backoff_chains(pd.DataFrame(rows)).empty
     assert len(backoff_chains(pd.DataFrame([dict(r, seq_raw=1000) for r in rows]))) == 1
+
+
+def two_ends_flap(on_wire: dict[int, bool]):
+    """Rank 1 and rank 2 each other's only peer on the stalled connections (two of them, both
+    ways: a two-rank job's link), both sides' tracer saw its kernel resend; ``on_wire``: the
+    ranks whose own tcpdump (watching throughout) saw its resends leave."""
+    t0 = T0 + DOWN_AT * 100 * MS + 10 * MS
+    rows = []
+    for off in (0, 7):
+        rows += backoff(1, 2, t0, sport_off=off) + backoff(2, 1, t0 + 3 * MS, sport_off=off)
+    pcap = [dict(r, event="retransmission", source="pcap", frame=i) for i, r in enumerate(rows)
+            if on_wire.get(r["rank"])]
+    windows = [window(r, 0, 60, kind="tcpdump") for r in (1, 2)]
+    return context(_shift_after(flap_job(True), DOWN_AT, 3100), rows + pcap, windows=windows)
+
+
+def test_a_flap_between_two_ranks_blames_the_end_whose_resends_never_left():
+    # seed-46 accuracy case 13 (two ranks, rank 1's switch port down 9.3 s): the stalled
+    # connections all join the two ranks, so both are on every chain; rank 0 was named for
+    # being the lower. Rank 1's kernel resent 22 times and its own tcpdump saw none leave (a
+    # host drops what it sends while its link has no carrier, before the capture point);
+    # rank 0's saw all of its own leave: rank 1's link went down
+    f = link_flap(two_ends_flap({1: True, 2: False}))[0]
+    assert f.ranks == [2] and f.peer_ranks == [1] and f.links == [{"rank": 2, "peer_rank": 1}]
+    assert f.details["own_resends"] == {"1": {"kernel": 10, "on_wire": 10}, "2": {"kernel": 10, "on_wire": 0}}
+    assert "rank 2 (node2" in f.headline and "no carrier" in f.chain[-1]
+    f = link_flap(two_ends_flap({1: False, 2: True}))[0]
+    assert f.ranks == [1] and f.peer_ranks == [2]
+    # nothing tells the ends apart (both sides' resends left, or no capture saw either): the
+    # link between them, both ends named, never the lower one for being lower
+    for seen in ({1: True, 2: True}, {}):
+        f = link_flap(two_ends_flap(seen))[0]
+        assert f.ranks == [1, 2] and f.peer_ranks == [] and f.links == [{"rank": 1, "peer_rank": 2}]
+        assert "the link between rank 1 (node1" in f.headline and "nothing tells" in f.chain[-1]
 
 
 def test_one_connection_in_backoff_is_no_flap():

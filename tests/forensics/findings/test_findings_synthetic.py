@@ -288,6 +288,29 @@ def test_a_rank_a_few_ms_late_every_time_is_not_a_straggler():
     assert [f.ranks for f in straggler(context(job(late=late)))] == [[2]]
 
 
+def test_a_rank_late_in_every_collective_costs_the_wait_it_caused():
+    # it straggled before the capture began: no collective without it to compare with; what
+    # the collectives would have taken had it come in time (5 ms) is the baseline
+    late = lambda k, r: 150.0 if r == 2 else 0.0   # noqa: E731
+    f = straggler(context(job(late=late)))
+    assert [x.ranks for x in f] == [[2]]
+    assert f[0].details["excess_ns"] == pytest.approx(40 * 150 * MS, rel=1e-6)
+    assert f[0].impact_share == pytest.approx(150 / 155, rel=1e-6) and f[0].severity == "error"
+
+
+def test_a_collective_a_capture_did_not_see_is_not_a_clean_baseline():
+    # seed-46 accuracy case 8: per-host captures started 5 s after rank 2 began to straggle;
+    # rank 1's started first and saw ops 0-1 alone: their windows (its entry to its end) hold
+    # the wait for rank 2, and taken as clean they made every late collective look normal
+    late = lambda k, r: 150.0 if r == 2 else 0.0   # noqa: E731
+    seen = lambda k, r: r == 1 or k >= 2   # noqa: E731
+    windows = [window(r, 0 if r == 1 else 2, 39) for r in range(RANKS)]
+    f = straggler(context(job(late=late, entered=seen), windows=windows))
+    assert [x.ranks for x in f] == [[2]] and f[0].details["late_collectives"] == 38
+    assert f[0].details["excess_ns"] == pytest.approx(38 * 150 * MS, rel=1e-6)
+    assert f[0].severity == "error" and f[0].impact_share > 0.9
+
+
 def test_a_straggler_explains_only_the_wait_it_caused():
     # rank 0 is 20 ms late in collectives 20-39, which also run 50 ms instead of 5 (after every
     # rank entered): their windows are 65 ms longer than clean ones, 20 of them the straggler's

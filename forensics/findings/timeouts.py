@@ -230,8 +230,8 @@ def lag_on_ring(ctx, to: pd.DataFrame, g: pd.DataFrame, world: list[int], common
     (``lagging``) still wait in SeqNum m, a ring collective (:data:`RING_COLLECTIVES`), while the
     others completed it (their oldest pending work is later, or their exception line's last
     completed work is m or more), the lagging ranks lack data the others had: on the ring each
-    rank receives only from its predecessor (the NCCL log's ``Ring xx : p -> r -> n`` lines,
-    ``nccl_config.ring_prev``). A lagging rank whose predecessor completed m was never sent, or
+    rank receives only from its predecessor (the NCCL log's ``Ring xx : p -> r -> n`` lines of
+    its lowest channel, ``nccl_config.ring_prev``, of processes with one communicator). A lagging rank whose predecessor completed m was never sent, or
     never got, its predecessor's last data: the link predecessor -> rank stalled (either end's
     NIC, cable or switch port; the logs cannot tell which end). A lagging rank whose predecessor
     lags too is downstream of the stall and names no link. Both ends of each such link are the
@@ -294,10 +294,14 @@ def lag_on_ring(ctx, to: pd.DataFrame, g: pd.DataFrame, world: list[int], common
 
 def _ring(ctx) -> dict[int, tuple[int, int]]:
     """rank -> (ring predecessor, ring successor) from the NCCL logs' Ring lines (its lowest
-    channel); a rank whose processes disagree is left out."""
+    channel). Only processes with one communicator: a Ring line prints the ranks of its own
+    communicator, which for another than the world's are not the global ranks. A rank whose
+    processes disagree is left out."""
     cfg = ctx.model.tables.get("nccl_config")
     if cfg is None or cfg.empty or "ring_prev" not in cfg:
         return {}
+    if "comms" in cfg:
+        cfg = cfg[~(pd.to_numeric(cfg["comms"], errors="coerce") > 1).fillna(False).to_numpy(bool)]
     cfg = cfg[["rank", "ring_prev", "ring_next"]].apply(pd.to_numeric, errors="coerce").dropna().astype("int64")
     out: dict[int, tuple[int, int]] = {}
     for r, g in cfg.drop_duplicates().groupby("rank"):

@@ -85,3 +85,16 @@ def test_a_rank_behind_in_a_broadcast_names_no_link(tmp_path):
         return text.replace("OpType=ALLREDUCE", "OpType=BROADCAST") if name.endswith(".err") else text
     top = _top(_analyze(tmp_path, _copy(tmp_path, edit)))
     assert not top["links"] and 0 not in top["ranks"], top
+
+
+def test_ring_lines_of_a_process_with_several_communicators_name_no_link(tmp_path):
+    # a Ring line prints its own communicator's ranks: with a second communicator in the
+    # process, whose ring it is (and whether its ranks are the global ones) is unknown
+    def edit(name, text):
+        if not name.startswith("nccl-rank"):
+            return text
+        line = next(ln for ln in text.splitlines() if ln.endswith("- Init START"))
+        return text + line.replace("commId 0x67406aa3871bdb38", "commId 0x1111111111111111").replace(
+            "comm 0x", "comm 0x7") + "\n"
+    top = _top(_analyze(tmp_path, _copy(tmp_path, edit)))
+    assert top["kind"] == "hang_stuck" and top["links"] == [], top

@@ -10,6 +10,10 @@ process group, the last work it enqueued and completed (``watchdog_events``, joi
   PyTorch's Flight Recorder analyzer reports it from dumps;
 - **ranks behind**: the ranks that never reached SeqNum n (their last enqueued work is lower,
   or their logs hold no timeout while the others' do) against the ranks waiting in n;
+- **a rank left behind in a ring collective** (:func:`lag_on_ring`): ranks still waiting in an
+  all-reduce, all-gather or reduce-scatter that the others completed (their oldest pending work
+  is a later one): the data they lack comes from their ring predecessor, which had it, so the
+  link between the two stalled;
 - **every rank stuck in n**: the collective itself stalled: a peer's GPU, its process or the
   network; the job's first NCCL failure (an IB or socket error) names it where the logs hold one.
 
@@ -178,6 +182,8 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     first = first[first["first"].fillna(False).astype(bool)] if len(first) else first
     if len(first):       # a socket failure between two ranks that had timed out: the abort cascade
         first = first[~pd.Series(abort_cascade(ctx, first["rank"], first["peer_rank"]), index=first.index, dtype=bool)]
+    if not len(first) and (lag := lag_on_ring(ctx, to, g, world, common, details)) is not None:
+        return lag
     dump = wd[(wd["kind"] == "dump_signal") & wd["peer_rank"].notna()]
     cause, blamed = "", []
     if len(first):
@@ -210,6 +216,116 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         action=("Find the first error of the job: the NCCL WARN lines (IB or socket errors name the link and the "
                 "peer), dmesg on each host (Xid, NIC resets), the ranks' stacks; then restart without the host at "
                 "fault."), score=1e6 + (ran or 0) / 1e3, details=details, **common)
+
+
+RING_COLLECTIVES = ("ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER")   # each rank receives from its ring predecessor
+
+
+def lag_on_ring(ctx, to: pd.DataFrame, g: pd.DataFrame, world: list[int], common: dict, details: dict) -> Finding | None:
+    """A ``hang_stuck`` finding naming the ring link a hang stalled on, from the watchdog lines of
+    one process group (``to``: its timeout rows, ``g``: all its rows, ``world``: the job's ranks
+    when the group is the world's), or None.
+
+    The watchdog's timeout line names each rank's *oldest* pending work. When some ranks
+    (``lagging``) still wait in SeqNum m, a ring collective (:data:`RING_COLLECTIVES`), while the
+    others completed it (their oldest pending work is later, or their exception line's last
+    completed work is m or more), the lagging ranks lack data the others had: on the ring each
+    rank receives only from its predecessor (the NCCL log's ``Ring xx : p -> r -> n`` lines of
+    its lowest channel, ``nccl_config.ring_prev``, of processes with one communicator). A lagging rank whose predecessor completed m was never sent, or
+    never got, its predecessor's last data: the link predecessor -> rank stalled (either end's
+    NIC, cable or switch port; the logs cannot tell which end). A lagging rank whose predecessor
+    lags too is downstream of the stall and names no link. Both ends of each such link are the
+    finding's ranks, the other ranks its peers. None where the group is not the world's, the
+    logs hold no ring lines for those ranks (or their ring lines disagree), m is another kind of
+    collective (a broadcast's root finishes first by design), or no rank completed m."""
+    seqs = pd.to_numeric(to["seq_num"], errors="coerce")
+    if not world or seqs.isna().all():
+        return None
+    m = int(seqs.min())
+    op = _op_at(to, m)
+    if op not in RING_COLLECTIVES:
+        return None
+    done = {int(r) for r, q in zip(to["_r"], seqs) if pd.notna(q) and q > m}
+    exc = g[g["kind"] == "exception"]
+    done |= {int(r) for r, c in zip(exc["_r"], pd.to_numeric(exc["last_completed"], errors="coerce"))
+             if pd.notna(c) and c >= m}
+    lagging = sorted({int(r) for r, q in zip(to["_r"], seqs) if q == m} - done)
+    ring = _ring(ctx)
+    edges = [(ring[r][0], r) for r in lagging if r in ring and ring[r][0] in done
+             and ring.get(ring[r][0], (None, None))[1] == r]
+    if not lagging or not edges:
+        return None
+    ends = sorted({x for e in edges for x in e})
+    peers = sorted((set(done) | set(lagging) | set(world)) - set(ends))
+    what = f"collective SeqNum {m} ({op})"
+    links_txt = ", ".join(f"rank {p} -> rank {r}" for p, r in edges)
+    (p0, r0) = edges[0]
+    addrs = _addrs(ctx)
+    trees = _has_trees(ctx)
+    return Finding(
+        kind="hang_stuck", severity="error", confidence=0.6 if trees else 0.7, layer="peer",
+        headline=(f"Hang: ring link {links_txt} stalled: {ranks_text(lagging)} still "
+                  f"{'waits' if len(lagging) == 1 else 'wait'} in SeqNum {m} ({op}), which {ranks_text(sorted(done))} "
+                  "completed ({since})"),
+        confidence_note=("each rank's watchdog names its oldest pending collective; the ring from the NCCL log's "
+                         "Ring lines" + ("; the logs show tree channels too: a tree all-reduce would read "
+                                         "otherwise" if trees else "")),
+        summary=(f"Hung: {ranks_text(lagging)} of the job timed out still waiting in {what}, while "
+                 f"{ranks_text(sorted(done))} had completed it and timed out in a later one. On the ring every "
+                 f"rank receives from its predecessor: rank {r0} still waits for data of rank {p0}, which had "
+                 f"completed SeqNum {m}: the link {links_txt} stalled (either end's NIC, cable or switch port; "
+                 "the logs cannot tell which end)."),
+        ranks=ends, peer_ranks=peers,
+        links=[{"rank": p, "peer_rank": r, **({"saddr": addrs[p], "daddr": addrs[r]} if p in addrs and r in addrs
+                                                else {}), "event": f"ring data never arrived in SeqNum {m}"}
+               for p, r in edges],
+        chain=[f"watchdog: {ranks_text(lagging)} timed out in SeqNum {m} ({op}), the oldest pending work",
+               f"watchdog: {ranks_text(sorted(done))} had completed SeqNum {m} (timed out in a later one)",
+               "NCCL Ring lines: " + "; ".join(f"rank {r} receives from rank {p}" for p, r in edges),
+               f"so the data on {links_txt} never arrived: that link stalled"],
+        action=(f"Check the link between rank {p0} and rank {r0}: both hosts' NIC counters and link state "
+                "(ip -s link, ethtool, dmesg for link down / NIC resets), the switch ports; a capture "
+                "(stallscope capture) would name the end whose packets go unanswered."),
+        score=1e6 + (pd.to_numeric(to["ran_for_ms"], errors="coerce").max() or 0) / 1e3,
+        details={**details, "seq": m, "op": op, "lagging": lagging, "completed": sorted(done),
+                 "ring_links": [[p, r] for p, r in edges]},
+        **{**common, "seq": m})
+
+
+def _ring(ctx) -> dict[int, tuple[int, int]]:
+    """rank -> (ring predecessor, ring successor) from the NCCL logs' Ring lines (its lowest
+    channel). Only processes with one communicator: a Ring line prints the ranks of its own
+    communicator, which for another than the world's are not the global ranks. A rank whose
+    processes disagree is left out."""
+    cfg = ctx.model.tables.get("nccl_config")
+    if cfg is None or cfg.empty or "ring_prev" not in cfg:
+        return {}
+    if "comms" in cfg:
+        cfg = cfg[~(pd.to_numeric(cfg["comms"], errors="coerce") > 1).fillna(False).to_numpy(bool)]
+    cfg = cfg[["rank", "ring_prev", "ring_next"]].apply(pd.to_numeric, errors="coerce").dropna().astype("int64")
+    out: dict[int, tuple[int, int]] = {}
+    for r, g in cfg.drop_duplicates().groupby("rank"):
+        if len(g) == 1:
+            out[int(r)] = (int(g["ring_prev"].iloc[0]), int(g["ring_next"].iloc[0]))
+    return out
+
+
+def _addrs(ctx) -> dict[int, str]:
+    """rank -> its one NET/Socket address, where the logs name exactly one."""
+    cfg = ctx.model.tables.get("nccl_config")
+    if cfg is None or cfg.empty or "socket_addrs" not in cfg:
+        return {}
+    out = {}
+    for r, a in zip(pd.to_numeric(cfg["rank"], errors="coerce"), cfg["socket_addrs"]):
+        if pd.notna(r) and isinstance(a, str) and a and "," not in a:
+            out.setdefault(int(r), a)
+    return out
+
+
+def _has_trees(ctx) -> bool:
+    cfg = ctx.model.tables.get("nccl_config")
+    return cfg is not None and "tree_channels" in cfg and bool((pd.to_numeric(cfg["tree_channels"], errors="coerce")
+                                                                 .fillna(0) > 0).any())
 
 
 def _cause_classes() -> list[str]:
@@ -293,4 +409,4 @@ def _evidence(g: pd.DataFrame, wd: pd.DataFrame) -> list[dict]:
     return warns.evidence(rows.sort_values(["rank", "kind"], kind="stable"), cols, MAX_EVIDENCE)
 
 
-__all__ = ["rank_hosts", "watchdog_hangs"]
+__all__ = ["lag_on_ring", "rank_hosts", "watchdog_hangs"]

@@ -16,7 +16,7 @@ DEMO_SQL := SELECT n.rank, count(*) AS slow_allreduces, sum(r.retransmits) AS re
         WHERE n.op = 'ALL_REDUCE' AND n.duration_ns > 50000000 GROUP BY 1, 2) r \
   JOIN nccl_events n USING (timestamp_ns, rank) GROUP BY 1 ORDER BY 3 DESC
 
-.PHONY: all venv debs test demo golden bench fuzz accuracy lab regimes-clean-10 watch-clean-5min watch-unknown-jobs watch-align \
+.PHONY: all venv debs test demo golden bench fuzz accuracy lab regimes-clean-10 watch-clean-5min watch-unknown-jobs watch-align watch-faults \
   watch-blind lab-matrix \
   image-tag image clean
 
@@ -108,6 +108,10 @@ watch-unknown-jobs: debs venv
 # own), a link down 3 s in, and two jobs back to back (the bundle and the report are the hung one's)
 watch-align: debs venv
 	STALLSCOPE_WATCH_ALIGN=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_align.py
+
+# every lab fault, early and late, under a watcher as deployed: a capture's verdict (root; ~30 min)
+watch-faults: debs venv
+	STALLSCOPE_WATCH_FAULTS=1 $(PY) -m pytest -q -p no:cacheprovider tests/lab_runs/test_watch_faults.py
 
 # the watcher with no blind window, jobs held at their library's mapping (root; minutes)
 watch-blind: debs venv

@@ -44,7 +44,7 @@ def inject(run) -> None:
     a, sc = run.a, run.a.scenario
     if sc in ("clean", "selftest"):
         run.fault = {"kind": "none", "ranks": [], "link": None, "start_time_ns": None}
-        if run.captures is not None or a.fr_dump_after_s is not None:
+        if run.captures is not None or a.fr_dump_after_s is not None or a.operator_trigger:
             run.onset_ns = run.train_start_ns()   # no fault: "onset" is when training began
         return
     if sc in NETWORK_FAULTS and a.no_netns:

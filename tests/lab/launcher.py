@@ -89,6 +89,7 @@ class Run:
         self.gate_opened_ns: int | None = None
         self.job_ended_ns: int | None = None
         self.fr_after_done = False
+        self.operator_trigger_ns: int | None = None     # --operator-trigger: when the file was written
         self.fr_requests: list[dict] = []
         self.cleanups: list = []             # a fault's undo steps (a cgroup), called once the ranks are gone
 
@@ -154,6 +155,11 @@ class Run:
                 and now_ns() >= self.onset_ns + a.fr_dump_after_s * 1e9):
             self.fr_after_done = True
             self.fr_trigger(range(a.ranks), f"onset+{a.fr_dump_after_s:g}s")
+        if a.operator_trigger and self.operator_trigger_ns is None and self.onset_ns is not None:
+            path, _, after_s = a.operator_trigger.rpartition("@")
+            if now_ns() >= self.onset_ns + float(after_s) * 1e9:
+                Path(path).write_text(f"operator (lab {self.out}): onset+{after_s}s\n")
+                self.operator_trigger_ns = now_ns()
 
     def fr_trigger(self, ranks, why: str) -> list[int]:
         """Write to the ranks' Flight Recorder pipes (what `echo 1 > pipe` does); the ranks reached."""

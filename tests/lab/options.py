@@ -45,6 +45,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--at-op must be >= 1 (op 0 is the initial broadcast, before training starts)")
     if a.scenario == "host-stuck" and a.stuck_s < 0:
         ap.error("--stuck-s must be >= 0 (0: stuck until the hold ends the run)")
+    if a.operator_trigger is not None:
+        path, at, after = a.operator_trigger.rpartition("@")
+        try:
+            ok = bool(path and at) and float(after) >= 0
+        except ValueError:
+            ok = False
+        if not ok:
+            ap.error("--operator-trigger takes FILE@S (S seconds >= 0 after the onset)")
     if a.scenario == "link-flap" and not (a.down_s > 0 and a.up_s >= 0 and a.flaps >= 1):
         ap.error("link-flap needs --down-s > 0, --up-s >= 0 and --flaps >= 1")
     if a.scenario == "cpu-starved":
@@ -118,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="no TORCH_NCCL_ENABLE_TIMING: no entry is ever 'started', last_started_collective -1")
     ap.add_argument("--fr-dump-after-s", type=float,
                     help="write to every rank's FR pipe this long after the fault's onset (a dump each)")
+    ap.add_argument("--operator-trigger", metavar="FILE@S",
+                    help="an operator asking a watcher for a bundle: write FILE (a watcher's --trigger-file) S "
+                         "seconds after the fault's onset (its time: scenario.json operator_trigger_ns)")
     # faults
     ap.add_argument("--start-s", type=float, help="fault start, seconds after all ranks began training")
     ap.add_argument("--hold-s", type=float, help="hang/reset scenarios: seconds to keep the hang before ending")

@@ -130,6 +130,7 @@ def summarize(run, states: dict) -> dict:
                  "watchdog_timeout_s": a.watchdog_timeout_s} if a.scenario in HOLDS else None,
         "ended_ns": run.ended_ns,
         "job_ended_ns": run.job_ended_ns,
+        "operator_trigger_ns": run.operator_trigger_ns,
         "netns": not a.no_netns,
         "subnet": None if a.no_netns else f"{netns.SUBNET}.0/24",
         "tcp": a.tcp,

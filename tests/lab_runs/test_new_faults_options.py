@@ -25,6 +25,11 @@ def test_new_scenarios_have_rows_and_defaults():
     assert a.cpu_quota == "5%" and a.compute_ms == 20.0
 
 
+def test_an_operators_trigger_is_a_file_and_seconds_after_the_onset():
+    a = parse_args(["--no-netns", "--scenario", "loss", "--operator-trigger", "/tmp/w/stallscope.trigger@8"])
+    assert a.operator_trigger == "/tmp/w/stallscope.trigger@8"
+
+
 @pytest.mark.parametrize("argv", [["--scenario", "link-flap", "--flaps", "0"],
                                   ["--scenario", "link-flap", "--down-s", "0"],
                                   ["--scenario", "cpu-starved", "--cpu-quota", "150%"],
@@ -33,7 +38,11 @@ def test_new_scenarios_have_rows_and_defaults():
                                   ["--scenario", "rank-killed", "--at-op", "0"],
                                   ["--scenario", "host-stuck", "--stuck-mode", "sleep"],
                                   ["--scenario", "host-stuck", "--stuck-s", "-1"],
-                                  ["--scenario", "host-stuck", "--at-op", "0"]])
+                                  ["--scenario", "host-stuck", "--at-op", "0"],
+                                  ["--scenario", "loss", "--operator-trigger", "/tmp/x"],
+                                  ["--scenario", "loss", "--operator-trigger", "/tmp/x@soon"],
+                                  ["--scenario", "loss", "--operator-trigger", "@3"],
+                                  ["--scenario", "loss", "--operator-trigger", "/tmp/x@-1"]])
 def test_bad_new_fault_options_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(["--no-netns", *argv])

@@ -13,21 +13,16 @@ attach, mid-job, not from the communicator's init.
 Slow (minutes; ``make watch-align``): skipped unless STALLSCOPE_WATCH_ALIGN=1."""
 from __future__ import annotations
 
-import json
 import os
-import random
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from capture_helpers import bundle_manifest
 from conftest import ROOT, require_root, require_tool
-
-from capture.watch.watcher import RING_SLACK_S
+from watched_jobs import WatchedJobs
 
 pytestmark = pytest.mark.skipif(os.environ.get("STALLSCOPE_WATCH_ALIGN") != "1",
                                 reason="minutes of lab jobs under a watcher: make watch-align")
@@ -35,47 +30,6 @@ pytestmark = pytest.mark.skipif(os.environ.get("STALLSCOPE_WATCH_ALIGN") != "1",
 PY = sys.executable
 LAB = ROOT / "tests" / "lab"
 HANG_AFTER_S, AFTER_S, BEFORE_S = 5, 5, 20
-SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
-
-
-class Watch:
-    """One watcher for the module; each job's bundles are those that appeared while it ran and
-    name one of its processes (the host may run other jobs)."""
-
-    def __init__(self, base: Path):
-        self.base, self.bundles, self.err = base, base / "bundles", base / "watch.err"
-        self.bundles.mkdir()
-        from tests.lab.watcher import start_watcher
-        self.proc = start_watcher(self.bundles, ["--status-every", "30s", "--hang-after", f"{HANG_AFTER_S}s",
-                                                 "--after", f"{AFTER_S}s", "--before", f"{BEFORE_S}s"], self.err)
-
-    def run(self, name: str, build: Path, lab_args: list[str], then_quiet: bool = True) -> dict:
-        lib = build.parent / f"opt-{random.randrange(1 << 30):x}" / "nccl"
-        shutil.copytree(build, lib, ignore=shutil.ignore_patterns("static"))
-        before = set(self.bundles.glob("stallscope-*.tar.gz"))
-        out = self.base / name
-        p = subprocess.run([PY, "-m", "tests.lab.launcher", "--build", str(lib), "--out", str(out / "lab"),
-                            *lab_args, *SMALL], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           timeout=400)
-        assert p.returncode == 0, p.stderr.decode()[-3000:]
-        truth = json.loads((out / "lab" / "scenario.json").read_text())
-        pids = {r["pid"] for r in truth["ranks"]}
-
-        def mine() -> list[Path]:
-            new = sorted(set(self.bundles.glob("stallscope-*.tar.gz")) - before)
-            return [b for b in new if set(bundle_manifest(b)["trigger"]["pids"]) & pids]
-        # a hang's bundle may come after the job: the watcher writes one incident at a time, and
-        # another job's on the host may be before it
-        deadline = time.monotonic() + (90 if truth["fault"].get("kind") not in (None, "none") else 2)
-        while not mine() and time.monotonic() < deadline:
-            time.sleep(2)
-        if then_quiet:
-            time.sleep(BEFORE_S + AFTER_S + RING_SLACK_S)
-        return {"truth": truth, "pids": pids, "bundles": mine()}
-
-    def close(self) -> None:
-        from tests.lab.watcher import stop_watcher
-        stop_watcher(self.proc)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +41,8 @@ def lab(tmp_path_factory):
     p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
-    watch = Watch(tmp_path_factory.mktemp("align"))
+    watch = WatchedJobs(tmp_path_factory.mktemp("align"), hang_after_s=HANG_AFTER_S, after_s=AFTER_S,
+                        before_s=BEFORE_S)
     time.sleep(8)
     try:
         yield {"build": build, "watch": watch}
@@ -96,7 +51,7 @@ def lab(tmp_path_factory):
         assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
 
 
-def _verdict(job: dict, watch: Watch):
+def _verdict(job: dict, watch: WatchedJobs):
     from forensics.analysis import analyze
     assert len(job["bundles"]) == 1, (job["bundles"], watch.err.read_text()[-3000:])
     m = bundle_manifest(job["bundles"][0])

@@ -23,6 +23,12 @@ on the runs with no fault to find, time to verdict (median, p90), the seed and t
 A case the lab could not run (launcher failure, a capture that never captured) is counted apart,
 never right or wrong. --out writes every case as JSON, rewritten after each case. The class
 table (ROWS) is the one place that says what each class is and what is expected of it.
+
+    .venv/bin/python bench/accuracy.py --rescore cases.json --keep DIR
+
+analyses again the evidence an earlier campaign kept (its --out and --keep) with the analyzer
+as it is now, and prints the same figures: what changed on the same evidence (no lab run; a
+fix prompted by those very cases scores them right, so this is no untuned figure).
 """
 from __future__ import annotations
 
@@ -305,6 +311,37 @@ def own_bundles(bundles: list[Path], truth: dict) -> tuple[list[Path], str]:
     return keep, why
 
 
+def evidence_of(regime: str, folder: Path, truth: dict) -> list[Path]:
+    """What a case of ``regime`` analyses, in its kept ``folder`` (``--keep``'s case-NNN)."""
+    if regime in CAPTURED:
+        return sorted((folder / "lab").glob("bundles/*/*.tar.gz"))
+    if regime == "watch":
+        return own_bundles(sorted((folder / "bundles").glob("stallscope-*.tar.gz")), truth)[0]
+    return [folder / "lab" / "logs"]
+
+
+def rescore(cases_json: Path, keep: Path) -> tuple[dict, list[dict]]:
+    """(the earlier campaign's document, its cases analysed again): each case the lab ran, its
+    kept evidence (:func:`evidence_of`) analysed by the analyzer as it is now, its findings and
+    exit code replaced (its timing kept: the lab's, not this run's). The new reports go to
+    ``case-NNN/rescore/``; nothing the campaign kept is overwritten."""
+    doc = json.loads(cases_json.read_text())
+    out = []
+    for r in doc["cases"]:
+        r = dict(r)
+        folder = keep / f"case-{r['case']['index']:03d}"
+        if r.get("status") == "ok" and folder.is_dir():
+            where = folder / "rescore"
+            where.mkdir(exist_ok=True)
+            sj = folder / "lab" / "scenario.json"
+            truth = json.loads(sj.read_text()) if sj.exists() else {}
+            inputs = evidence_of(r["case"]["regime"], folder, truth)
+            if inputs:
+                r["analyze_rc"], r["findings"], _ = analyze(inputs, where)
+        out.append(r)
+    return doc, out
+
+
 def run_case(case: Case, build: Path, work: Path) -> CaseResult:
     """Run one case in the lab and analyse what its regime leaves."""
     from tests.lab.watcher import WatcherError, start_watcher, stop_watcher
@@ -514,6 +551,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--plan", action="store_true", help="print the drawn cases, run nothing")
     ap.add_argument("--out", help="write every case (and the figures) as JSON, after each case")
     ap.add_argument("--keep", help="keep each case's lab output and bundles in this folder")
+    ap.add_argument("--rescore", metavar="CASES_JSON",
+                    help="analyse again the evidence an earlier campaign kept (its --out, with its --keep folder)")
     a = ap.parse_args(argv)
     if a.cases is not None and a.cases < 1:
         ap.error("--cases must be at least 1")
@@ -523,6 +562,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     table = classes()
+    if a.rescore:
+        if not a.keep:
+            raise SystemExit("bench/accuracy.py: --rescore needs the campaign's --keep folder")
+        doc, results = rescore(Path(a.rescore), Path(a.keep))
+        for r in results:
+            j = judge(r, table)
+            c = r["case"]
+            print(f"case {c['index']:3d} {c['cls']:15s} {c['regime']:8s}: "
+                  f"{ {None: 'LAB-ERROR', True: 'right', False: 'WRONG'}[j.right]:9s} top={j.predicted}"
+                  f" link={j.link_ok}", flush=True)
+        if a.out:
+            _write(a.out, doc["seed"], f"{doc['command']} (re-scored)", results, table)
+        print()
+        print(report(score(results, table), doc["seed"], f"{doc['command']}, evidence re-analysed: "
+                     f"bench/accuracy.py --rescore {a.rescore} --keep {a.keep}", len(results)))
+        return 0
     chosen = _names(a.classes, list(table), "class", tuple(c.name for c in ROWS))
     regimes = tuple(_names(a.regimes, REGIMES, "regime"))
     table = {k: v for k, v in table.items() if k in chosen}

@@ -234,3 +234,39 @@ def test_a_reset_seen_from_the_rank_whose_connection_was_reset():
     # a rank that is neither end of the link is wrong
     f = _f("connection_reset", ranks=(3,), peers=(1,), links=[{"rank": 3, "peer_rank": 1}])
     assert acc.judge(_r("reset", "logs", [f], t), TABLE).right is False
+
+
+# ------------------------------------------------------------------ re-scoring kept evidence
+
+def test_rescore_analyses_the_kept_evidence_again_and_keeps_what_was_kept(tmp_path, capsys):
+    """A campaign's kept case (logs regime: a 4-rank link down, tests/fixtures/lab_logs) whose
+    recorded verdict was wrong is analysed again: its findings are now the analyzer's, its score
+    with them; the kept report is not overwritten."""
+    src = ROOT / "tests" / "fixtures" / "lab_logs" / "link-down-hang-4"
+    case = tmp_path / "keep" / "case-000"
+    shutil.copytree(src / "logs", case / "lab" / "logs")
+    shutil.copy(src / "scenario.json", case / "lab" / "scenario.json")
+    (case / "report.html").write_text("the campaign's own report")
+    truth = json.loads((src / "scenario.json").read_text())
+    c = acc.Case(index=0, cls="link-down-hang", regime="logs", ranks=4, rank=truth["fault"]["ranks"][0],
+                 strength=None, timing=None, offset_s=None, stagger=None, seed=1, lab_args=[])
+    r = asdict(acc.CaseResult(case=asdict(c)))
+    r.update(status="ok", truth=acc._truth_part(truth), findings=[{"kind": "hang_stuck", "severity": "error",
+                                                                    "ranks": [3], "peer_ranks": [], "links": []}])
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps({"seed": 46, "command": "bench/accuracy.py --quick", "cases": [r]}))
+    assert acc.judge(r, TABLE).right is False
+    out = tmp_path / "rescored.json"
+    assert acc.main(["--rescore", str(cases), "--keep", str(tmp_path / "keep"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    again = json.loads(out.read_text())["cases"][0]
+    assert again["findings"] and again["findings"] != r["findings"]
+    assert acc.judge(again, TABLE).right is True, again["findings"][:2]
+    assert "case   0 link-down-hang  logs    : right" in printed and "re-analysed" in printed
+    assert (case / "report.html").read_text() == "the campaign's own report"
+    assert (case / "rescore" / "report.html").exists()
+
+
+def test_rescore_needs_the_kept_folder():
+    with pytest.raises(SystemExit, match="--keep"):
+        acc.main(["--rescore", "cases.json"])

@@ -208,7 +208,9 @@ def between_collectives(ctx: Context, ne: pd.DataFrame, mine: pd.DataFrame, rank
     never entered make it the one behind; its connections closed from its side (a peer's NCCL
     warning that it closed the connection, or its own kernel answering with resets from
     sockets its process had closed, after its last call) say it ended rather than hung before
-    its next call (a rank stuck in host code keeps its connections)."""
+    its next call (a rank stuck in host code keeps its connections). A peer's watchdog timeout
+    before the close (or with the close's time unknown) says they waited it out: the close is
+    then the teardown of a hang, and None."""
     waited = []
     ops = pd.to_numeric(ne["op_count"], errors="coerce")
     for comm, g in mine.groupby("comm_id_hash", sort=False):
@@ -222,23 +224,25 @@ def between_collectives(ctx: Context, ne: pd.DataFrame, mine: pd.DataFrame, rank
     if not waited:
         return None
     closed = _closed_from(ctx, rank, last)
-    if closed is None:
+    if closed is None or _timed_out_before(ctx, rank, closed[1]):
         return None
-    return min(waited, key=lambda r: r["timestamp_ns"]), closed
+    return min(waited, key=lambda r: r["timestamp_ns"]), closed[0]
 
 
-def _closed_from(ctx: Context, rank: int, after_ns: int) -> str | None:
-    """In words, how ``rank``'s connections were seen closed from its side: its peers' NCCL
-    warnings that the remote peer (it) closed the connection, or its kernel sending resets
-    after ``after_ns`` from sockets of its in a closed state (CLOSED_BY_OWNER); None if neither."""
+def _closed_from(ctx: Context, rank: int, after_ns: int) -> tuple[str, int | None] | None:
+    """(in words, when first or None) how ``rank``'s connections were seen closed from its
+    side: its peers' NCCL warnings that the remote peer (it) closed the connection, or its
+    kernel sending resets after ``after_ns`` from sockets of its in a closed state
+    (CLOSED_BY_OWNER); None if neither."""
     w = ctx.model.tables.get("nccl_warnings")
     if w is not None and len(w) and {"class", "peer_rank", "rank"} <= set(w.columns):
         pr = pd.to_numeric(w["peer_rank"], errors="coerce")
         said = w[w["class"].isin(CLOSED_CLASSES) & (pr == rank)]
         if len(said):
             who = sorted({int(r) for r in pd.to_numeric(said["rank"], errors="coerce").dropna()})
-            return (ranks_text(who) if who else "its peers") + " logged that it closed their connections (NCCL: \"" \
-                + str(said.iloc[0]["message"])[:80] + "\")"
+            t = pd.to_numeric(said["time_ns"], errors="coerce").min() if "time_ns" in said else None
+            return ((ranks_text(who) if who else "its peers") + " logged that it closed their connections (NCCL: \""
+                    + str(said.iloc[0]["message"])[:80] + "\")", cell_int(t))
     t = ctx.model.tables.get("tcp_events")
     if t is not None and len(t) and {"event", "rank", "state"} <= set(t.columns):
         ts = pd.to_numeric(t["timestamp_ns"], errors="coerce")
@@ -247,8 +251,21 @@ def _closed_from(ctx: Context, rank: int, after_ns: int) -> str | None:
         if len(rs):
             states = "/".join(sorted(set(rs["state"].astype(str))))
             return (f"its kernel then sent {len(rs)} reset(s) from its closed sockets ({states}) to peers still "
-                    "sending to it")
+                    "sending to it", cell_int(ts[rs.index].min()))
     return None
+
+
+def _timed_out_before(ctx: Context, rank: int, closed_ns: int | None) -> bool:
+    """Whether another rank's watchdog timed out before ``closed_ns`` (any timeout when the
+    close's time is not known, or the timeout's)."""
+    wd = ctx.model.tables.get("watchdog_events")
+    if wd is None or wd.empty or "kind" not in wd:
+        return False
+    to = wd[(wd["kind"] == "timeout") & (pd.to_numeric(wd["rank"], errors="coerce") != rank)]
+    if to.empty:
+        return False
+    t = pd.to_numeric(to["time_ns"], errors="coerce")
+    return closed_ns is None or bool(t.isna().any()) or bool((t < closed_ns).any())
 
 
 def _vanished_finding(rows: pd.DataFrame, host: str, pid: int, rank: int, op: pd.Series, closed: str | None,

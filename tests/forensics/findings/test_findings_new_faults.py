@@ -232,6 +232,25 @@ def test_a_rank_behind_whose_connections_were_not_closed_from_its_side_is_not_va
     assert process_exit(between_context(killed=1, closed_by=closed_by)) == []
 
 
+def with_timeouts(ctx, at_ns):
+    """The peers' watchdog timeout lines on op 30, logged at ``at_ns`` (None: no time)."""
+    rows = [{"host": f"node{r}", "pid": 100 + r, "rank": r, "kind": "timeout", "seq_num": 30, "time_ns": at_ns}
+            for r in (0, 2, 3)]
+    ctx.model.tables["watchdog_events"] = conform(pd.DataFrame(rows), "watchdog_events")
+    return ctx
+
+
+def test_a_close_after_the_peers_timed_out_is_the_teardown_of_a_hang_not_a_kill():
+    reset_at = T0 + 30 * 100 * MS + 20 * MS
+    # the peers waited the collective out, then the ranks were torn down: no kill
+    assert process_exit(with_timeouts(between_context(closed_by="kernel"), reset_at - 1)) == []
+    # a close whose time the warnings do not give: the timeouts may have come first
+    assert process_exit(with_timeouts(between_context(closed_by="warning"), reset_at + 600 * 1000 * MS)) == []
+    # it closed first, the peers timed out later: killed
+    f = process_exit(with_timeouts(between_context(closed_by="kernel"), reset_at + 600 * 1000 * MS))
+    assert len(f) == 1 and f[0].ranks == [1] and f[0].details["waited_op"] == 30
+
+
 def test_layer_is_checked_and_left_out_of_json_when_unset():
     with pytest.raises(ValueError):
         Finding(kind="x", severity="error", confidence=1, summary="s", layer="gpu")

@@ -23,6 +23,7 @@ import pandas as pd
 from . import warns
 from ..coerce import cell_int
 from .base import Context, Finding, detector
+from .ranks import label, rank_directory
 from ..wording import ranks_text
 
 KILLED_SCORE = 3.5e6          # above the first NCCL failure (3e6) and the hang (1e6 + s) a killed rank causes
@@ -197,7 +198,9 @@ def vanished(ctx: Context) -> list[Finding]:
         # no peer reacted to its death (no NCCL error, no watchdog line): the job ended or was
         # torn down around it (a hang's teardown kills the ranks one by one), not a rank killed
         return []
-    return [_vanished_finding(ne[pids == pid], host, pid, rank, op, closed, last, peers_err)]
+    info = rank_directory(ctx).get(rank)
+    who = label(rank_directory(ctx), rank) + ("" if info is not None and info.host else f" on {host}")
+    return [_vanished_finding(ne[pids == pid], (host, who), pid, rank, op, closed, last, peers_err)]
 
 
 def between_collectives(ctx: Context, ne: pd.DataFrame, mine: pd.DataFrame, rank: int,
@@ -268,11 +271,12 @@ def _timed_out_before(ctx: Context, rank: int, closed_ns: int | None) -> bool:
     return closed_ns is None or bool(t.isna().any()) or bool((t < closed_ns).any())
 
 
-def _vanished_finding(rows: pd.DataFrame, host: str, pid: int, rank: int, op: pd.Series, closed: str | None,
-                      last: int, peers_err: list[int]) -> Finding:
+def _vanished_finding(rows: pd.DataFrame, where: tuple[str, str], pid: int, rank: int, op: pd.Series,
+                      closed: str | None, last: int, peers_err: list[int]) -> Finding:
     """The finding of a rank that vanished: ``op`` the collective in flight on it when it died
     (``closed`` None), or the one its peers waited for it in (``closed``: how its connections
-    were seen closed)."""
+    were seen closed); ``where``: (its capture's host, the rank as headlines name it)."""
+    host, who = where
     n = int(op["op_count"]) if pd.notna(op["op_count"]) else None
     name = str(op["op"] or "a collective")
     what = name + (f" #{n}" if n is not None else "")
@@ -293,7 +297,7 @@ def _vanished_finding(rows: pd.DataFrame, host: str, pid: int, rank: int, op: pd
     chain.append("its peers then failed: " + ranks_text(peers_err) + " logged NCCL errors or watchdog lines")
     return Finding(
         kind="process_exit", severity="error", confidence=0.7,
-        headline=f"Process vanished: rank {rank} on {host} {headline}, killed from outside" + " ({since})",
+        headline=f"Process vanished: {who} {headline}, killed from outside" + " ({since})",
         confidence_note="the capture saw the process go with a collective in flight and no error of its own; "
                         "no launcher line names the signal" if closed is None else
                         "the capture saw the process go, its peers wait for it and its connections close from its "

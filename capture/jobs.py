@@ -93,6 +93,9 @@ class Jobs:
         self.ns_names = netns_names()
         self.seen_sockets: dict[int, set[int]] = {}   # netns inode -> connections already looked at
         self.lineage: dict[int, tuple[int | None, str | None]] = {}   # pid -> (ppid, cgroup), when found
+        # the capture's own programs that map NCCL (its tracer: bpftrace maps the libraries it
+        # probes), never a job: a watcher rescanning while its tracer runs would follow it
+        self.tools: set[int] = set()
 
     def ensure_netns(self, inode: int | None, pid: int | str) -> NetNs:
         if inode is None or inode == self.own_ns:
@@ -125,7 +128,7 @@ class Jobs:
         export to count; ``by_env``: a process carrying NCCL_* variables counts too, see
         ``procs.discover``); each is added with its namespace."""
         found = procs.discover(symbols, pids=self.o.pids or None, nccl_lib_override=self.o.nccl_libs,
-                               skip=set(self.procs), not_nccl=self.not_nccl, by_env=by_env)
+                               skip=set(self.procs) | self.tools, not_nccl=self.not_nccl, by_env=by_env)
         for info in found:
             self.procs[info.pid] = info
             self.lineage[info.pid] = lineage(info.pid)

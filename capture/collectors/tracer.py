@@ -247,6 +247,7 @@ class Tracer(Collector):
         env = dict(os.environ, BPFTRACE_PERF_RB_PAGES=os.environ.get("BPFTRACE_PERF_RB_PAGES", "256"),
                    BPFTRACE_MAP_KEYS_MAX=keys)
         self.proc = children.spawn(argv, stdout=subprocess.PIPE, stderr=self.stderr_fh, env=env)
+        s.jobs.tools.add(self.proc.pid)          # it maps the libraries it probes: no job of the host
         # raw lines are spooled as they come (no parsing while the job runs) and become
         # bpf/events.jsonl at the end; the spool keeps within the tracer's byte share
         if restart and self.spool is not None and overlap:

@@ -23,6 +23,7 @@ import pandas as pd
 from . import warns
 from ..coerce import cell_int
 from .base import Context, Finding, detector
+from .ranks import label, rank_directory
 from ..wording import ranks_text
 
 KILLED_SCORE = 3.5e6          # above the first NCCL failure (3e6) and the hang (1e6 + s) a killed rank causes
@@ -144,14 +145,23 @@ def gone_processes(model) -> list[tuple[str, int, int | None]]:
     return out
 
 
+# the states of a socket its own process closed (or whose process died: the kernel closes its
+# sockets): a reset the kernel sends from one of them answers a peer still sending to it
+CLOSED_BY_OWNER = ("FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT", "CLOSING", "LAST_ACK", "CLOSE")
+CLOSED_CLASSES = ("socket_closed", "socket_broken_pipe")
+
+
 def vanished(ctx: Context) -> list[Finding]:
-    """A rank whose process ended during the capture with a collective in flight, without an
-    error of its own (no NCCL warning, no watchdog line from it), before every other rank
-    that ended: it was killed from outside (SIGKILL, a crash) where no launcher line says so.
-    Evidence: the capture saw the pid go (its end-of-capture listing found no process), the
-    tracer's last record of it is a collective it entered and never completed, and its peers'
-    errors (closed connections, resets) come after. The ranks that then fail are its
-    consequence; the finding ranks above them (KILLED_SCORE)."""
+    """A rank whose process ended during the capture without an error of its own (no NCCL
+    warning, no watchdog line from it), before every other rank that ended, while its peers
+    failed: it was killed from outside (SIGKILL, a crash) where no launcher line says so.
+    Evidence: the capture saw the pid go (its end-of-capture listing found no process), and
+    either the tracer's last record of it is a collective it entered and never completed (it
+    died in flight), or it died between collectives (:func:`between_collectives`): its last
+    collective completed, its peers then entered the next one and waited in it, and its
+    connections were closed from its side (its peers' NCCL warnings, its kernel's resets from
+    sockets its process had closed). The ranks that then fail are its consequence; the
+    finding ranks above them (KILLED_SCORE)."""
     ne = ctx.model.tables.get("nccl_events")
     if ne is None or ne.empty:
         return []
@@ -168,42 +178,135 @@ def vanished(ctx: Context) -> list[Finding]:
             rank = int(pd.to_numeric(mine["rank"], errors="coerce").dropna().iloc[0])
         if mine.empty or rank is None or int(rank) in own_err:
             continue
-        open_ = mine[mine["completed"].eq(False)]
-        if open_.empty:
-            continue                            # it ended between collectives: a normal end or unseen
         last = cell_int(pd.to_numeric(mine["timestamp_ns"], errors="coerce").max())
         if last is None:
             continue                            # calls with no time: nothing to order them by
-        cands.append((last, host, pid, int(rank), open_.sort_values("timestamp_ns").iloc[0]))
+        open_ = mine[mine["completed"].eq(False)]
+        if len(open_):
+            cands.append((last, host, pid, int(rank), open_.sort_values("timestamp_ns").iloc[0], None))
+            continue
+        # it ended between collectives: a normal end, unseen, or killed before its next call
+        between = between_collectives(ctx, ne, mine, int(rank), last)
+        if between is not None:
+            cands.append((last, host, pid, int(rank), between[0], between[1]))
     if not cands:
         return []
     cands.sort(key=lambda c: c[0])
-    last, host, pid, rank, op = cands[0]
+    last, host, pid, rank, op, closed = cands[0]
     peers_err = sorted(own_err - {rank})
     if not peers_err:
         # no peer reacted to its death (no NCCL error, no watchdog line): the job ended or was
         # torn down around it (a hang's teardown kills the ranks one by one), not a rank killed
         return []
+    info = rank_directory(ctx).get(rank)
+    who = label(rank_directory(ctx), rank) + ("" if info is not None and info.host else f" on {host}")
+    return [_vanished_finding(ne[pids == pid], (host, who), pid, rank, op, closed, last, peers_err)]
+
+
+def between_collectives(ctx: Context, ne: pd.DataFrame, mine: pd.DataFrame, rank: int,
+                        last: int) -> tuple[pd.Series, str] | None:
+    """(the first collective its peers entered after its last one on that communicator and
+    never completed, how its connections were seen closed from its side) for a rank whose
+    traced calls all completed, or None. Both are needed: peers waiting in a collective it
+    never entered make it the one behind; its connections closed from its side (a peer's NCCL
+    warning that it closed the connection, or its own kernel answering with resets from
+    sockets its process had closed, after its last call) say it ended rather than hung before
+    its next call (a rank stuck in host code keeps its connections). A peer's watchdog timeout
+    before the close (or with the close's time unknown) says they waited it out: the close is
+    then the teardown of a hang, and None."""
+    waited = []
+    ops = pd.to_numeric(ne["op_count"], errors="coerce")
+    for comm, g in mine.groupby("comm_id_hash", sort=False):
+        top = pd.to_numeric(g["op_count"], errors="coerce").max()
+        if pd.isna(top):
+            continue
+        later = ne[(ne["comm_id_hash"] == comm) & (ops > top) & ne["completed"].eq(False)
+                   & ~ne.index.isin(mine.index)]
+        if len(later):
+            waited.append(later.sort_values(["op_count", "timestamp_ns"]).iloc[0])
+    if not waited:
+        return None
+    closed = _closed_from(ctx, rank, last)
+    if closed is None or _timed_out_before(ctx, rank, closed[1]):
+        return None
+    return min(waited, key=lambda r: r["timestamp_ns"]), closed[0]
+
+
+def _closed_from(ctx: Context, rank: int, after_ns: int) -> tuple[str, int | None] | None:
+    """(in words, when first or None) how ``rank``'s connections were seen closed from its
+    side: its peers' NCCL warnings that the remote peer (it) closed the connection, or its
+    kernel sending resets after ``after_ns`` from sockets of its in a closed state
+    (CLOSED_BY_OWNER); None if neither."""
+    w = ctx.model.tables.get("nccl_warnings")
+    if w is not None and len(w) and {"class", "peer_rank", "rank"} <= set(w.columns):
+        pr = pd.to_numeric(w["peer_rank"], errors="coerce")
+        said = w[w["class"].isin(CLOSED_CLASSES) & (pr == rank)]
+        if len(said):
+            who = sorted({int(r) for r in pd.to_numeric(said["rank"], errors="coerce").dropna()})
+            t = pd.to_numeric(said["time_ns"], errors="coerce").min() if "time_ns" in said else None
+            return ((ranks_text(who) if who else "its peers") + " logged that it closed their connections (NCCL: \""
+                    + str(said.iloc[0]["message"])[:80] + "\")", cell_int(t))
+    t = ctx.model.tables.get("tcp_events")
+    if t is not None and len(t) and {"event", "rank", "state"} <= set(t.columns):
+        ts = pd.to_numeric(t["timestamp_ns"], errors="coerce")
+        rs = t[(t["event"] == "tcp_send_reset") & (pd.to_numeric(t["rank"], errors="coerce") == rank)
+               & t["state"].isin(CLOSED_BY_OWNER) & (ts > after_ns)]
+        if len(rs):
+            states = "/".join(sorted(set(rs["state"].astype(str))))
+            return (f"its kernel then sent {len(rs)} reset(s) from its closed sockets ({states}) to peers still "
+                    "sending to it", cell_int(ts[rs.index].min()))
+    return None
+
+
+def _timed_out_before(ctx: Context, rank: int, closed_ns: int | None) -> bool:
+    """Whether another rank's watchdog timed out before ``closed_ns`` (any timeout when the
+    close's time is not known, or the timeout's)."""
+    wd = ctx.model.tables.get("watchdog_events")
+    if wd is None or wd.empty or "kind" not in wd:
+        return False
+    to = wd[(wd["kind"] == "timeout") & (pd.to_numeric(wd["rank"], errors="coerce") != rank)]
+    if to.empty:
+        return False
+    t = pd.to_numeric(to["time_ns"], errors="coerce")
+    return closed_ns is None or bool(t.isna().any()) or bool((t < closed_ns).any())
+
+
+def _vanished_finding(rows: pd.DataFrame, where: tuple[str, str], pid: int, rank: int, op: pd.Series,
+                      closed: str | None, last: int, peers_err: list[int]) -> Finding:
+    """The finding of a rank that vanished: ``op`` the collective in flight on it when it died
+    (``closed`` None), or the one its peers waited for it in (``closed``: how its connections
+    were seen closed); ``where``: (its capture's host, the rank as headlines name it)."""
+    host, who = where
     n = int(op["op_count"]) if pd.notna(op["op_count"]) else None
     name = str(op["op"] or "a collective")
-    chain = [f"the capture on {host} saw pid {pid} (rank {rank}) end: its end-of-capture thread listing found no "
-             "process",
-             f"the tracer's last records of it: {name}" + (f" #{n}" if n is not None else "") + " entered, never "
-             "completed (in flight when it died)",
-             "it logged no NCCL warning and no watchdog line of its own: it did not fail, it was ended",
-             ("its peers then failed: " + ranks_text(peers_err) + " logged NCCL errors or watchdog lines")
-             if peers_err else "its peers kept running after it"]
-    return [Finding(
+    what = name + (f" #{n}" if n is not None else "")
+    gone = (f"the capture on {host} saw pid {pid} (rank {rank}) end: its end-of-capture thread listing found no "
+            "process")
+    if closed is None:
+        chain = [gone, f"the tracer's last records of it: {what} entered, never completed (in flight when it died)",
+                 "it logged no NCCL warning and no watchdog line of its own: it did not fail, it was ended"]
+        when, headline = f"while {what} was in flight on it", "ended mid-collective"
+        in_flight = n
+    else:
+        chain = [gone + "; " + closed,
+                 f"the tracer's last records of it: every call completed; its peers then entered {what} and waited "
+                 "in it: it never entered it",
+                 "it logged no NCCL warning and no watchdog line of its own: it did not fail, it was ended"]
+        when, headline = f"between collectives (its peers then waited for it in {what})", "ended between collectives"
+        in_flight = None
+    chain.append("its peers then failed: " + ranks_text(peers_err) + " logged NCCL errors or watchdog lines")
+    return Finding(
         kind="process_exit", severity="error", confidence=0.7,
-        headline=f"Process vanished: rank {rank} on {host} ended mid-collective, killed from outside" + " ({since})",
+        headline=f"Process vanished: {who} {headline}, killed from outside" + " ({since})",
         confidence_note="the capture saw the process go with a collective in flight and no error of its own; "
-                        "no launcher line names the signal",
-        summary=(f"Rank {rank}'s process (pid {pid} on {host}) ended while {name}"
-                 + (f" #{n}" if n is not None else "") + " was in flight on it, without an NCCL error or a watchdog "
+                        "no launcher line names the signal" if closed is None else
+                        "the capture saw the process go, its peers wait for it and its connections close from its "
+                        "side, with no error of its own; no launcher line names the signal",
+        summary=(f"Rank {rank}'s process (pid {pid} on {host}) ended {when}, without an NCCL error or a watchdog "
                  "line of its own: it was killed from outside (SIGKILL: the OOM killer or the scheduler; or a crash). "
                  "The ranks that then lost their connections or timed out are its consequence, not the cause."),
         ranks=[rank], hosts=[host], peer_ranks=peers_err,
-        evidence=warns.evidence(ne[pids == pid].sort_values("timestamp_ns").tail(10),
+        evidence=warns.evidence(rows.sort_values("timestamp_ns").tail(10),
                                 ["host", "pid", "rank", "op", "op_count", "comm_id_hash", "timestamp_ns", "completed"]),
         sql=VANISHED_SQL.format(pid=pid),
         action=(f"On {host}: dmesg for the OOM killer or a segfault at that time (\"Killed process {pid}\", "
@@ -211,7 +314,8 @@ def vanished(ctx: Context) -> list[Finding]:
                 "a core dump"),
         score=KILLED_SCORE, op_count=n, since_ns=last, since_source="tracer: the process's last record",
         layer="peer", chain=chain,
-        details={"rule": "vanished", "pid": pid, "in_flight_op": n})]
+        details={"rule": "vanished", "pid": pid, "in_flight_op": in_flight}
+        | ({} if closed is None else {"waited_op": n}))
 
 
 def _kernel_ooms(ctx: Context) -> pd.DataFrame:

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import ROOT
 from capture import elf, libversion, procs
+from capture import jobs as jobs_mod
+from capture.options import CaptureOptions
 from capture.tracer import program
 
 
@@ -192,6 +194,20 @@ def test_nccl_variables_alone_make_a_job_except_for_the_captures_own_children(li
         assert orphan not in {i.pid for i in procs.discover(program.NCCL_SYMBOLS)}     # by_env off (default)
     finally:
         os.kill(orphan, 9)
+
+
+def test_the_captures_own_tracer_mapping_nccl_is_no_job(libs):
+    """bpftrace maps the libraries it probes: the capture's tracer (``Jobs.tools``, where the
+    tracer collector puts the pid it starts) is no job to a rescan, while the same process is
+    one to a capture that did not start it (a watcher followed its own tracer as an NCCL
+    process of a job of its own)."""
+    with Child(libs["lab"], env=_plain_env()) as tool:
+        ours = jobs_mod.Jobs(CaptureOptions(output="unused"))
+        ours.tools.add(tool.pid)
+        assert tool.pid not in {i.pid for i in ours.discover(program.NCCL_SYMBOLS)}
+        assert tool.pid not in ours.procs
+        theirs = jobs_mod.Jobs(CaptureOptions(output="unused"))
+        assert tool.pid in {i.pid for i in theirs.discover(program.NCCL_SYMBOLS)}
 
 
 def test_a_process_with_neither_is_no_job(libs):

@@ -221,6 +221,70 @@ def test_processes_that_all_logged_errors_or_ended_between_collectives_are_not_v
     assert process_exit(gone_context(killed=1, peers_warned=False, in_flight=False)) == []
 
 
+def between_context(killed: int = 1, closed_by: str = "warning"):
+    """Rank ``killed`` completed op 29 and never entered op 30, which its peers entered and
+    never completed (it was SIGKILLed between collectives); every process had ended when the
+    capture ended. Its peers failed: ``closed_by`` "warning": their NCCL warnings say it closed
+    their connections; "kernel": they logged timeouts, and its kernel answered them with resets
+    from its sockets in TIME_WAIT after its last call; "established": the same resets from
+    open sockets (the reset of a live rank); "none": only the timeouts."""
+    ctx = gone_context(killed, peers_warned=False, in_flight=False)
+    rows = job(n_ops=31, completed=lambda k, r: k < 30, entered=lambda k, r: k < 30 or r != killed)
+    ctx.model.tables["nccl_events"] = conform(pd.DataFrame(rows), "nccl_events")
+    peers = [r for r in range(RANKS) if r != killed]
+    if closed_by == "warning":
+        msg = f"socketProgress: Connection closed by remote peer 10.9.0.{10 + killed}<1234>"
+        w = [{"host": f"node{r}", "pid": 100 + r, "rank": r, "message": msg, "class": "socket_closed",
+              "peer_addr": f"10.9.0.{10 + killed}", "peer_rank": killed} for r in peers]
+    else:
+        w = [{"host": f"node{r}", "pid": 100 + r, "rank": r, "class": "socket_timeout",
+              "message": "socketProgress: Connection timed out"} for r in peers]
+    ctx.model.tables["nccl_warnings"] = conform(pd.DataFrame(w), "nccl_warnings")
+    if closed_by in ("kernel", "established"):
+        state = "TIME_WAIT" if closed_by == "kernel" else "ESTABLISHED"
+        t = T0 + 30 * 100 * MS + 20 * MS
+        ctx.model.tables["tcp_events"] = conform(pd.DataFrame(
+            [dict(tcp(t, killed, p, event="tcp_send_reset"), state=state) for p in peers]), "tcp_events")
+    return ctx
+
+
+@pytest.mark.parametrize("closed_by", ["warning", "kernel"])
+def test_a_process_gone_between_collectives_its_peers_wait_in_and_closed_from_its_side_was_killed(closed_by):
+    f = process_exit(between_context(killed=1, closed_by=closed_by))
+    assert len(f) == 1 and f[0].ranks == [1] and f[0].details["rule"] == "vanished", f
+    assert f[0].op_count == 30 and f[0].details["in_flight_op"] is None and f[0].details["waited_op"] == 30
+    assert f[0].peer_ranks == [0, 2, 3] and f[0].layer == "peer" and len(f[0].chain) == 4
+    assert "ended between collectives, killed from outside" in f[0].headline
+    said = "logged that it closed their connections" if closed_by == "warning" else "reset(s) from its closed sockets"
+    assert said in f[0].chain[0] and "never entered it" in f[0].chain[1]
+
+
+@pytest.mark.parametrize("closed_by", ["none", "established"])
+def test_a_rank_behind_whose_connections_were_not_closed_from_its_side_is_not_vanished(closed_by):
+    # a rank stuck in host code before its next collective, then torn down with its peers:
+    # its peers wait for it and time out, but it kept its connections open
+    assert process_exit(between_context(killed=1, closed_by=closed_by)) == []
+
+
+def with_timeouts(ctx, at_ns):
+    """The peers' watchdog timeout lines on op 30, logged at ``at_ns`` (None: no time)."""
+    rows = [{"host": f"node{r}", "pid": 100 + r, "rank": r, "kind": "timeout", "seq_num": 30, "time_ns": at_ns}
+            for r in (0, 2, 3)]
+    ctx.model.tables["watchdog_events"] = conform(pd.DataFrame(rows), "watchdog_events")
+    return ctx
+
+
+def test_a_close_after_the_peers_timed_out_is_the_teardown_of_a_hang_not_a_kill():
+    reset_at = T0 + 30 * 100 * MS + 20 * MS
+    # the peers waited the collective out, then the ranks were torn down: no kill
+    assert process_exit(with_timeouts(between_context(closed_by="kernel"), reset_at - 1)) == []
+    # a close whose time the warnings do not give: the timeouts may have come first
+    assert process_exit(with_timeouts(between_context(closed_by="warning"), reset_at + 600 * 1000 * MS)) == []
+    # it closed first, the peers timed out later: killed
+    f = process_exit(with_timeouts(between_context(closed_by="kernel"), reset_at + 600 * 1000 * MS))
+    assert len(f) == 1 and f[0].ranks == [1] and f[0].details["waited_op"] == 30
+
+
 def test_layer_is_checked_and_left_out_of_json_when_unset():
     with pytest.raises(ValueError):
         Finding(kind="x", severity="error", confidence=1, summary="s", layer="gpu")

@@ -320,9 +320,21 @@ def _channels(c: pd.DataFrame) -> list[Finding]:
         score=1.5, details={"rule": "few_channels"})]
 
 
+def versions_differ(versions) -> bool:
+    """Whether NCCL version strings name different builds: different releases ("2.18.3",
+    "2.21.5"), or one release built twice ("+cuda11.8", "+cuda12.4"). A version without the
+    build suffix (the library's own, read from its file) is the same as one with it (its log's
+    "NCCL version 2.21.5+cuda12.4")."""
+    builds: dict[str, set[str]] = {}
+    for v in {str(x) for x in versions}:
+        release, _, build = v.partition("+")
+        builds.setdefault(release, set()).update({build} if build else set())
+    return len(builds) > 1 or any(len(b) > 1 for b in builds.values())
+
+
 def _versions(c: pd.DataFrame) -> list[Finding]:
     v = c.dropna(subset=["nccl_version"])
-    if v["nccl_version"].nunique() <= 1:
+    if not versions_differ(v["nccl_version"]):
         return []
     groups = v.groupby("nccl_version")["rank"].apply(lambda s: sorted(int(x) for x in s.dropna()))
     return [Finding(

@@ -111,6 +111,17 @@ def test_single_channel_and_version_mismatch(tmp_path):
     a.close()
 
 
+@pytest.mark.parametrize("versions,differ", [
+    (["2.21.5", "2.21.5+cuda12.4"], False),           # the library's own version and its log's
+    (["2.21.5+cuda12.4", "2.21.5+cuda12.4"], False),
+    (["2.21.5+cuda11.8", "2.21.5+cuda12.4"], True),   # one release, two builds
+    (["2.18.3+cuda12.2", "2.21.5"], True),
+    (["2.21.5"], False)])
+def test_versions_differ_by_release_or_build_not_by_a_missing_suffix(versions, differ):
+    from forensics.findings.config import versions_differ
+    assert versions_differ(versions) is differ
+
+
 def _pid(rank: int) -> int:
     from synthetic_bundle import lab_pids
     return lab_pids("clean")[rank]

@@ -42,7 +42,7 @@ communicators are created) for hang verdicts.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -491,24 +491,23 @@ def hang_stuck(ctx: Context) -> list[Finding]:
     return out
 
 
-def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Finding:
-    directory = names.directory
-    last = _last_ops(ctx, comm)
-    upto = int(last["last_op_count"].max()) if len(last) else n
-    groups: dict[int, list[int]] = {}
-    for r, op in h.stuck_at.items():
-        groups.setdefault(int(op), []).append(names.glob(r))
-    idle = sorted(set(members) - {r for rs in groups.values() for r in rs})
-    if len(groups) == 1 and not idle:
-        span = f"collective #{n}" if upto <= n else f"collectives #{n}-#{upto}"
-        head = (f"Hang inside {span} ({h.op}, communicator {comm}): all {len(members)} ranks entered "
-                f"{'it' if upto <= n else 'them'} and none completed anything in the {ms(h.waited_ns)} until the "
-                f"capture ended (NCCL RAS counts launches and reports it healthy){_started(h)}")
-    else:
-        where = "; ".join(f"{ranks_text(sorted(rs))} inside #{op}" for op, rs in sorted(groups.items()))
-        head = (f"Hang on communicator {comm}, every rank waiting: {where}"
-                + (f"; {ranks_text(idle)} completed #{n} and wait for the others" if idle else "")
-                + f"; nothing completed in the {ms(h.waited_ns)} until the capture ended{_started(h)}")
+@dataclass
+class _StuckCause:
+    """What the network says of a hang every rank is inside (:func:`_stuck_cause`)."""
+
+    cause: str                   # the summary's clause ("; ...")
+    action: str
+    ranks: list[int]
+    peers: list[int]
+    links: list[dict]
+    confidence: float
+    note: str
+
+
+def _stuck_cause(ctx, e: pd.DataFrame, members, since: int, directory) -> _StuckCause:
+    """The cause of a hang every rank is inside, from the TCP trouble after the last progress
+    (``e``): a reset on the ring's links, unanswered retransmissions that share an endpoint, a
+    rank silent on the network (:func:`silent_rank`), or nothing."""
     resets = e[e["cls"] == "reset"]
     loss = e[e["cls"].isin(LOSS_CLASSES)]
     first_reset = int(resets["timestamp_ns"].min()) if len(resets) else None
@@ -572,6 +571,30 @@ def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Fi
         action = ("Dump the stacks of every rank (py-spy dump, gdb), check nvidia-smi and dmesg for Xid errors; "
                   "if NCCL uses IB/RoCE, read the port counters.")
         ranks = []
+    return _StuckCause(cause, action, ranks, peers, links, confidence, note)
+
+
+def _stuck_finding(ctx, h, comm, n, members, since, e, names: _Names, end) -> Finding:
+    directory = names.directory
+    last = _last_ops(ctx, comm)
+    upto = int(last["last_op_count"].max()) if len(last) else n
+    groups: dict[int, list[int]] = {}
+    for r, op in h.stuck_at.items():
+        groups.setdefault(int(op), []).append(names.glob(r))
+    idle = sorted(set(members) - {r for rs in groups.values() for r in rs})
+    if len(groups) == 1 and not idle:
+        span = f"collective #{n}" if upto <= n else f"collectives #{n}-#{upto}"
+        head = (f"Hang inside {span} ({h.op}, communicator {comm}): all {len(members)} ranks entered "
+                f"{'it' if upto <= n else 'them'} and none completed anything in the {ms(h.waited_ns)} until the "
+                f"capture ended (NCCL RAS counts launches and reports it healthy){_started(h)}")
+    else:
+        where = "; ".join(f"{ranks_text(sorted(rs))} inside #{op}" for op, rs in sorted(groups.items()))
+        head = (f"Hang on communicator {comm}, every rank waiting: {where}"
+                + (f"; {ranks_text(idle)} completed #{n} and wait for the others" if idle else "")
+                + f"; nothing completed in the {ms(h.waited_ns)} until the capture ended{_started(h)}")
+    found = _stuck_cause(ctx, e, members, since, directory)
+    cause, action, ranks, peers, links = found.cause, found.action, found.ranks, found.peers, found.links
+    confidence, note = found.confidence, found.note
     summary = head + _size_note(h) + _numbering(ctx, comm)[0] + cause + "."
     if e.empty:   # nothing on the network: the evidence is how far each rank got
         sql, evidence = _last_ops_sql(comm), _last_ops_rows(last, names)

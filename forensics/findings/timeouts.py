@@ -100,6 +100,33 @@ def _world(ctx) -> list[int]:
     return sorted({int(r) for r in pd.to_numeric(cfg["rank"], errors="coerce").dropna()})
 
 
+def _different_calls(to: pd.DataFrame, n, pg_txt: str, dir_hosts, ran, details: dict,
+                     common: dict) -> Finding | None:
+    """``hang_mismatch`` where the ranks' watchdog lines name different calls at the same
+    SeqNum ``n`` (:func:`_signatures`), else None."""
+    sig = _signatures(to, n)
+    if sig is None:
+        return None
+    odd, majority, calls = sig
+    others = sorted(set(calls) - set(odd))
+    mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
+    return Finding(
+        kind="hang_mismatch", severity="error", confidence=0.9,
+        headline=(("Hang: {who} called a different collective than {peers}" if others else
+                   "Hang: {who} called different collectives")
+                  + (f" at SeqNum {n}" if n is not None else " at the same point") + " ({since})"),
+        confidence_note="each rank's own watchdog line names the call it waits in",
+        summary=(f"Collective mismatch at {f'SeqNum {n}' if n is not None else 'the oldest pending work'} of "
+                 f"{pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
+                 + (f" while {ranks_text(others)} called {majority}" if others else "")
+                 + f"; every one timed out after {_secs(ran)}."),
+        ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
+        action=(f"Find why {ranks_text(odd)} issued a different collective at this step (a data-dependent branch, "
+                "uneven buckets or batches): every rank must issue the same collectives in the same order."),
+        score=1e6 + (ran or 0) / 1e3, details={**details, "calls": {str(k): v for k, v in calls.items()}},
+        **common)
+
+
 def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     to = g[g["kind"].isin(TIMEOUT_KINDS)]
     if to.empty:
@@ -134,26 +161,8 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
                   since_source="PyTorch watchdog: its timeout line's time less the time the work had run"
                   if since_ns else None, evidence=evidence, sql=SQL)
     # 1. the same SeqNum, different collectives
-    sig = _signatures(to, n)
-    if sig is not None:
-        odd, majority, calls = sig
-        others = sorted(set(calls) - set(odd))
-        mine = "; ".join(f"rank {r} called {calls[r]}" for r in odd[:4])
-        return Finding(
-            kind="hang_mismatch", severity="error", confidence=0.9,
-            headline=(("Hang: {who} called a different collective than {peers}" if others else
-                       "Hang: {who} called different collectives")
-                      + (f" at SeqNum {n}" if n is not None else " at the same point") + " ({since})"),
-            confidence_note="each rank's own watchdog line names the call it waits in",
-            summary=(f"Collective mismatch at {f'SeqNum {n}' if n is not None else 'the oldest pending work'} of "
-                     f"{pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
-                     + (f" while {ranks_text(others)} called {majority}" if others else "")
-                     + f"; every one timed out after {_secs(ran)}."),
-            ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
-            action=(f"Find why {ranks_text(odd)} issued a different collective at this step (a data-dependent branch, "
-                    "uneven buckets or batches): every rank must issue the same collectives in the same order."),
-            score=1e6 + (ran or 0) / 1e3, details={**details, "calls": {str(k): v for k, v in calls.items()}},
-            **common)
+    if (mismatch := _different_calls(to, n, pg_txt, dir_hosts, ran, details, common)) is not None:
+        return mismatch
     # 2. ranks that never reached n
     lagging = behind or (silent if timed else [])
     if lagging and n is not None:

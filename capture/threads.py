@@ -12,6 +12,12 @@ inode joins ``ss -e``'s ``ino:``), so a hang's analysis can tell who waits on wh
 - select/pselect6: the read and write fd_set bitmaps (arguments 1 and 2, argument 0 bits);
 - epoll_wait/epoll_pwait/epoll_pwait2: the epoll fd's ``/proc/PID/fdinfo`` ``tfd:`` list.
 
+A call with a timeout that a stop interrupted (a debugger, eu-stack or py-spy attaching: the
+watcher takes native stacks at a hang's trigger) goes on as ``restart_syscall``, whose number
+says nothing of the call; its registers still hold the call's arguments. Where the thread sleeps
+says which it was (``wchan``: ``poll_schedule_timeout`` for poll and select, by their arguments;
+``hrtimer_nanosleep``; ``futex_*``), and the thread is read as in that call, with a ``note``.
+
 Stdlib only; bounded (MAX_THREADS threads, MAX_FDS fds per call); an unreadable item is a
 ``note`` on its thread, never an exception.
 """
@@ -40,6 +46,8 @@ SYSCALLS = {
                 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 243: "recvmmsg", 260: "wait4",
                 441: "epoll_pwait2"},
 }
+# restart_syscall, by architecture: a timed call resumed after a stop
+RESTART_SYSCALL = {"x86_64": 219, "aarch64": 128}
 FD_ARG0 = {"read": "in", "readv": "in", "recvfrom": "in", "recvmsg": "in", "recvmmsg": "in", "accept": "in",
            "accept4": "in", "write": "out", "writev": "out", "sendto": "out", "sendmsg": "out", "connect": "out",
            "ioctl": None}
@@ -126,6 +134,20 @@ def _waits(pid: int, name: str, args: list[int], mem: _Mem) -> tuple[list[tuple[
     return [], None
 
 
+def restarted_call(wchan: str | None, args: list[int]) -> str | None:
+    """The call a thread in ``restart_syscall`` resumed, from where it sleeps (``wchan``) and
+    its arguments: poll (``args``: pollfd array, count, timeout) or select (count, fd_set
+    pointers) in ``poll_schedule_timeout``, clock_nanosleep, futex; None when it cannot tell."""
+    w = wchan or ""
+    if w.startswith("poll_schedule_timeout") and len(args) >= 2:
+        return "poll" if args[1] <= MAX_FDS else "select"
+    if w.startswith("hrtimer_nanosleep") or w.startswith("do_nanosleep"):
+        return "clock_nanosleep"
+    if w.startswith("futex"):
+        return "futex"
+    return None
+
+
 def thread_states(pid: int, phase: str) -> dict:
     """The JSON-able sample of every thread of ``pid`` (see the module docstring)."""
     arch = platform.machine()
@@ -173,6 +195,10 @@ def thread_states(pid: int, phase: str) -> dict:
                     args = [int(a, 16) for a in parts[1:7]]
                     t["syscall_nr"], t["args"] = nr, [hex(a) for a in args]
                     t["syscall_name"] = names.get(nr)
+                    if t["syscall_name"] is None and nr == RESTART_SYSCALL.get(arch):
+                        t["syscall_name"] = restarted_call(t["wchan"], args)
+                        if t["syscall_name"]:
+                            t["note"] = f"restart_syscall: a timed {t['syscall_name']} resumed after a stop"
                     if t["syscall_name"]:
                         waits, note = _waits(pid, t["syscall_name"], args, mem)
                         t["waits"] = [{"fd": fd, "events": ev, "socket_inode": socket_of(fd)} for fd, ev in waits]

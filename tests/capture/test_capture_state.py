@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -11,7 +12,7 @@ import time
 
 import pytest
 
-from capture.threads import thread_states
+from capture.threads import RESTART_SYSCALL, restarted_call, thread_states
 from conftest import ROOT
 from forensics.parsers import get
 
@@ -61,6 +62,51 @@ def test_thread_waits_name_the_sockets_and_directions(blocked):
     assert others[fc]["waits"] == [{"fd": fc, "events": "in", "socket_inode": inode[fc]}]
     assert others[fe]["syscall_name"] in ("poll", "ppoll")                           # the sender
     assert others[fe]["waits"] == [{"fd": fe, "events": "out", "socket_inode": inode[fe]}]
+
+
+# a poll with a timeout, as NCCL's threads wait: a stop (a debugger, eu-stack) makes it go on
+# as restart_syscall
+TIMED = r'''
+import select, socket
+a, b = socket.socketpair()
+print(a.fileno(), flush=True)
+p = select.poll(); p.register(a, select.POLLIN)
+while True:
+    p.poll(5000)
+'''
+
+
+def test_a_timed_poll_resumed_after_a_stop_is_read_as_the_poll_it_is():
+    p = subprocess.Popen([sys.executable, "-c", TIMED], stdout=subprocess.PIPE, text=True)
+    try:
+        fd = int(p.stdout.readline())
+        time.sleep(0.3)
+        os.kill(p.pid, signal.SIGSTOP)
+        time.sleep(0.1)
+        os.kill(p.pid, signal.SIGCONT)
+        time.sleep(0.3)
+        raw = open(f"/proc/{p.pid}/syscall").read().split()[0]
+        s = thread_states(p.pid, "end")
+        (main,) = [t for t in s["threads"] if t["tid"] == p.pid]
+        assert main["syscall_nr"] == int(raw)
+        if int(raw) != RESTART_SYSCALL.get(s["arch"]):
+            pytest.skip(f"this kernel resumed the poll as syscall {raw}, not restart_syscall")
+        assert main["syscall_name"] == "poll" and "restart_syscall" in main["note"]
+        assert main["waits"] == [{"fd": fd, "events": "in", "socket_inode": os.stat(f"/proc/{p.pid}/fd/{fd}").st_ino}]
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("wchan,args,call", [
+    ("poll_schedule_timeout.constprop.0", [0x7f0000, 3, 1000], "poll"),
+    ("poll_schedule_timeout.constprop.0", [12, 0x7f0000, 0x7f1000, 0], "select"),
+    ("hrtimer_nanosleep", [0, 0], "clock_nanosleep"),
+    ("futex_wait_queue", [0x7f0000, 0x189], "futex"),
+    ("ep_poll", [5, 0x7f0000], None),
+    (None, [], None)])
+def test_the_call_a_restart_resumed_is_told_by_where_it_sleeps(wchan, args, call):
+    assert restarted_call(wchan, args) == call
 
 
 def test_parser_makes_one_row_per_thread_and_wait(blocked, tmp_path):

@@ -25,14 +25,21 @@ class Attachments(Collector):
     name = "attachments"
     share = "attach"
 
+    def __init__(self, session) -> None:
+        super().__init__(session)
+        self.owners: dict[str, int] = {}     # path -> the process whose output it is (sources' last call)
+
     def finish(self) -> None:
         self.collect()
 
     def sources(self, dumps: bool = True) -> tuple[list[tuple[str, str]], list[str]]:
         """(path, why) of files to attach, and patterns that matched nothing; ``dumps=False``:
-        without the Flight Recorder dumps (the watcher's log trigger)."""
+        without the Flight Recorder dumps (the watcher's log trigger). ``owners`` gets, for each
+        path found through a process (its stdout or stderr, its NCCL_DEBUG_FILE, its dumps), that
+        process: the watcher's log trigger names it."""
         s = self.s
         found, missing = [], []
+        owner: dict[str, int] = {}
         for pat in s.o.attach:
             hits = sorted(glob.glob(pat)) or ([pat] if os.path.isfile(pat) else [])
             if not hits:
@@ -54,12 +61,14 @@ class Attachments(Collector):
                 try:
                     if stat.S_ISREG(os.stat(link).st_mode):
                         found.append((link, f"{'stdout' if fd == 1 else 'stderr'} of pid {pid} ({os.readlink(link)})"))
+                        owner[link] = pid
                 except OSError:
                     pass
             dbg = e.get("NCCL_DEBUG_FILE")
             if dbg:
                 pat = resolve(dbg.replace("%h", "*").replace("%p", str(pid)))
                 found += [(h, f"NCCL_DEBUG_FILE of pid {pid}") for h in sorted(glob.glob(pat))]
+                owner.update({h: pid for h in sorted(glob.glob(pat))})
             # dumps that exist, whatever enabled them: <prefix><rank> for every prefix this torch may
             # use (TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE or the defaults); every
             # rank's <prefix><n> when the rank is unknown (capture.torchfr)
@@ -76,6 +85,7 @@ class Attachments(Collector):
             if real not in seen:
                 seen.add(real)
                 out.append((path, why))
+        self.owners = {p: owner[p] for p, _ in out if p in owner}
         return out, missing
 
     def collect(self) -> None:

@@ -371,8 +371,11 @@ class Watcher:
         if hits:
             path, what, line = hits[0]
             more = f" (+{len(hits) - 1} more)" if len(hits) > 1 else ""
+            # the processes whose output the lines are: the incident's job (a log names no pid)
+            owners = self.cap.collector("attachments").owners
+            pids = sorted({owners[p] for p, _, _ in hits if p in owners})
             self.fire(Trigger("log", f"{what} in {path}: {line}{more}", time.time_ns(),
-                              time.clock_gettime_ns(time.CLOCK_MONOTONIC), source=path))
+                              time.clock_gettime_ns(time.CLOCK_MONOTONIC), pids=pids, source=path))
 
     def check_on_demand(self) -> None:
         reason = None

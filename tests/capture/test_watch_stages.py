@@ -222,3 +222,36 @@ def test_a_malformed_stall_is_ignored_not_raised():
         ctx = _ctx(bad)
         assert stall.stall_resolved(ctx) == []
         assert [g.kind for g in stall.settle(ctx, [_hang()])] == ["hang_mismatch"]
+
+
+def test_a_log_trigger_names_the_processes_whose_output_the_lines_are(tmp_path):
+    """A WARN line in a job's log names no pid; the trigger takes those whose stdout, stderr or
+    NCCL_DEBUG_FILE the file is (the attachments' owners), so the incident is that job's."""
+    from capture.collectors.attachments import Attachments
+    log = tmp_path / "rank0.out"
+    with open(log, "w") as out:
+        job = subprocess.Popen(["sleep", "30"], stdout=out, stderr=subprocess.DEVNULL)
+    other = subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        info = SimpleNamespace(env={}, rank_facts=lambda: {"rank": 0})
+        session = SimpleNamespace(o=SimpleNamespace(attach=[]), procs={job.pid: info, other.pid: info})
+        att = Attachments.__new__(Attachments)
+        att.s, att.owners = session, {}
+        paths, _ = att.sources(dumps=False)
+        (path,) = [p for p, why in paths if "stdout" in why]
+        assert att.owners == {path: job.pid}
+        fired = []
+        w = watcher.Watcher.__new__(watcher.Watcher)
+        w.s = SimpleNamespace(notes=[])
+        w.cap = SimpleNamespace(collector=lambda name: att)
+        w.log_paths = lambda: paths
+        w.logwatch = SimpleNamespace(poll=lambda ps: [(path, "NCCL WARN", "node0:1:2 [0] NCCL WARN boom")])
+        w.fire = fired.append
+        w.check_logs()
+        (trig,) = fired
+        assert trig.kind == "log" and trig.pids == [job.pid] and trig.source == path
+    finally:
+        job.kill()
+        other.kill()
+        job.wait()
+        other.wait()

@@ -17,7 +17,8 @@ triggers:
   returned for ``--hang-after`` (default: the larger of 10 s and 10x the slowest collective
   completed in the last 5 minutes on this host);
 - **log**: ``capture.watch.monitors.LogWatch`` tails the job's NCCL_DEBUG_FILE logs and stdout/stderr files for
-  ``NCCL WARN`` lines and PyTorch watchdog timeouts;
+  ``NCCL WARN`` lines and PyTorch watchdog timeouts; the trigger names the processes whose
+  output those files are (the incident's job);
 - **on demand**: SIGUSR1, ``stallscope capture --trigger`` or the trigger file
   (``--trigger-file``, default ``<output>/stallscope.trigger``).
 

@@ -20,7 +20,8 @@ triggers:
   ``NCCL WARN`` lines and PyTorch watchdog timeouts; the trigger names the processes whose
   output those files are (the incident's job);
 - **on demand**: SIGUSR1, ``stallscope capture --trigger`` or the trigger file
-  (``--trigger-file``, default ``<output>/stallscope.trigger``).
+  (``--trigger-file``, default ``<output>/stallscope.trigger``); the incident's job is the one
+  running then, when only one is.
 
 The packet ring runs on trouble (``--pcap-ring on-trouble``, the default;
 ``capture.collectors.tcpdump_ring``).
@@ -392,7 +393,14 @@ class Watcher:
             reason = reason or "SIGUSR1"
         if reason:
             self.fire(Trigger("on-demand", reason, time.time_ns(), time.clock_gettime_ns(time.CLOCK_MONOTONIC),
-                              source="trigger"))
+                              pids=self.live_job(), source="trigger"))
+
+    def live_job(self) -> list[int]:
+        """The followed processes still running, when they are all of one job; [] otherwise. An
+        operator's trigger names no process: on a host running one job it is about that job, and
+        the processes of jobs that ended (kept a while after) and their records stay out."""
+        live = sorted(p for p in self.s.procs if os.path.isdir(f"/proc/{p}"))
+        return live if len({self.s.jobs.job_id(p) for p in live} - {None}) == 1 else []
 
     def prune(self) -> None:
         """Jobs come and go: processes gone longer than the rings keep are forgotten, the files

@@ -255,3 +255,27 @@ def test_a_log_trigger_names_the_processes_whose_output_the_lines_are(tmp_path):
         other.kill()
         job.wait()
         other.wait()
+
+
+def test_an_operators_trigger_is_about_the_one_job_running(tmp_path):
+    """An on-demand trigger names no process: with one job running it names that job's live
+    processes (the ended ones of earlier jobs stay out of its incident); with two, none."""
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(3)]
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    try:
+        jobs = {procs[0].pid: "a", procs[1].pid: "a", procs[2].pid: "b", ended.pid: "old"}
+        w = watcher.Watcher.__new__(watcher.Watcher)
+        w.s = SimpleNamespace(procs={p: None for p in jobs}, jobs=SimpleNamespace(job_id=jobs.get))
+        fired = []
+        w.fire, w.usr1, w.trigger_path = fired.append, True, None
+        w.check_on_demand()
+        assert fired[-1].kind == "on-demand" and fired[-1].pids == []          # two jobs running
+        del w.s.procs[procs[2].pid]
+        w.usr1 = True
+        w.check_on_demand()
+        assert fired[-1].pids == sorted([procs[0].pid, procs[1].pid])          # the one job, not the ended one
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

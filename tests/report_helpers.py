@@ -1,5 +1,6 @@
-"""Shared by the report tests: run ``stallscope analyze`` in-process, validate a Chrome
-trace, and build a bundle whose strings carry HTML/script payloads."""
+"""Shared by the report and findings tests: run ``stallscope analyze`` in-process (its outputs,
+or its JSON document alone), validate a Chrome trace, and build a bundle whose strings carry
+HTML/script payloads."""
 from __future__ import annotations
 
 import io
@@ -49,6 +50,17 @@ def analyze(bundles: list[str | Path], out: Path, *extra: str, all_outputs: bool
     so, se = io.StringIO(), io.StringIO()
     rc = main(argv + list(extra), Env(stdout=so, stderr=se))
     return Run(rc, so.getvalue(), se.getvalue(), out)
+
+
+def findings_doc(tmp: Path, path: str | Path, rc: int = 1) -> dict:
+    """``stallscope analyze PATH --jobs 1 --json``'s document, its exit code checked to be ``rc``
+    (1: an error finding); the report goes to ``tmp``."""
+    js = tmp / "f.json"
+    err = io.StringIO()
+    code = main(["analyze", str(path), "-o", str(tmp / "r.html"), "--json", str(js), "-q", "--jobs", "1"],
+                Env(stdout=io.StringIO(), stderr=err, debug=True))
+    assert code == rc, err.getvalue()
+    return json.loads(js.read_text())
 
 
 def validate_trace(doc: dict) -> list[str]:

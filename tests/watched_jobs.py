@@ -15,16 +15,39 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from capture_helpers import bundle_manifest
-from conftest import ROOT
+from conftest import ROOT, require_root, require_tool
 
 from capture.watch.triggers import TRIGGER_NAME
 from capture.watch.watcher import RING_SLACK_S
 
 PY = sys.executable
 SMALL = ["--compute-ms", "30", "--buckets", "131072,65536"]
+LAB = ROOT / "tests" / "lab"
+
+
+@contextmanager
+def watched_lab(tmp_path_factory, name: str, settle_s: float = 0.0, **watch):
+    """The lab built and one watcher started (``watch``: :class:`WatchedJobs`'s settings), as
+    ``{"build", "watch"}``, for a test module; after it, the watcher stopped and no namespace,
+    process or link of the lab's left (root, the lab's tools; skips without them)."""
+    require_root()
+    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
+    from tests.lab import netns
+    build = tmp_path_factory.mktemp("labbuild") / "build"
+    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    jobs = WatchedJobs(tmp_path_factory.mktemp(name), **watch)
+    time.sleep(settle_s)
+    try:
+        yield {"build": build, "watch": jobs}
+    finally:
+        jobs.close()
+        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
 
 
 class WatchedJobs:

@@ -14,41 +14,23 @@ Slow (minutes; ``make watch-align``): skipped unless STALLSCOPE_WATCH_ALIGN=1.""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 
 import pytest
 
 from capture_helpers import bundle_manifest
-from conftest import ROOT, require_root, require_tool
-from watched_jobs import WatchedJobs
+from watched_jobs import WatchedJobs, watched_lab
 
 pytestmark = pytest.mark.skipif(os.environ.get("STALLSCOPE_WATCH_ALIGN") != "1",
                                 reason="minutes of lab jobs under a watcher: make watch-align")
 
-PY = sys.executable
-LAB = ROOT / "tests" / "lab"
 HANG_AFTER_S, AFTER_S, BEFORE_S = 5, 5, 20
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    require_root()
-    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
-    from tests.lab import netns
-    build = tmp_path_factory.mktemp("labbuild") / "build"
-    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    watch = WatchedJobs(tmp_path_factory.mktemp("align"), hang_after_s=HANG_AFTER_S, after_s=AFTER_S,
-                        before_s=BEFORE_S)
-    time.sleep(8)
-    try:
-        yield {"build": build, "watch": watch}
-    finally:
-        watch.close()
-        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+    with watched_lab(tmp_path_factory, "align", settle_s=8, hang_after_s=HANG_AFTER_S, after_s=AFTER_S,
+                     before_s=BEFORE_S) as lab:
+        yield lab
 
 
 def _verdict(job: dict, watch: WatchedJobs):

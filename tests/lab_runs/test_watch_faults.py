@@ -17,19 +17,16 @@ Slow (about half an hour; ``make watch-faults``): skipped unless STALLSCOPE_WATC
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from capture_helpers import bundle_manifest
-from conftest import ROOT, require_root, require_tool
 from tests.lab.verdicts import names_fault, names_link, serious
-from watched_jobs import WatchedJobs
+from watched_jobs import watched_lab
 
 pytestmark = pytest.mark.skipif(os.environ.get("STALLSCOPE_WATCH_FAULTS") != "1",
                                 reason="half an hour of lab jobs under a watcher: make watch-faults")
 
-LAB = ROOT / "tests" / "lab"
 OPERATOR_AT_S = 8.0           # an operator asks for the bundle this long after a slow job's onset
 EARLY_S, LATE_S = 2.0, 12.0   # the fault's start after training began
 EARLY_OP, LATE_OP = 150, 900  # a mismatch's op (about 75 ops a second here)
@@ -73,19 +70,8 @@ def lab_args(fault: str, when: str) -> tuple[list[str], float | None]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    require_root()
-    require_tool("gcc", "make", "ip", "unshare", "bridge", "ss", "nsenter", "tcpdump", "bpftrace", "nft", "tc")
-    from tests.lab import netns
-    build = tmp_path_factory.mktemp("labbuild") / "build"
-    p = subprocess.run(["make", "-C", str(LAB), "all", f"BUILD={build}"], capture_output=True, text=True,
-                       timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    watch = WatchedJobs(tmp_path_factory.mktemp("faults"))
-    try:
-        yield {"build": build, "watch": watch}
-    finally:
-        watch.close()
-        assert netns.leftovers() == {"namespaces": [], "pids": [], "links": []}
+    with watched_lab(tmp_path_factory, "faults") as lab:
+        yield lab
 
 
 @pytest.mark.parametrize("when", ["early", "late"])

@@ -8,22 +8,16 @@ never issues SeqNum 19, watchdog 5 s, the ranks' logs and NCCL_DEBUG files alone
 --hold-s 12``). tests/fixtures/lab/reset/ is the counterpart: a reset that came first."""
 from __future__ import annotations
 
-import io
 import json
 
 from conftest import ROOT
-from forensics.cli import Env, main
+from report_helpers import findings_doc
 
 FIX = ROOT / "tests" / "fixtures"
 
 
 def _analyze(tmp_path, path) -> dict:
-    js = tmp_path / "f.json"
-    err = io.StringIO()
-    rc = main(["analyze", str(path), "-o", str(tmp_path / "r.html"), "--json", str(js), "-q", "--jobs", "1"],
-              Env(stdout=io.StringIO(), stderr=err, debug=True))
-    assert rc == 1, err.getvalue()
-    return json.loads(js.read_text())
+    return findings_doc(tmp_path, path)
 
 
 def _serious(doc: dict) -> list[dict]:

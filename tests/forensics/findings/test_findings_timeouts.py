@@ -11,24 +11,18 @@ rank 0. The twins: the same logs without the Ring lines, every rank in one SeqNu
 (whose root finishes first by design) name no link."""
 from __future__ import annotations
 
-import io
 import json
 import re
 import shutil
 
 from conftest import ROOT
-from forensics.cli import Env, main
+from report_helpers import findings_doc
 
 FIX = ROOT / "tests" / "fixtures" / "lab_logs" / "link-down-hang-4"
 
 
 def _analyze(tmp_path, path) -> dict:
-    js = tmp_path / "f.json"
-    err = io.StringIO()
-    rc = main(["analyze", str(path), "-o", str(tmp_path / "r.html"), "--json", str(js), "-q", "--jobs", "1"],
-              Env(stdout=io.StringIO(), stderr=err, debug=True))
-    assert rc == 1, err.getvalue()
-    return json.loads(js.read_text())
+    return findings_doc(tmp_path, path)
 
 
 def _top(doc: dict) -> dict:

@@ -102,6 +102,11 @@ class Tcpdump(Collector):
         (the watcher's packet ring, restarted on new TCP trouble); a capture starts one."""
         return ""
 
+    def slots_used(self) -> int:
+        """The share's slots taken: the tcpdumps started (running, or their files still kept);
+        an interface skipped takes none."""
+        return sum(1 for t in self.tcpdumps.values() if t.get("proc") is not None)
+
     def spawn(self, ns: NetNs, iface: str) -> dict | None:
         s = self.s
         c = self.spec
@@ -111,11 +116,12 @@ class Tcpdump(Collector):
             return None
         t0 = time.time_ns()
         reason = "--no-pcap" if not s.o.pcap else s.skip_reason(c)
-        if reason is None and len(self.tcpdumps) >= self.n_slots:
+        full = reason is None and self.slots_used() >= self.n_slots
+        if full:
             reason = f"pcap share already split over {self.n_slots} interfaces (raise --max-bytes)"
         if reason:
             s.record(key, status="skipped", reason=reason, started_ns=t0, ended_ns=t0)
-            self.tcpdumps[(ns.inode, iface)] = {"proc": None, "key": key}
+            self.tcpdumps[(ns.inode, iface)] = {"proc": None, "key": key, "full": full}
             return None
         ctx = {"ns": ns, "iface": iface, "phase": "continuous", "pid": ns.pid}
         out = s.staging / s.fill(c.out, ctx)

@@ -141,8 +141,17 @@ class TcpdumpRing(Tcpdump):
     def prune(self, keep_s: float) -> None:
         """Jobs come and go: the interfaces of namespaces whose processes are gone are
         forgotten, files of earlier runs older than ``keep_s`` removed, and the files of
-        tcpdumps whose interface went with its job removed (their slot serves the next job)."""
+        tcpdumps whose interface went with its job removed (their slot serves the next job).
+        An interface skipped for want of a slot is tried again, once the ring runs and a slot
+        is free: a watcher runs for days, and a skip was for good before (every later job's
+        interfaces skipped once four had been)."""
         s = self.s
+        for k, t in list(self.tcpdumps.items()):
+            if t.get("proc") is None and (t.get("full") or k not in self.wanted or not self.wanted[k][0].pids):
+                del self.tcpdumps[k]         # skipped: tried again below, or its job is gone
+                if not (k in self.wanted and self.wanted[k][0].pids):
+                    with s.lock:
+                        s.records.pop(t["key"], None)
         for k, (ns, _iface) in list(self.wanted.items()):
             if not ns.own and not ns.pids and k not in self.tcpdumps:
                 del self.wanted[k]           # a job's namespace, its processes gone
@@ -178,6 +187,9 @@ class TcpdumpRing(Tcpdump):
                 ns = t["ns"]
                 if t["iface"] in ns.ifaces:
                     ns.ifaces.remove(t["iface"])
+        retry = [pair for k, pair in self.wanted.items() if k not in self.tcpdumps]
+        if retry and (self.armed or not self.on_trouble) and self.slots_used() < self.n_slots:
+            self.start_tcpdumps(retry)
 
     def stop_quietly(self) -> None:
         """Every tcpdump stopped, nothing recorded (the watcher's end: its rings are dropped)."""

@@ -30,8 +30,10 @@ pytestmark = pytest.mark.skipif(os.environ.get("STALLSCOPE_WATCH_FAULTS") != "1"
 OPERATOR_AT_S = 8.0           # an operator asks for the bundle this long after a slow job's onset
 EARLY_S, LATE_S = 2.0, 12.0   # the fault's start after training began
 EARLY_OP, LATE_OP = 150, 900  # a mismatch's op (about 75 ops a second here)
-# steps a slow job needs to outlast the onset, the operator's trigger and the --after window,
-# per second of the job at the fault's pace (these sizes, an idle machine: more under load)
+# steps a slow job needs to outlast the onset, the operator's trigger and the --after window:
+# per second before the fault (about 25 steps a second with these sizes) and at the fault's
+# pace after it (an idle machine: a loaded one is slower, the job only longer)
+STEPS_BEFORE_PER_S = 30
 STEPS_PER_S = {"loss": 20, "slow-link": 8, "straggler": 4}
 
 # fault -> (the lab's arguments, the kinds a capture's verdict has, whether its link is scored,
@@ -64,7 +66,7 @@ def lab_args(fault: str, when: str) -> tuple[list[str], float | None]:
     args = args + ["--start-s", f"{start:g}"]
     if triggers:
         return args, None
-    steps = int(STEPS_PER_S[fault] * (start + OPERATOR_AT_S + 15))
+    steps = int(STEPS_BEFORE_PER_S * start + STEPS_PER_S[fault] * (OPERATOR_AT_S + 15))
     return args + ["--steps", str(steps)], OPERATOR_AT_S
 
 

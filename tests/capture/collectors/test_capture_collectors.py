@@ -154,3 +154,38 @@ def test_a_collector_that_raises_is_recorded_and_the_capture_goes_on(tmp_path):
     assert m["collectors"]["broken"]["status"] == "failed" and "sample: RuntimeError: boom" in \
         m["collectors"]["broken"]["reason"]
     assert res.exit_code == 3 and m["collectors"]["ss@host:end"]["status"] == "ok"
+
+
+class _Running:
+    def poll(self):
+        return None
+
+
+def test_the_packet_rings_skipped_interfaces_are_tried_again_when_a_slot_is_free():
+    """A watcher runs for days: an interface skipped because the pcap share's slots were taken
+    (by earlier jobs' tcpdumps) is started once one is free, and a skipped one takes no slot.
+    Before, every job's interfaces were skipped for good once four had been (make watch-faults:
+    a slow link's bundle with no packets)."""
+    import threading
+    from types import SimpleNamespace
+    ring = TcpdumpRing.__new__(TcpdumpRing)
+    records = {"tcpdump@old/eth0": {"status": "skipped"}, "tcpdump@job/eth0": {"status": "skipped"}}
+    ring.s = SimpleNamespace(records=records, lock=threading.Lock())
+    ring.on_trouble, ring.armed, ring.n_slots, ring.done = True, True, 2, []
+    job = SimpleNamespace(own=False, pids={42}, ifaces=["eth0"])
+    old = SimpleNamespace(own=False, pids=set(), ifaces=["eth0"])
+    ring.wanted = {(1, "eth0"): (job, "eth0"), (2, "eth0"): (old, "eth0")}
+    ring.tcpdumps = {(1, "eth0"): {"proc": None, "key": "tcpdump@job/eth0", "full": True},
+                     (2, "eth0"): {"proc": None, "key": "tcpdump@old/eth0", "full": False},
+                     (3, "eth0"): {"proc": _Running(), "key": "tcpdump@live/eth0"}}
+    assert ring.slots_used() == 1                          # the skipped ones take none
+    started = []
+    ring.start_tcpdumps = started.extend
+    ring.prune(keep_s=60)
+    assert started == [(job, "eth0")]                      # the live job's interface, tried again
+    assert (2, "eth0") not in ring.tcpdumps and (2, "eth0") not in ring.wanted   # the gone job's, forgotten
+    assert "tcpdump@old/eth0" not in records and "tcpdump@job/eth0" in records
+    started.clear()
+    ring.tcpdumps[(4, "eth0")] = {"proc": _Running(), "key": "tcpdump@other/eth0"}
+    ring.prune(keep_s=60)
+    assert started == []                                   # both slots taken: not yet

@@ -68,25 +68,22 @@ def agent_log(host: str, rank: int, pid: int, code: int, t_ns: int) -> str:
 def rank_killed(run, r: int, t0: int) -> None:
     """Rank r's process gets --kill-signal (KILL, or SEGV: a crash) while a collective is in
     flight: once it enqueued collective #--at-op, else --start-s after training began (then
-    the next moment, within 2 s, it has one in flight). Its host's torchrun agent reports
+    the next moment, within 2 s, it has one in flight: it is stopped, checked and let go again
+    until it has; ``mid_collective`` is the state it was killed in). Its host's torchrun agent reports
     the death (``logs/torchrun-node<r>.log``); the peers are left to fail or hang."""
     a = run.a
     job.wait_ranks_exec(run)
+    p = run.ranks[r]
     if a.at_op is not None:
         run.wait_for(lambda: any(e["opCount"] >= a.at_op for e in _world_ops(run, r)[0]), 60,
                      f"rank {r} to enqueue collective #{a.at_op}", poll=0.001)
-        mid = faults.truth_inflight(run, r)
     else:
         run.sleep_until_ns(t0 + int(a.start_s * 1e9))
-        mid = False
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline and not mid:
-            mid = faults.truth_inflight(run, r)
-            time.sleep(0.001)
-    p = run.ranks[r]
+    mid = _stop_in_flight(run, r, p.pid, 2.0)
     sig = getattr(signal, f"SIG{a.kill_signal}")
     t_kill = now_ns()
     os.kill(p.pid, sig)
+    os.kill(p.pid, signal.SIGCONT)           # a stopped process takes a SIGSEGV once it runs
     code = p.wait(timeout=30)
     enq, done = _world_ops(run, r)
     host = faults.link_info(run, r)["host"]
@@ -99,6 +96,35 @@ def rank_killed(run, r: int, t0: int) -> None:
         agent_log=f"logs/torchrun-node{r}.log",
         note="rank r's process was killed from outside while op_index (opCount on the world communicator) was "
              "in flight; its peers then see closed connections (NCCL WARN, watchdog error) or wait on it")
+
+
+def _stop_in_flight(run, r: int, pid: int, within_s: float) -> bool:
+    """Stop rank r's process (SIGSTOP) at a moment it has a collective in flight, trying for
+    ``within_s`` seconds; whether it has. Its truth file is read while it is stopped, so the
+    answer is the state it is killed in (a check while it runs was a few ms old by the kill,
+    and on a loaded machine the collective had completed in between). It is left stopped."""
+    deadline = time.monotonic() + within_s
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        _wait_stopped(pid)
+        if faults.truth_inflight(run, r) or time.monotonic() >= deadline:
+            return faults.truth_inflight(run, r)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.001)
+
+
+def _wait_stopped(pid: int, timeout_s: float = 1.0) -> None:
+    """Until every thread of ``pid`` is stopped (state T), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                      for t in os.listdir(f"/proc/{pid}/task")]
+        except (OSError, IndexError):
+            return                       # gone, or a thread gone meanwhile: nothing left to wait for
+        if all(st in ("T", "t") for st in states):
+            return
+        time.sleep(0.0005)
 
 
 def _last_complete_after(run, t_ns: int) -> dict[int, int]:

@@ -59,9 +59,9 @@ from ..options import CaptureResult, CaptureUsageError
 from ..policy import RingPolicy
 from ..runner import Capture
 from ..staging import lock_staging
+from . import stall
 from .incident import IncidentWriter
 from .init_hang import InitWatch
-from . import stall
 from .monitors import LogWatch, ProgressMonitor, QuietJobs, RingMonitor
 from .triggers import PENDING, TRIGGER_NAME, Trigger, registry_dir
 

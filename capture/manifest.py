@@ -331,7 +331,7 @@ PCAP_RING = Table("watch.pcap_ring", "the watcher's packet ring", (
 ))
 
 STALL = Table("watch.stall", "a hang trigger's stall, as the watcher followed it through the after-window "
-              "(capture/watch/watcher.py)", (
+              "(capture/watch/stall.py)", (
     Field("state", STR, "pending (the first archive, written at the trigger) | resolved (progress resumed in "
           "the after-window) | stuck (still stuck at the end of the window) | ended (its processes exited)"),
     Field("stalled_since_ns", INT, "UTC ns: the stuck processes' last progress before the trigger"),

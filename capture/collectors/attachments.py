@@ -67,14 +67,16 @@ class Attachments(Collector):
             dbg = e.get("NCCL_DEBUG_FILE")
             if dbg:
                 pat = resolve(dbg.replace("%h", "*").replace("%p", str(pid)))
-                found += [(h, f"NCCL_DEBUG_FILE of pid {pid}") for h in sorted(glob.glob(pat))]
-                owner.update({h: pid for h in sorted(glob.glob(pat))})
+                hits = sorted(glob.glob(pat))
+                found += [(h, f"NCCL_DEBUG_FILE of pid {pid}") for h in hits]
+                owner.update(dict.fromkeys(hits, pid))
             # dumps that exist, whatever enabled them: <prefix><rank> for every prefix this torch may
             # use (TORCH_FR_DUMP_TEMP_FILE, TORCH_NCCL_DEBUG_INFO_TEMP_FILE or the defaults); every
             # rank's <prefix><n> when the rank is unknown (capture.torchfr)
             if dumps:
-                found += [(h, f"Flight Recorder dump of pid {pid}")
-                          for h in torchfr.dump_files(pid, e, info.rank_facts()["rank"])]
+                hits = torchfr.dump_files(pid, e, info.rank_facts()["rank"])
+                found += [(h, f"Flight Recorder dump of pid {pid}") for h in hits]
+                owner.update(dict.fromkeys(hits, pid))
         seen, out = set(), []
         for path, why in found:
             try:

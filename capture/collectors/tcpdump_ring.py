@@ -147,9 +147,10 @@ class TcpdumpRing(Tcpdump):
         interfaces skipped once four had been)."""
         s = self.s
         for k, t in list(self.tcpdumps.items()):
-            if t.get("proc") is None and (t.get("full") or k not in self.wanted or not self.wanted[k][0].pids):
+            job_alive = k in self.wanted and bool(self.wanted[k][0].pids)
+            if t.get("proc") is None and (t.get("full") or not job_alive):
                 del self.tcpdumps[k]         # skipped: tried again below, or its job is gone
-                if not (k in self.wanted and self.wanted[k][0].pids):
+                if not job_alive:
                     with s.lock:
                         s.records.pop(t["key"], None)
         for k, (ns, _iface) in list(self.wanted.items()):

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from conftest import FIXTURES
+from hung_process import DUMP_ON_SIGNAL, run_explained
 from forensics.cli import Env, main
 from forensics.tcp import PACKET_COLUMNS, analyze_file
 
@@ -159,13 +160,14 @@ def test_python_dash_m_entry_point():
 
 def _console(argv: list[str]) -> subprocess.CompletedProcess:
     """The ``stallscope`` program (``forensics.cli.console``) in a fresh process, stdout a pipe
-    (block-buffered), with an atexit handler that says whether the interpreter's teardown ran."""
-    code = ("import atexit, sys\n"
+    (block-buffered), with an atexit handler that says whether the interpreter's teardown ran;
+    a hang fails with every process's stacks (tests/hung_process.py)."""
+    code = (DUMP_ON_SIGNAL + "import atexit, sys\n"
             "atexit.register(lambda: sys.stderr.write('TEARDOWN\\n'))\n"
             "from forensics.cli import console\n"
             f"sys.argv = ['stallscope'] + {argv!r}\n"
             "console()\n")
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return run_explained([sys.executable, "-c", code], timeout=240)
 
 
 def test_analyze_ends_without_the_interpreters_teardown_its_output_flushed(tmp_path):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...wording import ms
 from ...model.windows import capture_start_ns
-from ...model.logs import YEAR_ASSUMED, ZONE_ASSUMED
+from ...model.logs import YEAR_ASSUMED, ZONE_ASSUMED, host_text
 from .common import utc
 
 
@@ -54,6 +54,8 @@ def first_screen(analysis, f) -> list[Field]:
             where.append(("waiting: ranks " if waiting else "peers ") + listed)
     if f.nodes:
         where.append("captured on " + ", ".join(f.nodes[:4]))
+    if not where:
+        where = _where_from_evidence(f)
     if where:
         out.append(Field("Where", "; ".join(where)))
     out.append(Field("Since", since_field(analysis, f)))
@@ -74,6 +76,26 @@ def first_screen(analysis, f) -> list[Field]:
         out.append(Field("Evidence", str(sources)))
     if f.action:
         out.append(Field("Next", f.action))
+    return out
+
+
+def _where_from_evidence(f) -> list[str]:
+    """*Where* for a finding that names no rank, host or link (an init failure read from a file
+    that prints no host): the hosts of its evidence rows as a person reads them ("host unknown
+    (node0.log)": the file, never its path) and the addresses it names."""
+    hosts: list[str] = []
+    for row in f.evidence if isinstance(f.evidence, list) else []:
+        h = row.get("host") if isinstance(row, dict) else None
+        if h and (t := host_text(h)) not in hosts:
+            hosts.append(t)
+    out = []
+    if hosts:
+        named = [h for h in hosts if not h.startswith("host unknown")]
+        out.append(("on " + ", ".join(named[:6]) if named else ", ".join(hosts[:3]))
+                   + (f" … ({len(hosts)})" if len(hosts) > (6 if named else 3) else ""))
+    addrs = [str(a) for a in f.details.get("addresses") or [] if a]
+    if addrs:
+        out.append(("address " if len(addrs) == 1 else "addresses ") + ", ".join(addrs[:3]))
     return out
 
 

@@ -626,3 +626,21 @@ def test_evidence_table_shows_a_hostless_file_as_the_first_screen_does(tmp_path)
     assert "<td>host unknown (slurm-1234.out)</td>" in table and "unknown:" not in table
     watchdog = page.split('id="table-watchdog_events"', 1)[1].split("</table>", 1)[0]
     assert "<td>host unknown (slurm-1234.out)</td>" in watchdog and "unknown:" not in watchdog
+
+
+def test_where_of_a_finding_without_rank_or_host_comes_from_its_evidence(tmp_path):
+    """An init failure read from a file that prints no host names no rank and no host; the first
+    screen's *Where* still says where: the file (never its path) and the address it failed on."""
+    from forensics.report.sections.verdict import first_screen
+    log = tmp_path / "slurm-77.out"
+    log.write_text("[E socket.cpp:793] [c10d] The client socket has timed out after 60s while trying to connect "
+                   "to (10.1.2.3, 29500).\n")
+    a = run_analysis([str(log)])
+    try:
+        top = next(f for f in a.findings if f.severity == "error")
+        assert not top.ranks and not top.hosts, top
+        where = {fl.label: fl.text for fl in first_screen(a, top)}["Where"]
+        assert where == "host unknown (slurm-77.out); address 10.1.2.3:29500", where
+        assert str(tmp_path) not in html_report.render(a, with_plotly=False).split('id="first-screen"', 1)[1][:2000]
+    finally:
+        a.close()

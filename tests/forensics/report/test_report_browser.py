@@ -258,3 +258,68 @@ def test_first_screen_says_who_where_since_and_next(browser, first_screens, case
     since = _in_view(page, "#first-screen .field-since", vp["height"])
     assert ("UTC" in since["text"]) == (top["since_ns"] is not None), since
     ctx.close()
+
+
+# ---- issue 42: the first screen of logs alone (the real-world corpus, loose) ---------------------
+CORPUS = FIXTURES / "realworld"
+# a dozen public excerpts, one or two per class, damaged as pasted; the last two healthy
+CORPUS_SCREENS = ("001-llamafactory-numbered-allreduce", "009-sglang3836-two-h100-allreduce",
+                  "027-torchtune2651-wrapped-dump-signal", "043-ib-error4-vendor81-prose-glued",
+                  "059-cloudwatch-ofi-couldnt-open-cq", "083-knet-slurm-oom-step-cancelled",
+                  "099-torchrun-elastic-launch-config-connect-timeout", "123-ras-2273-incomplete-outlier-node",
+                  "139-ibstat-ibwarn-debug-mlx4-port1-disabled", "155-ncclras-2307-straggler-single-rank-mismatch",
+                  "163-returnn1486-zsh-prompt-nvidia-smi-unknown-error-aer",
+                  "175-nccl1928-rank-prefixed-ofi-undeliverable-2288",
+                  "035-nccltests293-a100pcie-ib-sharp-init", "131-nccltests-mpirun-2node-header-info-2215")
+
+
+@pytest.fixture(scope="module")
+def corpus_screens(tmp_path_factory):
+    base = tmp_path_factory.mktemp("corpus-screen")
+    out = {}
+    for case in CORPUS_SCREENS:
+        r = analyze([CORPUS / case], base / case, "--json", str(base / case / "findings.json"), all_outputs=False)
+        assert r.rc in (0, 1), r.stderr
+        out[case] = r
+    return out
+
+
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("case", CORPUS_SCREENS)
+def test_first_screen_of_logs_alone(browser, corpus_screens, case, size):
+    """Logs alone, at a desk and on a phone: the verdict in view and at most 200 characters; for
+    a failure the Where, Since and Next fields begin on the first screen, Where names the
+    culprit the excerpt establishes (its ``expect.json``), and no field shows a file path for a
+    host or an empty host list; a healthy log shows no failure."""
+    r = corpus_screens[case]
+    doc = json.loads(r.path("findings.json").read_text())
+    expect = json.loads((CORPUS / case / "expect.json").read_text())
+    vp = SIZES[size]
+    ctx = browser.new_context(viewport=vp)
+    page = ctx.new_page()
+    page.goto(r.path("report.html").as_uri(), wait_until="load")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"first-screen-corpus-{case[:3]}-{size}.png"))
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), \
+        page.evaluate("document.documentElement.scrollWidth")
+    head = _in_view(page, "#verdict-text", vp["height"])
+    assert head and head["inside"] and head["text"].strip() == doc["verdict"]
+    assert len(doc["verdict"]) <= 200
+    screen = _in_view(page, "#first-screen", vp["height"])
+    if not expect.get("serious"):
+        assert screen is None and page.evaluate("document.querySelector('#verdict').className").endswith(" ok")
+        ctx.close()
+        return
+    assert screen is not None and 0 <= screen["top"] < vp["height"], screen
+    for name in ("where", "since", "next"):
+        f = _in_view(page, f"#first-screen .field-{name}", vp["height"])
+        assert f is not None and 0 <= f["top"] < vp["height"], (name, f)
+    text = screen["text"] + "\n" + head["text"]
+    assert str(CORPUS) not in text and "unknown:/" not in text and "0 hosts" not in text, text
+    where = _in_view(page, "#first-screen .field-where", vp["height"])["text"]
+    culprit = expect.get("culprit") or {}
+    for host in culprit.get("hosts", []):
+        assert host in where, (host, where)
+    for rank in culprit.get("ranks", []):
+        assert re.search(rf"\b{rank}\b", where), (rank, where)
+    ctx.close()

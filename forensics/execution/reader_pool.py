@@ -2,6 +2,13 @@
 worker processes read the host bundles, each taking the next unread host from one shared
 counter (:class:`ReaderPool`, driven by :func:`.host_reading.read_hosts`).
 
+A worker sends its host part pickled, as bytes, and the calling thread unpickles it
+(:meth:`ReaderPool.finished`): the pool's own thread, which receives the results while the
+calling thread may still be importing the analyzer, must import nothing. Unpickling a part
+imports the analyzer's modules; two threads importing the same package tree at once can take
+its module locks in opposite orders (an ImportError, "partially initialized module", where
+Python's import-deadlock detection sees the cycle, a hang where it does not).
+
 Standard library only until a pool starts. On Linux, in a process with no other thread, the
 workers are forked from this one at once, before it imports the per-host stage (pandas,
 numpy), and each imports it on its own core while this process does the same: no page of
@@ -13,8 +20,10 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import sys
 import threading
+import traceback
 import warnings
 
 from . import memory
@@ -126,7 +135,7 @@ class ReaderPool:
                 self._seen.add(f)
                 got = f.result()
                 if got is not None:
-                    out.append(got)
+                    out.append(_received(*got))
         return out
 
     @property
@@ -184,10 +193,34 @@ def _take(counter, n: int) -> int | None:
     return i
 
 
+class RemoteTraceback(Exception):
+    """Where a worker's error was raised: its traceback, as text (the error's ``__cause__``)."""
+
+
 def _read_next(paths: list, skew: bool):
-    """A worker's task: the next unclaimed host, read (index, part); None when none is left."""
+    """A worker's task: the next unclaimed host, read: (index, True, the part pickled) or, when
+    reading it failed, (index, False, the error and its traceback pickled); None when no host is
+    left. Pickled here so that the pool's thread in the calling process unpickles only bytes."""
     i = _take(_shared_next, len(paths))
     if i is None:
         return None
-    from ..model.hosts import read_host
-    return i, read_host(paths[i], skew=skew)
+    try:
+        from ..model.hosts import read_host
+        part = read_host(paths[i], skew=skew)
+    except Exception as exc:   # noqa: BLE001 - raised again by the calling thread (_received)
+        tb = "".join(traceback.format_exception(exc))
+        try:
+            return i, False, pickle.dumps((exc, tb), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:      # noqa: BLE001 - an error that does not pickle: its text then
+            return i, False, pickle.dumps((RuntimeError(f"{type(exc).__name__}: {exc}"), tb))
+    return i, True, pickle.dumps(part, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _received(i: int, ok: bool, blob: bytes) -> tuple:
+    """(index, part) of what a worker sent (:func:`_read_next`), unpickled on the calling
+    thread; the worker's error raised here (its traceback as the ``__cause__``)."""
+    value = pickle.loads(blob)
+    if ok:
+        return i, value
+    exc, tb = value
+    raise exc from RemoteTraceback(tb)

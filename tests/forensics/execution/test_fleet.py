@@ -464,6 +464,38 @@ def test_beside_a_thread_a_fork_server_starts_the_workers_before_pandas_is_impor
     assert _first_host_taken(setup) == ["False", "False", "True", "forkserver", "False", "False"]
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="workers are forked on Linux only")
+def test_the_pools_thread_imports_nothing_when_the_workers_results_come():
+    """The calling thread may still be importing the analyzer when a worker's host arrives; the
+    pool's thread, which receives it, must import nothing (two threads importing one package
+    tree can deadlock): every worker's host received, and still neither the analyzer nor pandas
+    imported in this process until the calling thread takes the parts."""
+    code = ("import concurrent.futures, sys, forensics.execution.reader_pool as w\n"
+            f"r = w.ReaderPool({[str(p) for p in HANG]!r}, 2)\n"
+            "done = concurrent.futures.wait(r._futures, timeout=100).not_done == set()\n"
+            "print(done, 'forensics.model.hosts' in sys.modules, 'pandas' in sys.modules, end=' ')\n"
+            "parts = list(r.rest())\n"
+            "print(sorted(i for i, _ in parts) == list(range(len(r.paths))), type(parts[0][1]).__name__)\n"
+            "r.close()\n")
+    p = run_python(code, timeout=150)
+    assert p.stderr == "", p.stderr
+    assert p.stdout.split() == ["True", "False", "False", "True", "HostPart"], p.stdout
+
+
+def test_a_workers_error_is_raised_by_the_caller_with_its_traceback(tmp_path):
+    from forensics.errors import InputError
+    from forensics.execution.reader_pool import RemoteTraceback
+    bad = tmp_path / "broken.tar.gz"
+    bad.write_bytes(b"\x1f\x8b not really gzip")
+    reading = ReaderPool([str(bad)], 2)
+    try:
+        with pytest.raises(InputError, match="broken.tar.gz") as got:
+            list(reading.rest())
+    finally:
+        reading.close()
+    assert isinstance(got.value.__cause__, RemoteTraceback) and "Traceback" in str(got.value.__cause__)
+
+
 def _read_by(reading: ReaderPool) -> tuple[list[int], list[int]]:
     """(hosts the calling process read, hosts the workers read), by index."""
     mine, theirs = [], []

@@ -163,7 +163,8 @@ class NcclTestsParser(TextParser):
         facts["hosts"] = sorted({d["host"] for d in devices if d.get("host")})
         facts["ranks"] = len({d["rank"] for d in devices if d.get("rank") is not None})
         facts["devices"] = len(devices)
-        if not rows and not devices and not facts["failures"] and facts["avg_busbw_gbps"] is None:
+        if not rows and not devices and not facts["failures"] and facts["avg_busbw_gbps"] is None \
+                and facts["out_of_bounds"] is None:
             log.add(None, "no nccl-tests results found")
         return cls.result(label, {"nccl_tests": rows, "nccl_tests_devices": devices}, facts, log)
 

@@ -152,10 +152,12 @@ def _dump_finding(ctx: Context, dumps: pd.DataFrame) -> Finding:
         kind="nccl_error", severity="error", confidence=0.7,
         headline=f"Collective timeout: rank {first}'s watchdog fired first (Flight Recorder dump signals)" + " ({since})",
         confidence_note="the dump signals name the rank; its own timeout line is not in the logs",
-        summary=(f"PyTorch's Flight Recorder dump signal reached {ranks_text(told) if told else 'the ranks'} "
-                 f"from rank {first}" + (f" (on {host})" if host else "") + ": rank " + str(first) + "'s watchdog "
-                 "caught a collective timeout first; its peers dumped their state. The logs hold no timeout line "
-                 f"of their own: \"{str(dumps.iloc[0]['message'])[:140]}\"."),
+        summary=((f"PyTorch's Flight Recorder dump signal reached {ranks_text(told) if told else 'the ranks'} "
+                  f"from rank {first}" + (f" (on {host})" if host else "") + ": rank " + str(first) + "'s watchdog "
+                  "caught a collective timeout first; its peers dumped their state." if len(by_peer) else
+                  f"Rank {first}'s own watchdog" + (f" (on {host})" if host else "") + " caught a collective timeout "
+                  "and signalled the Flight Recorder to dump.")
+                 + f" The logs hold no timeout line of their own: \"{str(dumps.iloc[0]['message'])[:140]}\"."),
         ranks=[first], hosts=[host] if host else [], peer_ranks=[r for r in told if r != first],
         evidence=warns.evidence(dumps, WD_COLS), sql=WD_SQL,
         action=(f"Rank {first}'s own output (its timeout line names the collective and SeqNum) and the Flight "

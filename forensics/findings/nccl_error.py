@@ -109,6 +109,10 @@ def torch_nccl_errors(ctx: Context) -> list[Finding]:
     g = g.assign(_t=pd.to_numeric(g["time_ns"], errors="coerce")).sort_values(
         ["_t", "artifact", "log_line"], kind="stable", na_position="last").drop(columns="_t")
     out = []
+    # "from this local rank": the rank's own watchdog fired; it names itself
+    own = (g["kind"] == "dump_signal") & g["peer_rank"].isna() & g["rank"].notna() & g["message"].astype(
+        str).str.contains(r"from\s+this\s+local\s+rank", regex=True)
+    g = g.assign(peer_rank=g["peer_rank"].where(~own, g["rank"]))
     dumps = g[(g["kind"] == "dump_signal") & g["peer_rank"].notna()]
     if len(dumps):
         out.append(_dump_finding(ctx, dumps))
@@ -133,7 +137,14 @@ def _since(g: pd.DataFrame) -> tuple[int | None, str | None]:
 
 
 def _dump_finding(ctx: Context, dumps: pd.DataFrame) -> Finding:
-    first = int(pd.to_numeric(dumps["peer_rank"], errors="coerce").mode().iloc[0])
+    """The rank a peer's dump signal names ("from rank N"); where only ranks naming themselves
+    ("from this local rank") are there and they are several, every one of them."""
+    peer = pd.to_numeric(dumps["peer_rank"], errors="coerce")
+    by_peer = peer[peer != pd.to_numeric(dumps["rank"], errors="coerce")].dropna()
+    fired = sorted({int(r) for r in peer.dropna()})
+    if by_peer.empty and len(fired) > 1:
+        return _self_dumps_finding(ctx, dumps, fired)
+    first = int((by_peer if len(by_peer) else peer).mode().iloc[0])
     host = rank_hosts(ctx).get(first)
     told = _ranks(dumps)
     since_ns, src = _since(dumps)
@@ -141,10 +152,12 @@ def _dump_finding(ctx: Context, dumps: pd.DataFrame) -> Finding:
         kind="nccl_error", severity="error", confidence=0.7,
         headline=f"Collective timeout: rank {first}'s watchdog fired first (Flight Recorder dump signals)" + " ({since})",
         confidence_note="the dump signals name the rank; its own timeout line is not in the logs",
-        summary=(f"PyTorch's Flight Recorder dump signal reached {ranks_text(told) if told else 'the ranks'} "
-                 f"from rank {first}" + (f" (on {host})" if host else "") + ": rank " + str(first) + "'s watchdog "
-                 "caught a collective timeout first; its peers dumped their state. The logs hold no timeout line "
-                 f"of their own: \"{str(dumps.iloc[0]['message'])[:140]}\"."),
+        summary=((f"PyTorch's Flight Recorder dump signal reached {ranks_text(told) if told else 'the ranks'} "
+                  f"from rank {first}" + (f" (on {host})" if host else "") + ": rank " + str(first) + "'s watchdog "
+                  "caught a collective timeout first; its peers dumped their state." if len(by_peer) else
+                  f"Rank {first}'s own watchdog" + (f" (on {host})" if host else "") + " caught a collective timeout "
+                  "and signalled the Flight Recorder to dump.")
+                 + f" The logs hold no timeout line of their own: \"{str(dumps.iloc[0]['message'])[:140]}\"."),
         ranks=[first], hosts=[host] if host else [], peer_ranks=[r for r in told if r != first],
         evidence=warns.evidence(dumps, WD_COLS), sql=WD_SQL,
         action=(f"Rank {first}'s own output (its timeout line names the collective and SeqNum) and the Flight "
@@ -152,6 +165,24 @@ def _dump_finding(ctx: Context, dumps: pd.DataFrame) -> Finding:
                 "entered that collective is the one to look at"),
         score=warns.LOG_FINDING_SCORE, since_ns=since_ns, since_source=src,
         details={"rule": "dump_signal", "first_rank": first, "lines": int(len(dumps))})
+
+
+def _self_dumps_finding(ctx: Context, dumps: pd.DataFrame, fired: list[int]) -> Finding:
+    hosts = sorted({h for r in fired if (h := rank_hosts(ctx).get(r))})
+    since_ns, src = _since(dumps)
+    return Finding(
+        kind="nccl_error", severity="error", confidence=0.6,
+        headline=f"Collective timeout: the watchdogs of {ranks_text(fired)} fired (Flight Recorder dump signals)"
+        + " ({since})",
+        confidence_note="each rank's dump signal names itself; their own timeout lines are not in the logs",
+        summary=(f"PyTorch's Flight Recorder dump signal came from the ranks' own watchdogs on {ranks_text(fired)}"
+                 + (f" ({', '.join(hosts[:3])})" if hosts else "") + ": each caught a collective timeout of its "
+                 f"own. The logs hold no timeout line: \"{str(dumps.iloc[0]['message'])[:140]}\"."),
+        ranks=fired, hosts=hosts, evidence=warns.evidence(dumps, WD_COLS), sql=WD_SQL,
+        action=("The ranks missing from this list (they never timed out: the ones the others waited for), their "
+                "output, and the Flight Recorder dumps (python -m torch.distributed.flight_recorder.fr_trace)"),
+        score=warns.LOG_FINDING_SCORE, since_ns=since_ns, since_source=src,
+        details={"rule": "dump_signal", "first_rank": None, "lines": int(len(dumps))})
 
 
 def _error_finding(ctx: Context, g: pd.DataFrame) -> Finding:

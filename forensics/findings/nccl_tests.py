@@ -213,8 +213,11 @@ def _wrong_results(runs: pd.DataFrame) -> list[Finding]:
         summary = (f"nccl-tests failed alike on {len(failed)} hosts ({shown}), no single culprit{why}; "
                    f"{lines} failure line(s) in {len(bad)} run(s).")
     else:
+        oob = int(bad["out_of_bounds"].fillna(0).sum())
+        counts = [c for n, c in ((wrong, f"{wrong} wrong values"), (oob, f"{oob} out-of-bounds values"),
+                                 (lines, f"{lines} failure line(s)")) if n] or ["no count given"]
         summary = (f"nccl-tests reported wrong results or failures in {len(bad)} run(s) "
-                   f"({', '.join(hosts)}): {wrong} wrong values, {lines} failure line(s){why}.")
+                   f"({', '.join(hosts)}): {', '.join(counts)}{why}.")
     return [Finding(
         kind="nccl_tests_bandwidth", severity="error", confidence=0.9, summary=summary,
         hosts=hosts, evidence=_records(bad),

@@ -368,8 +368,9 @@ def nccl_tests_tables(bundle, arts: BundleArtifacts) -> tuple[pd.DataFrame, pd.D
         if t is not None and len(t):
             rows.append(t.assign(host=host, artifact=rel))
         tests = list(dict.fromkeys([x for x in (t["test"].dropna().unique() if t is not None and len(t) else [])]))
-        if not tests and f.get("avg_busbw_gbps") is None and not f.get("failures"):
-            continue
+        if not tests and f.get("avg_busbw_gbps") is None and not f.get("failures") \
+                and f.get("out_of_bounds") is None:
+            continue                 # a footer alone ("Out of bounds values : 56 FAILED") is a run
         for test in tests or [None]:
             sub = t[t["test"] == test] if test is not None else t.iloc[0:0]
             bus = pd.to_numeric(sub["busbw_gbps"], errors="coerce")

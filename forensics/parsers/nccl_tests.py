@@ -94,6 +94,15 @@ INT_RE = re.compile(r"^-?\d+$")
 HEADER_RE = re.compile(r"^\s*#?\s*size\s+count\s+type\b")
 
 
+def _is_num(tok: str) -> bool:
+    """Whether ``tok`` reads as a number (a reduction operation is a name, never one)."""
+    try:
+        float(tok)
+    except ValueError:
+        return False
+    return True
+
+
 def _num(tok: str) -> float | None:
     if tok in ("N/A", "-", ""):
         return None
@@ -163,7 +172,8 @@ class NcclTestsParser(TextParser):
         facts["hosts"] = sorted({d["host"] for d in devices if d.get("host")})
         facts["ranks"] = len({d["rank"] for d in devices if d.get("rank") is not None})
         facts["devices"] = len(devices)
-        if not rows and not devices and not facts["failures"] and facts["avg_busbw_gbps"] is None:
+        if not rows and not devices and not facts["failures"] and facts["avg_busbw_gbps"] is None \
+                and facts["out_of_bounds"] is None:
             log.add(None, "no nccl-tests results found")
         return cls.result(label, {"nccl_tests": rows, "nccl_tests_devices": devices}, facts, log)
 
@@ -286,10 +296,11 @@ def _parse_row(tokens: list[str], layout) -> tuple[dict, list[dict], str | None]
             candidates.append((keys, sides))
         elif len(tokens) == len(keys) + len(sides[0]) if sides else False:
             candidates.append((keys, sides[:1]))
-    for nkeys in (5, 4):
-        # 4 keys: no root (2017's all_reduce: "bytes N type op") or no redop ("bytes N type root")
-        keys = (["size", "count", "type", "redop", "root"] if nkeys == 5 else
-                ["size", "count", "type", "root" if INT_RE.match(tokens[3] if len(tokens) > 3 else "") else "redop"])
+    for nkeys in (5, 4, 3):
+        # 4 keys: no root (2017's all_reduce: "bytes N type op") or no redop ("bytes N type root");
+        # 3 keys: neither (2.4-2.6's all_reduce and all_gather: "size count type time ...")
+        keys = (["size", "count", "type", "redop", "root"] if nkeys == 5 else ["size", "count", "type"] if nkeys == 3
+                else ["size", "count", "type", "root" if INT_RE.match(tokens[3] if len(tokens) > 3 else "") else "redop"])
         rest = len(tokens) - nkeys
         for per in (4, 3):                  # time algbw busbw [#wrong]: no #wrong column before 2018
             if rest in (per, 2 * per):
@@ -297,6 +308,7 @@ def _parse_row(tokens: list[str], layout) -> tuple[dict, list[dict], str | None]
     # a root is an integer and a time never negative (a row cut short is no row); a time under
     # 10 ms has decimals: these tell "5 keys, 3 per side" from "4 keys, 4 per side"
     candidates = [c for c in candidates if ("root" not in c[0] or INT_RE.match(tokens[c[0].index("root")]))
+                  and ("redop" not in c[0] or not _is_num(tokens[c[0].index("redop")]))
                   and not tokens[len(c[0])].startswith("-")]
     candidates.sort(key=lambda c: bool(INT_RE.match(tokens[len(c[0])])) and c[0][-1] == "redop")
     if not candidates:

@@ -111,7 +111,7 @@ def _glue_candidates() -> tuple[re.Pattern, ...]:
             rb"Traceback \(most recent call last\):", rb"terminate called after throwing", rb"Exception raised from ",
             rb"frame #\d+: ", b"=" * 20, rb"Root Cause \(first observed failure\):", rb"Failures:", rb"\[\d+\]:",
             rb"\s\s(?:time|host|rank|exitcode|error_file|traceback)\s*: ", tests_markers(), rb"(?:Out of bounds values|Avg bus bandwidth)[ \t]*: ",
-            rb"[ \t]" + DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]",
+            rb"[ \t]" + DTYPES + rb"[ \t]+(?:(?:sum|prod|max|min|avg|none|mulsum)[ \t]|-?\d)",
             rb": Test (?:NCCL|CUDA) failure", rb"\.\. \S+ pid \d+: Test failure", rb"CA '\w+'", rb"hca_id:\s",
             rb"Infiniband device '", rb"Switch: ", rb"CA: ", rb"Router: ", rb" \t", rb"srun", rb"slurmstepd",
             rb"torch\.distributed\.elastic\.", rb"nccl[A-Z]\w*Error: ", rb"tate:",

@@ -17,7 +17,8 @@ CTIME = rb"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + MON + rb" [ \d]\d \d\d:\d\d:\d\d 
 NCCL_HEAD = rb"(?:<[\w.-]+>|[\w.][\w.-]*)?:\d+:\d+ \[\d+\] "   # <name>, ...: redacted hosts
 GLOG = rb"[EWIFD]\d{4} \d\d:\d\d:\d\d(?:\.\d+)?"
 DTYPES = rb"(?:float|double|half|bfloat16|int8|uint8|int32|uint32|int64|uint64|fp8_e4m3|fp8_e5m2|f8e4m3|f8e5m2)"
-TEST_ROW = rb"[ \t]+\d+[ \t]+\d+[ \t]+" + DTYPES + rb"[ \t]+(?:sum|prod|max|min|avg|none|mulsum)[ \t]"
+# a result row: size count type, then its redop, or (2.4-2.6, and rows without a redop) a root or a time
+TEST_ROW = rb"[ \t]+\d+[ \t]+\d+[ \t]+" + DTYPES + rb"[ \t]+(?:(?:sum|prod|max|min|avg|none|mulsum)[ \t]|-?\d)"
 LOG_START_RE = re.compile(
     rb"(?m)^(?:[ \t]*\d{1,6}: |\[\d+,\d+\]<std|\[default\d+\]:|\[rank\d+\]:|\[pod/|\((?:[\w.:-]+ )?pid=\d+"
     rb"|\[?" + ISO + rb"|\[?" + CTIME + rb"|" + MON + rb" [ \d]\d \d\d:\d\d:\d\d"

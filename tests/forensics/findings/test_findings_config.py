@@ -220,6 +220,16 @@ def test_nccl_tests_wrong_results_are_an_error(tmp_path):
     a.close()
 
 
+def test_nccl_tests_out_of_bounds_footer_alone_is_an_error(tmp_path):
+    """A FAILED footer with no table (a ticket kept only that line) gives the error, and the
+    summary says what was counted, not "0 wrong values, 0 failure line(s)"."""
+    text = "./hypercube_perf -b 8 -e 8g -f 2 -g 4\n Out of bounds values : 56 FAILED\n"
+    a = analyze([make_bundle(tmp_path, "a", [], {"nccl-tests/output.txt": text})])
+    (f,) = [f for f in a.findings if f.details.get("rule") == "wrong_results"]
+    assert f.severity == "error" and "56 out-of-bounds values." in f.summary and "0 " not in f.summary
+    a.close()
+
+
 def test_ib_disabled_in_env_without_logs_on_an_ib_host(tmp_path):
     """Empty NCCL logs (as in bundles whose byte budget ran out): the environment alone
     says NCCL_IB_DISABLE=1 on a host with HCAs."""

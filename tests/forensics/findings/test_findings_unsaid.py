@@ -146,6 +146,28 @@ def test_dump_signal_names_the_rank_that_fired_first(tmp_path):
     assert f["ranks"] == [7] and f["details"]["rule"] == "dump_signal"
 
 
+def _local_dump(rank: int) -> str:
+    return (f"[rank{rank}]:[E1128 21:11:49.041194513 ProcessGroupNCCL.cpp:1870] [PG ID 0 PG GUID 0(default_pg) Rank "
+            f"{rank}] Received a dump signal due to a collective timeout from this local rank and we will try our "
+            "best to dump the debug info. Last enqueued NCCL work: 22, last completed NCCL work: 21.\n")
+
+
+def test_dump_signal_from_this_local_rank_names_that_rank(tmp_path):
+    """A rank whose own watchdog fired names itself; a peer that only observed the signal is not it."""
+    text = _local_dump(1) + ("[rank0]:[E1128 21:11:49.041188078 ProcessGroupNCCL.cpp:1806] [PG ID 0 PG GUID "
+                             "0(default_pg) Rank 0] Observed flight recorder dump signal from another rank via "
+                             "TCPStore.\n")
+    _, doc = _analyze(tmp_path, "l", text)
+    f = next(f for f in doc["findings"] if f["kind"] == "nccl_error")
+    assert f["ranks"] == [1] and doc["verdict"].startswith("Collective timeout: rank 1's watchdog fired first")
+
+
+def test_dump_signals_of_several_local_ranks_name_them_all(tmp_path):
+    _, doc = _analyze(tmp_path, "m", _local_dump(7) + _local_dump(6))
+    f = next(f for f in doc["findings"] if f["kind"] == "nccl_error")
+    assert f["ranks"] == [6, 7] and "the watchdogs of ranks 6, 7 fired" in doc["verdict"]
+
+
 @pytest.mark.parametrize("message, cls", [
     ("NET/OFI Couldn't open a fabric access domain. RC: -38, ERROR: Function not implemented", "ofi_setup"),
     ("NET/OFI Unable to register memory (type = 2) for device 0. RC: -22, Error: Invalid argument", "ofi_setup"),

@@ -380,6 +380,15 @@ def test_profiler_kernel_times_of_the_readme_trace(tmp_path):
     assert r["exec_time_us"] == pytest.approx(8159.232)
 
 
+def test_nccl_tests_footer_alone_is_a_failed_run(tmp_path):
+    """A paste that kept only the command and the footer (no table, no devices) is still a run
+    whose out-of-bounds count reaches the runs table, so a FAILED footer is never silent."""
+    b = make_bundle(tmp_path, "h", [], {"nccl-tests/out.txt": "./hypercube_perf -b 8 -e 8g -g 4\n"
+                                        "Out of bounds values : 56 FAILED\n"})
+    runs = read_model([b])["nccl_tests_runs"]
+    assert runs["out_of_bounds"].tolist() == [56] and runs["rows"].tolist() == [0]
+
+
 def test_nccl_tests_output_attached_in_logs_with_its_nccl_lines(tmp_path):
     """An attached benchmark log (logs/): its result rows and the NCCL init lines it printed."""
     nccl = [ln for ln in (PARSERS / "nccl_debug" / "nccl_debug_info_init.log").read_text().splitlines()

@@ -173,6 +173,15 @@ def test_unmarked_nccl_tests_summary_lines_glued_to_a_row_are_split():
     assert [ln.strip() for ln in out.splitlines()] == [row, "Out of bounds values : 0 OK", "Avg bus bandwidth    : 0"]
 
 
+def test_joined_rows_without_a_redop_are_split():
+    """2.4-2.6's rows (size count type, then the times) carry no redop: joined onto one line they
+    still split, one row a line."""
+    rows = ["65536          8192   float    16.57    1.98    1.98  0e+00    13.83    2.37    2.37  0e+00",
+            "131072         16384   float    23.07    2.84    2.84  0e+00    18.39    3.56    3.56  0e+00"]
+    out = fixed(" ".join(rows) + "  Out of bounds values : 0 OK\n")
+    assert [ln.strip() for ln in out.splitlines()] == rows + ["Out of bounds values : 0 OK"]
+
+
 def test_hard_wrap_at_blanks():
     import textwrap
     w = 90

@@ -180,6 +180,8 @@ def test_headerless_rows_of_every_layout():
         "8388608 2097152 float sum 4.140 2.03 3.04 0e+00 4.153 2.02 3.03 0e+00": ("sum", None, 2, 0.0),
         "8388608 2097152 float 0 4.140 2.03 3.04 0 4.153 2.02 3.03 0": (None, 0, 2, 0.0),
         "8388608 2097152 float sum -1 4.140 2.03 3.04 0": ("sum", -1, 1, 0.0),
+        # 2.4-2.6's all_reduce_perf / all_gather_perf: neither redop nor root, an error column
+        "8388608 2097152 float 4.140 2.03 3.04 0e+00 4.153 2.02 3.03 0e+00": (None, None, 2, 0.0),
     }
     for row, (redop, root, n, wrong) in cases.items():
         r = NcclTestsParser.parse((row + "\n").encode())

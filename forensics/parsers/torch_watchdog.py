@@ -19,8 +19,9 @@ launchers, line numbers and progress bars may precede it (their tags are read by
   C10D_NCCL_CHECK form), the ``ncclRemoteError: …`` explanation line after it, and the ``Last
   error:`` line after that (NCCL's last WARN, without its prefix); a source line of a traceback
   that only formats such a message (``f"NCCL error: {error_str}"``) is not one;
-- XLA's (JAX, TensorFlow) ``NCCL operation ncclCommInitRank(&comm, …) failed: <error>``
-  (kind nccl_error, the error named after the call);
+- XLA's (JAX, TensorFlow) ``NCCL operation ncclCommInitRank(&comm, …) failed: <error>`` and
+  Horovod's ``ncclCommInitRank failed: <error>`` (an NCCL call and one of NCCL's own error
+  strings; kind nccl_error, the error named after the call);
 - a dump signal ``from rank N`` (rank N timed out first) with, since 2.5, this rank's own
   ``Last enqueued NCCL work: E, last completed NCCL work: C``; the watchdog stuck (heartbeat),
   ``… flight recorder dumps to finish``, the teardown, ``NCCL communicator was aborted``;
@@ -72,8 +73,13 @@ EXC_RE = re.compile(r"(?:detected by watchdog at work(?: sequence id)?|Timeout a
 NCCL_ERROR_RE = re.compile(r"NCCL [Ee]rror(?: \d+)?(?: in: (?P<where>[^,]+),| ?:)? ?(?P<err>.*?)(?:, NCCL version "
                            r"(?P<version>[\w.+-]+))?\s*$")
 NCCL_ERROR_AT_RE = re.compile(r"NCCL [Ee]rror\b")
-# XLA (JAX, TensorFlow): "NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error"
-XLA_NCCL_RE = re.compile(r"NCCL operation (?P<call>nccl\w+)\([^)]*\) failed: (?P<err>[^;]*?)(?:\.? Last NCCL|;|\.?$)")
+# XLA (JAX, TensorFlow): "NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error";
+# Horovod: "ncclCommInitRank failed: unhandled cuda error" (an NCCL call, then one of ncclGetErrorString's texts)
+NCCL_STRINGS = (b"failed: unhandled cuda error", b"failed: unhandled system error", b"failed: internal error",
+                b"failed: invalid argument", b"failed: invalid usage", b"failed: remote process exited")
+CALL_FAILED_RE = re.compile(r"\b(?P<call>nccl[A-Z]\w*)(?:\([^)]*\))? failed: (?P<err>(?:unhandled (?:cuda|system) error"
+                            r"|internal error|invalid (?:argument|usage)|remote process exited)[^;]*?)"
+                            r"(?:\.? Last NCCL|;|\.?\s*$)")
 PLACEHOLDER_RE = re.compile(r"\{[\w.\[\]]*\}|%[sd]\b")     # a message being formatted: source code, not a log
 NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)"
                           r"Error): (?P<text>.*)$")
@@ -98,7 +104,7 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
 # literal markers of the lines read (each found with memmem, :mod:`.text`); of NCCL's lower-case
 # names only those an expression below reads (a bare b"nccl" selected every NCCL INFO line that
 # names ncclCommInitRank: a quarter of an init-heavy log's reading time, for nothing)
-NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", b"NCCL operation", *CODE_MARKERS, b"ncclUniqueId",
+NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", *NCCL_STRINGS, *CODE_MARKERS, b"ncclUniqueId",
            b"ncclCommAbort", b"light recorder", b"eartbeat", b"dump signal", b"global timeout", b"Last error")
 # what stands after "Last error:" when it is not NCCL's quoted WARN: the error's own lines (a
 # reversed paste puts the quoted text before "Last error:")
@@ -114,7 +120,7 @@ class TorchWatchdogParser(TextParser):
     GLOBS = ("logs/*", "logs/**/*")
     # an NCCL result code with its text ("ncclInternalError: Internal check failed.") is read
     # wherever it stands, whatever launcher printed it
-    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"NCCL Error", b"NCCL operation", b"DistBackendError",
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"NCCL Error", *NCCL_STRINGS, b"DistBackendError",
                b"Watchdog caught",
                b"Last error:", *CODE_MARKERS)
     SCHEMAS = {"watchdog": {
@@ -231,7 +237,7 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
             and not PLACEHOLDER_RE.search(e["err"] or ""):
         row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=_version(e["version"]))
         return row
-    if (x := XLA_NCCL_RE.search(msg)):
+    if (x := CALL_FAILED_RE.search(msg)):
         row.update(kind="nccl_error", error=f"{x['call']} failed: {x['err'].strip()}")
         return row
     if (c := NCCL_CODE_RE.search(msg)):

@@ -154,3 +154,15 @@ def test_numbered_nccl_error_xla_operation_and_not_a_traceback_source_line():
     assert w.iloc[0]["ctx_host"] == "10.1.0.7"
     assert w.iloc[1]["error"] == "ncclCommInitRank failed: unhandled system error (run with NCCL_DEBUG=INFO for details)"
     assert w.iloc[2]["error"] == "ncclCommInitRank failed: unhandled cuda error"
+
+
+def test_horovods_call_failed_line_needs_one_of_nccls_error_strings():
+    text = ("[1]<stderr>:RuntimeError: ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for "
+            "details)\n"
+            "tensorflow.python.framework.errors_impl.UnknownError: ncclCommInitRank failed: unhandled system error\n"
+            "ncclAllReduce failed: some text of the application's own\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["line"].tolist() == [1, 2]
+    assert w.iloc[0]["ctx_rank"] == 1
+    assert w["error"].tolist() == ["ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+                                   "ncclCommInitRank failed: unhandled system error"]

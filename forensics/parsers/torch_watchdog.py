@@ -80,6 +80,7 @@ NCCL_STRINGS = (b"failed: unhandled cuda error", b"failed: unhandled system erro
 CALL_FAILED_RE = re.compile(r"\b(?P<call>nccl[A-Z]\w*)(?:\([^)]*\))? failed: (?P<err>(?:unhandled (?:cuda|system) error"
                             r"|internal error|invalid (?:argument|usage)|remote process exited)[^;]*?)"
                             r"(?:\.? Last NCCL|;|\.?\s*$)")
+CALL_CUT_RE = re.compile(r"\bnccl[A-Z]\w*(?:\([^)]*\))? failed:\s*$")
 PLACEHOLDER_RE = re.compile(r"\{[\w.\[\]]*\}|%[sd]\b")     # a message being formatted: source code, not a log
 NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)"
                           r"Error): (?P<text>.*)$")
@@ -104,7 +105,7 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
 # literal markers of the lines read (each found with memmem, :mod:`.text`); of NCCL's lower-case
 # names only those an expression below reads (a bare b"nccl" selected every NCCL INFO line that
 # names ncclCommInitRank: a quarter of an init-heavy log's reading time, for nothing)
-NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", *NCCL_STRINGS, *CODE_MARKERS, b"ncclUniqueId",
+NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", b"NCCL operation", *NCCL_STRINGS, *CODE_MARKERS, b"ncclUniqueId",
            b"ncclCommAbort", b"light recorder", b"eartbeat", b"dump signal", b"global timeout", b"Last error")
 # what stands after "Last error:" when it is not NCCL's quoted WARN: the error's own lines (a
 # reversed paste puts the quoted text before "Last error:")
@@ -120,7 +121,8 @@ class TorchWatchdogParser(TextParser):
     GLOBS = ("logs/*", "logs/**/*")
     # an NCCL result code with its text ("ncclInternalError: Internal check failed.") is read
     # wherever it stands, whatever launcher printed it
-    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"NCCL Error", *NCCL_STRINGS, b"DistBackendError",
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"NCCL Error", b"NCCL operation", *NCCL_STRINGS,
+               b"DistBackendError",
                b"Watchdog caught",
                b"Last error:", *CODE_MARKERS)
     SCHEMAS = {"watchdog": {
@@ -237,7 +239,10 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
             and not PLACEHOLDER_RE.search(e["err"] or ""):
         row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=_version(e["version"]))
         return row
-    if (x := CALL_FAILED_RE.search(msg)):
+    if (x := CALL_FAILED_RE.search(msg)) is None and CALL_CUT_RE.search(msg):
+        # a line wrapped right after "failed:": its error stands on the next line
+        x = CALL_FAILED_RE.search(msg.rstrip() + " " + next(iter(text.following(end, 1)), "").strip())
+    if x is not None:
         row.update(kind="nccl_error", error=f"{x['call']} failed: {x['err'].strip()}")
         return row
     if (c := NCCL_CODE_RE.search(msg)):

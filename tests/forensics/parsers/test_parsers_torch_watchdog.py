@@ -166,3 +166,11 @@ def test_horovods_call_failed_line_needs_one_of_nccls_error_strings():
     assert w.iloc[0]["ctx_rank"] == 1
     assert w["error"].tolist() == ["ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
                                    "ncclCommInitRank failed: unhandled system error"]
+
+
+def test_an_xla_line_wrapped_right_after_failed_is_read_with_its_next_line():
+    text = ("INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:305: NCCL operation ncclCommInitRank(&comm, nranks, "
+            "id, rank) failed: \nunhandled system error (run with NCCL_DEBUG=INFO for details). Last NCCL warning\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["error"].tolist() == ["ncclCommInitRank failed: unhandled system error (run with NCCL_DEBUG=INFO for "
+                                   "details)"]

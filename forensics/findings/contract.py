@@ -91,10 +91,11 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")     # where a sentence ends
 
 def headline_of(summary: str) -> str:
     """A summary's first sentence, or as many of its first clauses as fit in HEADLINE_CHARS,
-    ending on no dangling ';' or ':' and with no parenthesis left open."""
+    ending on no dangling ';' or ':' and with no parenthesis or quotation left open (a sentence
+    end inside a quoted log line, "Heartbeat monitor timed out! Process…", is not the summary's)."""
     text = " ".join(summary.split())
     first = _SENTENCE.split(text, maxsplit=1)[0]
-    if len(first) <= HEADLINE_CHARS:
+    if len(first) <= HEADLINE_CHARS and first.count("(") <= first.count(")") and first.count('"') % 2 == 0:
         return first
     out = ""
     for part in _CLAUSE.split(first):
@@ -103,8 +104,8 @@ def headline_of(summary: str) -> str:
             break
         out = nxt
     out = (out or first).rstrip(" ;:,")
-    while out.count("(") > out.count(")"):
-        out = out[:out.rindex("(")].rstrip(" ;:,")
+    while out.count("(") > out.count(")") or out.count('"') % 2:
+        out = out[:out.rindex("(" if out.count("(") > out.count(")") else '"')].rstrip(" ;:,")
     return out or first
 
 

@@ -100,6 +100,17 @@ def _world(ctx) -> list[int]:
     return sorted({int(r) for r in pd.to_numeric(cfg["rank"], errors="coerce").dropna()})
 
 
+def _whole(ctx, world: list[int]) -> bool:
+    """Whether the ranks ``world`` the logs know are all the job's: as many as the largest
+    communicator's ``nranks`` of its Init lines (``comm_inits``) or the manifest's world size,
+    where one says it (an excerpt may show one rank's Init of four)."""
+    sizes = [pd.to_numeric(t[c], errors="coerce").max() for t, c in
+             ((ctx.model.tables.get("comm_inits"), "nranks"), (ctx.model.tables.get("nccl_config"), "world_size"))
+             if t is not None and c in t]
+    size = max((int(v) for v in sizes if pd.notna(v)), default=None)
+    return bool(world) and (size is None or len(world) >= size)
+
+
 def _different_calls(to: pd.DataFrame, n, pg_txt: str, dir_hosts, ran, details: dict,
                      common: dict) -> Finding | None:
     """``hang_mismatch`` where the ranks' watchdog lines name different calls at the same
@@ -209,7 +220,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
     # a rank whose own timeout is a later SeqNum went past n (a broadcast's root): said apart
     at_n = sorted({r for r, q in zip(to["_r"], seqs) if n is None or q == n}) or timed
     ahead = sorted({r for r, q in zip(to["_r"], seqs) if n is not None and pd.notna(q) and q > n} - set(at_n))
-    everyone = "every rank" if world and not ahead else ranks_text(at_n)
+    everyone = "every rank" if _whole(ctx, world) and not ahead else ranks_text(at_n)
     past = f", {ranks_text(ahead)} already past it" if ahead else ""
     return Finding(
         kind="hang_stuck", severity="error", confidence=0.75 if cause else 0.6,

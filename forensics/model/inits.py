@@ -78,7 +78,8 @@ def _unreached(bundle, events: list[dict], inits: pd.DataFrame) -> pd.Series:
 
 
 def _logged(bundle, log_comms: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The log's Init START lines, each with its Init COMPLETE (same pid and comm pointer)."""
+    """The log's Init START lines, each with its Init COMPLETE (same pid and comm pointer), and
+    the COMPLETE lines whose START the log lacks (an excerpt that begins after it): completed."""
     if log_comms is None or log_comms.empty or "status" not in log_comms.columns:
         return None
     lc = log_comms.copy()
@@ -87,12 +88,15 @@ def _logged(bundle, log_comms: pd.DataFrame | None) -> pd.DataFrame | None:
             lc[c] = None
     start = lc[lc["status"] == "START"]
     done = lc[lc["status"] == "COMPLETE"]
-    if start.empty:
+    if start.empty and done.empty:
         return None
     # (pid, comm) of each START among those of the COMPLETEs: one key space (NA a value of its own)
     pc = pd.concat([start[["pid", "comm"]], done[["pid", "comm"]]], ignore_index=True)
     key = pc.groupby(["pid", "comm"], sort=False, dropna=False).ngroup().to_numpy()
     completed = np.isin(key[:len(start)], key[len(start):])
+    alone = done[~np.isin(key[len(start):], key[:len(start)])].drop_duplicates(["pid", "comm"])
+    start = pd.concat([start, alone], ignore_index=True) if len(alone) else start
+    completed = np.concatenate([completed, np.ones(len(alone), bool)])
     host = start["host"].where(start["host"].notna(), bundle.host)
     return pd.DataFrame({
         "host": host, "pid": start["pid"], "tid": start["tid"], "fn": start["func"], "rank": start["rank"],

@@ -13,7 +13,10 @@ block) of their own when a worker dies, each naming the worker its own way:
   ``Killing subprocess`` lines are the launcher stopping the others after that failure;
 - Ray (``ray.exceptions.ActorDiedError``, alone or inside ``RayTaskError(ActorDiedError)``),
   followed by tab-indented fields of the dead actor: ``class_name``, ``actor_id``, ``pid``,
-  ``name``, ``ip`` (the node it ran on);
+  ``name``, ``ip`` (the node it ran on); or the raylet's (``worker.py``'s) own report of a worker
+  process lost: ``A worker died or was killed while executing a task by an unexpected system
+  error. … Worker IP address: <ip> Worker port: <n> Worker PID: <pid> Worker exit type: <t>
+  Worker exit detail: <text>`` (one line; its fields say whose);
 - ``torch.multiprocessing.spawn``: ``ProcessExitedException: process 3 terminated with signal
   SIGKILL`` (``Exception:`` before torch 1.8), ``... terminated with exit code 1`` (the process
   index: the local rank).
@@ -25,7 +28,8 @@ time, host, rank, local_rank, exitcode, pid, signal, error_file, traceback, ctx_
 ctx_local_rank, ctx_host, ctx_pid, ctx_clock), its kinds:
     kind ``deepspeed`` (a worker's return code), ``deepspeed_kill`` (a worker the launcher
     killed after another failed: pid only, no signal of its own: not a cause),
-    ``ray_actor_died`` (pid, host: the actor's ip; the reason in ``traceback``), ``spawn``
+    ``ray_actor_died`` (an actor's or the raylet's worker's death: pid, host: its ip; the reason
+    in ``traceback``), ``spawn``
     (local_rank, exitcode, signal).
 """
 from __future__ import annotations
@@ -44,10 +48,13 @@ DS_START_RE = re.compile(r"\[launch\.py:\d+:\w+\]|\[['\"]")     # where DeepSpee
 LOCAL_RANK_RE = re.compile(r"--local[_-]rank[= ]'?(?P<local>\d+)")
 RAY_DIED_RE = re.compile(r"(?<!\()\bActorDiedError: (?P<msg>.*?)\s*$")
 RAY_FIELD_RE = re.compile(r"(?<![\w])(?P<key>class_name|actor_id|pid|name|ip|namespace)\s*:\s*(?P<value>[^\s,]+)")
+RAY_WORKER_RE = re.compile(r"A worker died or was killed while executing a task(?P<rest>.*)$")
+RAY_WORKER_FIELD_RE = re.compile(r"Worker (?P<key>IP address|PID|exit type): (?P<value>\S+)")
+RAY_WORKER_DETAIL_RE = re.compile(r"Worker exit detail: (?P<detail>.*?\.)(?= |$)")
 SPAWN_RE = re.compile(r"(?:ProcessExitedException|ProcessRaisedException|Exception): process (?P<index>\d+) terminated "
                       r"with (?:signal (?P<sig>SIG[A-Z0-9]+)|exit code (?P<code>-?\d+))")
 NEEDLES = (b"exits with return code", b"Killing subprocess", b"ActorDiedError", b"terminated with signal",
-           b"terminated with exit code")
+           b"terminated with exit code", b"A worker died or was killed")
 RAY_FIELDS_MAX = 8       # the dead actor's field lines read after the ActorDiedError line
 
 
@@ -57,7 +64,7 @@ class LauncherExitsParser(TextParser):
     DESCRIPTION = "DeepSpeed, Ray and mp.spawn lines naming a worker process that died"
     GLOBS = ("logs/*", "logs/**/*")
     MARKERS = (b"exits with return code", b"sigkill_handler", b"ActorDiedError", b"terminated with signal",
-               b"terminated with exit code")
+               b"terminated with exit code", b"A worker died or was killed")
     SCHEMAS = {"process_exits": TorchElasticParser.SCHEMAS["process_exits"]}
 
     @classmethod
@@ -72,7 +79,7 @@ class LauncherExitsParser(TextParser):
         rows = []
         for ln, line, _start, end in text.iter_spans(text.lines_with(NEEDLES)):
             line = lines_mod.ANSI_RE.sub("", line)
-            row = _deepspeed(ln, line) or _ray(text, ln, line, end) or _spawn(ln, line)
+            row = _deepspeed(ln, line) or _ray(text, ln, line, end) or _ray_worker(ln, line) or _spawn(ln, line)
             if row:
                 rows.append(row)
         if not rows:
@@ -126,6 +133,23 @@ def _ray(text: LogText, ln: int, line: str, end: int) -> dict | None:
                                                               f" ({fields['class_name']})" if fields.get("class_name")
                                                               else ""))[:200],
             **{**ctx, "ctx_pid": None, "ctx_host": None, "host": fields.get("ip")}}
+
+
+def _ray_worker(ln: int, line: str) -> dict | None:
+    """The raylet's line of a worker process lost (its ip, pid, exit type and detail), or None."""
+    m = RAY_WORKER_RE.search(line)
+    if m is None:
+        return None
+    fields = {f["key"]: f["value"] for f in RAY_WORKER_FIELD_RE.finditer(m["rest"])}
+    detail = RAY_WORKER_DETAIL_RE.search(m["rest"])
+    pid, ip = fields.get("PID"), fields.get("IP address")
+    reason = "Ray worker died" + (f" ({fields['exit type']})" if fields.get("exit type") else "") \
+        + (f": {detail['detail']}" if detail else "")
+    ctx = _prefix_ctx(line[:m.start()])
+    return {"line": ln, "kind": "ray_actor_died", "pid": int(pid) if pid and pid.isdigit() else None,
+            "traceback": reason[:200],
+            **{**ctx, "ctx_pid": None, "ctx_host": None,
+               "host": ip if ip and ip not in ("0.0.0.0", "127.0.0.1") else ctx.get("host")}}
 
 
 def _spawn(ln: int, line: str) -> dict | None:

@@ -2,7 +2,7 @@
 
 A job's output reaches the log through one or more launchers, each putting its own tag in
 front of the line: ``srun --label`` (``12: ``), Open MPI ``--tag-output`` (``[1,12]<stdout>:``,
-after ``--timestamp-output``'s ``Fri Aug 11 12:31:45 2023``), torchrun ``--tee``
+after ``--timestamp-output``'s ``Fri Aug 11 12:31:45 2023``; horovodrun's ``[12]<stdout>:``), torchrun ``--tee``
 (``[default3]:``, ``[trainer3]:`` with a role: a *local* rank; torchx ``[trainer0|3]:``),
 PyTorch's own c10 logger (``[rank12]:``), Ray (``(RayTrainWorker pid=4711, ip=10.0.0.3)``), pdsh (``node07: ``), ``kubectl logs --prefix``
 (``[pod/trainer-3/main]``), log shippers and syslog (a time and a host), Python logging
@@ -61,6 +61,7 @@ _HOSTNAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 # the position of each match decides which rank is nearest the message.
 PREFIXES: tuple[Prefix, ...] = (
     _p("open_mpi", r"\[(?P<job>\d+),(?P<rank>\d+)\]<std(?:out|err|diag)>:"),
+    _p("horovodrun", r"\[(?P<rank>\d+)\]<std(?:out|err)>:"),            # horovodrun (Gloo): ``[1]<stderr>:``
     _p("torchrun", r"\[default(?P<local_rank>\d+)\]:"),
     # torchrun with a role of its own (torchx names it: ``[trainer3]:``, the local rank), and
     # torchx's ``[role<replica>|<local rank>]:``
@@ -167,7 +168,7 @@ def context_columns(prefixes: Iterable[str]) -> dict[str, list]:
 
 # the tags a line may start with, in any number and order (strip_tags)
 _LEADING_TAG = re.compile(
-    r"\s*(?:\[pod/[^\]\s]+\]|\[[A-Za-z_][A-Za-z_-]*\d+(?:\|\d+)?\]:|\[rank\d+\]:|\[\d+,\d+\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
+    r"\s*(?:\[pod/[^\]\s]+\]|\[[A-Za-z_][A-Za-z_-]*\d+(?:\|\d+)?\]:|\[rank\d+\]:|\[\d+(?:,\d+)?\]<std(?:out|err|diag)>:|\[\d{1,7}\]"
     r"|\((?:[A-Za-z_][\w.:-]* )?pid=\d+(?:, ip=[0-9A-Fa-f.:]+)?\)|\d{1,6}:(?=\s)|" + _ISO + r"|" + _CTIME
     + r"|" + _HOSTNAME + r" >>|\[[^\]]{0,40}\d{2}:\d{2}:\d{2}[^\]]{0,20}\])\s*")
 

@@ -15,8 +15,13 @@ launchers, line numbers and progress bars may precede it (their tags are read by
   ``Timeout at NCCL work: …`` (the same three numbers; kind timeout: that work timed out, its
   op type and time run unknown);
 - ``NCCL error in: <file>:<line>, <error>, NCCL version <v>`` / ``NCCL error: <error>, NCCL
-  version <v>`` (DistBackendError, the watchdog's own), the ``ncclRemoteError: …`` explanation
-  line after it, and the ``Last error:`` line after that (NCCL's last WARN, without its prefix);
+  version <v>`` (DistBackendError, the watchdog's own; ``NCCL Error 2: <error>`` in the
+  C10D_NCCL_CHECK form), the ``ncclRemoteError: …`` explanation line after it, and the ``Last
+  error:`` line after that (NCCL's last WARN, without its prefix); a source line of a traceback
+  that only formats such a message (``f"NCCL error: {error_str}"``) is not one;
+- XLA's (JAX, TensorFlow) ``NCCL operation ncclCommInitRank(&comm, …) failed: <error>`` and
+  Horovod's ``ncclCommInitRank failed: <error>`` (an NCCL call and one of NCCL's own error
+  strings; kind nccl_error, the error named after the call);
 - a dump signal ``from rank N`` (rank N timed out first) with, since 2.5, this rank's own
   ``Last enqueued NCCL work: E, last completed NCCL work: C``; the watchdog stuck (heartbeat),
   ``… flight recorder dumps to finish``, the teardown, ``NCCL communicator was aborted``;
@@ -65,8 +70,18 @@ FIELD_RE = re.compile(r"(?P<k>[A-Za-z]+(?:\(ms\))?)=(?P<v>[^,]+?)(?=,|$)")
 EXC_RE = re.compile(r"(?:detected by watchdog at work(?: sequence id)?|Timeout at NCCL work):? (?P<seq>-?\d+),?"
                     r"(?: PG status:)? last enqueued (?:NCCL )?work: (?P<enq>-?\d+), last completed (?:NCCL )?work: "
                     r"(?P<done>-?\d+)")
-NCCL_ERROR_RE = re.compile(r"NCCL error(?: in: (?P<where>[^,]+),| ?:)? ?(?P<err>.*?)(?:, NCCL version "
+NCCL_ERROR_RE = re.compile(r"NCCL [Ee]rror(?: \d+)?(?: in: (?P<where>[^,]+),| ?:)? ?(?P<err>.*?)(?:, NCCL version "
                            r"(?P<version>[\w.+-]+))?\s*$")
+NCCL_ERROR_AT_RE = re.compile(r"NCCL [Ee]rror\b")
+# XLA (JAX, TensorFlow): "NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error";
+# Horovod: "ncclCommInitRank failed: unhandled cuda error" (an NCCL call, then one of ncclGetErrorString's texts)
+NCCL_STRINGS = (b"failed: unhandled cuda error", b"failed: unhandled system error", b"failed: internal error",
+                b"failed: invalid argument", b"failed: invalid usage", b"failed: remote process exited")
+CALL_FAILED_RE = re.compile(r"\b(?P<call>nccl[A-Z]\w*)(?:\([^)]*\))? failed: (?P<err>(?:unhandled (?:cuda|system) error"
+                            r"|internal error|invalid (?:argument|usage)|remote process exited)[^;]*?)"
+                            r"(?:\.? Last NCCL|;|\.?\s*$)")
+CALL_CUT_RE = re.compile(r"\bnccl[A-Z]\w*(?:\([^)]*\))? failed:\s*$")
+PLACEHOLDER_RE = re.compile(r"\{[\w.\[\]]*\}|%[sd]\b")     # a message being formatted: source code, not a log
 NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)"
                           r"Error): (?P<text>.*)$")
 FR_WAIT_RE = re.compile(r"timed out after waiting for (?P<ms>\d+)ms flight recorder dumps")
@@ -90,7 +105,7 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
 # literal markers of the lines read (each found with memmem, :mod:`.text`); of NCCL's lower-case
 # names only those an expression below reads (a bare b"nccl" selected every NCCL INFO line that
 # names ncclCommInitRank: a quarter of an init-heavy log's reading time, for nothing)
-NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", *CODE_MARKERS, b"ncclUniqueId",
+NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", b"NCCL operation", *NCCL_STRINGS, *CODE_MARKERS, b"ncclUniqueId",
            b"ncclCommAbort", b"light recorder", b"eartbeat", b"dump signal", b"global timeout", b"Last error")
 # what stands after "Last error:" when it is not NCCL's quoted WARN: the error's own lines (a
 # reversed paste puts the quoted text before "Last error:")
@@ -106,7 +121,9 @@ class TorchWatchdogParser(TextParser):
     GLOBS = ("logs/*", "logs/**/*")
     # an NCCL result code with its text ("ncclInternalError: Internal check failed.") is read
     # wherever it stands, whatever launcher printed it
-    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"DistBackendError", b"Watchdog caught",
+    MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"NCCL Error", b"NCCL operation", *NCCL_STRINGS,
+               b"DistBackendError",
+               b"Watchdog caught",
                b"Last error:", *CODE_MARKERS)
     SCHEMAS = {"watchdog": {
         "line": "int", "kind": "str", "severity": "str", "log_time": "str", "src_file": "str", "src_line": "int",
@@ -218,8 +235,15 @@ def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> 
         row.update(kind="timeout" if "Timeout at NCCL work" in e[0] else "exception", seq_num=int(e["seq"]),
                    last_enqueued=enq, last_completed=done if done <= max(enq, int(e["seq"])) else None)
         return row
-    if "NCCL error" in msg and (e := NCCL_ERROR_RE.search(msg[msg.index("NCCL error"):])):
+    if (at := NCCL_ERROR_AT_RE.search(msg)) and (e := NCCL_ERROR_RE.match(msg, at.start())) \
+            and not PLACEHOLDER_RE.search(e["err"] or ""):
         row.update(kind="nccl_error", error=(e["err"] or "").strip(" ,") or None, nccl_version=_version(e["version"]))
+        return row
+    if (x := CALL_FAILED_RE.search(msg)) is None and CALL_CUT_RE.search(msg):
+        # a line wrapped right after "failed:": its error stands on the next line
+        x = CALL_FAILED_RE.search(msg.rstrip() + " " + next(iter(text.following(end, 1)), "").strip())
+    if x is not None:
+        row.update(kind="nccl_error", error=f"{x['call']} failed: {x['err'].strip()}")
         return row
     if (c := NCCL_CODE_RE.search(msg)):
         row.update(kind="nccl_error", error=f"{c['code']}: {c['text'].strip()}")

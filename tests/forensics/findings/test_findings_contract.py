@@ -84,3 +84,12 @@ def test_shorten_cuts_at_a_word_with_an_ellipsis():
     long = "word " * 60
     out = shorten(long)
     assert len(out) <= HEADLINE_CHARS and out.endswith("…") and not out[:-1].endswith(" ")
+
+
+def test_a_sentence_end_inside_a_quoted_line_does_not_end_the_headline():
+    """A quoted log line with its own "!" or "." ends no sentence of the summary: the headline
+    stops before the quotation rather than leave it (or its parenthesis) open."""
+    s = ("PyTorch's watchdog got stuck on ranks 0, 1: a CUDA or NCCL call blocked its own thread (\"[PG 3 Rank 0] "
+         "Heartbeat monitor timed out! Process will be terminated after dumping debug info.\"): suspect the GPU.")
+    assert headline_of(s) == "PyTorch's watchdog got stuck on ranks 0, 1: a CUDA or NCCL call blocked its own thread"
+    assert headline_of('NCCL WARN on n1: "Bad file descriptor. Retrying" then more.') == 'NCCL WARN on n1'

@@ -92,3 +92,23 @@ def test_ring_lines_of_a_process_with_several_communicators_name_no_link(tmp_pat
             "comm 0x", "comm 0x7") + "\n"
     top = _top(_analyze(tmp_path, _copy(tmp_path, edit)))
     assert top["kind"] == "hang_stuck" and top["links"] == [], top
+
+
+def test_one_ranks_init_of_four_is_not_every_rank(tmp_path):
+    """An excerpt holding one rank's Init COMPLETE line (nranks 4, its START cut off) and that
+    rank's timeout: the headline names the rank that timed out, not "every rank"; with all four
+    ranks' Init lines it says every rank."""
+    def log(ranks):
+        init = "".join(f"node1:{100 + r}:{200 + r} [{r}] NCCL INFO ncclCommInitRank comm 0x55{r} rank {r} nranks 4 "
+                       f"cudaDev {r} nvmlDev {r} busId e1000 commId 0xb886 - Init COMPLETE\n" for r in ranks)
+        return init + "".join(
+            f"[rank{r}]:[E1119 13:21:12.512781555 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+            f"operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran "
+            f"for 1800000 milliseconds before timing out.\n" for r in ranks)
+    for ranks, want in (([3], "Hang: rank 3 timed out in collective SeqNum 1"),
+                        ([0, 1, 2, 3], "Hang: every rank timed out in collective SeqNum 1")):
+        d = tmp_path / f"n{len(ranks)}"
+        d.mkdir()
+        (d / "slurm.out").write_text(log(ranks))
+        top = _top(_analyze(d, d / "slurm.out"))
+        assert top["kind"] == "hang_stuck" and top["headline"].startswith(want), top["headline"]

@@ -51,3 +51,22 @@ def test_nothing_of_its_own_is_a_warning_not_an_error():
     r = LauncherExitsParser.parse(b"hello\nworld\n")
     assert r.tables.get("process_exits") is None or len(r.tables["process_exits"]) == 0
     assert r.warnings
+
+
+def test_the_raylets_worker_died_line_names_its_ip_and_pid():
+    """Ray's own report of a worker process lost (one line, fields inline), behind the bare
+    remnants of its colour codes or the ``(raylet)`` tag; an ip of 0.0.0.0 names no host."""
+    died = ("A worker died or was killed while executing a task by an unexpected system error. To troubleshoot the "
+            "problem, check the logs for the dead worker. RayTask ID: ffff Worker ID: 0c62 Node ID: 3830 Worker IP "
+            "address: {ip} Worker port: 10016 Worker PID: {pid} Worker exit type: SYSTEM_ERROR Worker exit detail: "
+            "Worker unexpectedly exits with a connection error code 2. End of file. There are some potential root "
+            "causes. (1) The process is killed by SIGKILL by OOM killer due to high memory usage.\n")
+    text = ("2023-01-17 17:21:35,472\tWARNING worker.py:1829 -- " + died.format(ip="100.97.252.234", pid=1942)
+            + "[2m[36m(raylet)[0m " + died.format(ip="0.0.0.0", pid=66408))
+    t = _rows(text)
+    assert len(t) == 2
+    a, b = t.iloc[0], t.iloc[1]
+    assert (a["kind"], a["pid"], a["host"]) == ("ray_actor_died", 1942, "100.97.252.234")
+    assert a["traceback"] == ("Ray worker died (SYSTEM_ERROR): Worker unexpectedly exits with a connection error "
+                              "code 2.")
+    assert b["pid"] == 66408 and pd.isna(b["host"])

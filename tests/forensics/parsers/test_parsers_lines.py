@@ -15,3 +15,10 @@ def test_torchx_tags_give_the_local_rank_and_a_rank_tag_stays_a_rank():
 def test_a_quoted_error_behind_a_torchx_tag_is_read_without_it():
     assert strip_tags("[trainer0|0]:ncclSocketInit: connecting to address") == \
         ("[trainer0|0]:", "ncclSocketInit: connecting to address")
+
+
+def test_horovodruns_tag_names_the_rank_and_open_mpis_still_does():
+    assert context("[1]<stderr>:").rank == 1
+    assert context("[1,3]<stdout>:").rank == 3
+    assert strip_tags("[1]<stderr>:RuntimeError: ncclCommInitRank failed") == \
+        ("[1]<stderr>:", "RuntimeError: ncclCommInitRank failed")

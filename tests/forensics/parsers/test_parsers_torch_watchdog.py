@@ -130,3 +130,47 @@ def test_glog_prefix_behind_a_torchx_tag_and_a_dump_debug_info_line():
     r = w.iloc[0]
     assert (r["severity"], r["log_time"], r["src_line"], r["rank"]) == ("E", "0927 12:07:22.643702", 1356, 0)
     assert r["message"].startswith("[PG ID 0") and pd.isna(r["peer_rank"])
+
+
+def test_numbered_nccl_error_xla_operation_and_not_a_traceback_source_line():
+    """``NCCL Error 2: <error>`` (C10D_NCCL_CHECK), XLA's ``NCCL operation <call>(...) failed:
+    <error>`` and, in a traceback, a source line that only formats the message: read, read, not
+    read (its ``{error_str}`` is no error)."""
+    text = ("(RayWorkerWrapper pid=67451, ip=10.1.0.7) ERROR 06-25 15:28:30 worker_base.py:148] RuntimeError: NCCL "
+            "Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details)\n"
+            "(RayWorkerWrapper pid=11305) ERROR 08-27 05:12:18 worker_base.py:382]     raise RuntimeError(f\"NCCL "
+            "error: {error_str}\")\n"
+            "INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:305: NCCL operation ncclCommInitRank(&comm, nranks, "
+            "id, rank) failed: unhandled system error (run with NCCL_DEBUG=INFO for details). Last NCCL warning(error) "
+            "log entry (may be unrelated) 'socketTryAccept: Accept failed: Bad file descriptor'.\n"
+            "2023-09-01 10:20:11.257981: E external/xla/xla/pjrt/pjrt_stream_executor_client.cc:2593] Execution of "
+            "replica 3 failed: INTERNAL: custom call 'xla.gpu.all_reduce' failed: external/xla/xla/service/gpu/"
+            "nccl_utils.cc:275: NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error; "
+            "current tracing scope: all-reduce-start.163\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["kind"].tolist() == ["nccl_error"] * 3, w[["line", "kind", "error"]]
+    assert w["line"].tolist() == [1, 3, 4]
+    assert w.iloc[0]["error"] == "unhandled system error (run with NCCL_DEBUG=INFO for details)"
+    assert w.iloc[0]["ctx_host"] == "10.1.0.7"
+    assert w.iloc[1]["error"] == "ncclCommInitRank failed: unhandled system error (run with NCCL_DEBUG=INFO for details)"
+    assert w.iloc[2]["error"] == "ncclCommInitRank failed: unhandled cuda error"
+
+
+def test_horovods_call_failed_line_needs_one_of_nccls_error_strings():
+    text = ("[1]<stderr>:RuntimeError: ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for "
+            "details)\n"
+            "tensorflow.python.framework.errors_impl.UnknownError: ncclCommInitRank failed: unhandled system error\n"
+            "ncclAllReduce failed: some text of the application's own\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["line"].tolist() == [1, 2]
+    assert w.iloc[0]["ctx_rank"] == 1
+    assert w["error"].tolist() == ["ncclCommInitRank failed: unhandled cuda error (run with NCCL_DEBUG=INFO for details)",
+                                   "ncclCommInitRank failed: unhandled system error"]
+
+
+def test_an_xla_line_wrapped_right_after_failed_is_read_with_its_next_line():
+    text = ("INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:305: NCCL operation ncclCommInitRank(&comm, nranks, "
+            "id, rank) failed: \nunhandled system error (run with NCCL_DEBUG=INFO for details). Last NCCL warning\n")
+    w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
+    assert w["error"].tolist() == ["ncclCommInitRank failed: unhandled system error (run with NCCL_DEBUG=INFO for "
+                                   "details)"]

@@ -218,6 +218,24 @@ def _in_view(page, selector: str, height: int) -> dict | None:
                          [selector, height])
 
 
+def _first_screen(browser, r, doc: dict, vp: dict, shot: str):
+    """(context, page, the headline's box) of the report ``r`` opened at the viewport ``vp``
+    and its screenshot saved as ``shot``; checked on the way: nothing overflows sideways (the
+    page is never wider than the screen), and the headline is in view, the document's verdict,
+    at most 200 characters."""
+    ctx = browser.new_context(viewport=vp)
+    page = ctx.new_page()
+    page.goto(r.path("report.html").as_uri(), wait_until="load")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / shot))
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), \
+        page.evaluate("document.documentElement.scrollWidth")
+    head = _in_view(page, "#verdict-text", vp["height"])
+    assert head and head["inside"] and head["text"].strip() == doc["verdict"]
+    assert len(doc["verdict"]) <= 200
+    return ctx, page, head
+
+
 @pytest.mark.parametrize("size", sorted(SIZES))
 @pytest.mark.parametrize("case", sorted(FIRST_SCREENS))
 def test_first_screen_says_who_where_since_and_next(browser, first_screens, case, size):
@@ -226,17 +244,7 @@ def test_first_screen_says_who_where_since_and_next(browser, first_screens, case
     r = first_screens[case]
     doc = json.loads(r.path("findings.json").read_text())
     vp = SIZES[size]
-    ctx = browser.new_context(viewport=vp)
-    page = ctx.new_page()
-    page.goto(r.path("report.html").as_uri(), wait_until="load")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"first-screen-{case}-{size}.png"))
-    # nothing overflows sideways: the page is never wider than the screen
-    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), \
-        page.evaluate("document.documentElement.scrollWidth")
-    head = _in_view(page, "#verdict-text", vp["height"])
-    assert head and head["inside"] and head["text"].strip() == doc["verdict"]
-    assert len(doc["verdict"]) <= 200
+    ctx, page, head = _first_screen(browser, r, doc, vp, f"first-screen-{case}-{size}.png")
     serious = [f for f in doc["findings"] if f["severity"] in ("error", "warning")]
     if not FIRST_SCREENS[case][1]:
         assert not serious and _in_view(page, "#first-screen", vp["height"]) is None
@@ -247,11 +255,11 @@ def test_first_screen_says_who_where_since_and_next(browser, first_screens, case
     # the headline at most two lines at a desk (its line height is about 26 px)
     if size == "desk":
         assert head["bottom"] - head["top"] <= 2 * 30, head
-    for field in ("where", "since", "next"):
-        f = _in_view(page, f"#first-screen .field-{field}", vp["height"])
-        assert f is not None, field
+    for name in ("where", "since", "next"):
+        f = _in_view(page, f"#first-screen .field-{name}", vp["height"])
+        assert f is not None, name
         # a desk sees each field whole; a phone at least sees each one begin (a long Next may wrap past)
-        assert f["inside"] if size == "desk" else 0 <= f["top"] < vp["height"], (field, f)
+        assert f["inside"] if size == "desk" else 0 <= f["top"] < vp["height"], (name, f)
     where = _in_view(page, "#first-screen .field-where", vp["height"])
     assert where["inside"] and top["hosts"] and top["hosts"][0] in where["text"], (where, top["hosts"])
     assert top["hosts"][0] in head["text"]
@@ -295,16 +303,7 @@ def test_first_screen_of_logs_alone(browser, corpus_screens, case, size):
     doc = json.loads(r.path("findings.json").read_text())
     expect = json.loads((CORPUS / case / "expect.json").read_text())
     vp = SIZES[size]
-    ctx = browser.new_context(viewport=vp)
-    page = ctx.new_page()
-    page.goto(r.path("report.html").as_uri(), wait_until="load")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"first-screen-corpus-{case[:3]}-{size}.png"))
-    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"), \
-        page.evaluate("document.documentElement.scrollWidth")
-    head = _in_view(page, "#verdict-text", vp["height"])
-    assert head and head["inside"] and head["text"].strip() == doc["verdict"]
-    assert len(doc["verdict"]) <= 200
+    ctx, page, head = _first_screen(browser, r, doc, vp, f"first-screen-corpus-{case[:3]}-{size}.png")
     screen = _in_view(page, "#first-screen", vp["height"])
     if not expect.get("serious"):
         assert screen is None and page.evaluate("document.querySelector('#verdict').className").endswith(" ok")

@@ -83,6 +83,10 @@ def unowned_warns(ctx: Context) -> list[Finding]:
     if not warns.rows_of(ctx, _owned_classes()).empty:
         return []
     rows = warns.rows_of(ctx, _none_classes())
+    if not warns.rows_of(ctx, ["other"]).empty:
+        # an error return says "no WARN line says why": not where an unclassified WARN line does
+        # (its own finding quotes it; XLA's error quotes NCCL's last WARN, PyTorch's "Last error:")
+        rows = rows[rows["class"] != "error_return"]
     out = []
     for cls, g in rows.groupby("class", sort=False):
         ranks = sorted({int(r) for r in pd.to_numeric(g["rank"], errors="coerce").dropna()})

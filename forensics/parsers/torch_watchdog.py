@@ -21,7 +21,8 @@ launchers, line numbers and progress bars may precede it (their tags are read by
   that only formats such a message (``f"NCCL error: {error_str}"``) is not one;
 - XLA's (JAX, TensorFlow) ``NCCL operation ncclCommInitRank(&comm, …) failed: <error>`` and
   Horovod's ``ncclCommInitRank failed: <error>`` (an NCCL call and one of NCCL's own error
-  strings; kind nccl_error, the error named after the call);
+  strings; kind nccl_error, the error named after the call); the WARN text XLA quotes after it
+  (``Last NCCL warning(error) log entry (may be unrelated) '…'``) is a ``last_error`` row too;
 - a dump signal ``from rank N`` (rank N timed out first) with, since 2.5, this rank's own
   ``Last enqueued NCCL work: E, last completed NCCL work: C``; the watchdog stuck (heartbeat),
   ``… flight recorder dumps to finish``, the teardown, ``NCCL communicator was aborted``;
@@ -81,6 +82,10 @@ CALL_FAILED_RE = re.compile(r"\b(?P<call>nccl[A-Z]\w*)(?:\([^)]*\))? failed: (?P
                             r"|internal error|invalid (?:argument|usage)|remote process exited)[^;]*?)"
                             r"(?:\.? Last NCCL|;|\.?\s*$)")
 CALL_CUT_RE = re.compile(r"\bnccl[A-Z]\w*(?:\([^)]*\))? failed:\s*$")
+# XLA's error goes on with NCCL's last WARN text, quoted: "Last NCCL warning(error) log entry (may
+# be unrelated) 'socketTryAccept: Accept failed: Bad file descriptor'."
+XLA_LAST_RE = re.compile(r"Last\s*NCCL\s*warning(?:\(error\))?\s*log\s*entry(?:\s*\(may\s*be\s*unrelated\))?\s*"
+                         r"'(?P<text>[^']+)'")
 PLACEHOLDER_RE = re.compile(r"\{[\w.\[\]]*\}|%[sd]\b")     # a message being formatted: source code, not a log
 NCCL_CODE_RE = re.compile(r"\b(?P<code>nccl(?:Remote|System|Internal|UnhandledCuda|InvalidUsage|InvalidArgument)"
                           r"Error): (?P<text>.*)$")
@@ -163,6 +168,9 @@ class TorchWatchdogParser(TextParser):
                                  "message": quoted.strip()})
                 continue
             rows.append(row)
+            if row["kind"] == "nccl_error" and (q := _xla_last_warn(raw, text, end)):
+                # the WARN XLA quotes: a last_error row, as PyTorch's "Last error:" line gives
+                rows.append({**row, "kind": "last_error", "error": q, "message": q})
         for r in rows:
             if r["kind"] == "timeout" and r.get("rank") is not None and r.get("seq_num") is not None:
                 facts["timeouts"].setdefault(r["rank"], r["seq_num"])
@@ -180,6 +188,24 @@ def _version(v: str | None) -> str | None:
     if v and (m := re.fullmatch(r"2(\d)\.(\d)\.(\d+)", v)):
         return f"2.{m[1]}{m[2]}.{m[3]}"
     return v
+
+
+def _xla_last_warn(raw: str, text: LogText, end: int) -> str | None:
+    """The WARN text XLA quotes at the end of its NCCL error (:data:`XLA_LAST_RE`), on this line
+    or, where a wrap cut the line before it ended, with the next lines (joined without a blank
+    after a cut mid-word, with one after a line that ends in one)."""
+    if (q := XLA_LAST_RE.search(raw)) is not None:
+        return q["text"].strip()
+    if "NCCL operation" not in raw:
+        return None
+    joined = raw
+    for nxt in text.following(end, 3):        # a line hard- or soft-wrapped into up to four
+        if not nxt.strip():
+            break
+        joined = joined.rstrip() + (" " if joined[-1:].isspace() else "") + nxt.strip()
+        if (q := XLA_LAST_RE.search(joined)) is not None:
+            return " ".join(q["text"].split())
+    return None
 
 
 def _parse_line(raw: str, ln: int, log: WarningLog, text: LogText, end: int) -> dict | None:

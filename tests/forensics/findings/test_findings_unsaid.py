@@ -242,3 +242,21 @@ def test_a_rank_whose_timeout_is_a_later_seqnum_is_said_past_it_not_in_it(tmp_pa
     f = doc["findings"][0]
     assert f["headline"].startswith("Hang: ranks 1, 2 timed out in collective SeqNum 532339 (BROADCAST), rank 0 "
                                     "already past it"), f["headline"]
+
+
+def test_an_error_return_with_a_quoted_warn_leads_with_the_warn(tmp_path):
+    """``file:line -> 2`` lines say "an NCCL call failed, no WARN line says why"; where the
+    framework's error quotes NCCL's last WARN (XLA: "Last NCCL warning(error) log entry ...
+    '<text>'") that WARN is the why: it leads, and no finding claims there is none."""
+    log = tmp_path / "jax.log"
+    log.write_text("host-a:275204:275658 [4] NCCL INFO bootstrap.cc:280 -> 2\n"
+                   "host-a:275204:275658 [4] NCCL INFO init.cc:1388 -> 2\n"
+                   "INTERNAL: external/xla/xla/service/gpu/nccl_utils.cc:305: NCCL operation ncclCommInitRank(&comm, "
+                   "nranks, id, rank) failed: unhandled system error (run with NCCL_DEBUG=INFO for details). Last NCCL "
+                   "warning(error) log entry (may be unrelated) 'socketTryAccept: Accept failed: Bad file descriptor'.\n")
+    js = tmp_path / "f.json"
+    assert main(["analyze", str(log), "-o", str(tmp_path / "r.html"), "--json", str(js), "-q", "--jobs", "1"],
+                Env(stdout=io.StringIO(), stderr=io.StringIO())) == 1
+    doc = json.loads(js.read_text())
+    assert "socketTryAccept: Accept failed: Bad file descriptor" in doc["verdict"], doc["verdict"]
+    assert not any("no WARN line that says why" in f["summary"] for f in doc["findings"]), doc["findings"]

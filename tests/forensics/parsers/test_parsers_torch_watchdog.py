@@ -148,12 +148,14 @@ def test_numbered_nccl_error_xla_operation_and_not_a_traceback_source_line():
             "nccl_utils.cc:275: NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error; "
             "current tracing scope: all-reduce-start.163\n")
     w = TorchWatchdogParser.parse(text.encode()).tables["watchdog"]
-    assert w["kind"].tolist() == ["nccl_error"] * 3, w[["line", "kind", "error"]]
-    assert w["line"].tolist() == [1, 3, 4]
+    assert w["kind"].tolist() == ["nccl_error", "nccl_error", "last_error", "nccl_error"], w[["line", "kind", "error"]]
+    assert w["line"].tolist() == [1, 3, 3, 4]
     assert w.iloc[0]["error"] == "unhandled system error (run with NCCL_DEBUG=INFO for details)"
     assert w.iloc[0]["ctx_host"] == "10.1.0.7"
     assert w.iloc[1]["error"] == "ncclCommInitRank failed: unhandled system error (run with NCCL_DEBUG=INFO for details)"
-    assert w.iloc[2]["error"] == "ncclCommInitRank failed: unhandled cuda error"
+    # the WARN XLA quotes after the error is NCCL's last one: a last_error row, as "Last error:" gives
+    assert w.iloc[2]["error"] == "socketTryAccept: Accept failed: Bad file descriptor"
+    assert w.iloc[3]["error"] == "ncclCommInitRank failed: unhandled cuda error"
 
 
 def test_horovods_call_failed_line_needs_one_of_nccls_error_strings():

@@ -369,9 +369,19 @@ def test_partly_overlapping_captures_make_no_hang(runs, case):
     assert caps[0]["capturing_ns"] < caps[-1]["capturing_ns"], caps
     assert caps[0]["stop_sent_ns"] > caps[-1]["capturing_ns"] + 3e9, caps
     assert caps[-1]["stop_sent_ns"] - caps[0]["stop_sent_ns"] > 5e9, caps
-    top, findings, _ = findings_of(res)
-    assert not [f for f in findings if f.kind.startswith("hang") or f.severity in ("warning", "error")], \
-        describe(findings)
+    a = analyze([str(b) for b in res.bundles])
+    try:
+        findings = list(a.findings)
+        resent = a.con.execute("SELECT count(*) FROM tcp_events WHERE event = 'tcp_retransmit_skb'").fetchone()[0]
+    finally:
+        a.close()
+    serious = [f for f in findings if f.kind.startswith("hang") or f.severity in ("warning", "error")]
+    if resent:
+        # the kernel itself retransmitted (its tcp_retransmit_skb tracepoint: a starved veth on a
+        # loaded 2-core machine drops now and then): a network_loss warning over that is a true
+        # report, not a false alarm; a hang or an error never is
+        serious = [f for f in serious if not (f.kind == "network_loss" and f.severity == "warning")]
+    assert not serious, describe(findings)
 
 
 @pytest.mark.root

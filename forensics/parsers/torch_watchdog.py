@@ -76,11 +76,11 @@ NCCL_ERROR_RE = re.compile(r"NCCL [Ee]rror(?: \d+)?(?: in: (?P<where>[^,]+),| ?:
 NCCL_ERROR_AT_RE = re.compile(r"NCCL [Ee]rror\b")
 # XLA (JAX, TensorFlow): "NCCL operation ncclCommInitRank(&comm, nranks, id, rank) failed: unhandled cuda error";
 # Horovod: "ncclCommInitRank failed: unhandled cuda error" (an NCCL call, then one of ncclGetErrorString's texts)
-NCCL_STRINGS = (b"failed: unhandled cuda error", b"failed: unhandled system error", b"failed: internal error",
-                b"failed: invalid argument", b"failed: invalid usage", b"failed: remote process exited")
-CALL_FAILED_RE = re.compile(r"\b(?P<call>nccl[A-Z]\w*)(?:\([^)]*\))? failed: (?P<err>(?:unhandled (?:cuda|system) error"
-                            r"|internal error|invalid (?:argument|usage)|remote process exited)[^;]*?)"
-                            r"(?:\.? Last NCCL|;|\.?\s*$)")
+ERROR_STRINGS = ("unhandled cuda error", "unhandled system error", "internal error", "invalid argument",
+                 "invalid usage", "remote process exited")
+NCCL_STRINGS = tuple(b"failed: " + t.encode() for t in ERROR_STRINGS)
+CALL_FAILED_RE = re.compile(r"\b(?P<call>nccl[A-Z]\w*)(?:\([^)]*\))? failed: (?P<err>(?:"
+                            + "|".join(map(re.escape, ERROR_STRINGS)) + r")[^;]*?)(?:\.? Last NCCL|;|\.?\s*$)")
 CALL_CUT_RE = re.compile(r"\bnccl[A-Z]\w*(?:\([^)]*\))? failed:\s*$")
 # XLA's error goes on with NCCL's last WARN text, quoted: "Last NCCL warning(error) log entry (may
 # be unrelated) 'socketTryAccept: Accept failed: Bad file descriptor'."
@@ -110,8 +110,9 @@ OP_TYPES = {"ALLREDUCE": "ALL_REDUCE", "ALLGATHER": "ALL_GATHER", "_ALLGATHER_BA
 # literal markers of the lines read (each found with memmem, :mod:`.text`); of NCCL's lower-case
 # names only those an expression below reads (a bare b"nccl" selected every NCCL INFO line that
 # names ncclCommInitRank: a quarter of an init-heavy log's reading time, for nothing)
-NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", b"NCCL operation", *NCCL_STRINGS, *CODE_MARKERS, b"ncclUniqueId",
-           b"ncclCommAbort", b"light recorder", b"eartbeat", b"dump signal", b"global timeout", b"Last error")
+NEEDLES = (b"WorkNCCL", b"ProcessGroupNCCL", b"atchdog", b"NCCL error", b"NCCL Error", b"NCCL operation",
+           *NCCL_STRINGS, *CODE_MARKERS, b"ncclUniqueId", b"ncclCommAbort", b"light recorder", b"eartbeat",
+           b"dump signal", b"global timeout", b"Last error")
 # what stands after "Last error:" when it is not NCCL's quoted WARN: the error's own lines (a
 # reversed paste puts the quoted text before "Last error:")
 NOT_QUOTED_RE = re.compile(r"\s*(?:nccl(?:[A-Za-z]+Error|InvalidUsage|InvalidArgument): |[\w.]*(?:DistBackendError|RuntimeError): NCCL error"
@@ -127,9 +128,7 @@ class TorchWatchdogParser(TextParser):
     # an NCCL result code with its text ("ncclInternalError: Internal check failed.") is read
     # wherever it stands, whatever launcher printed it
     MARKERS = (b"WorkNCCL", b"ProcessGroupNCCL", b"NCCL error", b"NCCL Error", b"NCCL operation", *NCCL_STRINGS,
-               b"DistBackendError",
-               b"Watchdog caught",
-               b"Last error:", *CODE_MARKERS)
+               b"DistBackendError", b"Watchdog caught", b"Last error:", *CODE_MARKERS)
     SCHEMAS = {"watchdog": {
         "line": "int", "kind": "str", "severity": "str", "log_time": "str", "src_file": "str", "src_line": "int",
         "rank": "int", "pg_id": "int", "pg_guid": "str", "pg_desc": "str", "seq_num": "int", "op_type": "str",

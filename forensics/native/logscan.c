@@ -384,10 +384,16 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
     *nonblank = full;
 }
 
-/* The first offset of each of up to PRESENCE_MAX needles (of 2 bytes or more) in one pass: a
- * table of their first two bytes (a bit per needle, W words a key) rejects almost every
- * position with one lookup, then a needle's first 8 bytes before memcmp. first[i] = -1 where
- * needle i does not occur. Returns 0, or -1 on bad arguments. */
+/* A needle's first four bytes as a key of 16 bits (the bit logscan_presence tests first). */
+static inline uint32_t quad_key(uint32_t q) { return (q * 0x9E3779B1u) >> 16; }
+
+/* The first offset of each of up to PRESENCE_MAX needles (of 2 bytes or more) in one pass. A
+ * bit per key of four bytes (quad_key, 8 KiB: the cache's nearest level) rejects almost every
+ * position where each needle has four bytes or more, four positions at a time from one 8-byte
+ * load; otherwise a table of the needles' first two bytes (uses) does. At a position not
+ * rejected, a table of the needles by their first two bytes (a bit per needle, W words a key)
+ * and a needle's first 8 bytes sift the candidates before memcmp. first[i] = -1 where needle
+ * i does not occur. Returns 0, or -1 on bad arguments. */
 int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, const int64_t *off,
                      const int32_t *nlen, int32_t n, int64_t *first) {
     if (n <= 0 || n > PRESENCE_MAX) return -1;
@@ -395,11 +401,12 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
     uint64_t *tab = calloc((size_t)65536 * (size_t)W, sizeof(uint64_t));
     uint64_t *word = malloc((size_t)n * sizeof(uint64_t)), *mask = malloc((size_t)n * sizeof(uint64_t));
     int32_t *uses = calloc(65536, sizeof(int32_t));    /* needles still looked for, by key */
-    if (!tab || !word || !mask || !uses) {
-        free(tab); free(word); free(mask); free(uses);
+    uint64_t *quads = calloc(1024, sizeof(uint64_t));  /* a bit per quad_key of the needles' heads */
+    if (!tab || !word || !mask || !uses || !quads) {
+        free(tab); free(word); free(mask); free(uses); free(quads);
         return -1;
     }
-    int32_t left = 0;
+    int32_t left = 0, shortest = 8;
     for (int32_t i = 0; i < n; i++) {
         first[i] = -1;
         if (nlen[i] < 2) continue;
@@ -407,6 +414,12 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
         uint32_t key = ((uint32_t)nd[0] << 8) | nd[1];
         tab[(size_t)key * W + i / 64] |= 1ULL << (i % 64);
         uses[key]++;
+        if (nlen[i] < shortest) shortest = nlen[i];
+        if (nlen[i] >= 4) {
+            uint32_t q = (uint32_t)nd[0] | (uint32_t)nd[1] << 8 | (uint32_t)nd[2] << 16 | (uint32_t)nd[3] << 24;
+            uint32_t k = quad_key(q);
+            quads[k >> 6] |= 1ULL << (k & 63);
+        }
         word[i] = mask[i] = 0;
         for (int b = 0; b < 8 && b < nlen[i]; b++) {
             word[i] |= (uint64_t)nd[b] << (8 * b);
@@ -414,7 +427,26 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
         }
         left++;
     }
+#define QUAD_HIT(w, b) ((quads[quad_key((uint32_t)((w) >> (8 * (b)))) >> 6] >> (quad_key((uint32_t)((w) >> (8 * (b)))) & 63)) & 1)
     for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (shortest >= 4) {          /* four positions a step while none may start a needle */
+            while (p + 8 <= len) {
+                uint64_t w;
+                memcpy(&w, buf + p, 8);
+                if (QUAD_HIT(w, 0) | QUAD_HIT(w, 1) | QUAD_HIT(w, 2) | QUAD_HIT(w, 3)) break;
+                p += 4;
+            }
+            if (p + 8 <= len) {                 /* the first of the four that may */
+                uint64_t w;
+                memcpy(&w, buf + p, 8);
+                while (!QUAD_HIT(w, 0)) {
+                    w >>= 8;
+                    p++;
+                }
+            }
+        }
+#endif
         uint32_t key = ((uint32_t)buf[p] << 8) | buf[p + 1];
         if (!uses[key]) continue;
         uint64_t here = 0;                      /* the next 8 bytes (those before the end) */
@@ -438,7 +470,8 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
             }
         }
     }
-    free(tab); free(word); free(mask); free(uses);
+#undef QUAD_HIT
+    free(tab); free(word); free(mask); free(uses); free(quads);
     return 0;
 }
 

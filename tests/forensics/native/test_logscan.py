@@ -115,6 +115,24 @@ def test_first_offsets_finds_every_needle_in_one_pass():
     assert first_offsets(blob, len(blob), more) == [blob.find(n) for n in more]
 
 
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.binary(min_size=4, max_size=12), min_size=1, max_size=40), st.binary(max_size=300),
+       st.lists(st.integers(0, 1000), max_size=8), st.booleans())
+def test_first_offsets_agrees_with_find_where_every_needle_has_four_bytes(needles, noise, spots, short):
+    """The 4-byte prefilter (every needle 4 bytes or more) and the per-position path (a short
+    needle among them) both find what bytes.find finds: needles planted at random places,
+    at the very start and in the last 8 bytes, overlapping, or absent."""
+    data = bytearray(noise)
+    for k, at in enumerate(spots):
+        nd = needles[k % len(needles)]
+        at %= len(data) + 1
+        data[at:at] = nd
+    data = bytes(data + needles[-1][:5] + needles[0])
+    if short:
+        needles = needles + [data[-3:-1] if len(data) >= 3 else b"zq"]
+    assert first_offsets(data, len(data), needles) == [data.find(n) for n in needles]
+
+
 def test_lines_with_selects_each_line_once():
     data = b"WorkNCCL and WorkNCCL\nnothing\nwatchdog WorkNCCL\n"
     t = LogText(data, "x")

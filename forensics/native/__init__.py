@@ -248,34 +248,61 @@ _lib.logscan_topo.argtypes = [_P, _I64, _P, _I64, ctypes.c_int32, ctypes.POINTER
 TOPO_CONNECTION, TOPO_RING_ORDER, TOPO_PREFIX, TOPO_TREES = 1, 2, 3, 4
 
 
-def topo_lines(buf, length: int, hits: np.ndarray, any_message: bool = False
-               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def topo_chunks(buf, length: int, hits: np.ndarray, any_message: bool = False, chunk: int = 1 << 17,
+                into: dict[str, np.ndarray] | None = None):
     """The NCCL init ``Channel`` lines (connections and ring order) among the "NCCL INFO "
-    offsets ``hits`` (``coll_chunks``' ``other``), parsed by ``logscan.c``: ``(columns, rest)``,
-    ``columns`` of ``TOPO_DTYPES`` with a row per line read (``kind``: ``TOPO_CONNECTION`` or
-    ``TOPO_RING_ORDER``, ``TOPO_TREES`` (its items: the ``TOPO_ITEM_DTYPES`` columns, a row
-    per item, ``item_row`` the index of its line's row), or with ``any_message``
-    ``TOPO_PREFIX``: another message, of which the prefix and message bounds are read; a
-    column a kind does not fill holds garbage in the other kinds' rows), ``rest`` the offsets
-    of ``hits`` not read (a prefix or form the C reader leaves to Python's regular
-    expressions), in their order. A Trees line whose items would pass ``n + 4096`` items
-    in all is left to Python."""
+    offsets ``hits`` (``coll_chunks``' ``other``), parsed by ``logscan.c`` up to ``chunk`` hits
+    at a time: yields ``(columns, items, rest)`` per stretch of hits. ``columns``: those of
+    ``TOPO_DTYPES`` with a row per line read (``kind``: ``TOPO_CONNECTION`` or
+    ``TOPO_RING_ORDER``, ``TOPO_TREES`` (its items: the ``TOPO_ITEM_DTYPES`` columns of
+    ``items``, a row per item, ``item_row`` the index of its line's row in this stretch), or
+    with ``any_message`` ``TOPO_PREFIX``: another message, of which the prefix and message
+    bounds are read; a column a kind does not fill holds garbage in the other kinds' rows);
+    ``rest``: the offsets of the stretch's hits not read (a prefix or form the C reader leaves
+    to Python's regular expressions), in their order. A Trees line whose items would pass
+    ``chunk + 4096`` items in its stretch is left to Python. The arrays are views of buffers
+    the next stretch reuses: take what is wanted of them first. Bounded buffers, reused: a log
+    of millions of init lines is read without columns of its full length it mostly does not
+    keep. ``into``: columns of ``TOPO_DTYPES`` (arrays of their dtype, at least ``len(hits)``
+    long) that C writes in place instead, each stretch's rows after the previous ones': their
+    ``columns`` are views of these."""
     hits = np.ascontiguousarray(hits, np.int64)
-    n = len(hits)
+    n_all = len(hits)
+    if not n_all:
+        return
+    size = min(n_all, max(1, chunk))
     # not zeroed (a heap block reused would be cleared byte by byte): C writes every column a
     # row's kind fills, and the others are garbage anyway
-    cols = {k: np.empty(max(n, 1), dt) for k, dt in TOPO_DTYPES.items()}
-    cap = n + 4096
+    into = into or {}
+    if any(k not in TOPO_DTYPES or v.dtype != TOPO_DTYPES[k] or len(v) < n_all or not v.flags.c_contiguous
+           for k, v in into.items()):
+        raise ValueError("topo_chunks: each column of into must be a contiguous array of its dtype, len(hits) long")
+    cols = {k: np.empty(size, dt) for k, dt in TOPO_DTYPES.items() if k not in into}
+    cap = size + 4096
     items = {k: np.empty(cap, dt) for k, dt in TOPO_ITEM_DTYPES.items()}
-    rest = np.empty(max(n, 1), np.int64)
-    if not n:
-        return {**{k: v[:0] for k, v in cols.items()}, **{k: v[:0] for k, v in items.items()}}, rest[:0]
+    rest = np.empty(size, np.int64)
     c = TopoCols(item_cap=cap, **{k: _ptr(v) for k, v in cols.items()}, **{k: _ptr(v) for k, v in items.items()})
-    n_rest = _I64(0)
-    k = _lib.logscan_topo(_buffer_address(buf), length, _ptr(hits), n, int(any_message), ctypes.byref(c), _ptr(rest),
-                          ctypes.byref(n_rest))
-    return {**{key: v[:k] for key, v in cols.items()}, **{key: v[:c.n_items] for key, v in items.items()}}, \
-        rest[:n_rest.value]
+    addr, n_rest, done = _buffer_address(buf), _I64(0), 0
+    for at in range(0, n_all, size):
+        part = hits[at:at + size]
+        for key, v in into.items():
+            setattr(c, key, v.ctypes.data + done * v.itemsize)
+        c.n_items = 0
+        k = _lib.logscan_topo(addr, length, _ptr(part), len(part), int(any_message), ctypes.byref(c), _ptr(rest),
+                              ctypes.byref(n_rest))
+        yield ({**{key: v[:k] for key, v in cols.items()}, **{key: v[done:done + k] for key, v in into.items()}},
+               {key: v[:c.n_items] for key, v in items.items()}, rest[:n_rest.value])
+        done += k
+
+
+def topo_lines(buf, length: int, hits: np.ndarray, any_message: bool = False
+               ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """:func:`topo_chunks` of ``hits`` in one stretch, its arrays copied: ``(columns, rest)``,
+    ``columns`` those of ``TOPO_DTYPES`` and of ``TOPO_ITEM_DTYPES`` together."""
+    for cols, items, rest in topo_chunks(buf, length, hits, any_message, chunk=len(hits)):
+        return {**{k: v.copy() for k, v in cols.items()}, **{k: v.copy() for k, v in items.items()}}, rest.copy()
+    return {**{k: np.empty(0, dt) for k, dt in TOPO_DTYPES.items()},
+            **{k: np.empty(0, dt) for k, dt in TOPO_ITEM_DTYPES.items()}}, np.empty(0, np.int64)
 
 
 _lib.logscan_count.restype = None

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from . import lines as lines_mod
-from ..native import TOPO_CONNECTION, TOPO_ITEM_DTYPES, TOPO_PREFIX, TOPO_RING_ORDER, topo_lines
+from ..native import TOPO_CONNECTION, TOPO_DTYPES, TOPO_ITEM_DTYPES, TOPO_PREFIX, TOPO_RING_ORDER, topo_chunks
 from .text import LogText
 
 # the transport a connection's ``via`` names (``NET/IB/0/GDRDMA``, ``P2P/IPC/read``, ``SHM/direct/direct``)
@@ -95,49 +95,107 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict,
     the prefixes of the other INFO lines it read; the offsets left to the regular
     expressions). ``schemas``: the parser's table schemas; ``lines``: whether to make their
     ``nccl_log_lines`` rows (``log_lines``; None without)."""
-    c, rest = topo_lines(text.data, text.size, hits, any_message=True)
-    items = {k: c.pop(k) for k in TOPO_ITEM_DTYPES}
-    if not len(c["start"]):
+    every, (conn, ring, other), items, rest = _gather(text, hits, lines)
+    if not len(every["start"]):
         return TopoLines(), rest
-    _, _, line = text.line_numbers_and_ends(c["start"])
-    hosts, host_code = _distinct(text, c["host_off"], c["host_len"], c["host_hash"])
-    host = _sa(hosts, host_code)
-    out = TopoLines(starts=c["start"].copy())
-    other = c["kind"] == TOPO_PREFIX
+    _, _, line = text.line_numbers_and_ends(every["start"])
+    hosts, host_code = _distinct(text, every["host_off"], every["host_len"], every["host_hash"])
+    pid = every["pid"]
+    proc = _pair_codes(host_code, pid)          # each line's process: (host, pid)
+    out = TopoLines(starts=every["start"])
     # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
-    msgs, code = _distinct(text, c["msg_off"], c["msg_len"], c["msg_hash"])
-    base = {"line": line, "host": host, "pid": c["pid"], "tid": c["tid"], "dev": c["dev"]}
+    base = {"line": line, "host": host_code, "pid": pid, "tid": every["tid"], "dev": every["dev"]}
     if lines:
-        out.log_lines = _log_lines(text, c, base, _sa(["", "channel", "ring", "other", "tree"], c["kind"]),
-                                   _sa(msgs, code), schemas["nccl_log_lines"])
-    out.info_rows = np.flatnonzero(other)
-    keys = pd.DataFrame({"h": c["host_hash"], "p": c["pid"]})
-    first = np.flatnonzero(~keys.duplicated().to_numpy())
-    out.first_seen = [(int(line[i]), host[i], int(c["pid"][i])) for i in first]
-    if other.any():
-        out.info = _info(text, {k: c[k][other] for k in ("start", "pre", "pre_hash", "ts_len", "pid", "tid", "dev")},
-                         line[other], host[other], _objects(msgs)[code[other]])
-        out.info["code"], out.info_msgs = code[other], msgs
+        msgs, code = _distinct(text, every["msg_off"], every["msg_len"], every["msg_hash"])
+        out.log_lines = _log_lines(text, every, {**base, "host": _sa(hosts, host_code)},
+                                   _sa(["", "channel", "ring", "other", "tree"], every["kind"]), _sa(msgs, code),
+                                   schemas["nccl_log_lines"])
+    out.info_rows = other["row"]
+    out.first_seen = [(int(line[i]), hosts[host_code[i]], int(pid[i])) for i in _firsts(proc).tolist()]
+    if len(out.info_rows):
+        at = out.info_rows
+        msgs, code = _distinct(text, other["msg_off"], other["msg_len"], other["msg_hash"])
+        out.info = _info(text, other, line[at], _objects(hosts)[host_code[at]], _objects(msgs)[code])
+        out.info["code"], out.info_msgs = code, msgs
     out.n_topo = len(line) - len(out.info_rows)      # the tables below: the rows of their kinds
     if not out.n_topo:
         return out, rest
-    conn, ring = c["kind"] == TOPO_CONNECTION, c["kind"] == TOPO_RING_ORDER
-    out.channels = _channels(text, {k: c[k][conn] for k in _CONNECTION_COLS}, {k: v[conn] for k, v in base.items()},
-                             schemas["nccl_channels"])
-    raw = {"line": line, "host": host_code, "pid": c["pid"], "dev": c["dev"]}
-    out.rings = _rings(text, {k: c[k][ring] for k in _RING_ORDER_COLS}, {k: v[ring] for k, v in raw.items()},
-                       items, {k: v[items["item_row"]] for k, v in raw.items()}, hosts, schemas["nccl_rings"])
-    vk = keys[conn].assign(v=c["via_hash"][conn])
-    ci = np.flatnonzero(conn)[~vk.duplicated().to_numpy()]
-    out.vias = [(int(line[i]), host[i], int(c["pid"][i]),
-                 bytes(text.data[int(c["via_off"][i]):int(c["via_off"][i] + c["via_len"][i])]).decode("ascii"))
-                for i in ci]
-    ro = ring & (c["sub"] >= 0)
+    at = conn["row"]
+    out.channels = _channels(text, conn, {k: v[at] for k, v in base.items()}, hosts, schemas["nccl_channels"])
+    raw = {k: base[k] for k in ("line", "host", "pid", "dev")}
+    out.rings = _rings(text, ring, {k: v[ring["row"]] for k, v in raw.items()}, items,
+                       {k: v[items["item_row"]] for k, v in raw.items()}, hosts, schemas["nccl_rings"])
+    # each process's first connection by each via
+    for j in _firsts(_pair_codes(proc[at], pd.factorize(conn["via_hash"])[0])).tolist():
+        i, o = int(at[j]), int(conn["via_off"][j])
+        out.vias.append((int(line[i]), hosts[host_code[i]], int(pid[i]),
+                         bytes(text.data[o:o + int(conn["via_len"][j])]).decode("ascii")))
+    ro = ring["sub"] >= 0           # each process's largest "Channel NN/CC" count, in order of its first one
     if ro.any():
-        g = pd.DataFrame({"h": c["host_hash"][ro], "p": c["pid"][ro], "n": c["sub"][ro], "i": np.flatnonzero(ro)})
-        m = g.groupby(["h", "p"], sort=False).agg(n=("n", "max"), i=("i", "first"))
-        out.nchannels = [(host[i], int(p), int(n)) for (_, p), n, i in zip(m.index, m["n"], m["i"])]
+        rows = ring["row"][ro]
+        g, uniq = pd.factorize(proc[rows])
+        most = np.full(len(uniq), np.iinfo(np.int64).min)
+        np.maximum.at(most, g, ring["sub"][ro])
+        out.nchannels = [(hosts[host_code[i]], int(pid[i]), int(n))
+                         for i, n in zip(rows[_firsts(g)].tolist(), most.tolist())]
     return out, rest
+
+
+# the C columns kept of every line read (with ``lines``: also ``_LINE_COLS``, for its
+# nccl_log_lines row), and of the other INFO lines (their prefixes and messages)
+_EVERY_COLS = ("start", "host_off", "host_len", "host_hash", "pid", "tid", "dev", "kind")
+_LINE_COLS = ("pre", "pre_hash", "ts_len", "msg_off", "msg_len", "msg_hash")
+_MESSAGE_COLS = ("start", "pre", "pre_hash", "ts_len", "pid", "tid", "dev", "msg_off", "msg_len", "msg_hash")
+STRETCH = 1 << 17           # hits read by one call of C (its buffers: ~250 bytes a hit)
+
+
+def _gather(text: LogText, hits: np.ndarray, lines: bool):
+    """C's columns of the lines among ``hits``, kept by kind a stretch at a time (a column of
+    C's is kept only for the lines of the kinds that fill it: no column of every line for each
+    field of each kind): ``(every, (connections, ring orders, others), items, rest)``.
+    ``every``: each line's ``_EVERY_COLS`` (and ``_LINE_COLS`` with ``lines``); the three
+    kinds: their ``_CONNECTION_COLS``, ``_RING_ORDER_COLS``, ``_MESSAGE_COLS``, with ``row``,
+    each line's index in ``every``; ``items``: the Trees lines' items (``item_row`` likewise);
+    ``rest``: the offsets left to the regular expressions, in order."""
+    every_cols = _EVERY_COLS + (_LINE_COLS if lines else ())
+    kinds = ((TOPO_CONNECTION, _CONNECTION_COLS), (TOPO_RING_ORDER, _RING_ORDER_COLS), (TOPO_PREFIX, _MESSAGE_COLS))
+    dtypes = {**TOPO_DTYPES, **TOPO_ITEM_DTYPES, "row": np.int64}
+    every = {k: np.empty(len(hits), dtypes[k]) for k in every_cols}      # C writes these in place
+    parts: list[dict[str, list]] = [{k: [] for k in (*cols, "row")} for _, cols in kinds]
+    items: dict[str, list] = {k: [] for k in TOPO_ITEM_DTYPES}
+    rest: list[np.ndarray] = []
+    base = 0
+    for c, it, left in topo_chunks(text.data, text.size, hits, any_message=True, chunk=STRETCH, into=every):
+        for (kind, cols), part in zip(kinds, parts):
+            at = np.flatnonzero(c["kind"] == kind)
+            for k in cols:
+                part[k].append(c[k][at])
+            part["row"].append(at + base)
+        for k, v in it.items():
+            items[k].append(v + base if k == "item_row" else v.copy())
+        rest.append(left.copy())
+        base += len(c["kind"])
+
+    def joined(d: dict[str, list]) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v) if v else np.empty(0, dtypes[k]) for k, v in d.items()}
+
+    return ({k: v[:base] for k, v in every.items()}, tuple(joined(p) for p in parts), joined(items),
+            np.concatenate(rest) if rest else np.empty(0, np.int64))
+
+
+def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A code per row for the pair (``a``, ``b``) of integer columns, equal where the pairs are."""
+    ca = pd.factorize(a)[0].astype(np.int64)
+    cb, ub = pd.factorize(b)
+    return ca * max(len(ub), 1) + cb
+
+
+def _firsts(keys: np.ndarray) -> np.ndarray:
+    """The row of each distinct key's first occurrence, in row order."""
+    codes, uniq = pd.factorize(keys)
+    first = np.empty(len(uniq), np.int64)
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
+    return first
 
 
 def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
@@ -266,13 +324,16 @@ def _frame(cols: dict, schema: dict) -> pd.DataFrame:
                         index=pd.RangeIndex(n), copy=False)
 
 
-def _channels(text: LogText, c: dict, base: dict, schema: dict) -> pd.DataFrame | None:
+def _channels(text: LogText, c: dict, base: dict, hosts: list, schema: dict) -> pd.DataFrame | None:
+    """``nccl_channels`` rows of the connection lines C read (``c``: their columns, ``base``:
+    their line, host code (into ``hosts``), pid, tid and dev)."""
     if not len(c["start"]):
         return None
     vals, inv = _distinct(text, c["via_off"], c["via_len"], c["via_hash"])
     fields = [via_fields(v) for v in vals]
     return _frame({
-        "line": _int_column(base["line"]), "host": _str(base["host"]), "pid": _int_column(base["pid"]), "tid": _int_column(base["tid"]),
+        "line": _int_column(base["line"]), "host": _sa(hosts, base["host"]), "pid": _int_column(base["pid"]),
+        "tid": _int_column(base["tid"]),
         "dev": _int_column(base["dev"]), "channel": _int_column(c["channel"]), "conn_index": _int_column(c["sub"], c["sub"] < 0),
         "src_rank": _int_column(c["src_rank"]), "src_dev": _sa(*_distinct(text, c["src_dev_off"], c["src_dev_len"],
                                                                      c["src_dev_hash"])),

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import FIXTURES, ROOT
 from forensics.native import topo_lines
+from forensics.parsers import nccl_topo
 from forensics.parsers.nccl_debug import NcclDebugParser
 from forensics.parsers.text import LogText
 
@@ -65,6 +66,28 @@ def test_same_tables_on_the_init_bench_shape(tmp_path):
     # nearly every line is read in C: 16 ranks x 3 comms x 32 Channel lines
     assert len(c.tables["nccl_channels"]) >= 16 * 3 * 16 and len(c.tables["nccl_rings"]) >= 16 * 3 * 16
     assert_same(data)
+
+
+@pytest.mark.parametrize("stretch", [1, 7, 64])
+def test_same_tables_read_a_stretch_at_a_time(tmp_path, monkeypatch, stretch):
+    """C reads the hits a bounded stretch at a time; lines, Trees items and the lines left to
+    Python that straddle stretches give the tables one stretch gives."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import logs as bench_logs
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    merged, _ = bench_logs.generate_init(tmp_path, 1, 4, comms=2)
+    data = merged.read_bytes() + (FIXTURES / "parsers" / "nccl_debug" / "nccl_debug_info_init.log").read_bytes()
+    whole = NcclDebugParser.parse_text(LogText(data, "x.log"), "x.log", coll="rows")
+    monkeypatch.setattr(nccl_topo, "STRETCH", stretch)
+    parts = NcclDebugParser.parse_text(LogText(data, "x.log"), "x.log", coll="rows")
+    assert len(whole.tables["nccl_channels"]) > 8 * stretch and len(whole.tables["nccl_rings"]) > 8 * stretch
+    assert whole.tables.keys() == parts.tables.keys()
+    for name in whole.tables:
+        pd.testing.assert_frame_equal(parts.tables[name], whole.tables[name], check_exact=True, obj=name)
+    assert json.dumps(parts.facts, default=str) == json.dumps(whole.facts, default=str)
+    assert parts.warnings == whole.warnings
 
 
 PRE = "gpu-1:4242:4250 [3] NCCL INFO "

@@ -6,7 +6,8 @@ Builds (once, under --dir) what a big job leaves: every rank's output merged int
 the launcher (``srun --label`` tags, NCCL_DEBUG=INFO with a COLL line per collective among
 training progress lines), a hang at the end (rank 37 stops launching while the others time
 out in PyTorch's watchdog), and the same lines as one file per rank. Then, each tool pinned to
-one core and timed end to end as a command, start-up included, taking turns:
+one core and timed end to end as a command, start-up included (the analyzer's bytecode compiled
+first, as an installed copy has it), taking turns:
 
 * ``grep -c NCCL`` on the merged file (a lower bound: reading the bytes once);
 * the log reading alone: the per-host stage of ``stallscope analyze`` on the merged file
@@ -223,6 +224,10 @@ def main(argv=None) -> int:
           f"(made in {time.perf_counter() - t0:.1f} s)")
     py = sys.executable
     cli = [py, "-m", "forensics"]
+    # the analyzer's bytecode cached, as an installed copy has it (bench/fleet.py does the
+    # same): where PYTHONDONTWRITEBYTECODE is set, every command would compile the modules
+    # changed since their cache was written, on the clock
+    subprocess.run([py, "-m", "compileall", "-q", "forensics"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     grep, read, read_cpu, e2e, jobs2 = [], [], [], [], []
     verdict = ""
     subprocess.run(["cat", str(merged)], stdout=subprocess.DEVNULL)      # into the page cache

@@ -38,6 +38,10 @@ def init_hang(ctx: Context) -> list[Finding]:
         return []
     t = t.assign(key=t["comm_id"].astype("object").where(t["comm_id"].notna(),
                                                          "nranks " + t["nranks"].astype("string").fillna("?")))
+    # only the communicators of which a rank entered and never completed (most finished theirs:
+    # a job makes thousands)
+    done = t.assign(_done=t["completed"].fillna(False).astype(bool)).groupby(["key", "rank"], sort=False)["_done"].any()
+    t = t[t["key"].isin(set(done.index[~done.to_numpy()].get_level_values(0)))]
     out = []
     for key, g in t.groupby("key", sort=False):
         f = _one(ctx, str(key), g)

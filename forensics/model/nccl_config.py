@@ -29,6 +29,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from ..coerce import is_missing
 from .nccl_errors import classify
 from .schema import conform, empty
 
@@ -193,17 +194,18 @@ def _per_key(df: pd.DataFrame, pmap: dict) -> tuple[np.ndarray, list]:
     key looked up once per distinct (artifact, host, pid): a log has a few processes and up to
     millions of rows."""
     art = df["artifact"].to_numpy()
-    host = df["host"].astype("string").fillna("")
+    host = df["host"].array
     pid = pd.to_numeric(df["pid"], errors="coerce")
     group = np.zeros(len(df), np.int64)
-    for col in (art, host.array, pid.array):       # (artifact, host, pid) numbered by first appearance
+    for col in (art, host, pid.array):       # (artifact, host, pid) numbered by first appearance
         if col is art and len(art) and (art == art[0]).all():
             continue                               # one artifact (a table of one log): no hashing of its name
-        codes = pd.factorize(col, use_na_sentinel=False)[0].astype(np.int64)
+        codes = pd.factorize(col, use_na_sentinel=False)[0].astype(np.int64)     # NA: a code of its own
         group = pd.factorize(group * (int(codes.max(initial=0)) + 1) + codes)[0].astype(np.int64)
     first = np.flatnonzero(~pd.Series(group).duplicated().to_numpy())      # group g's first row: first[g]
     keys = []
-    for a, h, p in zip(art[first].tolist(), host.iloc[first].tolist(), pid.iloc[first].tolist()):
+    for a, h, p in zip(art[first].tolist(), host[first].tolist(), pid.iloc[first].tolist()):
+        h = "" if is_missing(h) else str(h)        # no host: "" (NA and "" are one key)
         p = np.int64(p) if isinstance(p, int) and -(1 << 63) <= p < (1 << 63) else p   # as iterating gives it
         keys.append(pmap.get((a, h, int(p)) if pd.notna(p) else None, (h or None, p)))
     kcodes, uniq = pd.factorize(pd.Series(keys, dtype=object), sort=False)
@@ -215,26 +217,31 @@ def _distinct_channels(codes: np.ndarray, channel: pd.Series, pick, n: int) -> n
     pick = np.asarray(pick, bool) & channel.notna().to_numpy(bool)
     c = pd.factorize(channel.array[pick])[0].astype(np.int64)
     span = int(c.max(initial=0)) + 1
-    pairs = np.unique(codes[pick].astype(np.int64) * span + c)         # (key, channel) once each
+    pairs = pd.unique(codes[pick].astype(np.int64) * span + c)        # (key, channel) once each: hashed, not sorted
     return np.bincount(pairs // span, minlength=n)
+
+
+def _coded(col: pd.Series, missing: str | None = None) -> tuple[np.ndarray, list]:
+    """(each row's code, the distinct values: NA as ``missing``, or None) of a string column,
+    hashed once: the tests on its values are made on the distinct ones."""
+    codes, uniq = pd.factorize(col.array, use_na_sentinel=False)
+    return codes, [missing if is_missing(u) else str(u) for u in uniq]
 
 
 def _channel_summary(chans: pd.DataFrame, pmap: dict) -> dict:
     if chans.empty:
         return {}
     codes, keys = _per_key(chans, pmap)
-    t, tn = pd.factorize(chans["transport"].fillna("?").array)
-    n, nn = pd.factorize(chans["net"].array, use_na_sentinel=False)
+    t, tn = _coded(chans["transport"], "?")
+    n, nn = _coded(chans["net"])
     g = pd.factorize(codes.astype(np.int64) * len(tn) + t)[0].astype(np.int64)
     g = pd.factorize(g * len(nn) + n)[0]
     first = np.flatnonzero(~pd.Series(g).duplicated().to_numpy())         # (key, transport, net) once each
-    kind = pd.Series(tn.take(t[first])) + ("/" + pd.Series(nn.take(n[first]))).fillna("")
     kinds: list[set] = [set() for _ in keys]
-    for k, v in zip(codes[first].tolist(), kind.tolist()):
-        kinds[k].add(v)
-    net = _distinct_channels(codes, chans["channel"], (chans["transport"] == "NET").fillna(False), len(keys))
-    gdr = np.bincount(codes, weights=chans["gdrdma"].fillna(False).astype(bool).to_numpy(np.float64),
-                      minlength=len(keys))
+    for k, ti, ni in zip(codes[first].tolist(), t[first].tolist(), n[first].tolist()):
+        kinds[k].add(tn[ti] + ("" if nn[ni] is None else "/" + nn[ni]))
+    net = _distinct_channels(codes, chans["channel"], np.array([v == "NET" for v in tn], bool)[t], len(keys))
+    gdr = np.bincount(codes, weights=chans["gdrdma"].to_numpy(np.float64, na_value=0.0), minlength=len(keys))
     out = {}
     for i, key in enumerate(keys):
         out[key] = {"channel_transports": ",".join(sorted(kinds[i])), "net_channels": int(net[i]),
@@ -248,9 +255,11 @@ def _ring_summary(rings: pd.DataFrame, pmap: dict) -> dict:
     if rings.empty:
         return {}
     codes, keys = _per_key(rings, pmap)
-    is_ring = (rings["kind"] == "ring").fillna(False).to_numpy(bool)
+    kc, kn = _coded(rings["kind"])
+    is_ring = np.array([v == "ring" for v in kn], bool)[kc]
     nring = _distinct_channels(codes, rings["channel"], is_ring, len(keys))
-    ntree = _distinct_channels(codes, rings["channel"], rings["kind"].isin(["tree", "trees"]), len(keys))
+    ntree = _distinct_channels(codes, rings["channel"], np.array([v in ("tree", "trees") for v in kn], bool)[kc],
+                               len(keys))
     out = {key: {"ring_channels": int(nring[i]), "tree_channels": int(ntree[i]), "ring_prev": None,
                  "ring_next": None} for i, key in enumerate(keys)}
     if is_ring.any():             # each process's ring on its lowest channel

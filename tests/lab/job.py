@@ -144,16 +144,21 @@ def start_ranks(run) -> None:
 
 def wait_ranks_exec(run, timeout: float = 30) -> None:
     """Every rank's pid is the driver itself (ip netns exec/unshare/sh have exec'd): its
-    namespaces and host name are the rank's, so captures can enter them."""
+    namespaces and host name are the rank's, so captures can enter them. A rank seen so once
+    (``run.execed``) is not asked again: a fault may have killed it since (rank-killed before a
+    capture started during the hang), which is no failure to start."""
     want = os.path.realpath(run.driver)
     deadline = time.monotonic() + timeout
     for r, p in enumerate(run.ranks):
+        if r in run.execed:
+            continue
         while pid_exe(p.pid) != want:
             if p.poll() is not None:
                 raise ScenarioError(f"rank {r} exited at start (rc {p.returncode}): see logs/rank{r}.err")
             if time.monotonic() > deadline:
                 raise ScenarioError(f"rank {r} (pid {p.pid}) did not start {run.driver.name}")
             time.sleep(0.01)
+        run.execed.add(r)
 
 
 def start_stress(run) -> None:

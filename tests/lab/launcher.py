@@ -69,6 +69,7 @@ class Run:
         self.driver = self.build / "sslab_rank"
         self.lab: netns.Lab | None = None
         self.ranks: list[subprocess.Popen] = []
+        self.execed: set[int] = set()        # the ranks seen running the driver (job.wait_ranks_exec)
         self.tcpdumps: list[subprocess.Popen] = []
         self.stress: list[subprocess.Popen] = []
         self.fault: dict = {"kind": "none", "ranks": [], "link": None, "start_time_ns": None}

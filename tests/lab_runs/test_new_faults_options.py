@@ -3,6 +3,8 @@ spelling, and the torchrun agent report the lab writes for a killed rank, read b
 stallscope's own parser (a rank, a pid, a signal)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from forensics.parsers.torch_elastic import TorchElasticParser
@@ -99,3 +101,30 @@ def test_the_agent_report_parses_as_the_killed_rank(code, sig):
         ("node3", 3, 4242, code, sig)
     agent = t[t["kind"] == "agent_failed"].iloc[0]
     assert (agent["pid"], agent["exitcode"]) == (4242, code)
+
+
+def test_a_rank_killed_after_it_started_is_no_failure_to_start(tmp_path):
+    """The launcher checks that every rank runs the driver again when a capture is scheduled
+    during the hang; a rank the fault killed since (rank-killed, capture at onset+S) must not
+    read as "exited at start" (a lab error that lost the case), while one that died before it
+    ever ran the driver still does."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from tests.lab import job
+    from tests.lab.scenarios import ScenarioError
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    run = SimpleNamespace(driver=Path(sys.executable), ranks=[sleeper], execed=set())
+    try:
+        job.wait_ranks_exec(run)
+        assert run.execed == {0}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    job.wait_ranks_exec(run)            # killed since it was seen: no error
+    never = subprocess.Popen(["sh", "-c", "exit 3"])
+    never.wait()
+    with pytest.raises(ScenarioError, match="exited at start"):
+        job.wait_ranks_exec(SimpleNamespace(driver=Path(sys.executable), ranks=[never], execed=set()))

@@ -76,7 +76,8 @@ class FaultClass:
     library only once it is loaded: the fault must come after). ``kinds``: the top serious
     finding's expected kind(s); empty = a run with nothing to find, where ``alarm`` severities
     are false alarms. ``link``: the fault sits on a link whose ends are scored.
-    ``fixed_rank``: the faulted rank is always this one."""
+    ``fixed_rank``: the faulted rank is always this one; ``lowest_rank``: else it is drawn
+    from this rank up (a fault rank 0 cannot have)."""
     name: str
     scenario: str
     regimes: tuple[str, ...]
@@ -87,6 +88,7 @@ class FaultClass:
     link: bool = False
     alarm: tuple[str, ...] = ("error", "warning")
     fixed_rank: int | None = None
+    lowest_rank: int = 0
     extra: tuple[str, ...] = ()
 
     @property
@@ -115,8 +117,9 @@ ROWS = (
     # init, naming the rank that is missing; no collective ever ran, so no timing knob
     FaultClass("init-hang", "init-hang", ("before", "onset", "stagger", "logs"), ("init_failure", "init_hang"),
                timing=None, watch_timing=None),
+    # (the rank cut from the bootstrap root, which lives in rank 0's process: never rank 0)
     FaultClass("init-hang-dropped", "init-hang-dropped", ("before", "onset", "stagger", "logs"),
-               ("init_failure", "init_hang"), timing=None, watch_timing=None),
+               ("init_failure", "init_hang"), timing=None, watch_timing=None, lowest_rank=1),
     # SIGKILL mid-collective: the process that died, on the killed rank, before its peers' timeouts
     FaultClass("rank-killed", "rank-killed", ALL_REGIMES, ("process_exit",)),
     # a link down for seconds, then up: the link's stall, named at its ends
@@ -221,7 +224,7 @@ def draw(seed: int, n: int, table: dict[str, FaultClass], regimes: tuple[str, ..
     for i, (cname, regime) in enumerate(deal[:n]):
         c = table[cname]
         ranks = rng.randint(2, 8)
-        rank = c.fixed_rank if c.fixed_rank is not None else rng.randrange(ranks)
+        rank = c.fixed_rank if c.fixed_rank is not None else rng.randrange(min(c.lowest_rank, ranks - 1), ranks)
         strength = _pick(rng, c.strength)
         timing = _pick(rng, c.watch_timing if regime == "watch" else c.timing)
         offset = round(rng.uniform(2, 10), 1) if regime in ("onset", "stagger") else None

@@ -50,7 +50,7 @@ def test_a_full_campaign_covers_every_class_and_regime_pair():
 def test_drawn_cases_stay_in_their_ranges():
     for x in acc.draw(11, 200, TABLE, acc.REGIMES):
         c = TABLE[x.cls]
-        assert 2 <= x.ranks <= 8 and 0 <= x.rank < x.ranks
+        assert 2 <= x.ranks <= 8 and c.lowest_rank <= x.rank < x.ranks
         args = list(x.lab_args)
         assert args[args.index("--scenario") + 1] == c.scenario
         assert args[args.index("--ranks") + 1] == str(x.ranks) and args[args.index("--rank") + 1] == str(x.rank)

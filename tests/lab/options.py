@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ok = False
         if not ok:
             ap.error("--operator-trigger takes FILE@S (S seconds >= 0 after the onset)")
+    if a.scenario == "init-hang-dropped" and a.rank == 0:
+        ap.error("init-hang-dropped cuts a rank off the bootstrap root, which is rank 0's process: "
+                 "--rank must not be 0")
     if a.scenario == "link-flap" and not (a.down_s > 0 and a.up_s >= 0 and a.flaps >= 1):
         ap.error("link-flap needs --down-s > 0, --up-s >= 0 and --flaps >= 1")
     if a.scenario == "cpu-starved":

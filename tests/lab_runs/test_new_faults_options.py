@@ -128,3 +128,12 @@ def test_a_rank_killed_after_it_started_is_no_failure_to_start(tmp_path):
     never.wait()
     with pytest.raises(ScenarioError, match="exited at start"):
         job.wait_ranks_exec(SimpleNamespace(driver=Path(sys.executable), ranks=[never], execed=set()))
+
+
+def test_init_hang_dropped_refuses_rank_0():
+    """Rank 0's host holds the bootstrap root: cutting rank 0 off it drops nothing (its
+    packets to its own address never cross the switch) and the job trains (seed 53, case 28:
+    scored as a missed init hang)."""
+    with pytest.raises(SystemExit):
+        parse_args(["--scenario", "init-hang-dropped", "--rank", "0", "--ranks", "3", "--no-netns"])
+    assert parse_args(["--scenario", "init-hang-dropped", "--rank", "1", "--ranks", "3", "--no-netns"]).rank == 1

@@ -48,7 +48,7 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from . import warns
+from . import timeouts, warns
 from ..coerce import cell_int
 from .base import Context, Finding, detector
 from ..model import progress
@@ -286,24 +286,57 @@ def host_side(ctx, f: Finding) -> Finding:
     at = (f"{op} #{n}" if op else f"collective #{n}") if n is not None else "the collective its peers wait in"
     peers = ranks_text(f.peer_ranks) if len(f.peer_ranks) else "the other ranks"
     what = "a busy loop or livelock" if act.mode == "spin" else "blocking I/O or a lock that never returns"
-    chain = [f"rank {r} never enqueued {at}; {peers} enqueued it and wait inside it",
-             act.text(),
-             f"the collective was never enqueued: rank {r} is stuck in its own host code before NCCL ({what}); "
-             "its GPU, its links and its peers are not the cause"]
-    summary = (f.summary.replace("Hang (rank mismatch)", "Hang (host-side stall)", 1)
-               + f" Rank {r} is stuck in host code, not on another code path: " + act.text() + ".")
+    age = _stall_age(ctx, f)
+    timeout_ms, timeout_src = timeouts.collective_timeout(ctx)
+    young = age is not None and age < timeout_ms * 1_000_000 and not timeouts.timed_out_ranks(ctx)
+    chain = [f"rank {r} never enqueued {at}; {peers} enqueued it and wait inside it", act.text()]
+    if young:
+        # a checkpoint, an evaluation or a data-loader refill looks the same until the timeout
+        # passes: the rank everybody waits for is named, as a warning, not yet called a hang
+        within = (f"{ms(age)} into the job's {timeouts.timeout_text(timeout_ms)} collective timeout ({timeout_src}); "
+                  "no watchdog has fired")
+        chain.append(f"the collective is not yet enqueued: rank {r} is in its own host code before NCCL, {within}: "
+                     f"a slow phase (a checkpoint, an evaluation) or a hang ({what}), not yet told apart; its GPU, "
+                     "its links and its peers are not the cause")
+        summary = (f.summary.replace("Hang (rank mismatch)", "Stall (host side)", 1)
+                   + f" Rank {r} is in host code, not on another code path: " + act.text()
+                   + f"; {within}: a slow phase or a hang, not yet told apart.")
+        headline = ("Stall: {who} in host code before " + at + f" ({act.doing()}), {ms(age)} of a "
+                    f"{timeouts.timeout_text(timeout_ms)} timeout; " + "{peers} wait for it ({since})")
+        action = (f"If rank {r} is checkpointing or evaluating, this ends by itself; if it is still stalled near the "
+                  f"{timeouts.timeout_text(timeout_ms)} timeout, it is a hang: " + _host_action(r, act)[0].lower()
+                  + _host_action(r, act)[1:])
+    else:
+        chain.append(f"the collective was never enqueued: rank {r} is stuck in its own host code before NCCL "
+                     f"({what}); its GPU, its links and its peers are not the cause")
+        summary = (f.summary.replace("Hang (rank mismatch)", "Hang (host-side stall)", 1)
+                   + f" Rank {r} is stuck in host code, not on another code path: " + act.text() + ".")
+        headline = "Hang: {who} stuck in host code before " + at + f" ({act.doing()}); " + "{peers} wait in it ({since})"
+        action = _host_action(r, act)
     return replace(
         f, kind="hang_host", layer="host", chain=chain, summary=summary, op_count=n if n is not None else f.op_count,
-        headline="Hang: {who} stuck in host code before " + at + f" ({act.doing()}); " + "{peers} wait in it ({since})",
+        severity="warning" if young else f.severity, headline=headline,
         confidence=min(f.confidence, 0.9 if act.frames else 0.8),
         confidence_note=(f.confidence_note + "; " if f.confidence_note else "") + (
             "its main thread's stack names the function" if act.frames else
             "lower: no stack of its main thread after the hang began, only its state"),
-        action=_host_action(r, act),
+        action=action,
         details={**f.details, "host_activity": {"mode": act.mode, "tid": act.tid, "thread": act.thread,
                                                 "syscall": act.syscall, "fd": act.fd, "fd_kind": act.fd_kind,
                                                 "frames": act.frames, "cpu_share": act.cpu_share,
-                                                "sources": act.sources}})
+                                                "sources": act.sources},
+                 "stalled_ns": age, "timeout_ms": timeout_ms, "timeout_source": timeout_src})
+
+
+def _stall_age(ctx, f: Finding) -> int | None:
+    """How long the peers had waited when the evidence ends (ns): the tracer's ``waited_ns``,
+    else from the finding's ``since_ns`` to the capture's end; None when neither is known."""
+    if f.details.get("waited_ns") is not None:
+        return int(f.details["waited_ns"])
+    end = capture_end_ns(ctx.model)
+    if f.since_ns is None or end is None:
+        return None
+    return max(0, int(end) - int(f.since_ns))
 
 
 def _host_action(r: int, act: HostActivity) -> str:

@@ -69,6 +69,29 @@ def timed_out_ranks(ctx) -> set[int]:
     return {int(x) for x in r}
 
 
+# PyTorch's ProcessGroupNCCL collective timeout when the job set none (``init_process_group(timeout=)``)
+DEFAULT_TIMEOUT_MS = 600_000
+
+
+def collective_timeout(ctx) -> tuple[int, str]:
+    """(ms, where it was read) of the job's collective timeout: how long a rank may wait inside a
+    collective before PyTorch's watchdog aborts the job, and so how long a stall may last before
+    it is a hang rather than a slow phase. The Flight Recorder's ``timeout_ms`` of its entries,
+    else the watchdog lines' ``Timeout(ms)``, else PyTorch's default (``DEFAULT_TIMEOUT_MS``,
+    "PyTorch's default": a job outside PyTorch has no watchdog, and NCCL itself none).
+    The smallest seen wins: the first process group to time out ends the job."""
+    for name, what in (("fr_entries", "the Flight Recorder's timeout_ms"),
+                       ("watchdog_events", "the watchdog's Timeout(ms)")):
+        t = ctx.model.tables.get(name)
+        if t is None or t.empty or "timeout_ms" not in t:
+            continue
+        v = pd.to_numeric(t["timeout_ms"], errors="coerce")
+        v = v[v > 0]
+        if len(v):
+            return int(v.min()), what
+    return DEFAULT_TIMEOUT_MS, "PyTorch's default"
+
+
 def abort_cascade(ctx, ranks, peers) -> list[bool]:
     """Per (rank, peer rank) of a socket failure: whether it is the abort cascade of a hang,
     both ends having timed out in their watchdog (:func:`timed_out_ranks`): the first rank
@@ -130,7 +153,7 @@ def _different_calls(to: pd.DataFrame, n, pg_txt: str, dir_hosts, ran, details: 
         summary=(f"Collective mismatch at {f'SeqNum {n}' if n is not None else 'the oldest pending work'} of "
                  f"{pg_txt}: {mine}{_hosts_of(odd, dir_hosts)}"
                  + (f" while {ranks_text(others)} called {majority}" if others else "")
-                 + f"; every one timed out after {_secs(ran)}."),
+                 + f"; every one timed out after {timeout_text(ran)}."),
         ranks=odd, hosts=_host_list(odd, dir_hosts), peer_ranks=others,
         action=(f"Find why {ranks_text(odd)} issued a different collective at this step (a data-dependent branch, "
                 "uneven buckets or batches): every rank must issue the same collectives in the same order."),
@@ -191,7 +214,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
             confidence_note=("each rank's last enqueued work is in its logs" if behind else
                              "lower: these ranks logged no timeout: never enqueued, or waiting outside NCCL"),
             summary=(f"Hung: {ranks_text(lagging)}{_hosts_of(lagging, dir_hosts)} never reached {what} of {pg_txt} "
-                     f"({how}); {ranks_text(waiting)} timed out waiting in it after {_secs(ran)}."),
+                     f"({how}); {ranks_text(waiting)} timed out waiting in it after {timeout_text(ran)}."),
             ranks=lagging, hosts=_host_list(lagging, dir_hosts), peer_ranks=waiting,
             action=(f"Find where {ranks_text(lagging)} went instead: its stack (py-spy dump), the last lines "
                     "of its own output (an exception swallowed on that rank, a data-dependent branch, uneven "
@@ -230,7 +253,7 @@ def _judge(ctx, pg: int, g: pd.DataFrame, wd: pd.DataFrame) -> Finding | None:
         confidence_note=("the logs name the first failure" if cause else
                          "lower: the hang is certain, the logs name no cause"),
         summary=(f"Hung: every rank of {pg_txt} that logged ({ranks_text(at_n)}) timed out in {what} after "
-                 f"{_secs(ran)}" + (f", {ranks_text(ahead)} in a later one" if ahead else "")
+                 f"{timeout_text(ran)}" + (f", {ranks_text(ahead)} in a later one" if ahead else "")
                  + f": the collective itself stalled (a peer's GPU or process, or the network){cause}."),
         ranks=blamed, hosts=hosts or _host_list(blamed, dir_hosts), peer_ranks=sorted(set(timed) - set(blamed)),
         action=("Find the first error of the job: the NCCL WARN lines (IB or socket errors name the link and the "
@@ -413,7 +436,8 @@ def _hosts_of(ranks: list[int], hosts: dict[int, str]) -> str:
     return f" (on {', '.join(hs[:4])}{' ...' if len(hs) > 4 else ''})" if hs else ""
 
 
-def _secs(ms) -> str:
+def timeout_text(ms) -> str:
+    """A timeout in ms as people state it: "10 min" from two minutes up, else "45 s"."""
     if ms is None or pd.isna(ms):
         return "its timeout"
     s = float(ms) / 1e3

@@ -48,16 +48,17 @@ LOCK = [("__futex_abstimed_wait_common", "./nptl/futex-internal.c"), ("___pthrea
         ("load_batch", "src/loader.c"), ("train", "src/rank_driver.c")]
 
 
-def _context(threads=(), stacks=(), sockets=(), offcpu=(), entered_all=False, started_ns=None) -> Context:
+def _context(threads=(), stacks=(), sockets=(), offcpu=(), entered_all=False, started_ns=None, **other) -> Context:
     """Rank 2 never enters #25 (or, ``entered_all``, enters it with the others: a gpu-hang's
-    shape); nothing completes from #25 on; the capture ended at END."""
+    shape); nothing completes from #25 on; the capture ended at END. ``other``: rows of more
+    tables (the Flight Recorder's entries, watchdog lines)."""
     if entered_all:
         n = job(n_ops=STUCK_AT + 1, completed=lambda k, r: k < STUCK_AT)
     else:
         n = job(n_ops=30, entered=lambda k, r: not (r == 2 and k >= STUCK_AT), completed=lambda k, r: k < STUCK_AT)
     tables = {name: empty(name) for name in TABLES}
     for name, rows in (("nccl_events", n), ("threads", threads), ("stacks", stacks), ("sockets", sockets),
-                       ("offcpu", offcpu)):
+                       ("offcpu", offcpu), *other.items()):
         if rows:
             tables[name] = conform(pd.DataFrame(list(rows)), name)
     caps = [{"host": f"node{r}", "started_ns": started_ns or T0 - 1000 * MS, "ended_ns": END} for r in range(RANKS)]
@@ -73,8 +74,15 @@ def _one(ctx) -> object:
 
 # --------------------------------------------------------------------------- spin
 
-def test_a_rank_spinning_in_host_code_is_a_host_hang_that_names_its_frame():
-    f = _one(_context([_thread(2, "R")], _stack(2, SPIN, "running")))
+def _fr(timeout_ms: int) -> list[dict]:
+    """The Flight Recorder's entries of ranks 0, 1 and 3 for #25, with the job's timeout."""
+    return [{"host": f"node{r}", "rank": r, "pid": 100 + r, "collective_seq_id": STUCK_AT, "state": "started",
+             "profiling_name": "nccl:all_reduce", "timeout_ms": timeout_ms} for r in (0, 1, 3)]
+
+
+def test_a_rank_spinning_in_host_code_past_the_timeout_is_a_host_hang_that_names_its_frame():
+    # the peers waited 5.5 s; the job's collective timeout (its Flight Recorder's) is 5 s
+    f = _one(_context([_thread(2, "R")], _stack(2, SPIN, "running"), fr_entries=_fr(5000)))
     assert (f.kind, f.ranks, f.peer_ranks, f.layer, f.severity) == ("hang_host", [2], [0, 1, 3], "host", "error")
     assert f.chain[0] == "rank 2 never enqueued ALL_REDUCE #25; ranks 0, 1, 3 enqueued it and wait inside it"
     assert "was on a CPU, spinning in host_busy_loop <- train <- main" in f.chain[1]
@@ -82,6 +90,29 @@ def test_a_rank_spinning_in_host_code_is_a_host_hang_that_names_its_frame():
     assert "stuck in host code before ALL_REDUCE #25 (on a CPU in host_busy_loop)" in f.headline
     assert f.op_count == STUCK_AT and f.details["host_activity"]["mode"] == "spin"
     assert f.summary.startswith("Hang (host-side stall)") and "host_busy_loop" in f.action
+    assert (f.details["timeout_ms"], f.details["timeout_source"]) == (5000, "the Flight Recorder's timeout_ms")
+
+
+def test_a_host_stall_younger_than_the_timeout_is_a_warning_naming_the_rank_waited_for():
+    # the same rank 5.5 s into PyTorch's default 10 min: a checkpoint looks the same until then
+    f = _one(_context([_thread(2, "R")], _stack(2, SPIN, "running")))
+    assert (f.kind, f.ranks, f.peer_ranks, f.layer, f.severity) == ("hang_host", [2], [0, 1, 3], "host", "warning")
+    assert f.summary.startswith("Stall (host side)") and "a slow phase or a hang" in f.summary
+    assert "5.50 s into the job's 10 min collective timeout (PyTorch's default)" in f.chain[2], f.chain[2]
+    assert "slow phase (a checkpoint, an evaluation)" in f.chain[2] and "not the cause" in f.chain[2]
+    assert f.headline.startswith("Stall: {who} in host code before ALL_REDUCE #25 (on a CPU in host_busy_loop)")
+    assert "ends by itself" in f.action and "host_busy_loop" in f.action
+    assert f.details["stalled_ns"] == f.details["waited_ns"] and f.details["timeout_ms"] == 600_000
+    # a longer timeout read from the job's own evidence keeps it a warning
+    assert _one(_context([_thread(2, "R")], _stack(2, SPIN, "running"), fr_entries=_fr(1_800_000))).severity \
+        == "warning"
+
+
+def test_a_watchdog_that_fired_makes_the_host_stall_a_hang():
+    wd = [{"host": "node0", "pid": 100, "rank": 0, "kind": "timeout", "seq_num": STUCK_AT, "op_type": "ALLREDUCE",
+           "timeout_ms": 600_000, "ran_for_ms": 600_100}]
+    f = _one(_context([_thread(2, "S", "read", fd=7)], _stack(2, BLOCK, "sleeping"), watchdog_events=wd))
+    assert (f.kind, f.severity) == ("hang_host", "error") and f.summary.startswith("Hang (host-side stall)")
 
 
 def test_running_with_no_stack_says_on_a_cpu_and_no_function():

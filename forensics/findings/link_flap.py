@@ -31,10 +31,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..coerce import cell_ints
+from ..coerce import cell_int, cell_ints
 from .base import STOPS_JOB_SCORE, Context, Finding, detector
 from ..wording import ms, ranks_text
 from .ranks import label, rank_directory
+from ..model.windows import capture_start_ns
 
 MIN_CHAIN = 4                  # resends of one connection in backoff (3 in a row lost: not random loss)
 MIN_GAP_NS = 150_000_000       # Linux's RTO is 200 ms at least (TCP_RTO_MIN)
@@ -208,6 +209,13 @@ def _ends_text(d, tied: list[int], blamed: list[int], own: dict[int, tuple[int, 
 
 @detector("link_flap", kinds=("link_flap",))
 def link_flap(ctx: Context) -> list[Finding]:
+    """The outage the capture watched (:func:`watched_flap`), else the one its sockets' counters
+    say ended before it began (:func:`flap_before_capture`)."""
+    return watched_flap(ctx) or flap_before_capture(ctx)
+
+
+def watched_flap(ctx: Context) -> list[Finding]:
+    """The RTO-backoff rule of the module docstring, on the retransmissions the capture saw."""
     t = ctx.model.tables.get("tcp_events")
     if t is None or t.empty:
         return []
@@ -306,3 +314,183 @@ def link_flap(ctx: Context) -> list[Finding]:
         details={"down_ns": t_up - t0, "stalled_ns": t1 - t0, "back_ns": back_ns, "connections": int(len(ep)), "resends": int(ep["n"].sum()),
                  "own_resends": {str(r): {"kernel": k, "on_wire": w} for r, (k, w) in own.items()},
                  "rule": "rto_backoff_then_recovery"})]
+
+
+# ----------------------------------------------------------------------- before the capture
+#
+# A capture started after the link came back sees no resend; the sockets still count them. ss's
+# ``retrans:cur/total`` is per connection since it opened, so its first snapshot says which
+# connections resent data before the capture, not when. An outage of seconds leaves the RTO
+# backoff's resends (0.2 + 0.4 + 0.8 s ...) on every connection of the dead link that had data in
+# flight, and none on the others; the random loss of a busy machine leaves a stray resend here
+# and there. Where the Flight Recorder's ring reaches back before the capture, the collective
+# that stalled says when, and that every rank had enqueued it (the ranks waited on the network,
+# not on one another's host).
+PAST_MIN_RESENDS = 2           # a connection pair's resends before the capture that an outage leaves
+PAST_TWO_RANK_RESENDS = 4      # a two-rank job's one pair: more, as nothing else corroborates
+PAST_NOISE = 1                 # resends a pair not on the link may carry (a busy host's stray timeout)
+STALL_MIN_NS = 1_000_000_000   # a Flight Recorder collective that took this long ...
+STALL_FACTOR = 20              # ... and this many times the rank's median is a stall
+
+
+def _pair_resends(sockets: pd.DataFrame, phase: str) -> pd.DataFrame:
+    """Per connection between two ranks in ``phase``'s snapshot (either end's row): the ranks
+    ``a`` < ``b``, the connection's key and its resends (ss prints no ``retrans:`` for a
+    connection that never resent: 0 where its TCP info is there)."""
+    s = sockets[(sockets["phase"] == phase) & (sockets["state"].astype("string") == "ESTAB").fillna(False)]
+    r = pd.to_numeric(s["rank"], errors="coerce")
+    p = pd.to_numeric(s["peer_rank"], errors="coerce")
+    s = s[(r.notna() & p.notna() & (r != p) & pd.to_numeric(s["rtt_ms"], errors="coerce").notna()).to_numpy()]
+    if s.empty:
+        return pd.DataFrame(columns=["a", "b", "conn", "resends"])
+    r, p = r[s.index].astype("int64"), p[s.index].astype("int64")
+    # one key for both ends' rows of a connection: its two (address, port) endpoints, ordered
+    ends = np.where((s["local_addr"].astype(str) + ":" + s["local_port"].astype(str)
+                     < s["peer_addr"].astype(str) + ":" + s["peer_port"].astype(str)).to_numpy(), 1, 0)
+    me = s["local_addr"].astype(str) + ":" + s["local_port"].astype(str)
+    you = s["peer_addr"].astype(str) + ":" + s["peer_port"].astype(str)
+    conn = np.where(ends == 1, me + "|" + you, you + "|" + me)
+    out = pd.DataFrame({"a": np.minimum(r, p).to_numpy(), "b": np.maximum(r, p).to_numpy(), "conn": conn,
+                        "resends": pd.to_numeric(s["retrans_total"], errors="coerce").fillna(0).astype("int64")
+                        .to_numpy()})
+    return out.groupby(["a", "b", "conn"], as_index=False)["resends"].sum()
+
+
+def _stalled_collective(ctx: Context, before_ns: int) -> dict | None:
+    """The Flight Recorder's collective enqueued before ``before_ns`` that took longest, where it
+    stalled (``STALL_MIN_NS`` and ``STALL_FACTOR`` times the rank's median) on two ranks or more,
+    all of which enqueued it within a quarter of that (else a rank came late: its host, not the
+    network, held the others; None): its seq id, op, the longest duration, the ranks' median, when it was created and how far apart
+    the ranks enqueued it."""
+    fe = ctx.model.tables.get("fr_entries")
+    if fe is None or fe.empty:
+        return None
+    d = pd.to_numeric(fe["duration_ms"], errors="coerce") * 1e6
+    t = pd.to_numeric(fe["time_created_ns"], errors="coerce")
+    med = d.groupby(fe["rank"]).transform("median")
+    hit = (d >= STALL_MIN_NS) & (d >= STALL_FACTOR * med) & (t < before_ns) & (t > 1e18)
+    if not hit.any():
+        return None
+    key = fe.loc[hit, ["pg_id", "collective_seq_id"]].astype(str).agg("/".join, axis=1)
+    counts = key.value_counts()
+    counts = counts[counts >= 2]
+    if counts.empty:
+        return None
+    best = key[key.isin(counts.index)].index[d[key[key.isin(counts.index)].index].argmax()]
+    same = fe.index[(fe["pg_id"].astype(str) == str(fe.at[best, "pg_id"])) &
+                    (fe["collective_seq_id"].astype(str) == str(fe.at[best, "collective_seq_id"]))]
+    if t[same].max() - t[same].min() > d[best] / 4:
+        return None              # one rank enqueued it late: its peers waited on its host, not the network
+    return {"seq": cell_int(fe.at[best, "collective_seq_id"]), "op": str(fe.at[best, "profiling_name"]),
+            "stalled_ns": int(d[best]), "median_ns": int(med[best]), "created_ns": int(t[same].min()),
+            "spread_ns": int(t[same].max() - t[same].min()),
+            "ranks": sorted({int(x) for x in pd.to_numeric(fe.loc[same, "rank"], errors="coerce").dropna()})}
+
+
+def flap_before_capture(ctx: Context) -> list[Finding]:
+    """A link whose connections all resent data before the capture began, and which carried
+    the job's collectives again while it ran: an outage (or a burst of loss) that was over.
+
+    Rule (the comment above ``PAST_MIN_RESENDS``): in the sockets' first snapshot, the
+    connection pairs between ranks with ``PAST_MIN_RESENDS`` resends or more all share one rank
+    X and are two or more (or the one pair of a two-rank job, ``PAST_TWO_RANK_RESENDS``: its two
+    ends are named); no pair without X carries more than ``PAST_NOISE``; the resends X's pairs
+    made while the capture ran (the last snapshot's counts less the first's) are fewer than those
+    before it (else the trouble goes on, the other rules' case); and a collective of every rank
+    completed during the capture (else the job hangs, the hang detectors' case). Severity
+    warning: the counters say where, not when; a stalled Flight Recorder collective enqueued
+    before the capture says when and raises the confidence."""
+    so = ctx.model.tables.get("sockets")
+    if so is None or so.empty or "phase" not in so:
+        return []
+    start = _pair_resends(so, "start")
+    if start.empty:
+        return []
+    pairs = start.groupby(["a", "b"])["resends"].max()
+    hot = pairs[pairs >= PAST_MIN_RESENDS]
+    world = sorted(set(start["a"]) | set(start["b"]))
+    if hot.empty:
+        return []
+    touch = {r: sum(r in ab for ab in hot.index) for r in world}
+    everywhere = [r for r, n in touch.items() if n == len(hot)]
+    if len(hot) >= 2 and len(everywhere) == 1:
+        blamed = everywhere
+    elif len(hot) == 1 and len(world) == 2 and int(start["resends"].sum()) >= PAST_TWO_RANK_RESENDS:
+        blamed = list(hot.index[0])
+    else:
+        return []
+    on_link = [ab for ab in pairs.index if set(ab) & set(blamed)]
+    off = pairs[[ab not in on_link for ab in pairs.index]]
+    if len(off) and int(off.max()) > PAST_NOISE:
+        return []
+    mine = start[[(a, b) in on_link for a, b in zip(start["a"], start["b"])]]
+    before = int(mine["resends"].sum())
+    end = _pair_resends(so, "end")
+    during = None
+    if len(end):
+        e = end.set_index("conn")["resends"]
+        common = mine[mine["conn"].isin(e.index)]
+        during = int((e[common["conn"]].to_numpy() - common["resends"].to_numpy()).clip(min=0).sum())
+        if during >= before:
+            return []
+    cap0 = capture_start_ns(ctx.model)
+    c = ctx.model.tables.get("collectives")
+    if c is None or c.empty:
+        return []
+    whole = pd.to_numeric(c["ranks_completed"], errors="coerce") >= pd.to_numeric(c["nranks"], errors="coerce")
+    done = pd.to_numeric(c.loc[whole & (pd.to_numeric(c["nranks"], errors="coerce") > 1), "last_end_ns"],
+                         errors="coerce").dropna()
+    if done.empty or (cap0 is not None and int(done.max()) < cap0):
+        return []
+    stall = _stalled_collective(ctx, cap0) if cap0 is not None else None
+    d = rank_directory(ctx)
+    peers = sorted({int(r) for ab in hot.index for r in ab if int(r) not in blamed})
+    who = " and ".join(label(d, r) for r in blamed)
+    link_of = f"{who}'s link" if len(blamed) == 1 else f"the link between {who}"
+    per = sorted(int(v) for v in hot.to_numpy())
+    span = f"{per[0]}" if per[0] == per[-1] else f"{per[0]}-{per[-1]}"
+    n_other, noise = int(len(off)), int(off.max()) if len(off) else 0
+    elsewhere = (f"the {n_other} other pair(s) of ranks none" if not noise else
+                 f"the {n_other} other pair(s) of ranks at most {noise} per connection")
+    chain = [f"at the capture's start the connections of {who} to {ranks_text(peers) if peers else 'each other'} had "
+             f"already resent data ({before} resends in all, {span} on each pair's busiest connection: ss's "
+             "retransmission count, since each connection opened)" + (f"; {elsewhere}" if n_other else "")]
+    if stall is not None:
+        chain.append(f"the Flight Recorder: {stall['op']} #{stall['seq']} took {ms(stall['stalled_ns'])} "
+                     f"(the ranks' median {ms(stall['median_ns'])}) on {ranks_text(stall['ranks'])}, which had all "
+                     f"enqueued it within {ms(stall['spread_ns'])}: they waited on the network, not on one another")
+    chain.append("collectives completed on every rank while the capture ran"
+                 + (f", with {during} resend(s) on those connections" if during is not None else "")
+                 + ": the link had come back; the counters say where the data was lost, not when: a link that went "
+                   "down and came back, or a burst of loss that ended")
+    since = stall["created_ns"] if stall is not None else None
+    links = [{"rank": blamed[0], "peer_rank": p} for p in (peers if len(blamed) == 1 else blamed[1:])]
+    return [Finding(
+        kind="link_flap", severity="warning", confidence=0.7 if stall is not None else 0.55,
+        headline=(f"Link trouble before the capture: {link_of} resent data on every busy connection, then "
+                  "recovered") + (" ({since})" if since is not None else ""),
+        confidence_note=("resends on every connection of one rank's link before the capture, none elsewhere"
+                         + (", and a collective that stalled on every rank then" if stall is not None else
+                            "; when is unknown (no Flight Recorder entry reaches back that far)")),
+        summary=(f"Before the capture began, {link_of} lost data: its connections to "
+                 f"{ranks_text(peers) if peers else 'each other'} had resent {before} time(s) ({span} on each pair's "
+                 "busiest connection)" + (f", {elsewhere}" if n_other else "")
+                 + (f"; {stall['op']} #{stall['seq']} took {ms(stall['stalled_ns'])} then, against a median of "
+                    f"{ms(stall['median_ns'])}" if stall is not None else "")
+                 + ". Collectives completed while the capture ran: the link came back (a flapping port or cable, "
+                   "a switch reboot, or a burst of loss that ended)."),
+        ranks=blamed, peer_ranks=peers, links=links,
+        evidence=[{"a": int(a), "b": int(b), "connection": cn, "resends_before_capture": int(v)}
+                  for a, b, cn, v in mine.sort_values("resends", ascending=False).head(30).itertuples(index=False)],
+        sql=("SELECT host, rank, peer_rank, local_addr, local_port, peer_addr, peer_port, retrans_total FROM sockets "
+             "WHERE phase = 'start' AND state = 'ESTAB' AND peer_rank IS NOT NULL ORDER BY retrans_total DESC NULLS LAST"),
+        action=(f"The switch port and cable of {who}'s host" + ("" if len(blamed) == 1 else "s") + ": the switch's "
+                "log for link down/up before the capture began, the NIC's carrier_changes "
+                "(/sys/class/net/<if>/carrier_changes), dmesg for 'Link is Down'; capture from the job's start "
+                "(or the watcher) to see the next one as it happens"),
+        score=STOPS_JOB_SCORE / 2, since_ns=since,
+        since_source="the Flight Recorder: the stalled collective's creation" if since is not None else None,
+        layer="transport", chain=chain,
+        details={"rule": "retransmitted_before_capture", "resends_before": before, "resends_during": during,
+                 "pairs": {f"{int(a)}-{int(b)}": int(v) for (a, b), v in pairs.items() if v},
+                 "stalled_collective": stall})]

@@ -156,6 +156,96 @@ def test_one_connection_in_backoff_is_no_flap():
     assert link_flap(context(_shift_after(flap_job(True), DOWN_AT, 3100), backoff(2, 3, t0))) == []
 
 
+# ---- a flap over before the capture began: the sockets' resend counters, the Flight Recorder
+
+CAP0 = T0 + 4000 * MS      # the captures began 4 s in; the job's ops run 100 ms apart until 4.5 s
+
+
+def _socket(r: int, peer: int, k: int, resends: int | None, phase: str = "start") -> dict:
+    """One end's ss row of rank r's k-th connection to ``peer`` (r < peer dials): ``resends``
+    None is ss saying nothing of retransmissions (none)."""
+    lo, hi = min(r, peer), max(r, peer)
+    port = {lo: 41000 + 10 * hi + k, hi: 51000 + 10 * lo}
+    return {"host": f"node{r}", "phase": phase, "pid": 100 + r, "rank": r, "peer_rank": peer, "state": "ESTAB",
+            "local_addr": f"10.0.0.{r + 1}", "local_port": port[r], "peer_addr": f"10.0.0.{peer + 1}",
+            "peer_port": port[peer], "rtt_ms": 0.2, "retrans_total": resends}
+
+
+def _sockets(hot: dict[tuple[int, int], int], phase: str = "start") -> list[dict]:
+    """Every pair of the 4 ranks with two connections; each connection's resends on its lower
+    rank's row (``hot``: pair -> resends, else none), its other end's row saying none."""
+    rows = []
+    for a in range(RANKS):
+        for b in range(a + 1, RANKS):
+            for k in range(2):
+                rows += [_socket(a, b, k, hot.get((a, b))), _socket(b, a, k, None)]
+    return [dict(r, phase=phase) for r in rows]
+
+
+def _fr(stalled_ms: float | None, late: int | None = None) -> list[dict]:
+    """Flight Recorder entries of each rank for ops 0-39; op 20 took ``stalled_ms`` on every rank
+    (``late``: but that rank enqueued it when the others' had taken that long)."""
+    return [{"host": f"node{r}", "rank": r, "pid": 100 + r, "pg_id": "0", "collective_seq_id": k,
+             "profiling_name": "nccl:all_reduce", "state": "completed",
+             "time_created_ns": T0 + k * 100 * MS + r * MS + (int(stalled_ms * MS) if r == late and k == DOWN_AT else 0),
+             "duration_ms": stalled_ms if stalled_ms and k == DOWN_AT and r != late else 5.0}
+            for k in range(40) for r in range(RANKS)]
+
+
+def before_context(start: dict, end: dict | None = None, fr_stall_ms: float | None = None, recovered: bool = True,
+                   fr_late: int | None = None):
+    from forensics.findings import Context
+    from forensics.model import Model
+    from forensics.model.schema import TABLES, empty
+    nccl = job(n_ops=45 if recovered else 38, completed=lambda k, r: recovered or k < 30)
+    tables = {name: empty(name) for name in TABLES}
+    socks = _sockets(start) + (_sockets(end, "end") if end is not None else [])
+    for name, rows in (("nccl_events", nccl), ("sockets", socks), ("fr_entries", _fr(fr_stall_ms, fr_late))):
+        tables[name] = conform(pd.DataFrame(rows), name)
+    m = Model(tables=tables, hosts=[f"node{r}" for r in range(RANKS)],
+              captures=[{"host": f"node{r}", "started_ns": CAP0, "ended_ns": T0 + 5000 * MS} for r in range(RANKS)])
+    return Context(model=m, con=m.connect())
+
+
+def test_resends_before_the_capture_on_every_connection_of_one_rank_name_its_link():
+    # seed-53 accuracy, link-flap captured after the link came back: no resend in the capture;
+    # at its start ss counted 2-6 resends on each of rank 2's connections and none elsewhere
+    f = link_flap(before_context({(1, 2): 5, (2, 3): 6, (0, 2): 2}))
+    assert len(f) == 1, f
+    f = f[0]
+    assert (f.kind, f.severity, f.ranks, f.peer_ranks, f.layer) == ("link_flap", "warning", [2], [0, 1, 3], "transport")
+    assert {(lk["rank"], lk["peer_rank"]) for lk in f.links} == {(2, 0), (2, 1), (2, 3)}
+    assert f.details["rule"] == "retransmitted_before_capture" and f.details["resends_before"] == 26
+    assert f.since_ns is None and "when is unknown" in f.confidence_note
+    assert "had already resent data" in f.chain[0] and "the link had come back" in f.chain[-1]
+    # its SQL: the first snapshot's 24 rows (6 pairs, 2 connections each, both ends), busiest first
+    rows = before_context({(1, 2): 5, (2, 3): 6, (0, 2): 2}).con.execute(f.sql).fetchall()
+    assert len(rows) == 24 and rows[0][-1] == 6
+    # the Flight Recorder reaches back: op 20 took 3.1 s on every rank, enqueued together
+    f = link_flap(before_context({(1, 2): 5, (2, 3): 6}, fr_stall_ms=3100))[0]
+    assert f.since_ns == T0 + DOWN_AT * 100 * MS and f.details["stalled_collective"]["stalled_ns"] == 3100 * MS
+    assert "took 3.10 s" in f.chain[1] and "within 3.0 ms" in f.chain[1] and f.confidence > 0.6
+    # its twin: rank 0 enqueued op 20 3.1 s late (its host held the others): not the link's stall
+    f = link_flap(before_context({(1, 2): 5, (2, 3): 6}, fr_stall_ms=3100, fr_late=0))[0]
+    assert f.details["stalled_collective"] is None and f.since_ns is None
+
+
+def test_resends_before_the_capture_that_point_nowhere_or_go_on_are_no_flap():
+    # stray resends of a busy machine: one per pair here and there, or two pairs with no rank in common
+    assert link_flap(before_context({(0, 1): 1, (2, 3): 1, (1, 2): 1})) == []
+    assert link_flap(before_context({(0, 1): 3, (2, 3): 3})) == []
+    # rank 2's pairs, but another pair resent as much: no one link
+    assert link_flap(before_context({(1, 2): 5, (2, 3): 6, (0, 1): 3})) == []
+    # one pair alone in a four-rank job: not every connection of a link
+    assert link_flap(before_context({(1, 2): 5})) == []
+    # the resends go on while the capture runs, more than before it: loss now (network_loss's case)
+    assert link_flap(before_context({(1, 2): 5, (2, 3): 6}, end={(1, 2): 30, (2, 3): 40})) == []
+    # fewer during than before: the tail of the episode, still the flap
+    assert link_flap(before_context({(1, 2): 5, (2, 3): 6}, end={(1, 2): 6, (2, 3): 8}))
+    # nothing completed while the capture ran: the link is still down (the hang detectors' case)
+    assert link_flap(before_context({(1, 2): 5, (2, 3): 6}, recovered=False)) == []
+
+
 def slow_job():
     return job(dur_ms=lambda k: 400.0 if k >= 20 else 5.0)
 

@@ -387,6 +387,12 @@ void logscan_count(const uint8_t *buf, int64_t len, int64_t *lines, int64_t *non
 /* A needle's first four bytes as a key of 16 bits (the bit logscan_presence tests first). */
 static inline uint32_t quad_key(uint32_t q) { return (q * 0x9E3779B1u) >> 16; }
 
+/* Whether the four bytes at byte b of w (little-endian) have their key's bit set in quads. */
+static inline int quad_hit(const uint64_t *quads, uint64_t w, int b) {
+    uint32_t k = quad_key((uint32_t)(w >> (8 * b)));
+    return (int)((quads[k >> 6] >> (k & 63)) & 1);
+}
+
 /* The first offset of each of up to PRESENCE_MAX needles (of 2 bytes or more) in one pass. A
  * bit per key of four bytes (quad_key, 8 KiB: the cache's nearest level) rejects almost every
  * position where each needle has four bytes or more, four positions at a time from one 8-byte
@@ -427,20 +433,20 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
         }
         left++;
     }
-#define QUAD_HIT(w, b) ((quads[quad_key((uint32_t)((w) >> (8 * (b)))) >> 6] >> (quad_key((uint32_t)((w) >> (8 * (b)))) & 63)) & 1)
     for (int64_t p = 0; left > 0 && p + 1 < len; p++) {
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         if (shortest >= 4) {          /* four positions a step while none may start a needle */
             while (p + 8 <= len) {
                 uint64_t w;
                 memcpy(&w, buf + p, 8);
-                if (QUAD_HIT(w, 0) | QUAD_HIT(w, 1) | QUAD_HIT(w, 2) | QUAD_HIT(w, 3)) break;
+                if (quad_hit(quads, w, 0) | quad_hit(quads, w, 1) | quad_hit(quads, w, 2) | quad_hit(quads, w, 3))
+                    break;
                 p += 4;
             }
             if (p + 8 <= len) {                 /* the first of the four that may */
                 uint64_t w;
                 memcpy(&w, buf + p, 8);
-                while (!QUAD_HIT(w, 0)) {
+                while (!quad_hit(quads, w, 0)) {
                     w >>= 8;
                     p++;
                 }
@@ -470,7 +476,6 @@ int logscan_presence(const uint8_t *buf, int64_t len, const uint8_t *needles, co
             }
         }
     }
-#undef QUAD_HIT
     free(tab); free(word); free(mask); free(uses); free(quads);
     return 0;
 }

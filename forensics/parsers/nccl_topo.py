@@ -101,7 +101,7 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict,
     _, _, line = text.line_numbers_and_ends(every["start"])
     hosts, host_code = _distinct(text, every["host_off"], every["host_len"], every["host_hash"])
     pid = every["pid"]
-    proc = _pair_codes(host_code, pid)          # each line's process: (host, pid)
+    proc = _pair(host_code, pd.factorize(pid)[0])          # each line's process: (host, pid)
     out = TopoLines(starts=every["start"])
     # every line's nccl_log_lines row (the other INFO lines' kinds are the parser's: lines_with_kinds)
     base = {"line": line, "host": host_code, "pid": pid, "tid": every["tid"], "dev": every["dev"]}
@@ -111,7 +111,7 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict,
                                    _sa(["", "channel", "ring", "other", "tree"], every["kind"]), _sa(msgs, code),
                                    schemas["nccl_log_lines"])
     out.info_rows = other["row"]
-    out.first_seen = [(int(line[i]), hosts[host_code[i]], int(pid[i])) for i in _firsts(proc).tolist()]
+    out.first_seen = [(int(line[i]), hosts[host_code[i]], int(pid[i])) for i in _firsts(proc)[1].tolist()]
     if len(out.info_rows):
         at = out.info_rows
         msgs, code = _distinct(text, other["msg_off"], other["msg_len"], other["msg_hash"])
@@ -126,18 +126,18 @@ def scan_topology(text: LogText, hits: np.ndarray, schemas: dict,
     out.rings = _rings(text, ring, {k: v[ring["row"]] for k, v in raw.items()}, items,
                        {k: v[items["item_row"]] for k, v in raw.items()}, hosts, schemas["nccl_rings"])
     # each process's first connection by each via
-    for j in _firsts(_pair_codes(proc[at], pd.factorize(conn["via_hash"])[0])).tolist():
+    for j in _firsts(_pair(proc[at], pd.factorize(conn["via_hash"])[0]))[1].tolist():
         i, o = int(at[j]), int(conn["via_off"][j])
         out.vias.append((int(line[i]), hosts[host_code[i]], int(pid[i]),
                          bytes(text.data[o:o + int(conn["via_len"][j])]).decode("ascii")))
     ro = ring["sub"] >= 0           # each process's largest "Channel NN/CC" count, in order of its first one
     if ro.any():
         rows = ring["row"][ro]
-        g, uniq = pd.factorize(proc[rows])
-        most = np.full(len(uniq), np.iinfo(np.int64).min)
+        g, first = _firsts(proc[rows])
+        most = np.full(len(first), np.iinfo(np.int64).min)
         np.maximum.at(most, g, ring["sub"][ro])
         out.nchannels = [(hosts[host_code[i]], int(pid[i]), int(n))
-                         for i, n in zip(rows[_firsts(g)].tolist(), most.tolist())]
+                         for i, n in zip(rows[first].tolist(), most.tolist())]
     return out, rest
 
 
@@ -183,19 +183,20 @@ def _gather(text: LogText, hits: np.ndarray, lines: bool):
             np.concatenate(rest) if rest else np.empty(0, np.int64))
 
 
-def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A code per row for the pair (``a``, ``b``) of integer columns, equal where the pairs are."""
-    ca = pd.factorize(a)[0].astype(np.int64)
-    cb, ub = pd.factorize(b)
-    return ca * max(len(ub), 1) + cb
+def _pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A key per row for the pair of codes (``a``, ``b``: non-negative integers, as
+    ``pd.factorize`` gives them), equal where the pairs are."""
+    return a.astype(np.int64) * (int(b.max(initial=0)) + 1) + b
 
 
-def _firsts(keys: np.ndarray) -> np.ndarray:
-    """The row of each distinct key's first occurrence, in row order."""
+def _firsts(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(each row's code, the row of each code's first occurrence): the distinct keys numbered
+    in order of first appearance (a hash table, ``pd.factorize``: no sort), so the first rows
+    come out in row order."""
     codes, uniq = pd.factorize(keys)
     first = np.empty(len(uniq), np.int64)
-    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)
-    return first
+    first[codes[::-1]] = np.arange(len(codes) - 1, -1, -1)      # the last write wins: the first row
+    return codes, first
 
 
 def refine_processes(procs: dict, chans: list[tuple], comms: list[tuple],
@@ -267,9 +268,7 @@ def _info(text: LogText, c: dict, line: np.ndarray, host: np.ndarray, msg: np.nd
 
 def _distinct(text: LogText, off: np.ndarray, ln: np.ndarray, key: np.ndarray) -> tuple[list[str], np.ndarray]:
     """(the distinct (ASCII) texts at (offset, length) by ``key``, each row's index into them)."""
-    inv, uniq = pd.factorize(key)          # a hash table: no sort of the keys
-    first = np.empty(len(uniq), np.int64)
-    first[inv[::-1]] = np.arange(len(inv) - 1, -1, -1)      # each key's first row
+    inv, first = _firsts(key)
     if not len(first):
         return [], inv
     data = text.data        # each text within one ASCII line: decoded together, split at the joins

@@ -21,6 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..model.progress import is_per_process
+
 MIN_RATE_RATIO = 2.0    # the slow link's rate at most half the others': a bottleneck of rate
 
 
@@ -70,7 +72,10 @@ def transfer_excess(ctx, done: pd.DataFrame, slow_links, bulk_share: float) -> n
 
 
 def _members(ctx) -> dict:
-    """Communicator -> the ranks its collectives name (the ``collectives`` table's ``ranks``)."""
+    """Communicator -> the ranks its collectives name (the ``collectives`` table's ``ranks``).
+    A communicator the tracer saw only from one process (created before it attached: keyed
+    ``host:pid:comm``, one rank's calls) whose size is the job's largest is the world's: its
+    members are every rank the table names, not just the process's own."""
     c = ctx.table("collectives")
     out: dict = {}
     if c.empty or "ranks" not in c.columns:
@@ -79,6 +84,12 @@ def _members(ctx) -> dict:
         if ranks is None or (not hasattr(ranks, "__len__")):
             continue
         out.setdefault(comm, set()).update(int(r) for r in ranks if pd.notna(r))
+    n = pd.to_numeric(c["nranks"], errors="coerce")
+    world = set().union(*out.values()) if out else set()
+    if n.notna().any() and len(world) >= 2:
+        whole = c.loc[(is_per_process(c["comm_id_hash"]) & (n >= n.max())).to_numpy(bool), "comm_id_hash"]
+        for comm in whole.astype(object).unique():
+            out[comm] = set(world)
     return out
 
 

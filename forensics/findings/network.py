@@ -26,6 +26,7 @@ from .link_delays import (BULK_SHARE, MIN_RTT_SAMPLES, bulk_waits_too, link_queu
                           rtt_split)
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from .bottleneck import link_rates, transfer_excess
+from ..model.windows import capture_start_ns
 from .loss_direction import loss_direction
 from ..tcp.classes import DATA_LOSS_CLASSES, FLOW_DATA_LOST_SQL, LOSS_CLASSES, flow_data_lost
 from ..wording import ms, ranks_text
@@ -432,6 +433,43 @@ def _rate_cost(ctx: Context, cost: QueueCost, done: pd.DataFrame, slow_links) ->
     return share
 
 
+def _history_cost(ctx: Context, cost: QueueCost, done: pd.DataFrame) -> float:
+    """The share of the collective time that is the slowdown since before the capture, where the
+    Flight Recorder's ring reaches back before it began: per op, the median ``duration_ms`` of
+    its entries created before the first capture's start against those created after, for the op
+    with the most entries on both sides; 0 without both, or when the later median is under
+    ``SLOW_FACTOR`` times the earlier. Put in ``cost`` (with its sentence) when above what it
+    says already: a capture started after the link slowed down has no fast collective of its
+    own, but the job's ring buffer remembers them."""
+    fe = ctx.model.tables.get("fr_entries")
+    cap0 = capture_start_ns(ctx.model)
+    if fe is None or fe.empty or cap0 is None or cost.imp.total_ns <= 0:
+        return 0.0
+    d = pd.to_numeric(fe["duration_ms"], errors="coerce") * 1e6
+    t = pd.to_numeric(fe["time_created_ns"], errors="coerce")
+    ok = (d > 0) & (t > 1e18)
+    f = pd.DataFrame({"op": fe["profiling_name"].astype("string"), "dur": d, "after": t >= cap0})[ok.to_numpy(bool)]
+    if f.empty:
+        return 0.0
+    n = f.groupby(["op", "after"]).size().unstack(fill_value=0)
+    if True not in n or False not in n:
+        return 0.0
+    both = n[(n[True] >= MIN_BASELINE) & (n[False] >= MIN_BASELINE)]
+    if both.empty:
+        return 0.0
+    op = str(both.min(axis=1).idxmax())
+    g = f[f["op"] == op]
+    before, during = float(g.loc[~g["after"], "dur"].median()), float(g.loc[g["after"], "dur"].median())
+    if during < SLOW_FACTOR * max(before, 1.0):
+        return 0.0
+    share = 1.0 - before / during
+    if share > cost.imp.share:
+        cost.imp = Impact(share, share * cost.imp.total_ns, cost.imp.total_ns, len(done))
+        cost.text += (f"; the Flight Recorder's {op} took {ms(before)} (median) before the capture began and "
+                      f"{ms(during)} during it: {share:.0%} of each collective's time is the slowdown")
+    return share
+
+
 def _queue_cost(ctx: Context, lo: float, base: float, ratio: float, slow_links=()) -> QueueCost:
     """The cost of a queue of ``lo`` against ``base`` (the other links' RTT; ``ratio``: lo over
     base) to the job's completed collectives; ``slow_links``: its links, (low rank, high rank)."""
@@ -463,6 +501,9 @@ def _queue_cost(ctx: Context, lo: float, base: float, ratio: float, slow_links=(
     # ... and a link slow of rate costs each collective more than a round trip: the time its
     # bytes take longer over it (forensics/findings/bottleneck.py)
     rate_share = _rate_cost(ctx, cost, done, slow_links) if spread < SLOW_FACTOR else 0.0
+    # ... or, where the Flight Recorder remembers collectives from before the capture, what they took then
+    if spread < SLOW_FACTOR:
+        rate_share = max(rate_share, _history_cost(ctx, cost, done))
     # the job paid for it: collectives spread out, clearly, or somewhat behind a very clear queue
     if spread >= SLOW_FACTOR or (ratio >= CLEAR_RTT_RATIO and spread >= 1.5) \
             or p50 >= ctx.options.slow_ms * 1e6 or (ratio >= CLEAR_RTT_RATIO and max(share, rate_share) >= QUEUE_SHARE):

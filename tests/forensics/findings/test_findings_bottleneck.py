@@ -99,3 +99,48 @@ def test_one_endpoints_links_are_a_slow_group_even_when_a_majority():
     # its twin: a majority of slow links that share no endpoint is no group (four ranks, six links)
     mesh = _links({(0, 1): 20e6, (2, 3): 21e6, (0, 2): 22e6, (1, 3): 23e6, (0, 3): 0.2e6, (1, 2): 0.2e6})
     assert rtt_split(mesh) is None
+
+
+def test_a_per_process_world_communicator_spans_the_slow_link():
+    # a capture started after the job created its communicator keys each process's calls on its
+    # own (host:pid:comm): one rank per key; of the world's size, each spans every rank
+    ctx = _context()
+    done = _done(ctx)
+    own = done.assign(comm_id_hash=[f"node{k % 4}:10{k % 4}:0x{k % 4}" for k in range(len(done))])
+    c = ctx.model.tables["collectives"]
+    c["comm_id_hash"] = own["comm_id_hash"].to_numpy()[:len(c)]
+    c["ranks"] = [np.array([k % 4]) for k in range(len(c))]
+    extra = transfer_excess(ctx, own, [(2, 3)], 0.1)
+    assert extra is not None and extra.all()
+    # its twin: a per-process communicator smaller than the world's spans nothing known
+    c["nranks"] = [2 if k % 4 == 0 else 4 for k in range(len(c))]
+    small = transfer_excess(ctx, own, [(2, 3)], 0.1)
+    assert not small[np.arange(len(c)) % 4 == 0].any() and small[np.arange(len(c)) % 4 != 0].all()
+
+
+def _fr_context(before_ms: float, during_ms: float) -> Context:
+    """The job of :func:`_context` seen only slow, its link's rate no slower than the others' (no
+    rate cost), with a Flight Recorder whose entries reach back before the capture (T0 + 2 s)."""
+    from traced_job import T0
+    ctx = _context(slow_rate=FAST_BPS)
+    cap0 = T0 + 2000 * MS
+    fr = [{"host": f"node{r}", "rank": r, "pid": 100 + r, "pg_id": "0", "collective_seq_id": k,
+           "profiling_name": "nccl:all_reduce", "state": "completed", "time_created_ns": T0 + k * 100 * MS,
+           "duration_ms": before_ms if T0 + k * 100 * MS < cap0 else during_ms} for k in range(40) for r in range(4)]
+    ctx.model.tables["fr_entries"] = conform(pd.DataFrame(fr), "fr_entries")
+    ctx.model.captures[:] = [{"host": f"node{r}", "started_ns": cap0, "ended_ns": T0 + 4000 * MS} for r in range(4)]
+    return Context(model=ctx.model, con=ctx.model.connect())
+
+
+def test_the_flight_recorder_remembers_the_collectives_before_the_link_slowed():
+    # seed-54 accuracy case 6: captures 9.9 s into a 38 Mbit/s link; every collective in them
+    # 300 ms (no spread), the ring's other links as slow while busy (no rate cost): info, 0.0%.
+    # The Flight Recorder's entries from before the capture took 8.7 ms
+    f = slow_link(_fr_context(10.0, 300.0))
+    assert len(f) == 1 and f[0].severity == "error", (f[0].severity, f[0].summary)
+    assert f[0].impact_share == pytest.approx(1 - 10 / 300)
+    assert "the Flight Recorder's nccl:all_reduce took 10 ms (median) before the capture began and 300 ms" \
+        in f[0].summary
+    # its twin: the collectives took as long before the capture: no slowdown to weigh
+    g = slow_link(_fr_context(250.0, 300.0))
+    assert len(g) == 1 and g[0].impact_share < 0.01 and "Flight Recorder" not in g[0].summary

@@ -23,7 +23,8 @@ inside an op or idle), which the report marks too:
   deadlock, blocking I/O). Whichever evidence found the mismatch (the tracer, the state at
   capture, the reports), the same rule turns it into this kind (:func:`host_side`); where the
   capture shows nothing of the rank (the logs alone, no thread sampled after the hang began),
-  or shows it parked or inside another NCCL call, it stays ``hang_mismatch``.
+  or shows it parked or inside another NCCL call, it stays ``hang_mismatch``. Until the job's
+  collective timeout passes it is a warning: a slow phase (a checkpoint) looks the same.
 - ``hang_stuck``: every rank waits inside a collective (the same #n, or a rank stuck in
   #n that its peers completed before moving on to #n+1). NCCL RAS counts launches, so it
   reports the first case as healthy; the explanation is on the ring's links. The first
@@ -274,7 +275,11 @@ def host_side(ctx, f: Finding) -> Finding:
     """``f`` as a ``hang_host`` finding when it is a ``hang_mismatch`` of one rank behind (not a
     different call at one position) and the capture shows that rank stuck in its own host code
     (:func:`.host_stall.host_activity`); else ``f`` itself. The chain: it never enqueued #n while
-    its peers wait inside it, what its main thread was doing, what that means (layer ``host``)."""
+    its peers wait inside it, what its main thread was doing, what that means (layer ``host``).
+    A checkpoint or an evaluation looks the same until the job's collective timeout
+    (:func:`.timeouts.collective_timeout`) passes: younger than that, with no watchdog fired, it
+    is a warning ("Stall (host side)") naming the rank everybody waits for and how far into the
+    timeout it is; an error once the timeout passed, a watchdog fired, or its age is unknown."""
     if f.kind != "hang_mismatch" or len(f.ranks) != 1 or "calls" in f.details or "fr_seq_id" in f.details:
         return f
     r = int(f.ranks[0])
@@ -303,9 +308,10 @@ def host_side(ctx, f: Finding) -> Finding:
                    + f"; {within}: a slow phase or a hang, not yet told apart.")
         headline = ("Stall: {who} in host code before " + at + f" ({act.doing()}), {ms(age)} of a "
                     f"{timeouts.timeout_text(timeout_ms)} timeout; " + "{peers} wait for it ({since})")
+        hang_action = _host_action(r, act)
         action = (f"If rank {r} is checkpointing or evaluating, this ends by itself; if it is still stalled near the "
-                  f"{timeouts.timeout_text(timeout_ms)} timeout, it is a hang: " + _host_action(r, act)[0].lower()
-                  + _host_action(r, act)[1:])
+                  f"{timeouts.timeout_text(timeout_ms)} timeout, it is a hang: " + hang_action[0].lower()
+                  + hang_action[1:])
     else:
         chain.append(f"the collective was never enqueued: rank {r} is stuck in its own host code before NCCL "
                      f"({what}); its GPU, its links and its peers are not the cause")

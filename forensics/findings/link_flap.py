@@ -24,6 +24,12 @@ the one segment at the head of the queue). The link came back when a collective 
 after the last resend of the episode; a link still down at the end is a hang, which the hang
 detectors report, so no finding here.
 
+A capture that began after the link came back saw no resend: :func:`flap_before_capture` reads
+the sockets' resend counters at its start instead (every busy connection of one rank had resent,
+no other pair of ranks had), dated by a Flight Recorder collective that stalled on every rank
+before the capture where the ring buffer reaches back that far; a warning, as the counters say
+where, not when.
+
 Layer ``transport``: the collective was enqueued everywhere and the transport stalled.
 """
 from __future__ import annotations
@@ -345,11 +351,9 @@ def _pair_resends(sockets: pd.DataFrame, phase: str) -> pd.DataFrame:
         return pd.DataFrame(columns=["a", "b", "conn", "resends"])
     r, p = r[s.index].astype("int64"), p[s.index].astype("int64")
     # one key for both ends' rows of a connection: its two (address, port) endpoints, ordered
-    ends = np.where((s["local_addr"].astype(str) + ":" + s["local_port"].astype(str)
-                     < s["peer_addr"].astype(str) + ":" + s["peer_port"].astype(str)).to_numpy(), 1, 0)
     me = s["local_addr"].astype(str) + ":" + s["local_port"].astype(str)
     you = s["peer_addr"].astype(str) + ":" + s["peer_port"].astype(str)
-    conn = np.where(ends == 1, me + "|" + you, you + "|" + me)
+    conn = np.where((me < you).to_numpy(), me + "|" + you, you + "|" + me)
     out = pd.DataFrame({"a": np.minimum(r, p).to_numpy(), "b": np.maximum(r, p).to_numpy(), "conn": conn,
                         "resends": pd.to_numeric(s["retrans_total"], errors="coerce").fillna(0).astype("int64")
                         .to_numpy()})

@@ -294,11 +294,12 @@ def host_side(ctx, f: Finding) -> Finding:
     age = _stall_age(ctx, f)
     timeout_ms, timeout_src = timeouts.collective_timeout(ctx)
     young = age is not None and age < timeout_ms * 1_000_000 and not timeouts.timed_out_ranks(ctx)
+    limit = timeouts.timeout_text(timeout_ms)
     chain = [f"rank {r} never enqueued {at}; {peers} enqueued it and wait inside it", act.text()]
     if young:
         # a checkpoint, an evaluation or a data-loader refill looks the same until the timeout
         # passes: the rank everybody waits for is named, as a warning, not yet called a hang
-        within = (f"{ms(age)} into the job's {timeouts.timeout_text(timeout_ms)} collective timeout ({timeout_src}); "
+        within = (f"{ms(age)} into the job's {limit} collective timeout ({timeout_src}); "
                   "no watchdog has fired")
         chain.append(f"the collective is not yet enqueued: rank {r} is in its own host code before NCCL, {within}: "
                      f"a slow phase (a checkpoint, an evaluation) or a hang ({what}), not yet told apart; its GPU, "
@@ -307,10 +308,10 @@ def host_side(ctx, f: Finding) -> Finding:
                    + f" Rank {r} is in host code, not on another code path: " + act.text()
                    + f"; {within}: a slow phase or a hang, not yet told apart.")
         headline = ("Stall: {who} in host code before " + at + f" ({act.doing()}), {ms(age)} of a "
-                    f"{timeouts.timeout_text(timeout_ms)} timeout; " + "{peers} wait for it ({since})")
+                    f"{limit} timeout; " + "{peers} wait for it ({since})")
         hang_action = _host_action(r, act)
         action = (f"If rank {r} is checkpointing or evaluating, this ends by itself; if it is still stalled near the "
-                  f"{timeouts.timeout_text(timeout_ms)} timeout, it is a hang: " + hang_action[0].lower()
+                  f"{limit} timeout, it is a hang: " + hang_action[0].lower()
                   + hang_action[1:])
     else:
         chain.append(f"the collective was never enqueued: rank {r} is stuck in its own host code before NCCL "

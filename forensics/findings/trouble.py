@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..tcp.classes import DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, classify, dense_codes, subsumed_sql
-from .sql import sql_int, sql_list, sql_str
+from ..tcp.classes import (DATA_LOSS_CLASSES, EVENT_CLASS, LOSS_CLASSES, RESEND_EVENTS, class_sql, classify,
+                           dense_codes, subsumed_sql)
+from .sql import sql_int, sql_list
 
 COUNT_COLUMNS = {"retransmission": "retransmissions", "duplicate_ack": "duplicate_acks",
                  "lost_segment": "lost_segments", "reset": "resets"}
@@ -116,13 +117,12 @@ def trouble_sql(classes=LOSS_CLASSES + ("reset",)) -> str:
     tcp_receive_reset included), for the runnable SQL of the findings. Columns:
     timestamp_ns, event, cls, sender_rank, receiver_rank, saddr, sport, daddr, dport (text,
     '<NA>' when unknown, as the evidence writes them), "from", "to", src."""
-    cases = " ".join(f"WHEN {sql_str(e)} THEN {sql_str(c)}" for e, c in EVENT_CLASS.items() if c in classes)
-    events = sql_list(e for e, c in EVENT_CLASS.items() if c in classes)
+    events = sql_list(e for e, c in EVENT_CLASS.items() if c in classes or e in RESEND_EVENTS)
     return f"""(
   SELECT timestamp_ns, event, cls, sender_rank, receiver_rank, saddr, sport, daddr, dport,
          saddr || ':' || sport AS "from", daddr || ':' || dport AS "to", src
   FROM (
-    SELECT timestamp_ns, event, CASE event {cases} END AS cls,
+    SELECT timestamp_ns, event, {class_sql("t", tuple(classes))} AS cls,
            CASE WHEN recv THEN peer_rank ELSE rank END AS sender_rank,
            CASE WHEN recv THEN rank ELSE peer_rank END AS receiver_rank,
            CASE WHEN recv THEN da ELSE sa END AS saddr, CASE WHEN recv THEN dp ELSE sp END AS sport,
@@ -134,8 +134,8 @@ def trouble_sql(classes=LOSS_CLASSES + ("reset",)) -> str:
       FROM tcp_events t
       WHERE event IN ({events}) AND rank IS NOT NULL AND peer_rank IS NOT NULL AND timestamp_ns IS NOT NULL
         AND rank <> peer_rank AND NOT {subsumed_sql("t")}
-    )
-  )
+    ) t
+  ) WHERE cls IN ({sql_list(classes)})
 )"""
 
 

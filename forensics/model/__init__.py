@@ -125,6 +125,7 @@ def _build(parts: list[HostPart], skew: bool) -> Model:
     nccl = nccl_mod.unify_comm_ids(nccl, {p.bundle.host: p.comms for p in parts}, artifact_tabs.get("coll_log_ops"),
                                    _tracer_ends(bundles), artifact_tabs.get("fr_entries"))
     tcp = tcp_ranks.collective_in_flight(tcp, nccl)
+    tcp = tcp_ranks.mark_dsacked(tcp, artifact_tabs.get("sockets"))   # resends the peers had: spurious
 
     estimates: list[SkewEstimate] = []
     if skew and len(bundles) > 1:

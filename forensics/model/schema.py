@@ -98,6 +98,7 @@ SCHEMAS: dict[str, dict[str, str]] = {
         "coll_op_count": "BIGINT",
         "coll_op": "VARCHAR",
         "coll_in_flight": "BOOLEAN",     # ... and whether it had not completed yet at that moment
+        "dsacked": "BOOLEAN",            # a resend on a connection whose resends the peer D-SACKed: it had the data
     },
     # flagged packets only (any tshark verdict or RST), from the TCP engine
     "packets": {
@@ -229,12 +230,14 @@ SCHEMAS: dict[str, dict[str, str]] = {
     # sample_ns: UTC time of the sample (ss-series blocks); NULL for start/end snapshots
     # inode: the socket's inode (ss -e ino:), joins threads.socket_inode
     # backoff: RTO backoff: retransmission timeouts in a row with nothing acked
+    # dsack_dups: D-SACKs the socket received: segments it resent that the peer already had
+    # minrtt_ms: the kernel's windowed minimum RTT of the connection: its path's floor
     "sockets": shown("ss", "sockets",
         "host:VARCHAR netns:VARCHAR phase:VARCHAR pid:INTEGER rank:INTEGER peer_rank:INTEGER "
         "state local_addr local_port:INTEGER peer_addr peer_port:INTEGER process recv_q send_q "
         "retrans_cur retrans_total lost unacked bytes_sent bytes_retrans bytes_acked "
         "bytes_received segs_out segs_in rtt_ms rttvar_ms rto_ms cwnd delivery_rate_bps busy_ms "
-        "lastsnd_ms lastrcv_ms artifact:VARCHAR line sample_ns inode backoff notsent lastack_ms"),
+        "lastsnd_ms lastrcv_ms artifact:VARCHAR line sample_ns inode backoff notsent lastack_ms dsack_dups minrtt_ms"),
     # Flight Recorder entries (times are wall-clock UTC ns as dumped; rank: global rank of the dump)
     # state: scheduled | started | completed
     "fr_entries": shown("flight_recorder", "fr_entries",

@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from ..parsers.ss import SsParser
+from ..tcp.classes import RESEND_EVENTS
 from .events import events_frame, utc_of
 from .schema import conform, empty
 
@@ -389,3 +390,70 @@ def collective_in_flight(tcp: pd.DataFrame, nccl: pd.DataFrame) -> pd.DataFrame:
     in_flight = has & (m["end"].isna() | (m["end"] >= m["t"])).fillna(False).to_numpy(dtype=bool)
     tcp.loc[idx, "coll_in_flight"] = pd.array(np.where(has, in_flight, None), dtype="boolean")
     return tcp
+
+
+# --------------------------------------------------------------------------- D-SACKed resends
+
+# a connection's resends are spurious when its peer D-SACKed at least this share of them: a
+# D-SACK is the receiver saying "I had this already". One D-SACK block can cover several
+# resent segments, so all-spurious connections count fewer D-SACKs than resends; a lossy
+# link's D-SACKs are its tail-loss probes that found the data there, a few percent of its resends
+DSACK_SHARE = 0.5
+
+
+def dsacked_connections(sockets: pd.DataFrame | None) -> pd.DataFrame:
+    """Per sending endpoint pair seen in ``ss`` (columns saddr, sport, daddr, dport: the
+    socket's local and peer endpoints), ``resent`` and ``dsacks``: what its counters grew by
+    while the capture watched (the last sample less the start snapshot's; a connection the
+    start snapshot did not hold counts from its open), and ``spurious``: its peer D-SACKed
+    at least :data:`DSACK_SHARE` of its resends, so the data it resent had arrived (a late
+    ACK: the receiver's host was slow to answer, or the sender's timer fired early)."""
+    cols = ["saddr", "sport", "daddr", "dport", "resent", "dsacks", "spurious"]
+    need = {"local_addr", "local_port", "peer_addr", "peer_port", "phase", "retrans_total", "dsack_dups"}
+    if sockets is None or sockets.empty or not need <= set(sockets.columns):
+        return pd.DataFrame(columns=cols)
+    s = pd.DataFrame({"saddr": sockets["local_addr"].astype("string"), "daddr": sockets["peer_addr"].astype("string"),
+                      "sport": pd.to_numeric(sockets["local_port"], errors="coerce"),
+                      "dport": pd.to_numeric(sockets["peer_port"], errors="coerce"),
+                      "start": (sockets["phase"] == "start").fillna(False).to_numpy(dtype=bool),
+                      "resent": pd.to_numeric(sockets["retrans_total"], errors="coerce").fillna(0),
+                      "dsacks": pd.to_numeric(sockets["dsack_dups"], errors="coerce").fillna(0)})
+    s = s.dropna(subset=["saddr", "daddr", "sport", "dport"])
+    if s.empty:
+        return pd.DataFrame(columns=cols)
+    key = ["saddr", "sport", "daddr", "dport"]
+    last = s.groupby(key)[["resent", "dsacks"]].max()
+    first = s[s["start"]].groupby(key)[["resent", "dsacks"]].min().reindex(last.index).fillna(0)
+    grew = (last - first).clip(lower=0).reset_index()
+    grew["spurious"] = (grew["resent"] > 0) & (grew["dsacks"] >= DSACK_SHARE * grew["resent"])
+    grew["sport"] = grew["sport"].astype("int64")
+    grew["dport"] = grew["dport"].astype("int64")
+    return grew[cols]
+
+
+def mark_dsacked(tcp: pd.DataFrame, sockets: pd.DataFrame | None) -> pd.DataFrame:
+    """``tcp_events`` with ``dsacked`` filled on the resends (the tracer's retransmits, a
+    pcap's retransmission verdicts) of the connections :func:`dsacked_connections` calls
+    spurious, False on the other resends of connections ss saw, NULL where ss did not see
+    the sender's socket. The event keeps its name (what its source said); its class
+    (:func:`forensics.tcp.classes.classify`) becomes ``spurious``."""
+    if tcp.empty:
+        return tcp
+    conns = dsacked_connections(sockets)
+    resend = tcp["event"].isin(RESEND_EVENTS).to_numpy()
+    if conns.empty or not resend.any():
+        return tcp
+    sub = tcp.loc[resend]
+    hit = _endpoints(sub).merge(_endpoints(conns).assign(spurious=conns["spurious"].to_numpy(dtype=bool)),
+                                on=["saddr", "sport", "daddr", "dport"], how="left")["spurious"]
+    tcp = tcp.copy()
+    tcp.loc[sub.index, "dsacked"] = pd.array(hit.to_numpy(dtype=object), dtype="boolean")
+    return tcp
+
+
+def _endpoints(df: pd.DataFrame) -> pd.DataFrame:
+    """saddr, sport, daddr, dport of ``df``'s rows, typed alike for a join (text, Int64)."""
+    return pd.DataFrame({"saddr": df["saddr"].astype("string").to_numpy(),
+                         "sport": pd.to_numeric(df["sport"], errors="coerce").astype("Int64").to_numpy(),
+                         "daddr": df["daddr"].astype("string").to_numpy(),
+                         "dport": pd.to_numeric(df["dport"], errors="coerce").astype("Int64").to_numpy()})

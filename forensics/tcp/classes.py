@@ -83,10 +83,19 @@ def events_of(*classes: str) -> tuple[str, ...]:
     return tuple(e for e, c in EVENT_CLASS.items() if c in classes)
 
 
+# the events that resend data: a resend the peer D-SACKed (``tcp_events.dsacked``, from the
+# sender's socket counters: forensics.model.tcp_ranks.mark_dsacked) is ``spurious``
+RESEND_EVENTS = events_of("retransmission")
+
+
 def classify(t: pd.DataFrame) -> pd.Series:
     """The class of each ``tcp_events`` row: None for an event of no class and for a pcap row
-    that another verdict of the same packet overrides (:data:`SUBSUMED_BY`)."""
+    that another verdict of the same packet overrides (:data:`SUBSUMED_BY`); ``spurious`` for
+    a resend its peer D-SACKed (``dsacked``), whatever its source called it."""
     cls = t["event"].map(EVENT_CLASS).astype(object)
+    if "dsacked" in t.columns and len(t):
+        dsacked = t["dsacked"].astype("boolean").fillna(False).to_numpy(dtype=bool)
+        cls = cls.where(~(dsacked & t["event"].isin(RESEND_EVENTS).to_numpy()), "spurious")
     if t.empty or not set(PACKET_KEY) <= set(t.columns):
         return cls.where(cls.notna(), None)
     framed = t["frame"].notna().to_numpy()
@@ -123,6 +132,16 @@ def dense_codes(parts: list[tuple[np.ndarray, int]], n: int) -> np.ndarray:
         combo = combo * size + codes
         _, combo = np.unique(combo, return_inverse=True)
     return combo
+
+
+def class_sql(alias: str, classes: tuple[str, ...] | None = None) -> str:
+    """SQL expression over ``tcp_events AS alias``: the row's class as :func:`classify` gives
+    it before its subsumed rule (:func:`subsumed_sql`); NULL for an event of no class, or of a
+    class not in ``classes`` (all when None)."""
+    cases = " ".join(f"WHEN '{e}' THEN '{c}'" for e, c in EVENT_CLASS.items() if classes is None or c in classes)
+    resends = ", ".join(f"'{e}'" for e in RESEND_EVENTS)
+    return (f"CASE WHEN coalesce({alias}.dsacked, false) AND {alias}.event IN ({resends}) THEN 'spurious' "
+            f"ELSE CASE {alias}.event {cases} END END")
 
 
 def subsumed_sql(alias: str) -> str:

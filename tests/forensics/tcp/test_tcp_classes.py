@@ -104,3 +104,26 @@ def test_trouble_events_say_what_their_sql_says_flips_and_unknowns_included():
                                                          "bpf:node0:<NA>", "pcap:<NA>:<NA>"]
     assert ev[["sender", "receiver"]].values.tolist() == sql[["sender_rank", "receiver_rank"]].values.tolist()
     assert ev["sport"].tolist() == sql["sport"].tolist()
+
+
+def test_a_resend_its_peer_dsacked_is_spurious_in_pandas_and_sql():
+    """A resend on a connection whose resends the peer D-SACKed (``dsacked``, from the
+    sender's socket counters) had arrived: spurious, not lost data, whatever its source called
+    it; the same resend without that mark (False, or NULL: ss did not see the socket) stays a
+    retransmission. Other events keep their class."""
+    from forensics.findings.trouble import trouble_sql
+    rows = [tcp("tcp_retransmit_skb", T0, source="bpf") | {"capture": None, "dsacked": True},
+            tcp("retransmission", T0 + 1, frame=3) | {"dsacked": True},
+            tcp("tcp_retransmit_skb", T0 + 2, source="bpf") | {"capture": None, "dsacked": False},
+            tcp("retransmission", T0 + 3, frame=4),
+            tcp("duplicate_ack", T0 + 4, frame=5) | {"dsacked": True}]
+    ctx = context(tcp_events=rows)
+    assert classify(ctx.table("tcp_events")).tolist() == ["spurious", "spurious", "retransmission",
+                                                          "retransmission", "duplicate_ack"]
+    ev = trouble_events(ctx)
+    sql = ctx.con.execute(f"SELECT event, cls FROM {trouble_sql()} ORDER BY timestamp_ns").fetchall()
+    assert [tuple(x) for x in ev[["event", "cls"]].values.tolist()] == sql == [
+        ("tcp_retransmit_skb", "retransmission"), ("retransmission", "retransmission"),
+        ("duplicate_ack", "duplicate_ack")]
+    spurious = ctx.con.execute(f"SELECT count(*) FROM {trouble_sql(('spurious',))}").fetchone()[0]
+    assert spurious == len(trouble_events(ctx, ("spurious",))) == 2

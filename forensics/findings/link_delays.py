@@ -21,6 +21,11 @@ QUEUE_GAP = 2.0            # ... with their bulk data held at least this many ti
 MIN_LINKS = 3              # a link needs peers to be compared with
 MIN_RTT_SAMPLES = 20       # ACK RTTs needed before a connection's p99 means anything
 BULK_SHARE = 0.10          # a connection with less than this share of the busiest ones' bytes is not a data one
+# a link with no peer to compare with (a job of two ranks) against its own floor: a datacenter
+# path's buffers hold a few ms at line rate; a standing queue of this much is a link slower than
+# its senders (a down-negotiated port, a shaper or policer) or one that other traffic congests
+LONE_QUEUE_MIN_NS = 10_000_000
+LONE_MIN_CONNECTIONS = 2   # the bulk connections that must show it (one socket's RTT can be its host's stall)
 
 
 def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
@@ -167,5 +172,64 @@ def bulk_waits_too(ctx, slow: pd.DataFrame, fast: pd.DataFrame) -> bool:
     return float(slow_q.max()) >= QUEUE_GAP * max(base, 1.0) and float(slow_q.max()) - base >= RTT_MIN_EXCESS_NS
 
 
-__all__ = ["BULK_SHARE", "MIN_LINKS", "MIN_RTT_SAMPLES", "QUEUE_GAP", "RTT_GAP", "RTT_MIN_EXCESS_NS", "bulk_waits_too",
-           "link_queue_delays", "link_rtts", "queue_links", "rtt_split"]
+def lone_link_queues(ctx) -> pd.DataFrame:
+    """Per link (a, b) between two ranks, from the sockets ``ss`` sampled (``sockets``: the
+    start and end snapshots and the capture's series): ``srtt`` (the kernel's smoothed RTT) and
+    ``floor`` (its windowed minimum RTT: the path's propagation and serialization), each the
+    median over the link's bulk connections of the connection's own figure (the median of its
+    samples' srtt, the least of its min RTTs), ``queue`` the median of srtt less floor, and
+    ``connections`` (bulk: at least BULK_SHARE of the link's busiest connection's bytes acked).
+    A link of its own floor: what ``slow_link`` reads where there are too few links to compare
+    (fewer than MIN_LINKS). Times in ns; the same rows as :func:`lone_link_sql`."""
+    cols = ["a", "b", "srtt", "floor", "queue", "connections"]
+    s = ctx.model.tables.get("sockets")
+    if s is None or s.empty or "minrtt_ms" not in s.columns:
+        return pd.DataFrame(columns=cols)
+    r, p = pd.to_numeric(s["rank"], errors="coerce"), pd.to_numeric(s["peer_rank"], errors="coerce")
+    srtt, floor = pd.to_numeric(s["rtt_ms"], errors="coerce"), pd.to_numeric(s["minrtt_ms"], errors="coerce")
+    ok = (r.notna() & p.notna() & (r != p) & srtt.notna() & floor.notna()
+          & (s["state"].astype("string") == "ESTAB").fillna(False)).to_numpy(dtype=bool)
+    if not ok.any():
+        return pd.DataFrame(columns=cols)
+    t = pd.DataFrame({"a": np.minimum(r, p)[ok].astype("int64"), "b": np.maximum(r, p)[ok].astype("int64"),
+                      "me": (s["local_addr"].astype(str) + ":" + s["local_port"].astype(str))[ok],
+                      "you": (s["peer_addr"].astype(str) + ":" + s["peer_port"].astype(str))[ok],
+                      "srtt": srtt[ok] * 1e6, "floor": floor[ok] * 1e6,
+                      "acked": pd.to_numeric(s["bytes_acked"], errors="coerce").fillna(0)[ok]})
+    conn = t.groupby(["a", "b", "me", "you"]).agg(srtt=("srtt", "median"), floor=("floor", "min"),
+                                                  acked=("acked", "max")).reset_index()
+    busiest = conn.groupby(["a", "b"])["acked"].transform("max")
+    conn = conn[(conn["acked"] > 0) & (conn["acked"] >= BULK_SHARE * busiest)]
+    if conn.empty:
+        return pd.DataFrame(columns=cols)
+    conn = conn.assign(queue=conn["srtt"] - conn["floor"])
+    return conn.groupby(["a", "b"]).agg(srtt=("srtt", "median"), floor=("floor", "median"),
+                                        queue=("queue", "median"),
+                                        connections=("queue", "size")).reset_index()[cols]
+
+
+def lone_link_sql() -> str:
+    """:func:`lone_link_queues` in SQL over ``sockets`` (times in µs), with ``queueing``: the
+    link holds a standing queue (LONE_QUEUE_MIN_NS on LONE_MIN_CONNECTIONS bulk connections)."""
+    return f"""WITH s AS (
+  SELECT least(rank, peer_rank) AS rank_a, greatest(rank, peer_rank) AS rank_b,
+         local_addr || ':' || local_port AS me, peer_addr || ':' || peer_port AS you,
+         rtt_ms * 1e6 AS srtt, minrtt_ms * 1e6 AS floor, coalesce(bytes_acked, 0) AS acked
+  FROM sockets WHERE rank IS NOT NULL AND peer_rank IS NOT NULL AND rank <> peer_rank
+    AND rtt_ms IS NOT NULL AND minrtt_ms IS NOT NULL AND state = 'ESTAB'
+), c AS (
+  SELECT rank_a, rank_b, me, you, median(srtt) AS srtt, min(floor) AS floor, max(acked) AS acked
+  FROM s GROUP BY ALL
+), bulk AS (
+  SELECT * FROM (SELECT *, max(acked) OVER (PARTITION BY rank_a, rank_b) AS busiest FROM c)
+  WHERE acked > 0 AND acked >= {BULK_SHARE} * busiest
+)
+SELECT rank_a, rank_b, round(median(srtt) / 1e3, 1) AS srtt_us, round(median(floor) / 1e3, 1) AS floor_us,
+       round(median(srtt - floor) / 1e3, 1) AS queue_us, count(*) AS connections,
+       median(srtt - floor) >= {LONE_QUEUE_MIN_NS} AND count(*) >= {LONE_MIN_CONNECTIONS} AS queueing
+FROM bulk GROUP BY ALL ORDER BY queue_us DESC, rank_a, rank_b"""
+
+
+__all__ = ["BULK_SHARE", "LONE_MIN_CONNECTIONS", "LONE_QUEUE_MIN_NS", "MIN_LINKS", "MIN_RTT_SAMPLES", "QUEUE_GAP",
+           "RTT_GAP", "RTT_MIN_EXCESS_NS", "bulk_waits_too", "link_queue_delays", "link_rtts", "lone_link_queues",
+           "lone_link_sql", "queue_links", "rtt_split"]

@@ -412,7 +412,7 @@ def flap_before_capture(ctx: Context) -> list[Finding]:
         return []
     pairs = start.groupby(["a", "b"])["resends"].max()
     hot = pairs[pairs >= PAST_MIN_RESENDS]
-    world = sorted(set(start["a"]) | set(start["b"]))
+    world = sorted({int(x) for x in set(start["a"]) | set(start["b"])})
     if hot.empty:
         return []
     touch = {r: sum(r in ab for ab in hot.index) for r in world}
@@ -420,7 +420,7 @@ def flap_before_capture(ctx: Context) -> list[Finding]:
     if len(hot) >= 2 and len(everywhere) == 1:
         blamed = everywhere
     elif len(hot) == 1 and len(world) == 2 and int(start["resends"].sum()) >= PAST_TWO_RANK_RESENDS:
-        blamed = list(hot.index[0])
+        blamed = [int(x) for x in hot.index[0]]
     else:
         return []
     on_link = [ab for ab in pairs.index if set(ab) & set(blamed)]

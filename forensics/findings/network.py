@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .base import Context, Finding, detector, impact_severity
-from .link_delays import (BULK_SHARE, MIN_RTT_SAMPLES, bulk_waits_too, link_queue_delays, link_rtts, queue_links,
+from .base import SEVERITY_RANK, Context, Finding, detector, impact_severity
+from .link_delays import (BULK_SHARE, LONE_MIN_CONNECTIONS, LONE_QUEUE_MIN_NS, MIN_LINKS, MIN_RTT_SAMPLES,
+                          bulk_waits_too, link_queue_delays, link_rtts, lone_link_queues, lone_link_sql, queue_links,
                           rtt_split)
 from .link_loss import first_loss_on, first_ns, link_loss_rates, lossy_floor, pinned
 from .bottleneck import link_rates, transfer_excess
@@ -31,6 +32,7 @@ from .loss_direction import loss_direction
 from ..tcp.classes import DATA_LOSS_CLASSES, FLOW_DATA_LOST_SQL, LOSS_CLASSES, flow_data_lost
 from ..wording import ms, ranks_text
 from .collectives import ALL_WATCHED_ENTERED_SQL, collective_windows, in_windows
+from .cpu_contention import starved_ends
 from .impact import Impact, clean_baselines, impact
 from .ranks import hosts_of, label, rank_directory, who_text
 from .sql import sql_int, sql_list, sql_str
@@ -45,6 +47,7 @@ MAX_EVIDENCE = 20
 
 CLEAR_RTT_RATIO = 10.0     # a queue this much above the other links' needs less slowdown to be a warning
 QUEUE_SHARE = 0.10         # ... or a queueing delay of this share of a collective (no fast collectives seen)
+STARVED_CONFIDENCE = 0.5   # the blamed host was starved of CPU: its late ACKs explain the symptom as well
 
 
 # --------------------------------------------------------------------------- network_loss
@@ -118,6 +121,12 @@ def network_loss(ctx: Context) -> list[Finding]:
     second = sorted(blame.coverage.values(), reverse=True)
     sep = 1.0 - (second[len(blamed)] / second[0]) if len(second) > len(blamed) and second[0] else 0.0
     confidence = (0.55 + 0.35 * sep if blame.separated else 0.6) + min(0.1, lossc["n"].sum() / 500)
+    # a host starved of CPU ACKs late: its peers' timers fire, resends the peer did not need
+    starved, starved_details = starved_ends(ctx, blame.links)
+    if starved:
+        severity = max(severity, "warning", key=SEVERITY_RANK.__getitem__)
+        confidence *= STARVED_CONFIDENCE
+        summary = summary[:-1] + f"; {starved}."
     note = ((f"one endpoint stands out ({sep * 100:.0f}% ahead of the next)" if blame.separated else
              "lower: the trouble does not single out one endpoint")
             + f"; {int(lossc['n'].sum())} loss events inside slow collectives")
@@ -137,6 +146,8 @@ def network_loss(ctx: Context) -> list[Finding]:
         "lossy_links": [{"rank_a": a, "rank_b": b} for a, b in blame.links],
         "sources": tcp_sources(ev[inside]) + ", tracer (collective times)",
     }
+    if starved:
+        details["cpu_starved"] = starved_details
     if way.one_way:
         details["direction"] = way.direction
         # direction is that of the lossy end: egress, what it sends is lost; ingress, what it receives
@@ -558,7 +569,7 @@ def slow_link(ctx: Context) -> list[Finding]:
     blamed (:func:`_slow_blame`) and weighed by what its queue cost the job (:func:`_queue_cost`)."""
     g = slow_groups(ctx)
     if g is None:
-        return []
+        return lone_slow_link(ctx)
     fast, slow, metric = g.fast, g.slow, g.metric
     base = float(np.median(fast["rtt"]))
     slow_links = [(int(x), int(y)) for x, y in zip(slow["a"], slow["b"])]
@@ -569,15 +580,21 @@ def slow_link(ctx: Context) -> list[Finding]:
     ratio = float(slow["rtt"].min()) / max(base, 1.0)
     cost = _queue_cost(ctx, lo, base, ratio, [(min(a, b), max(a, b)) for a, b in slow_links])
     imp = cost.imp
-    severity = impact_severity(imp.share, imp.slow, cost.ceiling)
+    # a host starved of CPU ACKs late: the round-trip of its links grows on the host, not the wire
+    starved, starved_details = starved_ends(ctx, slow_links)
+    severity = impact_severity(imp.share, imp.slow, max(cost.ceiling, "warning" if starved else "error",
+                                                        key=SEVERITY_RANK.__getitem__))
     n_drops = sum(g.drops.get(lk, 0) for lk in slow_links)
     summary = _slow_link_summary(ctx, g, blame, slow_links, base, cost, n_drops)
+    if starved:
+        summary = summary[:-1] + f"; {starved}."
     # the slow flag: at or above the gap between the fast and the slow group (and, on the RTT
     # tail, not lossy unless the link queues: then its drops are the queue's)
     cut = (float(fast["rtt"].max()) + float(slow["rtt"].min())) / 2
     sql = slow_link_sql(metric.startswith("ACK"), cut, queue=g.by_queue, queued=g.queued)
     confidence = min(0.9, 0.5 + 0.1 * np.log10(max(ratio, 1.0))
                      + (0.15 if len(blamed) == 1 and leaning is None else 0.05 if leaning else 0.0))
+    confidence *= STARVED_CONFIDENCE if starved else 1.0
     first_paid = cost.first_paid
     return [Finding(kind="slow_link", severity=severity, confidence=confidence, summary=summary, ranks=blamed,
                     headline=(f"Slow link at {{who}}: {metric} {_us_range(lo, hi)} vs {_us(base)} on the other "
@@ -597,7 +614,78 @@ def slow_link(ctx: Context) -> list[Finding]:
                              "collective_p10_ns": cost.p10, "collective_p50_ns": cost.p50,
                              "collective_p90_ns": cost.p90, "queue_share": cost.share, "slow_collectives": imp.slow,
                              "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns,
-                             "drops_at_queue": bool(slow["lossy"].any()), "drops": n_drops})]
+                             "drops_at_queue": bool(slow["lossy"].any()), "drops": n_drops,
+                             **({"cpu_starved": starved_details} if starved else {})})]
+
+
+LONE_CONFIDENCE = 0.6      # a link judged against its own floor, with no other link to compare with
+
+
+def lone_slow_link(ctx: Context) -> list[Finding]:
+    """slow_link where there are too few links to compare (fewer than MIN_LINKS: a job of two
+    ranks has one): the link whose bulk connections hold a standing queue, their smoothed RTT
+    LONE_QUEUE_MIN_NS above the path's floor (the kernel's minimum RTT) on LONE_MIN_CONNECTIONS
+    of them (:func:`.link_delays.lone_link_queues`), weighed by what the queue cost the job
+    (:func:`_queue_cost`: collectives spread out, the queue's share of one, the Flight
+    Recorder's durations from before the capture). Both ends are named: one link cannot say
+    which end's port is slow. A warning at most where an end's host was starved of CPU (late
+    ACKs lift the RTT on the host). [] when the job has links enough to compare (the comparison
+    said no) or no link queues."""
+    links, _ = link_rtts(ctx)
+    q = lone_link_queues(ctx)
+    if max(len(links), len(q)) >= MIN_LINKS or q.empty:
+        return []
+    hot = q[(q["queue"] >= LONE_QUEUE_MIN_NS) & (q["connections"] >= LONE_MIN_CONNECTIONS)]
+    if hot.empty:
+        return []
+    x = hot.sort_values(["queue", "a", "b"], kind="stable").iloc[-1]
+    a, b = int(x["a"]), int(x["b"])
+    srtt, floor, queue = float(x["srtt"]), float(x["floor"]), float(x["queue"])
+    directory = rank_directory(ctx)
+    cost = _queue_cost(ctx, srtt, floor, srtt / max(floor, 1.0), [(a, b)])
+    imp = cost.imp
+    starved, starved_details = starved_ends(ctx, [(a, b)])
+    severity = impact_severity(imp.share, imp.slow, max(cost.ceiling, "warning" if starved else "error",
+                                                        key=SEVERITY_RANK.__getitem__))
+    n_drops = link_drops(ctx).get((a, b), 0)
+    who = who_text(directory, [a, b]) + ", the link between them"
+    drops = (f", with {n_drops} lost or retransmitted segments (dropped at its queue)" if n_drops else
+             ", without retransmissions")
+    few = "the job's only link" if len(q) == 1 else f"one of the job's {len(q)} links, too few to compare"
+    summary = (f"{who}: {few}, judged against its own floor: its "
+               f"{int(x['connections'])} bulk connections hold a standing queue, smoothed RTT {ms(srtt)} (ss) "
+               f"against a floor of {_us(floor)} (the kernel's minimum RTT), {ms(queue)} of queue{drops}: a slow "
+               f"or congested path{cost.text}; it explains {imp.text()}.")
+    if starved:
+        summary = summary[:-1] + f"; {starved}."
+    first_paid = cost.first_paid
+    return [Finding(kind="slow_link", severity=severity,
+                    confidence=LONE_CONFIDENCE * (STARVED_CONFIDENCE if starved else 1.0), summary=summary,
+                    confidence_note="lower: one link, judged against its own floor, not against other links",
+                    ranks=[a, b],
+                    headline=(f"Slow link at {{who}}: a standing queue of {ms(queue)} (RTT {ms(srtt)} vs a floor of "
+                              f"{_us(floor)}); it explains {imp.text()}"),
+                    since_ns=first_paid, since_source="tracer: the first collective that paid its queue"
+                    if first_paid is not None else None, since_precision_ns=1_000_000 if first_paid else None,
+                    hosts=hosts_of(directory, [a, b]),
+                    links=[{"rank": a, "peer_rank": b, "rtt_us": round(srtt / 1e3, 1),
+                            "saddr": directory[a].addr if a in directory else None,
+                            "daddr": directory[b].addr if b in directory else None}],
+                    evidence=[{"rank_a": int(r.a), "rank_b": int(r.b), "srtt_us": round(float(r.srtt) / 1e3, 1),
+                               "floor_us": round(float(r.floor) / 1e3, 1),
+                               "queue_us": round(float(r.queue) / 1e3, 1), "connections": int(r.connections),
+                               "queueing": bool(r.queue >= LONE_QUEUE_MIN_NS
+                                                and r.connections >= LONE_MIN_CONNECTIONS)}
+                              for r in q.sort_values(["queue", "a", "b"], ascending=[False, True, True],
+                                                     kind="stable").itertuples(index=False)],
+                    sql=lone_link_sql(), action=_slow_link_action(directory, [a, b], [(a, b)], None),
+                    score=imp.excess_ns / 1e9, impact_share=imp.share,
+                    details={"metric": "smoothed RTT over its floor (ss)", "rtt_baseline_ns": floor,
+                             "slow_links": [(a, b)], "rtt_slow_ns": [srtt], "queue_ns": queue,
+                             "collective_p10_ns": cost.p10, "collective_p50_ns": cost.p50,
+                             "collective_p90_ns": cost.p90, "queue_share": cost.share, "slow_collectives": imp.slow,
+                             "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns, "drops": n_drops,
+                             **({"cpu_starved": starved_details} if starved else {})})]
 
 
 def slow_link_sql(ack_rtt: bool, cut_ns: float, queue: bool = False, queued=()) -> str:

@@ -27,6 +27,7 @@ from .base import Context, Finding, detector, impact_severity
 from ..tcp.classes import LOSS_CLASSES
 from ..wording import ms
 from .collectives import ALL_WATCHED_ENTERED_SQL, all_watched_entered, collective_windows, in_windows
+from .cpu_contention import cpu_wait
 from .impact import clean_baselines, impact
 from .ranks import label, rank_directory, world_rank_map
 from .sql import sql_int, sql_str
@@ -264,30 +265,5 @@ def _chain(who: str, r, n_comm: int, jitter: float, n_loss: int, off: dict) -> l
 def _offcpu(ctx, rank: int, t_from: int, t_to: int) -> dict:
     """Per rank: off-CPU and run-queue growth of its threads in the sampling intervals that
     end while it straggled (t_from .. t_to + OFFCPU_SLACK_NS), and whether the straggler's
-    stand out (run-queue delay: CPU contention; D state: I/O). Off-CPU time alone is
-    ambiguous: waiting inside a collective is off-CPU too."""
-    o = ctx.table("offcpu") if "offcpu" in ctx.model.tables else pd.DataFrame()
-    if o.empty or o["rank"].isna().all():
-        return {}
-    o = o.dropna(subset=["rank", "timestamp_ns"])
-    o = o[(o["timestamp_ns"] >= t_from) & (o["timestamp_ns"] <= t_to + OFFCPU_SLACK_NS)]
-    if o.empty:
-        return {"per_rank": {}, "text": ""}
-    agg = o.groupby("rank").agg(offcpu_ns=("offcpu_delta_ns", "sum"), runq_ns=("runq_delta_ns", "sum"),
-                                oncpu_ns=("oncpu_delta_ns", "sum"), samples=("timestamp_ns", "size"),
-                                d_state=("state", lambda s: int((s == "D").sum())))
-    per_rank = {str(int(k)): {c: (int(v) if pd.notna(v) else None) for c, v in row.items()}
-                for k, row in agg.iterrows()}
-    if rank not in agg.index or len(agg) < 2:
-        return {"per_rank": per_rank}
-    me, peers = agg.loc[rank], agg.drop(index=rank)
-    text, supports = "", False
-    runq_peer = float(peers["runq_ns"].median())
-    if me["runq_ns"] >= max(2 * runq_peer, 50e6):
-        text = (f"its threads waited {ms(me['runq_ns'])} for a CPU (run queue) vs {ms(runq_peer)} on peers: "
-                "CPU contention on its host")
-        supports = True
-    elif me["d_state"] > peers["d_state"].max():
-        text = f"its threads were sampled in uninterruptible sleep (D) {int(me['d_state'])} times: blocked on I/O"
-        supports = True
-    return {"per_rank": per_rank, "text": text, "supports": supports}
+    stand out (:func:`.cpu_contention.cpu_wait`)."""
+    return cpu_wait(ctx, rank, t_from, t_to + OFFCPU_SLACK_NS)

@@ -149,6 +149,23 @@ def describe(findings) -> list:
     return [(f.kind, f.severity, f.ranks, f.peer_ranks, f.layer, f.summary[:200]) for f in findings]
 
 
+def why_no_straggler(a) -> str:
+    """What the straggler detector saw (a run that missed it leaves its lab's output on the CI
+    machine only): collectives every watched rank entered, the others' jitter, the late entries
+    per rank and communicator, the TCP classes on record."""
+    from forensics.findings import Context
+    from forensics.findings.straggler import entry_margins
+    from forensics.tcp.classes import classify
+    e = entry_margins(Context(model=a.model, con=a.con))
+    t = a.model.tables["tcp_events"]
+    late = e[e["margin_ns"] > 10_000_000].groupby(["comm_id_hash", "rank"]).size().to_dict() if len(e) else {}
+    return (f"straggler's view: {e.drop_duplicates(['comm_id_hash', 'op_count']).shape[0] if len(e) else 0} "
+            f"collectives every watched rank entered, others' spread p50 "
+            f"{e['spread_ns'].median() / 1e6 if len(e) else float('nan'):.1f} ms, entries >10 ms late per "
+            f"(comm, rank) {late}; nccl_events per rank {a.model.tables['nccl_events'].groupby('rank').size().to_dict()}"
+            f"; tcp classes {classify(t).value_counts().to_dict() if len(t) else {}}")
+
+
 def check(name: str, truth: dict, top, findings, regime: str = "before") -> None:
     _, _, kind, link = CASES[name]
     fault = truth["fault"]
@@ -214,7 +231,10 @@ def test_new_fault_top_finding(build, tmp_path, name):
         a = analyze(inputs(tmp_path / name, regime))
         try:
             top, findings = a.top, list(a.findings)
-            check(name, truth, top, findings, regime)
+            try:
+                check(name, truth, top, findings, regime)
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{why_no_straggler(a)}" if CASES[name][2] == "straggler" else e) from None
             assert a.con.execute(top.sql).fetchall() or regime == "logs"
         finally:
             a.close()

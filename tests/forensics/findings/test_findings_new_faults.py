@@ -214,6 +214,7 @@ def test_resends_before_the_capture_on_every_connection_of_one_rank_name_its_lin
     assert len(f) == 1, f
     f = f[0]
     assert (f.kind, f.severity, f.ranks, f.peer_ranks, f.layer) == ("link_flap", "warning", [2], [0, 1, 3], "transport")
+    assert all(type(r) is int for r in f.ranks + f.peer_ranks)       # plain ints, as every finding's
     assert {(lk["rank"], lk["peer_rank"]) for lk in f.links} == {(2, 0), (2, 1), (2, 3)}
     assert f.details["rule"] == "retransmitted_before_capture" and f.details["resends_before"] == 26
     assert f.since_ns is None and "when is unknown" in f.confidence_note

@@ -260,6 +260,44 @@ def test_straggler_with_run_queue_delay_says_cpu_contention():
     assert "CPU contention" not in straggler(context(job(late=late)))[0].summary
 
 
+def offcpu_rows(runq_ms: dict) -> list[dict]:
+    """schedstat samples of each rank's main thread at 1 s and 4 s: rank r waited runq_ms[r]
+    (default 20 ms) for a CPU in between."""
+    return [{"timestamp_ns": T0 + (1000 + i * 3000) * MS, "host": f"node{r}", "pid": 100 + r, "tid": 100 + r,
+             "rank": r, "name": "python", "state": "S", "offcpu_ns": i * 1000 * MS, "oncpu_ns": i * 500 * MS,
+             "runq_ns": i * runq_ms.get(r, 20) * MS, "offcpu_delta_ns": i * 1000 * MS if i else None,
+             "oncpu_delta_ns": i * 500 * MS if i else None, "runq_delta_ns": runq_ms.get(r, 20) * MS if i else None}
+            for r in range(RANKS) for i in (0, 1)]
+
+
+def test_a_slow_link_at_a_host_starved_of_cpu_is_a_warning_that_says_so():
+    """A host starved of CPU ACKs late: its links' round-trip grows on the host, not the wire.
+    The slow links of a rank whose threads waited far longer for a CPU than its peers' stay
+    named, as a warning that says why; the same links at a host that was not starved stay an
+    error, and so do they when another rank was the starved one."""
+    flows = [flow(a, b, 900.0 if 1 in (a, b) else 6.0) for a, b in RING]
+    starved = slow_link(context(job(dur_ms=slow_after(20, 60)), flows=flows, offcpu=offcpu_rows({1: 2000})))[0]
+    assert starved.ranks == [1] and starved.severity == "warning"
+    assert "starved of CPU" in starved.summary and starved.details["cpu_starved"]["1"]["runq_ns"] == 2000 * MS
+    plain = slow_link(context(job(dur_ms=slow_after(20, 60)), flows=flows, offcpu=offcpu_rows({})))[0]
+    assert plain.severity == "error" and "starved" not in plain.summary and starved.confidence < plain.confidence
+    other = slow_link(context(job(dur_ms=slow_after(20, 60)), flows=flows, offcpu=offcpu_rows({3: 2000})))[0]
+    assert other.severity == "error" and "cpu_starved" not in other.details
+
+
+def test_loss_at_a_host_starved_of_cpu_is_a_warning_that_says_so():
+    events = loss_in_slow_windows([(1, 2), (2, 3), (3, 2)])
+    starved = network_loss(context(job(dur_ms=slow_after(20)), events, offcpu=offcpu_rows({2: 3000})))[0]
+    assert starved.ranks == [2] and starved.severity == "warning" and "starved of CPU" in starved.summary
+    # one link, one end starved (the lab's cpu-starved rank and its peer): that end's late ACKs explain it
+    link = loss_in_slow_windows([(1, 2), (2, 1)])
+    one = network_loss(context(job(dur_ms=slow_after(20)), link, offcpu=offcpu_rows({2: 3000})))[0]
+    assert one.ranks == [1, 2] and one.severity == "warning" and list(one.details["cpu_starved"]) == ["2"]
+    # a wait under RUNQ_MIN_NS is a busy CPU's turn, however far above the peers'
+    busy = network_loss(context(job(dur_ms=slow_after(20)), events, offcpu=offcpu_rows({2: 45})))[0]
+    assert busy.severity == "error" and "starved" not in busy.summary
+
+
 def test_entry_margins_are_exact_nanoseconds_and_the_evidence_is_what_the_sql_returns():
     from forensics.findings.straggler import entry_margins
     from test_findings import assert_sql_returns_the_evidence

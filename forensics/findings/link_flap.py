@@ -342,7 +342,8 @@ STALL_FACTOR = 20              # ... and this many times the rank's median is a 
 def _pair_resends(sockets: pd.DataFrame, phase: str) -> pd.DataFrame:
     """Per connection between two ranks in ``phase``'s snapshot (either end's row): the ranks
     ``a`` < ``b``, the connection's key and its resends (ss prints no ``retrans:`` for a
-    connection that never resent: 0 where its TCP info is there)."""
+    connection that never resent: 0 where its TCP info is there), less those the peer D-SACKed
+    (``dsack_dups``: it had that data; a late ACK of a busy host, not a link that lost it)."""
     s = sockets[(sockets["phase"] == phase) & (sockets["state"].astype("string") == "ESTAB").fillna(False)]
     r = pd.to_numeric(s["rank"], errors="coerce")
     p = pd.to_numeric(s["peer_rank"], errors="coerce")
@@ -355,8 +356,9 @@ def _pair_resends(sockets: pd.DataFrame, phase: str) -> pd.DataFrame:
     you = s["peer_addr"].astype(str) + ":" + s["peer_port"].astype(str)
     conn = np.where((me < you).to_numpy(), me + "|" + you, you + "|" + me)
     out = pd.DataFrame({"a": np.minimum(r, p).to_numpy(), "b": np.maximum(r, p).to_numpy(), "conn": conn,
-                        "resends": pd.to_numeric(s["retrans_total"], errors="coerce").fillna(0).astype("int64")
-                        .to_numpy()})
+                        "resends": (pd.to_numeric(s["retrans_total"], errors="coerce").fillna(0)
+                                    - pd.to_numeric(s["dsack_dups"], errors="coerce").fillna(0)).clip(lower=0)
+                        .astype("int64").to_numpy()})
     return out.groupby(["a", "b", "conn"], as_index=False)["resends"].sum()
 
 

@@ -34,6 +34,14 @@ def cpu_wait(ctx, rank: int, t_from: int | None = None, t_to: int | None = None)
     ``supports`` (it stands out: run-queue delay, else D state) and ``contended`` (its
     threads waited for a CPU at least RUNQ_FACTOR times its peers' median and RUNQ_MIN_NS),
     ``runq_ns`` and ``peers_runq_ns``."""
+    agg = _per_rank(ctx, t_from, t_to)
+    return agg if isinstance(agg, dict) else _judge(agg, rank)
+
+
+def _per_rank(ctx, t_from: int | None, t_to: int | None) -> pd.DataFrame | dict:
+    """The samples in [t_from, t_to] summed per rank (offcpu_ns, runq_ns, oncpu_ns, samples,
+    d_state), or what :func:`cpu_wait` returns when there are none ({} without samples of any
+    rank, an empty ``per_rank`` when none fall in the range)."""
     o = ctx.table("offcpu") if "offcpu" in ctx.model.tables else pd.DataFrame()
     if o.empty or o["rank"].isna().all():
         return {}
@@ -44,9 +52,13 @@ def cpu_wait(ctx, rank: int, t_from: int | None = None, t_to: int | None = None)
         o = o[o["timestamp_ns"] <= t_to]
     if o.empty:
         return {"per_rank": {}, "text": ""}
-    agg = o.groupby("rank").agg(offcpu_ns=("offcpu_delta_ns", "sum"), runq_ns=("runq_delta_ns", "sum"),
-                                oncpu_ns=("oncpu_delta_ns", "sum"), samples=("timestamp_ns", "size"),
-                                d_state=("state", lambda s: int((s == "D").sum())))
+    return o.groupby("rank").agg(offcpu_ns=("offcpu_delta_ns", "sum"), runq_ns=("runq_delta_ns", "sum"),
+                                 oncpu_ns=("oncpu_delta_ns", "sum"), samples=("timestamp_ns", "size"),
+                                 d_state=("state", lambda s: int((s == "D").sum())))
+
+
+def _judge(agg: pd.DataFrame, rank: int) -> dict:
+    """:func:`cpu_wait`'s answer for ``rank`` from the per-rank sums (:func:`_per_rank`)."""
     per_rank = {str(int(k)): {c: (int(v) if pd.notna(v) else None) for c, v in row.items()}
                 for k, row in agg.iterrows()}
     if rank not in agg.index or len(agg) < 2:
@@ -71,11 +83,12 @@ def starved_ends(ctx, links) -> tuple[str, dict]:
     CPU over the whole capture (:func:`cpu_wait` ``contended``): the clause a network finding
     on those links adds ("but the host of rank 2 was starved of CPU ...") and its details
     (str(rank) -> runq_ns, peers_runq_ns of each starved end); ("", {}) otherwise. One starved
-    end explains a link's late ACKs."""
+    end explains a link's late ACKs. The samples are summed once for all the ends."""
     links = [(int(a), int(b)) for a, b in links]
-    if not links:
+    agg = _per_rank(ctx, None, None)
+    if not links or isinstance(agg, dict):
         return "", {}
-    waits = {r: cpu_wait(ctx, r) for r in sorted({r for lk in links for r in lk})}
+    waits = {r: _judge(agg, r) for r in sorted({r for lk in links for r in lk})}
     starved = {r: w for r, w in waits.items() if w.get("contended")}
     if not all(set(lk) & set(starved) for lk in links):
         return "", {}

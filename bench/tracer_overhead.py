@@ -50,6 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from capture.procs import children, descendants  # noqa: E402  (standard library only)
+from tests.lab.scenarios import read_events  # noqa: E402  (the launcher's own reader)
 BUILD = ROOT / "tests" / "lab" / "build"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -145,13 +146,23 @@ class LabRun:
             raise SystemExit("lab run failed: " + Path(self.err.name).read_text()[-800:])
 
     def rate(self) -> tuple[float, int]:
-        """(collectives per second per rank over the training loop, collectives issued in all)."""
+        """(collectives per second per rank over the training loop, collectives issued in all).
+
+        Each rank's events are read as the launcher reads them (``read_events``). A rank without
+        its train_start or done event ends the bench with one line naming it, and the lab's
+        output is kept for a look, since the launcher itself saw every rank start."""
         rates, ops = [], 0
         for r in range(self.ranks):
-            evs = [json.loads(l) for l in (self.out / "logs" / f"rank{r}.out").read_text().splitlines()
-                   if l.startswith("{")]
-            start = next(e for e in evs if e["ev"] == "train_start")["t_ns"]
-            done = next(e for e in evs if e["ev"] == "done")
+            path = self.out / "logs" / f"rank{r}.out"
+            evs = read_events(path)
+            start = next((e["t_ns"] for e in evs if e.get("ev") == "train_start"), None)
+            done = next((e for e in evs if e.get("ev") == "done"), None)
+            if start is None or done is None:
+                kept = Path(tempfile.gettempdir()) / f"ss-bench-lab-{os.getpid()}"
+                shutil.copytree(self.out, kept, dirs_exist_ok=True)
+                missing = "train_start" if start is None else "done"
+                raise SystemExit(f"rank {r} wrote no {missing} event in {path.name} "
+                                 f"({len(evs)} events; lab output kept: {kept})")
             rates.append((done["ops_issued"] - 1) / ((done["t_ns"] - start) / 1e9))
             ops += done["ops_issued"]
         return statistics.mean(rates), ops

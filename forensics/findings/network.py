@@ -621,11 +621,36 @@ def slow_link(ctx: Context) -> list[Finding]:
 LONE_CONFIDENCE = 0.6      # a link judged against its own floor, with no other link to compare with
 
 
+def _lone_units(directory, q: pd.DataFrame, links: pd.DataFrame) -> tuple[pd.Series, str, int]:
+    """What lone_slow_link compares: (one label per row of ``q``, ``"hosts"`` or ``"ranks"``,
+    how many units the job's links make, those of ``q`` and of ``links`` together). A unit is
+    the pair of hosts a link joins where the directory places every link's two ends
+    (``"hosts"``), else the rank pair itself (``"ranks"``). A two-node job of eight ranks has
+    several rank links, all through the one path between its two hosts: they share its queue
+    and cannot stand for each other's healthy baseline, so they are judged as one path,
+    against its floor. A link inside one host crosses no NIC: it stays a unit of its own."""
+    ends = pd.concat([q[["a", "b"]], links[["a", "b"]]], ignore_index=True) if len(links) else q[["a", "b"]]
+
+    def host(r):
+        info = directory.get(int(r))
+        return info.host if info is not None else None
+    a, b = ends["a"].astype("int64").tolist(), ends["b"].astype("int64").tolist()
+    hosts = [(host(x), host(y)) for x, y in zip(a, b)]
+    if all(x is not None and y is not None for x, y in hosts):
+        labels, by = [f"{min(x, y)}|{max(x, y)}" if x != y else f"{r}|{p}@{x}"
+                      for (x, y), r, p in zip(hosts, a, b)], "hosts"
+    else:
+        labels, by = [f"{r}|{p}" for r, p in zip(a, b)], "ranks"
+    return pd.Series(labels[:len(q)], index=q.index), by, len(set(labels))
+
+
 def lone_slow_link(ctx: Context) -> list[Finding]:
     """slow_link where there are too few links to compare (fewer than MIN_LINKS: a job of two
-    ranks has one): the link whose bulk connections hold a standing queue, their smoothed RTT
-    LONE_QUEUE_MIN_NS above the path's floor (the kernel's minimum RTT) on LONE_MIN_CONNECTIONS
-    of them (:func:`.link_delays.lone_link_queues`), weighed by what the queue cost the job
+    ranks has one, a job on two hosts has one path however many ranks it runs, see
+    :func:`_lone_units`): the link (or the path between two hosts) whose bulk connections hold
+    a standing queue, their smoothed RTT LONE_QUEUE_MIN_NS above the path's floor (the
+    kernel's minimum RTT) on LONE_MIN_CONNECTIONS of them (:func:`.link_delays.lone_link_queues`,
+    a path's figures the median of its rank links'), weighed by what the queue cost the job
     (:func:`_queue_cost`: collectives spread out, the queue's share of one, the Flight
     Recorder's durations from before the capture). Both ends are named: one link cannot say
     which end's port is slow. A warning at most where an end's host was starved of CPU (late
@@ -633,25 +658,44 @@ def lone_slow_link(ctx: Context) -> list[Finding]:
     said no) or no link queues."""
     links, _ = link_rtts(ctx)
     q = lone_link_queues(ctx)
-    if max(len(links), len(q)) >= MIN_LINKS or q.empty:
+    if q.empty:
         return []
-    hot = q[(q["queue"] >= LONE_QUEUE_MIN_NS) & (q["connections"] >= LONE_MIN_CONNECTIONS)]
+    directory = rank_directory(ctx)
+    unit, by, n_units = _lone_units(directory, q, links)
+    if n_units >= MIN_LINKS:
+        return []
+    q = q.assign(unit=unit)
+    per = q.groupby("unit").agg(srtt=("srtt", "median"), floor=("floor", "median"), queue=("queue", "median"),
+                                connections=("connections", "sum"))
+    hot = per[(per["queue"] >= LONE_QUEUE_MIN_NS) & (per["connections"] >= LONE_MIN_CONNECTIONS)]
     if hot.empty:
         return []
-    x = hot.sort_values(["queue", "a", "b"], kind="stable").iloc[-1]
-    a, b = int(x["a"]), int(x["b"])
+    top = hot.sort_values("queue", kind="stable").index[-1]
+    x = hot.loc[top]
+    mine = q[q["unit"] == top].sort_values(["queue", "a", "b"], ascending=[False, True, True], kind="stable")
+    pair_links = [(int(a), int(b)) for a, b in zip(mine["a"], mine["b"])]
+    ranks = list(dict.fromkeys(r for lk in pair_links for r in lk))
     srtt, floor, queue = float(x["srtt"]), float(x["floor"]), float(x["queue"])
-    directory = rank_directory(ctx)
-    cost = _queue_cost(ctx, srtt, floor, srtt / max(floor, 1.0), [(a, b)])
+    cost = _queue_cost(ctx, srtt, floor, srtt / max(floor, 1.0), pair_links)
     imp = cost.imp
-    starved, starved_details = starved_ends(ctx, [(a, b)])
+    starved, starved_details = starved_ends(ctx, pair_links)
     severity = impact_severity(imp.share, imp.slow, max(cost.ceiling, "warning" if starved else "error",
                                                         key=SEVERITY_RANK.__getitem__))
-    n_drops = link_drops(ctx).get((a, b), 0)
-    who = who_text(directory, [a, b]) + ", the link between them"
+    drops_by_link = link_drops(ctx)
+    n_drops = sum(drops_by_link.get(lk, 0) for lk in pair_links)
     drops = (f", with {n_drops} lost or retransmitted segments (dropped at its queue)" if n_drops else
              ", without retransmissions")
-    few = "the job's only link" if len(q) == 1 else f"one of the job's {len(q)} links, too few to compare"
+    if by == "hosts" and len(pair_links) > 1:
+        h1, h2 = top.split("|")
+        who = (who_text(directory, ranks) + f": the path between {h1} and {h2}, its {len(pair_links)} rank links")
+        few = ("the only pair of hosts the job's links join" if n_units == 1
+               else f"one of the {n_units} pairs of hosts the job's links join, too few to compare")
+        what = "path"
+    else:
+        who = who_text(directory, ranks) + ", the link between them"
+        few = ("the job's only link" if n_units == 1
+               else f"one of the job's {n_units} {'host paths' if by == 'hosts' else 'links'}, too few to compare")
+        what = "link"
     summary = (f"{who}: {few}, judged against its own floor: its "
                f"{int(x['connections'])} bulk connections hold a standing queue, smoothed RTT {ms(srtt)} (ss) "
                f"against a floor of {_us(floor)} (the kernel's minimum RTT), {ms(queue)} of queue{drops}: a slow "
@@ -661,16 +705,17 @@ def lone_slow_link(ctx: Context) -> list[Finding]:
     first_paid = cost.first_paid
     return [Finding(kind="slow_link", severity=severity,
                     confidence=LONE_CONFIDENCE * (STARVED_CONFIDENCE if starved else 1.0), summary=summary,
-                    confidence_note="lower: one link, judged against its own floor, not against other links",
-                    ranks=[a, b],
-                    headline=(f"Slow link at {{who}}: a standing queue of {ms(queue)} (RTT {ms(srtt)} vs a floor of "
-                              f"{_us(floor)}); it explains {imp.text()}"),
+                    confidence_note=f"lower: one {what}, judged against its own floor, not against other links",
+                    ranks=ranks,
+                    headline=(f"Slow {what} at {{who}}: a standing queue of {ms(queue)} (RTT {ms(srtt)} vs a floor "
+                              f"of {_us(floor)}); it explains {imp.text()}"),
                     since_ns=first_paid, since_source="tracer: the first collective that paid its queue"
                     if first_paid is not None else None, since_precision_ns=1_000_000 if first_paid else None,
-                    hosts=hosts_of(directory, [a, b]),
-                    links=[{"rank": a, "peer_rank": b, "rtt_us": round(srtt / 1e3, 1),
+                    hosts=hosts_of(directory, ranks),
+                    links=[{"rank": a, "peer_rank": b, "rtt_us": round(float(r) / 1e3, 1),
                             "saddr": directory[a].addr if a in directory else None,
-                            "daddr": directory[b].addr if b in directory else None}],
+                            "daddr": directory[b].addr if b in directory else None}
+                           for (a, b), r in zip(pair_links, mine["srtt"])],
                     evidence=[{"rank_a": int(r.a), "rank_b": int(r.b), "srtt_us": round(float(r.srtt) / 1e3, 1),
                                "floor_us": round(float(r.floor) / 1e3, 1),
                                "queue_us": round(float(r.queue) / 1e3, 1), "connections": int(r.connections),
@@ -678,10 +723,11 @@ def lone_slow_link(ctx: Context) -> list[Finding]:
                                                 and r.connections >= LONE_MIN_CONNECTIONS)}
                               for r in q.sort_values(["queue", "a", "b"], ascending=[False, True, True],
                                                      kind="stable").itertuples(index=False)],
-                    sql=lone_link_sql(), action=_slow_link_action(directory, [a, b], [(a, b)], None),
+                    sql=lone_link_sql(), action=_slow_link_action(directory, ranks, pair_links, None),
                     score=imp.excess_ns / 1e9, impact_share=imp.share,
                     details={"metric": "smoothed RTT over its floor (ss)", "rtt_baseline_ns": floor,
-                             "slow_links": [(a, b)], "rtt_slow_ns": [srtt], "queue_ns": queue,
+                             "slow_links": pair_links, "rtt_slow_ns": [float(v) for v in mine["srtt"]],
+                             "queue_ns": queue, "judged_by": by,
                              "collective_p10_ns": cost.p10, "collective_p50_ns": cost.p50,
                              "collective_p90_ns": cost.p90, "queue_share": cost.share, "slow_collectives": imp.slow,
                              "excess_ns": imp.excess_ns, "collective_time_ns": imp.total_ns, "drops": n_drops,

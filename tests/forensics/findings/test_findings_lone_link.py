@@ -1,5 +1,6 @@
 """slow_link where a job has too few links to compare (network.lone_slow_link): a job of two
-ranks has one link, so no other link's RTT can stand for a healthy one. The link is judged
+ranks has one link, and a job on two nodes one path however many rank links cross it, so no
+other link's RTT can stand for a healthy one. The link is judged
 against its own floor instead: the kernel's minimum RTT of each bulk connection (ss
 ``minrtt``) against its smoothed RTT. The accuracy campaign of seed 55 missed three slow links
 in two-rank jobs this way (their bulk connections showed 21-42 ms of standing queue over a
@@ -88,3 +89,42 @@ def test_a_lone_link_at_a_host_starved_of_cpu_is_a_warning():
            for r in range(2) for i in (0, 1)]
     f = slow_link(context(2, link_sockets(0, 1, 20.0), offcpu=off))[0]
     assert f.severity == "warning" and "starved of CPU" in f.summary and "1" in f.details["cpu_starved"]
+
+
+def on_hosts(rows: list[dict], host_of: dict[int, str]) -> list[dict]:
+    """``rows`` (nccl_events or sockets) with each rank's host replaced: several ranks a node."""
+    return [{**r, "host": host_of[r["rank"]]} for r in rows]
+
+
+def two_node_context(queue_ms: float) -> Context:
+    """Eight ranks on two nodes, four each (ranks 0-3 on nodeA, 4-7 on nodeB), whose NCCL
+    socket transport runs three rank links across the nodes (rings and trees: 3-4, 7-0, 1-5),
+    all through the one path between them, each holding ``queue_ms`` of queue."""
+    host_of = {r: "nodeA" if r < 4 else "nodeB" for r in range(8)}
+    socks = [s for a, b in ((3, 4), (0, 7), (1, 5)) for s in link_sockets(a, b, queue_ms)]
+    tables = {name: empty(name) for name in TABLES}
+    tables["nccl_events"] = conform(pd.DataFrame(on_hosts(nccl(8), host_of)), "nccl_events")
+    tables["sockets"] = conform(pd.DataFrame(on_hosts(socks, host_of)), "sockets")
+    m = Model(tables=tables, hosts=["nodeA", "nodeB"], captures=[{"ended_ns": T0 + 4500 * MS}])
+    return Context(model=m, con=m.connect())
+
+
+def test_a_two_node_job_with_several_rank_links_is_judged_as_one_path():
+    # three rank links, all equally slow: links enough for the comparison, which finds none
+    # standing out, since they share the one path between the two nodes
+    f = slow_link(two_node_context(20.0))
+    assert len(f) == 1, f
+    f = f[0]
+    assert (f.kind, f.severity) == ("slow_link", "error")
+    assert sorted(f.ranks) == [0, 1, 3, 4, 5, 7] and f.hosts == ["nodeA", "nodeB"]
+    assert sorted((lk["rank"], lk["peer_rank"]) for lk in f.links) == [(0, 7), (1, 5), (3, 4)]
+    assert "the path between nodeA and nodeB, its 3 rank links" in f.summary
+    assert "the only pair of hosts the job's links join" in f.summary
+    assert f.details["judged_by"] == "hosts" and f.details["queue_ns"] == 20 * MS
+    assert f.headline.startswith("Slow path at")
+    rows = two_node_context(20.0).con.execute(f.sql).df()
+    assert rows.to_dict("records") == f.evidence and len(rows) == 3
+
+
+def test_a_two_node_path_a_busy_host_could_hold_is_no_slow_link():
+    assert slow_link(two_node_context(4.0)) == []

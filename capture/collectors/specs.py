@@ -74,8 +74,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("ss-series", argv=("ss", "-tinpeH"), out="sys/{ns}/ss-series.txt", when=("continuous",),
          scope="netns", tool="ss", timeout_s=5.0, per_file_max=16 << 20,
          doc="ss -tinpe of every namespace of the job every --ss-every s: bytes moving per connection"),
-    Spec("ip-link", argv=("ip", "-s", "-j", "link"), out="sys/{ns}/ip-link-{phase}.json", scope="netns",
-         tool="ip"),
+    Spec("ip-link", argv=("ip", "-s", "-s", "-j", "link"), out="sys/{ns}/ip-link-{phase}.json", scope="netns",
+         tool="ip", doc="interfaces, state and counters; -s -s adds carrier_changes (a link that went down and "
+                        "up) and the error details"),
     Spec("ip-addr", argv=("ip", "-j", "addr"), out="sys/{ns}/ip-addr-{phase}.json", scope="netns", tool="ip"),
     Spec("snmp", func="proc_net_snmp", out="sys/{ns}/snmp-{phase}.txt", scope="netns",
          doc="/proc/net/snmp of the namespace"),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -558,6 +559,13 @@ def test_capture_without_tracer_and_pcap_still_writes_a_bundle(tmp_path):
     assert [(p["pid"], p["rank"], p["world_size"]) for p in m["processes"]] == [(target.pid, 3, 8)]
     assert res.exit_code in (0, 3)
     assert not list(tmp_path.glob(".*staging*")) and not list(tmp_path.glob("*.partial"))
+    if shutil.which("ip"):
+        # the interfaces' counters keep carrier_changes: a link that went down and up shows there
+        with tarfile.open(res.path) as t:
+            link = next(mb for mb in t.getmembers() if mb.name.endswith("/ip-link-start.json"))
+            ifaces = json.load(t.extractfile(link))
+        lo = next(i for i in ifaces if i["ifname"] == "lo")
+        assert "carrier_changes" in lo["stats64"]["tx"], lo["stats64"]
 
 
 # ---------------------------------------------------------------- killed captures, no root

@@ -35,23 +35,28 @@ def cpu_wait(ctx, rank: int, t_from: int | None = None, t_to: int | None = None)
     threads waited for a CPU at least RUNQ_FACTOR times its peers' median and RUNQ_MIN_NS),
     ``runq_ns`` and ``peers_runq_ns``."""
     agg = _per_rank(ctx, t_from, t_to)
-    return agg if isinstance(agg, dict) else _judge(agg, rank)
+    if agg is None:
+        return {}
+    return _judge(agg, rank) if len(agg) else {"per_rank": {}, "text": ""}
 
 
-def _per_rank(ctx, t_from: int | None, t_to: int | None) -> pd.DataFrame | dict:
-    """The samples in [t_from, t_to] summed per rank (offcpu_ns, runq_ns, oncpu_ns, samples,
-    d_state), or what :func:`cpu_wait` returns when there are none ({} without samples of any
-    rank, an empty ``per_rank`` when none fall in the range)."""
+def _per_rank(ctx, t_from: int | None, t_to: int | None) -> pd.DataFrame | None:
+    """The ``offcpu`` samples in [t_from, t_to] summed per rank (offcpu_ns, runq_ns, oncpu_ns,
+    samples, d_state), computed once per range and analysis (the network findings ask it of
+    the whole capture, each for its links' ends): None without samples of any rank, no rows
+    when none fall in the range."""
+    return ctx.memo(f"cpu_per_rank:{t_from}:{t_to}", lambda: _sum_per_rank(ctx, t_from, t_to))
+
+
+def _sum_per_rank(ctx, t_from: int | None, t_to: int | None) -> pd.DataFrame | None:
     o = ctx.table("offcpu") if "offcpu" in ctx.model.tables else pd.DataFrame()
     if o.empty or o["rank"].isna().all():
-        return {}
+        return None
     o = o.dropna(subset=["rank", "timestamp_ns"])
     if t_from is not None:
         o = o[o["timestamp_ns"] >= t_from]
     if t_to is not None:
         o = o[o["timestamp_ns"] <= t_to]
-    if o.empty:
-        return {"per_rank": {}, "text": ""}
     return o.groupby("rank").agg(offcpu_ns=("offcpu_delta_ns", "sum"), runq_ns=("runq_delta_ns", "sum"),
                                  oncpu_ns=("oncpu_delta_ns", "sum"), samples=("timestamp_ns", "size"),
                                  d_state=("state", lambda s: int((s == "D").sum())))
@@ -85,8 +90,8 @@ def starved_ends(ctx, links) -> tuple[str, dict]:
     (str(rank) -> runq_ns, peers_runq_ns of each starved end); ("", {}) otherwise. One starved
     end explains a link's late ACKs. The samples are summed once for all the ends."""
     links = [(int(a), int(b)) for a, b in links]
-    agg = _per_rank(ctx, None, None)
-    if not links or isinstance(agg, dict):
+    agg = _per_rank(ctx, None, None) if links else None
+    if agg is None or not len(agg):
         return "", {}
     waits = {r: _judge(agg, r) for r in sorted({r for lk in links for r in lk})}
     starved = {r: w for r, w in waits.items() if w.get("contended")}

@@ -29,6 +29,13 @@ LONE_MIN_CONNECTIONS = 2   # the bulk connections that must show it (one socket'
 
 
 def link_rtts(ctx) -> tuple[pd.DataFrame, str]:
+    """:func:`_link_rtts`, computed once per analysis (``slow_groups`` and, when it finds no
+    group, ``lone_slow_link`` read it); the table comes back as the caller's own copy."""
+    links, metric = ctx.memo("link_rtts", lambda: _link_rtts(ctx))
+    return links.copy(), metric
+
+
+def _link_rtts(ctx) -> tuple[pd.DataFrame, str]:
     """Per link (unordered rank pair): the RTT statistic slow_link compares, and its name.
 
     Best: the ACK RTT p99 that two of the link's connections reach (``flow_timing``, each
